@@ -1,0 +1,1 @@
+"""Benchmarks: commands that print figures as JSON lines. Never timed assertions."""

@@ -1,0 +1,10 @@
+"""`python -m logsvc.bench store ...`: same as `logsvc bench store ...`."""
+
+from __future__ import annotations
+
+import sys
+
+from logsvc.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main(["bench", *sys.argv[1:]]))

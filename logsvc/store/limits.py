@@ -1,0 +1,73 @@
+"""Limits and tunables of the shard store, with units and reasons.
+
+`StoreLimits` is a frozen dataclass; `validate()` checks each value and the relations
+between them and raises `ValueError` naming the field (the daemon's config loader turns
+that into "config error: store.<field>: ...", exit 2).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from logsvc.store import records
+
+KIB = 1024
+MIB = 1024 * KIB
+
+
+@dataclass(frozen=True, slots=True)
+class StoreLimits:
+    # A segment is rolled once it holds this many bytes. Bigger segments mean fewer files
+    # and directory fsyncs; smaller ones mean finer-grained prefix truncation (only whole
+    # segments are deleted) and faster recovery scans of the newest one.
+    segment_bytes_max: int = 64 * MIB
+
+    # The largest payload of one entry. One Raft entry carries a batch of client records,
+    # so this bounds a batch; it is also the bound recovery uses to reject absurd lengths.
+    record_payload_bytes_max: int = 16 * MIB
+
+    # Group commit: a sync starts when this many bytes are waiting to be made durable...
+    group_commit_bytes_max: int = 1 * MIB
+    # ...or when the oldest entry anyone waits for has waited this long. 0 = sync as soon
+    # as the previous sync returns (the disk is never idle while somebody waits).
+    group_commit_delay_ms_max: int = 0
+
+    # Appended bytes kept in memory before they are written to the OS (still unsynced).
+    # Bounds the write buffer; a write is one syscall for many entries.
+    write_buffer_bytes_max: int = 4 * MIB
+
+    # Recent entries kept in memory for reads (Raft re-sends recent entries to followers;
+    # clients tail the log). Must hold the whole write buffer, so unwritten entries are
+    # always readable from memory.
+    cache_bytes_max: int = 32 * MIB
+
+    # How long wait_durable() may block before it gives up with TimeoutError; a bound on
+    # every wait. A healthy disk syncs in milliseconds.
+    sync_wait_ms_max: int = 30_000
+
+    def validate(self) -> StoreLimits:
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ValueError(f"{field.name}: must be an integer, got {value!r}")
+            if value < 0 or (value == 0 and field.name != "group_commit_delay_ms_max"):
+                raise ValueError(f"{field.name}: must be positive, got {value}")
+        if self.segment_bytes_max > records.SEGMENT_BYTES_LIMIT:
+            raise ValueError(
+                f"segment_bytes_max: must be at most {records.SEGMENT_BYTES_LIMIT} "
+                "(offsets are stored as 32-bit numbers)"
+            )
+        if self.record_payload_bytes_max > records.PAYLOAD_BYTES_LIMIT:
+            raise ValueError(
+                f"record_payload_bytes_max: must be at most {records.PAYLOAD_BYTES_LIMIT}"
+            )
+        if self.cache_bytes_max < self.write_buffer_bytes_max:
+            raise ValueError(
+                "cache_bytes_max: must be at least write_buffer_bytes_max, so entries not "
+                "yet written to the OS are always readable from memory"
+            )
+        return self
+
+
+DEFAULT_LIMITS = StoreLimits().validate()

@@ -1,0 +1,352 @@
+"""Byte formats of the shard store: segment header, entry record, and the recovery scan.
+
+Pure functions over bytes, no I/O. `FORMAT.md` beside this file is the specification, with a
+worked example and every crash case; `tests/unit/store/golden/` holds the golden vectors.
+
+All integers are little-endian. Checksums are XXH3-64 (seed 0).
+
+    segment   := segment_header record*
+    segment_header (32 bytes):
+        magic "LOGSVSEG" | version u16 | header_bytes u16 | flags u32 | first_index u64
+        | checksum u64 = xxh3_64(bytes 0..24)
+    record (40 + length bytes):
+        checksum u64 = xxh3_64(bytes 8..40+length) | length u32 | type u8 | reserved 3 zero
+        | index u64 | term u64 | durable_index u64 | payload[length]
+
+`durable_index` is a hint: the highest index known durable when the record was encoded.
+Recovery uses it to tell a torn tail (only unsynced bytes damaged) from corruption of
+synced bytes (see `scan_segment`).
+"""
+
+from __future__ import annotations
+
+import array
+import struct
+from dataclasses import dataclass, field
+
+import xxhash
+
+SEGMENT_MAGIC = b"LOGSVSEG"
+SEGMENT_VERSION = 1
+SEGMENT_HEADER = struct.Struct("<8sHHIQ")  # magic, version, header_bytes, flags, first_index
+SEGMENT_HEADER_BYTES = SEGMENT_HEADER.size + 8  # + checksum
+assert SEGMENT_HEADER_BYTES == 32
+
+RECORD_CHECKSUM = struct.Struct("<Q")
+RECORD_FIELDS = struct.Struct("<IB3xQQQ")  # length, type, reserved, index, term, durable_index
+RECORD_HEADER_BYTES = RECORD_CHECKSUM.size + RECORD_FIELDS.size
+assert RECORD_HEADER_BYTES == 40
+
+RECORD_TYPE_INVALID = 0  # zero-filled space never parses as a record (LevelDB's rule)
+RECORD_TYPE_ENTRY = 1
+
+# Hard format limits (configurable limits in limits.py must stay below them).
+PAYLOAD_BYTES_LIMIT = 256 * 1024 * 1024  # length is u32; keep it well below 4 GiB
+SEGMENT_BYTES_LIMIT = 2**32 - 1  # offsets are kept in 32-bit arrays
+
+# Recovery: how far past a bad record to look for a later valid one, and how many candidate
+# positions to try before deciding conservatively (see scan_segment).
+RESYNC_INDEXES_AHEAD = 8
+RESYNC_CANDIDATES_MAX = 4096
+SECTOR_BYTES = 512  # the unit in which a disk tears a write; a zeroed sector = power loss
+_ZERO_SECTOR = bytes(SECTOR_BYTES)
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One Raft log entry as the store holds it."""
+
+    index: int
+    term: int
+    payload: bytes
+
+
+def xxh3(data: bytes | bytearray | memoryview) -> int:
+    return xxhash.xxh3_64_intdigest(data)
+
+
+def encode_segment_header(first_index: int) -> bytes:
+    assert first_index >= 1
+    body = SEGMENT_HEADER.pack(SEGMENT_MAGIC, SEGMENT_VERSION, SEGMENT_HEADER_BYTES, 0, first_index)
+    return body + RECORD_CHECKSUM.pack(xxh3(body))
+
+
+def decode_segment_header(data: bytes | memoryview) -> int | str:
+    """The first index of a whole header, or the reason the header is not whole."""
+    if len(data) < SEGMENT_HEADER_BYTES:
+        return f"segment header is {len(data)} bytes, expected {SEGMENT_HEADER_BYTES}"
+    body = bytes(data[: SEGMENT_HEADER.size])
+    (checksum,) = RECORD_CHECKSUM.unpack_from(data, SEGMENT_HEADER.size)
+    magic, version, header_bytes, flags, first_index = SEGMENT_HEADER.unpack(body)
+    if magic != SEGMENT_MAGIC:
+        return f"bad segment magic {magic!r}"
+    if checksum != xxh3(body):
+        return "segment header checksum mismatch"
+    if version != SEGMENT_VERSION:
+        return f"unknown segment format version {version} (this build reads {SEGMENT_VERSION})"
+    if header_bytes != SEGMENT_HEADER_BYTES or flags != 0 or first_index < 1:
+        return "segment header fields out of range"
+    return int(first_index)
+
+
+def encode_record_into(
+    out: bytearray, index: int, term: int, durable_index: int, payload: bytes
+) -> int:
+    """Append one encoded record to `out`; return its size in bytes."""
+    assert index >= 1
+    assert term >= 0
+    assert 0 <= durable_index < index
+    assert len(payload) <= PAYLOAD_BYTES_LIMIT
+    fields_ = RECORD_FIELDS.pack(len(payload), RECORD_TYPE_ENTRY, index, term, durable_index)
+    digest = xxhash.xxh3_64(fields_)
+    digest.update(payload)
+    out += RECORD_CHECKSUM.pack(digest.intdigest())
+    out += fields_
+    out += payload
+    return RECORD_HEADER_BYTES + len(payload)
+
+
+def encode_record(index: int, term: int, durable_index: int, payload: bytes) -> bytes:
+    out = bytearray()
+    encode_record_into(out, index, term, durable_index, payload)
+    return bytes(out)
+
+
+@dataclass(frozen=True, slots=True)
+class RecordView:
+    """A whole record found at `offset_bytes` of a buffer."""
+
+    offset_bytes: int
+    index: int
+    term: int
+    durable_index: int
+    payload_offset_bytes: int
+    length: int
+
+    @property
+    def end_bytes(self) -> int:
+        return self.payload_offset_bytes + self.length
+
+
+def parse_record(
+    data: bytes | memoryview, offset_bytes: int, payload_bytes_max: int
+) -> RecordView | str:
+    """The record at `offset_bytes`, or the reason there is no whole record there."""
+    available = len(data) - offset_bytes
+    if available < RECORD_HEADER_BYTES:
+        return f"partial record header ({available} bytes)"
+    (checksum,) = RECORD_CHECKSUM.unpack_from(data, offset_bytes)
+    length, rtype, index, term, durable_index = RECORD_FIELDS.unpack_from(
+        data, offset_bytes + RECORD_CHECKSUM.size
+    )
+    if rtype == RECORD_TYPE_INVALID:
+        return "record type 0 (zeroed or unwritten space)"
+    if rtype != RECORD_TYPE_ENTRY:
+        return f"unknown record type {rtype}"
+    if length > payload_bytes_max:
+        return f"record length {length} exceeds the limit {payload_bytes_max}"
+    end = offset_bytes + RECORD_HEADER_BYTES + length
+    if end > len(data):
+        return f"record of {length} bytes runs past the end of the file"
+    if checksum != xxh3(data[offset_bytes + RECORD_CHECKSUM.size : end]):
+        return "record checksum mismatch"
+    # The reserved bytes are covered by the checksum; struct's "3x" skips them, so check.
+    if bytes(data[offset_bytes + 13 : offset_bytes + 16]) != b"\0\0\0":
+        return "reserved record bytes are not zero"
+    if durable_index >= index:
+        return "record durable_index is not below its index"
+    return RecordView(
+        offset_bytes, index, term, durable_index, offset_bytes + RECORD_HEADER_BYTES, length
+    )
+
+
+@dataclass(slots=True)
+class SegmentScan:
+    """What recovery learned from one segment file's bytes."""
+
+    first_index: int
+    offsets: array.array[int] = field(default_factory=lambda: array.array("I"))
+    term_runs: list[tuple[int, int]] = field(default_factory=list)  # (first_index, term)
+    end_bytes: int = SEGMENT_HEADER_BYTES  # end of the last whole record
+    torn_reason: str | None = None  # set when a torn tail was found (newest segment only)
+    torn_records_dropped: int = 0  # whole records after a power-loss hole, also dropped
+
+    @property
+    def count(self) -> int:
+        return len(self.offsets)
+
+    @property
+    def last_index(self) -> int:
+        return self.first_index + len(self.offsets) - 1
+
+
+class ScanCorruption(Exception):
+    """Raised by the pure scan; the store re-raises it as `Corruption` with the path."""
+
+    def __init__(self, offset_bytes: int, reason: str) -> None:
+        super().__init__(reason)
+        self.offset_bytes = offset_bytes
+        self.reason = reason
+
+
+class TornHeader(Exception):
+    """The newest segment's header is not whole and nothing durable follows it: the file
+    was being created when power was lost. Recovery deletes it."""
+
+
+def scan_segment(
+    data: bytes, name_first_index: int, *, newest: bool, payload_bytes_max: int
+) -> SegmentScan:
+    """Validate every record of a segment and index it.
+
+    In a sealed (not newest) segment every byte must be whole: the store fsyncs a segment
+    before it creates the next one, so any bad byte there is corruption.
+
+    In the newest segment, the first bad record starts either a torn tail (bytes that were
+    never synced, cut by a power loss) or corruption of synced bytes. They are told apart by
+    what follows the bad record:
+
+    * nothing valid follows: a torn tail, cut;
+    * a later valid record's durable_index reaches the bad record's index: the bad record
+      had been synced when that later one was written, so this is corruption;
+    * valid records follow and the damaged span holds a whole zeroed sector: the shape of
+      unsynced pages that never reached the disk (ext4 delayed allocation); those later
+      records were unsynced too (their durable hints say so), so the tail is cut there;
+    * otherwise (garbage in the middle, no zeroed sector): corruption.
+    """
+    header = decode_segment_header(data)
+    if isinstance(header, str):
+        if newest and not _record_follows_header(data, name_first_index, payload_bytes_max):
+            raise TornHeader(header)
+        raise ScanCorruption(0, header)
+    if header != name_first_index:
+        raise ScanCorruption(
+            0, f"header first index {header} does not match file name ({name_first_index})"
+        )
+    scan = SegmentScan(first_index=header)
+    offset = SEGMENT_HEADER_BYTES
+    expected_index = header
+    last_term = -1
+    while offset < len(data):
+        record = parse_record(data, offset, payload_bytes_max)
+        if isinstance(record, RecordView) and record.index != expected_index:
+            record = f"record index {record.index}, expected {expected_index}"
+        if isinstance(record, RecordView) and record.term < last_term:
+            record = f"record term {record.term} is below the previous term {last_term}"
+        if isinstance(record, str):
+            if not newest:
+                raise ScanCorruption(offset, record)
+            _classify_bad_tail(data, offset, expected_index, record, payload_bytes_max, scan)
+            break
+        scan.offsets.append(offset)
+        if record.term != last_term:
+            scan.term_runs.append((record.index, record.term))
+            last_term = record.term
+        offset = record.end_bytes
+        expected_index += 1
+        scan.end_bytes = offset
+    return scan
+
+
+def _record_follows_header(data: bytes, first_index: int, payload_bytes_max: int) -> bool:
+    found = parse_record(data, SEGMENT_HEADER_BYTES, payload_bytes_max)
+    return isinstance(found, RecordView) and found.index == first_index
+
+
+def _classify_bad_tail(
+    data: bytes,
+    bad_offset: int,
+    bad_index: int,
+    reason: str,
+    payload_bytes_max: int,
+    scan: SegmentScan,
+) -> None:
+    later = _find_later_record(data, bad_offset, bad_index, payload_bytes_max)
+    if later is None:
+        scan.torn_reason = reason
+        return
+    if later is _UNDECIDED:
+        raise ScanCorruption(bad_offset, f"{reason}; too many candidates to rule out data after it")
+    assert isinstance(later, RecordView)
+    chain_hint, chain_count = _follow_chain(data, later, payload_bytes_max)
+    if chain_hint >= bad_index:
+        raise ScanCorruption(
+            bad_offset,
+            f"{reason}; a later record says entries up to {chain_hint} were durable",
+        )
+    if not _has_zero_sector(data, bad_offset, later.offset_bytes):
+        raise ScanCorruption(bad_offset, f"{reason}; valid records follow the damaged bytes")
+    scan.torn_reason = f"{reason} (unsynced pages lost; later unsynced records dropped)"
+    scan.torn_records_dropped = chain_count
+
+
+class _Undecided:
+    pass
+
+
+_UNDECIDED = _Undecided()
+
+
+def _find_later_record(
+    data: bytes, bad_offset: int, bad_index: int, payload_bytes_max: int
+) -> RecordView | _Undecided | None:
+    """A valid record after `bad_offset` with an index in (bad_index, bad_index + 8], found
+    by searching for the packed index field; bounded in candidates tried."""
+    tried = 0
+    for index in range(bad_index + 1, bad_index + 1 + RESYNC_INDEXES_AHEAD):
+        needle = struct.pack("<Q", index)
+        position = data.find(needle, bad_offset + 1 + 16)
+        while position != -1:
+            tried += 1
+            if tried > RESYNC_CANDIDATES_MAX:
+                return _UNDECIDED
+            candidate = parse_record(data, position - 16, payload_bytes_max)
+            if isinstance(candidate, RecordView) and candidate.index == index:
+                return candidate
+            position = data.find(needle, position + 1)
+    return None
+
+
+def _follow_chain(data: bytes, first: RecordView, payload_bytes_max: int) -> tuple[int, int]:
+    """The highest durable hint and the count of consecutive valid records from `first`."""
+    hint = first.durable_index
+    count = 1
+    record: RecordView | str = first
+    while isinstance(record, RecordView) and record.end_bytes < len(data):
+        following = parse_record(data, record.end_bytes, payload_bytes_max)
+        if not isinstance(following, RecordView) or following.index != record.index + 1:
+            break
+        hint = max(hint, following.durable_index)
+        count += 1
+        record = following
+    return hint, count
+
+
+def _has_zero_sector(data: bytes, lo_bytes: int, hi_bytes: int) -> bool:
+    """Whether [lo, hi) contains a whole, sector-aligned run of zero bytes."""
+    sector = -(-lo_bytes // SECTOR_BYTES) * SECTOR_BYTES
+    while sector + SECTOR_BYTES <= hi_bytes:
+        if data[sector : sector + SECTOR_BYTES] == _ZERO_SECTOR:
+            return True
+        sector += SECTOR_BYTES
+    return False
+
+
+def read_records(
+    data: bytes, base_offset_bytes: int, first_index: int, count: int, payload_bytes_max: int
+) -> list[Entry] | tuple[int, str]:
+    """Decode `count` consecutive records from `data` (read from file offset
+    `base_offset_bytes`), verifying each checksum and index again after the read. Returns
+    the entries, or (file offset, reason) of the first bad one."""
+    entries: list[Entry] = []
+    offset = 0
+    for index in range(first_index, first_index + count):
+        record = parse_record(data, offset, payload_bytes_max)
+        if isinstance(record, RecordView) and record.index != index:
+            record = f"record index {record.index}, expected {index}"
+        if isinstance(record, str):
+            return base_offset_bytes + offset, record
+        payload = bytes(data[record.payload_offset_bytes : record.end_bytes])
+        entries.append(Entry(index, record.term, payload))
+        offset = record.end_bytes
+    return entries

@@ -1,0 +1,864 @@
+"""The shard store: a directory of segment files that is the Raft journal of one replica.
+
+What it promises (ARCHITECTURE.md §3):
+
+* `append()` puts entries (dense Raft indexes, non-decreasing terms) in a write buffer and
+  returns at once. Nothing is durable yet.
+* `wait_durable(index)` returns once every entry up to `index` was made durable by an
+  fdatasync that *returned*; `sync()` does the same for everything appended so far and asks
+  for it now. One background thread, the syncer, runs the syncs; one fdatasync covers every
+  entry appended since the previous one (group commit, `group_commit.py`).
+* `read(lo, hi, max_bytes)` serves `[lo, hi)` from the recent-entry cache or from disk
+  through a per-segment offset index (4 bytes per entry; no payload is held in memory
+  except in the bounded cache and write buffer). Bytes read from disk are checked again.
+* `truncate_suffix(index)` removes `[index, ...)` durably before it returns (Raft conflict
+  resolution; rare). `truncate_prefix(index)` durably moves the log start; the segment
+  files wholly below it are deleted later by the syncer thread.
+* `save_vote(term, voted_for)` is durable before it returns.
+* Any failed write or sync poisons the store (`StoreFailed`): no later write is
+  acknowledged, reads keep working, and reopening recovers from what is really on disk.
+
+Order of durability for a segment roll: the old segment is fdatasynced before the new file
+is created, and the directory is fsynced before any entry in the new file is reported
+durable. So a sealed segment is always whole, and only the newest can have a torn tail.
+
+Threads: any number of threads may call any method. Locks, always taken in this order:
+`_io_lock` (serializes file mutations) -> `_meta_lock` -> `_mu` (in-memory state; never held
+during I/O).
+"""
+
+from __future__ import annotations
+
+import array
+import bisect
+import contextlib
+import heapq
+import dataclasses
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from logsvc.store import records
+from logsvc.store.errors import (
+    Compacted,
+    Corruption,
+    RecordTooLarge,
+    StoreClosed,
+    StoreError,
+    StoreFailed,
+    StoreLocked,
+    io_error,
+)
+from logsvc.store.fs import DirLock, FileSystem, OsFileSystem, WritableFile
+from logsvc.store.group_commit import GroupCommitPolicy, SyncNow, WaitUntil
+from logsvc.store.limits import DEFAULT_LIMITS, StoreLimits
+from logsvc.store.meta import Meta, save_meta
+from logsvc.store.records import Entry
+from logsvc.store.recovery import RecoveryReport, recover, segment_file_name
+
+log = logging.getLogger("logsvc.store")
+
+# A read that races with a suffix truncation is retried this many times before giving up.
+READ_RETRIES_MAX = 3
+# How long close() waits for the syncer thread to stop.
+SYNCER_JOIN_S_MAX = 30.0
+
+
+class SyncTimeout(StoreError):
+    def __init__(self, index: int, waited_ms: int) -> None:
+        super().__init__(f"entry {index} not durable after {waited_ms} ms")
+        self.index = index
+        self.waited_ms = waited_ms
+
+
+class EntryTruncated(StoreError):
+    """A waited-for entry was removed by a suffix truncation before it became durable."""
+
+    def __init__(self, index: int, last_index: int) -> None:
+        super().__init__(f"entry {index} was truncated (log now ends at {last_index})")
+        self.index = index
+        self.last_index = last_index
+
+
+@dataclass(frozen=True, slots=True)
+class StoreStats:
+    first_index: int
+    last_index: int
+    durable_index: int
+    segments: int
+    obsolete_segments: int  # below the log start, not yet deleted
+    physical_first_index: int  # lowest index still in a file on disk
+    cache_entries: int
+    cache_bytes: int
+    buffered_bytes: int  # appended, not yet written to the OS
+    syncs: int
+    fdatasyncs: int
+    synced_bytes: int
+    sync_seconds_total: float
+    failed: bool
+    recovery: RecoveryReport
+
+
+@dataclass(slots=True, eq=False)
+class _Segment:
+    first_index: int
+    path: str
+    offsets: array.array[int]  # file offset of each record
+    term_runs: list[tuple[int, int]]  # (first index, term) where the term changes
+    size_bytes: int  # logical end: header + every record, including buffered ones
+    written_bytes: int  # handed to the OS
+    synced_bytes: int  # covered by a returned fdatasync
+    pending: bytearray  # encoded, not yet written (starts with the header if not on disk)
+    on_disk: bool
+    file: WritableFile | None = None
+
+    @property
+    def last_index(self) -> int:
+        return self.first_index + len(self.offsets) - 1
+
+    def term_at(self, index: int) -> int:
+        position = bisect.bisect_right(self.term_runs, (index, 2**64)) - 1
+        assert position >= 0
+        return self.term_runs[position][1]
+
+    def record_end(self, index: int) -> int:
+        position = index - self.first_index + 1
+        return self.offsets[position] if position < len(self.offsets) else self.size_bytes
+
+    def cut(self, index: int) -> int:
+        """Forget records from `index` on; return the new size."""
+        position = index - self.first_index
+        new_size = self.offsets[position]
+        del self.offsets[position:]
+        while self.term_runs and self.term_runs[-1][0] >= index:
+            self.term_runs.pop()
+        self.size_bytes = new_size
+        return new_size
+
+
+class ShardStore:
+    """See the module docstring. Create with `ShardStore.open(dir_path)`."""
+
+    @classmethod
+    def open(
+        cls,
+        dir_path: str,
+        *,
+        fs: FileSystem | None = None,
+        limits: StoreLimits = DEFAULT_LIMITS,
+        clock_ms: Callable[[], float] | None = None,
+    ) -> ShardStore:
+        limits.validate()
+        fs = fs if fs is not None else OsFileSystem()
+        try:
+            fs.makedirs(dir_path)
+        except OSError as exc:
+            raise io_error(exc, "mkdir", dir_path) from exc
+        try:
+            lock = fs.lock_dir(dir_path)
+        except BlockingIOError:
+            raise StoreLocked(dir_path) from None
+        except OSError as exc:
+            raise io_error(exc, "lock", dir_path) from exc
+        try:
+            recovered = recover(fs, dir_path, limits)
+            store = cls(dir_path, fs, limits, clock_ms or _monotonic_ms, recovered.meta)
+            store._adopt(recovered.segments, recovered.report)
+        except BaseException:
+            lock.release()
+            raise
+        store._lock = lock
+        store._start_syncer()
+        return store
+
+    def __init__(
+        self,
+        dir_path: str,
+        fs: FileSystem,
+        limits: StoreLimits,
+        clock_ms: Callable[[], float],
+        meta: Meta,
+    ) -> None:
+        self._dir = dir_path
+        self._fs = fs
+        self._limits = limits
+        self._clock_ms = clock_ms
+        self._io_lock = threading.Lock()
+        self._meta_lock = threading.Lock()
+        self._mu = threading.Lock()
+        self._waiters = _Waiters()
+        self._listeners: list[Callable[[int, StoreFailed | None], None]] = []
+        self._syncer_cv = threading.Condition(self._mu)
+        self._meta = meta
+        self._segments: list[_Segment] = []
+        self._obsolete: list[_Segment] = []
+        self._first_index = meta.first_index
+        self._last_index = meta.first_index - 1
+        self._written_index = self._last_index
+        self._durable_index = self._last_index
+        self._buffered_bytes = 0
+        self._roll_requested = False
+        self._cache: dict[int, Entry] = {}
+        self._cache_lo = self._first_index
+        self._cache_bytes = 0
+        self._policy = GroupCommitPolicy(
+            bytes_max=limits.group_commit_bytes_max,
+            delay_ms_max=limits.group_commit_delay_ms_max,
+        )
+        self._suffix_generation = 0
+        self._failed: StoreFailed | None = None
+        self._closing = False
+        self._closed = False
+        self._syncer: threading.Thread | None = None
+        self._lock: DirLock | None = None
+        self._dir_dirty = False  # a segment was created; the directory needs an fsync
+        self._recovery = RecoveryReport()
+        self._syncs = 0
+        self._fdatasyncs = 0
+        self._synced_bytes = 0
+        self._sync_seconds_total = 0.0
+
+    # ----------------------------------------------------------------- public: writes
+
+    def append(self, entries: Sequence[Entry]) -> int:
+        """Buffer entries that continue the log; return the new last index. Not durable
+        until `wait_durable`/`sync` says so."""
+        payload_max = self._limits.record_payload_bytes_max
+        for entry in entries:
+            if len(entry.payload) > payload_max:
+                raise RecordTooLarge(len(entry.payload), payload_max)
+        with self._mu:
+            self._check_writable()
+            now_ms = self._clock_ms()
+            for entry in entries:
+                self._append_locked(entry, now_ms)
+            if entries:
+                self._syncer_cv.notify()
+            flush = self._buffered_bytes > self._limits.write_buffer_bytes_max
+            last = self._last_index
+        if flush:
+            # Back-pressure: the appending thread writes the buffer out itself (no fsync),
+            # so the buffer stays bounded however fast entries arrive.
+            with self._io_lock:
+                self._write_out_locked(sync=False)
+        return last
+
+    def wait_durable(self, index: int, timeout_ms: int | None = None) -> None:
+        """Block until every entry up to `index` is durable (group commit)."""
+        waited_ms_max = self._limits.sync_wait_ms_max if timeout_ms is None else timeout_ms
+        started_ms = self._clock_ms()
+        while True:
+            with self._mu:
+                if self._durable_index >= index:
+                    return
+                if self._failed is not None:
+                    raise self._failed
+                if self._closed:
+                    raise StoreClosed()
+                if index > self._last_index:
+                    raise EntryTruncated(index, self._last_index)
+                remaining_ms = started_ms + waited_ms_max - self._clock_ms()
+                if remaining_ms <= 0:
+                    raise SyncTimeout(index, waited_ms_max)
+                gate = self._waiters.add(index)
+            gate.acquire(timeout=remaining_ms / 1000.0)
+
+    def sync(self, timeout_ms: int | None = None) -> int:
+        """Make everything appended so far durable now; return the durable index."""
+        target = self.request_sync()
+        self.wait_durable(target, timeout_ms)
+        return target
+
+    def request_sync(self) -> int:
+        """Ask for a sync of everything appended so far without waiting for it (callers on
+        an event loop wait with `aio.AsyncDurability`); return the index it will cover."""
+        with self._mu:
+            target = self._last_index
+            if self._durable_index < target:
+                self._check_writable()
+                self._policy.request_urgent()
+                self._syncer_cv.notify()
+            return target
+
+    def truncate_suffix(self, index: int) -> None:
+        """Remove every entry at or after `index`, durably, before returning."""
+        with self._io_lock:
+            with self._mu:
+                self._check_writable()
+                assert index >= self._first_index, "cannot cut into the truncated prefix"
+                if index > self._last_index:
+                    return
+            self._write_out_locked(sync=True)
+            with self._mu:
+                victims = [s for s in self._segments if s.first_index >= index]
+                keep = [s for s in self._segments if s.first_index < index]
+                tail = keep[-1] if keep and keep[-1].last_index >= index else None
+                last_before = self._last_index
+            try:
+                for segment in reversed(victims):
+                    self._close_file(segment)
+                    self._fs.unlink(segment.path)
+                if victims:
+                    self._fs.fsync_dir(self._dir)
+                if tail is not None:
+                    handle = self._writable(tail)
+                    handle.truncate(tail.offsets[index - tail.first_index])
+                    handle.fdatasync()
+            except OSError as exc:
+                raise self._fail(io_error(exc, "truncate_suffix", self._dir)) from exc
+            with self._mu:
+                # The Raft layer appends and truncates from one thread; an append racing a
+                # truncation would be a bug there, not an operating condition.
+                assert self._last_index == last_before, "append raced with truncate_suffix"
+                self._segments = keep
+                if tail is not None:
+                    new_size = tail.cut(index)
+                    tail.written_bytes = tail.synced_bytes = new_size
+                for dropped in range(max(index, self._cache_lo), self._last_index + 1):
+                    self._cache_bytes -= len(self._cache.pop(dropped).payload)
+                self._cache_lo = min(self._cache_lo, index)
+                self._last_index = self._written_index = self._durable_index = index - 1
+                self._suffix_generation += 1
+                self._waiters.release_all()
+        log.info("truncated suffix of %s from index %d", self._dir, index)
+
+    def truncate_prefix(self, index: int) -> int:
+        """Make `index` the durable log start (no-op if not above it); return the start.
+        Whole segments below it are deleted later, asynchronously. `index` may be past the
+        end: the log is then empty and the next append must be `index`."""
+        with self._io_lock:
+            with self._mu:
+                self._check_writable()
+                if index <= self._first_index:
+                    return self._first_index
+            # The log start must never pass entries that could still vanish.
+            self._write_out_locked(sync=True)
+            with self._meta_lock:
+                meta = dataclasses.replace(self._meta, first_index=index)
+                try:
+                    save_meta(self._fs, self._dir, meta)
+                except StoreError as exc:
+                    raise self._fail(exc) from exc
+                self._meta = meta
+            with self._mu:
+                self._apply_prefix_locked(index)
+                self._syncer_cv.notify()
+        return index
+
+    def roll(self) -> None:
+        """Start a new segment at the next append (a new segment also starts by size)."""
+        with self._mu:
+            self._roll_requested = True
+
+    def save_vote(self, term: int, voted_for: str | None) -> None:
+        """Persist Raft's currentTerm and votedFor; durable on return."""
+        with self._meta_lock:
+            current = self._meta
+            assert term >= current.term, "term must never go backwards"
+            assert term > current.term or current.voted_for in (None, voted_for), (
+                "at most one vote per term"
+            )
+            with self._mu:
+                self._check_writable()
+            meta = dataclasses.replace(current, term=term, voted_for=voted_for)
+            try:
+                save_meta(self._fs, self._dir, meta)
+            except StoreError as exc:
+                raise self._fail(exc) from exc
+            self._meta = meta
+
+    # ----------------------------------------------------------------- public: reads
+
+    @property
+    def first_index(self) -> int:
+        with self._mu:
+            return self._first_index
+
+    @property
+    def last_index(self) -> int:
+        with self._mu:
+            return self._last_index
+
+    @property
+    def durable_index(self) -> int:
+        with self._mu:
+            return self._durable_index
+
+    @property
+    def term(self) -> int:
+        return self._meta.term
+
+    @property
+    def voted_for(self) -> str | None:
+        return self._meta.voted_for
+
+    def term_at(self, index: int) -> int:
+        with self._mu:
+            if index < self._first_index:
+                raise Compacted(index, self._first_index)
+            assert index <= self._last_index, f"no entry {index}"
+            return self._segment_of(index).term_at(index)
+
+    def read(self, lo: int, hi: int, max_bytes: int) -> list[Entry]:
+        """Entries in `[lo, hi)`, in order, whose payloads total at most `max_bytes`, but
+        always at least one if `lo` exists. Stops at the end of the log."""
+        assert lo >= 1
+        assert hi >= lo
+        result: list[Entry] = []
+        budget = max_bytes
+        retries = 0
+        while lo < hi:
+            with self._mu:
+                if lo < self._first_index:
+                    raise Compacted(lo, self._first_index)
+                end = min(hi, self._last_index + 1)
+                if lo >= end:
+                    break
+                if lo >= self._cache_lo:
+                    self._read_cache_locked(lo, end, budget, result)
+                    break
+                plan = self._plan_disk_read_locked(lo, min(end, self._cache_lo), budget, result)
+                if plan.count == 0:
+                    break  # the budget is spent
+                generation = self._suffix_generation
+            got = self._read_disk(plan)
+            if isinstance(got, tuple):
+                retries += 1
+                with self._mu:
+                    if lo < self._first_index:
+                        raise Compacted(lo, self._first_index)
+                    raced = generation != self._suffix_generation
+                if raced and retries <= READ_RETRIES_MAX:
+                    continue
+                offset, reason = got
+                raise Corruption(plan.path, offset, reason)
+            result.extend(got)
+            budget -= sum(len(entry.payload) for entry in got)
+            lo = got[-1].index + 1
+        return result
+
+    def add_durable_listener(self, listener: Callable[[int, StoreFailed | None], None]) -> None:
+        """Call `listener(durable_index, failure)` from the syncer thread after every sync
+        and once when the store fails. It must be quick and must not call back into the
+        store: it is the hand-off to another thread or an event loop (see `aio.py`)."""
+        with self._mu:
+            self._listeners.append(listener)
+            durable, failed = self._durable_index, self._failed
+        listener(durable, failed)
+
+    def stats(self) -> StoreStats:
+        with self._mu:
+            physical = (
+                self._obsolete[0].first_index
+                if self._obsolete
+                else (self._segments[0].first_index if self._segments else self._first_index)
+            )
+            return StoreStats(
+                first_index=self._first_index,
+                last_index=self._last_index,
+                durable_index=self._durable_index,
+                segments=len(self._segments),
+                obsolete_segments=len(self._obsolete),
+                physical_first_index=physical,
+                cache_entries=len(self._cache),
+                cache_bytes=self._cache_bytes,
+                buffered_bytes=self._buffered_bytes,
+                syncs=self._syncs,
+                fdatasyncs=self._fdatasyncs,
+                synced_bytes=self._synced_bytes,
+                sync_seconds_total=self._sync_seconds_total,
+                failed=self._failed is not None,
+                recovery=self._recovery,
+            )
+
+    def close(self) -> None:
+        """Sync what was appended (unless failed), stop the syncer, close every file."""
+        with self._mu:
+            if self._closed or self._closing:
+                return
+            self._closing = True
+            self._syncer_cv.notify_all()
+        if self._syncer is not None:
+            self._syncer.join(SYNCER_JOIN_S_MAX)
+        with self._io_lock:
+            if self._failed is None:
+                try:
+                    self._write_out_locked(sync=True)
+                    self._delete_obsolete_locked()
+                except StoreError as exc:
+                    log.error("final sync of %s failed: %s", self._dir, exc)
+            with self._mu:
+                for segment in self._segments + self._obsolete:
+                    self._close_file(segment)
+                self._closed = True
+                self._waiters.release_all()
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+    def __enter__(self) -> ShardStore:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # ----------------------------------------------------------------- internals: state
+
+    def _adopt(self, scans: list[tuple[str, records.SegmentScan]], report: RecoveryReport) -> None:
+        self._recovery = report
+        for path, scan in scans:
+            size = scan.end_bytes
+            segment = _Segment(
+                first_index=scan.first_index,
+                path=path,
+                offsets=scan.offsets,
+                term_runs=scan.term_runs,
+                size_bytes=size,
+                written_bytes=size,
+                synced_bytes=size,
+                pending=bytearray(),
+                on_disk=True,
+            )
+            self._segments.append(segment)
+        if self._segments:
+            last = self._segments[-1].last_index
+            self._last_index = self._written_index = self._durable_index = last
+            self._cache_lo = last + 1
+
+    def _check_writable(self) -> None:
+        if self._closed or self._closing:
+            raise StoreClosed()
+        if self._failed is not None:
+            raise self._failed
+
+    def _append_locked(self, entry: Entry, now_ms: float) -> None:
+        assert entry.index == self._last_index + 1, (
+            f"append must continue the log: got {entry.index}, expected {self._last_index + 1}"
+        )
+        # Every listed segment holds at least one record (an empty one is never kept).
+        last_term = self._segments[-1].term_runs[-1][1] if self._segments else 0
+        assert entry.term >= last_term, "terms never decrease along a log"
+        segment = self._segment_for_append(entry)
+        offset = segment.size_bytes
+        size = records.encode_record_into(
+            segment.pending, entry.index, entry.term, self._durable_index, entry.payload
+        )
+        segment.offsets.append(offset)
+        segment.size_bytes += size
+        if not segment.term_runs or segment.term_runs[-1][1] != entry.term:
+            segment.term_runs.append((entry.index, entry.term))
+        self._last_index = entry.index
+        self._buffered_bytes += size
+        self._policy.on_append(size, now_ms)
+        self._cache[entry.index] = entry
+        self._cache_bytes += len(entry.payload)
+        self._evict_cache_locked()
+
+    def _segment_for_append(self, entry: Entry) -> _Segment:
+        record_bytes = records.RECORD_HEADER_BYTES + len(entry.payload)
+        if self._segments and not self._roll_requested:
+            active = self._segments[-1]
+            if active.size_bytes + record_bytes <= self._limits.segment_bytes_max:
+                return active
+        self._roll_requested = False
+        header = records.encode_segment_header(entry.index)
+        segment = _Segment(
+            first_index=entry.index,
+            path=os.path.join(self._dir, segment_file_name(entry.index)),
+            offsets=array.array("I"),
+            term_runs=[],
+            size_bytes=len(header),
+            written_bytes=0,
+            synced_bytes=0,
+            pending=bytearray(header),
+            on_disk=False,
+        )
+        self._buffered_bytes += len(header)
+        self._segments.append(segment)
+        return segment
+
+    def _segment_of(self, index: int) -> _Segment:
+        position = bisect.bisect_right(self._segments, index, key=lambda s: s.first_index) - 1
+        assert position >= 0
+        segment = self._segments[position]
+        assert segment.first_index <= index <= segment.last_index
+        return segment
+
+    def _evict_cache_locked(self) -> None:
+        # Entries not yet written to the OS are never evicted: the cache is their only copy
+        # a reader can use.
+        while self._cache_bytes > self._limits.cache_bytes_max and (
+            self._cache_lo <= self._written_index
+        ):
+            entry = self._cache.pop(self._cache_lo, None)
+            if entry is not None:
+                self._cache_bytes -= len(entry.payload)
+            self._cache_lo += 1
+
+    def _apply_prefix_locked(self, index: int) -> None:
+        for dropped in range(self._cache_lo, min(index, self._last_index + 1)):
+            entry = self._cache.pop(dropped)
+            self._cache_bytes -= len(entry.payload)
+        self._cache_lo = max(self._cache_lo, index)
+        self._first_index = index
+        if index > self._last_index + 1:
+            self._last_index = self._written_index = self._durable_index = index - 1
+        keep: list[_Segment] = []
+        for segment in self._segments:
+            if segment.last_index < index:
+                self._close_file(segment)
+                self._obsolete.append(segment)
+            else:
+                keep.append(segment)
+        self._segments = keep
+
+    def _fail(self, error: StoreError) -> StoreError:
+        with self._mu:
+            first = self._failed is None
+            if first:
+                log.error("store %s failed: %s", self._dir, error)
+                self._failed = StoreFailed(error)
+            self._waiters.release_all()
+            self._syncer_cv.notify_all()
+            durable, failed, listeners = self._durable_index, self._failed, list(self._listeners)
+        if first:
+            for listener in listeners:
+                listener(durable, failed)
+        return error
+
+    # ----------------------------------------------------------------- internals: I/O
+
+    def _writable(self, segment: _Segment) -> WritableFile:
+        if segment.file is None:
+            segment.file = self._fs.open_write(segment.path, create=False)
+        return segment.file
+
+    def _close_file(self, segment: _Segment) -> None:
+        if segment.file is not None:
+            handle, segment.file = segment.file, None
+            with contextlib.suppress(OSError):
+                handle.close()
+
+    def _write_out_locked(self, *, sync: bool) -> None:
+        """Write the buffer to the OS and, with `sync`, make it durable. Holds `_io_lock`."""
+        with self._mu:
+            if self._failed is not None:
+                raise self._failed
+            work = [(s, bytes(s.pending)) for s in self._segments if s.pending]
+            unsynced = [s for s in self._segments if s.synced_bytes < s.size_bytes]
+            if not work and not (sync and unsynced):
+                return
+            for segment, _ in work:
+                segment.pending = bytearray()
+            self._buffered_bytes = 0
+            target = self._last_index
+            if sync:
+                self._policy.on_sync_started()
+        started = time.monotonic()
+        try:
+            fdatasyncs = self._write_chunks(work, unsynced if sync else [], sync)
+        except OSError as exc:
+            failure = self._fail(io_error(exc, "write" if not sync else "sync", self._dir))
+            with self._mu:
+                if sync:
+                    self._policy.on_sync_finished(self._clock_ms())
+            raise failure from exc
+        elapsed = time.monotonic() - started
+        with self._mu:
+            for segment, data in work:
+                segment.written_bytes += len(data)
+                segment.on_disk = True
+            self._written_index = max(self._written_index, target)
+            if sync:
+                for segment in unsynced:
+                    segment.synced_bytes = segment.written_bytes
+                self._durable_index = max(self._durable_index, target)
+                self._policy.on_sync_finished(self._clock_ms())
+                self._syncs += 1
+                self._fdatasyncs += fdatasyncs
+                self._synced_bytes += sum(len(data) for _, data in work)
+                self._sync_seconds_total += elapsed
+                self._waiters.release_upto(self._durable_index)
+                self._syncer_cv.notify()
+            for segment in self._segments[:-1]:
+                if segment.synced_bytes == segment.size_bytes:
+                    self._close_file(segment)
+            self._evict_cache_locked()
+            durable, listeners = self._durable_index, list(self._listeners)
+        if sync:
+            for listener in listeners:
+                listener(durable, None)
+
+    def _write_chunks(
+        self, work: list[tuple[_Segment, bytes]], unsynced: list[_Segment], sync: bool
+    ) -> int:
+        """The I/O of a write-out, outside `_mu`; returns how many fdatasyncs it did."""
+        fdatasyncs = 0
+        synced_here: set[int] = set()  # ids of segments whose every written byte is synced
+        for segment, data in work:
+            if segment.file is None and not segment.on_disk:
+                # A later segment may exist on disk only once every earlier one is durable:
+                # then only the newest segment can ever hold a torn tail. (Earlier segments'
+                # data in `work` was written by the previous iterations.)
+                for earlier in self._segments_before(segment):
+                    if id(earlier) not in synced_here:
+                        self._writable(earlier).fdatasync()
+                        fdatasyncs += 1
+                        synced_here.add(id(earlier))
+                segment.file = self._fs.open_write(segment.path, create=True)
+                self._dir_dirty = True
+            self._writable(segment).write(data)
+        if sync:
+            for segment in unsynced:
+                if id(segment) not in synced_here:
+                    self._writable(segment).fdatasync()
+                    fdatasyncs += 1
+            if self._dir_dirty:
+                self._fs.fsync_dir(self._dir)
+                self._dir_dirty = False
+        return fdatasyncs
+
+    def _segments_before(self, segment: _Segment) -> list[_Segment]:
+        with self._mu:
+            position = self._segments.index(segment)
+            return [s for s in self._segments[:position] if s.synced_bytes < s.size_bytes]
+
+    def _delete_obsolete_locked(self) -> None:
+        with self._mu:
+            doomed = list(self._obsolete)
+        if not doomed:
+            return
+        try:
+            for segment in doomed:
+                self._close_file(segment)
+                with contextlib.suppress(FileNotFoundError):
+                    self._fs.unlink(segment.path)
+            self._fs.fsync_dir(self._dir)
+        except OSError as exc:
+            raise self._fail(io_error(exc, "delete segments", self._dir)) from exc
+        with self._mu:
+            self._obsolete = [s for s in self._obsolete if s not in doomed]
+        log.info("deleted %d segment(s) below the log start of %s", len(doomed), self._dir)
+
+    def _read_cache_locked(self, lo: int, end: int, budget: int, out: list[Entry]) -> None:
+        for index in range(lo, end):
+            entry = self._cache[index]
+            if out and len(entry.payload) > budget:
+                return
+            out.append(entry)
+            budget -= len(entry.payload)
+
+    def _plan_disk_read_locked(self, lo: int, end: int, budget: int, out: list[Entry]) -> _DiskRead:
+        segment = self._segment_of(lo)
+        end = min(end, segment.last_index + 1)
+        count = 0
+        index = lo
+        while index < end:
+            size = segment.record_end(index) - segment.offsets[index - segment.first_index]
+            payload = size - records.RECORD_HEADER_BYTES
+            if (out or count) and payload > budget:
+                break
+            budget -= payload
+            count += 1
+            index += 1
+        start = segment.offsets[lo - segment.first_index]
+        stop = segment.record_end(lo + count - 1)
+        return _DiskRead(segment.path, lo, count, start, stop - start)
+
+    def _read_disk(self, plan: _DiskRead) -> list[Entry] | tuple[int, str]:
+        try:
+            handle = self._fs.open_read(plan.path)
+        except FileNotFoundError:
+            return plan.offset_bytes, "segment file is missing"
+        except OSError as exc:
+            raise io_error(exc, "open", plan.path) from exc
+        try:
+            data = handle.pread(plan.offset_bytes, plan.size_bytes)
+        except OSError as exc:
+            raise io_error(exc, "read", plan.path) from exc
+        finally:
+            handle.close()
+        return records.read_records(
+            data, plan.offset_bytes, plan.lo, plan.count, self._limits.record_payload_bytes_max
+        )
+
+    # ----------------------------------------------------------------- internals: syncer
+
+    def _start_syncer(self) -> None:
+        self._syncer = threading.Thread(
+            target=self._run_syncer, name=f"store-syncer:{self._dir}", daemon=True
+        )
+        self._syncer.start()
+
+    def _run_syncer(self) -> None:
+        while True:
+            with self._mu:
+                while True:
+                    if self._closing or self._failed is not None:
+                        return
+                    action = self._policy.next_action(self._clock_ms())
+                    if isinstance(action, SyncNow) or self._obsolete:
+                        break
+                    timeout_s = (
+                        max(0.0, (action.deadline_ms - self._clock_ms()) / 1000.0)
+                        if isinstance(action, WaitUntil)
+                        else None
+                    )
+                    self._syncer_cv.wait(timeout_s)
+            try:
+                with self._io_lock:
+                    if isinstance(action, SyncNow):
+                        self._write_out_locked(sync=True)
+                    self._delete_obsolete_locked()
+            except StoreError:
+                return  # the store is failed; waiters were told
+
+
+class _Waiters:
+    """Threads waiting for durability, woken only once their own index is durable.
+
+    A Condition's notify_all would wake every waiter on every sync, and most would go back
+    to sleep: with 64 writers that thundering herd, not the disk, bounded throughput. Each
+    waiter blocks on its own lock; a sync releases exactly the ones it covered. Called with
+    the store's `_mu` held. A waiter that timed out leaves its gate behind; releasing it
+    later is harmless, and release_all (failure, close, truncation) clears everything.
+    """
+
+    __slots__ = ("_heap", "_seq")
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[int, int, threading.Lock]] = []
+        self._seq = 0
+
+    def add(self, index: int) -> threading.Lock:
+        gate = threading.Lock()
+        gate.acquire()
+        self._seq += 1
+        heapq.heappush(self._heap, (index, self._seq, gate))
+        return gate
+
+    def release_upto(self, durable_index: int) -> None:
+        heap = self._heap
+        while heap and heap[0][0] <= durable_index:
+            heapq.heappop(heap)[2].release()
+
+    def release_all(self) -> None:
+        heap, self._heap = self._heap, []
+        for _, _, gate in heap:
+            gate.release()
+
+
+@dataclass(frozen=True, slots=True)
+class _DiskRead:
+    path: str
+    lo: int
+    count: int
+    offset_bytes: int
+    size_bytes: int
+
+
+def _monotonic_ms() -> float:
+    return time.monotonic() * 1000.0
