@@ -13,6 +13,7 @@ The number of waiting futures is bounded: past `waiters_max`, `wait_durable` rai
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 
 from logsvc.store.errors import StoreError, StoreFailed
@@ -55,10 +56,8 @@ class AsyncDurability:
 
     def _from_syncer(self, durable_index: int, failed: StoreFailed | None) -> None:
         # Runs on the syncer thread (or the caller's, once, at registration).
-        try:
+        with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
             self._loop.call_soon_threadsafe(self._advance, durable_index, failed)
-        except RuntimeError:
-            pass  # the loop is closed: nobody is waiting any more
 
     def _advance(self, durable_index: int, failed: StoreFailed | None) -> None:
         self._durable_index = max(self._durable_index, durable_index)

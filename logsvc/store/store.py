@@ -32,8 +32,8 @@ from __future__ import annotations
 import array
 import bisect
 import contextlib
-import heapq
 import dataclasses
+import heapq
 import logging
 import os
 import threading
@@ -298,10 +298,11 @@ class ShardStore:
                 tail = keep[-1] if keep and keep[-1].last_index >= index else None
                 last_before = self._last_index
             try:
+                # Newest first, each deletion durable before the next: whatever a crash
+                # leaves is a gap-free log.
                 for segment in reversed(victims):
                     self._close_file(segment)
                     self._fs.unlink(segment.path)
-                if victims:
                     self._fs.fsync_dir(self._dir)
                 if tail is not None:
                     handle = self._writable(tail)
@@ -700,14 +701,18 @@ class ShardStore:
         synced_here: set[int] = set()  # ids of segments whose every written byte is synced
         for segment, data in work:
             if segment.file is None and not segment.on_disk:
-                # A later segment may exist on disk only once every earlier one is durable:
-                # then only the newest segment can ever hold a torn tail. (Earlier segments'
-                # data in `work` was written by the previous iterations.)
+                # A later segment may exist on disk only once every earlier one is durable,
+                # data and name: then only the newest segment can ever hold a torn tail, and
+                # no order in which the file system persists names can open a gap. (Earlier
+                # segments' data in `work` was written by the previous iterations.)
                 for earlier in self._segments_before(segment):
                     if id(earlier) not in synced_here:
                         self._writable(earlier).fdatasync()
                         fdatasyncs += 1
                         synced_here.add(id(earlier))
+                if self._dir_dirty:
+                    self._fs.fsync_dir(self._dir)
+                    self._dir_dirty = False
                 segment.file = self._fs.open_write(segment.path, create=True)
                 self._dir_dirty = True
             self._writable(segment).write(data)
