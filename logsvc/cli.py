@@ -11,6 +11,7 @@ under `python -O`: the store's invariants are assertions and must stay on.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from collections.abc import Sequence
 
@@ -97,6 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("logsvc: refusing to run under python -O: invariants are assertions", file=sys.stderr)
         return EXIT_USAGE
     args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if args.command == "demo":
         from logsvc import demo
 

@@ -81,9 +81,10 @@ def _concurrent_appends(store_dir: str, limits: StoreLimits) -> None:
 def _torn_tail_recovery(store_dir: str, limits: StoreLimits) -> None:
     _say("\n== crash with a torn last write, then recovery ==")
     newest = sorted(n for n in os.listdir(store_dir) if n.endswith(".seg"))[-1]
+    torn = b"\x07half-written record that never got its fsync"
     with open(os.path.join(store_dir, newest), "ab") as segment:
-        segment.write(b"\x07half-written record that never got its fsync")
-    _say(f"appended 46 bytes of a torn record to {newest}")
+        segment.write(torn)
+    _say(f"appended {len(torn)} bytes of a torn record to {newest}")
     with ShardStore.open(store_dir, limits=limits) as store:
         report = store.stats().recovery
         _say(

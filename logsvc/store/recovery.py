@@ -153,14 +153,14 @@ def _scan_one(
         raise Corruption(path, bad.offset_bytes, bad.reason) from None
     if scan.torn_reason is not None:
         cut_bytes = len(data) - scan.end_bytes
+        dropped = scan.torn_records_dropped
         log.warning(
-            "torn tail in %s at offset %d: %s; cutting %d bytes (%d whole records after a "
-            "lost page dropped)",
+            "torn tail in %s at offset %d: %s; cutting %d bytes%s",
             path,
             scan.end_bytes,
             scan.torn_reason,
             cut_bytes,
-            scan.torn_records_dropped,
+            f" ({dropped} unsynced records after a lost page)" if dropped else "",
         )
         report.torn_reason = scan.torn_reason
         report.torn_tail_bytes_cut += cut_bytes

@@ -1,0 +1,74 @@
+"""The `logsvc` command: usage errors exit 2 with a message naming the option and no
+traceback; `python -O` is refused; `bench store` prints one JSON object per mode with the
+fields the issue names; the demo runs to the end. Real subprocesses, short bounded runs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+BENCH_FIELDS = {
+    "mode",
+    "writers",
+    "record_bytes",
+    "records_per_s",
+    "syncs_per_s",
+    "p50_ms",
+    "p99_ms",
+}
+
+
+def logsvc(*args: str, optimize: bool = False) -> subprocess.CompletedProcess[str]:
+    flags = ["-O"] if optimize else []
+    return subprocess.run(
+        [sys.executable, *flags, "-m", "logsvc.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["bench", "store", "--writers", "0"], "--writers"),
+        (["bench", "store", "--seconds", "forever"], "--seconds"),
+        (["bench", "store", "--modes", "fast"], "--modes"),
+        (["launch"], "launch"),
+    ],
+)
+def test_usage_errors_exit_2_naming_the_option(args: list[str], named: str) -> None:
+    done = logsvc(*args)
+    assert done.returncode == 2
+    assert named in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_refuses_to_run_without_assertions() -> None:
+    done = logsvc("bench", "store", optimize=True)
+    assert done.returncode == 2
+    assert "python -O" in done.stderr
+
+
+def test_bench_store_prints_one_json_object_per_mode(tmp_path: object) -> None:
+    done = logsvc("bench", "store", "--seconds", "0.2", "--writers", "4", "--dir", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [line["mode"] for line in lines] == ["group", "sync_each", "nosync"]
+    for line in lines:
+        assert BENCH_FIELDS <= set(line)
+        assert line["writers"] == 4
+        assert line["records_per_s"] > 0
+    assert lines[1]["records_per_sync"] == 1.0  # sync_each really syncs every record
+
+
+def test_demo_runs_to_the_end() -> None:
+    done = logsvc("demo", "--bench-seconds", "0.2")
+    assert done.returncode == 0, done.stderr
+    assert "all durable" in done.stdout
+    assert "reopened: cut 45 torn bytes" in done.stdout
+    assert done.stdout.rstrip().endswith("demo finished")
