@@ -43,8 +43,8 @@ def test_failed_fdatasync_fails_the_store_and_acknowledges_nothing() -> None:
     assert again.value.cause.errno == errno.EIO  # type: ignore[attr-defined]
     assert store.read(1, 10, 1 << 20) == entries(1, 5)  # still readable
     assert store.stats().failed
+    store.abandon()
     fs.power_loss("trunc", random.Random(0))
-    store.close()
     with ShardStore.open(DIR, fs=fs, limits=LIMITS) as reopened:
         assert reopened.read(1, 10, 1 << 20)[:2] == entries(1, 3)
 
@@ -61,8 +61,8 @@ def test_disk_full_mid_write_is_typed_and_the_partial_record_is_cut_on_reopen() 
     with pytest.raises(StoreFailed) as failed:
         store.sync()
     assert isinstance(failed.value.cause, DiskFull)
+    store.abandon()
     fs.crash()
-    store.close()
     fs.clear_injected_errors()
     with ShardStore.open(DIR, fs=fs, limits=LIMITS) as reopened:
         got = reopened.read(1, 20, 1 << 20)

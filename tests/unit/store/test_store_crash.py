@@ -177,14 +177,14 @@ class StoreCrashMachine(RuleBasedStateMachine):
     @rule(mode=st.sampled_from(["process", *POWER_LOSS_MODES]), seed=st.integers(0, 2**16))
     def crash(self, mode: str, seed: int) -> None:
         store = self.open_store()
+        store.abandon()  # the process dies: nothing more is written
+        # Whatever the store called durable by then really was synced.
+        self.durable = max(self.durable, store.durable_index)
         if mode != "process":
             power_loss_mode = cast(PowerLossMode, mode)
             self.fs.power_loss(power_loss_mode, random.Random(seed), names="random")
         else:
             self.fs.crash()
-        # The disk is frozen: whatever the store calls durable now really was synced.
-        self.durable = max(self.durable, store.durable_index)
-        store.close()  # its handles are dead: this only stops its thread
         self.store = None
         self.failed = False
 
@@ -261,12 +261,12 @@ def test_entries_recovered_from_the_page_cache_are_made_durable_by_open() -> Non
     entries = [Entry(i, 1, bytes([i]) * 300) for i in range(1, 6)]
     store.append(entries)  # over the write buffer: written to the OS, not synced
     assert store.durable_index == 0
+    store.abandon()
     fs.crash()
-    store.close()
     reopened = ShardStore.open(DIR, fs=fs, limits=LIMITS)
     recovered = reopened.read(1, 10, 1 << 30)
     assert recovered and recovered == entries[: len(recovered)]
+    reopened.abandon()
     fs.power_loss("trunc", random.Random(0))
-    reopened.close()
     with ShardStore.open(DIR, fs=fs, limits=LIMITS) as after:
         assert after.read(1, 10, 1 << 30) == recovered

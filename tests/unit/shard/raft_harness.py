@@ -1,0 +1,167 @@
+"""An in-process cluster of real pysyncobj replicas on loopback, for the Raft tests.
+
+Each replica has its own shard store (on a `FaultFS` when power loss is simulated, on real
+files otherwise), its own snapshot file and a recording handler. Waits are polls bounded in
+time, never fixed sleeps; every replica is stopped by `close()` whatever happened.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from logsvc.shard.raft import FailReason, RaftConfig, RaftNode
+from logsvc.store import ShardStore, StoreLimits
+from logsvc.store.fs import FileSystem
+from tests.support.faultfs import FaultFS
+
+WAIT_S_MAX = 20.0
+SECRET = "test-cluster-secret"
+# Syncs happen only when the Raft layer asks: a missing sync shows up as lost data.
+LIMITS = StoreLimits(group_commit_delay_ms_max=3_600_000)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def wait_until(condition: Callable[[], bool], what: str, seconds: float = WAIT_S_MAX) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {seconds} s waiting for {what}")
+        time.sleep(0.01)
+
+
+class RecordingHandler:
+    """Applies opaque commands: remembers (raft_index, bytes); snapshots are not used."""
+
+    def __init__(self) -> None:
+        self.applied: list[tuple[int, bytes]] = []
+        self.lock = threading.Lock()
+
+    def apply(self, raft_index: int, encoded: bytes) -> object:
+        with self.lock:
+            assert not self.applied or raft_index > self.applied[-1][0]
+            self.applied.append((raft_index, encoded))
+        return raft_index
+
+    def compaction_point(self) -> tuple[int, bytes] | None:
+        return None
+
+    def install_snapshot(self, raft_index: int, state: bytes) -> None:
+        raise AssertionError("no snapshots in these tests")
+
+    def commands(self) -> list[bytes]:
+        with self.lock:
+            return [encoded for _, encoded in self.applied]
+
+
+@dataclass
+class Replica:
+    address: str
+    dir_path: str
+    fs: FileSystem
+    store: ShardStore | None = None
+    node: RaftNode | None = None
+    handler: RecordingHandler = field(default_factory=RecordingHandler)
+
+
+class Cluster:
+    def __init__(self, base_dir: str, size: int = 3, *, fault_fs: bool = False) -> None:
+        addresses = [f"127.0.0.1:{free_port()}" for _ in range(size)]
+        self.replicas = [
+            Replica(address, os.path.join(base_dir, f"r{i}"), FaultFS() if fault_fs else _os_fs())
+            for i, address in enumerate(addresses)
+        ]
+        for replica in self.replicas:
+            os.makedirs(replica.dir_path, exist_ok=True)
+
+    def start(self, replica: Replica) -> None:
+        replica.handler = RecordingHandler()
+        replica.store = ShardStore.open(
+            os.path.join(replica.dir_path, "journal"), fs=replica.fs, limits=LIMITS
+        )
+        peers = tuple(r.address for r in self.replicas if r is not replica)
+        config = RaftConfig(
+            self_address=replica.address,
+            peers=peers,
+            secret=SECRET,
+            snapshot_path=os.path.join(replica.dir_path, "snapshot"),
+            election_timeout_ms_min=400,
+            election_timeout_ms_max=900,
+            heartbeat_ms=50,
+            leader_fallback_ms=2000,
+        )
+        replica.node = RaftNode(config, replica.store, replica.handler)
+        replica.node.start()
+
+    def start_all(self) -> None:
+        for replica in self.replicas:
+            self.start(replica)
+
+    def stop(self, replica: Replica) -> None:
+        if replica.node is not None:
+            replica.node.stop()
+            replica.node = None
+        if replica.store is not None:
+            replica.store.close()
+            replica.store = None
+
+    def kill(self, replica: Replica) -> None:
+        """kill -9: stop ticking and abandon the store; nothing more reaches the disk."""
+        if replica.node is not None:
+            replica.node.stop()
+            replica.node = None
+        if replica.store is not None:
+            replica.store.abandon()
+            replica.store = None
+
+    def close(self) -> None:
+        for replica in self.replicas:
+            self.stop(replica)
+
+    def leader(self) -> Replica:
+        found: list[Replica] = []
+
+        def one_leader() -> bool:
+            found[:] = [r for r in self.replicas if r.node is not None and r.node.is_leader]
+            return len(found) == 1
+
+        wait_until(one_leader, "exactly one leader")
+        return found[0]
+
+    def propose(self, commands: list[bytes]) -> dict[bytes, int]:
+        """Propose on the leader; return the commands acknowledged (applied on the leader),
+        with the fail reason of the others left out."""
+        leader = self.leader()
+        assert leader.node is not None
+        outcomes: dict[bytes, int] = {}
+        done = threading.Event()
+        lock = threading.Lock()
+
+        def callback_for(command: bytes) -> Callable[[object, int], None]:
+            def callback(_result: object, reason: int) -> None:
+                with lock:
+                    outcomes[command] = reason
+                    if len(outcomes) == len(commands):
+                        done.set()
+
+            return callback
+
+        for command in commands:
+            leader.node.propose(command, callback_for(command))
+        done.wait(WAIT_S_MAX)
+        return {c: r for c, r in outcomes.items() if r == FailReason.SUCCESS}
+
+
+def _os_fs() -> FileSystem:
+    from logsvc.store.fs import OsFileSystem
+
+    return OsFileSystem()
