@@ -1,0 +1,579 @@
+"""The local file-system `LogBackend`: rotating segment files with group fsync.
+
+Why (reference/matrixone-wal.md §2.6 `batchstoredriver`, ARCHITECTURE.md §3, §7): the seeds'
+local backend, for an engine that runs without a log service and for benchmarks.
+
+* **Layout**: a directory of segments `wal-<base_lsn:020d>.seg` (format in FORMAT.md here,
+  codec in segment.py) and a `LOCK` file held with `flock` while open. LSNs are dense from 1.
+  A segment is created as `*.tmp`, given its header, fsynced, renamed, and the directory
+  fsynced, so a segment with its final name always has a whole header.
+* **Group commit**: appends queue (bounded: `FILE_PENDING_APPENDS_MAX`, then `Overloaded`);
+  one flusher task takes everything queued (bounded by `FILE_SYNC_BATCH_*`), writes it with
+  one `write` and makes it durable with **one fdatasync** in a worker thread, then completes
+  every append of the batch. No append completes before its fsync; nothing syncs per append.
+* **Off the loop**: every blocking disk call (open scan, write, fsync, read, unlink, rename)
+  runs in `asyncio.to_thread`. Only the loop mutates the in-memory index; threads get
+  snapshots.
+* **Truncate** writes a TRUNCATE frame into the active segment (durable before the call
+  returns), then deletes every older segment whose records are all <= the LSN, except the one
+  that holds the newest TRUNCATE frame, and fsyncs the directory. Whole files only.
+* **Open** scans every segment: the truncated LSN is the highest TRUNCATE frame; segments
+  wholly below it are deleted (finishing an interrupted truncation); the newest segment's torn
+  tail is cut back and fsynced; any other damage raises `StorageCorruption`.
+* **Failure**: a failed write or fsync leaves the file in an unknown state (fsyncgate), so
+  the backend fails every pending and later call with `BackendFailed` until reopened; the
+  reopen's scan decides what survived.
+
+Crash cases (power loss may drop unsynced bytes and tear the last write):
+
+| crash during              | found on open                        | action                       |
+|---------------------------|--------------------------------------|------------------------------|
+| a group write / fsync     | torn or missing frames at the tail   | cut back; none was acked     |
+| segment creation          | a `*.tmp` file, or nothing           | delete the tmp               |
+| rename / dir fsync        | new segment with no frames, or none  | keep it / use the old one    |
+| truncate frame write      | old truncated LSN                    | truncate was not acked       |
+| whole-file deletion       | some doomed segments remain          | delete them again            |
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import contextlib
+import fcntl
+import itertools
+import os
+from array import array
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from tae_driver import limits
+from tae_driver.backend import Record
+from tae_driver.backends import segment
+from tae_driver.backends.segment import FrameType, SegmentScan
+from tae_driver.errors import (
+    AlreadyTruncated,
+    BackendClosed,
+    BackendFailed,
+    OutOfRange,
+    Overloaded,
+    StorageCorruption,
+)
+
+LOCK_FILE_NAME = "LOCK"
+_TMP_SUFFIX = ".tmp"
+
+Fsync = Callable[[int], None]
+
+
+@dataclass(slots=True)
+class _Segment:
+    path: str
+    base_lsn: int
+    record_offsets: array[int]
+    record_frame_bytes: array[int]
+    size_bytes: int
+    truncate_lsn_max: int = 0
+
+    @property
+    def last_lsn(self) -> int:
+        return self.base_lsn + len(self.record_offsets) - 1
+
+
+@dataclass(slots=True)
+class _Pending:
+    frame_type: FrameType
+    lsn: int
+    frame: bytes
+    future: asyncio.Future[int]
+
+
+@dataclass(slots=True)
+class _BatchResult:
+    """What the writer thread did; applied to the index on the loop."""
+
+    rotated_to: tuple[str, int, int] | None = None  # (path, base_lsn, fd) of the new segment
+
+
+@dataclass(frozen=True, slots=True)
+class FileBackendStats:
+    data_syncs: int
+    dir_syncs: int
+    batches_written: int
+    frames_written: int
+    segments: int
+    segments_deleted: int
+    torn_bytes_cut: int
+
+
+class FileBackend:
+    """Open with `await FileBackend.open(dir_path)`."""
+
+    def __init__(
+        self,
+        dir_path: str,
+        lock_fd: int,
+        segments: list[_Segment],
+        active_fd: int,
+        truncated_lsn: int,
+        *,
+        segment_bytes_max: int,
+        fsync: Fsync,
+        torn_bytes_cut: int,
+        dir_syncs: int,
+        segments_deleted: int,
+    ) -> None:
+        self._dir_path = dir_path
+        self._lock_fd = lock_fd
+        self._segments = segments
+        self._active_fd = active_fd
+        self._truncated_lsn = truncated_lsn
+        self._durable_lsn = max(segments[-1].last_lsn, truncated_lsn)
+        self._next_lsn = self._durable_lsn + 1
+        self._segment_bytes_max = segment_bytes_max
+        self._fsync = fsync
+        self._pending: list[_Pending] = []
+        self._wake = asyncio.Event()
+        self._grown = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._truncate_lock = asyncio.Lock()
+        self._flusher: asyncio.Task[None] | None = None
+        self._failure: BaseException | None = None
+        self._closed = False
+        self._written_lsn = self._durable_lsn
+        self._data_syncs = 0
+        self._dir_syncs = dir_syncs
+        self._batches_written = 0
+        self._frames_written = 0
+        self._segments_deleted = segments_deleted
+        self._torn_bytes_cut = torn_bytes_cut
+
+    # --- opening --------------------------------------------------------------------------
+
+    @classmethod
+    async def open(
+        cls,
+        dir_path: str,
+        *,
+        segment_bytes_max: int = limits.FILE_SEGMENT_BYTES_DEFAULT,
+        fsync: Fsync = os.fdatasync,
+    ) -> FileBackend:
+        """Open (creating if needed) the log in `dir_path`. `fsync` makes a file's data
+        durable; tests may wrap it to observe the order of syncs and acknowledgements."""
+        if segment_bytes_max < limits.FILE_SEGMENT_BYTES_MIN:
+            raise ValueError(f"segment_bytes_max={segment_bytes_max} is below the minimum")
+        return await asyncio.to_thread(cls._open_sync, dir_path, segment_bytes_max, fsync)
+
+    @classmethod
+    def _open_sync(cls, dir_path: str, segment_bytes_max: int, fsync: Fsync) -> FileBackend:
+        os.makedirs(dir_path, exist_ok=True)
+        lock_fd = os.open(os.path.join(dir_path, LOCK_FILE_NAME), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise BackendFailed(f"{dir_path} is locked by another process") from None
+            return cls._recover(dir_path, lock_fd, segment_bytes_max, fsync)
+        except BaseException:
+            os.close(lock_fd)
+            raise
+
+    @classmethod
+    def _recover(
+        cls, dir_path: str, lock_fd: int, segment_bytes_max: int, fsync: Fsync
+    ) -> FileBackend:
+        dir_syncs = 0
+        deleted = 0
+        names = sorted(os.listdir(dir_path))
+        for name in names:
+            if name.endswith(_TMP_SUFFIX):
+                os.unlink(os.path.join(dir_path, name))  # an unfinished segment creation
+                deleted += 1
+        bases = sorted(
+            base for name in names if (base := segment.parse_segment_file_name(name)) is not None
+        )
+        scans: list[tuple[str, SegmentScan]] = []
+        for index, base in enumerate(bases):
+            path = os.path.join(dir_path, segment.segment_file_name(base))
+            with open(path, "rb") as handle:
+                data = handle.read()
+            scan = segment.scan_segment(data, path, newest=index == len(bases) - 1)
+            if scan.base_lsn != base:
+                raise StorageCorruption(path, 16, f"header base LSN {scan.base_lsn} != name")
+            scans.append((path, scan))
+        torn_bytes_cut = 0
+        if scans and scans[-1][1].torn_offset is not None:
+            path, scan = scans[-1]
+            torn_bytes_cut = os.path.getsize(path) - scan.valid_bytes
+            fd = os.open(path, os.O_WRONLY)
+            try:
+                os.ftruncate(fd, scan.valid_bytes)
+                fsync(fd)
+            finally:
+                os.close(fd)
+        truncated_lsn = max((scan.truncate_lsn_max for _, scan in scans), default=0)
+        # Finish an interrupted truncation: drop leading segments wholly at or below the
+        # truncated LSN, never the newest one nor the one holding the newest TRUNCATE frame.
+        keep_from = 0
+        while keep_from < len(scans) - 1:
+            scan = scans[keep_from][1]
+            if scan.last_lsn > truncated_lsn or scan.truncate_lsn_max == truncated_lsn > 0:
+                break
+            keep_from += 1
+        for path, _ in scans[:keep_from]:
+            os.unlink(path)
+            deleted += 1
+        scans = scans[keep_from:]
+        if deleted:
+            _fsync_dir(dir_path)
+            dir_syncs += 1
+        segments = [
+            _Segment(
+                path,
+                scan.base_lsn,
+                scan.record_offsets,
+                scan.record_frame_bytes,
+                scan.valid_bytes,
+                scan.truncate_lsn_max,
+            )
+            for path, scan in scans
+        ]
+        for previous, current in itertools.pairwise(segments):
+            if current.base_lsn != previous.last_lsn + 1:
+                raise StorageCorruption(
+                    current.path, 16, f"base LSN {current.base_lsn} after {previous.last_lsn}"
+                )
+        if segments and segments[0].base_lsn > truncated_lsn + 1:
+            raise StorageCorruption(
+                segments[0].path, 16, f"LSNs {truncated_lsn + 1}.. are missing below this segment"
+            )
+        if not segments:
+            path, fd = _create_segment(dir_path, truncated_lsn + 1)
+            dir_syncs += 1
+            segments = [_Segment(path, truncated_lsn + 1, array("Q"), array("Q"), _header_bytes())]
+        else:
+            fd = os.open(segments[-1].path, os.O_WRONLY | os.O_APPEND)
+        return cls(
+            dir_path,
+            lock_fd,
+            segments,
+            fd,
+            truncated_lsn,
+            segment_bytes_max=segment_bytes_max,
+            fsync=fsync,
+            torn_bytes_cut=torn_bytes_cut,
+            dir_syncs=dir_syncs,
+            segments_deleted=deleted,
+        )
+
+    # --- observations ---------------------------------------------------------------------
+
+    @property
+    def dir_path(self) -> str:
+        return self._dir_path
+
+    @property
+    def written_lsn(self) -> int:
+        """The highest LSN handed to the OS (maybe not yet durable); for sync-order tests."""
+        return self._written_lsn
+
+    def stats(self) -> FileBackendStats:
+        return FileBackendStats(
+            data_syncs=self._data_syncs,
+            dir_syncs=self._dir_syncs,
+            batches_written=self._batches_written,
+            frames_written=self._frames_written,
+            segments=len(self._segments),
+            segments_deleted=self._segments_deleted,
+            torn_bytes_cut=self._torn_bytes_cut,
+        )
+
+    def segment_paths(self) -> list[str]:
+        return [s.path for s in self._segments]
+
+    # --- LogBackend -----------------------------------------------------------------------
+
+    async def append(self, payload: bytes) -> int:
+        self._check_usable()
+        assert len(payload) <= limits.BACKEND_PAYLOAD_BYTES_MAX
+        if len(self._pending) >= limits.FILE_PENDING_APPENDS_MAX:
+            raise Overloaded("file backend appends", limits.FILE_PENDING_APPENDS_MAX)
+        lsn = self._next_lsn
+        self._next_lsn += 1
+        return await self._enqueue(
+            FrameType.RECORD, lsn, segment.encode_frame(FrameType.RECORD, lsn, bytes(payload))
+        )
+
+    async def read(self, first_lsn: int, max_bytes: int) -> tuple[list[Record], int]:
+        self._check_usable()
+        assert first_lsn >= 1
+        assert max_bytes >= 1
+        if first_lsn <= self._truncated_lsn:
+            raise OutOfRange(first_lsn, self._truncated_lsn, self._durable_lsn)
+        if first_lsn > self._durable_lsn:
+            return [], first_lsn
+        plan = self._plan_read(first_lsn, max_bytes)
+        try:
+            pairs = await asyncio.to_thread(_read_sync, plan)
+        except FileNotFoundError:
+            # The segment was deleted by a truncation that overtook this read.
+            raise OutOfRange(first_lsn, self._truncated_lsn, self._durable_lsn) from None
+        records = [Record(lsn, body) for lsn, body in pairs]
+        return records, records[-1].lsn + 1
+
+    async def truncate(self, lsn: int) -> None:
+        self._check_usable()
+        async with self._truncate_lock:
+            if lsn <= self._truncated_lsn:
+                raise AlreadyTruncated(lsn, self._truncated_lsn)
+            if lsn > self._durable_lsn:
+                raise OutOfRange(lsn, self._truncated_lsn, self._durable_lsn)
+            await self._enqueue(
+                FrameType.TRUNCATE, lsn, segment.encode_frame(FrameType.TRUNCATE, lsn)
+            )
+            self._truncated_lsn = max(self._truncated_lsn, lsn)
+            holder = max(
+                (i for i, s in enumerate(self._segments) if s.truncate_lsn_max >= lsn),
+                default=len(self._segments) - 1,
+            )
+            doomed: list[_Segment] = []
+            while len(doomed) < holder and self._segments[len(doomed)].last_lsn <= lsn:
+                doomed.append(self._segments[len(doomed)])
+            if doomed:
+                del self._segments[: len(doomed)]
+                await asyncio.to_thread(_delete_segments, self._dir_path, [s.path for s in doomed])
+                self._dir_syncs += 1
+                self._segments_deleted += len(doomed)
+
+    async def truncated(self) -> int:
+        self._check_usable()
+        return self._truncated_lsn
+
+    async def latest(self) -> int:
+        self._check_usable()
+        return self._durable_lsn
+
+    async def wait_past(self, lsn: int) -> None:
+        while not self._closed and self._failure is None and self._durable_lsn <= lsn:
+            self._grown.clear()
+            await self._grown.wait()
+
+    async def close(self) -> None:
+        """Flush what is queued, stop the flusher, release the directory."""
+        if self._closed:
+            return
+        if self._failure is None:
+            while self._pending or not self._idle.is_set():
+                await self._idle.wait()
+        self._closed = True
+        self._grown.set()
+        if self._flusher is not None:
+            self._flusher.cancel()
+            await asyncio.gather(self._flusher, return_exceptions=True)
+        await asyncio.to_thread(_close_fds, [self._active_fd, self._lock_fd])
+
+    # --- the flusher ----------------------------------------------------------------------
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise BackendClosed(f"{self._dir_path} is closed")
+        if self._failure is not None:
+            raise BackendFailed(f"{self._dir_path} failed: {self._failure!r}") from self._failure
+
+    async def _enqueue(self, frame_type: FrameType, lsn: int, frame: bytes) -> int:
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._pending.append(_Pending(frame_type, lsn, frame, future))
+        self._idle.clear()
+        if self._flusher is None:
+            self._flusher = asyncio.get_running_loop().create_task(self._flush_loop())
+        self._wake.set()
+        return await future
+
+    async def _flush_loop(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._pending and self._failure is None:
+                batch = self._take_batch()
+                try:
+                    await self._write_batch(batch)
+                except Exception as exc:
+                    self._fail(exc, batch)
+            if not self._pending:
+                self._idle.set()
+
+    def _take_batch(self) -> list[_Pending]:
+        size_bytes = 0
+        count = 0
+        for item in self._pending:
+            if count and (
+                size_bytes + len(item.frame) > limits.FILE_SYNC_BATCH_BYTES_MAX
+                or count >= limits.FILE_SYNC_BATCH_FRAMES_MAX
+            ):
+                break
+            size_bytes += len(item.frame)
+            count += 1
+        batch = self._pending[:count]
+        del self._pending[:count]
+        return batch
+
+    async def _write_batch(self, batch: list[_Pending]) -> None:
+        active = self._segments[-1]
+        data = b"".join(item.frame for item in batch)
+        record_lsns = [item.lsn for item in batch if item.frame_type is FrameType.RECORD]
+        last_lsn = record_lsns[-1] if record_lsns else self._durable_lsn
+        rotate = active.size_bytes + len(data) >= self._segment_bytes_max
+        result = await asyncio.to_thread(
+            self._write_sync,
+            self._active_fd,
+            data,
+            last_lsn,
+            self._dir_path,
+            last_lsn + 1 if rotate else None,
+        )
+        self._data_syncs += 1
+        self._batches_written += 1
+        self._frames_written += len(batch)
+        offset = active.size_bytes
+        for item in batch:
+            if item.frame_type is FrameType.RECORD:
+                assert item.lsn == active.last_lsn + 1
+                active.record_offsets.append(offset)
+                active.record_frame_bytes.append(len(item.frame))
+            else:
+                active.truncate_lsn_max = max(active.truncate_lsn_max, item.lsn)
+            offset += len(item.frame)
+        active.size_bytes = offset
+        self._durable_lsn = max(self._durable_lsn, last_lsn)
+        if result.rotated_to is not None:
+            path, base_lsn, fd = result.rotated_to
+            self._dir_syncs += 1
+            assert base_lsn == self._durable_lsn + 1
+            self._segments.append(_Segment(path, base_lsn, array("Q"), array("Q"), _header_bytes()))
+            self._active_fd = fd
+        for item in batch:
+            # Acknowledged only now: its bytes and everything before them are synced.
+            assert item.frame_type is FrameType.TRUNCATE or item.lsn <= self._durable_lsn
+            if not item.future.done():
+                item.future.set_result(item.lsn)
+        self._grown.set()
+
+    def _write_sync(
+        self, fd: int, data: bytes, last_lsn: int, dir_path: str, rotate_base: int | None
+    ) -> _BatchResult:
+        result = _BatchResult()
+        view = memoryview(data)
+        while view:
+            written = os.write(fd, view)
+            if written <= 0:
+                raise OSError("write made no progress")
+            view = view[written:]
+        self._written_lsn = last_lsn
+        self._fsync(fd)
+        if rotate_base is not None:
+            path, new_fd = _create_segment(dir_path, rotate_base)
+            os.close(fd)
+            result.rotated_to = (path, rotate_base, new_fd)
+        return result
+
+    def _fail(self, exc: BaseException, batch: list[_Pending]) -> None:
+        self._failure = exc
+        for item in [*batch, *self._pending]:
+            if not item.future.done():
+                error = BackendFailed(f"write failed: {exc!r}")
+                error.__cause__ = exc
+                item.future.set_exception(error)
+        self._pending.clear()
+        self._idle.set()
+        self._grown.set()
+
+    def _plan_read(self, first_lsn: int, max_bytes: int) -> list[tuple[str, int, int, int, int]]:
+        """(path, file offset, byte count, first LSN, record count) per segment to read."""
+        bases = [s.base_lsn for s in self._segments]
+        index = bisect.bisect_right(bases, first_lsn) - 1
+        assert index >= 0
+        plan: list[tuple[str, int, int, int, int]] = []
+        budget_bytes = max_bytes
+        lsn = first_lsn
+        while index < len(self._segments) and lsn <= self._durable_lsn:
+            seg = self._segments[index]
+            position = lsn - seg.base_lsn
+            count = 0
+            while position + count < len(seg.record_offsets) and lsn + count <= self._durable_lsn:
+                frame_bytes = seg.record_frame_bytes[position + count]
+                payload_bytes = frame_bytes - limits.FILE_FRAME_HEADER_BYTES
+                if (plan or count) and payload_bytes > budget_bytes:
+                    break
+                budget_bytes -= payload_bytes
+                count += 1
+            if count:
+                start = seg.record_offsets[position]
+                last = position + count - 1
+                end = seg.record_offsets[last] + seg.record_frame_bytes[last]
+                plan.append((seg.path, start, end - start, lsn, count))
+                lsn += count
+            if position + count < len(seg.record_offsets) or budget_bytes <= 0:
+                break
+            index += 1
+        assert plan
+        return plan
+
+
+def _header_bytes() -> int:
+    return limits.FILE_SEGMENT_HEADER_BYTES
+
+
+def _create_segment(dir_path: str, base_lsn: int) -> tuple[str, int]:
+    """Create a segment durably (tmp, header, fsync, rename, dir fsync); return path and an
+    append fd."""
+    path = os.path.join(dir_path, segment.segment_file_name(base_lsn))
+    tmp_path = path + _TMP_SUFFIX
+    fd = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+    try:
+        header = segment.encode_segment_header(base_lsn)
+        if os.write(fd, header) != len(header):
+            raise OSError("short write of a segment header")
+        os.fsync(fd)
+        os.rename(tmp_path, path)
+        _fsync_dir(dir_path)
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp_path)
+        raise
+    return path, fd
+
+
+def _fsync_dir(dir_path: str) -> None:
+    fd = os.open(dir_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _delete_segments(dir_path: str, paths: list[str]) -> None:
+    for path in paths:  # oldest first: an interrupted deletion leaves a suffix
+        os.unlink(path)
+    _fsync_dir(dir_path)
+
+
+def _close_fds(fds: list[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+def _read_sync(plan: list[tuple[str, int, int, int, int]]) -> list[tuple[int, bytes]]:
+    out: list[tuple[int, bytes]] = []
+    for path, offset, size_bytes, first_lsn, count in plan:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            data = os.pread(fd, size_bytes, offset)
+        finally:
+            os.close(fd)
+        if len(data) != size_bytes:
+            raise StorageCorruption(path, offset + len(data), "segment shorter than its index")
+        out.extend(segment.decode_records_in(data, path, offset, first_lsn, count))
+    return out

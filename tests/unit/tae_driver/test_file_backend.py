@@ -1,0 +1,382 @@
+"""The file backend's format, crash recovery, group fsync and truncation (backends/FORMAT.md).
+
+How: real files in a temporary directory. Golden bytes pin the segment format. Damage is
+made by editing the files between a close and an open: a cut, garbage, zeros, a flipped byte
+in a length, a checksum or a payload at the tail of the newest segment must be cut back as a
+torn write (nothing there was acknowledged); the same damage anywhere else, a bad header, a
+well-checksummed frame with a wrong LSN or a missing segment must raise
+`StorageCorruption(path, offset)`. Group commit is observed through an `fsync` wrapper that
+logs each sync next to each acknowledgement. Scenario 30 (local backend restart and
+truncate) runs the driver over 3 KiB segments.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+
+from tae_driver import limits, open_driver
+from tae_driver.backends import segment
+from tae_driver.backends.file import FileBackend
+from tae_driver.backends.segment import FrameType
+from tae_driver.checksum import xxh3_64
+from tae_driver.errors import BackendFailed, StorageCorruption
+from tests.unit.tae_driver.harness import Recorder, apply_all
+
+GOLDEN = Path(__file__).parent / "golden"
+HEADER = limits.FILE_SEGMENT_HEADER_BYTES
+FRAME = limits.FILE_FRAME_HEADER_BYTES
+
+
+def golden(name: str) -> bytes:
+    return bytes.fromhex((GOLDEN / name).read_text().strip())
+
+
+def test_segment_vector_encodes_exactly_and_scans_back() -> None:
+    encoded = (
+        segment.encode_segment_header(7)
+        + segment.encode_frame(FrameType.RECORD, 7, b"hello")
+        + segment.encode_frame(FrameType.TRUNCATE, 7)
+        + segment.encode_frame(FrameType.RECORD, 8, b"")
+    )
+    assert encoded == golden("segment_v1.hex")
+    scan = segment.scan_segment(encoded, "golden", newest=False)
+    assert (scan.base_lsn, scan.last_lsn, scan.truncate_lsn_max) == (7, 8, 7)
+    assert list(scan.record_offsets) == [32, 32 + 29 + 24]
+    assert scan.valid_bytes == len(encoded) == 109
+
+
+def test_segment_fields_are_where_format_md_says() -> None:
+    data = golden("segment_v1.hex")
+    assert data[0:8] == b"TDWALSEG"
+    assert int.from_bytes(data[8:10], "little") == 1
+    assert int.from_bytes(data[16:24], "little") == 7
+    assert int.from_bytes(data[24:32], "little") == xxh3_64(data[0:24])
+    frame = data[32:61]
+    assert int.from_bytes(frame[0:8], "little") == xxh3_64(frame[8:])
+    assert int.from_bytes(frame[8:12], "little") == 5
+    assert frame[12] == FrameType.RECORD
+    assert frame[13:16] == b"\0\0\0"
+    assert int.from_bytes(frame[16:24], "little") == 7
+    assert frame[24:] == b"hello"
+
+
+async def filled(
+    dir_path: Path,
+    count: int,
+    size: int = 100,
+    segment_bytes_max: int = limits.FILE_SEGMENT_BYTES_DEFAULT,
+) -> FileBackend:
+    backend = await FileBackend.open(str(dir_path), segment_bytes_max=segment_bytes_max)
+    for i in range(count):
+        assert await backend.append(bytes([i % 256]) * size) == i + 1
+    return backend
+
+
+def segment_files(dir_path: Path) -> list[Path]:
+    return sorted(dir_path.glob("wal-*.seg"))
+
+
+def test_rotation_and_whole_file_deletion(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        backend = await filled(tmp_path, 60, segment_bytes_max=1024)
+        files = segment_files(tmp_path)
+        assert len(files) > 5
+        bases = [segment.parse_segment_file_name(f.name) or 0 for f in files]
+        assert bases[0] == 1
+        assert bases == sorted(bases)
+        await backend.truncate(30)
+        remaining = segment_files(tmp_path)
+        assert [str(p) for p in remaining] == backend.segment_paths()
+        first_base = segment.parse_segment_file_name(remaining[0].name)
+        assert first_base is not None
+        assert first_base <= 31  # the file holding LSN 31 is kept whole
+        assert backend.stats().segments_deleted == len(files) - len(remaining) > 0
+        records, _ = await backend.read(31, 1 << 20)
+        assert [r.lsn for r in records] == list(range(31, 61))
+        await backend.close()
+        reopened = await FileBackend.open(str(tmp_path), segment_bytes_max=1024)
+        assert (await reopened.truncated(), await reopened.latest()) == (30, 60)
+        assert segment_files(tmp_path) == remaining
+        await reopened.close()
+
+    asyncio.run(scenario())
+
+
+def last_frame_offset(path: Path) -> int:
+    scan = segment.scan_segment(path.read_bytes(), str(path), newest=True)
+    return scan.record_offsets[-1]
+
+
+def damage_cut(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[:-5])
+
+
+def damage_garbage(path: Path) -> None:
+    with path.open("ab") as handle:
+        handle.write(b"\x01garbage that is not a frame")
+
+
+def damage_zeros(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    start = last_frame_offset(path)
+    data[start:] = bytes(len(data) - start)
+    path.write_bytes(bytes(data))
+
+
+def flip(path: Path, offset: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x40
+    path.write_bytes(bytes(data))
+
+
+def damage_checksum(path: Path) -> None:
+    flip(path, last_frame_offset(path) + 2)
+
+
+def damage_length(path: Path) -> None:
+    flip(path, last_frame_offset(path) + 9)
+
+
+def damage_payload(path: Path) -> None:
+    flip(path, last_frame_offset(path) + FRAME + 3)
+
+
+@pytest.mark.parametrize(
+    ("damage", "survivors"),
+    [
+        (damage_cut, 9),
+        (damage_garbage, 10),
+        (damage_zeros, 9),
+        (damage_checksum, 9),
+        (damage_length, 9),
+        (damage_payload, 9),
+    ],
+)
+def test_a_torn_tail_is_cut_back(tmp_path: Path, damage: object, survivors: int) -> None:
+    async def scenario() -> None:
+        backend = await filled(tmp_path, 10)
+        await backend.close()
+        (path,) = segment_files(tmp_path)
+        assert callable(damage)
+        damage(path)
+        reopened = await FileBackend.open(str(tmp_path))
+        assert reopened.stats().torn_bytes_cut > 0
+        assert await reopened.latest() == survivors
+        records, _ = await reopened.read(1, 1 << 20)
+        assert [r.payload for r in records] == [bytes([i]) * 100 for i in range(survivors)]
+        assert await reopened.append(b"new") == survivors + 1
+        await reopened.close()
+        again = await FileBackend.open(str(tmp_path))
+        assert again.stats().torn_bytes_cut == 0
+        assert await again.latest() == survivors + 1
+        await again.close()
+
+    asyncio.run(scenario())
+
+
+def test_damage_in_an_older_segment_is_corruption(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        backend = await filled(tmp_path, 40, segment_bytes_max=1024)
+        await backend.close()
+        oldest = segment_files(tmp_path)[0]
+        flip(oldest, HEADER + FRAME + 1)  # the payload of its first record
+        with pytest.raises(StorageCorruption) as info:
+            await FileBackend.open(str(tmp_path))
+        assert (info.value.path, info.value.offset_bytes) == (str(oldest), HEADER)
+
+    asyncio.run(scenario())
+
+
+def test_damage_far_from_the_end_of_the_newest_segment_is_corruption(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        big = 1024 * 1024
+        backend = await filled(tmp_path, 7, size=big)
+        await backend.close()
+        (path,) = segment_files(tmp_path)
+        assert path.stat().st_size - HEADER > limits.FILE_TORN_TAIL_BYTES_MAX
+        flip(path, HEADER + FRAME + 10)
+        with pytest.raises(StorageCorruption) as info:
+            await FileBackend.open(str(tmp_path))
+        assert info.value.offset_bytes == HEADER
+
+    asyncio.run(scenario())
+
+
+def test_a_bad_segment_header_is_corruption(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        await (await filled(tmp_path, 3)).close()
+        (path,) = segment_files(tmp_path)
+        flip(path, 3)
+        with pytest.raises(StorageCorruption):
+            await FileBackend.open(str(tmp_path))
+
+    asyncio.run(scenario())
+
+
+def test_a_well_formed_frame_with_the_wrong_lsn_is_corruption_even_at_the_tail(
+    tmp_path: Path,
+) -> None:
+    async def scenario() -> None:
+        await (await filled(tmp_path, 3)).close()
+        (path,) = segment_files(tmp_path)
+        with path.open("ab") as handle:
+            handle.write(segment.encode_frame(FrameType.RECORD, 9, b"out of sequence"))
+        with pytest.raises(StorageCorruption) as info:
+            await FileBackend.open(str(tmp_path))
+        assert "expected 4" in info.value.reason
+
+    asyncio.run(scenario())
+
+
+def test_a_missing_middle_segment_is_corruption(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        await (await filled(tmp_path, 40, segment_bytes_max=1024)).close()
+        files = segment_files(tmp_path)
+        files[2].unlink()
+        with pytest.raises(StorageCorruption):
+            await FileBackend.open(str(tmp_path), segment_bytes_max=1024)
+
+    asyncio.run(scenario())
+
+
+def test_damage_found_by_a_read_after_open_is_corruption(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        backend = await filled(tmp_path, 5)
+        (path,) = segment_files(tmp_path)
+        flip(path, HEADER + 2 * (FRAME + 100) + FRAME + 1)  # LSN 3's payload
+        with pytest.raises(StorageCorruption):
+            await backend.read(1, 1 << 20)
+        records, _ = await backend.read(1, 150)
+        assert [r.lsn for r in records] == [1]
+        await backend.close()
+
+    asyncio.run(scenario())
+
+
+def test_interrupted_creation_and_deletion_are_finished_on_open(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        backend = await filled(tmp_path, 40, segment_bytes_max=1024)
+        files = segment_files(tmp_path)
+        oldest_bytes = files[0].read_bytes()
+        await backend.truncate(35)
+        await backend.close()
+        assert not files[0].exists()
+        files[0].write_bytes(oldest_bytes)  # as if the unlink had not reached the disk
+        (tmp_path / "wal-00000000000000000099.seg.tmp").write_bytes(b"partial")
+        reopened = await FileBackend.open(str(tmp_path), segment_bytes_max=1024)
+        assert not files[0].exists()
+        assert not list(tmp_path.glob("*.tmp"))
+        assert (await reopened.truncated(), await reopened.latest()) == (35, 40)
+        await reopened.close()
+
+    asyncio.run(scenario())
+
+
+def test_group_commit_one_fsync_per_batch_and_no_ack_before_it(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        events: list[tuple[str, int]] = []
+        holder: list[FileBackend] = []
+
+        def fsync(fd: int) -> None:
+            os.fdatasync(fd)
+            events.append(("synced", holder[0].written_lsn))
+
+        backend = await FileBackend.open(str(tmp_path), fsync=fsync)
+        holder.append(backend)
+        futures = [asyncio.ensure_future(backend.append(b"%d" % i)) for i in range(200)]
+        for future in futures:
+            future.add_done_callback(lambda f: events.append(("acked", f.result())))
+        await asyncio.gather(*futures)
+        stats = backend.stats()
+        assert stats.data_syncs == stats.batches_written <= 2
+        synced_upto = 0
+        for kind, lsn in events:
+            if kind == "synced":
+                synced_upto = max(synced_upto, lsn)
+            else:
+                assert lsn <= synced_upto, "acknowledged before its fsync"
+        assert sorted(lsn for kind, lsn in events if kind == "acked") == list(range(1, 201))
+        await backend.close()
+
+    asyncio.run(scenario())
+
+
+def test_one_directory_has_one_owner(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        backend = await FileBackend.open(str(tmp_path))
+        with pytest.raises(BackendFailed):
+            await FileBackend.open(str(tmp_path))
+        await backend.close()
+        await (await FileBackend.open(str(tmp_path))).close()
+
+    asyncio.run(scenario())
+
+
+def test_a_failed_fsync_fails_the_backend_until_reopened(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        failing = [False]
+
+        def fsync(fd: int) -> None:
+            if failing[0]:
+                raise OSError(5, "injected EIO")
+            os.fdatasync(fd)
+
+        backend = await FileBackend.open(str(tmp_path), fsync=fsync)
+        assert await backend.append(b"kept") == 1
+        failing[0] = True
+        with pytest.raises(BackendFailed):
+            await backend.append(b"lost?")
+        with pytest.raises(BackendFailed):
+            await backend.append(b"refused")
+        with pytest.raises(BackendFailed):
+            await backend.read(1, 100)
+        await backend.close()
+        reopened = await FileBackend.open(str(tmp_path))
+        records, _ = await reopened.read(1, 1 << 20)
+        assert records[0].payload == b"kept"  # the unsynced one may or may not be there
+        await reopened.close()
+
+    asyncio.run(scenario())
+
+
+def test_scenario_30_driver_restart_and_truncate_over_3_kib_segments(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        backend = await FileBackend.open(str(tmp_path), segment_bytes_max=3 * 1024)
+        driver = open_driver(backend, window=8, record_entries_max=5)
+        await driver.replay(apply_all)
+        dsns: list[int] = []
+        for chunk in range(20):  # 100 appends, five at a time: about one record per batch
+            dsns += await asyncio.gather(
+                *(driver.append(b"e%03d" % i + b"." * 196) for i in range(5 * chunk, 5 * chunk + 5))
+            )
+        assert dsns == list(range(1, 101))
+        files_before = len(segment_files(tmp_path))
+        assert files_before > 3
+        for dsn in range(1, 101):
+            driver.truncate(dsn)
+            if dsn % 25 == 0:
+                await driver.truncation_settled()
+        truncated_lsn = await driver.truncation_settled()
+        assert truncated_lsn > 0
+        assert len(segment_files(tmp_path)) < files_before  # whole files went
+        dsn_before = driver.dsn()
+        await driver.close()
+        await backend.close()
+
+        backend = await FileBackend.open(str(tmp_path), segment_bytes_max=3 * 1024)
+        recorder = Recorder(apply_from=101)
+        restarted = open_driver(backend)
+        await restarted.replay(recorder)
+        assert recorder.handled == sorted(recorder.handled)
+        assert all(recorder.entries[d].startswith(b"e%03d" % (d - 1)) for d in recorder.handled)
+        assert restarted.dsn() == dsn_before == 100
+        assert await restarted.append(b"next") == 101
+        await restarted.close()
+        await backend.close()
+
+    asyncio.run(scenario())
