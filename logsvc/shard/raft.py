@@ -140,6 +140,22 @@ class RaftConfig:
         return self
 
 
+def command_of_entry(journal_payload: bytes) -> bytes | None:
+    """Our command bytes inside a journal entry, or None for pysyncobj's own entries
+    (no-ops, membership changes). An entry is pysyncobj's encoding of one `_logsvc_apply`
+    call: a type byte, then a pickle of `(method id, (command,))` written by pysyncobj. It
+    comes from our own checksummed journal, never from the network, when this is called."""
+    if not journal_payload or journal_payload[0] != _COMMAND_TYPE_REGULAR:
+        return None
+    call = pysyncobj_pickle.loads(journal_payload[1:])
+    if not (isinstance(call, tuple) and len(call) == 2 and isinstance(call[1], tuple)):
+        return None
+    arguments = call[1]
+    if len(arguments) != 1 or not isinstance(arguments[0], bytes):
+        return None
+    return arguments[0]
+
+
 # ------------------------------------------------------------------------ the journal
 
 

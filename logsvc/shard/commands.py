@@ -1,0 +1,406 @@
+"""Commands a shard's Raft entries carry, the results of applying them, and their codec.
+
+Pure functions over bytes, no I/O. `FORMAT.md` beside this file is the specification, with a
+worked example; `tests/unit/shard/golden/` holds the golden vectors.
+
+A command is the one `bytes` argument of a replicated call. Its frame (all integers
+little-endian, checksum XXH3-64 seed 0):
+
+    frame := magic "LSC" | version u8 (= 1) | checksum u64 = xxh3_64(body) | body
+    body  := msgpack array [type_tag, field...]  (use_bin_type=True; no maps, no ext)
+
+    type_tag 0: reserved, never valid (so zero-filled bytes never decode)
+    type_tag 1: AppendBatch  [1, client_id str, seq uint, epoch uint, [record bin, ...]]
+    type_tag 2: Truncate     [2, lsn uint]
+    type_tag 3: AcquireLease [3, holder str, epoch uint]
+    type_tag 4: Barrier      [4, token uint]
+
+The frame has no length field: its length is the length of the Raft entry payload that
+holds it (the shard store's record has a length and a checksum of its own).
+
+`encode_command` refuses a command that breaks a rule (`CommandInvalid`) or a limit
+(`CommandTooLarge`); `decode_command` refuses anything that `encode_command` could not
+have produced (`CommandCorrupt`), so every decoded command re-encodes. The same framing
+(other magic) carries the state machine snapshot: `encode_frame` / `decode_frame` are
+shared with `state_machine.py`, and this is the only module that imports msgpack.
+
+Results are not encoded: pysyncobj hands the result of an applied entry to the local
+callback of the node that proposed it, in process. Every replica computes the same result.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import TypeGuard
+
+# msgpack 1.2.4 ships no type information (no py.typed, no stubs on typeshed); its calls
+# are wrapped below in typed functions so nothing else sees an untyped value.
+import msgpack
+import xxhash
+
+from logsvc.shard.errors import CommandCorrupt, CommandInvalid, CommandTooLarge
+from logsvc.shard.limits import COMMAND_HEADER_BYTES, DEFAULT_SHARD_LIMITS, U64_MAX, ShardLimits
+
+COMMAND_MAGIC = b"LSC"
+COMMAND_VERSION = 1
+
+# magic (3 bytes) | version u8 | checksum u64: shared by every frame of this package.
+FRAME_HEADER = struct.Struct("<3sBQ")
+FRAME_HEADER_BYTES = FRAME_HEADER.size
+assert FRAME_HEADER_BYTES == COMMAND_HEADER_BYTES == 12
+
+TAG_INVALID = 0  # reserved: a zeroed body never decodes to a command
+TAG_APPEND_BATCH = 1
+TAG_TRUNCATE = 2
+TAG_ACQUIRE_LEASE = 3
+TAG_BARRIER = 4
+
+
+# --- Commands ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class AppendBatch:
+    """Append `records` (a batch; they get consecutive LSNs) for writer `client_id`.
+
+    `(client_id, seq)` names the batch for exactly-once retries; `epoch` is the writer's
+    lease epoch (0 for writers that do not fence, accepted while no lease was ever granted).
+    """
+
+    client_id: str
+    seq: int
+    epoch: int
+    records: tuple[bytes, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Truncate:
+    """Discard every LSN below `lsn`: `lsn` becomes the first retained LSN (clamped to the
+    next unassigned LSN; never moves backwards)."""
+
+    lsn: int
+
+
+@dataclass(frozen=True, slots=True)
+class AcquireLease:
+    """Take (or confirm) the shard's write lease at `epoch` (>= 1) for `holder`."""
+
+    holder: str
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class Barrier:
+    """A no-op entry: once applied, everything committed before it is applied (used for
+    linearizable reads). `token` is echoed back in the result."""
+
+    token: int
+
+
+Command = AppendBatch | Truncate | AcquireLease | Barrier
+
+
+# --- Results -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Appended:
+    """The batch holds LSNs `[first_lsn, first_lsn + count)`. `duplicate` is True for a
+    retry of a remembered `(client_id, seq)`: these are the original LSNs and nothing was
+    appended. An empty batch gets `count == 0` and `first_lsn` = the next LSN at the time."""
+
+    first_lsn: int
+    count: int
+    duplicate: bool
+
+    @property
+    def lsns(self) -> range:
+        return range(self.first_lsn, self.first_lsn + self.count)
+
+
+@dataclass(frozen=True, slots=True)
+class StaleEpoch:
+    """Refused: the epoch is below the current one (or, for a lease, equal with another
+    holder). The writer has been fenced; the current lease is named."""
+
+    current_holder: str | None
+    current_epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class NotLeaseHolder:
+    """Refused append: its epoch is above the current one (acquire the lease first)."""
+
+    current_holder: str | None
+    current_epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class DuplicateUnknown:
+    """Refused append: `seq` is older than anything the shard remembers of `client_id`, so
+    whether it was applied is unknown. Nothing was appended."""
+
+    client_id: str
+    seq: int
+    oldest_remembered_seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class Truncated:
+    """The first retained LSN after the truncate (also when it was a no-op)."""
+
+    first_lsn: int
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseGranted:
+    holder: str
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class BarrierDone:
+    """The barrier's token and the next LSN to be assigned when it was applied."""
+
+    token: int
+    next_lsn: int
+
+
+Result = (
+    Appended
+    | StaleEpoch
+    | NotLeaseHolder
+    | DuplicateUnknown
+    | Truncated
+    | LeaseGranted
+    | BarrierDone
+)
+
+
+# --- Frames (shared with the snapshot codec) -----------------------------------------------
+
+
+def xxh3(data: bytes | bytearray | memoryview) -> int:
+    return xxhash.xxh3_64_intdigest(data)
+
+
+def encode_frame(magic: bytes, version: int, body: tuple[object, ...]) -> bytes:
+    """magic | version u8 | xxh3_64(body) u64 | body = msgpack(body)."""
+    assert len(magic) == 3
+    assert 0 < version < 256
+    packed = msgpack.packb(body, use_bin_type=True)
+    assert isinstance(packed, bytes)
+    return FRAME_HEADER.pack(magic, version, xxh3(packed)) + packed
+
+
+def decode_frame(
+    data: bytes | bytearray | memoryview,
+    magic: bytes,
+    version: int,
+    *,
+    frame_bytes_max: int,
+    str_bytes_max: int,
+    bin_bytes_max: int,
+    array_len_max: int,
+) -> tuple[object, ...] | str:
+    """The body (a msgpack array, decoded to a tuple) of a whole frame, or the reason the
+    bytes are not one. Maps and ext types are refused; arrays decode to tuples."""
+    size = len(data)
+    if size < FRAME_HEADER_BYTES:
+        return f"frame is {size} bytes, shorter than its {FRAME_HEADER_BYTES}-byte header"
+    if size > frame_bytes_max:
+        return f"frame is {size} bytes, over the limit of {frame_bytes_max}"
+    got_magic, got_version, checksum = FRAME_HEADER.unpack_from(data, 0)
+    if got_magic != magic:
+        return f"bad magic {got_magic!r} (expected {magic!r})"
+    if got_version != version:
+        return f"unknown format version {got_version} (this build reads {version})"
+    body = memoryview(data)[FRAME_HEADER_BYTES:]
+    if checksum != xxh3(body):
+        return "checksum mismatch"
+    try:
+        decoded = msgpack.unpackb(
+            body,
+            raw=False,
+            use_list=False,
+            strict_map_key=True,
+            max_str_len=str_bytes_max,
+            max_bin_len=bin_bytes_max,
+            max_array_len=array_len_max,
+            max_map_len=0,
+            max_ext_len=0,
+        )
+    except (ValueError, TypeError, msgpack.UnpackException) as exc:
+        # ValueError covers truncated input, extra data, limits, bad UTF-8 and the
+        # FormatError/StackError subclasses; nothing raw escapes.
+        return f"bad msgpack body: {type(exc).__name__}: {exc}"
+    if not isinstance(decoded, tuple):
+        return f"body is a {type(decoded).__name__}, not an array"
+    return decoded
+
+
+def is_u64(value: object) -> TypeGuard[int]:
+    """An int (bool excluded) in [0, 2**64)."""
+    return type(value) is int and 0 <= value <= U64_MAX
+
+
+# --- Command codec -------------------------------------------------------------------------
+
+
+def encode_command(command: Command, limits: ShardLimits = DEFAULT_SHARD_LIMITS) -> bytes:
+    """The frame of a valid command; `CommandInvalid` / `CommandTooLarge` otherwise."""
+    problem = command_problem(command, limits)
+    if problem is not None:
+        raise problem
+    match command:
+        case AppendBatch(client_id, seq, epoch, records):
+            body: tuple[object, ...] = (TAG_APPEND_BATCH, client_id, seq, epoch, records)
+        case Truncate(lsn):
+            body = (TAG_TRUNCATE, lsn)
+        case AcquireLease(holder, epoch):
+            body = (TAG_ACQUIRE_LEASE, holder, epoch)
+        case Barrier(token):
+            body = (TAG_BARRIER, token)
+    encoded = encode_frame(COMMAND_MAGIC, COMMAND_VERSION, body)
+    assert len(encoded) <= limits.command_bytes_max
+    return encoded
+
+
+def decode_command(
+    data: bytes | bytearray | memoryview, limits: ShardLimits = DEFAULT_SHARD_LIMITS
+) -> Command:
+    """The command in a frame; `CommandCorrupt(reason)` for anything else."""
+    body = decode_frame(
+        data,
+        COMMAND_MAGIC,
+        COMMAND_VERSION,
+        frame_bytes_max=limits.command_bytes_max,
+        str_bytes_max=max(limits.client_id_bytes_max, limits.holder_bytes_max),
+        bin_bytes_max=limits.record_bytes_max,
+        array_len_max=max(limits.records_per_batch_max, 5),
+    )
+    if isinstance(body, str):
+        raise CommandCorrupt(body)
+    command = _command_from_body(body)
+    if isinstance(command, str):
+        raise CommandCorrupt(command)
+    problem = command_problem(command, limits)
+    if problem is not None:
+        raise CommandCorrupt(f"fields out of range: {problem}")
+    return command
+
+
+def decode_append_records(
+    data: bytes | bytearray | memoryview, limits: ShardLimits = DEFAULT_SHARD_LIMITS
+) -> tuple[bytes, ...]:
+    """The records of an AppendBatch frame (the read path). Fully verified, like
+    `decode_command`; any other command is reported as `CommandCorrupt`, since the state
+    machine only maps LSNs to AppendBatch entries."""
+    command = decode_command(data, limits)
+    if not isinstance(command, AppendBatch):
+        raise CommandCorrupt(f"expected an AppendBatch, found {type(command).__name__}")
+    return command.records
+
+
+def _command_from_body(body: tuple[object, ...]) -> Command | str:
+    """The command a body's shape describes (types only; ranges are checked after)."""
+    if not body:
+        return "empty body"
+    tag, fields = body[0], body[1:]
+    if type(tag) is not int:
+        return f"type tag is a {type(tag).__name__}"
+    if tag == TAG_APPEND_BATCH and len(fields) == 4:
+        client_id, seq, epoch, records = fields
+        if not isinstance(client_id, str) or type(seq) is not int or type(epoch) is not int:
+            return "AppendBatch field of the wrong type"
+        if not isinstance(records, tuple):
+            return "AppendBatch records are not an array"
+        for position, record in enumerate(records):
+            if not isinstance(record, bytes):
+                return f"AppendBatch record {position} is not bin"
+        return AppendBatch(client_id, seq, epoch, records)
+    if tag == TAG_TRUNCATE and len(fields) == 1:
+        (lsn,) = fields
+        return Truncate(lsn) if type(lsn) is int else "Truncate lsn is not an integer"
+    if tag == TAG_ACQUIRE_LEASE and len(fields) == 2:
+        holder, epoch = fields
+        if not isinstance(holder, str) or type(epoch) is not int:
+            return "AcquireLease field of the wrong type"
+        return AcquireLease(holder, epoch)
+    if tag == TAG_BARRIER and len(fields) == 1:
+        (token,) = fields
+        return Barrier(token) if type(token) is int else "Barrier token is not an integer"
+    if tag in (TAG_APPEND_BATCH, TAG_TRUNCATE, TAG_ACQUIRE_LEASE, TAG_BARRIER):
+        return f"type tag {tag} with {len(fields)} fields"
+    return f"unknown type tag {tag}"
+
+
+def command_problem(
+    command: object, limits: ShardLimits = DEFAULT_SHARD_LIMITS
+) -> CommandInvalid | CommandTooLarge | None:
+    """Why `command` may not be encoded (or, found in a frame, applied), or None.
+
+    Types are checked too (not only trusted to mypy): a bool is not an integer here, so
+    `True` can never stand for an epoch of 1 on one replica and something else on another.
+    """
+    match command:
+        case AppendBatch(client_id, seq, epoch, records):
+            problem = _id_problem("client_id", client_id, limits.client_id_bytes_max)
+            if problem is not None:
+                return problem
+            if not is_u64(seq):
+                return CommandInvalid(f"seq must be an integer in [0, 2**64), got {seq!r}")
+            if not is_u64(epoch):
+                return CommandInvalid(f"epoch must be an integer in [0, 2**64), got {epoch!r}")
+            return _records_problem(records, limits)
+        case Truncate(lsn):
+            if not is_u64(lsn):
+                return CommandInvalid(f"lsn must be an integer in [0, 2**64), got {lsn!r}")
+            return None
+        case AcquireLease(holder, epoch):
+            problem = _id_problem("holder", holder, limits.holder_bytes_max)
+            if problem is not None:
+                return problem
+            # Epoch 0 means "no lease was ever granted"; a lease is always at epoch >= 1.
+            if not is_u64(epoch) or epoch == 0:
+                return CommandInvalid(f"epoch must be an integer in [1, 2**64), got {epoch!r}")
+            return None
+        case Barrier(token):
+            if not is_u64(token):
+                return CommandInvalid(f"token must be an integer in [0, 2**64), got {token!r}")
+            return None
+    return CommandInvalid(f"not a command: {type(command).__name__}")
+
+
+def _id_problem(name: str, value: object, bytes_max: int) -> CommandInvalid | None:
+    if not isinstance(value, str):
+        return CommandInvalid(f"{name} must be a str, got {type(value).__name__}")
+    if not value:
+        return CommandInvalid(f"{name} must not be empty")
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError:
+        return CommandInvalid(f"{name} is not encodable as UTF-8 (lone surrogate)")
+    if size > bytes_max:
+        return CommandInvalid(f"{name} is {size} bytes of UTF-8, over the limit of {bytes_max}")
+    return None
+
+
+def _records_problem(
+    records: object, limits: ShardLimits
+) -> CommandInvalid | CommandTooLarge | None:
+    if not isinstance(records, tuple):
+        return CommandInvalid(f"records must be a tuple, got {type(records).__name__}")
+    if len(records) > limits.records_per_batch_max:
+        return CommandTooLarge("records_per_batch_max", len(records), limits.records_per_batch_max)
+    total_bytes = 0
+    for position, record in enumerate(records):
+        if not isinstance(record, bytes):
+            return CommandInvalid(f"record {position} is a {type(record).__name__}, not bytes")
+        if len(record) > limits.record_bytes_max:
+            return CommandTooLarge("record_bytes_max", len(record), limits.record_bytes_max)
+        total_bytes += len(record)
+    if total_bytes > limits.batch_bytes_max:
+        return CommandTooLarge("batch_bytes_max", total_bytes, limits.batch_bytes_max)
+    return None

@@ -1,0 +1,347 @@
+"""One replica of one shard: the shard store, the Raft node and the state machine, wired.
+
+    proposals (any thread) --> RaftNode (tick thread) --> apply() --> ShardStateMachine
+    reads (any thread) ------> state machine's LSN index --> shard store (journal entries)
+
+The API here is synchronous and bounded in time (the data plane, issue 4, wraps it for its
+event loop). Only the leader accepts proposals; a follower answers `NotLeader` with the
+leader it knows, so clients redirect instead of having pysyncobj forward commands (whose
+outcome a forwarder cannot learn for sure). Reads of committed LSNs are served from the
+local replica's applied state: committed ranges are immutable (ARCHITECTURE.md §6).
+
+Results of appends, truncates and leases are computed by the state machine on every
+replica identically; the caller gets the leader's.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from logsvc.shard import raft
+from logsvc.shard.commands import (
+    AcquireLease,
+    AppendBatch,
+    Barrier,
+    Command,
+    Result,
+    Truncate,
+    decode_append_records,
+    decode_command,
+    encode_command,
+)
+from logsvc.shard.errors import CommandCorrupt, LsnNotAssigned, ShardError
+from logsvc.shard.limits import DEFAULT_SHARD_LIMITS, ShardLimits
+from logsvc.shard.state_machine import ShardStateMachine
+from logsvc.store import DEFAULT_LIMITS, ShardStore, StoreLimits
+
+log = logging.getLogger("logsvc.shard")
+
+PROPOSAL_TIMEOUT_S_DEFAULT = 10.0
+MEMBERSHIP_TIMEOUT_S_DEFAULT = 30.0
+
+
+class NotLeader(ShardError):
+    """Only the leader accepts writes; `leader_hint` is the leader this replica knows."""
+
+    def __init__(self, leader_hint: str | None) -> None:
+        super().__init__(f"not the leader; leader is {leader_hint or 'unknown'}")
+        self.leader_hint = leader_hint
+
+
+class OutcomeUnknown(ShardError):
+    """The command may or may not have been applied (timeout, leader change). Retrying an
+    append with the same (client_id, seq) is safe: the state machine deduplicates it."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"outcome unknown: {reason}")
+        self.reason = reason
+
+
+class Overloaded(ShardError):
+    """The Raft command queue is full: nothing was queued; retry later."""
+
+
+class ReplicaFailed(ShardError):
+    """The replica stopped (store failure, bad snapshot): it serves nothing until restarted."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(f"replica failed: {cause}")
+        self.cause = cause
+
+
+class MembershipChangeInProgress(ShardError):
+    """One membership change at a time per shard (pysyncobj's own guard is dead code)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaConfig:
+    data_dir: str  # holds journal/ (the shard store) and snapshot
+    raft: raft.RaftConfig
+    store_limits: StoreLimits = DEFAULT_LIMITS
+    shard_limits: ShardLimits = DEFAULT_SHARD_LIMITS
+
+
+@dataclass(frozen=True, slots=True)
+class ReadResult:
+    """Records `[first_lsn, next_lsn)`; at the end of the log, none and `next_lsn == lsn`."""
+
+    records: tuple[bytes, ...]
+    first_lsn: int
+    next_lsn: int
+
+
+@dataclass(slots=True)
+class _Waiter:
+    event: threading.Event = field(default_factory=threading.Event)
+    result: object = None
+    reason: int = -1
+
+
+class ShardReplica:
+    """Create, `start()`, use, `close()`. Thread-safe."""
+
+    def __init__(self, config: ReplicaConfig) -> None:
+        self._config = config
+        self._limits = config.shard_limits
+        os.makedirs(config.data_dir, exist_ok=True)
+        self._store = ShardStore.open(
+            os.path.join(config.data_dir, "journal"), limits=config.store_limits
+        )
+        self._machine = ShardStateMachine(config.shard_limits)
+        self._machine_lock = threading.Lock()
+        self._membership_lock = threading.Lock()
+        try:
+            raft_config = config.raft
+            if raft_config.snapshot_path != os.path.join(config.data_dir, "snapshot"):
+                raft_config = _with_snapshot_path(raft_config, config.data_dir)
+            self._node = raft.RaftNode(raft_config, self._store, self)
+        except BaseException:
+            self._store.close()
+            raise
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        self._node.start()
+
+    def close(self) -> None:
+        self._node.stop()
+        self._store.close()
+
+    def kill(self) -> None:
+        """Stop as kill -9 would: nothing more is written (crash tests)."""
+        self._node.stop()
+        self._store.abandon()
+
+    # ------------------------------------------------------------------ writes
+
+    def append(
+        self,
+        client_id: str,
+        seq: int,
+        records: tuple[bytes, ...],
+        *,
+        epoch: int = 0,
+        timeout_s: float = PROPOSAL_TIMEOUT_S_DEFAULT,
+    ) -> Result:
+        return self.propose(AppendBatch(client_id, seq, epoch, records), timeout_s)
+
+    def truncate(self, lsn: int, *, timeout_s: float = PROPOSAL_TIMEOUT_S_DEFAULT) -> Result:
+        return self.propose(Truncate(lsn), timeout_s)
+
+    def acquire_lease(
+        self, holder: str, epoch: int, *, timeout_s: float = PROPOSAL_TIMEOUT_S_DEFAULT
+    ) -> Result:
+        return self.propose(AcquireLease(holder, epoch), timeout_s)
+
+    def barrier(self, token: int = 0, *, timeout_s: float = PROPOSAL_TIMEOUT_S_DEFAULT) -> Result:
+        """Through the log: once it returns, every write committed before it is applied
+        here (a quorum-checked read point; there is no ReadIndex in pysyncobj)."""
+        return self.propose(Barrier(token), timeout_s)
+
+    def propose(self, command: Command, timeout_s: float) -> Result:
+        assert timeout_s > 0
+        self._check_alive()
+        if not self._node.is_leader:
+            raise NotLeader(self._node.leader)
+        encoded = encode_command(command, self._limits)
+        waiter = _Waiter()
+
+        def done(result: object, reason: int) -> None:
+            waiter.result, waiter.reason = result, reason
+            waiter.event.set()
+
+        self._node.propose(encoded, done)
+        if not waiter.event.wait(timeout_s):
+            raise OutcomeUnknown(f"no answer within {timeout_s} s")
+        return _result_or_raise(waiter, self._node.leader)
+
+    # ------------------------------------------------------------------ reads
+
+    def read(self, lsn: int, max_bytes: int) -> ReadResult:
+        """Committed records from `lsn`, at most `max_bytes` of payload but at least one
+        record if any. `LsnTruncated` below the first retained LSN."""
+        assert lsn >= 1
+        self._check_alive()
+        records: list[bytes] = []
+        budget = max_bytes
+        next_lsn = lsn
+        while True:
+            with self._machine_lock:
+                try:
+                    raft_index, offset = self._machine.lsn_to_raft_index(next_lsn)
+                except LsnNotAssigned:
+                    break
+            [entry] = self._store.read(raft_index, raft_index + 1, 0)
+            command = raft.command_of_entry(entry.payload)
+            assert command is not None, f"raft index {raft_index} holds no command"
+            batch = decode_append_records(command, self._limits)
+            for record in batch[offset:]:
+                if records and len(record) > budget:
+                    return ReadResult(tuple(records), lsn, next_lsn)
+                records.append(record)
+                budget -= len(record)
+                next_lsn += 1
+        return ReadResult(tuple(records), lsn, next_lsn)
+
+    # ------------------------------------------------------------------ status
+
+    @property
+    def store(self) -> ShardStore:
+        return self._store
+
+    @property
+    def node(self) -> raft.RaftNode:
+        return self._node
+
+    @property
+    def address(self) -> str:
+        return self._node.self_address
+
+    @property
+    def is_leader(self) -> bool:
+        return self._node.is_leader
+
+    def status(self) -> dict[str, Any]:
+        with self._machine_lock:
+            machine = self._machine
+            lease = machine.lease
+            status: dict[str, Any] = {
+                "next_lsn": machine.next_lsn,
+                "first_lsn": machine.first_lsn,
+                "lease_holder": lease.holder,
+                "lease_epoch": lease.epoch,
+                "last_applied_raft_index": machine.last_applied_raft_index,
+                "state_digest": machine.state_digest(),
+            }
+        stats = self._store.stats()
+        status.update(
+            {
+                "address": self.address,
+                "leader": self._node.leader,
+                "is_leader": self._node.is_leader,
+                "term": self._node.term,
+                "commit_index": self._node.commit_index,
+                "journal_first_index": stats.first_index,
+                "journal_last_index": stats.last_index,
+                "journal_durable_index": stats.durable_index,
+                "journal_physical_first_index": stats.physical_first_index,
+                "failed": self._node.fatal is not None,
+            }
+        )
+        return status
+
+    # ------------------------------------------------------------------ membership
+
+    def add_member(self, address: str, timeout_s: float = MEMBERSHIP_TIMEOUT_S_DEFAULT) -> None:
+        self._change_membership(self._node.add_member, address, timeout_s)
+
+    def remove_member(self, address: str, timeout_s: float = MEMBERSHIP_TIMEOUT_S_DEFAULT) -> None:
+        self._change_membership(self._node.remove_member, address, timeout_s)
+
+    def _change_membership(
+        self,
+        change: Callable[[str, Callable[[object, int], None]], None],
+        address: str,
+        timeout_s: float,
+    ) -> None:
+        if not self._membership_lock.acquire(blocking=False):
+            raise MembershipChangeInProgress("another membership change is in progress")
+        try:
+            if not self._node.is_leader:
+                raise NotLeader(self._node.leader)
+            waiter = _Waiter()
+
+            def done(result: object, reason: int) -> None:
+                waiter.result, waiter.reason = result, reason
+                waiter.event.set()
+
+            change(address, done)
+            if not waiter.event.wait(timeout_s):
+                raise OutcomeUnknown(f"membership change not committed within {timeout_s} s")
+            _result_or_raise(waiter, self._node.leader)
+        finally:
+            self._membership_lock.release()
+
+    # ------------------------------------------------------------------ RaftHandler
+
+    def apply(self, raft_index: int, encoded: bytes) -> object:
+        try:
+            command = decode_command(encoded, self._limits)
+        except CommandCorrupt as exc:
+            # Only our encoder writes commands, so this is damage or replicas configured
+            # with different limits. Skipping it could diverge from replicas that applied
+            # it: stop instead.
+            raise raft.RaftFatal(f"raft index {raft_index}: undecodable command: {exc}") from exc
+        with self._machine_lock:
+            return self._machine.apply(raft_index, command)
+
+    def compaction_point(self) -> tuple[int, bytes] | None:
+        with self._machine_lock:
+            point = self._machine.compaction_point()
+        return None if point is None else (point.raft_index, point.data)
+
+    def install_snapshot(self, raft_index: int, state: bytes) -> None:
+        machine = ShardStateMachine.restore(state, self._limits)
+        with self._machine_lock:
+            self._machine = machine
+        log.info("state machine restored from the snapshot at raft index %d", raft_index)
+
+    # ------------------------------------------------------------------ internals
+
+    def _check_alive(self) -> None:
+        """Reads and writes refuse once the replica stopped on a fatal error."""
+        fatal = self._node.fatal
+        if fatal is not None:
+            raise ReplicaFailed(fatal)
+
+
+def _result_or_raise(waiter: _Waiter, leader: str | None) -> Result:
+    reason = waiter.reason
+    if reason == raft.FailReason.SUCCESS:
+        if isinstance(waiter.result, ShardError):
+            raise waiter.result
+        return waiter.result  # type: ignore[return-value]
+    if reason == raft.FailReason.QUEUE_FULL:
+        raise Overloaded("the Raft command queue is full")
+    if reason in (raft.FailReason.NOT_LEADER, raft.FailReason.MISSING_LEADER):
+        raise NotLeader(leader)
+    if reason == raft.FailReason.REQUEST_DENIED:
+        raise MembershipChangeInProgress("the leader refused the change (one at a time)")
+    names = {
+        raft.FailReason.DISCARDED: "discarded by a new leader",
+        raft.FailReason.LEADER_CHANGED: "the leader changed",
+        raft.FailReason.UNKNOWN_OUTCOME: "unknown outcome",
+    }
+    raise OutcomeUnknown(names.get(reason, f"fail reason {reason}"))
+
+
+def _with_snapshot_path(config: raft.RaftConfig, data_dir: str) -> raft.RaftConfig:
+    from dataclasses import replace
+
+    return replace(config, snapshot_path=os.path.join(data_dir, "snapshot"))
