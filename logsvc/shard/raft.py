@@ -54,6 +54,7 @@ from pysyncobj.version import VERSION as PYSYNCOBJ_VERSION
 
 from logsvc.shard import snapshot_file
 from logsvc.store import Entry, ShardStore, StoreError
+from logsvc.store.fs import OsFileSystem
 
 log = logging.getLogger("logsvc.raft")
 
@@ -602,34 +603,30 @@ def _never_called(*_args: object) -> Any:
 
 
 def _write_durably(path: str, data: bytes) -> None:
+    """Replace `path` atomically and durably: temp file, fdatasync, rename, directory fsync."""
+    fs = OsFileSystem()
     tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    if fs.exists(tmp):
+        fs.unlink(tmp)
+    handle = fs.open_write(tmp, create=True)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fdatasync(fd)
+        handle.write(data)
+        handle.fdatasync()
     finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    _fsync_dir(os.path.dirname(path) or ".")
+        handle.close()
+    fs.rename(tmp, path)
+    fs.fsync_dir(os.path.dirname(path) or ".")
 
 
 def _make_durable(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    """A snapshot pysyncobj received and renamed into place (without any fsync)."""
+    fs = OsFileSystem()
+    handle = fs.open_write(path, create=False)
     try:
-        os.fsync(fd)
+        handle.fdatasync()
     finally:
-        os.close(fd)
-    _fsync_dir(os.path.dirname(path) or ".")
-
-
-def _fsync_dir(dir_path: str) -> None:
-    fd = os.open(dir_path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        handle.close()
+    fs.fsync_dir(os.path.dirname(path) or ".")
 
 
 # ------------------------------------------------------------------------ the node

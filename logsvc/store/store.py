@@ -477,6 +477,15 @@ class ShardStore:
 
     def close(self) -> None:
         """Sync what was appended (unless failed), stop the syncer, close every file."""
+        self._shut_down(flush=True)
+
+    def abandon(self) -> None:
+        """Stop without writing or syncing anything more: the state a kill -9 leaves behind.
+        An in-flight sync may finish (it would have, had the process died a moment later);
+        nothing is started. For crash paths and crash tests; `close()` is the clean stop."""
+        self._shut_down(flush=False)
+
+    def _shut_down(self, *, flush: bool) -> None:
         with self._mu:
             if self._closed or self._closing:
                 return
@@ -485,7 +494,7 @@ class ShardStore:
         if self._syncer is not None:
             self._syncer.join(SYNCER_JOIN_S_MAX)
         with self._io_lock:
-            if self._failed is None:
+            if flush and self._failed is None:
                 try:
                     self._write_out_locked(sync=True)
                     self._delete_obsolete_locked()
@@ -496,26 +505,6 @@ class ShardStore:
                     self._close_file(segment)
                 self._closed = True
                 self._waiters.release_all()
-        if self._lock is not None:
-            self._lock.release()
-            self._lock = None
-
-    def abandon(self) -> None:
-        """Stop without writing or syncing anything more: the state a kill -9 leaves behind.
-        An in-flight sync may finish (it would have, had the process died a moment later);
-        nothing is started. For crash paths and crash tests; `close()` is the clean stop."""
-        with self._mu:
-            if self._closed or self._closing:
-                return
-            self._closing = True
-            self._syncer_cv.notify_all()
-        if self._syncer is not None:
-            self._syncer.join(SYNCER_JOIN_S_MAX)
-        with self._io_lock, self._mu:
-            for segment in self._segments + self._obsolete:
-                self._close_file(segment)
-            self._closed = True
-            self._waiters.release_all()
         if self._lock is not None:
             self._lock.release()
             self._lock = None
