@@ -1,5 +1,8 @@
 """The `logsvc` command.
 
+    logsvc serve --config NODE.toml
+    logsvc dev-cluster up|down|status --dir DIR [--nodes 3] [--shards 2]
+    logsvc append|read|tail|truncate|status --shard N ... [--client-config client.toml]
     logsvc demo [--dir DIR] [--bench-seconds S]
     logsvc bench store [--modes group,sync_each,nosync] [--writers N] [--record-bytes B]
                        [--seconds S] [--dir DIR]
@@ -13,7 +16,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from logsvc import __version__
 
@@ -27,7 +30,7 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(EXIT_USAGE)
 
 
-def _positive_int(name: str, maximum: int) -> object:
+def _positive_int(name: str, maximum: int) -> Callable[[str], int]:
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -40,7 +43,7 @@ def _positive_int(name: str, maximum: int) -> object:
     return parse
 
 
-def _seconds(name: str, maximum: float) -> object:
+def _seconds(name: str, maximum: float) -> Callable[[str], float]:
     def parse(text: str) -> float:
         try:
             value = float(text)
@@ -60,11 +63,55 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"logsvc {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
+    serve = commands.add_parser("serve", help="run a node (hosts its shards' replicas)")
+    serve.add_argument("--config", required=True, help="the node's TOML configuration")
+
+    dev = commands.add_parser("dev-cluster", help="a local cluster of node processes")
+    dev.add_argument("action", choices=("up", "down", "status"))
+    dev.add_argument("--dir", required=True, help="where configs, data and logs go")
+    dev.add_argument("--nodes", type=_positive_int("--nodes", 7), default=3)
+    dev.add_argument("--shards", type=_positive_int("--shards", 64), default=2)
+
+    for name, text in (
+        ("append", "append records (one batch) and print their LSNs"),
+        ("read", "read records from an LSN"),
+        ("tail", "wait for and print records from an LSN"),
+        ("truncate", "truncate the log below an LSN"),
+        ("status", "print a shard's status"),
+    ):
+        command = commands.add_parser(name, help=text)
+        command.add_argument("--client-config", default="client.toml")
+        command.add_argument(
+            "--shard",
+            type=_positive_int("--shard", 2**31),
+            required=True,
+        )
+        if name == "append":
+            command.add_argument("records", nargs="+", help="record payloads (UTF-8 text)")
+        if name in ("read", "tail", "truncate"):
+            command.add_argument(
+                "--lsn",
+                type=_positive_int("--lsn", 2**63),
+                required=True,
+            )
+        if name in ("read", "tail"):
+            command.add_argument(
+                "--max-bytes",
+                type=_positive_int("--max-bytes", 1 << 24),
+                default=1 << 20,
+            )
+        if name == "tail":
+            command.add_argument(
+                "--wait-ms",
+                type=_positive_int("--wait-ms", 60_000),
+                default=5000,
+            )
+
     demo = commands.add_parser("demo", help="show the shard store at work, then benchmark it")
     demo.add_argument("--dir", help="directory for the demo store (default: a temp dir)")
     demo.add_argument(
         "--bench-seconds",
-        type=_seconds("--bench-seconds", 60.0),  # type: ignore[arg-type]
+        type=_seconds("--bench-seconds", 60.0),
         default=2.0,
         help="seconds per benchmark mode (default 2)",
     )
@@ -75,17 +122,17 @@ def _parser() -> argparse.ArgumentParser:
     store.add_argument("--modes", default=",".join(store_bench.MODES))
     store.add_argument(
         "--writers",
-        type=_positive_int("--writers", store_bench.WRITERS_MAX),  # type: ignore[arg-type]
+        type=_positive_int("--writers", store_bench.WRITERS_MAX),
         default=64,
     )
     store.add_argument(
         "--record-bytes",
-        type=_positive_int("--record-bytes", 1 << 20),  # type: ignore[arg-type]
+        type=_positive_int("--record-bytes", 1 << 20),
         default=100,
     )
     store.add_argument(
         "--seconds",
-        type=_seconds("--seconds", store_bench.SECONDS_MAX),  # type: ignore[arg-type]
+        type=_seconds("--seconds", store_bench.SECONDS_MAX),
         default=3.0,
     )
     store.add_argument("--writer-kind", choices=store_bench.WRITER_KINDS, default="asyncio")
@@ -99,6 +146,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if args.command == "serve":
+        from logsvc.node.daemon import serve
+
+        return serve(args.config)
+    if args.command == "dev-cluster":
+        return _dev_cluster(args)
+    if args.command in ("append", "read", "tail", "truncate", "status"):
+        return _client_command(args)
     if args.command == "demo":
         from logsvc import demo
 
@@ -120,6 +175,65 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return store_bench.main(modes, config)
     raise AssertionError(f"unhandled command {args.command}")
+
+
+def _dev_cluster(args: argparse.Namespace) -> int:
+    from logsvc import devcluster
+
+    if args.action == "up":
+        pids = devcluster.up(args.dir, args.nodes, args.shards)
+        print(f"cluster up in {args.dir}: " + ", ".join(f"{n}={p}" for n, p in pids.items()))
+        print(f"client config: {args.dir}/client.toml")
+        return 0
+    if args.action == "down":
+        devcluster.down(args.dir)
+        print(f"cluster in {args.dir} stopped")
+        return 0
+    pids = devcluster.read_pids(args.dir)
+    if not pids:
+        print(f"no cluster recorded in {args.dir}")
+        return 1
+    for node, pid in pids.items():
+        print(f"{node} pid {pid} {'running' if devcluster.alive(pid) else 'stopped'}")
+    return 0
+
+
+def _client_command(args: argparse.Namespace) -> int:
+    from logsvc.client import LogsvcError, SyncClient
+    from logsvc.config import ConfigError, load_client_config, main_config_error
+
+    try:
+        config = load_client_config(args.client_config)
+    except ConfigError as exc:
+        return main_config_error(exc)
+    client = SyncClient(config.addresses, config.token)
+    try:
+        if args.command == "append":
+            lsns = client.append(args.shard, [r.encode() for r in args.records])
+            print(" ".join(str(lsn) for lsn in lsns))
+        elif args.command in ("read", "tail"):
+            page = (
+                client.read(args.shard, args.lsn, args.max_bytes)
+                if args.command == "read"
+                else client.tail(args.shard, args.lsn, args.max_bytes, args.wait_ms)
+            )
+            for offset, record in enumerate(page.records):
+                print(f"{page.first_lsn + offset}\t{record.decode('utf-8', 'backslashreplace')}")
+            print(f"next_lsn\t{page.next_lsn}", file=sys.stderr)
+        elif args.command == "truncate":
+            print(client.truncate(args.shard, args.lsn))
+        else:
+            status = client.status(args.shard)
+            print(
+                f"shard {status.shard}: leader {status.leader} term {status.term} "
+                f"lsn [{status.first_lsn}, {status.next_lsn}) commit {status.commit_index}"
+            )
+    except LogsvcError as exc:
+        print(f"logsvc: error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        client.close()
+    return 0
 
 
 if __name__ == "__main__":

@@ -14,6 +14,13 @@ little-endian, checksum XXH3-64 seed 0):
     type_tag 2: Truncate     [2, lsn uint]
     type_tag 3: AcquireLease [3, holder str, epoch uint]
     type_tag 4: Barrier      [4, token uint]
+    type_tag 5: AppendGroup  [5, [[client_id str, seq uint, epoch uint, [record bin, ...]], ...]]
+
+AppendGroup (tag 5, added within version 1: every earlier frame keeps its bytes and meaning,
+and a reader without tag 5 refuses it loudly as "unknown type tag 5") packs many writers'
+AppendBatches into one Raft entry (issue 4's server-side group commit). The state machine
+applies its batches in order, each exactly as if it were its own entry at the group's raft
+index; the result is `GroupAppended`, one result per batch.
 
 The frame has no length field: its length is the length of the Raft entry payload that
 holds it (the shard store's record has a length and a checksum of its own).
@@ -32,6 +39,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from itertools import chain
 from typing import TypeGuard
 
 # msgpack 1.2.4 ships no type information (no py.typed, no stubs on typeshed); its calls
@@ -55,6 +63,8 @@ TAG_APPEND_BATCH = 1
 TAG_TRUNCATE = 2
 TAG_ACQUIRE_LEASE = 3
 TAG_BARRIER = 4
+TAG_APPEND_GROUP = 5
+_TAGS = (TAG_APPEND_BATCH, TAG_TRUNCATE, TAG_ACQUIRE_LEASE, TAG_BARRIER, TAG_APPEND_GROUP)
 
 
 # --- Commands ------------------------------------------------------------------------------
@@ -98,7 +108,25 @@ class Barrier:
     token: int
 
 
-Command = AppendBatch | Truncate | AcquireLease | Barrier
+@dataclass(frozen=True, slots=True)
+class AppendGroup:
+    """Many writers' AppendBatches in one Raft entry (server-side group commit).
+
+    Applied in order, each batch exactly as if it were its own entry at this entry's raft
+    index: the same lease, epoch and dedupe rules, consecutive LSNs across the accepted
+    batches, none for refused or duplicate ones. The same `(client_id, seq)` may appear
+    twice (a retry packed with its original): the second is a duplicate of the first.
+
+    At least 1 and at most `group_batches_max` batches, each valid on its own; their
+    records count against `records_per_batch_max` together, and their record bytes against
+    `group_bytes_max`. The entry's *flat record sequence* is every batch's records
+    concatenated in batch order, refused and duplicate batches included
+    (`decode_entry_records`); the state machine's LSN index points into it."""
+
+    batches: tuple[AppendBatch, ...]
+
+
+Command = AppendBatch | Truncate | AcquireLease | Barrier | AppendGroup
 
 
 # --- Results -------------------------------------------------------------------------------
@@ -167,6 +195,18 @@ class BarrierDone:
     next_lsn: int
 
 
+# What applying one AppendBatch gives, alone or inside an AppendGroup.
+AppendResult = Appended | StaleEpoch | NotLeaseHolder | DuplicateUnknown
+
+
+@dataclass(frozen=True, slots=True)
+class GroupAppended:
+    """The result of an AppendGroup: `results[i]` is what `batches[i]` alone would have
+    got, had it been applied in its place (an `AppendResult`)."""
+
+    results: tuple[AppendResult, ...]
+
+
 Result = (
     Appended
     | StaleEpoch
@@ -175,6 +215,7 @@ Result = (
     | Truncated
     | LeaseGranted
     | BarrierDone
+    | GroupAppended
 )
 
 
@@ -197,7 +238,7 @@ def encode_frame(magic: bytes, version: int, body: tuple[object, ...]) -> bytes:
 def decode_frame(
     data: bytes | bytearray | memoryview,
     magic: bytes,
-    version: int,
+    versions: tuple[int, ...],
     *,
     frame_bytes_max: int,
     str_bytes_max: int,
@@ -205,7 +246,8 @@ def decode_frame(
     array_len_max: int,
 ) -> tuple[object, ...] | str:
     """The body (a msgpack array, decoded to a tuple) of a whole frame, or the reason the
-    bytes are not one. Maps and ext types are refused; arrays decode to tuples."""
+    bytes are not one. `versions` are the format versions the caller reads (the frame's is
+    its byte 3). Maps and ext types are refused; arrays decode to tuples."""
     size = len(data)
     if size < FRAME_HEADER_BYTES:
         return f"frame is {size} bytes, shorter than its {FRAME_HEADER_BYTES}-byte header"
@@ -214,8 +256,9 @@ def decode_frame(
     got_magic, got_version, checksum = FRAME_HEADER.unpack_from(data, 0)
     if got_magic != magic:
         return f"bad magic {got_magic!r} (expected {magic!r})"
-    if got_version != version:
-        return f"unknown format version {got_version} (this build reads {version})"
+    if got_version not in versions:
+        known = ", ".join(map(str, versions))
+        return f"unknown format version {got_version} (this build reads {known})"
     body = memoryview(data)[FRAME_HEADER_BYTES:]
     if checksum != xxh3(body):
         return "checksum mismatch"
@@ -262,6 +305,11 @@ def encode_command(command: Command, limits: ShardLimits = DEFAULT_SHARD_LIMITS)
             body = (TAG_ACQUIRE_LEASE, holder, epoch)
         case Barrier(token):
             body = (TAG_BARRIER, token)
+        case AppendGroup(batches):
+            body = (
+                TAG_APPEND_GROUP,
+                tuple((b.client_id, b.seq, b.epoch, b.records) for b in batches),
+            )
     encoded = encode_frame(COMMAND_MAGIC, COMMAND_VERSION, body)
     assert len(encoded) <= limits.command_bytes_max
     return encoded
@@ -274,11 +322,11 @@ def decode_command(
     body = decode_frame(
         data,
         COMMAND_MAGIC,
-        COMMAND_VERSION,
+        (COMMAND_VERSION,),
         frame_bytes_max=limits.command_bytes_max,
         str_bytes_max=max(limits.client_id_bytes_max, limits.holder_bytes_max),
         bin_bytes_max=limits.record_bytes_max,
-        array_len_max=max(limits.records_per_batch_max, 5),
+        array_len_max=max(limits.records_per_batch_max, limits.group_batches_max, 5),
     )
     if isinstance(body, str):
         raise CommandCorrupt(body)
@@ -294,13 +342,38 @@ def decode_command(
 def decode_append_records(
     data: bytes | bytearray | memoryview, limits: ShardLimits = DEFAULT_SHARD_LIMITS
 ) -> tuple[bytes, ...]:
-    """The records of an AppendBatch frame (the read path). Fully verified, like
-    `decode_command`; any other command is reported as `CommandCorrupt`, since the state
-    machine only maps LSNs to AppendBatch entries."""
+    """The records of an AppendBatch frame. Fully verified, like `decode_command`; any
+    other command, an AppendGroup included, is reported as `CommandCorrupt`.
+
+    Superseded for the read path by `decode_entry_records` (which also reads AppendGroup
+    entries). Kept refusing groups on purpose: a read loop that slices `records[offset:]`
+    without the end `ShardStateMachine.locate` gives would hand out the records of refused
+    batches of a group under wrong LSNs; with this function it fails loudly instead."""
     command = decode_command(data, limits)
     if not isinstance(command, AppendBatch):
         raise CommandCorrupt(f"expected an AppendBatch, found {type(command).__name__}")
     return command.records
+
+
+def decode_entry_records(
+    data: bytes | bytearray | memoryview, limits: ShardLimits = DEFAULT_SHARD_LIMITS
+) -> tuple[bytes, ...]:
+    """The flat record sequence of an append entry (the read path): an AppendBatch's
+    records, or the records of every batch of an AppendGroup concatenated in batch order,
+    those of refused and duplicate batches included. `ShardStateMachine.locate(lsn)` gives
+    `(raft_index, offset, count)`: records `[offset, offset + count)` of this sequence hold
+    LSNs `[lsn, lsn + count)`. Fully verified, like `decode_command`; any other command is
+    reported as `CommandCorrupt` (the state machine maps LSNs only to append entries)."""
+    command = decode_command(data, limits)
+    if isinstance(command, AppendBatch):
+        return command.records
+    if isinstance(command, AppendGroup):
+        if len(command.batches) == 1:
+            return command.batches[0].records
+        return tuple(chain.from_iterable(batch.records for batch in command.batches))
+    raise CommandCorrupt(
+        f"expected an AppendBatch or an AppendGroup, found {type(command).__name__}"
+    )
 
 
 def _command_from_body(body: tuple[object, ...]) -> Command | str:
@@ -311,15 +384,20 @@ def _command_from_body(body: tuple[object, ...]) -> Command | str:
     if type(tag) is not int:
         return f"type tag is a {type(tag).__name__}"
     if tag == TAG_APPEND_BATCH and len(fields) == 4:
-        client_id, seq, epoch, records = fields
-        if not isinstance(client_id, str) or type(seq) is not int or type(epoch) is not int:
-            return "AppendBatch field of the wrong type"
-        if not isinstance(records, tuple):
-            return "AppendBatch records are not an array"
-        for position, record in enumerate(records):
-            if not isinstance(record, bytes):
-                return f"AppendBatch record {position} is not bin"
-        return AppendBatch(client_id, seq, epoch, records)
+        return _batch_from_fields(fields, "AppendBatch")
+    if tag == TAG_APPEND_GROUP and len(fields) == 1:
+        (rows,) = fields
+        if not isinstance(rows, tuple):
+            return "AppendGroup batches are not an array"
+        batches: list[AppendBatch] = []
+        for position, row in enumerate(rows):
+            if not (isinstance(row, tuple) and len(row) == 4):
+                return f"AppendGroup batch {position} is not a 4-element array"
+            batch = _batch_from_fields(row, f"AppendGroup batch {position}")
+            if isinstance(batch, str):
+                return batch
+            batches.append(batch)
+        return AppendGroup(tuple(batches))
     if tag == TAG_TRUNCATE and len(fields) == 1:
         (lsn,) = fields
         return Truncate(lsn) if type(lsn) is int else "Truncate lsn is not an integer"
@@ -331,9 +409,22 @@ def _command_from_body(body: tuple[object, ...]) -> Command | str:
     if tag == TAG_BARRIER and len(fields) == 1:
         (token,) = fields
         return Barrier(token) if type(token) is int else "Barrier token is not an integer"
-    if tag in (TAG_APPEND_BATCH, TAG_TRUNCATE, TAG_ACQUIRE_LEASE, TAG_BARRIER):
+    if tag in _TAGS:
         return f"type tag {tag} with {len(fields)} fields"
     return f"unknown type tag {tag}"
+
+
+def _batch_from_fields(fields: tuple[object, ...], what: str) -> AppendBatch | str:
+    """An AppendBatch from `[client_id, seq, epoch, records]` (types only)."""
+    client_id, seq, epoch, records = fields
+    if not isinstance(client_id, str) or type(seq) is not int or type(epoch) is not int:
+        return f"{what} field of the wrong type"
+    if not isinstance(records, tuple):
+        return f"{what} records are not an array"
+    for position, record in enumerate(records):
+        if not isinstance(record, bytes):
+            return f"{what} record {position} is not bin"
+    return AppendBatch(client_id, seq, epoch, records)
 
 
 def command_problem(
@@ -370,7 +461,37 @@ def command_problem(
             if not is_u64(token):
                 return CommandInvalid(f"token must be an integer in [0, 2**64), got {token!r}")
             return None
+        case AppendGroup(batches):
+            return _group_problem(batches, limits)
     return CommandInvalid(f"not a command: {type(command).__name__}")
+
+
+def _group_problem(batches: object, limits: ShardLimits) -> CommandInvalid | CommandTooLarge | None:
+    if not isinstance(batches, tuple):
+        return CommandInvalid(f"batches must be a tuple, got {type(batches).__name__}")
+    if not batches:
+        return CommandInvalid("an AppendGroup holds at least one batch")
+    if len(batches) > limits.group_batches_max:
+        return CommandTooLarge("group_batches_max", len(batches), limits.group_batches_max)
+    total_records = 0
+    total_bytes = 0
+    for position, batch in enumerate(batches):
+        if not isinstance(batch, AppendBatch):
+            return CommandInvalid(
+                f"batch {position} is a {type(batch).__name__}, not an AppendBatch"
+            )
+        problem = command_problem(batch, limits)
+        if isinstance(problem, CommandInvalid):
+            return CommandInvalid(f"batch {position}: {problem.reason}")
+        if problem is not None:
+            return problem
+        total_records += len(batch.records)
+        total_bytes += sum(map(len, batch.records))
+    if total_records > limits.records_per_batch_max:
+        return CommandTooLarge("records_per_batch_max", total_records, limits.records_per_batch_max)
+    if total_bytes > limits.group_bytes_max:
+        return CommandTooLarge("group_bytes_max", total_bytes, limits.group_bytes_max)
+    return None
 
 
 def _id_problem(name: str, value: object, bytes_max: int) -> CommandInvalid | None:

@@ -11,7 +11,8 @@ assertions and crash. The tree:
     │   ├── CommandInvalid(reason)                 a caller-built command breaks a rule
     │   │                                          (negative seq, empty client_id, ...):
     │   │                                          refused before it is encoded
-    │   ├── CommandTooLarge(what, size, limit)     a record or batch over its limit: split it
+    │   ├── CommandTooLarge(what, size, limit)     a record, batch or group over its limit:
+    │   │                                          split it
     │   └── CommandCorrupt(reason)                 bytes that are not a valid command frame
     ├── SnapshotCorrupt(reason)                    bytes that are not a valid snapshot
     │   └── SnapshotIncompatible(reason)           a valid snapshot taken with other dedupe
@@ -41,8 +42,9 @@ class CommandInvalid(CommandError):
 
 
 class CommandTooLarge(CommandError):
-    """A record, or a batch (in records or bytes), exceeds its limit; nothing was encoded.
-    `what` names the limit (`record_bytes_max`, `batch_bytes_max`, `records_per_batch_max`)."""
+    """A record, a batch or a group (in records, bytes or batches) exceeds its limit; nothing
+    was encoded. `what` names the limit (`record_bytes_max`, `batch_bytes_max`,
+    `records_per_batch_max`, `group_batches_max`, `group_bytes_max`)."""
 
     def __init__(self, what: str, size: int, limit: int) -> None:
         super().__init__(f"command too large: {size} exceeds {what} ({limit})")

@@ -31,6 +31,13 @@ COMMAND_MSGPACK_FIXED_BYTES_MAX = 1 + 1 + 5 + 9 + 9 + 5
 # ...and per record: a bin header (at most 5 bytes: 0xc6 + u32 length).
 COMMAND_MSGPACK_PER_RECORD_BYTES_MAX = 5
 
+# The most msgpack adds around an AppendGroup: array header (1), type tag (1), batches
+# array header (5)...
+GROUP_MSGPACK_FIXED_BYTES_MAX = 1 + 1 + 5
+# ...and per batch (besides its client_id bytes and records): the batch's array header (1),
+# client_id str header (at most 5), seq (9), epoch (9), records array header (5).
+GROUP_MSGPACK_PER_BATCH_BYTES_MAX = 1 + 5 + 9 + 9 + 5
+
 # What pysyncobj wraps around our command bytes before they become a journal entry's
 # payload: a command-type byte and the pickle of `(func_id, (command_bytes,), {})`, a few
 # dozen bytes. The budget is generous so the relation below never depends on pickle details.
@@ -41,8 +48,9 @@ U64_MAX = 2**64 - 1  # msgpack and the snapshot carry every integer as an unsign
 
 @dataclass(frozen=True, slots=True)
 class ShardLimits:
-    # Records in one AppendBatch (one Raft entry). Bounds the per-record msgpack overhead
-    # and the size of the decoded tuple; a client with more splits its batch.
+    # Records in one Raft entry: one AppendBatch, or all the batches of one AppendGroup
+    # together. Bounds the per-record msgpack overhead and the size of the decoded tuple; a
+    # client with more splits its batch.
     records_per_batch_max: int = 65_536
 
     # One record's payload. An engine WAL entry larger than this is the engine's bug.
@@ -52,6 +60,17 @@ class ShardLimits:
     # fit in one store record (`record_payload_bytes_max`, 16 MiB), so 1 MiB is left for
     # the overhead of up to 65,536 records (5 bytes each) and pysyncobj's wrapping.
     batch_bytes_max: int = 15 * MIB
+
+    # An AppendGroup (one Raft entry packing many clients' AppendBatches, issue 4's
+    # server-side group commit): at most this many batches...
+    group_batches_max: int = 4096
+    # ...whose record payloads sum to at most this many bytes. Less than batch_bytes_max:
+    # each batch adds up to 29 + client_id_bytes_max bytes of msgpack (4,096 x 285 bytes,
+    # about 1.1 MiB at the defaults), and the whole frame must still fit in one store record
+    # (see `command_bytes_max`). A batch bigger than this is proposed alone, as a plain
+    # AppendBatch. The records of all the batches of a group count against
+    # records_per_batch_max together (a group's records are one entry's records).
+    group_bytes_max: int = 14 * MIB
 
     # UTF-8 bytes of an AppendBatch's client_id / an AcquireLease's holder. Ids, not data.
     client_id_bytes_max: int = 256
@@ -70,8 +89,8 @@ class ShardLimits:
     snapshot_points_max: int = 8
 
     @property
-    def command_bytes_max(self) -> int:
-        """The largest encoded command frame (an AppendBatch at every limit)."""
+    def batch_command_bytes_max(self) -> int:
+        """The largest encoded AppendBatch frame (every limit reached)."""
         return (
             COMMAND_HEADER_BYTES
             + COMMAND_MSGPACK_FIXED_BYTES_MAX
@@ -79,6 +98,25 @@ class ShardLimits:
             + self.records_per_batch_max * COMMAND_MSGPACK_PER_RECORD_BYTES_MAX
             + self.batch_bytes_max
         )
+
+    @property
+    def group_command_bytes_max(self) -> int:
+        """The largest encoded AppendGroup frame: group_batches_max batches with the longest
+        client_id, records_per_batch_max records in all, group_bytes_max bytes of them."""
+        return (
+            COMMAND_HEADER_BYTES
+            + GROUP_MSGPACK_FIXED_BYTES_MAX
+            + self.group_batches_max
+            * (GROUP_MSGPACK_PER_BATCH_BYTES_MAX + self.client_id_bytes_max)
+            + self.records_per_batch_max * COMMAND_MSGPACK_PER_RECORD_BYTES_MAX
+            + self.group_bytes_max
+        )
+
+    @property
+    def command_bytes_max(self) -> int:
+        """The largest encoded command frame (a full AppendBatch or a full AppendGroup);
+        the decoder refuses a longer frame before reading it."""
+        return max(self.batch_command_bytes_max, self.group_command_bytes_max)
 
     def validate(self, store_record_payload_bytes_max: int | None = None) -> ShardLimits:
         """Check each value and the relations; raise ValueError naming the field.
@@ -100,25 +138,38 @@ class ShardLimits:
             raise ValueError("record_bytes_max: must be at most batch_bytes_max")
         if self.records_per_batch_max >= 2**32 or self.batch_bytes_max >= 2**32:
             raise ValueError("records_per_batch_max, batch_bytes_max: msgpack lengths are u32")
+        if self.group_batches_max >= 2**32 or self.group_bytes_max >= 2**32:
+            raise ValueError("group_batches_max, group_bytes_max: msgpack lengths are u32")
         store_max = (
             STORE_DEFAULT_LIMITS.record_payload_bytes_max
             if store_record_payload_bytes_max is None
             else store_record_payload_bytes_max
         )
-        if self.command_bytes_max + RAFT_ENTRY_WRAP_BYTES_BUDGET > store_max:
+        if self.batch_command_bytes_max + RAFT_ENTRY_WRAP_BYTES_BUDGET > store_max:
             raise ValueError(
-                f"batch_bytes_max: a full batch encodes to {self.command_bytes_max} bytes, "
-                f"which with {RAFT_ENTRY_WRAP_BYTES_BUDGET} bytes of Raft wrapping exceeds "
-                f"the store's record_payload_bytes_max ({store_max})"
+                f"batch_bytes_max: a full batch encodes to {self.batch_command_bytes_max} "
+                f"bytes, which with {RAFT_ENTRY_WRAP_BYTES_BUDGET} bytes of Raft wrapping "
+                f"exceeds the store's record_payload_bytes_max ({store_max})"
+            )
+        if self.group_command_bytes_max + RAFT_ENTRY_WRAP_BYTES_BUDGET > store_max:
+            raise ValueError(
+                f"group_bytes_max, group_batches_max: a full group encodes to "
+                f"{self.group_command_bytes_max} bytes, which with "
+                f"{RAFT_ENTRY_WRAP_BYTES_BUDGET} bytes of Raft wrapping exceeds the store's "
+                f"record_payload_bytes_max ({store_max})"
             )
         return self
 
 
 DEFAULT_SHARD_LIMITS = ShardLimits().validate()
 
-# The relation the brief asks to hold at import, spelled out: a full batch, framed and
-# wrapped by pysyncobj, fits in one record of the default shard store.
+# The relations the brief asks to hold at import, spelled out: a full batch and a full
+# group, framed and wrapped by pysyncobj, each fit in one record of the default shard store.
 assert (
-    DEFAULT_SHARD_LIMITS.command_bytes_max + RAFT_ENTRY_WRAP_BYTES_BUDGET
+    DEFAULT_SHARD_LIMITS.batch_command_bytes_max + RAFT_ENTRY_WRAP_BYTES_BUDGET
+    <= STORE_DEFAULT_LIMITS.record_payload_bytes_max
+)
+assert (
+    DEFAULT_SHARD_LIMITS.group_command_bytes_max + RAFT_ENTRY_WRAP_BYTES_BUDGET
     <= STORE_DEFAULT_LIMITS.record_payload_bytes_max
 )

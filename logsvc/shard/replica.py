@@ -30,8 +30,8 @@ from logsvc.shard.commands import (
     Command,
     Result,
     Truncate,
-    decode_append_records,
     decode_command,
+    decode_entry_records,
     encode_command,
 )
 from logsvc.shard.errors import CommandCorrupt, LsnNotAssigned, ShardError
@@ -42,6 +42,7 @@ from logsvc.store import DEFAULT_LIMITS, ShardStore, StoreLimits
 log = logging.getLogger("logsvc.shard")
 
 PROPOSAL_TIMEOUT_S_DEFAULT = 10.0
+READ_RECORDS_MAX = 65_536  # records per read: a reply must stay a bounded size
 MEMBERSHIP_TIMEOUT_S_DEFAULT = 30.0
 
 
@@ -97,9 +98,9 @@ class ReadResult:
 
 @dataclass(slots=True)
 class _Waiter:
-    event: threading.Event = field(default_factory=threading.Event)
     result: object = None
     reason: int = -1
+    event: threading.Event = field(default_factory=threading.Event)
 
 
 class ShardReplica:
@@ -115,6 +116,7 @@ class ShardReplica:
         self._machine = ShardStateMachine(config.shard_limits)
         self._machine_lock = threading.Lock()
         self._membership_lock = threading.Lock()
+        self._apply_listeners: list[Callable[[int], None]] = []
         try:
             raft_config = config.raft
             if raft_config.snapshot_path != os.path.join(config.data_dir, "snapshot"):
@@ -166,43 +168,69 @@ class ShardReplica:
 
     def propose(self, command: Command, timeout_s: float) -> Result:
         assert timeout_s > 0
+        waiter = _Waiter()
+
+        def done(outcome: Result | ShardError) -> None:
+            waiter.result = outcome
+            waiter.event.set()
+
+        self.submit(command, done)
+        if not waiter.event.wait(timeout_s):
+            raise OutcomeUnknown(f"no answer within {timeout_s} s")
+        if isinstance(waiter.result, ShardError):
+            raise waiter.result
+        return waiter.result  # type: ignore[return-value]
+
+    def submit(self, command: Command, done: Callable[[Result | ShardError], None]) -> None:
+        """Propose without waiting: `done(result or typed error)` runs on the Raft tick
+        thread once the command is applied here or failed. Raises at once (NotLeader,
+        ReplicaFailed, CommandInvalid/TooLarge) when it cannot even be queued."""
         self._check_alive()
         if not self._node.is_leader:
             raise NotLeader(self._node.leader)
         encoded = encode_command(command, self._limits)
-        waiter = _Waiter()
 
-        def done(result: object, reason: int) -> None:
-            waiter.result, waiter.reason = result, reason
-            waiter.event.set()
+        def on_raft(result: object, reason: int) -> None:
+            waiter = _Waiter(result=result, reason=reason)
+            try:
+                done(_result_or_raise(waiter, self._node.leader))
+            except ShardError as exc:
+                done(exc)
 
-        self._node.propose(encoded, done)
-        if not waiter.event.wait(timeout_s):
-            raise OutcomeUnknown(f"no answer within {timeout_s} s")
-        return _result_or_raise(waiter, self._node.leader)
+        self._node.propose(encoded, on_raft)
+
+    def add_apply_listener(self, listener: Callable[[int], None]) -> None:
+        """Call `listener(next_lsn)` on the tick thread after every applied command (tail
+        reads wake on it). It must be quick and must not call back into the replica."""
+        self._apply_listeners.append(listener)
 
     # ------------------------------------------------------------------ reads
 
-    def read(self, lsn: int, max_bytes: int) -> ReadResult:
-        """Committed records from `lsn`, at most `max_bytes` of payload but at least one
-        record if any. `LsnTruncated` below the first retained LSN."""
+    def read(self, lsn: int, max_bytes: int, records_max: int = READ_RECORDS_MAX) -> ReadResult:
+        """Committed records from `lsn`: at most `records_max` of them and `max_bytes` of
+        payload, but at least one if any. `LsnTruncated` below the first retained LSN."""
+        assert records_max >= 1
         assert lsn >= 1
         self._check_alive()
         records: list[bytes] = []
         budget = max_bytes
         next_lsn = lsn
+        cached_index = -1  # one group entry may hold several runs of LSNs
+        cached: tuple[bytes, ...] = ()
         while True:
             with self._machine_lock:
                 try:
-                    raft_index, offset = self._machine.lsn_to_raft_index(next_lsn)
+                    where = self._machine.locate(next_lsn)
                 except LsnNotAssigned:
                     break
-            [entry] = self._store.read(raft_index, raft_index + 1, 0)
-            command = raft.command_of_entry(entry.payload)
-            assert command is not None, f"raft index {raft_index} holds no command"
-            batch = decode_append_records(command, self._limits)
-            for record in batch[offset:]:
-                if records and len(record) > budget:
+            if where.raft_index != cached_index:
+                [entry] = self._store.read(where.raft_index, where.raft_index + 1, 0)
+                command = raft.command_of_entry(entry.payload)
+                assert command is not None, f"raft index {where.raft_index} holds no command"
+                cached_index = where.raft_index
+                cached = decode_entry_records(command, self._limits)
+            for record in cached[where.offset : where.offset + where.count]:
+                if records and (len(record) > budget or len(records) >= records_max):
                     return ReadResult(tuple(records), lsn, next_lsn)
                 records.append(record)
                 budget -= len(record)
@@ -214,6 +242,10 @@ class ShardReplica:
     @property
     def store(self) -> ShardStore:
         return self._store
+
+    @property
+    def shard_limits(self) -> ShardLimits:
+        return self._limits
 
     @property
     def node(self) -> raft.RaftNode:
@@ -299,7 +331,11 @@ class ShardReplica:
             # it: stop instead.
             raise raft.RaftFatal(f"raft index {raft_index}: undecodable command: {exc}") from exc
         with self._machine_lock:
-            return self._machine.apply(raft_index, command)
+            result = self._machine.apply(raft_index, command)
+            next_lsn = self._machine.next_lsn
+        for listener in self._apply_listeners:
+            listener(next_lsn)
+        return result
 
     def compaction_point(self) -> tuple[int, bytes] | None:
         with self._machine_lock:

@@ -23,6 +23,11 @@ Rules (docs/decisions/0001-shard-replication.md, "Leases, fencing, dedupe"):
   4. accepted: the records get LSNs `[next_lsn, next_lsn + count)`. An empty batch is
      accepted with `count == 0` and `first_lsn == next_lsn`, and is remembered for dedupe.
   Refused appends consume no LSN and change nothing.
+* AppendGroup(batches) (issue 4's server-side group commit): each batch is applied in
+  order exactly as if it were its own AppendBatch entry at the group's raft index (the
+  rules above, dedupe against everything before it in the group too), and the result is
+  `GroupAppended`, one result per batch. So the accepted batches get consecutive LSNs
+  across the group, and refused and duplicate ones consume none.
 * Truncate(lsn): `first_lsn = max(first_lsn, min(lsn, next_lsn))`; lower or equal is a
   no-op. The result reports the first retained LSN either way.
 * Barrier(token): changes nothing; reports `next_lsn`.
@@ -35,8 +40,12 @@ and is below seq_floor may have been applied (`DuplicateUnknown`), and one at or
 was certainly not (accepted), even when it arrives after higher seqs (pipelined batches
 retried after a leader change). At most
 `dedupe_clients_max` clients are remembered; a new client evicts the least recently active
-one (activity = raft index of its last accepted append; these are unique, since one raft
-entry carries one command, so the order is total; ties would be broken by client_id).
+one. Activity is the position of the client's last accepted append in the order of
+application: `(raft index, position of the batch in its entry)`, position 0 for a plain
+AppendBatch. The raft index is stored per client and the position is not: the table is
+kept in activity order (the clients of one AppendGroup, which share its raft index, in
+batch order) and snapshots keep that order, so a restored replica evicts exactly as the
+others do. A group therefore evicts exactly as the same batches in separate entries.
 Known limit: an evicted client is forgotten entirely, so its retry of a batch accepted
 before the eviction is appended again. With the defaults that needs 10,000 other clients
 to have appended more recently than its last accepted append, before its retry.
@@ -50,6 +59,15 @@ snapshot. Points older than the newest compactable one can never be chosen again
 (first_lsn never decreases), so they are dropped. At most `snapshot_points_max` points are
 kept: the newest ones, except that the compaction point is never dropped for a newer point
 that is not compactable yet (the replica may not have used it yet).
+
+LSN index (0001, "Raft index -> LSN" and "Grouped appends"). One row per run of LSNs that
+sit consecutively in one entry's *flat record sequence* (`decode_entry_records`: an
+AppendBatch's records; an AppendGroup's records of all its batches in order, refused and
+duplicate batches included): `(first_lsn, raft_index, count, offset)`. An AppendBatch entry
+gives one row at offset 0 (none when empty or refused); an AppendGroup gives one row per
+maximal run of accepted batches with no refused or duplicate records between them (one
+row, at offset 0, when nothing was refused). `locate(lsn)` answers in O(log rows) with the
+slice of the flat sequence that holds `lsn` and the LSNs after it in the same run.
 
 Snapshot points are not part of `snapshot()`. A replica restored from a snapshot starts
 with none: it was restored at a compaction point, so its journal already starts there, and
@@ -71,10 +89,13 @@ from logsvc.shard.commands import (
     AcquireLease,
     AppendBatch,
     Appended,
+    AppendGroup,
+    AppendResult,
     Barrier,
     BarrierDone,
     Command,
     DuplicateUnknown,
+    GroupAppended,
     LeaseGranted,
     NotLeaseHolder,
     Result,
@@ -95,12 +116,20 @@ from logsvc.shard.errors import (
 from logsvc.shard.limits import DEFAULT_SHARD_LIMITS, ShardLimits
 
 SNAPSHOT_MAGIC = b"LSS"
-SNAPSHOT_VERSION = 1
-SNAPSHOT_FIELDS = 10
+# Version 1: 10 fields; every index row at offset 0 in a distinct entry, client activities
+# distinct. Version 2 (grouped appends): an 11th field, the rows' offsets; rows may share a
+# raft index and clients an activity. `snapshot()` writes version 1 whenever the state fits
+# it (so replicas that never applied a group still exchange snapshots with older builds)
+# and version 2 otherwise; `restore` reads both. See FORMAT.md.
+SNAPSHOT_VERSION_1 = 1
+SNAPSHOT_VERSION_2 = 2
+SNAPSHOT_VERSIONS = (SNAPSHOT_VERSION_1, SNAPSHOT_VERSION_2)
+SNAPSHOT_VERSION = SNAPSHOT_VERSION_2  # the newest this build reads and writes
+SNAPSHOT_FIELDS = {SNAPSHOT_VERSION_1: 10, SNAPSHOT_VERSION_2: 11}
 
-# Hard format limit: the two entry arrays are msgpack bin32 values (at most 2**32 - 1
-# bytes, so about 536 million entries); everything else is a few MiB at the default limits.
-SNAPSHOT_BYTES_LIMIT = 2 * (2**32 - 1) + 256 * 1024 * 1024
+# Hard format limit: the three entry arrays are msgpack bin32 values (at most 2**32 - 1
+# bytes, so about 536 million rows); everything else is a few MiB at the default limits.
+SNAPSHOT_BYTES_LIMIT = 3 * (2**32 - 1) + 256 * 1024 * 1024
 
 _U64 = "Q"
 assert array(_U64).itemsize == 8
@@ -112,6 +141,23 @@ class Lease:
 
     holder: str | None
     epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class EntrySlice:
+    """Where `lsn` (the LSN asked of `locate`) and the LSNs after it in the same entry live:
+    `decode_entry_records(entry at raft_index)[offset:offset + count]` are the records of
+    LSNs `[lsn, lsn + count)`, `count >= 1`. The next LSN, `lsn + count`, is in another
+    slice (maybe of the same entry: an AppendGroup with a refused batch in between)."""
+
+    raft_index: int
+    offset: int
+    count: int
+
+    @property
+    def stop(self) -> int:
+        """The end (exclusive) of the slice in the entry's flat record sequence."""
+        return self.offset + self.count
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,7 +175,9 @@ class SnapshotPoint:
 
 @dataclass(slots=True)
 class _ClientDedupe:
-    last_active_raft_index: int  # raft index of its last accepted append
+    # Raft index of its last accepted append. Clients of one AppendGroup share it; their
+    # order (batch order) is that of `ShardStateMachine._clients`.
+    last_active_raft_index: int
     seq_floor: int  # every accepted seq >= seq_floor is in `seqs`
     seqs: dict[int, tuple[int, int]]  # seq -> (first_lsn, count)
 
@@ -144,15 +192,19 @@ class ShardStateMachine:
         self._first_lsn = 1  # lowest retained LSN; [first_lsn, next_lsn) are retained
         self._lease = Lease(None, 0)
         # Ordered by activity, least recent first: `move_to_end` on every accepted append,
-        # whose raft index is above every earlier one, keeps it sorted.
+        # applied after every earlier one, keeps it sorted (by raft index, then by batch
+        # position within an AppendGroup).
         self._clients: OrderedDict[str, _ClientDedupe] = OrderedDict()
-        # One row per retained append entry with count >= 1, in raft-index order. The rows
+        # The LSN index: one row per run of LSNs consecutive in one retained entry's flat
+        # record sequence (module docstring), in LSN order, so raft indexes never decrease
+        # and rows of one entry have increasing offsets with a gap between them. The rows
         # are contiguous in LSN (first_lsns[i] + counts[i] == first_lsns[i + 1]) and the
         # last one ends at next_lsn; the first one holds first_lsn (rows wholly below it
-        # are pruned when a Truncate is applied). 24 bytes a row.
+        # are pruned when a Truncate is applied). 32 bytes a row.
         self._entry_first_lsns = array(_U64)
         self._entry_raft_indexes = array(_U64)
         self._entry_counts = array(_U64)
+        self._entry_offsets = array(_U64)  # of the run's first record in the flat sequence
         self._points: list[SnapshotPoint] = []
 
     # --- What callers read ---------------------------------------------------------------
@@ -183,6 +235,8 @@ class ShardStateMachine:
 
     @property
     def entries_retained_count(self) -> int:
+        """Rows of the LSN index: one per retained append entry with records, plus one per
+        extra run of an AppendGroup with a refused batch between accepted ones."""
         return len(self._entry_raft_indexes)
 
     @property
@@ -200,8 +254,19 @@ class ShardStateMachine:
         return tuple(self._clients)
 
     def lsn_to_raft_index(self, lsn: int) -> tuple[int, int]:
-        """`(raft_index, offset_in_entry)` of the entry holding `lsn`: its record is
-        `records[offset_in_entry]` of that AppendBatch. O(log entries).
+        """`(raft_index, offset)` of the entry holding `lsn`: its record is
+        `decode_entry_records(entry)[offset]` (for an AppendBatch entry, `records[offset]`,
+        and `records[offset:]` are LSNs `lsn, lsn + 1, ...` as before groups existed). For an
+        AppendGroup entry the records after `offset` may belong to refused or duplicate
+        batches: read ranges with `locate`, which also gives where the run ends.
+        O(log rows). Raises `LsnTruncated` below first_lsn and `LsnNotAssigned` at or past
+        next_lsn."""
+        where = self.locate(lsn)
+        return where.raft_index, where.offset
+
+    def locate(self, lsn: int) -> EntrySlice:
+        """The slice of an entry's flat record sequence (`decode_entry_records`) holding
+        `lsn` and the LSNs after it in the same run: the read path's lookup. O(log rows).
 
         Raises `LsnTruncated` below first_lsn and `LsnNotAssigned` at or past next_lsn."""
         if lsn < self._first_lsn:
@@ -210,9 +275,10 @@ class ShardStateMachine:
             raise LsnNotAssigned(lsn, self._next_lsn)
         row = bisect.bisect_right(self._entry_first_lsns, lsn) - 1
         assert row >= 0
-        offset = lsn - self._entry_first_lsns[row]
-        assert offset < self._entry_counts[row]
-        return self._entry_raft_indexes[row], offset
+        skip = lsn - self._entry_first_lsns[row]
+        count = self._entry_counts[row] - skip
+        assert count >= 1
+        return EntrySlice(self._entry_raft_indexes[row], self._entry_offsets[row] + skip, count)
 
     def compaction_point(self) -> SnapshotPoint | None:
         """The newest snapshot point with no retained LSN at or before it, or None.
@@ -244,10 +310,22 @@ class ShardStateMachine:
                 return self._acquire_lease(holder, epoch)
             case Barrier(token):
                 return BarrierDone(token, self._next_lsn)
+            case AppendGroup(batches):
+                return self._append_group(raft_index, batches)
             case _:
                 assert_never(command)
 
-    def _append(self, raft_index: int, command: AppendBatch) -> Result:
+    def _append_group(self, raft_index: int, batches: tuple[AppendBatch, ...]) -> GroupAppended:
+        results: list[AppendResult] = []
+        offset = 0  # of the batch's first record in the entry's flat record sequence
+        for batch in batches:
+            results.append(self._append(raft_index, batch, offset))
+            offset += len(batch.records)
+        assert offset <= self._limits.records_per_batch_max
+        return GroupAppended(tuple(results))
+
+    def _append(self, raft_index: int, command: AppendBatch, offset: int = 0) -> AppendResult:
+        """Apply one batch whose records start at `offset` in the entry's flat sequence."""
         client = self._clients.get(command.client_id)
         if client is not None:
             remembered = client.seqs.get(command.seq)
@@ -265,9 +343,19 @@ class ShardStateMachine:
         count = len(command.records)
         assert count <= self._limits.records_per_batch_max
         if count:
-            self._entry_first_lsns.append(first_lsn)
-            self._entry_raft_indexes.append(raft_index)
-            self._entry_counts.append(count)
+            if (
+                self._entry_raft_indexes
+                and self._entry_raft_indexes[-1] == raft_index
+                and self._entry_offsets[-1] + self._entry_counts[-1] == offset
+            ):
+                # The previous accepted batch of the same group ends right before this one
+                # (nothing refused in between): the run goes on, one row for both.
+                self._entry_counts[-1] += count
+            else:
+                self._entry_first_lsns.append(first_lsn)
+                self._entry_raft_indexes.append(raft_index)
+                self._entry_counts.append(count)
+                self._entry_offsets.append(offset)
         self._next_lsn = first_lsn + count
         self._remember(raft_index, command, client, first_lsn, count)
         return Appended(first_lsn, count, duplicate=False)
@@ -324,6 +412,7 @@ class ShardStateMachine:
             del self._entry_first_lsns[:keep_from]
             del self._entry_raft_indexes[:keep_from]
             del self._entry_counts[:keep_from]
+            del self._entry_offsets[:keep_from]
 
     def _acquire_lease(self, holder: str, epoch: int) -> LeaseGranted | StaleEpoch:
         lease = self._lease
@@ -336,19 +425,25 @@ class ShardStateMachine:
     # --- Snapshots -----------------------------------------------------------------------
 
     def snapshot(self) -> bytes:
-        """The whole state (not the snapshot points) in canonical form; see FORMAT.md."""
-        clients = tuple(
-            (
-                client_id,
-                client.last_active_raft_index,
-                client.seq_floor,
-                tuple((seq, lsns[0], lsns[1]) for seq, lsns in sorted(client.seqs.items())),
-            )
-            for client_id, client in sorted(
-                self._clients.items(), key=lambda item: (item[1].last_active_raft_index, item[0])
-            )
-        )
-        body = (
+        """The whole state (not the snapshot points) in canonical form; see FORMAT.md.
+        Version 1 when the state fits it (every index row at offset 0, no two clients active
+        at the same raft index), version 2 otherwise."""
+        clients = []
+        previous_active = 0
+        tied = False  # two clients with the same activity raft index: version 2
+        for client_id, client in self._clients.items():  # eviction order
+            active = client.last_active_raft_index
+            assert active >= previous_active
+            tied = tied or active == previous_active
+            previous_active = active
+            seqs = tuple((seq, lsns[0], lsns[1]) for seq, lsns in sorted(client.seqs.items()))
+            clients.append((client_id, active, client.seq_floor, seqs))
+        # A row at a non-zero offset is version 2. (Two rows of one entry: the second has a
+        # non-zero offset, since runs are maximal.)
+        offsets = self._entry_offsets
+        v2 = tied or offsets.count(0) != len(offsets)
+        version = SNAPSHOT_VERSION_2 if v2 else SNAPSHOT_VERSION_1
+        body: tuple[object, ...] = (
             self._last_applied_raft_index,
             self._next_lsn,
             self._first_lsn,
@@ -356,12 +451,14 @@ class ShardStateMachine:
             self._lease.epoch,
             self._limits.dedupe_clients_max,
             self._limits.dedupe_seqs_per_client,
-            clients,
+            tuple(clients),
             _u64_le_bytes(self._entry_raft_indexes),
             _u64_le_bytes(self._entry_counts),
         )
-        assert len(body) == SNAPSHOT_FIELDS
-        data = encode_frame(SNAPSHOT_MAGIC, SNAPSHOT_VERSION, body)
+        if version == SNAPSHOT_VERSION_2:
+            body += (_u64_le_bytes(offsets),)
+        assert len(body) == SNAPSHOT_FIELDS[version]
+        data = encode_frame(SNAPSHOT_MAGIC, version, body)
         assert len(data) <= SNAPSHOT_BYTES_LIMIT
         return data
 
@@ -377,7 +474,7 @@ class ShardStateMachine:
         body = decode_frame(
             data,
             SNAPSHOT_MAGIC,
-            SNAPSHOT_VERSION,
+            SNAPSHOT_VERSIONS,
             frame_bytes_max=SNAPSHOT_BYTES_LIMIT,
             str_bytes_max=max(limits.client_id_bytes_max, limits.holder_bytes_max),
             bin_bytes_max=len(data),
@@ -386,19 +483,22 @@ class ShardStateMachine:
         if isinstance(body, str):
             raise SnapshotCorrupt(body)
         machine = cls(limits)
-        problem = machine._load(body)
+        problem = machine._load(body, data[3])
         if problem is not None:
             raise SnapshotCorrupt(problem)
         if machine.snapshot() != bytes(data):
             raise SnapshotCorrupt("not in canonical form (re-encoding gives other bytes)")
         return machine
 
-    def _load(self, body: tuple[object, ...]) -> str | None:
-        """Fill a fresh machine from a decoded body; the reason it is invalid, or None."""
-        if len(body) != SNAPSHOT_FIELDS:
-            return f"{len(body)} fields, expected {SNAPSHOT_FIELDS}"
+    def _load(self, body: tuple[object, ...], version: int) -> str | None:
+        """Fill a fresh machine from a decoded body of `version`; the reason it is invalid,
+        or None."""
+        if len(body) != SNAPSHOT_FIELDS[version]:
+            return f"{len(body)} fields, expected {SNAPSHOT_FIELDS[version]}"
         (last_applied, next_lsn, first_lsn, holder, epoch) = body[:5]
-        (clients_max, seqs_max, clients, raft_bytes, count_bytes) = body[5:]
+        (clients_max, seqs_max, clients, raft_bytes, count_bytes) = body[5:10]
+        # Version 1 has no offsets: every row starts its entry.
+        offset_bytes = body[10] if version == SNAPSHOT_VERSION_2 else None
         if not (is_u64(clients_max) and is_u64(seqs_max)):
             return "dedupe limits are not integers"
         limits = self._limits
@@ -422,12 +522,13 @@ class ShardStateMachine:
         self._next_lsn = next_lsn
         self._first_lsn = first_lsn
         self._lease = Lease(holder, epoch)
-        problem = self._load_clients(clients)
+        problem = self._load_clients(clients, ties=version == SNAPSHOT_VERSION_2)
         if problem is not None:
             return problem
-        return self._load_entries(raft_bytes, count_bytes)
+        return self._load_entries(raft_bytes, count_bytes, offset_bytes)
 
-    def _load_clients(self, clients: object) -> str | None:
+    def _load_clients(self, clients: object, *, ties: bool) -> str | None:
+        """`ties`: clients may share an activity raft index (version 2)."""
         if not isinstance(clients, tuple):
             return "dedupe table is not an array"
         if len(clients) > self._limits.dedupe_clients_max:
@@ -441,7 +542,8 @@ class ShardStateMachine:
                 return f"dedupe client {position}: empty, duplicate or non-str client_id"
             if not (is_u64(active) and is_u64(seq_floor)):
                 return f"dedupe client {client_id!r}: activity or seq_floor is not an integer"
-            if not previous_active < active <= self._last_applied_raft_index:
+            in_order = previous_active <= active if ties else previous_active < active
+            if not (in_order and 1 <= active <= self._last_applied_raft_index):
                 return f"dedupe client {client_id!r}: activity {active} out of order or range"
             previous_active = active
             remembered = self._load_seqs(seqs, seq_floor)
@@ -476,20 +578,40 @@ class ShardStateMachine:
             previous_seq = seq
         return remembered
 
-    def _load_entries(self, raft_bytes: object, count_bytes: object) -> str | None:
-        if not (isinstance(raft_bytes, bytes) and isinstance(count_bytes, bytes)):
+    def _load_entries(
+        self, raft_bytes: object, count_bytes: object, offset_bytes: object
+    ) -> str | None:
+        """`offset_bytes` is None in version 1 (every offset 0)."""
+        if offset_bytes is None:
+            offset_bytes = bytes(len(raft_bytes)) if isinstance(raft_bytes, bytes) else b""
+        if not (
+            isinstance(raft_bytes, bytes)
+            and isinstance(count_bytes, bytes)
+            and isinstance(offset_bytes, bytes)
+        ):
             return "entry arrays are not bin"
-        if len(raft_bytes) != len(count_bytes) or len(raft_bytes) % 8:
+        if not len(raft_bytes) == len(count_bytes) == len(offset_bytes) or len(raft_bytes) % 8:
             return "entry arrays differ in length or are not whole u64s"
         raft_indexes = _u64_array(raft_bytes)
         counts = _u64_array(count_bytes)
+        offsets = _u64_array(offset_bytes)
+        records_max = self._limits.records_per_batch_max
         previous_raft_index = 0
-        for raft_index, count in zip(raft_indexes, counts, strict=True):
-            if not previous_raft_index < raft_index <= self._last_applied_raft_index:
+        previous_stop = 0  # end of the previous row in its entry's flat record sequence
+        for raft_index, count, offset in zip(raft_indexes, counts, offsets, strict=True):
+            if raft_index == previous_raft_index != 0:
+                # Another run of the same AppendGroup: after the previous one, with at least
+                # one refused record between them (runs are maximal).
+                if offset <= previous_stop:
+                    return f"rows of raft index {raft_index} overlap, touch or are out of order"
+            elif not previous_raft_index < raft_index <= self._last_applied_raft_index:
                 return f"entry raft index {raft_index} out of order or range"
-            if not 1 <= count <= self._limits.records_per_batch_max:
+            if not 1 <= count <= records_max:
                 return f"entry at raft index {raft_index} has count {count}"
+            if offset + count > records_max:
+                return f"entry at raft index {raft_index}: offset {offset} past the entry's end"
             previous_raft_index = raft_index
+            previous_stop = offset + count
         total = sum(counts)
         first_of_entries = self._next_lsn - total
         if first_of_entries < 1:
@@ -500,6 +622,7 @@ class ShardStateMachine:
             return "retained LSNs but no entries"
         self._entry_raft_indexes = raft_indexes
         self._entry_counts = counts
+        self._entry_offsets = offsets
         self._entry_first_lsns = array(_U64)
         if counts:
             self._entry_first_lsns.extend(accumulate(counts[:-1], initial=first_of_entries))

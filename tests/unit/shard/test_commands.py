@@ -1,12 +1,13 @@
 """The command codec round-trips every valid command and reports every bad input as a typed
 error, never a raw msgpack or struct exception.
 
-How: round trips of hand-picked and hypothesis-generated commands; a table of invalid and
-oversized commands that `encode_command` refuses (`CommandInvalid` / `CommandTooLarge`);
-corruption of a real frame (every truncation, a flip of every byte, wrong magic and
-version, an oversized frame); bodies with a valid checksum but a bad shape, type or range;
-and random bodies behind a valid header, which must decode to a command that re-encodes or
-raise `CommandCorrupt`.
+How: round trips of hand-picked and hypothesis-generated commands (AppendGroup included); a
+table of invalid and oversized commands (and groups) that `encode_command` refuses
+(`CommandInvalid` / `CommandTooLarge`); corruption of a real frame (every truncation, a flip
+of every byte, wrong magic and version, an oversized frame); bodies with a valid checksum
+but a bad shape, type or range; and random bodies behind a valid header, which must decode
+to a command that re-encodes or raise `CommandCorrupt`. Also the read path's
+`decode_entry_records` and the group size limits against the shard store's record limit.
 """
 
 from __future__ import annotations
@@ -22,11 +23,13 @@ from logsvc.shard.commands import (
     FRAME_HEADER,
     AcquireLease,
     AppendBatch,
+    AppendGroup,
     Barrier,
     Command,
     Truncate,
     decode_append_records,
     decode_command,
+    decode_entry_records,
     encode_command,
     xxh3,
 )
@@ -39,6 +42,8 @@ SMALL = ShardLimits(
     batch_bytes_max=16,
     client_id_bytes_max=8,
     holder_bytes_max=8,
+    group_batches_max=3,
+    group_bytes_max=20,
 ).validate()
 
 U64_MAX = 2**64 - 1
@@ -61,6 +66,14 @@ ROUND_TRIP = [
     AcquireLease("h" * 256, U64_MAX),
     Barrier(0),
     Barrier(U64_MAX),
+    AppendGroup((AppendBatch("c1", 7, 2, (b"hello", b"")),)),
+    AppendGroup(
+        (
+            AppendBatch("c1", 7, 2, (b"hello",)),
+            AppendBatch("c2", 0, 0, ()),
+            AppendBatch("c1", 7, 2, (b"retry", b"x")),  # the same (client, seq): allowed
+        )
+    ),
 ]
 
 
@@ -81,6 +94,25 @@ def test_decode_append_records_returns_the_batch_and_refuses_other_commands() ->
         decode_append_records(encode_command(Barrier(1)))
 
 
+def test_decode_entry_records_returns_the_flat_record_sequence() -> None:
+    batch = AppendBatch("c", 1, 0, (b"a", b"bc"))
+    assert decode_entry_records(encode_command(batch)) == (b"a", b"bc")
+    group = AppendGroup((batch, AppendBatch("d", 1, 0, ()), AppendBatch("e", 9, 0, (b"z",))))
+    # Every batch's records in batch order, whatever the state machine made of the batches.
+    assert decode_entry_records(encode_command(group)) == (b"a", b"bc", b"z")
+    for other in (Barrier(1), Truncate(3), AcquireLease("h", 1)):
+        with pytest.raises(CommandCorrupt, match="expected an AppendBatch or an AppendGroup"):
+            decode_entry_records(encode_command(other))
+
+
+def test_decode_append_records_refuses_a_group() -> None:
+    """The pre-group read path (`records[offset:]` with no end) must fail loudly on a group
+    entry instead of handing out a refused batch's records under wrong LSNs."""
+    group = AppendGroup((AppendBatch("c", 1, 0, (b"a",)),))
+    with pytest.raises(CommandCorrupt, match="expected an AppendBatch, found AppendGroup"):
+        decode_append_records(encode_command(group))
+
+
 def test_a_full_batch_at_the_default_limits_fits_the_frame_limit() -> None:
     limits = DEFAULT_SHARD_LIMITS
     record = b"x" * (limits.batch_bytes_max // limits.records_per_batch_max)
@@ -88,6 +120,37 @@ def test_a_full_batch_at_the_default_limits_fits_the_frame_limit() -> None:
     data = encode_command(command)
     assert len(data) <= limits.command_bytes_max
     assert decode_append_records(data) == command.records
+
+
+def test_a_full_group_at_the_default_limits_fits_the_frame_limit() -> None:
+    limits = DEFAULT_SHARD_LIMITS
+    batches = limits.group_batches_max
+    per_batch = limits.records_per_batch_max // batches
+    record = b"x" * (limits.group_bytes_max // limits.records_per_batch_max)
+    group = AppendGroup(
+        tuple(
+            AppendBatch(f"{index:0256d}", U64_MAX, U64_MAX, (record,) * per_batch)
+            for index in range(batches)
+        )
+    )
+    data = encode_command(group)
+    assert len(data) <= limits.group_command_bytes_max <= limits.command_bytes_max
+    # The bound is close (it assumes the widest msgpack headers: 5-byte bins and strs).
+    assert len(data) > 0.98 * limits.group_command_bytes_max
+    assert decode_command(data) == group
+
+
+def test_limits_refuse_a_group_that_would_not_fit_a_store_record() -> None:
+    with pytest.raises(ValueError, match="group_bytes_max, group_batches_max"):
+        ShardLimits(group_bytes_max=15 * 1024 * 1024).validate()
+    with pytest.raises(ValueError, match="group_bytes_max, group_batches_max"):
+        ShardLimits(group_batches_max=8192).validate()
+    with pytest.raises(ValueError, match="group_batches_max: must be positive"):
+        ShardLimits(group_batches_max=0).validate()
+
+
+def group(*batches: object) -> AppendGroup:
+    return AppendGroup(batches)  # type: ignore[arg-type]
 
 
 REFUSED: list[tuple[str, object, type[CommandError], str]] = [
@@ -112,6 +175,35 @@ REFUSED: list[tuple[str, object, type[CommandError], str]] = [
     ("None holder", AcquireLease(None, 1), CommandInvalid, "holder must be a str"),  # type: ignore[arg-type]
     ("float token", Barrier(1.0), CommandInvalid, "token"),  # type: ignore[arg-type]
     ("not a command", "truncate", CommandInvalid, "not a command"),
+    ("empty group", group(), CommandInvalid, "at least one batch"),
+    ("list of batches", AppendGroup([AppendBatch("c", 1, 0, ())]), CommandInvalid, "tuple"),  # type: ignore[arg-type]
+    ("4 batches", group(*[AppendBatch("c", 1, 0, ())] * 4), CommandTooLarge, "group_batches_max"),
+    ("nested group", group(group(AppendBatch("c", 1, 0, ()))), CommandInvalid, "not an Append"),
+    ("barrier in group", group(Barrier(1)), CommandInvalid, "batch 0 is a Barrier"),
+    (
+        "bad batch in group",
+        group(AppendBatch("c", 1, 0, ()), AppendBatch("", 1, 0, ())),
+        CommandInvalid,
+        "batch 1: client_id must not be empty",
+    ),
+    (
+        "big record in group",
+        group(AppendBatch("c", 1, 0, (b"x" * 9,))),
+        CommandTooLarge,
+        "record_bytes_max",
+    ),
+    (
+        "5 records in group",
+        group(AppendBatch("c", 1, 0, (b"",) * 3), AppendBatch("d", 1, 0, (b"",) * 2)),
+        CommandTooLarge,
+        "records_per_batch_max",
+    ),
+    (
+        "21 bytes in group",
+        group(*[AppendBatch("c", 1, 0, (b"x" * 7,))] * 3),
+        CommandTooLarge,
+        "group_bytes_max",
+    ),
 ]
 
 
@@ -201,6 +293,21 @@ BAD_BODIES: list[tuple[str, object, str]] = [
     ("id over size", [1, "c" * 9, 1, 0, []], "bad msgpack body.*max_str_len"),
     ("ext type", [1, "c", msgpack.ExtType(5, b"x"), 0, []], "bad msgpack body"),
     ("timestamp", [4, msgpack.Timestamp(1)], "bad msgpack body"),
+    ("group without batches", [5], "type tag 5 with 0 fields"),
+    ("group, extra field", [5, [], 1], "type tag 5 with 2 fields"),
+    ("group batches not array", [5, b"x"], "AppendGroup batches are not an array"),
+    ("empty group", [5, []], "out of range.*at least one batch"),
+    ("group batch short", [5, [["c", 1, 0]]], "batch 0 is not a 4-element array"),
+    ("group batch tagged", [5, [[1, "c", 1, 0, []]]], "batch 0 is not a 4-element array"),
+    ("group batch not array", [5, ["c"]], "batch 0 is not a 4-element array"),
+    ("group bool seq", [5, [["c", 1, 0, []], ["c", True, 0, []]]], "batch 1 field of the wrong"),
+    ("group str record", [5, [["c", 1, 0, ["x"]]]], "batch 0 record 0 is not bin"),
+    ("group records not array", [5, [["c", 1, 0, b"x"]]], "batch 0 records are not an array"),
+    ("group negative seq", [5, [["c", -1, 0, []]]], "out of range.*batch 0: seq"),
+    ("4 batches", [5, [["c", 1, 0, []]] * 4], "out of range.*group_batches_max"),
+    ("batches over array limit", [5, [["c", 1, 0, []]] * 6], "bad msgpack body.*max_array_len"),
+    ("group over count", [5, [["c", 1, 0, [b""] * 3]] * 2], "out of range.*records_per_batch"),
+    ("group over size", [5, [["c", 1, 0, [b"x" * 8] * 2]] * 2], "out of range.*group_bytes_max"),
 ]
 
 
@@ -239,6 +346,20 @@ commands = st.one_of(
     st.builds(Truncate, u64),
     st.builds(AcquireLease, ids, st.integers(min_value=1, max_value=U64_MAX)),
     st.builds(Barrier, u64),
+    st.builds(
+        AppendGroup,
+        st.lists(
+            st.builds(
+                AppendBatch,
+                ids,
+                u64,
+                u64,
+                st.lists(st.binary(max_size=4), max_size=2).map(tuple),
+            ),
+            min_size=1,
+            max_size=2,
+        ).map(tuple),
+    ),
 )
 
 

@@ -3,12 +3,14 @@ bad snapshot bytes are reported as typed errors.
 
 How: (1) a hypothesis test drives replica A with a random sequence of commands (through the
 command codec, at increasing raft indexes with gaps, small dedupe limits so eviction
-happens); replica B restores A's snapshot taken at a random point and applies the rest;
-B must produce the same results and end with byte-identical snapshot bytes and the same
-LSN -> raft index map. A replica restored from each snapshot point converges too.
-(2) Corruption: every truncation and byte flip of a real snapshot, a wrong version, other
-dedupe limits (`SnapshotIncompatible`), and bodies with a valid checksum that break one
-invariant each, or are not in canonical form (`SnapshotCorrupt`, naming the reason).
+happens; AppendGroups among them, so version 2 snapshots are exercised too); replica B
+restores A's snapshot taken at a random point and applies the rest; B must produce the same
+results and end with byte-identical snapshot bytes and the same LSN -> raft index map. A
+replica restored from each snapshot point converges too.
+(2) Corruption: every truncation and byte flip of a real snapshot (version 1 and 2), a wrong
+version, other dedupe limits (`SnapshotIncompatible`), and bodies of either version with a
+valid checksum that break one invariant each, or are not in canonical form (among them a
+version 2 body of a state that version 1 can hold) (`SnapshotCorrupt`, naming the reason).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from logsvc.shard.commands import (
     FRAME_HEADER,
     AcquireLease,
     AppendBatch,
+    AppendGroup,
     Barrier,
     Command,
     Result,
@@ -34,7 +37,9 @@ from logsvc.shard.errors import LsnUnavailable, SnapshotCorrupt, SnapshotIncompa
 from logsvc.shard.limits import DEFAULT_SHARD_LIMITS, ShardLimits
 from logsvc.shard.state_machine import (
     SNAPSHOT_MAGIC,
-    SNAPSHOT_VERSION,
+    SNAPSHOT_VERSION_1,
+    SNAPSHOT_VERSION_2,
+    EntrySlice,
     ShardStateMachine,
     SnapshotPoint,
 )
@@ -57,8 +62,11 @@ others: list[st.SearchStrategy[Command]] = [
     st.builds(AcquireLease, st.sampled_from(["h1", "h2"]), st.sampled_from([1, 1, 2])),
     st.builds(Barrier, st.integers(0, 5)),
 ]
-command_strategy: st.SearchStrategy[Command] = st.integers(0, 9).flatmap(
-    lambda kind: appends if kind < 7 else others[kind - 7]
+groups: st.SearchStrategy[Command] = st.builds(
+    AppendGroup, st.lists(appends, min_size=1, max_size=4).map(tuple)
+)
+command_strategy: st.SearchStrategy[Command] = st.integers(0, 11).flatmap(
+    lambda kind: appends if kind < 7 else groups if kind < 9 else others[kind - 9]
 )
 
 
@@ -136,6 +144,25 @@ def build_machine() -> ShardStateMachine:
 GOOD = build_machine().snapshot()
 
 
+def build_grouped_machine() -> ShardStateMachine:
+    """A state only version 2 holds: a group with a refused batch between accepted ones."""
+    machine = build_machine()
+    machine.apply(
+        30,
+        AppendGroup(
+            (
+                AppendBatch("b", 50, 1, (b"1", b"2")),
+                AppendBatch("c", 51, 0, (b"stale",)),
+                AppendBatch("d", 52, 1, (b"3",)),
+            )
+        ),
+    )
+    return machine
+
+
+GOOD_V2 = build_grouped_machine().snapshot()
+
+
 def test_round_trip_keeps_every_observable() -> None:
     machine = build_machine()
     restored = ShardStateMachine.restore(GOOD, SMALL)
@@ -151,23 +178,37 @@ def test_round_trip_keeps_every_observable() -> None:
     assert restored.compaction_point() is None
 
 
-def test_every_truncation_is_corrupt() -> None:
-    for length in range(len(GOOD)):
+@pytest.mark.parametrize("good", [GOOD, GOOD_V2], ids=["v1", "v2"])
+def test_every_truncation_is_corrupt(good: bytes) -> None:
+    for length in range(len(good)):
         with pytest.raises(SnapshotCorrupt):
-            ShardStateMachine.restore(GOOD[:length], SMALL)
+            ShardStateMachine.restore(good[:length], SMALL)
 
 
-def test_a_flip_of_any_byte_is_corrupt() -> None:
-    for position in range(len(GOOD)):
-        damaged = bytearray(GOOD)
+@pytest.mark.parametrize("good", [GOOD, GOOD_V2], ids=["v1", "v2"])
+def test_a_flip_of_any_byte_is_corrupt(good: bytes) -> None:
+    for position in range(len(good)):
+        damaged = bytearray(good)
         damaged[position] ^= 0x10
         with pytest.raises(SnapshotCorrupt):
             ShardStateMachine.restore(bytes(damaged), SMALL)
 
 
+def test_the_good_snapshots_have_versions_1_and_2() -> None:
+    assert GOOD[3] == SNAPSHOT_VERSION_1
+    assert GOOD_V2[3] == SNAPSHOT_VERSION_2
+    restored = ShardStateMachine.restore(GOOD_V2, SMALL)
+    assert restored.snapshot() == GOOD_V2
+    assert lsn_map(restored) == lsn_map(build_grouped_machine())
+
+
 def test_wrong_version_and_magic() -> None:
-    with pytest.raises(SnapshotCorrupt, match="unknown format version 2"):
+    with pytest.raises(SnapshotCorrupt, match=r"unknown format version 3 \(this build reads 1, 2"):
+        ShardStateMachine.restore(GOOD[:3] + b"\x03" + GOOD[4:], SMALL)
+    with pytest.raises(SnapshotCorrupt, match="10 fields, expected 11"):
         ShardStateMachine.restore(GOOD[:3] + b"\x02" + GOOD[4:], SMALL)
+    with pytest.raises(SnapshotCorrupt, match="11 fields, expected 10"):
+        ShardStateMachine.restore(GOOD_V2[:3] + b"\x01" + GOOD_V2[4:], SMALL)
     with pytest.raises(SnapshotCorrupt, match="bad magic"):
         ShardStateMachine.restore(b"LSC" + GOOD[3:], SMALL)
     with pytest.raises(SnapshotCorrupt, match="bad magic"):
@@ -187,11 +228,11 @@ def body_of(data: bytes) -> list[object]:
     return body
 
 
-def reframe(body: object, packed: bytes | None = None) -> bytes:
+def reframe(body: object, packed: bytes | None = None, version: int = SNAPSHOT_VERSION_1) -> bytes:
     if packed is None:
         packed = msgpack.packb(body, use_bin_type=True)
     assert isinstance(packed, bytes)
-    return FRAME_HEADER.pack(SNAPSHOT_MAGIC, SNAPSHOT_VERSION, xxh3(packed)) + packed
+    return FRAME_HEADER.pack(SNAPSHOT_MAGIC, version, xxh3(packed)) + packed
 
 
 def u64s(*values: int) -> bytes:
@@ -261,6 +302,83 @@ INVALID: list[tuple[str, object, str]] = [
     ("retained lsns, no entries", [*BASE[:8], b"", b""], "retained LSNs but no entries"),
     ("dedupe limits not ints", with_field(5, "3"), "dedupe limits are not integers"),
 ]
+
+
+# Version 2 base: as BASE, but raft 4 is an AppendGroup: client "a" (3 records, offsets 0-2),
+# a refused batch of 1 record (offset 3), client "b" (2 records, offsets 4-5), so two rows of
+# raft index 4 and two clients active at 4 ("a" first: batch order).
+BASE_V2: list[object] = [
+    10,
+    6,
+    2,
+    "h",
+    1,
+    3,
+    3,
+    [["a", 4, 0, [[1, 1, 3]]], ["b", 4, 0, [[1, 4, 2]]]],
+    u64s(4, 4),
+    u64s(3, 2),
+    u64s(0, 4),
+]
+
+
+def with_v2_field(position: int, value: object) -> list[object]:
+    body = list(BASE_V2)
+    body[position] = value
+    return body
+
+
+INVALID_V2: list[tuple[str, object, str]] = [
+    ("10 fields", BASE_V2[:10], "10 fields, expected 11"),
+    ("offsets not bin", with_v2_field(10, [0, 4]), "not bin"),
+    ("offsets differ", with_v2_field(10, u64s(0)), "differ in length"),
+    ("runs overlap", with_v2_field(10, u64s(0, 2)), "overlap"),
+    ("runs not maximal", with_v2_field(10, u64s(0, 3)), "overlap"),
+    ("runs out of order", with_v2_field(10, u64s(4, 0)), "overlap"),
+    ("offset past the end", with_v2_field(10, u64s(0, 65_535)), "past the entry's end"),
+    ("raft index 0", [*BASE_V2[:8], u64s(0, 4), u64s(3, 2), u64s(5, 0)], "out of order"),
+    (
+        "activity descends",
+        with_v2_field(7, [["a", 4, 0, [[1, 1, 3]]], ["b", 3, 0, [[1, 4, 2]]]]),
+        "activity 3 out of order",
+    ),
+    ("activity 0", with_v2_field(7, [["a", 0, 0, [[1, 1, 3]]]]), "activity 0 out of order"),
+    (
+        "fits version 1",
+        [*BASE[:10], u64s(0, 0)],
+        "not in canonical form",
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "body", "reason"), INVALID_V2, ids=[row[0] for row in INVALID_V2])
+def test_invalid_version_2_bodies(name: str, body: object, reason: str) -> None:
+    with pytest.raises(SnapshotCorrupt, match=reason):
+        ShardStateMachine.restore(reframe(body, version=SNAPSHOT_VERSION_2), SMALL)
+
+
+def test_the_version_2_base_body_is_valid() -> None:
+    data = reframe(BASE_V2, version=SNAPSHOT_VERSION_2)
+    machine = ShardStateMachine.restore(data, SMALL)
+    assert machine.snapshot() == data
+    assert machine.dedupe_clients() == ("a", "b")  # the array order: batch order in raft 4
+    assert machine.lsn_to_raft_index(2) == (4, 1)
+    assert machine.locate(2) == EntrySlice(4, 1, 2)
+    assert machine.locate(4) == EntrySlice(4, 4, 2)
+    assert machine.locate(5) == EntrySlice(4, 5, 1)
+    # The same order with the ids swapped is also a reachable state (batch "b" first).
+    swapped = [["b", 4, 0, [[1, 1, 3]]], ["a", 4, 0, [[1, 4, 2]]]]
+    other = ShardStateMachine.restore(reframe(with_v2_field(7, swapped), version=2), SMALL)
+    assert other.dedupe_clients() == ("b", "a")
+
+
+def test_version_1_refuses_tied_activities_and_shared_entries() -> None:
+    tied = with_field(7, [["a", 4, 0, [[1, 1, 3]]], ["b", 4, 0, [[1, 4, 2]]]])
+    with pytest.raises(SnapshotCorrupt, match="activity 4 out of order"):
+        ShardStateMachine.restore(reframe(tied), SMALL)
+    shared = with_field(8, u64s(4, 4))
+    with pytest.raises(SnapshotCorrupt, match="overlap"):
+        ShardStateMachine.restore(reframe(shared), SMALL)
 
 
 def test_the_base_body_is_valid() -> None:

@@ -1,0 +1,338 @@
+"""The logsvc client library: async `Client`, and `SyncClient` for scripts.
+
+    client = await connect(["127.0.0.1:7101", "127.0.0.1:7102"], token)
+    lsns = await client.append(1, [b"a", b"b"])        # -> [first, first + 1]
+    page = await client.read(1, lsns[0], 1 << 20)      # Records(records, first_lsn, next_lsn)
+    await client.close()
+
+* One connection per node, opened on first use, authenticated, pipelined: many requests in
+  flight, matched to responses by request id (at most `requests_inflight_max` per
+  connection; past that the call waits for a slot, bounded by its timeout).
+* Leader discovery: writes go to the shard's last known leader, else to any node; a
+  `NOT_LEADER` answer names the leader's data address and the client follows it.
+* Retries are bounded (`attempts_max`, with back-off) and reuse the same `(client_id, seq)`
+  for an append, so a retry after a timeout or a leader change gets the original LSNs back
+  instead of a duplicate (the shard deduplicates).
+* Errors are typed (`LogsvcError` subclasses) and carry what the caller needs to act.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import threading
+import uuid
+from collections.abc import Coroutine, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from logsvc.wire import messages as wire
+from logsvc.wire.frames import FrameDecoder, ProtocolError
+
+T = TypeVar("T")
+
+
+class LogsvcError(Exception):
+    """Base of every error the client raises."""
+
+
+class ServerError(LogsvcError):
+    """The server answered with an error; `code` says which."""
+
+    def __init__(self, response: wire.ErrorResponse) -> None:
+        super().__init__(f"{response.code.name}: {response.message}")
+        self.code = response.code
+        self.response = response
+
+
+class NotLeader(ServerError):
+    pass
+
+
+class Truncated(ServerError):
+    @property
+    def first_lsn(self) -> int | None:
+        return self.response.first_lsn
+
+
+class StaleEpoch(ServerError):
+    pass
+
+
+class Overloaded(ServerError):
+    pass
+
+
+class Unauthenticated(ServerError):
+    pass
+
+
+class Unavailable(LogsvcError):
+    """No node answered usefully within the attempts allowed."""
+
+
+_ERRORS: dict[wire.ErrorCode, type[ServerError]] = {
+    wire.ErrorCode.NOT_LEADER: NotLeader,
+    wire.ErrorCode.TRUNCATED: Truncated,
+    wire.ErrorCode.STALE_EPOCH: StaleEpoch,
+    wire.ErrorCode.OVERLOADED: Overloaded,
+    wire.ErrorCode.UNAUTHENTICATED: Unauthenticated,
+}
+# Answers after which the same request may be sent again (to the same or another node).
+_RETRYABLE = {
+    wire.ErrorCode.NOT_LEADER,
+    wire.ErrorCode.OVERLOADED,
+    wire.ErrorCode.OUTCOME_UNKNOWN,
+    wire.ErrorCode.UNAVAILABLE,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ClientOptions:
+    request_timeout_s: float = 10.0
+    attempts_max: int = 8
+    backoff_s_first: float = 0.05
+    backoff_s_max: float = 1.0
+    requests_inflight_max: int = 1024  # per connection
+    connect_timeout_s: float = 5.0
+
+
+class _Connection:
+    def __init__(self, address: str, token: str, options: ClientOptions) -> None:
+        self.address = address
+        self._token = token
+        self._options = options
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._pending: dict[int, asyncio.Future[object]] = {}
+        self._ids = itertools.count(1)
+        self._slots = asyncio.Semaphore(options.requests_inflight_max)
+        self._receiver: asyncio.Task[None] | None = None
+        self._lock = asyncio.Lock()
+        self.broken = False
+
+    async def ensure_open(self) -> None:
+        async with self._lock:
+            if self._writer is not None and not self.broken:
+                return
+            host, _, port = self.address.rpartition(":")
+            self._reader, self._writer = await asyncio.wait_for(
+                asyncio.open_connection(host, int(port)), self._options.connect_timeout_s
+            )
+            self.broken = False
+            self._receiver = asyncio.create_task(self._receive())
+        answer = await self.call(wire.Authenticate(self._token))
+        if isinstance(answer, wire.ErrorResponse):
+            await self.close()
+            raise _error(answer)
+
+    async def call(self, request: object) -> object:
+        async with self._slots:
+            assert self._writer is not None
+            request_id = next(self._ids)
+            future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+            self._pending[request_id] = future
+            try:
+                self._writer.write(wire.encode_request(request_id, request))  # type: ignore[arg-type]
+                await self._writer.drain()
+                return await asyncio.wait_for(future, self._options.request_timeout_s)
+            finally:
+                self._pending.pop(request_id, None)
+
+    async def _receive(self) -> None:
+        decoder = FrameDecoder()
+        assert self._reader is not None
+        try:
+            while True:
+                data = await self._reader.read(256 * 1024)
+                if not data:
+                    break
+                decoder.feed(data)
+                while (frame := decoder.next_frame()) is not None:
+                    future = self._pending.get(frame.request_id)
+                    if future is None or future.done():
+                        continue
+                    try:
+                        future.set_result(wire.decode_response(frame))
+                    except wire.BadResponse as exc:  # fails this request only
+                        future.set_exception(exc)
+        except (ConnectionError, ProtocolError):
+            pass
+        finally:
+            self.broken = True
+            for future in self._pending.values():
+                if not future.done():
+                    future.set_exception(ConnectionError(f"connection to {self.address} lost"))
+
+    async def close(self) -> None:
+        self.broken = True
+        if self._receiver is not None:
+            self._receiver.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._receiver
+        if self._writer is not None:
+            self._writer.close()
+            with contextlib.suppress(Exception):
+                await self._writer.wait_closed()
+            self._writer = None
+
+
+class Client:
+    def __init__(
+        self, addresses: Sequence[str], token: str, options: ClientOptions, client_id: str
+    ) -> None:
+        assert addresses, "at least one node address"
+        self._addresses = list(addresses)
+        self._token = token
+        self._options = options
+        self.client_id = client_id
+        self._seq = itertools.count(1)
+        self._connections: dict[str, _Connection] = {}
+        self._leaders: dict[int, str] = {}
+
+    # ------------------------------------------------------------------ operations
+
+    async def append(self, shard: int, payloads: Sequence[bytes], *, epoch: int = 0) -> list[int]:
+        """Append records atomically as one batch; return their LSNs (consecutive)."""
+        request = wire.Append(shard, tuple(payloads), self.client_id, next(self._seq), epoch)
+        answer = await self._leader_call(shard, request)
+        assert isinstance(answer, wire.Appended), answer
+        return list(range(answer.first_lsn, answer.first_lsn + answer.count))
+
+    async def read(self, shard: int, lsn: int, max_bytes: int) -> wire.Records:
+        answer = await self._any_call(shard, wire.Read(shard, lsn, max_bytes))
+        assert isinstance(answer, wire.Records), answer
+        return answer
+
+    async def tail(self, shard: int, lsn: int, max_bytes: int, wait_ms: int) -> wire.Records:
+        answer = await self._leader_call(shard, wire.Tail(shard, lsn, max_bytes, wait_ms))
+        assert isinstance(answer, wire.Records), answer
+        return answer
+
+    async def truncate(self, shard: int, lsn: int) -> int:
+        answer = await self._leader_call(shard, wire.Truncate(shard, lsn))
+        assert isinstance(answer, wire.TruncatedTo), answer
+        return answer.first_lsn
+
+    async def acquire_lease(self, shard: int, holder: str, epoch: int) -> wire.LeaseGranted:
+        answer = await self._leader_call(shard, wire.AcquireLease(shard, holder, epoch))
+        assert isinstance(answer, wire.LeaseGranted), answer
+        return answer
+
+    async def status(self, shard: int) -> wire.ShardStatus:
+        answer = await self._leader_call(shard, wire.Status(shard), require_leader=False)
+        assert isinstance(answer, wire.ShardStatus), answer
+        return answer
+
+    async def close(self) -> None:
+        for connection in self._connections.values():
+            await connection.close()
+        self._connections.clear()
+
+    # ------------------------------------------------------------------ routing
+
+    async def _leader_call(
+        self, shard: int, request: object, *, require_leader: bool = True
+    ) -> object:
+        """Send to the shard's leader, following NOT_LEADER hints, retrying the same request
+        (bounded) on retryable answers and lost connections."""
+        delay = self._options.backoff_s_first
+        last: BaseException | None = None
+        candidates = itertools.cycle(self._addresses)
+        for _ in range(self._options.attempts_max):
+            address = self._leaders.get(shard) or next(candidates)
+            try:
+                answer = await self._call(address, request)
+            except (OSError, ConnectionError, TimeoutError) as exc:
+                last = exc
+                self._leaders.pop(shard, None)
+            else:
+                if not isinstance(answer, wire.ErrorResponse):
+                    if require_leader:
+                        self._leaders[shard] = address
+                    return answer
+                if answer.code not in _RETRYABLE:
+                    raise _error(answer)
+                last = _error(answer)
+                if answer.code == wire.ErrorCode.NOT_LEADER and answer.leader_hint:
+                    self._leaders[shard] = answer.leader_hint
+                    continue  # follow the hint at once
+                self._leaders.pop(shard, None)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self._options.backoff_s_max)
+        raise Unavailable(f"shard {shard}: no usable answer after retries: {last}") from last
+
+    async def _any_call(self, shard: int, request: object) -> object:
+        """Committed reads: any replica may answer; prefer the leader we know."""
+        return await self._leader_call(shard, request, require_leader=False)
+
+    async def _call(self, address: str, request: object) -> object:
+        connection = self._connections.get(address)
+        if connection is None or connection.broken:
+            if connection is not None:
+                await connection.close()
+            connection = _Connection(address, self._token, self._options)
+            self._connections[address] = connection
+        await connection.ensure_open()
+        return await connection.call(request)
+
+
+def _error(response: wire.ErrorResponse) -> ServerError:
+    return _ERRORS.get(response.code, ServerError)(response)
+
+
+async def connect(
+    addresses: Sequence[str],
+    token: str,
+    *,
+    options: ClientOptions | None = None,
+    client_id: str | None = None,
+) -> Client:
+    """A client for the nodes at `addresses` ("host:port" of their data planes). Each
+    client has its own id (random unless given): its appends are deduplicated per id."""
+    return Client(addresses, token, options or ClientOptions(), client_id or uuid.uuid4().hex)
+
+
+class SyncClient:
+    """The same operations, blocking, for scripts and the CLI. Runs its own event loop on a
+    private thread; every call is bounded by the request timeout times the attempts."""
+
+    def __init__(
+        self, addresses: Sequence[str], token: str, options: ClientOptions | None = None
+    ) -> None:
+        self._options = options or ClientOptions()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+        self._client: Client = self._run(connect(addresses, token, options=self._options))
+
+    def _run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        future: Future[T] = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+        bound = self._options.request_timeout_s * self._options.attempts_max + 10
+        return future.result(bound)
+
+    def append(self, shard: int, payloads: Sequence[bytes], *, epoch: int = 0) -> list[int]:
+        return self._run(self._client.append(shard, payloads, epoch=epoch))
+
+    def read(self, shard: int, lsn: int, max_bytes: int) -> wire.Records:
+        return self._run(self._client.read(shard, lsn, max_bytes))
+
+    def tail(self, shard: int, lsn: int, max_bytes: int, wait_ms: int) -> wire.Records:
+        return self._run(self._client.tail(shard, lsn, max_bytes, wait_ms))
+
+    def truncate(self, shard: int, lsn: int) -> int:
+        return self._run(self._client.truncate(shard, lsn))
+
+    def acquire_lease(self, shard: int, holder: str, epoch: int) -> wire.LeaseGranted:
+        return self._run(self._client.acquire_lease(shard, holder, epoch))
+
+    def status(self, shard: int) -> wire.ShardStatus:
+        return self._run(self._client.status(shard))
+
+    def close(self) -> None:
+        self._run(self._client.close())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._loop.close()

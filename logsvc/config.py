@@ -1,0 +1,966 @@
+"""The node configuration: one TOML file per node, loaded into frozen dataclasses.
+
+    logsvc serve --config /etc/logsvc/n1.toml
+
+`load_node_config(path)` reads and checks the file; `parse_node_config(data, source=...)`
+checks an already-parsed TOML document (it touches the file system only to read
+`secret_file` / `token_file`, through a reader that tests may replace). Every problem is a
+`ConfigError` whose message names the key path and the rule:
+
+    config error: shards[1].replicas: must list 3 or 5 distinct node ids (got 2)
+
+Key paths are dotted, with 0-based indexes into arrays of tables (`cluster.nodes[0].id`);
+a problem with a whole file names the file instead. The CLI prints the message (no
+traceback) and exits 2 (`main_config_error`). Validation stops at the first problem, in
+file order: unknown keys of a table are reported before its values.
+
+Schema (the documented examples are in `configs/`; only [node] differs between the
+files of one cluster, every other section must be identical on every node):
+
+    [node]           id, data_dir, log_level = "info" (debug|info|warning|error)
+    [cluster]        secret | secret_file (exactly one), token | token_file (exactly one)
+    [[cluster.nodes]] id, data_address, admin_address, raft_host, raft_port_base
+    [[shards]]       id, replicas (3 or 5 distinct ids of cluster.nodes)
+    [limits.store]   optional, the fields of `StoreLimits` (validated by it)
+    [limits.shard]   optional, the fields of `ShardLimits` (identical on every node!)
+    [limits.server]  optional, the fields of `ServerLimits` below
+    [raft]           optional, election_timeout_ms_min/max, heartbeat_ms,
+                     leader_fallback_ms, connection_timeout_ms (`RaftConfig`)
+
+Rules beyond each key's own (why, in the comments where they are checked):
+* unknown keys are errors everywhere (pysyncobj silently ignores unknown settings; a typo
+  in a timeout must not silently run with the default), with a "did you mean";
+* TOML types are checked and a boolean is never an integer;
+* addresses are "host:port" (IPv6 as "[::1]:7101"), ports 1..65535, no wildcard hosts:
+  each address is where the node listens *and* where others connect;
+* the Raft port of a replica is `raft_port_base + shard id` on `raft_host`; every
+  (host, port) of the cluster (data, admin, and the Raft port of every node for every
+  shard) is distinct;
+* relative paths (`data_dir`, `*_file`) are resolved against the config file's directory;
+* secrets (ARCHITECTURE.md §9): the cluster secret guards the Raft port, which executes
+  pickles, so it is mandatory, at least 16 characters, and differs from the token (which
+  clients hold). A file holding a secret (the config file with an inline `secret` or
+  `token`, a `secret_file`, a `token_file`) must not be readable or writable by group or
+  others: the error names the file and `chmod 600`. Secret values never appear in errors
+  or in `repr()`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import ipaddress
+import json
+import math
+import os
+import re
+import stat
+import sys
+import tomllib
+import typing
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import date, datetime, time
+from typing import TYPE_CHECKING, Final, TypeVar
+
+from logsvc.shard.limits import DEFAULT_SHARD_LIMITS, ShardLimits
+from logsvc.shard.raft import RaftConfig
+from logsvc.shard.replica import ReplicaConfig
+from logsvc.store.limits import StoreLimits
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+KIB = 1024
+MIB = 1024 * KIB
+
+EXIT_CONFIG_ERROR = 2
+
+# A config file is a few KiB and a secret file a few dozen bytes; every read is bounded.
+CONFIG_FILE_BYTES_MAX = 1 * MIB
+SECRET_FILE_BYTES_MAX = 64 * KIB
+
+# Secrets and tokens: long enough not to be guessed, short enough to be a secret and not
+# a misplaced file. Surrounding whitespace is ignored (a file ends with a newline).
+SECRET_CHARS_MIN = 16
+SECRET_CHARS_MAX = 4096
+
+# Group and others may neither read nor write a file holding a secret: reading leaks it,
+# writing lets someone substitute a secret they know.
+SECRET_FILE_MODE_FORBIDDEN = stat.S_IRGRP | stat.S_IWGRP | stat.S_IROTH | stat.S_IWOTH
+
+LOG_LEVELS: Final = ("debug", "info", "warning", "error")
+
+# An even replica count tolerates no more failures than the odd count below it, and
+# needs a bigger quorum (Raft §5.2), so a shard has 3 or 5 replicas.
+REPLICA_COUNTS: Final = (3, 5)
+
+PORT_MAX = 65535
+
+# Bounds on the config itself, so the port check (nodes x shards ports) stays small.
+NODES_MAX = 128
+SHARDS_MAX = 4096
+
+# No Raft timing is sensibly above an hour; a bigger number is a unit mistake.
+RAFT_MS_MAX = 3_600_000
+
+NODE_ID_CHARS_MAX = 64
+_NODE_ID = re.compile(rf"[A-Za-z0-9][A-Za-z0-9_.-]{{0,{NODE_ID_CHARS_MAX - 1}}}")
+_HOSTNAME = re.compile(
+    r"(?=.{1,253}\Z)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+    r"(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*"
+)
+_PORT = re.compile(r"[0-9]{1,5}")
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+_TOML_POSITION = re.compile(r"\s*\(at (line \d+, column \d+|end of document)\)\Z")
+
+
+class ConfigError(Exception):
+    """An invalid node configuration.
+
+    `key` is the key path (`shards[1].replicas`), or the file's path for a problem with a
+    whole file (unreadable, bad TOML, too permissive); `rule` says what is required.
+    """
+
+    def __init__(self, key: str, rule: str) -> None:
+        super().__init__(f"config error: {key}: {rule}")
+        self.key = key
+        self.rule = rule
+
+
+def main_config_error(exc: ConfigError) -> int:
+    """For the CLI: print the message (no traceback) to stderr; return the exit code, 2."""
+    print(exc, file=sys.stderr)
+    return EXIT_CONFIG_ERROR
+
+
+# ---------------------------------------------------------------------------- the values
+
+
+@dataclass(frozen=True, slots=True)
+class ServerLimits:
+    """The data plane's limits (issue 4), with units and reasons.
+
+    Defined here until the data-plane server exists; its owner may move the class into the
+    server package's own `limits.py` (the loader only needs the fields and `validate()`).
+    """
+
+    # Client connections served at once; one more is refused with Overloaded.
+    connections_max: int = 1024
+
+    # Requests read from one connection and not yet answered (pipelining). At the limit
+    # the server stops reading that socket, so TCP pushes back on the client.
+    inflight_requests_per_connection_max: int = 256
+
+    # The largest frame body, checked from the header before the body is read. A frame
+    # must be able to carry one record of the largest size a shard accepts.
+    frame_body_bytes_max: int = 16 * MIB
+
+    # Server-side group commit: concurrent appends to one shard are packed into one Raft
+    # entry of at most this many payload bytes (at most the shard's group_bytes_max)...
+    batch_bytes_max: int = 1 * MIB
+    # ...waiting at most this long for more appends once the first one is queued. 0 = no
+    # added wait: appends that arrive while a batch is being proposed form the next one.
+    batch_delay_ms_max: int = 0
+
+    # Appends waiting for their shard's next batch; past it an append gets Overloaded
+    # instead of being buffered.
+    appends_queued_per_shard_max: int = 10_000
+
+    # The longest a tail read (long poll) may wait for new records.
+    tail_wait_ms_max: int = 30_000
+
+    def validate(self, shard_limits: ShardLimits = DEFAULT_SHARD_LIMITS) -> ServerLimits:
+        """Check each value and the relations; raise ValueError naming the field."""
+        for limit in dataclasses.fields(self):
+            value = getattr(self, limit.name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ValueError(f"{limit.name}: must be an integer, got {value!r}")
+            if value < 0 or (value == 0 and limit.name != "batch_delay_ms_max"):
+                raise ValueError(f"{limit.name}: must be positive, got {value}")
+        if self.batch_bytes_max > shard_limits.group_bytes_max:
+            raise ValueError(
+                f"batch_bytes_max: must be at most the shard's group_bytes_max "
+                f"({shard_limits.group_bytes_max}), got {self.batch_bytes_max}"
+            )
+        if self.frame_body_bytes_max < shard_limits.record_bytes_max:
+            raise ValueError(
+                f"frame_body_bytes_max: must be at least the shard's record_bytes_max "
+                f"({shard_limits.record_bytes_max}), so one record of the largest size "
+                f"fits in a frame; got {self.frame_body_bytes_max}"
+            )
+        if self.frame_body_bytes_max >= 2**32:
+            raise ValueError("frame_body_bytes_max: must be below 2**32 (a u32 length)")
+        return self
+
+
+DEFAULT_SERVER_LIMITS = ServerLimits().validate()
+
+RAFT_KEYS: Final = (
+    "election_timeout_ms_min",
+    "election_timeout_ms_max",
+    "heartbeat_ms",
+    "leader_fallback_ms",
+    "connection_timeout_ms",
+)
+_RAFT_DEFAULTS: Final = {
+    f.name: f.default
+    for f in dataclasses.fields(RaftConfig)
+    if f.name in RAFT_KEYS and isinstance(f.default, int)
+}
+assert set(_RAFT_DEFAULTS) == set(RAFT_KEYS), "RaftConfig changed: update RAFT_KEYS"
+
+
+@dataclass(frozen=True, slots=True)
+class RaftTimings:
+    """The [raft] section: the per-node settings of every shard's Raft group. Defaults are
+    `RaftConfig`'s (logsvc/shard/raft.py says why each is what it is)."""
+
+    election_timeout_ms_min: int = _RAFT_DEFAULTS["election_timeout_ms_min"]
+    election_timeout_ms_max: int = _RAFT_DEFAULTS["election_timeout_ms_max"]
+    heartbeat_ms: int = _RAFT_DEFAULTS["heartbeat_ms"]
+    leader_fallback_ms: int = _RAFT_DEFAULTS["leader_fallback_ms"]
+    connection_timeout_ms: int = _RAFT_DEFAULTS["connection_timeout_ms"]
+
+    def raft_config(
+        self, self_address: str, peers: Sequence[str], secret: str, snapshot_path: str
+    ) -> RaftConfig:
+        return RaftConfig(
+            self_address=self_address,
+            peers=tuple(peers),
+            secret=secret,
+            snapshot_path=snapshot_path,
+            election_timeout_ms_min=self.election_timeout_ms_min,
+            election_timeout_ms_max=self.election_timeout_ms_max,
+            heartbeat_ms=self.heartbeat_ms,
+            leader_fallback_ms=self.leader_fallback_ms,
+            connection_timeout_ms=self.connection_timeout_ms,
+        ).validate()
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterNode:
+    """One [[cluster.nodes]] entry."""
+
+    id: str
+    data_address: str  # "host:port" as written (an IPv6 host in brackets)
+    admin_address: str  # "host:port"
+    raft_host: str  # a bare host (IPv6 without brackets)
+    raft_port_base: int  # the Raft port of shard s on this node is raft_port_base + s
+
+    def raft_address(self, shard_id: int) -> str:
+        """The replica's Raft address in pysyncobj's form: pysyncobj splits "host:port" at
+        the last colon and resolves the host as is, so an IPv6 host has no brackets."""
+        port = self.raft_port_base + shard_id
+        assert 1 <= port <= PORT_MAX
+        return f"{self.raft_host}:{port}"
+
+
+@dataclass(frozen=True, slots=True)
+class ShardConfig:
+    """One [[shards]] entry: the replicas a shard is created with."""
+
+    id: int
+    replicas: tuple[str, ...]  # node ids, in file order
+
+
+@dataclass(frozen=True, slots=True)
+class NodeConfig:
+    """A validated node configuration. Paths are absolute; secrets are loaded."""
+
+    source: str  # the config file (or the label given to parse_node_config)
+    node_id: str
+    data_dir: str
+    log_level: str  # one of LOG_LEVELS
+    nodes: tuple[ClusterNode, ...]
+    shards: tuple[ShardConfig, ...]
+    store_limits: StoreLimits
+    shard_limits: ShardLimits
+    server_limits: ServerLimits
+    raft: RaftTimings
+    # Never in repr() (and so never in a log line that prints the config).
+    secret: str = field(repr=False)  # the cluster secret: pysyncobj's password
+    token: str = field(repr=False)  # the data plane and admin token
+
+    @property
+    def node(self) -> ClusterNode:
+        """This node's [[cluster.nodes]] entry."""
+        return self.node_by_id(self.node_id)
+
+    def node_by_id(self, node_id: str) -> ClusterNode:
+        for node in self.nodes:
+            if node.id == node_id:
+                return node
+        raise KeyError(f"no node {node_id!r} in cluster.nodes")
+
+    def shard(self, shard_id: int) -> ShardConfig:
+        for shard in self.shards:
+            if shard.id == shard_id:
+                return shard
+        raise KeyError(f"no shard {shard_id} in shards")
+
+    def shards_hosted(self) -> list[ShardConfig]:
+        """The shards with a replica on this node, in file order."""
+        return [shard for shard in self.shards if self.node_id in shard.replicas]
+
+    def raft_address(self, node_id: str, shard_id: int) -> str:
+        """The Raft address of `node_id`'s replica of `shard_id`."""
+        return self.node_by_id(node_id).raft_address(shard_id)
+
+    def shard_data_dir(self, shard_id: int) -> str:
+        """This node's directory for one shard replica: journal/ and snapshot inside."""
+        return os.path.join(self.data_dir, "shards", str(shard_id))
+
+    def raft_config_for(self, shard_id: int) -> RaftConfig:
+        """The Raft settings of this node's replica of `shard_id` (KeyError if this node
+        hosts none): its own address, the other replicas' addresses, the cluster secret."""
+        shard = self.shard(shard_id)
+        if self.node_id not in shard.replicas:
+            raise KeyError(f"shard {shard_id} has no replica on node {self.node_id!r}")
+        return self.raft.raft_config(
+            self_address=self.raft_address(self.node_id, shard_id),
+            peers=[self.raft_address(n, shard_id) for n in shard.replicas if n != self.node_id],
+            secret=self.secret,
+            snapshot_path=os.path.join(self.shard_data_dir(shard_id), "snapshot"),
+        )
+
+    def replica_config_for(self, shard_id: int) -> ReplicaConfig:
+        """Everything `ShardReplica` needs to open this node's replica of `shard_id`."""
+        return ReplicaConfig(
+            data_dir=self.shard_data_dir(shard_id),
+            raft=self.raft_config_for(shard_id),
+            store_limits=self.store_limits,
+            shard_limits=self.shard_limits,
+        )
+
+
+# --------------------------------------------------------------------------- loading
+
+# Reads a secret file: (absolute path, key path for errors) -> contents, stripped.
+SecretReader = Callable[[str, str], str]
+
+
+def load_node_config(path: str) -> NodeConfig:
+    """Read, parse and validate the node configuration at `path`."""
+    data_bytes, mode = _read_private_candidate(path, path, CONFIG_FILE_BYTES_MAX)
+    try:
+        text = data_bytes.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(path, f"is not UTF-8 text (bad byte at offset {exc.start})") from None
+    try:
+        document = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(path, _toml_error_rule(exc)) from None
+    inline = _inline_secret_keys(document)
+    if inline and mode & SECRET_FILE_MODE_FORBIDDEN:
+        raise ConfigError(
+            path,
+            f"holds {' and '.join(inline)} but is readable or writable by group or others "
+            f"(mode {stat.S_IMODE(mode):04o}); run `chmod 600 {path}`, or move the value "
+            "to a file named by secret_file / token_file",
+        )
+    return parse_node_config(document, source=path)
+
+
+def read_secret_file(path: str, key: str) -> str:
+    """The default `SecretReader`: the file's contents, stripped, from a regular file that
+    group and others can neither read nor write."""
+    data, mode = _read_private_candidate(path, key, SECRET_FILE_BYTES_MAX, label=path)
+    if mode & SECRET_FILE_MODE_FORBIDDEN:
+        raise ConfigError(
+            key,
+            f"{path} is readable or writable by group or others "
+            f"(mode {stat.S_IMODE(mode):04o}); run `chmod 600 {path}`",
+        )
+    try:
+        return data.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        raise ConfigError(key, f"{path} is not UTF-8 text") from None
+
+
+def _read_private_candidate(
+    path: str, key: str, bytes_max: int, *, label: str = ""
+) -> tuple[bytes, int]:
+    """(contents, st_mode) of a regular file of at most `bytes_max` bytes. The mode comes
+    from the open descriptor, so it is the mode of the file actually read."""
+    prefix = f"{label}: " if label else ""
+    try:
+        # O_NONBLOCK: opening a FIFO must not hang the daemon; it is refused just below.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ConfigError(key, f"{prefix}cannot open: {exc.strerror}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise ConfigError(key, f"{prefix}is not a regular file")
+        chunks: list[bytes] = []
+        size = 0
+        while size <= bytes_max:  # bounded: stops one byte past the limit, or at EOF
+            chunk = os.read(fd, bytes_max + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError as exc:
+        raise ConfigError(key, f"{prefix}cannot read: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    if len(data) > bytes_max:
+        raise ConfigError(key, f"{prefix}is larger than {bytes_max} bytes")
+    return data, mode
+
+
+def _toml_error_rule(exc: tomllib.TOMLDecodeError) -> str:
+    # Python 3.11's tomllib puts the position at the end of the message only.
+    message = str(exc)
+    found = _TOML_POSITION.search(message)
+    if found is None:
+        return f"invalid TOML: {message}"
+    return f"invalid TOML at {found.group(1)}: {message[: found.start()]}"
+
+
+def _inline_secret_keys(document: Mapping[str, object]) -> list[str]:
+    cluster = document.get("cluster")
+    if not isinstance(cluster, dict):
+        return []
+    return [f"cluster.{name}" for name in ("secret", "token") if name in cluster]
+
+
+# --------------------------------------------------------------------------- parsing
+
+TOP_KEYS: Final = ("node", "cluster", "shards", "limits", "raft")
+NODE_KEYS: Final = ("id", "data_dir", "log_level")
+CLUSTER_KEYS: Final = ("secret", "secret_file", "token", "token_file", "nodes")
+CLUSTER_NODE_KEYS: Final = ("id", "data_address", "admin_address", "raft_host", "raft_port_base")
+SHARD_KEYS: Final = ("id", "replicas")
+LIMITS_KEYS: Final = ("store", "shard", "server")
+
+
+def parse_node_config(
+    data: Mapping[str, object],
+    *,
+    source: str,
+    read_secret: SecretReader = read_secret_file,
+) -> NodeConfig:
+    """Validate a parsed TOML document (a dict from `tomllib`) completely.
+
+    `source` is the config file's path: relative paths in the document are resolved
+    against its directory. `read_secret` reads `secret_file` / `token_file`.
+    """
+    base_dir = os.path.dirname(os.path.abspath(source))
+    root = _Table(data, "", TOP_KEYS)
+
+    node = root.table("node", NODE_KEYS)
+    node_id = _node_id(node, "id")
+    data_dir = _path(node, "data_dir", base_dir)
+    log_level = node.string("log_level", default="info")
+    if log_level not in LOG_LEVELS:
+        raise ConfigError(
+            node.key("log_level"), f"must be one of {', '.join(LOG_LEVELS)} (got {log_level!r})"
+        )
+
+    cluster = root.table("cluster", CLUSTER_KEYS)
+    secret = _secret(cluster, "secret", base_dir, read_secret)
+    token = _secret(cluster, "token", base_dir, read_secret)
+    token_key = cluster.key("token_file" if "token_file" in cluster else "token")
+    if not all(0x21 <= ord(char) <= 0x7E for char in token):
+        # It travels in an HTTP Authorization header and in data-plane frames.
+        raise ConfigError(token_key, "must be printable ASCII without spaces")
+    if token == secret:
+        # Every client holds the token; the secret guards the Raft port, which executes
+        # pickles. Sharing one value would hand clients the Raft port.
+        raise ConfigError(token_key, "must differ from the cluster secret")
+    nodes = _cluster_nodes(cluster)
+
+    if node_id not in {n.id for n in nodes}:
+        raise ConfigError(
+            node.key("id"),
+            f"{node_id!r} is not one of the ids in cluster.nodes "
+            f"({', '.join(n.id for n in nodes)})",
+        )
+
+    shards = _shards(root, nodes)
+    _check_ports(cluster, nodes, shards)
+
+    limits = root.optional_table("limits", LIMITS_KEYS)
+    store_limits = _limits(limits, "store", StoreLimits, lambda x: x.validate())
+    shard_limits = _limits(
+        limits,
+        "shard",
+        ShardLimits,
+        lambda x: x.validate(store_limits.record_payload_bytes_max),
+    )
+    server_limits = _limits(limits, "server", ServerLimits, lambda x: x.validate(shard_limits))
+    raft = _raft(root.optional_table("raft", RAFT_KEYS), secret)
+
+    return NodeConfig(
+        source=source,
+        node_id=node_id,
+        data_dir=data_dir,
+        log_level=log_level,
+        nodes=nodes,
+        shards=shards,
+        store_limits=store_limits,
+        shard_limits=shard_limits,
+        server_limits=server_limits,
+        raft=raft,
+        secret=secret,
+        token=token,
+    )
+
+
+def _node_id(table: _Table, name: str) -> str:
+    value = table.string(name)
+    if not _NODE_ID.fullmatch(value):
+        raise ConfigError(
+            table.key(name),
+            f"must be 1 to {NODE_ID_CHARS_MAX} letters, digits, '_', '-' or '.', starting "
+            f"with a letter or digit (got {value!r})",
+        )
+    return value
+
+
+def _path(table: _Table, name: str, base_dir: str) -> str:
+    value = table.string(name)
+    if not value or "\0" in value:
+        raise ConfigError(table.key(name), "must be a non-empty path")
+    return os.path.normpath(os.path.join(base_dir, value))
+
+
+def _secret(cluster: _Table, name: str, base_dir: str, read_secret: SecretReader) -> str:
+    """`name` inline or `name_file`: exactly one of them."""
+    file_name = f"{name}_file"
+    if name in cluster and file_name in cluster:
+        raise ConfigError(cluster.key(name), f"set either {name} or {file_name}, not both")
+    if name not in cluster and file_name not in cluster:
+        raise ConfigError(
+            cluster.key(name),
+            f"required: set {file_name} (a file holding it, mode 600) or {name}",
+        )
+    if file_name in cluster:
+        key = cluster.key(file_name)
+        path = _path(cluster, file_name, base_dir)
+        value = read_secret(path, key)
+        where = f"the {name} in {path} "
+    else:
+        key = cluster.key(name)
+        value = cluster.string(name).strip()
+        where = ""
+    if not SECRET_CHARS_MIN <= len(value) <= SECRET_CHARS_MAX:
+        raise ConfigError(
+            key,
+            f"{where}must be {SECRET_CHARS_MIN} to {SECRET_CHARS_MAX} characters "
+            f"(got {len(value)})",
+        )
+    return value
+
+
+def _cluster_nodes(cluster: _Table) -> tuple[ClusterNode, ...]:
+    tables = cluster.tables("nodes", CLUSTER_NODE_KEYS)
+    if not 1 <= len(tables) <= NODES_MAX:
+        raise ConfigError(
+            cluster.key("nodes"), f"must list 1 to {NODES_MAX} nodes (got {len(tables)})"
+        )
+    nodes: list[ClusterNode] = []
+    seen: set[str] = set()
+    for table in tables:
+        node_id = _node_id(table, "id")
+        if node_id in seen:
+            raise ConfigError(table.key("id"), f"duplicate node id {node_id!r}")
+        seen.add(node_id)
+        data_address = _address(table, "data_address")
+        admin_address = _address(table, "admin_address")
+        raft_host = _raft_host(table, "raft_host")
+        raft_port_base = table.integer("raft_port_base")
+        if not 0 <= raft_port_base < PORT_MAX:
+            raise ConfigError(
+                table.key("raft_port_base"),
+                f"must be in 0..{PORT_MAX - 1} (got {raft_port_base})",
+            )
+        nodes.append(ClusterNode(node_id, data_address, admin_address, raft_host, raft_port_base))
+    return tuple(nodes)
+
+
+def _shards(root: _Table, nodes: Sequence[ClusterNode]) -> tuple[ShardConfig, ...]:
+    tables = root.tables("shards", SHARD_KEYS)
+    if not 1 <= len(tables) <= SHARDS_MAX:
+        raise ConfigError("shards", f"must list 1 to {SHARDS_MAX} shards (got {len(tables)})")
+    known = [n.id for n in nodes]
+    shards: list[ShardConfig] = []
+    seen: set[int] = set()
+    for table in tables:
+        shard_id = table.integer("id")
+        if shard_id < 1:
+            raise ConfigError(table.key("id"), f"must be a positive integer (got {shard_id})")
+        if shard_id in seen:
+            raise ConfigError(table.key("id"), f"duplicate shard id {shard_id}")
+        seen.add(shard_id)
+        replicas = table.strings("replicas")
+        for index, replica in enumerate(replicas):
+            if replica not in known:
+                raise ConfigError(
+                    f"{table.key('replicas')}[{index}]",
+                    f"unknown node id {replica!r} (cluster.nodes has {', '.join(known)})",
+                )
+        distinct = len(set(replicas))
+        if distinct != len(replicas) or distinct not in REPLICA_COUNTS:
+            repeated = sorted({r for r in replicas if replicas.count(r) > 1})
+            got = f"{distinct}"
+            if repeated:
+                got = f"{len(replicas)}, with {', '.join(map(repr, repeated))} repeated"
+            raise ConfigError(
+                table.key("replicas"), f"must list 3 or 5 distinct node ids (got {got})"
+            )
+        shards.append(ShardConfig(shard_id, tuple(replicas)))
+    return tuple(shards)
+
+
+def _check_ports(
+    cluster: _Table, nodes: Sequence[ClusterNode], shards: Sequence[ShardConfig]
+) -> None:
+    """Every (host, port) this cluster listens on is distinct.
+
+    Raft ports are checked for every node and every shard, not only the replicas placed
+    today, so a membership change can put a replica of any shard on any node.
+    """
+    used: dict[tuple[str, int], str] = {}  # (host, port) -> who uses it
+
+    def claim(host: str, port: int, key: str, user: str) -> None:
+        where = (_host_identity(host), port)
+        other = used.get(where)
+        if other is not None:
+            what = f"{user}: port" if user else "port"
+            raise ConfigError(key, f"{what} {port} on {host} is also used by {other}")
+        used[where] = f"{key} ({user})" if user else key
+
+    nodes_key = cluster.key("nodes")
+    for index, node in enumerate(nodes):
+        for name in ("data_address", "admin_address"):
+            host, port = _split_address(getattr(node, name))
+            claim(host, port, f"{nodes_key}[{index}].{name}", "")
+    shard_id_max = max(shard.id for shard in shards)
+    for index, node in enumerate(nodes):
+        key = f"{nodes_key}[{index}].raft_port_base"
+        if node.raft_port_base + shard_id_max > PORT_MAX:
+            raise ConfigError(
+                key,
+                f"raft_port_base + shard id must be at most {PORT_MAX} "
+                f"(shard {shard_id_max} gives {node.raft_port_base + shard_id_max})",
+            )
+        for shard in shards:
+            port = node.raft_port_base + shard.id
+            claim(node.raft_host, port, key, f"Raft port of shard {shard.id}")
+
+
+_L = TypeVar("_L", bound="DataclassInstance")
+
+
+def _limits(
+    limits: _Table | None, name: str, cls: type[_L], validate: Callable[[_L], object]
+) -> _L:
+    """One [limits.<name>] table: exactly the fields of the limits class `cls` (each an int,
+    or an int or float where the field is a float), then `cls`'s own checks. Any frozen
+    dataclass of numbers with a `validate()` raising "field: rule" fits here."""
+    names = tuple(limit.name for limit in dataclasses.fields(cls))
+    hints = typing.get_type_hints(cls)
+    path = _join("limits", name)
+    table = None if limits is None else limits.optional_table(name, names)
+    values: dict[str, float] = {}
+    for field_name in names:
+        if table is not None and field_name in table:
+            hint = hints[field_name]
+            assert hint in (int, float), f"{cls.__name__}.{field_name}: int or float only"
+            is_float = hint is float
+            values[field_name] = table.number(field_name) if is_float else table.integer(field_name)
+    result = cls(**values)
+    try:
+        validate(result)
+    except ValueError as exc:
+        raise _config_error_of(path, names, exc) from None
+    return result
+
+
+def _raft(table: _Table | None, secret: str) -> RaftTimings:
+    values: dict[str, int] = {}
+    if table is not None:
+        for name in RAFT_KEYS:
+            if name in table:
+                value = table.integer(name)
+                if not 1 <= value <= RAFT_MS_MAX:
+                    raise ConfigError(
+                        table.key(name), f"must be in 1..{RAFT_MS_MAX} ms (got {value})"
+                    )
+                values[name] = value
+    timings = RaftTimings(**values)
+    try:
+        # RaftConfig holds the rules relating the timings; check them now, not at start.
+        timings.raft_config("127.0.0.1:1", (), secret, "")
+    except ValueError as exc:
+        raise _config_error_of("raft", RAFT_KEYS, exc) from None
+    return timings
+
+
+def _config_error_of(path: str, names: Sequence[str], exc: ValueError) -> ConfigError:
+    """Map a limits class's ValueError ("field: rule", or RaftConfig's "raft: field rule")
+    to a ConfigError on the key path of the field."""
+    message = str(exc)
+    head, sep, rest = message.partition(": ")
+    if sep and head in names:
+        return ConfigError(_join(path, head), rest)
+    if sep and head == "raft":
+        word, _, tail = rest.partition(" ")
+        if word in names and tail:
+            return ConfigError(_join(path, word), tail)
+    return ConfigError(path, message)
+
+
+# ---------------------------------------------------------------- addresses and hosts
+
+
+def _address(table: _Table, name: str) -> str:
+    value = table.string(name)
+    try:
+        host, _ = _split_address(value)
+    except ValueError as exc:
+        raise ConfigError(table.key(name), str(exc)) from None
+    problem = _host_problem(host)
+    if problem:
+        raise ConfigError(table.key(name), problem)
+    return value
+
+
+def _raft_host(table: _Table, name: str) -> str:
+    value = table.string(name)
+    host = value[1:-1] if value.startswith("[") and value.endswith("]") else value
+    try:
+        ipaddress.IPv6Address(host)
+    except ValueError:
+        if ":" in host:
+            raise ConfigError(
+                table.key(name),
+                f"must be a host without a port (got {value!r}); the Raft port of "
+                "shard s is raft_port_base + s",
+            ) from None
+    problem = _host_problem(host)
+    if problem:
+        raise ConfigError(table.key(name), problem)
+    return host
+
+
+def _split_address(text: str) -> tuple[str, int]:
+    """ "host:port" or "[v6]:port" -> (host, port); ValueError with the rule."""
+    shape = f'must be "host:port" (got {text!r})'
+    if text.startswith("["):
+        host, sep, port_text = text[1:].partition("]:")
+        if not sep:
+            raise ValueError(shape)
+    else:
+        host, sep, port_text = text.rpartition(":")
+        if not sep:
+            raise ValueError(shape)
+        if ":" in host:
+            raise ValueError(shape + '; write an IPv6 host in brackets: "[::1]:7101"')
+    if not host or not _PORT.fullmatch(port_text):
+        raise ValueError(shape)
+    port = int(port_text)
+    if not 1 <= port <= PORT_MAX:
+        raise ValueError(f"port must be in 1..{PORT_MAX} (got {port})")
+    return host, port
+
+
+def _host_problem(host: str) -> str:
+    """Why `host` is unusable, or "" if it is fine."""
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        if _HOSTNAME.fullmatch(host):
+            return ""
+        return f"{host!r} is not a host name or IP address"
+    if ip.is_unspecified:
+        # Every address is both where this node listens and where the others (and
+        # clients) connect; "any interface" is not something one can connect to.
+        return f"must be an address others can connect to, not the wildcard {host}"
+    return ""
+
+
+def _host_identity(host: str) -> str:
+    try:
+        return str(ipaddress.ip_address(host))  # one spelling per IPv6 address
+    except ValueError:
+        return host.lower()
+
+
+# ------------------------------------------------------------------------ TOML tables
+
+
+def _join(path: str, key: str) -> str:
+    shown = key if _BARE_KEY.fullmatch(key) else json.dumps(key)
+    return f"{path}.{shown}" if path else shown
+
+
+def _toml_type(value: object) -> str:
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a float"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "a table"
+    if isinstance(value, datetime | date | time):
+        return "a date/time"
+    return type(value).__name__
+
+
+class _Table:
+    """One TOML table being read: knows its key path; rejects unknown keys up front, so a
+    typo is reported as a typo and not as the missing key it was meant to be."""
+
+    __slots__ = ("_data", "path")
+
+    def __init__(self, data: Mapping[str, object], path: str, allowed: Sequence[str]) -> None:
+        self._data = data
+        self.path = path
+        unknown = [key for key in data if key not in allowed]
+        if unknown:
+            rule = "unknown key"
+            close = difflib.get_close_matches(unknown[0], allowed, n=1)
+            if close:
+                rule += f" (did you mean {close[0]!r}?)"
+            if len(unknown) > 1:
+                rule += "; also unknown: " + ", ".join(self.key(k) for k in unknown[1:])
+            rule += "; allowed here: " + ", ".join(allowed)
+            raise ConfigError(self.key(unknown[0]), rule)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._data
+
+    def key(self, name: str) -> str:
+        return _join(self.path, name)
+
+    def _get(self, name: str) -> object:
+        if name not in self._data:
+            raise ConfigError(self.key(name), "required key is missing")
+        return self._data[name]
+
+    def _wrong_type(self, name: str, expected: str, value: object) -> ConfigError:
+        # The value itself is never shown: it might be a secret.
+        return ConfigError(self.key(name), f"must be {expected} (got {_toml_type(value)})")
+
+    def string(self, name: str, *, default: str | None = None) -> str:
+        if default is not None and name not in self._data:
+            return default
+        value = self._get(name)
+        if not isinstance(value, str):
+            raise self._wrong_type(name, "a string", value)
+        return value
+
+    def integer(self, name: str) -> int:
+        value = self._get(name)
+        if not isinstance(value, int) or isinstance(value, bool):  # bool is an int subclass
+            raise self._wrong_type(name, "an integer", value)
+        return value
+
+    def number(self, name: str) -> float:
+        value = self._get(name)
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            raise self._wrong_type(name, "a number", value)
+        if not math.isfinite(value):  # TOML has nan and inf
+            raise ConfigError(self.key(name), f"must be a finite number (got {value})")
+        return float(value)
+
+    def strings(self, name: str) -> list[str]:
+        value = self._get(name)
+        if not isinstance(value, list):
+            raise self._wrong_type(name, "an array of strings", value)
+        for index, item in enumerate(value):
+            if not isinstance(item, str):
+                raise ConfigError(
+                    f"{self.key(name)}[{index}]", f"must be a string (got {_toml_type(item)})"
+                )
+        return [str(item) for item in value]
+
+    def table(self, name: str, allowed: Sequence[str]) -> _Table:
+        value = self._get(name)
+        if not isinstance(value, dict):
+            raise self._wrong_type(name, f"a table ([{self.key(name)}])", value)
+        return _Table(value, self.key(name), allowed)
+
+    def optional_table(self, name: str, allowed: Sequence[str]) -> _Table | None:
+        return self.table(name, allowed) if name in self._data else None
+
+    def tables(self, name: str, allowed: Sequence[str]) -> list[_Table]:
+        value = self._get(name)
+        shape = f"an array of tables ([[{self.key(name)}]])"
+        if not isinstance(value, list):
+            raise self._wrong_type(name, shape, value)
+        tables: list[_Table] = []
+        for index, item in enumerate(value):
+            if not isinstance(item, dict):
+                raise ConfigError(
+                    f"{self.key(name)}[{index}]", f"must be a table (got {_toml_type(item)})"
+                )
+            tables.append(_Table(item, f"{self.key(name)}[{index}]", allowed))
+        return tables
+
+
+# ------------------------------------------------------------------ client configuration
+
+
+@dataclass(frozen=True, slots=True)
+class ClientConfig:
+    """What `logsvc append/read/tail/truncate/status` need: where the nodes' data planes
+    are and the token. `logsvc dev-cluster up` writes one as DIR/client.toml:
+
+        addresses = ["127.0.0.1:7101", "127.0.0.1:7102", "127.0.0.1:7103"]
+        token_file = "token"          # or token = "..." (then the file must be mode 600)
+    """
+
+    source: str
+    addresses: tuple[str, ...]
+    token: str = field(repr=False)
+
+
+def load_client_config(path: str) -> ClientConfig:
+    data_bytes, mode = _read_private_candidate(path, path, CONFIG_FILE_BYTES_MAX)
+    try:
+        document = tomllib.loads(data_bytes.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(path, "is not UTF-8 text") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(path, _toml_error_rule(exc)) from None
+    unknown = sorted(set(document) - {"addresses", "token", "token_file"})
+    if unknown:
+        raise ConfigError(unknown[0], "unknown key (expected addresses, token or token_file)")
+    addresses = document.get("addresses")
+    if not isinstance(addresses, list) or not addresses:
+        raise ConfigError("addresses", 'must be a non-empty list of "host:port" strings')
+    for position, address in enumerate(addresses):
+        if not isinstance(address, str):
+            raise ConfigError(f"addresses[{position}]", 'must be a "host:port" string')
+        try:
+            _split_address(address)
+        except ValueError as exc:
+            raise ConfigError(f"addresses[{position}]", str(exc)) from None
+    base_dir = os.path.dirname(os.path.abspath(path))
+    if ("token" in document) == ("token_file" in document):
+        raise ConfigError("token", "give exactly one of token and token_file")
+    if "token" in document:
+        token = document["token"]
+        if mode & SECRET_FILE_MODE_FORBIDDEN:
+            raise ConfigError(
+                path, f"holds token but is readable by group or others; run `chmod 600 {path}`"
+            )
+    else:
+        token_file = document["token_file"]
+        if not isinstance(token_file, str):
+            raise ConfigError("token_file", "must be a path string")
+        token = read_secret_file(os.path.join(base_dir, token_file), "token_file")
+    if not isinstance(token, str) or not token:
+        raise ConfigError("token", "must be a non-empty string")
+    return ClientConfig(source=path, addresses=tuple(addresses), token=token)

@@ -1,0 +1,255 @@
+"""One hosted shard replica, seen from the node's event loop.
+
+The replica's Raft work runs on its tick thread; this class is the hand-off (ARCHITECTURE.md
+§7): proposals go in through `ShardReplica.submit`, results come back with one
+`call_soon_threadsafe` each; reads run on the node's small reader pool (they may touch
+disk); tail reads wait for an "applied" signal, coalesced so the tick thread wakes the loop at
+most once per burst.
+
+Server-side group commit: appends arriving together are packed into one Raft entry (an
+`AppendGroup`), bounded by bytes and by a short linger, so one Raft round trip and one fsync
+per replica carry many clients' batches.
+
+Every queue is bounded: past `appends_queued_max` / `reads_inflight_max` / `tail_waiters_max`
+the call raises `Overloaded` at once instead of buffering.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass
+
+from logsvc.shard.commands import (
+    AcquireLease,
+    AppendBatch,
+    AppendGroup,
+    Barrier,
+    Command,
+    GroupAppended,
+    Result,
+    Truncate,
+)
+from logsvc.shard.errors import ShardError
+from logsvc.shard.replica import OutcomeUnknown, Overloaded, ReadResult, ShardReplica
+
+
+@dataclass(frozen=True, slots=True)
+class ShardHostLimits:
+    appends_queued_max: int = 8192  # appends waiting for the batcher
+    group_batches_max: int = 1024  # AppendBatches per Raft entry
+    group_bytes_max: int = 4 * 1024 * 1024  # record bytes per Raft entry
+    group_linger_ms_max: float = 1.0  # how long the batcher waits for more (0: none)
+    proposals_inflight_max: int = 64  # Raft entries proposed and not yet applied
+    proposal_timeout_s: float = 10.0
+    reads_inflight_max: int = 64
+    tail_waiters_max: int = 4096
+    tail_wait_ms_max: int = 60_000
+
+    def validate(self) -> ShardHostLimits:
+        for name in ("appends_queued_max", "group_batches_max", "group_bytes_max"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: must be at least 1")
+        if self.group_linger_ms_max < 0:
+            raise ValueError("group_linger_ms_max: must not be negative")
+        return self
+
+
+class ShardHost:
+    def __init__(
+        self,
+        shard_id: int,
+        replica: ShardReplica,
+        reader: Executor,
+        limits: ShardHostLimits,
+        leader_address: Callable[[str | None], str | None],
+    ) -> None:
+        self.shard_id = shard_id
+        self.replica = replica
+        self._reader = reader
+        self._limits = limits.validate()
+        self._leader_address = leader_address
+        self._loop = asyncio.get_running_loop()
+        self._queue: asyncio.Queue[tuple[AppendBatch, asyncio.Future[Result]]] = asyncio.Queue(
+            limits.appends_queued_max
+        )
+        self._proposals = asyncio.Semaphore(limits.proposals_inflight_max)
+        self._reads_inflight = 0
+        self._tail_waiters = 0
+        self._applied = asyncio.Event()
+        self._wake_pending = False
+        # A group must also fit the shard's own limits (its Raft entry is one command).
+        shard_limits = replica.shard_limits
+        self._batches_max = min(limits.group_batches_max, shard_limits.group_batches_max)
+        self._bytes_max = min(limits.group_bytes_max, shard_limits.group_bytes_max)
+        self._records_max = shard_limits.records_per_batch_max
+        self._batcher = asyncio.create_task(self._run_batcher(), name=f"batcher:{shard_id}")
+        replica.add_apply_listener(self._from_tick_thread)
+
+    async def close(self) -> None:
+        self._batcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._batcher
+
+    # ------------------------------------------------------------------ writes
+
+    async def append(self, batch: AppendBatch) -> Result:
+        future: asyncio.Future[Result] = self._loop.create_future()
+        try:
+            self._queue.put_nowait((batch, future))
+        except asyncio.QueueFull:
+            raise Overloaded(f"shard {self.shard_id}: append queue full") from None
+        return await future
+
+    async def truncate(self, lsn: int) -> Result:
+        return await self._propose(Truncate(lsn))
+
+    async def acquire_lease(self, holder: str, epoch: int) -> Result:
+        return await self._propose(AcquireLease(holder, epoch))
+
+    async def barrier(self) -> Result:
+        """A no-op through the log: once applied here, this replica is (or just was) the
+        leader of a majority and has applied everything committed before it."""
+        return await self._propose(Barrier(0))
+
+    async def _propose(self, command: Command) -> Result:
+        async with self._proposals:
+            future: asyncio.Future[Result | ShardError] = self._loop.create_future()
+            self.replica.submit(command, lambda outcome: self._resolve(future, outcome))
+            try:
+                outcome = await asyncio.wait_for(future, self._limits.proposal_timeout_s)
+            except TimeoutError:
+                raise OutcomeUnknown(
+                    f"no answer within {self._limits.proposal_timeout_s} s"
+                ) from None
+        if isinstance(outcome, ShardError):
+            raise outcome
+        return outcome
+
+    def _resolve(self, future: asyncio.Future[Result | ShardError], outcome: object) -> None:
+        def settle() -> None:
+            if not future.done():
+                future.set_result(outcome)  # type: ignore[arg-type]
+
+        self._loop.call_soon_threadsafe(settle)
+
+    async def _run_batcher(self) -> None:
+        limits = self._limits
+        while True:
+            first = await self._queue.get()
+            pending = [first]
+            size = _batch_bytes(first[0])
+            records = len(first[0].records)
+            deadline = self._loop.time() + limits.group_linger_ms_max / 1000.0
+            while len(pending) < self._batches_max and size < self._bytes_max:
+                try:
+                    item = self._queue.get_nowait()
+                except asyncio.QueueEmpty:
+                    remaining = deadline - self._loop.time()
+                    if remaining <= 0:
+                        break
+                    try:
+                        item = await asyncio.wait_for(self._queue.get(), remaining)
+                    except TimeoutError:
+                        break
+                grown = size + _batch_bytes(item[0])
+                if grown > self._bytes_max or records + len(item[0].records) > self._records_max:
+                    self._loop.create_task(self._send([item]))
+                    break
+                pending.append(item)
+                size = grown
+                records += len(item[0].records)
+            # Proposals run concurrently (bounded); the batcher goes on collecting.
+            await self._proposals.acquire()
+            self._loop.create_task(self._send(pending, acquired=True))
+
+    async def _send(
+        self, items: list[tuple[AppendBatch, asyncio.Future[Result]]], acquired: bool = False
+    ) -> None:
+        if not acquired:
+            await self._proposals.acquire()
+        try:
+            command: Command = (
+                items[0][0] if len(items) == 1 else AppendGroup(tuple(b for b, _ in items))
+            )
+            future: asyncio.Future[Result | ShardError] = self._loop.create_future()
+            try:
+                self.replica.submit(command, lambda outcome: self._resolve(future, outcome))
+                outcome = await asyncio.wait_for(future, self._limits.proposal_timeout_s)
+            except TimeoutError:
+                outcome = OutcomeUnknown(f"no answer within {self._limits.proposal_timeout_s} s")
+            except ShardError as exc:
+                outcome = exc
+        finally:
+            self._proposals.release()
+        results: list[Result | ShardError]
+        if isinstance(outcome, GroupAppended):
+            results = list(outcome.results)
+        else:
+            results = [outcome] * len(items)
+        for (_, waiter), result in zip(items, results, strict=True):
+            if waiter.done():
+                continue
+            if isinstance(result, ShardError):
+                waiter.set_exception(result)
+            else:
+                waiter.set_result(result)
+
+    # ------------------------------------------------------------------ reads
+
+    async def read(self, from_lsn: int, max_bytes: int, records_max: int) -> ReadResult:
+        if self._reads_inflight >= self._limits.reads_inflight_max:
+            raise Overloaded(f"shard {self.shard_id}: too many reads in flight")
+        self._reads_inflight += 1
+        try:
+            return await self._loop.run_in_executor(
+                self._reader, self.replica.read, from_lsn, max_bytes, records_max
+            )
+        finally:
+            self._reads_inflight -= 1
+
+    async def tail(
+        self, from_lsn: int, max_bytes: int, wait_ms: int, records_max: int
+    ) -> ReadResult:
+        """Records at or after `from_lsn`, waiting up to `wait_ms` for the first one."""
+        wait_ms = min(max(wait_ms, 0), self._limits.tail_wait_ms_max)
+        deadline = self._loop.time() + wait_ms / 1000.0
+        while True:
+            applied = self._applied
+            result = await self.read(from_lsn, max_bytes, records_max)
+            remaining = deadline - self._loop.time()
+            if result.records or remaining <= 0:
+                return result
+            if self._tail_waiters >= self._limits.tail_waiters_max:
+                raise Overloaded(f"shard {self.shard_id}: too many tail waiters")
+            self._tail_waiters += 1
+            try:
+                await asyncio.wait_for(applied.wait(), remaining)
+            except TimeoutError:
+                pass
+            finally:
+                self._tail_waiters -= 1
+
+    def _from_tick_thread(self, _next_lsn: int) -> None:
+        # Coalesced: at most one pending wake-up of the loop, however many applies.
+        if self._wake_pending:
+            return
+        self._wake_pending = True
+        with contextlib.suppress(RuntimeError):  # the loop closed during shutdown
+            self._loop.call_soon_threadsafe(self._wake_tails)
+
+    def _wake_tails(self) -> None:
+        self._wake_pending = False
+        applied, self._applied = self._applied, asyncio.Event()
+        applied.set()
+
+    # ------------------------------------------------------------------ status
+
+    def leader_address(self) -> str | None:
+        return self._leader_address(self.replica.node.leader)
+
+
+def _batch_bytes(batch: AppendBatch) -> int:
+    return sum(len(record) for record in batch.records) + 64

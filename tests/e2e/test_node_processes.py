@@ -1,0 +1,267 @@
+"""Real `logsvc serve` processes on loopback, driven through the client library, the CLI
+and raw sockets.
+
+Proves: append / read / tail / truncate / status through the client and the CLI; a leader
+killed with SIGKILL under concurrent load loses no acknowledged record and duplicates none
+(clients retry with the same (client_id, seq)); a fenced writer is refused across
+processes; every kind of bad input gets a typed answer or a closed connection while the
+server keeps serving others; a bad config exits 2 naming the key, without a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from logsvc import devcluster
+from logsvc.client import StaleEpoch, Truncated, connect
+from logsvc.wire import messages as wire
+from logsvc.wire.frames import FrameDecoder, FrameKind, encode_frame
+
+from .conftest import LocalCluster
+
+
+def test_append_read_tail_truncate_status_through_the_client(cluster: LocalCluster) -> None:
+    client = cluster.client()
+    try:
+        lsns = client.append(1, [b"one", b"two", b"three"])
+        assert lsns == [lsns[0], lsns[0] + 1, lsns[0] + 2]
+        page = client.read(1, lsns[0], 1 << 20)
+        assert page.records[:3] == (b"one", b"two", b"three")
+        end = client.read(1, lsns[-1] + 1, 1 << 20)
+        assert (end.records, end.next_lsn) == ((), lsns[-1] + 1)  # end of log: next == lsn
+
+        waiting: list[wire.Records] = []
+        tailer = threading.Thread(
+            target=lambda: waiting.append(client.tail(1, lsns[-1] + 1, 1 << 20, 10_000))
+        )
+        tailer.start()
+        time.sleep(0.3)  # let the long poll start waiting before the append
+        later = client.append(1, [b"four"])
+        tailer.join(15)
+        assert waiting and waiting[0].records == (b"four",)
+        assert waiting[0].first_lsn == later[0]
+
+        assert client.truncate(1, lsns[1]) == lsns[1]
+        with pytest.raises(Truncated) as raised:
+            client.read(1, lsns[0], 100)
+        assert raised.value.first_lsn == lsns[1]
+        status = client.status(1)
+        assert status.leader in cluster.client_config.addresses
+        assert status.next_lsn == later[0] + 1
+    finally:
+        client.close()
+
+
+def run_cli(cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "logsvc.cli",
+            *args,
+            "--client-config",
+            f"{cluster.dir}/client.toml",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_the_cli_appends_reads_and_reports(cluster: LocalCluster) -> None:
+    appended = run_cli(cluster, "append", "--shard", "2", "alpha", "beta")
+    assert appended.returncode == 0, appended.stderr
+    first, second = (int(x) for x in appended.stdout.split())
+    assert second == first + 1
+    read = run_cli(cluster, "read", "--shard", "2", "--lsn", str(first))
+    assert read.stdout.splitlines()[:2] == [f"{first}\talpha", f"{second}\tbeta"]
+    status = run_cli(cluster, "status", "--shard", "2")
+    assert status.returncode == 0 and "leader 127.0.0.1:" in status.stdout
+    below = run_cli(cluster, "truncate", "--shard", "2", "--lsn", str(second))
+    assert below.returncode == 0
+    refused = run_cli(cluster, "read", "--shard", "2", "--lsn", str(first))
+    assert refused.returncode == 1 and "TRUNCATED" in refused.stderr
+    assert "Traceback" not in refused.stderr
+
+
+def test_lease_fencing_across_processes(cluster: LocalCluster) -> None:
+    client = cluster.client()
+    try:
+        assert client.acquire_lease(2, "tn-a", 1).epoch == 1
+        client.append(2, [b"from a"], epoch=1)
+        assert client.acquire_lease(2, "tn-b", 2).holder == "tn-b"
+        with pytest.raises(StaleEpoch) as raised:
+            client.append(2, [b"late write from a"], epoch=1)
+        assert raised.value.response.current_holder == "tn-b"
+        with pytest.raises(StaleEpoch):
+            client.acquire_lease(2, "tn-a", 1)  # a fenced writer never takes it back
+        client.append(2, [b"from b"], epoch=2)
+    finally:
+        client.close()
+
+
+def test_leader_killed_under_load_loses_and_duplicates_nothing(own_cluster: LocalCluster) -> None:
+    async def scenario() -> tuple[dict[int, bytes], list[bytes]]:
+        config = own_cluster.client_config
+        acked: dict[int, bytes] = {}
+        sent: list[bytes] = []
+        clients = [await connect(config.addresses, config.token) for _ in range(4)]
+
+        async def writer(number: int) -> None:
+            for i in range(60):
+                payload = f"w{number}-{i}".encode()
+                sent.append(payload)
+                [lsn] = await clients[number].append(1, [payload])
+                acked[lsn] = payload
+
+        async def killer() -> None:
+            await asyncio.sleep(0.5)
+            status = await clients[0].status(1)
+            assert status.leader is not None
+            victim = own_cluster.node_of(status.leader)
+            await asyncio.to_thread(devcluster.kill_node, own_cluster.dir, victim)
+            await asyncio.sleep(1.0)
+            await asyncio.to_thread(devcluster.start_node, own_cluster.dir, victim)
+
+        await asyncio.gather(*(writer(n) for n in range(4)), killer())
+        for client in clients:
+            await client.close()
+        return acked, sent
+
+    acked, sent = asyncio.run(scenario())
+    assert len(acked) == len(sent)  # every append was eventually acknowledged
+    client = own_cluster.client()
+    try:
+        records = client.read(1, 1, 1 << 24).records
+        for lsn, payload in acked.items():
+            assert records[lsn - 1] == payload, f"lsn {lsn}"
+        assert sorted(records) == sorted(sent)  # nothing twice, nothing invented
+    finally:
+        client.close()
+
+
+def raw_connection(cluster: LocalCluster) -> socket.socket:
+    host, _, port = cluster.client_config.addresses[0].rpartition(":")
+    return socket.create_connection((host, int(port)), timeout=10)
+
+
+def exchange(sock: socket.socket, data: bytes) -> wire.Response | None:
+    """Send bytes; return the next response, or None if the server closed."""
+    sock.sendall(data)
+    decoder = FrameDecoder()
+    while True:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return None
+        decoder.feed(chunk)
+        frame = decoder.next_frame()
+        if frame is not None:
+            return wire.decode_response(frame)
+
+
+def authenticated(cluster: LocalCluster) -> socket.socket:
+    sock = raw_connection(cluster)
+    answer = exchange(sock, wire.encode_request(1, wire.Authenticate(cluster.client_config.token)))
+    assert isinstance(answer, wire.Authenticated)
+    return sock
+
+
+def still_serving(cluster: LocalCluster) -> None:
+    client = cluster.client()
+    try:
+        assert client.status(1).leader is not None
+    finally:
+        client.close()
+
+
+def closed(sock: socket.socket) -> bool:
+    sock.settimeout(10)
+    try:
+        while sock.recv(65536):
+            pass
+    except ConnectionResetError:
+        pass
+    return True
+
+
+def test_requests_before_authenticating_or_with_a_wrong_token_are_refused(
+    cluster: LocalCluster,
+) -> None:
+    with raw_connection(cluster) as sock:
+        answer = exchange(sock, wire.encode_request(1, wire.Status(1)))
+        assert isinstance(answer, wire.ErrorResponse)
+        assert answer.code == wire.ErrorCode.UNAUTHENTICATED
+    with raw_connection(cluster) as sock:
+        answer = exchange(sock, wire.encode_request(1, wire.Authenticate("wrong-token")))
+        assert isinstance(answer, wire.ErrorResponse)
+        assert answer.code == wire.ErrorCode.UNAUTHENTICATED
+        assert closed(sock)
+    still_serving(cluster)
+
+
+def test_unknown_op_and_unknown_shard_get_typed_errors_and_the_connection_lives(
+    cluster: LocalCluster,
+) -> None:
+    with authenticated(cluster) as sock:
+        unknown_op = encode_frame(FrameKind.REQUEST, 2, b"\x91\x63")  # msgpack [99]
+        answer = exchange(sock, unknown_op)
+        assert isinstance(answer, wire.ErrorResponse)
+        assert answer.code == wire.ErrorCode.UNKNOWN_OP
+        answer = exchange(sock, wire.encode_request(3, wire.Status(999)))
+        assert isinstance(answer, wire.ErrorResponse)
+        assert answer.code == wire.ErrorCode.UNKNOWN_SHARD
+        answer = exchange(sock, wire.encode_request(4, wire.Status(1)))
+        assert isinstance(answer, wire.ShardStatus)  # same connection, still served
+
+
+@pytest.mark.parametrize("damage", ["garbage", "body_checksum", "oversize"])
+def test_undecodable_frames_close_only_that_connection(cluster: LocalCluster, damage: str) -> None:
+    with authenticated(cluster) as sock:
+        frame = bytearray(wire.encode_request(5, wire.Status(1)))
+        if damage == "garbage":
+            data = b"GET / HTTP/1.1\r\n\r\n"
+        elif damage == "body_checksum":
+            frame[-1] ^= 0xFF
+            data = bytes(frame)
+        else:
+            header = bytearray(frame[:32])
+            struct.pack_into("<I", header, 16, 1 << 30)  # body length 1 GiB
+            from logsvc.wire.frames import header_checksum
+
+            struct.pack_into("<I", header, 28, header_checksum(bytes(header[:28])))
+            data = bytes(header)
+        answer = exchange(sock, data)
+        if answer is not None:
+            assert isinstance(answer, wire.ErrorResponse)
+            expected = (
+                wire.ErrorCode.TOO_LARGE if damage == "oversize" else wire.ErrorCode.BAD_REQUEST
+            )
+            assert answer.code == expected
+        assert closed(sock)
+    still_serving(cluster)
+
+
+def test_a_bad_config_exits_2_naming_the_key(tmp_path: Path) -> None:
+    config = tmp_path / "bad.toml"
+    config.write_text('[node]\nid = "n1"\ndata_dir = "d"\nlog_levl = "info"\n')
+    config.chmod(0o600)
+    done = subprocess.run(
+        [sys.executable, "-m", "logsvc.cli", "serve", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "log_levl" in done.stderr
+    assert "Traceback" not in done.stderr
