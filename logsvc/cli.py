@@ -137,6 +137,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     store.add_argument("--writer-kind", choices=store_bench.WRITER_KINDS, default="asyncio")
     store.add_argument("--dir", help="parent directory for the bench stores (default: temp)")
+    cluster = targets.add_parser("cluster", help="a local 3-replica cluster in closed loop")
+    cluster.add_argument("--replicas", type=int, choices=(3,), default=3)
+    cluster.add_argument("--concurrency", type=_positive_int("--concurrency", 4096), default=64)
+    cluster.add_argument(
+        "--record-bytes", type=_positive_int("--record-bytes", 1 << 20), default=100
+    )
+    cluster.add_argument("--seconds", type=_seconds("--seconds", 600.0), default=5.0)
+    cluster.add_argument("--batch", type=_positive_int("--batch", 65_536), default=1)
     return parser
 
 
@@ -158,6 +166,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         from logsvc import demo
 
         return demo.run(args.dir, args.bench_seconds)
+    if args.command == "bench" and args.target == "cluster":
+        from logsvc.bench import cluster_bench
+
+        return cluster_bench.main(
+            cluster_bench.ClusterBenchConfig(
+                concurrency=args.concurrency,
+                record_bytes=args.record_bytes,
+                seconds=args.seconds,
+                batch=args.batch,
+                replicas=args.replicas,
+            )
+        )
     if args.command == "bench" and args.target == "store":
         from logsvc.bench import store_bench
 

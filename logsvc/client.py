@@ -13,6 +13,10 @@
 * Retries are bounded (`attempts_max`, with back-off) and reuse the same `(client_id, seq)`
   for an append, so a retry after a timeout or a leader change gets the original LSNs back
   instead of a duplicate (the shard deduplicates).
+* The shard remembers the last `dedupe_window` seqs of each client id. Retries and
+  redirects reorder appends in flight, so a client id never has more than that many in
+  flight: concurrent appends are spread over lanes (`<client_id>.<n>`), each with at most
+  `dedupe_window` appends outstanding. A retried seq is then always still remembered.
 * Errors are typed (`LogsvcError` subclasses) and carry what the caller needs to act.
 """
 
@@ -97,6 +101,45 @@ class ClientOptions:
     backoff_s_max: float = 1.0
     requests_inflight_max: int = 1024  # per connection
     connect_timeout_s: float = 5.0
+    # At most the shard's `dedupe_seqs_per_client` (logsvc/shard/limits.py, 16 by default).
+    dedupe_window: int = 16
+    lanes_max: int = 1024  # client ids per client: bounds appends in flight to lanes x window
+
+
+class _Lanes:
+    """Hands out (client id, seq) so that no id has more than `window` appends in flight."""
+
+    def __init__(self, client_id: str, window: int, lanes_max: int) -> None:
+        assert window >= 1
+        self._client_id = client_id
+        self._window = window
+        self._lanes_max = lanes_max
+        self._in_flight: list[int] = []
+        self._next_seq: list[int] = []
+        self._free = asyncio.Condition()
+
+    async def acquire(self) -> tuple[int, str, int]:
+        async with self._free:
+            while True:
+                for lane, count in enumerate(self._in_flight):
+                    if count < self._window:
+                        return self._take(lane)
+                if len(self._in_flight) < self._lanes_max:
+                    self._in_flight.append(0)
+                    self._next_seq.append(1)
+                    return self._take(len(self._in_flight) - 1)
+                await self._free.wait()
+
+    def _take(self, lane: int) -> tuple[int, str, int]:
+        self._in_flight[lane] += 1
+        seq = self._next_seq[lane]
+        self._next_seq[lane] += 1
+        return lane, f"{self._client_id}.{lane}", seq
+
+    async def release(self, lane: int) -> None:
+        async with self._free:
+            self._in_flight[lane] -= 1
+            self._free.notify()
 
 
 class _Connection:
@@ -188,7 +231,7 @@ class Client:
         self._token = token
         self._options = options
         self.client_id = client_id
-        self._seq = itertools.count(1)
+        self._lanes = _Lanes(client_id, options.dedupe_window, options.lanes_max)
         self._connections: dict[str, _Connection] = {}
         self._leaders: dict[int, str] = {}
 
@@ -196,8 +239,12 @@ class Client:
 
     async def append(self, shard: int, payloads: Sequence[bytes], *, epoch: int = 0) -> list[int]:
         """Append records atomically as one batch; return their LSNs (consecutive)."""
-        request = wire.Append(shard, tuple(payloads), self.client_id, next(self._seq), epoch)
-        answer = await self._leader_call(shard, request)
+        lane, lane_id, seq = await self._lanes.acquire()
+        try:
+            request = wire.Append(shard, tuple(payloads), lane_id, seq, epoch)
+            answer = await self._leader_call(shard, request)
+        finally:
+            await self._lanes.release(lane)
         assert isinstance(answer, wire.Appended), answer
         return list(range(answer.first_lsn, answer.first_lsn + answer.count))
 

@@ -10,6 +10,7 @@ acknowledgement always followed a majority fsync.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import signal
 from collections.abc import Callable
@@ -63,6 +64,8 @@ async def _run(config: NodeConfig) -> None:
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
+    replicas: dict[int, ShardReplica] = {}
+    loop.add_signal_handler(signal.SIGUSR1, lambda: _log_stats(config, replicas))
     reader = ThreadPoolExecutor(READER_THREADS, thread_name_prefix="reader")
     limits = config.server_limits
     host_limits = ShardHostLimits(
@@ -71,7 +74,6 @@ async def _run(config: NodeConfig) -> None:
         group_linger_ms_max=float(limits.batch_delay_ms_max),
         tail_wait_ms_max=limits.tail_wait_ms_max,
     )
-    replicas: dict[int, ShardReplica] = {}
     hosts: dict[int, ShardHost] = {}
     server: DataPlaneServer | None = None
     try:
@@ -106,3 +108,19 @@ async def _run(config: NodeConfig) -> None:
             await loop.run_in_executor(None, replica.close)
         reader.shutdown(wait=True)
         log.info("stopped")
+
+
+def _log_stats(config: NodeConfig, replicas: dict[int, ShardReplica]) -> None:
+    """SIGUSR1: one JSON line per hosted shard with its store counters (the benchmark reads
+    them; the admin API of issue 6 will export the same as metrics)."""
+    for shard_id, replica in sorted(replicas.items()):
+        stats = replica.store.stats()
+        line = {
+            "node": config.node_id,
+            "shard": shard_id,
+            "syncs": stats.syncs,
+            "fdatasyncs": stats.fdatasyncs,
+            "synced_bytes": stats.synced_bytes,
+            "durable_index": stats.durable_index,
+        }
+        print(f"STATS {json.dumps(line)}", flush=True)

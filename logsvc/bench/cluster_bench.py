@@ -1,0 +1,152 @@
+"""`logsvc bench cluster`: a local cluster of real node processes, driven in closed loop.
+
+Starts its own cluster (`dev-cluster`, one shard, 3 replicas, in a temporary directory),
+then C concurrent appenders on one asyncio client process each append a batch of N records
+of B bytes and wait for the acknowledgement (majority fsynced), for S seconds. Prints one
+JSON object: acknowledged records and appends per second, latency percentiles, fsyncs per
+second per replica and records per fsync (from the nodes' own counters, read with SIGUSR1
+before and after the run), CPU seconds of the server processes and of the client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import tempfile
+import time
+from dataclasses import dataclass
+
+from logsvc import devcluster
+from logsvc.client import LogsvcError, connect
+from logsvc.config import load_client_config
+
+CONCURRENCY_MAX = 4096
+WARMUP_S = 1.0
+STATS_WAIT_S_MAX = 10.0
+_STATS = re.compile(r"^STATS (\{.*\})$")
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterBenchConfig:
+    concurrency: int = 64
+    record_bytes: int = 100
+    seconds: float = 5.0
+    batch: int = 1
+    replicas: int = 3
+
+
+def run(config: ClusterBenchConfig) -> dict[str, object]:
+    assert 1 <= config.concurrency <= CONCURRENCY_MAX
+    assert config.replicas == 3, "local clusters run 3 replicas per shard"
+    base = tempfile.mkdtemp(prefix="logsvc-bench-cluster-")
+    devcluster.up(base, nodes=3, shards=1)
+    try:
+        return asyncio.run(_drive(base, config))
+    finally:
+        devcluster.down(base)
+
+
+async def _drive(base: str, config: ClusterBenchConfig) -> dict[str, object]:
+    client_config = load_client_config(os.path.join(base, "client.toml"))
+    client = await connect(client_config.addresses, client_config.token)
+    payloads = [os.urandom(config.record_bytes) for _ in range(config.batch)]
+    latencies_ms: list[float] = []
+    stop_at = 0.0
+    measuring = False
+
+    errors: list[str] = []
+
+    async def appender() -> None:
+        while time.monotonic() < stop_at:
+            began = time.perf_counter()
+            try:
+                await client.append(1, payloads)
+            except LogsvcError as exc:  # counted, and the run goes on
+                errors.append(type(exc).__name__)
+                continue
+            if measuring:
+                latencies_ms.append((time.perf_counter() - began) * 1000.0)
+
+    stop_at = time.monotonic() + WARMUP_S  # warm up connections, leader cache, JIT-free paths
+    await asyncio.gather(*(appender() for _ in range(config.concurrency)))
+    pids = devcluster.read_pids(base)
+    before = _stats(base, pids)
+    cpu_before = {node: _cpu_seconds(pid) for node, pid in pids.items()}
+    client_cpu_before = time.process_time()
+    measuring = True
+    started = time.monotonic()
+    stop_at = started + config.seconds
+    await asyncio.gather(*(appender() for _ in range(config.concurrency)))
+    elapsed = time.monotonic() - started
+    client_cpu = time.process_time() - client_cpu_before
+    after = _stats(base, pids)
+    server_cpu = {
+        node: round(_cpu_seconds(pid) - cpu_before[node], 2) for node, pid in pids.items()
+    }
+    await client.close()
+    appends = len(latencies_ms)
+    records = appends * config.batch
+    syncs = {node: after[node]["fdatasyncs"] - before[node]["fdatasyncs"] for node in after}
+    samples = sorted(latencies_ms)
+    return {
+        "bench": "cluster",
+        "replicas": config.replicas,
+        "concurrency": config.concurrency,
+        "batch": config.batch,
+        "record_bytes": config.record_bytes,
+        "seconds": round(elapsed, 3),
+        "records_per_s": round(records / elapsed, 1),
+        "appends_per_s": round(appends / elapsed, 1),
+        "p50_ms": _percentile(samples, 0.50),
+        "p99_ms": _percentile(samples, 0.99),
+        "p999_ms": _percentile(samples, 0.999),
+        "fdatasyncs_per_s_per_replica": {n: round(c / elapsed, 1) for n, c in syncs.items()},
+        "records_per_fdatasync": {
+            n: round(records / c, 1) if c else None for n, c in syncs.items()
+        },
+        "server_cpu_s": server_cpu,
+        "client_cpu_s": round(client_cpu, 2),
+        "errors": len(errors),
+    }
+
+
+def _stats(base: str, pids: dict[str, int]) -> dict[str, dict[str, int]]:
+    """Ask each node for its counters (SIGUSR1) and read the line it logs."""
+    marks = {node: os.path.getsize(os.path.join(base, f"{node}.log")) for node in pids}
+    for pid in pids.values():
+        os.kill(pid, signal.SIGUSR1)
+    found: dict[str, dict[str, int]] = {}
+    deadline = time.monotonic() + STATS_WAIT_S_MAX
+    while len(found) < len(pids):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no STATS line from {sorted(set(pids) - set(found))}")
+        for node in pids:
+            with open(os.path.join(base, f"{node}.log"), "rb") as log:
+                log.seek(marks[node])
+                for line in log.read().decode("utf-8", "replace").splitlines():
+                    match = _STATS.match(line)
+                    if match:
+                        found[node] = json.loads(match.group(1))
+        time.sleep(0.05)
+    return found
+
+
+def _cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    ticks = int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _percentile(samples: list[float], fraction: float) -> float | None:
+    if not samples:
+        return None
+    return round(samples[min(len(samples) - 1, int(fraction * len(samples)))], 3)
+
+
+def main(config: ClusterBenchConfig) -> int:
+    print(json.dumps(run(config)), flush=True)
+    return 0
