@@ -95,8 +95,11 @@ _RETRYABLE = {
 
 @dataclass(frozen=True, slots=True)
 class ClientOptions:
-    request_timeout_s: float = 10.0
-    attempts_max: int = 8
+    request_timeout_s: float = 10.0  # one attempt
+    # All attempts of one call: long enough to ride out a leader election (election
+    # timeouts are 1-2.5 s in the example configs) plus the dead leader's detection.
+    retry_s_max: float = 15.0
+    attempts_max: int = 64
     backoff_s_first: float = 0.05
     backoff_s_max: float = 1.0
     requests_inflight_max: int = 1024  # per connection
@@ -249,6 +252,8 @@ class Client:
         return list(range(answer.first_lsn, answer.first_lsn + answer.count))
 
     async def read(self, shard: int, lsn: int, max_bytes: int) -> wire.Records:
+        """Committed records from `lsn`. Any replica may answer: one that is catching up
+        returns a shorter prefix (never other data). `tail` reads through the leader."""
         answer = await self._any_call(shard, wire.Read(shard, lsn, max_bytes))
         assert isinstance(answer, wire.Records), answer
         return answer
@@ -285,10 +290,14 @@ class Client:
     ) -> object:
         """Send to the shard's leader, following NOT_LEADER hints, retrying the same request
         (bounded) on retryable answers and lost connections."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._options.retry_s_max
         delay = self._options.backoff_s_first
         last: BaseException | None = None
         candidates = itertools.cycle(self._addresses)
         for _ in range(self._options.attempts_max):
+            if loop.time() > deadline:
+                break
             address = self._leaders.get(shard) or next(candidates)
             try:
                 answer = await self._call(address, request)
@@ -303,9 +312,10 @@ class Client:
                 if answer.code not in _RETRYABLE:
                     raise _error(answer)
                 last = _error(answer)
-                if answer.code == wire.ErrorCode.NOT_LEADER and answer.leader_hint:
-                    self._leaders[shard] = answer.leader_hint
-                    continue  # follow the hint at once
+                hint = answer.leader_hint
+                if answer.code == wire.ErrorCode.NOT_LEADER and hint and hint != address:
+                    self._leaders[shard] = hint
+                    continue  # follow a new hint at once (a stale one gets the back-off)
                 self._leaders.pop(shard, None)
             await asyncio.sleep(delay)
             delay = min(delay * 2, self._options.backoff_s_max)
@@ -357,7 +367,7 @@ class SyncClient:
 
     def _run(self, coroutine: Coroutine[Any, Any, T]) -> T:
         future: Future[T] = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
-        bound = self._options.request_timeout_s * self._options.attempts_max + 10
+        bound = self._options.retry_s_max + self._options.request_timeout_s + 10
         return future.result(bound)
 
     def append(self, shard: int, payloads: Sequence[bytes], *, epoch: int = 0) -> list[int]:
