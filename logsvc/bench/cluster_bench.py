@@ -65,7 +65,7 @@ async def _drive(base: str, config: ClusterBenchConfig) -> dict[str, object]:
             try:
                 await client.append(1, payloads)
             except LogsvcError as exc:  # counted, and the run goes on
-                errors.append(type(exc).__name__)
+                errors.append(f"{type(exc).__name__}: {exc}")
                 continue
             if measuring:
                 latencies_ms.append((time.perf_counter() - began) * 1000.0)
@@ -110,6 +110,7 @@ async def _drive(base: str, config: ClusterBenchConfig) -> dict[str, object]:
         "server_cpu_s": server_cpu,
         "client_cpu_s": round(client_cpu, 2),
         "errors": len(errors),
+        "first_error": errors[0] if errors else None,
     }
 
 

@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import pysyncobj.pickle as pysyncobj_pickle
 import pytest
 from pysyncobj import SyncObj, SyncObjConf
 from pysyncobj.node import TCPNode
@@ -217,3 +218,54 @@ def test_commit_index_hint_never_passes_the_durable_end(tmp_path: Path) -> None:
         assert journal.getRaftCommitIndex() == 2
     finally:
         store.close()
+
+
+def chunks_as_pysyncobj_sends_them(entry: tuple[bytes, int, int], chunk_bytes: int) -> list[str]:
+    """The transmission labels of pysyncobj 0.3.17's __sendAppendEntries for one large
+    entry: 'finish' once pos + chunk reaches len(command), not len(pickle)."""
+    pickled_bytes = len(pysyncobj_pickle.dumps(entry))
+    labels = []
+    for pos in range(0, pickled_bytes, chunk_bytes):
+        if pos == 0:
+            labels.append("start")
+        elif pos + chunk_bytes >= len(entry[0]):
+            labels.append("finish")
+        else:
+            labels.append("process")
+    return labels
+
+
+def transmission(entry: tuple[bytes, int, int], chunk_bytes: int) -> list[dict[str, Any]]:
+    data = pysyncobj_pickle.dumps(entry)
+    labels = chunks_as_pysyncobj_sends_them(entry, chunk_bytes)
+    return [
+        {
+            **append_entries(1, [], commit=1),
+            "transmission": label,
+            "data": data[pos : pos + chunk_bytes],
+        }
+        for label, pos in zip(labels, range(0, len(data), chunk_bytes), strict=True)
+    ]
+
+
+def test_a_large_entry_whose_pickle_outgrows_its_command_still_arrives(tmp_path: Path) -> None:
+    # A command just under a multiple of the chunk size: its pickle spills into one more
+    # chunk, which pysyncobj labels "finish" too, after a premature "finish".
+    chunk = 1024
+    entry = (b"\x00" + os.urandom(3 * chunk - 6), 2, 1)
+    messages = transmission(entry, chunk)
+    assert messages[-2]["transmission"] == "finish"  # the sender's premature finish
+    stock = StockFollower()
+    try:
+        with pytest.raises(Exception):  # noqa: B017 (stock fails in its unpickler)
+            for message in messages:
+                stock.receive(message)
+    finally:
+        stock.close()
+    follower = Follower(tmp_path)
+    try:
+        replies = [follower.receive(message) for message in messages]
+        assert replies[-1]["success"] and replies[-1]["next_node_idx"] == 3
+        assert follower.store.read(2, 3, 1 << 20)[0].payload == entry[0]
+    finally:
+        follower.close()
