@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from logsvc import devcluster
-from logsvc.client import StaleEpoch, Truncated, connect
+from logsvc.client import Producer, ProducerFull, ProducerOptions, StaleEpoch, Truncated, connect
 from logsvc.wire import messages as wire
 from logsvc.wire.frames import FrameDecoder, FrameKind, encode_frame
 
@@ -280,3 +280,27 @@ def test_a_bad_config_exits_2_naming_the_key(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert "log_levl" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_producer_batching_shares_appends_and_is_bounded(cluster: LocalCluster) -> None:
+    async def scenario() -> None:
+        config = cluster.client_config
+        client = await connect(config.addresses, config.token)
+        producer = Producer(client, ProducerOptions(linger_ms=50, pending_records_max=1000))
+        payloads = [f"p{i}".encode() for i in range(300)]
+        lsns = await asyncio.gather(*(producer.send(1, p) for p in payloads))
+        assert len(set(lsns)) == 300
+        assert max(lsns) - min(lsns) == 299  # sent together: one contiguous run
+        page = await client.read(1, min(lsns), 1 << 20)
+        for lsn, payload in zip(lsns, payloads, strict=True):
+            assert page.records[lsn - min(lsns)] == payload
+        small = Producer(client, ProducerOptions(linger_ms=50, pending_records_max=5))
+        waiting = [asyncio.ensure_future(small.send(1, b"x")) for _ in range(5)]
+        await asyncio.sleep(0)
+        with pytest.raises(ProducerFull):
+            await small.send(1, b"one too many")
+        await small.flush()
+        assert all(w.done() and not w.exception() for w in waiting)
+        await client.close()
+
+    asyncio.run(scenario())
