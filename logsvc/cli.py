@@ -3,7 +3,7 @@
     logsvc serve --config NODE.toml
     logsvc dev-cluster up|down|status --dir DIR [--nodes 3] [--shards 2]
     logsvc append|read|tail|truncate|status --shard N ... [--client-config client.toml]
-    logsvc demo [--dir DIR] [--bench-seconds S]
+    logsvc demo [--dir DIR]
     logsvc bench store [--modes group,sync_each,nosync] [--writers N] [--record-bytes B]
                        [--seconds S] [--dir DIR]
 
@@ -107,14 +107,8 @@ def _parser() -> argparse.ArgumentParser:
                 default=5000,
             )
 
-    demo = commands.add_parser("demo", help="show the shard store at work, then benchmark it")
-    demo.add_argument("--dir", help="directory for the demo store (default: a temp dir)")
-    demo.add_argument(
-        "--bench-seconds",
-        type=_seconds("--bench-seconds", 60.0),
-        default=2.0,
-        help="seconds per benchmark mode (default 2)",
-    )
+    demo = commands.add_parser("demo", help="a local 3-node cluster at work")
+    demo.add_argument("--dir", help="directory for the demo cluster (default: a temp dir)")
 
     bench = commands.add_parser("bench", help="benchmarks; print JSON lines")
     targets = bench.add_subparsers(dest="target", required=True, parser_class=_Parser)
@@ -165,7 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "demo":
         from logsvc import demo
 
-        return demo.run(args.dir, args.bench_seconds)
+        return demo.run(args.dir)
     if args.command == "bench" and args.target == "cluster":
         from logsvc.bench import cluster_bench
 

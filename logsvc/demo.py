@@ -1,93 +1,162 @@
-"""`logsvc demo`: the shard store at work, in about fifteen seconds.
+"""`logsvc demo`: a local 3-node cluster at work, in about twenty seconds.
 
-Until the replicated cluster exists (issues 3 and 4), the main job shows the storage heart
-of logsvc doing what it promises: group commit, reads, prefix truncation, recovery from a
-torn tail after a simulated crash, and the benchmark.
+Starts three `logsvc serve` processes on 127.0.0.1 (two shards, three replicas each),
+then shows what the service promises: appends acknowledged after a majority fsync, reads,
+a long-poll tail, a leader killed with SIGKILL while appends go on (no acknowledged record
+lost, none duplicated), the killed node catching up, a fenced writer refused, and
+truncation. Everything it starts is stopped by PID at the end, whatever happens.
 """
 
 from __future__ import annotations
 
-import json
-import os
+import asyncio
 import shutil
 import tempfile
-import threading
+import time
 
-from logsvc.bench import store_bench
-from logsvc.store import Entry, ShardStore, StoreLimits
+from logsvc import devcluster
+from logsvc.client import Client, LogsvcError, StaleEpoch, Truncated, connect
+from logsvc.config import load_client_config
 
-WRITERS = 16
-RECORDS_PER_WRITER = 500
+SHARD = 1
+WRITERS = 8
+CATCH_UP_S_MAX = 30.0
 
 
 def _say(text: str) -> None:
     print(text, flush=True)
 
 
-def run(dir_path: str | None, bench_seconds: float) -> int:
+def run(dir_path: str | None) -> int:
     owned = dir_path is None
     base = tempfile.mkdtemp(prefix="logsvc-demo-") if dir_path is None else dir_path
-    store_dir = os.path.join(base, "shard-1")
-    limits = StoreLimits(segment_bytes_max=256 * 1024)
+    _say(f"== starting a local cluster in {base} (3 nodes, 2 shards, 3 replicas each) ==")
     try:
-        _concurrent_appends(store_dir, limits)
-        _torn_tail_recovery(store_dir, limits)
-        _say("\n== benchmark (one JSON line per mode) ==")
-        config = store_bench.BenchConfig(writers=64, record_bytes=100, seconds=bench_seconds)
-        for mode in store_bench.MODES:
-            _say(json.dumps(store_bench.run_mode(mode, config)))
+        pids = devcluster.up(base, nodes=3, shards=2)
+        _say("nodes: " + ", ".join(f"{node} (pid {pid})" for node, pid in pids.items()))
+        asyncio.run(_workload(base))
     finally:
+        devcluster.down(base)
+        _say("cluster stopped (every node process ended by PID)")
         if owned:
             shutil.rmtree(base, ignore_errors=True)
     _say("\ndemo finished")
     return 0
 
 
-def _concurrent_appends(store_dir: str, limits: StoreLimits) -> None:
-    _say(f"== {WRITERS} writers append {RECORDS_PER_WRITER} records each, waiting for fsync ==")
-    _say(f"store: {store_dir}")
-    with ShardStore.open(store_dir, limits=limits) as store:
-        lock = threading.Lock()
-        next_index = [store.last_index + 1]
+async def _workload(base: str) -> None:
+    config = load_client_config(f"{base}/client.toml")
+    client = await connect(config.addresses, config.token)
+    try:
+        await _appends_and_reads(client)
+        await _failover(client, base, config.addresses)
+        await _fencing(client)
+        await _truncation(client)
+    finally:
+        await client.close()
 
-        def writer(number: int) -> None:
-            for i in range(RECORDS_PER_WRITER):
-                with lock:
-                    index = next_index[0]
-                    next_index[0] += 1
-                    store.append([Entry(index, 1, f"writer {number} record {i}".encode())])
-                store.wait_durable(index)
 
-        threads = [threading.Thread(target=writer, args=(n,)) for n in range(WRITERS)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        stats = store.stats()
+async def _appends_and_reads(client: Client) -> None:
+    _say("\n== appends (acknowledged once a majority fsynced them) and reads ==")
+    for shard in (1, 2):
+        lsns = await client.append(shard, [f"shard {shard} record {i}".encode() for i in range(3)])
+        _say(f"shard {shard}: appended 3 records at LSNs {lsns}")
+    page = await client.read(SHARD, 1, 1 << 20)
+    _say(f"read shard {SHARD} from LSN 1: {[r.decode() for r in page.records]}")
+    status = await client.status(SHARD)
+    _say(f"shard {SHARD}: leader {status.leader}, term {status.term}, next LSN {status.next_lsn}")
+
+    tail = asyncio.ensure_future(client.tail(SHARD, page.next_lsn, 1 << 20, 10_000))
+    await asyncio.sleep(0.2)
+    await client.append(SHARD, [b"arrives while the tail waits"])
+    waited = await tail
+    _say(f"a tail waiting at LSN {page.next_lsn} received: {[r.decode() for r in waited.records]}")
+
+
+async def _failover(client: Client, base: str, addresses: tuple[str, ...]) -> None:
+    _say(f"\n== {WRITERS} writers append to shard {SHARD}; its leader is killed with SIGKILL ==")
+    status = await client.status(SHARD)
+    assert status.leader is not None
+    victim = f"n{addresses.index(status.leader) + 1}"
+    acked: dict[int, bytes] = {}
+    sent = 0
+    done = asyncio.Event()
+
+    async def writer(number: int) -> None:
+        nonlocal sent
+        i = 0
+        while not done.is_set() or i < 20:
+            payload = f"w{number}-{i}".encode()
+            sent += 1
+            [lsn] = await client.append(SHARD, [payload])
+            acked[lsn] = payload
+            i += 1
+
+    async def killer() -> None:
+        await asyncio.sleep(0.5)
+        before = len(acked)
+        killed_at = time.monotonic()
+        await asyncio.to_thread(devcluster.kill_node, base, victim)
+        _say(f"killed {victim} (the leader, {status.leader}) after {before} acknowledged appends")
+        while len(acked) == before:
+            await asyncio.sleep(0.01)
+        new = await client.status(SHARD)
         _say(
-            f"appended {stats.last_index} records, all durable (durable index "
-            f"{stats.durable_index}) with {stats.syncs} group syncs: "
-            f"{stats.last_index / max(stats.syncs, 1):.1f} records per fsync, "
-            f"{stats.segments} segment files"
+            f"first append acknowledged again {time.monotonic() - killed_at:.2f} s later; "
+            f"new leader {new.leader}, term {new.term}"
         )
-        sample = store.read(100, 103, 1 << 20)
-        _say("read [100, 103): " + ", ".join(f"{e.index}={e.payload.decode()!r}" for e in sample))
-        start = store.truncate_prefix(stats.last_index // 2)
-        _say(f"truncated the prefix: the log now starts at {start}")
-    files = sorted(n for n in os.listdir(store_dir) if n.endswith(".seg"))
-    _say(f"segment files after truncation: {len(files)} (first {files[0]})")
+        await asyncio.to_thread(devcluster.start_node, base, victim)
+        _say(f"restarted {victim}")
+        done.set()
+
+    await asyncio.gather(*(writer(n) for n in range(WRITERS)), killer())
+    page = await client.tail(SHARD, 1, 1 << 24, 0)  # through the leader: everything committed
+    by_lsn = {page.first_lsn + i: record for i, record in enumerate(page.records)}
+    lost = [lsn for lsn, payload in acked.items() if by_lsn.get(lsn) != payload]
+    duplicated = len(page.records) - len(set(page.records))
+    _say(
+        f"{len(acked)} appends acknowledged of {sent} sent; lost: {len(lost)}, "
+        f"duplicated: {duplicated}"
+    )
+    await _wait_caught_up(base, addresses, victim, page.next_lsn)
 
 
-def _torn_tail_recovery(store_dir: str, limits: StoreLimits) -> None:
-    _say("\n== crash with a torn last write, then recovery ==")
-    newest = sorted(n for n in os.listdir(store_dir) if n.endswith(".seg"))[-1]
-    torn = b"\x07half-written record that never got its fsync"
-    with open(os.path.join(store_dir, newest), "ab") as segment:
-        segment.write(torn)
-    _say(f"appended {len(torn)} bytes of a torn record to {newest}")
-    with ShardStore.open(store_dir, limits=limits) as store:
-        report = store.stats().recovery
-        _say(
-            f"reopened: cut {report.torn_tail_bytes_cut} torn bytes ({report.torn_reason}); "
-            f"log is [{store.first_index}, {store.last_index}], every durable record intact"
-        )
+async def _wait_caught_up(base: str, addresses: tuple[str, ...], node: str, next_lsn: int) -> None:
+    config = load_client_config(f"{base}/client.toml")
+    own = await connect([addresses[int(node[1:]) - 1]], config.token)
+    deadline = time.monotonic() + CATCH_UP_S_MAX
+    try:
+        while time.monotonic() < deadline:
+            try:
+                page = await own.read(SHARD, 1, 1 << 24)
+                if page.next_lsn >= next_lsn:
+                    _say(f"{node} caught up: it serves LSNs 1..{page.next_lsn - 1} itself")
+                    return
+            except LogsvcError:
+                pass
+            await asyncio.sleep(0.2)
+        _say(f"{node} did not catch up within {CATCH_UP_S_MAX} s")
+    finally:
+        await own.close()
+
+
+async def _fencing(client: Client) -> None:
+    _say("\n== leases with epochs: a fenced writer is refused ==")
+    await client.acquire_lease(2, "engine-a", 1)
+    await client.append(2, [b"written by engine-a"], epoch=1)
+    await client.acquire_lease(2, "engine-b", 2)
+    _say("engine-a held the lease at epoch 1; engine-b took it at epoch 2")
+    try:
+        await client.append(2, [b"a late write from engine-a"], epoch=1)
+    except StaleEpoch as exc:
+        _say(f"engine-a's next append was refused: {exc}")
+
+
+async def _truncation(client: Client) -> None:
+    _say("\n== truncation ==")
+    first = await client.truncate(SHARD, 10)
+    _say(f"shard {SHARD} truncated: the first retained LSN is {first}")
+    try:
+        await client.read(SHARD, 1, 100)
+    except Truncated as exc:
+        _say(f"reading LSN 1 now answers: {exc}")
