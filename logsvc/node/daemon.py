@@ -35,6 +35,7 @@ def serve(config_path: str) -> int:
     logging.basicConfig(
         level=config.log_level.upper(),
         format=f"%(asctime)s %(levelname)s node={config.node_id} %(name)s: %(message)s",
+        force=True,  # the CLI configured logging before the config was known
     )
     asyncio.run(_run(config))
     return 0

@@ -65,7 +65,7 @@ class DataPlaneServer:
         self._token = token.encode()
         self._limits = limits
         self._server: asyncio.Server | None = None
-        self._connections: set[asyncio.Task[None]] = set()
+        self._connections: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
         self.counters: Counter[str] = Counter()  # metrics (issue 6 exports them)
 
     async def start(self, host: str, port: int) -> None:
@@ -81,9 +81,13 @@ class DataPlaneServer:
         if self._server is not None:
             self._server.close()
         if self._connections:
-            _, pending = await asyncio.wait(self._connections, timeout=grace_s)
+            _, pending = await asyncio.wait(list(self._connections), timeout=grace_s)
+            # Hang up rather than cancel: the connection tasks then end on their own (a
+            # cancelled stream-server task is logged as an error by asyncio in 3.11).
             for task in pending:
-                task.cancel()
+                self._connections[task].transport.abort()
+            if pending:
+                await asyncio.wait(pending, timeout=grace_s)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if len(self._connections) >= self._limits.connections_max:
@@ -92,11 +96,11 @@ class DataPlaneServer:
             return
         task = asyncio.current_task()
         assert task is not None
-        self._connections.add(task)
+        self._connections[task] = writer
         try:
             await _Connection(self, reader, writer).serve()
         finally:
-            self._connections.discard(task)
+            self._connections.pop(task, None)
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()

@@ -11,6 +11,8 @@ server keeps serving others; a bad config exits 2 naming the key, without a trac
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import socket
 import struct
 import subprocess
@@ -304,3 +306,21 @@ def test_producer_batching_shares_appends_and_is_bounded(cluster: LocalCluster) 
         await client.close()
 
     asyncio.run(scenario())
+
+
+def test_sigterm_stops_a_node_cleanly_and_it_comes_back(own_cluster: LocalCluster) -> None:
+    client = own_cluster.client()
+    try:
+        lsns = client.append(1, [b"before the clean stop"])
+        pid = devcluster.read_pids(own_cluster.dir)["n1"]
+        devcluster.kill_node(own_cluster.dir, "n1", signal.SIGTERM)
+        _, status = os.waitpid(pid, 0) if devcluster.alive(pid) else (pid, 0)
+        log = Path(own_cluster.dir, "n1.log").read_text()
+        assert "stopping" in log and "stopped" in log  # the shutdown path ran to its end
+        assert "Traceback" not in log
+        devcluster.start_node(own_cluster.dir, "n1")
+        devcluster.wait_for_leaders(own_cluster.dir, 1)
+        assert client.read(1, lsns[0], 100).records[0] == b"before the clean stop"
+        assert status == 0
+    finally:
+        client.close()

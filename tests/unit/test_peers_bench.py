@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -188,8 +189,19 @@ def test_cpu_times_and_busy_fraction() -> None:
     assert after == (300, 1900)
     assert peers.busy_fraction(before, after) == pytest.approx(100 / 900)
     assert peers.busy_fraction(after, after) == 0.0
+    # irq and softirq (loopback traffic) count as neither busy nor idle; steal is busy
+    assert peers.cpu_times("cpu  10 1 20 500 5 7 9 3 0 0\n") == (34, 555)
     with pytest.raises(ValueError):
         peers.cpu_times("cpu0 1 2 3 4\n")
+
+
+def test_foreign_cpu_is_machine_busy_minus_our_own() -> None:
+    before = peers.CpuSnapshot(wall_s=100.0, machine_busy_s=50.0, own_s=10.0)
+    after = peers.CpuSnapshot(wall_s=110.0, machine_busy_s=62.0, own_s=20.0)
+    assert peers.foreign_fraction(before, after, 2) == pytest.approx(2.0 / 20.0)
+    quiet = peers.CpuSnapshot(wall_s=110.0, machine_busy_s=59.0, own_s=20.0)
+    assert peers.foreign_fraction(before, quiet, 2) == 0.0  # never negative
+    assert peers.foreign_fraction(before, before, 2) == 0.0
 
 
 def test_closed_loop_counts_ops_latencies_and_errors() -> None:
@@ -255,3 +267,27 @@ def test_importing_installs_and_imports_no_client() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr
+
+
+def test_a_system_that_cannot_be_had_is_a_skipped_row_and_exit_1(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def no_etcd(system: str, opts: peers.Options) -> peers.Prepared:
+        raise peers.Skip("`apt-get install -y etcd-server` exited 100: E: Unable to locate")
+
+    def never(*args: object) -> peers.Result:
+        raise AssertionError("nothing is measured for a skipped system")
+
+    monkeypatch.setattr(peers, "prepare", no_etcd)
+    monkeypatch.setattr(peers, "measure", never)
+    code = peers.main(["--systems", "etcd", "--concurrency", "1,64", "--workdir", str(tmp_path)])
+    assert code == 1
+    out, err = capsys.readouterr()
+    rows = [line for line in out.splitlines() if line.startswith("| etcd")]
+    assert rows == [
+        "| etcd | 1 | — | — | — | skipped: `apt-get install -y etcd-server` exited 100: "
+        "E: Unable to locate |",
+        "| etcd | 64 | — | — | — | skipped: `apt-get install -y etcd-server` exited 100: "
+        "E: Unable to locate |",
+    ]
+    assert "skipping etcd" in err and "2 of 2 measurements skipped or failed" in err
