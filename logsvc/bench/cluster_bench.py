@@ -14,6 +14,7 @@ import asyncio
 import json
 import os
 import re
+import shutil
 import signal
 import tempfile
 import time
@@ -42,11 +43,12 @@ def run(config: ClusterBenchConfig) -> dict[str, object]:
     assert 1 <= config.concurrency <= CONCURRENCY_MAX
     assert config.replicas == 3, "local clusters run 3 replicas per shard"
     base = tempfile.mkdtemp(prefix="logsvc-bench-cluster-")
-    devcluster.up(base, nodes=3, shards=1)
     try:
+        devcluster.up(base, nodes=3, shards=1)
         return asyncio.run(_drive(base, config))
     finally:
         devcluster.down(base)
+        shutil.rmtree(base, ignore_errors=True)
 
 
 async def _drive(base: str, config: ClusterBenchConfig) -> dict[str, object]:
