@@ -177,8 +177,13 @@ class _Connection:
             raise _error(answer)
 
     async def call(self, request: object) -> object:
-        async with self._slots:
-            assert self._writer is not None
+        try:  # a bounded wait for a pipelining slot
+            await asyncio.wait_for(self._slots.acquire(), self._options.request_timeout_s)
+        except TimeoutError:
+            raise TimeoutError(f"no request slot on {self.address}") from None
+        try:
+            if self._writer is None or self.broken:
+                raise ConnectionError(f"connection to {self.address} is closed")
             request_id = next(self._ids)
             future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
             self._pending[request_id] = future
@@ -188,6 +193,8 @@ class _Connection:
                 return await asyncio.wait_for(future, self._options.request_timeout_s)
             finally:
                 self._pending.pop(request_id, None)
+        finally:
+            self._slots.release()
 
     async def _receive(self) -> None:
         decoder = FrameDecoder()
@@ -239,6 +246,7 @@ class Client:
         self._lanes = _Lanes(client_id, options.dedupe_window, options.lanes_max)
         self._connections: dict[str, _Connection] = {}
         self._leaders: dict[int, str] = {}
+        self._closed = False
 
     # ------------------------------------------------------------------ operations
 
@@ -281,9 +289,11 @@ class Client:
         return answer
 
     async def close(self) -> None:
-        for connection in self._connections.values():
+        """Close every connection; calls still running fail, and no retry reconnects."""
+        self._closed = True
+        connections, self._connections = list(self._connections.values()), {}
+        for connection in connections:
             await connection.close()
-        self._connections.clear()
 
     # ------------------------------------------------------------------ routing
 
@@ -328,6 +338,8 @@ class Client:
         return await self._leader_call(shard, request, require_leader=False)
 
     async def _call(self, address: str, request: object) -> object:
+        if self._closed:
+            raise Unavailable("the client is closed")
         connection = self._connections.get(address)
         if connection is None or connection.broken:
             if connection is not None:

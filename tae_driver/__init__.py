@@ -3,7 +3,8 @@
 The engine appends entries and gets back dense DSNs, completed in DSN order, whatever order
 the backend finishes records in; it truncates by DSN; on restart it replays a gap-free,
 duplicate-free DSN sequence (reference/matrixone-wal.md §0-§2.5, issue 7). Backends:
-`tae_driver.backends.memory.MemoryBackend`, `tae_driver.backends.file.FileBackend`.
+`tae_driver.backends.memory.MemoryBackend`, `tae_driver.backends.file.FileBackend`,
+`tae_driver.backends.logsvc.LogsvcBackend`.
 
     from tae_driver import open_driver, ReplayMode, ReplayDecision
 

@@ -1,13 +1,18 @@
 """Throughput and completion latency of the driver over a backend.
 
     python -m tae_driver.bench --backend file --window 64 --entry-bytes 128 --seconds 3
+    python -m tae_driver.bench --backend logsvc --window 64 --entry-bytes 128 --seconds 3
 
 Why: the window is the driver's main knob (reference/matrixone-wal.md §2.3); this shows how
-throughput grows with it (W = 1, 8, 64) over the group-fsync file backend. A closed loop of
-`--clients` concurrent appenders (default enough to fill any window) each appends
-`--entry-bytes` entries back to back for `--seconds`; latency is from the call to `append`
-to its completion (in DSN order). Prints one JSON object. The logsvc backend needs the
-client library and is not available yet (exit status 2).
+throughput grows with it (W = 1, 8, 64) over the group-fsync file backend and over a real
+logsvc cluster. A closed loop of `--clients` concurrent appenders (default enough to fill any
+window) each appends `--entry-bytes` entries back to back for `--seconds`; latency is from
+the call to `append` to its completion (in DSN order). Prints one JSON object.
+
+`--backend logsvc` starts its own local cluster (3 node processes, one shard, in a temporary
+directory, like `logsvc bench cluster`), stops it and removes the directory afterwards; with
+`--client-config PATH` it uses that running cluster's `--shard` instead (the shard's lease is
+taken, fencing any other writer).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -22,14 +28,18 @@ import time
 from array import array
 from typing import Any
 
+from logsvc import devcluster
+from logsvc.config import load_client_config
 from tae_driver import limits, open_driver
 from tae_driver.backend import LogBackend
 from tae_driver.backends.file import FileBackend
+from tae_driver.backends.logsvc import LogsvcBackend
 from tae_driver.backends.memory import MemoryBackend
 from tae_driver.replay import ReplayDecision
 
 CLIENTS_DEFAULT = 1024
 SECONDS_MAX = 600
+LOGSVC_NODES = 3
 
 
 def _apply(dsn: int, entry: bytes) -> ReplayDecision:
@@ -50,7 +60,11 @@ async def run(
     seconds: float,
     clients: int,
     dir_path: str | None,
+    *,
+    client_config: str | None = None,
+    shard: int = 1,
 ) -> dict[str, Any]:
+    """Over a logsvc cluster, `client_config` is its DIR/client.toml (the caller runs it)."""
     temp_dir: str | None = None
     backend: LogBackend
     if backend_name == "file":
@@ -58,6 +72,10 @@ async def run(
             temp_dir = tempfile.mkdtemp(prefix="tae-driver-bench-")
             dir_path = temp_dir
         backend = await FileBackend.open(dir_path)
+    elif backend_name == "logsvc":
+        assert client_config is not None
+        config = load_client_config(client_config)
+        backend = await LogsvcBackend.open(config.addresses, config.token, shard)
     else:
         backend = MemoryBackend()
     try:
@@ -101,6 +119,9 @@ async def run(
             result["records_per_fsync"] = round(
                 stats.records_appended / max(1, file_stats.data_syncs), 1
             )
+        if isinstance(backend, LogsvcBackend):
+            result["shard"] = backend.shard
+            result["lease_epoch"] = backend.epoch
         return result
     finally:
         await backend.close()
@@ -119,13 +140,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--clients", type=int, default=CLIENTS_DEFAULT)
     parser.add_argument("--dir", default=None, help="file backend directory (default: a temp dir)")
+    parser.add_argument(
+        "--client-config",
+        default=None,
+        help="logsvc: a running cluster's client.toml (default: start a local cluster)",
+    )
+    parser.add_argument("--shard", type=int, default=1, help="logsvc: the shard to write")
     args = parser.parse_args(argv)
-    if args.backend == "logsvc":
-        print(
-            "the logsvc backend is not yet available: it needs the logsvc client library",
-            file=sys.stderr,
-        )
-        return 2
+    if args.shard < 1:
+        parser.error("--shard must be at least 1")
     if not 1 <= args.window <= limits.WINDOW_RECORDS_MAX:
         parser.error(f"--window must be in [1, {limits.WINDOW_RECORDS_MAX}]")
     if not 0 <= args.entry_bytes <= limits.ENTRY_BYTES_MAX:
@@ -134,11 +157,48 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--seconds must be in (0, {SECONDS_MAX}]")
     if not 1 <= args.clients <= limits.INTAKE_ENTRIES_MAX:
         parser.error(f"--clients must be in [1, {limits.INTAKE_ENTRIES_MAX}]")
-    result = asyncio.run(
-        run(args.backend, args.window, args.entry_bytes, args.seconds, args.clients, args.dir)
-    )
+    if args.backend == "logsvc" and args.client_config is None:
+        result = _run_on_local_cluster(args)
+    else:
+        result = asyncio.run(
+            run(
+                args.backend,
+                args.window,
+                args.entry_bytes,
+                args.seconds,
+                args.clients,
+                args.dir,
+                client_config=args.client_config,
+                shard=args.shard,
+            )
+        )
     print(json.dumps(result, sort_keys=True))
     return 0
+
+
+def _run_on_local_cluster(args: argparse.Namespace) -> dict[str, Any]:
+    """Start a local cluster (dev-cluster: 3 node processes, one shard) in a temporary
+    directory, run against its shard 1, and stop and remove it whatever happens."""
+    base = tempfile.mkdtemp(prefix="tae-driver-bench-logsvc-")
+    try:
+        devcluster.up(base, nodes=LOGSVC_NODES, shards=1)
+        result = asyncio.run(
+            run(
+                "logsvc",
+                args.window,
+                args.entry_bytes,
+                args.seconds,
+                args.clients,
+                None,
+                client_config=os.path.join(base, "client.toml"),
+                shard=1,
+            )
+        )
+        result["nodes"] = LOGSVC_NODES
+        return result
+    finally:
+        devcluster.down(base)
+        shutil.rmtree(base, ignore_errors=True)
 
 
 if __name__ == "__main__":

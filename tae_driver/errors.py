@@ -25,7 +25,9 @@ The tree::
         ├── OutOfRange             read below the truncation point, or truncate past latest()
         ├── BackendClosed          the backend was closed
         ├── BackendFailed          an earlier I/O error left the backend unusable; reopen it
-        └── StorageCorruption      bad bytes on disk (path, offset_bytes, reason)
+        ├── StorageCorruption      bad bytes on disk (path, offset_bytes, reason)
+        ├── BackendFenced          a newer writer took the log's lease: this instance is stale
+        └── BackendUnavailable     the log service gave no usable answer within the bounds
 """
 
 from __future__ import annotations
@@ -156,3 +158,34 @@ class StorageCorruption(BackendError):
         self.path = path
         self.offset_bytes = offset_bytes
         self.reason = reason
+
+
+class BackendFenced(BackendError):
+    """The log refused a write because a newer writer holds its lease (a higher epoch): this
+    engine instance is stale and must stop writing. Never retried; the driver fails with it
+    as the cause of `DriverFailed`. `holder`/`epoch` are this backend's lease (None and 0
+    without one), `current_holder`/`current_epoch` the log's (holder None when unknown)."""
+
+    def __init__(
+        self,
+        detail: str,
+        *,
+        holder: str | None,
+        epoch: int,
+        current_holder: str | None,
+        current_epoch: int | None,
+    ) -> None:
+        super().__init__(
+            f"{detail}: fenced at epoch {epoch} (holder {holder}); the lease is held by "
+            f"{current_holder} at epoch {current_epoch}"
+        )
+        self.holder = holder
+        self.epoch = epoch
+        self.current_holder = current_holder
+        self.current_epoch = current_epoch
+
+
+class BackendUnavailable(BackendError):
+    """No usable answer from the log service within the backend's bounds (the client's
+    retries ran out, or the whole call timed out). An append's outcome is unknown: it may
+    be durable; replay after a reopen decides."""

@@ -1,2 +1,2 @@
-"""Local `LogBackend` implementations: `memory` (tests, examples) and `file` (rotating files,
-group fsync). The logsvc backend will live beside them once the client library exists."""
+"""`LogBackend` implementations: `memory` (tests, examples), `file` (rotating files, group
+fsync) and `logsvc` (a shard of a logsvc cluster, fenced by a lease)."""

@@ -1,4 +1,5 @@
-"""Every `LogBackend` behaves as backend.py's contract says (memory and file; logsvc later).
+"""Every `LogBackend` behaves as backend.py's contract says (memory and file here; the same
+functions run against the logsvc backend and a real cluster in tests/e2e/test_tae_driver_logsvc.py).
 
 Each test runs once per backend kind through the `harness` fixture (conftest.py), which can
 also restart a backend (the same object for memory, close + open for file). It checks LSN
@@ -6,8 +7,7 @@ assignment (strictly increasing, dense for a fresh log, concurrent appends disti
 (exact bytes, own LSNs, `next = last + 1`, at least one record past `max_bytes`,
 `next == first` only at the end: §2.7 Q1/Q2), truncation (monotonic, inclusive,
 `AlreadyTruncated` with the truncated LSN, `OutOfRange` past the end: §4 scenario 3), that
-the truncated and latest LSNs survive a restart, and tail wake-ups. To add the logsvc
-backend, extend `BACKEND_KINDS` in harness.py.
+the truncated and latest LSNs survive a restart, and tail wake-ups.
 """
 
 from __future__ import annotations
