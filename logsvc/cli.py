@@ -30,17 +30,21 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(EXIT_USAGE)
 
 
-def _positive_int(name: str, maximum: int) -> Callable[[str], int]:
+def _int_in(name: str, minimum: int, maximum: int) -> Callable[[str], int]:
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{name} must be an integer, got {text!r}") from None
-        if not 1 <= value <= maximum:
-            raise argparse.ArgumentTypeError(f"{name} must be in 1..{maximum}, got {value}")
+        if not minimum <= value <= maximum:
+            raise argparse.ArgumentTypeError(f"{name} must be in {minimum}..{maximum}, got {value}")
         return value
 
     return parse
+
+
+def _positive_int(name: str, maximum: int) -> Callable[[str], int]:
+    return _int_in(name, 1, maximum)
 
 
 def _seconds(name: str, maximum: float) -> Callable[[str], float]:
@@ -88,6 +92,13 @@ def _parser() -> argparse.ArgumentParser:
         )
         if name == "append":
             command.add_argument("records", nargs="+", help="record payloads (UTF-8 text)")
+        if name in ("append", "truncate"):
+            command.add_argument(
+                "--epoch",
+                type=_int_in("--epoch", 0, 2**63 - 1),
+                default=0,
+                help="the writer's lease epoch (0: only while no lease was ever granted)",
+            )
         if name in ("read", "tail", "truncate"):
             command.add_argument(
                 "--lsn",
@@ -223,7 +234,7 @@ def _client_command(args: argparse.Namespace) -> int:
     client = SyncClient(config.addresses, config.token)
     try:
         if args.command == "append":
-            lsns = client.append(args.shard, [r.encode() for r in args.records])
+            lsns = client.append(args.shard, [r.encode() for r in args.records], epoch=args.epoch)
             print(" ".join(str(lsn) for lsn in lsns))
         elif args.command in ("read", "tail"):
             page = (
@@ -235,7 +246,7 @@ def _client_command(args: argparse.Namespace) -> int:
                 print(f"{page.first_lsn + offset}\t{record.decode('utf-8', 'backslashreplace')}")
             print(f"next_lsn\t{page.next_lsn}", file=sys.stderr)
         elif args.command == "truncate":
-            print(client.truncate(args.shard, args.lsn))
+            print(client.truncate(args.shard, args.lsn, epoch=args.epoch))
         else:
             status = client.status(args.shard)
             print(

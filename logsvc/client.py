@@ -71,6 +71,10 @@ class Overloaded(ServerError):
     pass
 
 
+class NotLeaseHolder(ServerError):
+    """The epoch is above the lease's: acquire the lease at that epoch first."""
+
+
 class Unauthenticated(ServerError):
     pass
 
@@ -79,11 +83,17 @@ class Unavailable(LogsvcError):
     """No node answered usefully within the attempts allowed."""
 
 
+class TooManyInFlight(LogsvcError):
+    """Every lane already has `dedupe_window` appends in flight and none freed up within
+    the request timeout: the caller is sending faster than the cluster answers."""
+
+
 _ERRORS: dict[wire.ErrorCode, type[ServerError]] = {
     wire.ErrorCode.NOT_LEADER: NotLeader,
     wire.ErrorCode.TRUNCATED: Truncated,
     wire.ErrorCode.STALE_EPOCH: StaleEpoch,
     wire.ErrorCode.OVERLOADED: Overloaded,
+    wire.ErrorCode.NOT_LEASE_HOLDER: NotLeaseHolder,
     wire.ErrorCode.UNAUTHENTICATED: Unauthenticated,
 }
 # Answers after which the same request may be sent again (to the same or another node).
@@ -114,8 +124,9 @@ class ClientOptions:
 class _Lanes:
     """Hands out (client id, seq) so that no id has more than `window` appends in flight."""
 
-    def __init__(self, client_id: str, window: int, lanes_max: int) -> None:
+    def __init__(self, client_id: str, window: int, lanes_max: int, wait_s_max: float) -> None:
         assert window >= 1
+        self._wait_s_max = wait_s_max
         self._client_id = client_id
         self._window = window
         self._lanes_max = lanes_max
@@ -133,7 +144,12 @@ class _Lanes:
                     self._in_flight.append(0)
                     self._next_seq.append(1)
                     return self._take(len(self._in_flight) - 1)
-                await self._free.wait()
+                try:
+                    await asyncio.wait_for(self._free.wait(), self._wait_s_max)
+                except TimeoutError:
+                    raise TooManyInFlight(
+                        f"{self._lanes_max} lanes x {self._window} appends in flight"
+                    ) from None
 
     def _take(self, lane: int) -> tuple[int, str, int]:
         self._in_flight[lane] += 1
@@ -243,7 +259,9 @@ class Client:
         self._token = token
         self._options = options
         self.client_id = client_id
-        self._lanes = _Lanes(client_id, options.dedupe_window, options.lanes_max)
+        self._lanes = _Lanes(
+            client_id, options.dedupe_window, options.lanes_max, options.request_timeout_s
+        )
         self._connections: dict[str, _Connection] = {}
         self._leaders: dict[int, str] = {}
         self._closed = False
@@ -273,8 +291,10 @@ class Client:
         assert isinstance(answer, wire.Records), answer
         return answer
 
-    async def truncate(self, shard: int, lsn: int) -> int:
-        answer = await self._leader_call(shard, wire.Truncate(shard, lsn))
+    async def truncate(self, shard: int, lsn: int, *, epoch: int = 0) -> int:
+        """Discard every LSN below `lsn`; return the first retained LSN. Fenced like an
+        append: `StaleEpoch` when `epoch` is below the shard's lease epoch."""
+        answer = await self._leader_call(shard, wire.Truncate(shard, lsn, epoch))
         assert isinstance(answer, wire.TruncatedTo), answer
         return answer.first_lsn
 
@@ -483,8 +503,8 @@ class SyncClient:
     def tail(self, shard: int, lsn: int, max_bytes: int, wait_ms: int) -> wire.Records:
         return self._run(self._client.tail(shard, lsn, max_bytes, wait_ms))
 
-    def truncate(self, shard: int, lsn: int) -> int:
-        return self._run(self._client.truncate(shard, lsn))
+    def truncate(self, shard: int, lsn: int, *, epoch: int = 0) -> int:
+        return self._run(self._client.truncate(shard, lsn, epoch=epoch))
 
     def acquire_lease(self, shard: int, holder: str, epoch: int) -> wire.LeaseGranted:
         return self._run(self._client.acquire_lease(shard, holder, epoch))

@@ -241,7 +241,7 @@ class _Connection:
             result = await host.tail(request.from_lsn, max_bytes, request.wait_ms, READ_RECORDS_MAX)
             return wire.Records(result.records, result.first_lsn, result.next_lsn)
         if isinstance(request, wire.Truncate):
-            return _result_response(await host.truncate(request.lsn))
+            return _result_response(await host.truncate(request.lsn, request.epoch))
         if isinstance(request, wire.AcquireLease):
             return _result_response(await host.acquire_lease(request.holder, request.epoch))
         if isinstance(request, wire.Status):

@@ -104,8 +104,10 @@ class ShardHost:
             raise Overloaded(f"shard {self.shard_id}: append queue full") from None
         return await future
 
-    async def truncate(self, lsn: int) -> Result:
-        return await self._propose(Truncate(lsn))
+    async def truncate(self, lsn: int, epoch: int) -> Result:
+        """Fenced like an append: `StaleEpoch` / `NotLeaseHolder` unless `epoch` is the
+        current lease's (0 while no lease was ever granted)."""
+        return await self._propose(Truncate(lsn, epoch))
 
     async def acquire_lease(self, holder: str, epoch: int) -> Result:
         return await self._propose(AcquireLease(holder, epoch))

@@ -11,16 +11,23 @@ little-endian, checksum XXH3-64 seed 0):
 
     type_tag 0: reserved, never valid (so zero-filled bytes never decode)
     type_tag 1: AppendBatch  [1, client_id str, seq uint, epoch uint, [record bin, ...]]
-    type_tag 2: Truncate     [2, lsn uint]
+    type_tag 2: UnfencedTruncate [2, lsn uint]  (legacy: decoded and applied, never proposed)
     type_tag 3: AcquireLease [3, holder str, epoch uint]
     type_tag 4: Barrier      [4, token uint]
     type_tag 5: AppendGroup  [5, [[client_id str, seq uint, epoch uint, [record bin, ...]], ...]]
+    type_tag 6: Truncate     [6, lsn uint, epoch uint]
 
 AppendGroup (tag 5, added within version 1: every earlier frame keeps its bytes and meaning,
 and a reader without tag 5 refuses it loudly as "unknown type tag 5") packs many writers'
 AppendBatches into one Raft entry (issue 4's server-side group commit). The state machine
 applies its batches in order, each exactly as if it were its own entry at the group's raft
 index; the result is `GroupAppended`, one result per batch.
+
+Truncate (tag 6, added within version 1 the same way) carries the writer's lease epoch and is
+fenced exactly like an append. Tag 2, the Truncate without an epoch that earlier builds
+proposed, keeps its bytes and its meaning (applied with no epoch check) so that journals and
+replicas of earlier builds replay identically; it decodes to `UnfencedTruncate`, which this
+build never proposes (`ShardReplica.submit` refuses it).
 
 The frame has no length field: its length is the length of the Raft entry payload that
 holds it (the shard store's record has a length and a checksum of its own).
@@ -60,11 +67,19 @@ assert FRAME_HEADER_BYTES == COMMAND_HEADER_BYTES == 12
 
 TAG_INVALID = 0  # reserved: a zeroed body never decodes to a command
 TAG_APPEND_BATCH = 1
-TAG_TRUNCATE = 2
+TAG_UNFENCED_TRUNCATE = 2  # legacy: decoded and applied, never proposed
 TAG_ACQUIRE_LEASE = 3
 TAG_BARRIER = 4
 TAG_APPEND_GROUP = 5
-_TAGS = (TAG_APPEND_BATCH, TAG_TRUNCATE, TAG_ACQUIRE_LEASE, TAG_BARRIER, TAG_APPEND_GROUP)
+TAG_TRUNCATE = 6  # carries the epoch (added within version 1, like tag 5)
+_TAGS = (
+    TAG_APPEND_BATCH,
+    TAG_UNFENCED_TRUNCATE,
+    TAG_ACQUIRE_LEASE,
+    TAG_BARRIER,
+    TAG_APPEND_GROUP,
+    TAG_TRUNCATE,
+)
 
 
 # --- Commands ------------------------------------------------------------------------------
@@ -87,7 +102,22 @@ class AppendBatch:
 @dataclass(frozen=True, slots=True)
 class Truncate:
     """Discard every LSN below `lsn`: `lsn` becomes the first retained LSN (clamped to the
-    next unassigned LSN; never moves backwards)."""
+    next unassigned LSN; never moves backwards).
+
+    `epoch` is the writer's lease epoch, checked exactly as an append's: below the current
+    one `StaleEpoch`, above it `NotLeaseHolder` (0 is accepted while no lease was ever
+    granted). A refused truncate changes nothing. Encoded with type tag 6."""
+
+    lsn: int
+    epoch: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class UnfencedTruncate:
+    """A Truncate without an epoch (type tag 2), as builds before fenced truncates proposed
+    it: applied with no lease check, exactly as they applied it, so their journal entries
+    replay to the same state. Decoded and applied, never proposed by this build
+    (`ShardReplica.submit` refuses it): every new truncate is a `Truncate`."""
 
     lsn: int
 
@@ -126,7 +156,7 @@ class AppendGroup:
     batches: tuple[AppendBatch, ...]
 
 
-Command = AppendBatch | Truncate | AcquireLease | Barrier | AppendGroup
+Command = AppendBatch | Truncate | UnfencedTruncate | AcquireLease | Barrier | AppendGroup
 
 
 # --- Results -------------------------------------------------------------------------------
@@ -149,8 +179,8 @@ class Appended:
 
 @dataclass(frozen=True, slots=True)
 class StaleEpoch:
-    """Refused: the epoch is below the current one (or, for a lease, equal with another
-    holder). The writer has been fenced; the current lease is named."""
+    """Refused append or truncate: the epoch is below the current one (or, for a lease,
+    equal with another holder). The writer has been fenced; the current lease is named."""
 
     current_holder: str | None
     current_epoch: int
@@ -158,7 +188,8 @@ class StaleEpoch:
 
 @dataclass(frozen=True, slots=True)
 class NotLeaseHolder:
-    """Refused append: its epoch is above the current one (acquire the lease first)."""
+    """Refused append or truncate: its epoch is above the current one (acquire the lease
+    first)."""
 
     current_holder: str | None
     current_epoch: int
@@ -299,8 +330,10 @@ def encode_command(command: Command, limits: ShardLimits = DEFAULT_SHARD_LIMITS)
     match command:
         case AppendBatch(client_id, seq, epoch, records):
             body: tuple[object, ...] = (TAG_APPEND_BATCH, client_id, seq, epoch, records)
-        case Truncate(lsn):
-            body = (TAG_TRUNCATE, lsn)
+        case Truncate(lsn, epoch):
+            body = (TAG_TRUNCATE, lsn, epoch)
+        case UnfencedTruncate(lsn):
+            body = (TAG_UNFENCED_TRUNCATE, lsn)
         case AcquireLease(holder, epoch):
             body = (TAG_ACQUIRE_LEASE, holder, epoch)
         case Barrier(token):
@@ -398,9 +431,16 @@ def _command_from_body(body: tuple[object, ...]) -> Command | str:
                 return batch
             batches.append(batch)
         return AppendGroup(tuple(batches))
-    if tag == TAG_TRUNCATE and len(fields) == 1:
+    if tag == TAG_TRUNCATE and len(fields) == 2:
+        lsn, epoch = fields
+        if type(lsn) is not int or type(epoch) is not int:
+            return "Truncate field of the wrong type"
+        return Truncate(lsn, epoch)
+    if tag == TAG_UNFENCED_TRUNCATE and len(fields) == 1:
         (lsn,) = fields
-        return Truncate(lsn) if type(lsn) is int else "Truncate lsn is not an integer"
+        if type(lsn) is not int:
+            return "UnfencedTruncate lsn is not an integer"
+        return UnfencedTruncate(lsn)
     if tag == TAG_ACQUIRE_LEASE and len(fields) == 2:
         holder, epoch = fields
         if not isinstance(holder, str) or type(epoch) is not int:
@@ -445,7 +485,13 @@ def command_problem(
             if not is_u64(epoch):
                 return CommandInvalid(f"epoch must be an integer in [0, 2**64), got {epoch!r}")
             return _records_problem(records, limits)
-        case Truncate(lsn):
+        case Truncate(lsn, epoch):
+            if not is_u64(lsn):
+                return CommandInvalid(f"lsn must be an integer in [0, 2**64), got {lsn!r}")
+            if not is_u64(epoch):
+                return CommandInvalid(f"epoch must be an integer in [0, 2**64), got {epoch!r}")
+            return None
+        case UnfencedTruncate(lsn):
             if not is_u64(lsn):
                 return CommandInvalid(f"lsn must be an integer in [0, 2**64), got {lsn!r}")
             return None

@@ -30,11 +30,12 @@ from logsvc.shard.commands import (
     Command,
     Result,
     Truncate,
+    UnfencedTruncate,
     decode_command,
     decode_entry_records,
     encode_command,
 )
-from logsvc.shard.errors import CommandCorrupt, LsnNotAssigned, ShardError
+from logsvc.shard.errors import CommandCorrupt, CommandInvalid, LsnNotAssigned, ShardError
 from logsvc.shard.limits import DEFAULT_SHARD_LIMITS, ShardLimits
 from logsvc.shard.state_machine import ShardStateMachine
 from logsvc.store import DEFAULT_LIMITS, ShardStore, StoreLimits
@@ -153,8 +154,12 @@ class ShardReplica:
     ) -> Result:
         return self.propose(AppendBatch(client_id, seq, epoch, records), timeout_s)
 
-    def truncate(self, lsn: int, *, timeout_s: float = PROPOSAL_TIMEOUT_S_DEFAULT) -> Result:
-        return self.propose(Truncate(lsn), timeout_s)
+    def truncate(
+        self, lsn: int, *, epoch: int = 0, timeout_s: float = PROPOSAL_TIMEOUT_S_DEFAULT
+    ) -> Result:
+        """Fenced like an append: `StaleEpoch` / `NotLeaseHolder` unless `epoch` is the
+        current lease's (0 while no lease was ever granted)."""
+        return self.propose(Truncate(lsn, epoch), timeout_s)
 
     def acquire_lease(
         self, holder: str, epoch: int, *, timeout_s: float = PROPOSAL_TIMEOUT_S_DEFAULT
@@ -184,7 +189,11 @@ class ShardReplica:
     def submit(self, command: Command, done: Callable[[Result | ShardError], None]) -> None:
         """Propose without waiting: `done(result or typed error)` runs on the Raft tick
         thread once the command is applied here or failed. Raises at once (NotLeader,
-        ReplicaFailed, CommandInvalid/TooLarge) when it cannot even be queued."""
+        ReplicaFailed, CommandInvalid/TooLarge) when it cannot even be queued. An
+        `UnfencedTruncate` is refused (`CommandInvalid`): it is only ever decoded from the
+        entries of earlier builds, so no truncate of this build bypasses the lease."""
+        if isinstance(command, UnfencedTruncate):
+            raise CommandInvalid("an UnfencedTruncate is never proposed: use Truncate(lsn, epoch)")
         self._check_alive()
         if not self._node.is_leader:
             raise NotLeader(self._node.leader)

@@ -28,8 +28,13 @@ Rules (docs/decisions/0001-shard-replication.md, "Leases, fencing, dedupe"):
   rules above, dedupe against everything before it in the group too), and the result is
   `GroupAppended`, one result per batch. So the accepted batches get consecutive LSNs
   across the group, and refused and duplicate ones consume none.
-* Truncate(lsn): `first_lsn = max(first_lsn, min(lsn, next_lsn))`; lower or equal is a
-  no-op. The result reports the first retained LSN either way.
+* Truncate(lsn, epoch): first the epoch, exactly as an append's (rule 2 above):
+  `epoch < current_epoch` -> `StaleEpoch`, `epoch > current_epoch` -> `NotLeaseHolder`
+  (epoch 0 accepted while no lease was ever granted); a refused truncate changes nothing
+  and records no snapshot point. Accepted: `first_lsn = max(first_lsn, min(lsn,
+  next_lsn))`; lower or equal is a no-op. The result reports the first retained LSN either
+  way. UnfencedTruncate(lsn) (type tag 2, written by builds before truncates carried an
+  epoch; never proposed now) is applied as those builds applied it: with no epoch check.
 * Barrier(token): changes nothing; reports `next_lsn`.
 
 Dedupe. Per client, up to `dedupe_seqs_per_client` accepted seqs -> `(first_lsn, count)`;
@@ -102,6 +107,7 @@ from logsvc.shard.commands import (
     StaleEpoch,
     Truncate,
     Truncated,
+    UnfencedTruncate,
     decode_frame,
     encode_frame,
     is_u64,
@@ -304,7 +310,12 @@ class ShardStateMachine:
         match command:
             case AppendBatch():
                 return self._append(raft_index, command)
-            case Truncate(lsn):
+            case Truncate(lsn, epoch):
+                refused = self._lease_refusal(epoch)
+                if refused is not None:
+                    return refused  # records no snapshot point: nothing changed
+                return self._truncate(raft_index, lsn)
+            case UnfencedTruncate(lsn):
                 return self._truncate(raft_index, lsn)
             case AcquireLease(holder, epoch):
                 return self._acquire_lease(holder, epoch)
@@ -331,11 +342,9 @@ class ShardStateMachine:
             remembered = client.seqs.get(command.seq)
             if remembered is not None:
                 return Appended(remembered[0], remembered[1], duplicate=True)
-        lease = self._lease
-        if command.epoch < lease.epoch:
-            return StaleEpoch(lease.holder, lease.epoch)
-        if command.epoch > lease.epoch:
-            return NotLeaseHolder(lease.holder, lease.epoch)
+        refused = self._lease_refusal(command.epoch)
+        if refused is not None:
+            return refused
         if client is not None and command.seq < client.seq_floor:
             return DuplicateUnknown(command.client_id, command.seq, min(client.seqs))
 
@@ -359,6 +368,16 @@ class ShardStateMachine:
         self._next_lsn = first_lsn + count
         self._remember(raft_index, command, client, first_lsn, count)
         return Appended(first_lsn, count, duplicate=False)
+
+    def _lease_refusal(self, epoch: int) -> StaleEpoch | NotLeaseHolder | None:
+        """Why a write (append or truncate) at `epoch` is refused, or None: the epoch must
+        be the current lease's (0 while no lease was ever granted)."""
+        lease = self._lease
+        if epoch < lease.epoch:
+            return StaleEpoch(lease.holder, lease.epoch)
+        if epoch > lease.epoch:
+            return NotLeaseHolder(lease.holder, lease.epoch)
+        return None
 
     def _remember(
         self,

@@ -16,10 +16,14 @@ Every message body is one msgpack array (packed with `use_bin_type=True`; no map
                          max_bytes]                  first_lsn, next_lsn, commit_index,
     op 4: Tail          [shard, from_lsn,            is_leader]
                          max_bytes, wait_ms]
-    op 5: Truncate      [shard, lsn]      tag 127: ErrorResponse  [code, message, leader_hint,
-    op 6: AcquireLease  [shard, holder,              first_lsn, current_holder,
-                         epoch]                      current_epoch]
+    op 5: Truncate      [shard, lsn,      tag 127: ErrorResponse  [code, message, leader_hint,
+                         epoch]                      first_lsn, current_holder,
+    op 6: AcquireLease  [shard, holder,              current_epoch]
+                         epoch]
     op 7: Status        [shard]
+
+Truncate's `epoch` was added at the end within version 1: `[5, shard, lsn]`, the body of
+earlier clients, still decodes, as epoch 0 (FORMAT.md). Encoding always writes the epoch.
 
 Arrays, not maps: the field order is fixed by the version, so names would only add bytes
 and a second way to be malformed. An optional field is present as msgpack nil.
@@ -130,10 +134,13 @@ class Tail:
 
 @dataclass(frozen=True, slots=True)
 class Truncate:
-    """Discard every LSN below `lsn`. Answered with `TruncatedTo`."""
+    """Discard every LSN below `lsn`, under lease `epoch` (fenced like an `Append`: 0 for
+    writers that do not fence, accepted only while no lease was ever granted). Answered
+    with `TruncatedTo`."""
 
     shard: int
     lsn: int
+    epoch: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -313,6 +320,8 @@ def decode_request(frame: Frame, limits: WireLimits = DEFAULT_WIRE_LIMITS) -> Re
     cls = _REQUEST_BY_OP.get(op)
     if cls is None:
         raise UnknownOp(op)
+    if cls is Truncate and len(values) == 2:
+        values = (*values, 0)  # an earlier client's body, without the epoch: epoch 0
     reason = _shape_problem(cls, values)
     if reason is not None:
         raise BadRequest(reason)
@@ -413,8 +422,12 @@ def request_problem(msg: object, limits: WireLimits = DEFAULT_WIRE_LIMITS) -> Ba
                 or _int_problem("max_bytes", max_bytes, 1, limits.read_bytes_max)
                 or _int_problem("wait_ms", wait_ms, 0, limits.tail_wait_ms_max)
             )
-        case Truncate(shard, lsn):
-            reason = _shard_problem(shard) or _int_problem("lsn", lsn, 0, U64_MAX)
+        case Truncate(shard, lsn, epoch):
+            reason = (
+                _shard_problem(shard)
+                or _int_problem("lsn", lsn, 0, U64_MAX)
+                or _int_problem("epoch", epoch, 0, U64_MAX)
+            )
         case AcquireLease(shard, holder, epoch):
             # Epoch 0 means "no lease was ever granted"; a lease is always at epoch >= 1.
             reason = (

@@ -20,10 +20,11 @@ Why each choice (issue 7, backend.py's contract, reference/matrixone-wal.md §3)
   epoch given it takes the next one above the current (learned from the `STALE_EPOCH`
   answer), so a new engine instance fences every older one. Appends carry the epoch; a
   refusal (`STALE_EPOCH`) raises `BackendFenced` and every later append fails the same way at
-  once. Truncate requests carry no epoch on the wire, so a truncate first re-confirms the
-  lease (an idempotent `acquire_lease` at our own epoch): a fenced instance never truncates
-  once the new writer's lease is applied. `lease=False` opens a reader (FOR_READ/FOREVER
-  replay) that fences nobody; `acquire_lease()` later promotes it.
+  once. Truncates carry the epoch too and are fenced the same way by the shard itself: a
+  fenced instance never truncates once the new writer's lease is applied, and its truncate
+  raises `BackendFenced` (as do its appends from then on). `lease=False` opens a reader
+  (FOR_READ/FOREVER replay) that fences nobody, and whose truncates, at epoch 0, are refused
+  once any lease was granted; `acquire_lease()` later promotes it.
 * **Reads.** `read` goes to any replica (the client prefers the known leader). A lagging
   replica answers a shorter prefix, never other data, so a non-empty page is always right;
   the one answer it can get wrong is "nothing more" (it has not applied the end yet), which
@@ -292,19 +293,16 @@ class LogsvcBackend:
                 latest = await self.latest()
                 if lsn > latest:
                     raise OutOfRange(lsn, truncated, latest)
-            if self._epoch:
-                # Truncate carries no epoch: make sure no newer writer has taken over.
-                try:
-                    await self._call(
-                        "truncate",
-                        self._client.acquire_lease(self._shard, self._holder, self._epoch),
-                    )
-                except BackendFenced as exc:
-                    self._fenced = exc
-                    raise
-            first_lsn = await self._call(
-                "truncate", self._client.truncate(self._shard, lsn + 1), lsn + 1
-            )
+            # The shard refuses it (StaleEpoch: BackendFenced) once a newer writer took over.
+            try:
+                first_lsn = await self._call(
+                    "truncate",
+                    self._client.truncate(self._shard, lsn + 1, epoch=self._epoch),
+                    lsn + 1,
+                )
+            except BackendFenced as exc:
+                self._fenced = exc
+                raise
             # lsn + 1 <= next_lsn, so logsvc did not clamp: it keeps exactly lsn + 1 on.
             if first_lsn < lsn + 1:
                 raise BackendError(f"truncate to {lsn + 1} kept LSNs from {first_lsn}")

@@ -3,9 +3,10 @@ and raw sockets.
 
 Proves: append / read / tail / truncate / status through the client and the CLI; a leader
 killed with SIGKILL under concurrent load loses no acknowledged record and duplicates none
-(clients retry with the same (client_id, seq)); a fenced writer is refused across
-processes; every kind of bad input gets a typed answer or a closed connection while the
-server keeps serving others; a bad config exits 2 naming the key, without a traceback.
+(clients retry with the same (client_id, seq)); a fenced writer's appends and truncates are
+refused across processes; every kind of bad input gets a typed answer or a closed
+connection while the server keeps serving others; a bad config exits 2 naming the key,
+without a traceback.
 """
 
 from __future__ import annotations
@@ -24,7 +25,15 @@ from pathlib import Path
 import pytest
 
 from logsvc import devcluster
-from logsvc.client import Producer, ProducerFull, ProducerOptions, StaleEpoch, Truncated, connect
+from logsvc.client import (
+    Producer,
+    ProducerFull,
+    ProducerOptions,
+    ServerError,
+    StaleEpoch,
+    Truncated,
+    connect,
+)
 from logsvc.wire import messages as wire
 from logsvc.wire.frames import FrameDecoder, FrameKind, encode_frame
 
@@ -100,14 +109,29 @@ def test_lease_fencing_across_processes(cluster: LocalCluster) -> None:
     client = cluster.client()
     try:
         assert client.acquire_lease(2, "tn-a", 1).epoch == 1
-        client.append(2, [b"from a"], epoch=1)
+        [from_a] = client.append(2, [b"from a"], epoch=1)
         assert client.acquire_lease(2, "tn-b", 2).holder == "tn-b"
         with pytest.raises(StaleEpoch) as raised:
             client.append(2, [b"late write from a"], epoch=1)
         assert raised.value.response.current_holder == "tn-b"
         with pytest.raises(StaleEpoch):
             client.acquire_lease(2, "tn-a", 1)  # a fenced writer never takes it back
-        client.append(2, [b"from b"], epoch=2)
+        [from_b] = client.append(2, [b"from b"], epoch=2)
+        # Nor can it truncate the shared log (nor can anyone ahead of the lease).
+        with pytest.raises(StaleEpoch) as raised:
+            client.truncate(2, from_b, epoch=1)
+        assert (raised.value.response.current_holder, raised.value.response.current_epoch) == (
+            "tn-b",
+            2,
+        )
+        with pytest.raises(ServerError) as ahead:
+            client.truncate(2, from_b, epoch=3)
+        assert ahead.value.code == wire.ErrorCode.NOT_LEASE_HOLDER
+        page = client.tail(2, from_a, 1 << 20, 0)  # through the leader: not truncated
+        assert page.records[:1] == (b"from a",)
+        assert client.truncate(2, from_b, epoch=2) == from_b  # the holder truncates
+        with pytest.raises(Truncated):
+            client.tail(2, from_a, 1 << 20, 0)
     finally:
         client.close()
 

@@ -10,8 +10,9 @@ whatever happens; every test takes fresh shards from it, so LSNs start at 1 for 
   LSN, and a reopen replays from there; the shard leader's node is SIGKILLed and restarted
   during appends, and the engine still sees a gap-free, duplicate-free DSN sequence with
   every completed entry, and the log holds each record once; a second instance with a higher
-  lease epoch fences the first (its next append fails with `BackendFenced` as the cause); a
-  tailing reader follows a writer, then takes the lease and is promoted to writer.
+  lease epoch fences the first (its next append fails with `BackendFenced` as the cause, and
+  so does its truncate, refused by the shard); a tailing reader follows a writer, then takes
+  the lease and is promoted to writer.
 * The benchmark entry point over the cluster; `close()` ends calls in flight; an unreachable
   cluster is a bounded `BackendUnavailable`.
 """
@@ -305,6 +306,35 @@ def test_a_higher_lease_epoch_fences_the_older_instance(shards: Shards) -> None:
         ]
         await replica.close()
         await reader.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_fenced_instance_cannot_truncate(shards: Shards) -> None:
+    """The shard refuses the fenced instance's truncate itself (its epoch is stale): no
+    append of its own told it first that it was fenced."""
+    shard = shards.take()
+
+    async def scenario() -> None:
+        old = await shards.backend(shard)
+        for i in range(4):
+            assert await old.append(b"old-%d" % i) == i + 1
+        new = await shards.backend(shard)  # the next epoch: fences `old`
+        assert old.fenced is None  # it does not know yet
+
+        with pytest.raises(BackendFenced) as raised:
+            await old.truncate(2)
+        assert (raised.value.epoch, raised.value.current_epoch) == (old.epoch, new.epoch)
+        assert raised.value.current_holder == new.holder
+        assert old.fenced is not None
+        with pytest.raises(BackendFenced):
+            await old.append(b"late")  # refused at once from now on
+        assert await new.truncated() == 0  # the log was not truncated
+
+        await new.truncate(2)  # the holder truncates
+        assert await new.truncated() == 2
+        await old.close()
+        await new.close()
 
     asyncio.run(scenario())
 

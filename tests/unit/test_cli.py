@@ -39,6 +39,7 @@ def logsvc(*args: str, optimize: bool = False) -> subprocess.CompletedProcess[st
         (["bench", "store", "--seconds", "forever"], "--seconds"),
         (["bench", "store", "--modes", "fast"], "--modes"),
         (["launch"], "launch"),
+        (["truncate", "--shard", "1", "--lsn", "5", "--epoch", "-1"], "--epoch"),
     ],
 )
 def test_usage_errors_exit_2_naming_the_option(args: list[str], named: str) -> None:

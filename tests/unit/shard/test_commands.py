@@ -27,6 +27,7 @@ from logsvc.shard.commands import (
     Barrier,
     Command,
     Truncate,
+    UnfencedTruncate,
     decode_append_records,
     decode_command,
     decode_entry_records,
@@ -62,6 +63,10 @@ ROUND_TRIP = [
     AppendBatch("é" * 128, U64_MAX, U64_MAX, (b"\0" * 1000,) * 3),
     Truncate(0),
     Truncate(U64_MAX),
+    Truncate(0, U64_MAX),
+    Truncate(7, 2),
+    UnfencedTruncate(0),
+    UnfencedTruncate(U64_MAX),
     AcquireLease("tn-1", 1),
     AcquireLease("h" * 256, U64_MAX),
     Barrier(0),
@@ -100,7 +105,7 @@ def test_decode_entry_records_returns_the_flat_record_sequence() -> None:
     group = AppendGroup((batch, AppendBatch("d", 1, 0, ()), AppendBatch("e", 9, 0, (b"z",))))
     # Every batch's records in batch order, whatever the state machine made of the batches.
     assert decode_entry_records(encode_command(group)) == (b"a", b"bc", b"z")
-    for other in (Barrier(1), Truncate(3), AcquireLease("h", 1)):
+    for other in (Barrier(1), Truncate(3, 1), UnfencedTruncate(3), AcquireLease("h", 1)):
         with pytest.raises(CommandCorrupt, match="expected an AppendBatch or an AppendGroup"):
             decode_entry_records(encode_command(other))
 
@@ -169,6 +174,10 @@ REFUSED: list[tuple[str, object, type[CommandError], str]] = [
     ("9-byte record", AppendBatch("c", 1, 0, (b"x" * 9,)), CommandTooLarge, "record_bytes_max"),
     ("17 bytes", AppendBatch("c", 1, 0, (b"x" * 8, b"x" * 8, b"x")), CommandTooLarge, "batch"),
     ("negative lsn", Truncate(-1), CommandInvalid, "lsn"),
+    ("negative truncate epoch", Truncate(1, -1), CommandInvalid, "epoch"),
+    ("huge truncate epoch", Truncate(1, 2**64), CommandInvalid, "epoch"),
+    ("bool truncate epoch", Truncate(1, True), CommandInvalid, "epoch"),
+    ("negative unfenced lsn", UnfencedTruncate(-1), CommandInvalid, "lsn"),
     ("lease epoch 0", AcquireLease("h", 0), CommandInvalid, r"\[1, 2\*\*64\)"),
     ("empty holder", AcquireLease("", 1), CommandInvalid, "holder must not be empty"),
     ("long holder", AcquireLease("h" * 9, 1), CommandInvalid, "holder is 9 bytes"),
@@ -270,6 +279,7 @@ BAD_BODIES: list[tuple[str, object, str]] = [
     ("empty map", {}, "not an array"),
     ("tag 0", [0, 5], "unknown type tag 0"),
     ("tag 99", [99], "unknown type tag 99"),
+    ("tag 7", [7, 5, 1], "unknown type tag 7"),
     ("str tag", ["1", "c", 1, 0, []], "type tag is a str"),
     ("bool tag", [True, 5], "type tag is a bool"),
     ("missing field", [1, "c", 1, 0], "type tag 1 with 3 fields"),
@@ -285,6 +295,11 @@ BAD_BODIES: list[tuple[str, object, str]] = [
     ("lease epoch 0", [3, "h", 0], "fields out of range.*epoch"),
     ("negative lsn", [2, -5], "fields out of range.*lsn"),
     ("nil lsn", [2, None], "lsn is not an integer"),
+    ("truncate without epoch", [6, 5], "type tag 6 with 1 fields"),
+    ("truncate, extra field", [6, 5, 1, 0], "type tag 6 with 3 fields"),
+    ("bool truncate epoch", [6, 5, True], "Truncate field of the wrong type"),
+    ("nil truncate lsn", [6, None, 1], "Truncate field of the wrong type"),
+    ("negative truncate epoch", [6, 5, -1], "fields out of range.*epoch"),
     ("str token", [4, "9"], "token is not an integer"),
     ("records over count", [1, "c", 1, 0, [b""] * 5], "out of range.*records_per_batch_max"),
     ("array over limit", [1, "c", 1, 0, [b""] * 6], "bad msgpack body.*max_array_len"),
@@ -343,7 +358,8 @@ commands = st.one_of(
         u64,
         st.lists(st.binary(max_size=4), max_size=4).map(tuple),
     ),
-    st.builds(Truncate, u64),
+    st.builds(Truncate, u64, u64),
+    st.builds(UnfencedTruncate, u64),
     st.builds(AcquireLease, ids, st.integers(min_value=1, max_value=U64_MAX)),
     st.builds(Barrier, u64),
     st.builds(

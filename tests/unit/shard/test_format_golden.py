@@ -4,9 +4,11 @@ Encoding fixed inputs must give exactly the bytes in `golden/`; decoding those b
 give the inputs back; the header fields sit where FORMAT.md says. A failure here means a
 format changed: bump its version and add new vectors instead of editing these.
 
-Commands are all version 1 (AppendGroup, tag 5, was added within it: the older vectors did
-not change). Snapshots: version 1 (`snapshot_v1*.hex`, still what a state without grouped
-appends encodes to) and version 2 (`snapshot_v2.hex`, a state only version 2 can hold).
+Commands are all version 1 (AppendGroup, tag 5, and the epoch-carrying Truncate, tag 6, were
+added within it: the older vectors did not change; `command_truncate_v1.hex`, tag 2, now
+decodes to `UnfencedTruncate`, what it always meant). Snapshots: version 1
+(`snapshot_v1*.hex`, still what a state without grouped appends encodes to) and version 2
+(`snapshot_v2.hex`, a state only version 2 can hold).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from logsvc.shard.commands import (
     GroupAppended,
     StaleEpoch,
     Truncate,
+    UnfencedTruncate,
     decode_command,
     decode_entry_records,
     encode_command,
@@ -41,7 +44,8 @@ def golden(name: str) -> bytes:
 
 COMMAND_VECTORS: list[tuple[str, Command]] = [
     ("command_append_batch_v1.hex", AppendBatch("c1", 7, 2, (b"hello", b""))),
-    ("command_truncate_v1.hex", Truncate(42)),
+    ("command_truncate_v1.hex", UnfencedTruncate(42)),
+    ("command_truncate_epoch_v1.hex", Truncate(42, 3)),
     ("command_acquire_lease_v1.hex", AcquireLease("tn-1", 3)),
     ("command_barrier_v1.hex", Barrier(9)),
     (
@@ -82,13 +86,22 @@ def test_append_group_fields_are_where_format_md_says() -> None:
     assert decode_entry_records(data) == (b"hello", b"", b"x")
 
 
+def test_truncate_fields_are_where_format_md_says() -> None:
+    data = golden("command_truncate_epoch_v1.hex")
+    assert len(data) == 16
+    assert data[0:4] == b"LSC\x01"
+    assert int.from_bytes(data[4:12], "little") == xxh3(data[12:]) == 0x5BCD2A9535C2DAE8
+    assert data[12:] == b"\x93\x06\x2a\x03"  # array(3), type tag 6, lsn 42, epoch 3
+    assert golden("command_truncate_v1.hex")[12:] == b"\x92\x02\x2a"  # tag 2: no epoch
+
+
 def example_machine() -> ShardStateMachine:
     """FORMAT.md's worked example."""
     machine = ShardStateMachine()
     machine.apply(1, AcquireLease("tn-1", 1))
     machine.apply(2, AppendBatch("c1", 1, 1, (b"a", b"b", b"c")))
     machine.apply(4, AppendBatch("c1", 2, 1, (b"d",)))
-    machine.apply(6, Truncate(3))
+    machine.apply(6, Truncate(3, 1))
     return machine
 
 
@@ -144,7 +157,7 @@ def example_machine_v2() -> ShardStateMachine:
     assert result == GroupAppended(
         (Appended(1, 2, False), StaleEpoch("tn-1", 1), Appended(3, 1, False))
     )
-    machine.apply(3, Truncate(2))
+    machine.apply(3, Truncate(2, 1))
     return machine
 
 

@@ -119,7 +119,7 @@ steps: st.SearchStrategy[Step] = st.one_of(
     st.lists(batches, min_size=1, max_size=6).map(tuple),
     st.lists(batches, min_size=1, max_size=6).map(tuple),
     st.lists(batches, min_size=1, max_size=6).map(tuple),
-    st.builds(Truncate, st.integers(0, 60)),
+    st.builds(Truncate, st.integers(0, 60), st.sampled_from([0, 1, 1, 2])),
     st.builds(AcquireLease, st.sampled_from(["h1", "h2"]), st.sampled_from([1, 1, 2])),
 )
 
@@ -382,11 +382,11 @@ def test_truncation_inside_a_group_and_the_snapshot_version() -> None:
     machine = replica.machine
     raft_index = replica.raft_index
     assert machine.snapshot()[3] == SNAPSHOT_VERSION_2  # raft 3's second run is at offset 6
-    machine.apply(raft_index + 1, Truncate(4))
+    machine.apply(raft_index + 1, Truncate(4, 1))
     assert machine.entries_retained_count == 4
     assert machine.locate(4) == EntrySlice(3, 3, 2)
     assert replica.read() == [b"a2.1", b"a2.2", b"a4.0", b"a5.0", b"a5.1", b"a6.0", b"a7.0"]
-    machine.apply(raft_index + 2, Truncate(6))
+    machine.apply(raft_index + 2, Truncate(6, 1))
     assert machine.entries_retained_count == 3
     assert machine.lsn_to_raft_index(6) == (3, 6)
     assert machine.snapshot()[3] == SNAPSHOT_VERSION_2  # the only row of raft 3 is at 6
@@ -398,7 +398,7 @@ def test_truncation_inside_a_group_and_the_snapshot_version() -> None:
         b"a6.0",
         b"a7.0",
     ]
-    machine.apply(raft_index + 3, Truncate(7))
+    machine.apply(raft_index + 3, Truncate(7, 1))
     # One client, every row at offset 0: version 1 again (older builds can read it).
     assert machine.snapshot()[3] == SNAPSHOT_VERSION_1
     assert ShardStateMachine.restore(machine.snapshot(), SMALL).snapshot() == machine.snapshot()

@@ -1,11 +1,11 @@
 """A 3-replica shard (real pysyncobj on loopback, real stores) does what issue 3 asks.
 
 Dense LSNs and reads; an append retried after a leader failover gets its original LSNs back
-(exactly once); a fenced writer stays fenced; truncation compacts the journal at a snapshot
-point and a replica that was down meanwhile catches up from the snapshot plus the retained
-entries, ending with the same state and journal; a brand-new replica catches up from
-scratch; a whole-cluster kill and restart keeps every acknowledged record. Waits are
-bounded polls.
+(exactly once); a fenced writer stays fenced, for appends and truncates; truncation
+compacts the journal at a snapshot point and a replica that was down meanwhile catches up
+from the snapshot plus the retained entries, ending with the same state and journal; a
+brand-new replica catches up from scratch; a whole-cluster kill and restart keeps every
+acknowledged record. Waits are bounded polls.
 """
 
 from __future__ import annotations
@@ -20,8 +20,14 @@ from typing import TypeVar
 
 import pytest
 
-from logsvc.shard.commands import Appended, LeaseGranted, StaleEpoch, Truncated
-from logsvc.shard.errors import LsnTruncated
+from logsvc.shard.commands import (
+    Appended,
+    LeaseGranted,
+    StaleEpoch,
+    Truncated,
+    UnfencedTruncate,
+)
+from logsvc.shard.errors import CommandInvalid, LsnTruncated
 from logsvc.shard.raft import RaftConfig
 from logsvc.shard.replica import (
     MembershipChangeInProgress,
@@ -177,9 +183,14 @@ def test_a_fenced_writer_can_never_take_the_lease_back(shard: Shard) -> None:
     assert shard.call(lambda r: r.acquire_lease("tn-2", 2)) == LeaseGranted("tn-2", 2)
     assert shard.append("tn-1", 2, batch("y", 1), epoch=1) == StaleEpoch("tn-2", 2)
     assert shard.call(lambda r: r.acquire_lease("tn-1", 1)) == StaleEpoch("tn-2", 2)
+    assert shard.call(lambda r: r.truncate(2, epoch=1)) == StaleEpoch("tn-2", 2)
+    assert shard.leader().status()["first_lsn"] == 1  # the fenced truncate changed nothing
+    with pytest.raises(CommandInvalid, match="never proposed"):  # no way around the fence
+        shard.leader().submit(UnfencedTruncate(2), lambda _outcome: None)
     shard.kill(shard.leader().address)  # the fence survives a leader change
     assert shard.call(lambda r: r.acquire_lease("tn-1", 2)) == StaleEpoch("tn-2", 2)
     appended(shard.append("tn-2", 1, batch("z", 1), epoch=2))
+    assert shard.call(lambda r: r.truncate(2, epoch=2)) == Truncated(2)
 
 
 def compact(shard: Shard) -> tuple[int, int]:

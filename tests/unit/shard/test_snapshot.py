@@ -58,7 +58,7 @@ appends = st.builds(
     st.lists(st.binary(max_size=3), max_size=3).map(tuple),
 )
 others: list[st.SearchStrategy[Command]] = [
-    st.builds(Truncate, st.integers(0, 40)),
+    st.builds(Truncate, st.integers(0, 40), st.sampled_from([0, 0, 1, 1, 2])),
     st.builds(AcquireLease, st.sampled_from(["h1", "h2"]), st.sampled_from([1, 1, 2])),
     st.builds(Barrier, st.integers(0, 5)),
 ]
@@ -136,7 +136,7 @@ def build_machine() -> ShardStateMachine:
     machine.apply(1, AcquireLease("h1", 1))
     for index in range(2, 14):
         machine.apply(index, AppendBatch("abcd"[index % 4], index, 1, (b"r",) * (index % 3)))
-    machine.apply(20, Truncate(6))
+    machine.apply(20, Truncate(6, 1))
     machine.apply(21, AppendBatch("a", 99, 1, (b"x", b"y")))
     return machine
 

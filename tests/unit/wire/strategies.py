@@ -62,7 +62,7 @@ requests: st.SearchStrategy[Request] = st.one_of(
     st.builds(Append, u32, records, ident(), u64, u64),
     st.builds(Read, u32, lsn, st.integers(1, 16 * 1024 * 1024)),
     st.builds(Tail, u32, lsn, st.integers(1, 16 * 1024 * 1024), st.integers(0, 60_000)),
-    st.builds(Truncate, u32, u64),
+    st.builds(Truncate, u32, u64, u64),
     st.builds(AcquireLease, u32, ident(), lsn),
     st.builds(Status, u32),
 )

@@ -5,6 +5,11 @@ kind, and one per ErrorResponse shape); decoding those frames through a `FrameDe
 give the messages back; the header fields sit where FORMAT.md's table says; and the hex
 dumps of FORMAT.md's worked examples are the golden bytes. A failure here means the format
 changed: bump PROTOCOL_VERSION and add new vectors instead of editing these.
+
+The one compatible change within version 1 so far, Truncate's `epoch` (FORMAT.md): it has a
+new vector, `request_truncate_epoch_v1.hex`; the earlier 3-element body,
+`request_truncate_v1.hex`, is kept unchanged as a decode-only vector (it must still decode,
+to epoch 0, and now re-encodes to the 4-element body).
 """
 
 from __future__ import annotations
@@ -56,9 +61,14 @@ REQUEST_VECTORS: list[tuple[str, int, Request]] = [
     ("request_append_v1.hex", 1, Append(1, (b"hello", b""), "c1", 7, 2)),
     ("request_read_v1.hex", 2, Read(1, 10, 65_536)),
     ("request_tail_v1.hex", 3, Tail(1, 12, 65_536, 5_000)),
-    ("request_truncate_v1.hex", 4, Truncate(1, 11)),
+    ("request_truncate_epoch_v1.hex", 4, Truncate(1, 11, 2)),
     ("request_acquire_lease_v1.hex", 5, AcquireLease(1, "tn-1", 3)),
     ("request_status_v1.hex", 6, Status(1)),
+]
+
+# Bodies of earlier clients that still decode (FORMAT.md), but are no longer encoded.
+DECODE_ONLY_REQUEST_VECTORS: list[tuple[str, int, Request]] = [
+    ("request_truncate_v1.hex", 4, Truncate(1, 11, 0)),
 ]
 
 RESPONSE_VECTORS: list[tuple[str, int, Response]] = [
@@ -114,6 +124,20 @@ def test_request_vectors(name: str, request_id: int, msg: Request) -> None:
     assert decode_request(frame) == msg
 
 
+@pytest.mark.parametrize(("name", "request_id", "msg"), DECODE_ONLY_REQUEST_VECTORS)
+def test_decode_only_request_vectors(name: str, request_id: int, msg: Request) -> None:
+    frame = only_frame(golden(name))
+    assert (frame.kind, frame.request_id) == (FrameKind.REQUEST, request_id)
+    assert decode_request(frame) == msg
+    assert encode_request(request_id, msg) != golden(name)  # the current form has the epoch
+
+
+def test_truncate_bodies_are_where_format_md_says() -> None:
+    # Earlier clients: array(3), op 5, shard 1, lsn 11. Now: array(4), ..., epoch 2.
+    assert golden("request_truncate_v1.hex")[32:] == b"\x93\x05\x01\x0b"
+    assert golden("request_truncate_epoch_v1.hex")[32:] == b"\x94\x05\x01\x0b\x02"
+
+
 @pytest.mark.parametrize(("name", "request_id", "msg"), RESPONSE_VECTORS)
 def test_response_vectors(name: str, request_id: int, msg: Response) -> None:
     assert encode_response(request_id, msg) == golden(name)
@@ -125,7 +149,8 @@ def test_response_vectors(name: str, request_id: int, msg: Response) -> None:
 def test_every_message_kind_has_a_vector() -> None:
     kinds = {type(msg) for _, _, msg in REQUEST_VECTORS + RESPONSE_VECTORS}
     assert kinds == set(logsvc.wire.messages.REQUEST_OPS) | set(logsvc.wire.messages.RESPONSE_TAGS)
-    listed = {name for name, _, _ in REQUEST_VECTORS + RESPONSE_VECTORS}
+    vectors = REQUEST_VECTORS + DECODE_ONLY_REQUEST_VECTORS + RESPONSE_VECTORS
+    listed = {name for name, _, _ in vectors}
     assert listed == {path.name for path in GOLDEN.glob("*.hex")}
 
 

@@ -120,6 +120,7 @@ EDGES: list[Request | Response] = [
     Tail(0, 1, 1, 0),
     Tail(0, 1, 1, 60_000),
     Truncate(0, 0),
+    Truncate(U32_MAX, U64_MAX, U64_MAX),
     AcquireLease(0, "h" * 256, U64_MAX),
     Authenticate("t" * 1024),
     Records((), U64_MAX, U64_MAX),
@@ -192,6 +193,8 @@ BAD_REQUESTS: list[tuple[Any, type[BadRequest], str]] = [
     (Tail(0, 1, 1, 1001), BadRequest, "wait_ms must be in [0, 1000]"),
     (Truncate(0, -1), BadRequest, "lsn must be in"),
     (ill_typed(Truncate, 0, 1.0), BadRequest, "Truncate.lsn must be an integer, got float"),
+    (Truncate(0, 1, -1), BadRequest, "epoch must be in"),
+    (ill_typed(Truncate, 0, 1, True), BadRequest, "Truncate.epoch must be an integer, got bool"),
     (AcquireLease(0, "h", 0), BadRequest, "epoch must be in [1,"),
     (AcquireLease(0, "", 1), BadRequest, "holder must not be empty"),
     (ill_typed(Status, None), BadRequest, "Status.shard must be an integer, got NoneType"),
@@ -203,6 +206,7 @@ BAD_REQUESTS_ENCODE_ONLY: list[tuple[Any, type[BadRequest], str]] = [
     (ill_typed(Append, 0, [b"x"], "c", 0, 0), BadRequest, "must be an array of bin"),
     (ill_typed(Append, 0, (bytearray(b"x"),), "c", 0, 0), BadRequest, "must be an array of bin"),
     (Append(0, (), "c", 0, U64_MAX + 1), BadRequest, "epoch must be in"),
+    (Truncate(0, 1, U64_MAX + 1), BadRequest, "epoch must be in"),
     (Authenticated(), BadRequest, "not a request: Authenticated"),
 ]
 
@@ -260,6 +264,10 @@ BAD_REQUEST_BODIES: list[tuple[bytes | object, type[BadRequest], str]] = [
     (packed([2, 0, [[b"x"]], "c", 0, 0]), BadRequest, "records must be an array of bin"),
     (packed([2, 0, b"x", "c", 0, 0]), BadRequest, "records must be an array of bin"),
     (packed([2, 0, [], "c", 0, -5]), BadRequest, "epoch must be in"),
+    (packed([5, 0]), BadRequest, "Truncate has 3 fields, got 1"),
+    (packed([5, 0, 1, 2, 3]), BadRequest, "Truncate has 3 fields, got 4"),
+    (packed([5, 0, -1]), BadRequest, "lsn must be in"),  # an earlier client's body, checked
+    (packed([5, 0, 1.0]), BadRequest, "Truncate.lsn must be an integer, got float"),
     (packed([2, 0, [b""] * 70_000, "c", 0, 0]), BadRequest, "bad msgpack body"),  # array limit
     (packed([2, 0, [b"x" * (9 * MIB)], "c", 0, 0]), RequestTooLarge, "record_bytes_max"),
     (packed([1, "t" * (5 * KIB)]), BadRequest, "bad msgpack body"),  # str limit
@@ -297,6 +305,15 @@ def test_frames_of_the_wrong_kind_are_protocol_errors() -> None:
         decode_request(response_frame([7, 0]))
     with pytest.raises(WrongFrameKind):
         decode_response(request_frame([65]))
+
+
+def test_an_earlier_clients_truncate_body_decodes_as_epoch_0() -> None:
+    """`[5, shard, lsn]`, from before Truncate had an epoch (FORMAT.md): still a Truncate,
+    at epoch 0, which re-encodes with the epoch."""
+    decoded = decode_request(request_frame([5, 3, 11]))
+    assert decoded == Truncate(3, 11, 0)
+    assert decode_request(through_decoder(encode_request(1, decoded))) == decoded
+    assert encode_request(1, decoded) == encode_request(1, Truncate(3, 11))
 
 
 def test_non_canonical_integers_are_accepted() -> None:
