@@ -1,0 +1,674 @@
+"""The admin HTTP API of one node: a FastAPI app over a `NodeView` (port.py).
+
+The only module importing FastAPI. `create_app(view, token)` returns the app; the daemon
+serves it with uvicorn on the node's `admin_address`.
+
+    GET    /v1/cluster                         nodes, shards, leaders
+    GET    /v1/shards                          the status of every shard hosted here
+    GET    /v1/shards/{shard_id}               one hosted shard's status
+    POST   /v1/shards/{shard_id}/truncate      {"lsn", "epoch"} -> first retained LSN
+    POST   /v1/shards/{shard_id}/transfer-leader   [{"target_node_id": id | null}] -> 202
+    POST   /v1/shards/{shard_id}/replicas      {"node_id"} -> 201, the members
+    DELETE /v1/shards/{shard_id}/replicas/{node_id}  -> the members
+    GET    /healthz                            the process answers (no auth)
+    GET    /readyz                             readiness.py's rule: 200 ready, 503 not
+    GET    /metrics                            Prometheus text format 0.0.4
+    GET    /docs, /openapi.json                the OpenAPI description (no auth, see below)
+
+Every request passes `_Gate` first, before routing and before its body is parsed:
+at most `requests_inflight_max` at once (503 "overloaded"), a bearer token on every path
+but the public ones (401 "unauthorized", compared in constant time), a body of at most
+`request_body_bytes_max` bytes (413 "body_too_large"). The OpenAPI description is public
+by default (`docs_public`): it describes the API and holds no data, and the Swagger page
+at /docs cannot send a token when the browser loads it.
+
+Errors are JSON, always `{"code": ..., "message": ...}` (`ErrorBody`, with a leader hint or
+the current lease where they apply), never a traceback: the view's typed errors map by
+branch (errors.py: NotFound 404, Conflict 409, Unavailable 503, OutcomeUnknown 504),
+request validation is 422 "invalid_request" (naming the field, never echoing the input),
+an unknown path 404 "not_found", and anything else 500 "internal" with a generic
+message, the traceback going to the log only. No model has a field for a secret, so no
+answer can hold the token or the cluster secret.
+
+(No `from __future__ import annotations` here: FastAPI reads the endpoints' annotations at
+runtime.)
+"""
+
+import asyncio
+import hashlib
+import hmac
+import logging
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
+from datetime import datetime
+from typing import Annotated, Any, Final, TypeVar
+
+from fastapi import APIRouter, Depends, FastAPI, Request, Response
+from fastapi import Path as PathParam
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
+from fastapi.security import HTTPBearer
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from logsvc.admin import readiness
+from logsvc.admin.errors import (
+    AdminError,
+    Conflict,
+    NotFound,
+    NotLeader,
+    NotLeaseHolder,
+    OutcomeUnknown,
+    ShardNotHosted,
+    StaleEpoch,
+    Unavailable,
+)
+from logsvc.admin.limits import (
+    DEFAULT_ADMIN_LIMITS,
+    EPOCH_MAX,
+    LSN_MAX,
+    NODE_ID_CHARS,
+    NODE_ID_PATTERN,
+    SHARD_ID_MAX,
+    SHARD_ID_MIN,
+    AdminLimits,
+)
+from logsvc.admin.port import EXPOSITION_CONTENT_TYPE, NodeView
+
+log = logging.getLogger("logsvc.admin")
+
+T = TypeVar("T")
+
+HEALTH_PATH: Final = "/healthz"
+DOCS_PATHS: Final = ("/docs", "/docs/oauth2-redirect", "/openapi.json")
+
+# A validation error's message names at most this many fields: bounded, and enough to fix
+# a request by hand.
+VALIDATION_PROBLEMS_SHOWN_MAX: Final = 5
+ERROR_MESSAGE_CHARS_MAX: Final = 1000
+
+INTERNAL_MESSAGE: Final = "internal error; the node's log has the details"
+RETRY_AFTER_S: Final = 1  # on 503: most causes (a full queue, an election) pass in a second
+
+API_DESCRIPTION: Final = """\
+The admin API of one logsvc node: cluster and shard status, truncation, leadership
+transfer, membership changes, health, readiness and Prometheus metrics.
+
+Every endpoint but `/healthz` (and these docs) needs `Authorization: Bearer <token>`.
+Errors are JSON: `{"code": ..., "message": ...}`, with `leader` on `not_leader` (retry
+there), `current_holder` / `current_epoch` on `stale_epoch` / `not_lease_holder`, and
+`replicas` on `shard_not_hosted`. Changes go to the shard's leader; a 504
+`outcome_unknown` means the change may or may not have happened: read the shard's status
+before retrying.
+"""
+
+
+# ---------------------------------------------------------------------- request types
+
+NodeId = Annotated[
+    str, StringConstraints(min_length=1, max_length=NODE_ID_CHARS, pattern=NODE_ID_PATTERN)
+]
+ShardIdParam = Annotated[
+    int, PathParam(ge=SHARD_ID_MIN, le=SHARD_ID_MAX, description="The shard's id.")
+]
+NodeIdParam = Annotated[
+    str,
+    PathParam(
+        min_length=1, max_length=NODE_ID_CHARS, pattern=NODE_ID_PATTERN, description="A node id."
+    ),
+]
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TruncateRequest(_Request):
+    """Truncate the records below `lsn` (fenced by the lease `epoch`, 0 while no lease was
+    ever granted). Truncating at or below the current first LSN is a no-op; past the next
+    LSN, everything is truncated."""
+
+    lsn: Annotated[int, Field(strict=True, ge=1, le=LSN_MAX)]
+    epoch: Annotated[int, Field(strict=True, ge=0, le=EPOCH_MAX)] = 0
+
+
+class TransferLeaderRequest(_Request):
+    """Hand leadership to `target_node_id`, or (null) to the most caught-up follower."""
+
+    target_node_id: NodeId | None = None
+
+
+class AddReplicaRequest(_Request):
+    node_id: NodeId
+
+
+# --------------------------------------------------------------------- response types
+
+
+class _Response(BaseModel):
+    # Built from the port's frozen dataclasses (their properties included).
+    model_config = ConfigDict(from_attributes=True, frozen=True)
+
+
+class NodeModel(_Response):
+    node_id: str
+    data_address: str
+    admin_address: str
+
+
+class ShardPlacementModel(_Response):
+    shard_id: int
+    replicas: list[str] = Field(description="Node ids of the members.")
+    hosted: bool = Field(description="This node holds a replica.")
+    leader: NodeModel | None = Field(description="Known only where hosted.")
+
+
+class ClusterResponse(_Response):
+    node_id: str = Field(description="The node answering.")
+    nodes: list[NodeModel]
+    shards: list[ShardPlacementModel]
+
+
+class ReplicaModel(_Response):
+    node_id: str
+    match_index: int | None = Field(description="Known on the leader only.")
+    lag_entries: int | None = Field(description="Raft entries behind the leader's log.")
+    lag_records: int | None
+    lag_seconds: float | None
+    connected: bool | None = Field(description="The answering replica's link to it.")
+
+
+class ShardStatusModel(_Response):
+    shard_id: int
+    node_id: str = Field(description="The node answering.")
+    is_leader: bool
+    leader: NodeModel | None
+    term: int
+    commit_index: int
+    applied_index: int
+    leader_commit_index: int | None
+    apply_lag_entries: int | None
+    first_lsn: int = Field(description="The lowest retained LSN: the truncation point.")
+    next_lsn: int
+    last_lsn: int | None = Field(description="The highest retained LSN; null if none.")
+    truncated_lsn: int | None = Field(description="The highest LSN truncated; null if none.")
+    lease_holder: str | None
+    lease_epoch: int
+    journal_first_index: int
+    journal_physical_first_index: int
+    physical_truncation_lag_entries: int = Field(
+        description="Raft entries truncated but not yet deleted from disk."
+    )
+    last_election_at: datetime | None
+    failed: bool
+    replicas: list[ReplicaModel]
+
+
+class ShardListResponse(_Response):
+    shards: list[ShardStatusModel]
+
+
+class TruncateResponse(_Response):
+    shard_id: int
+    first_lsn: int = Field(description="The first retained LSN after the truncate.")
+
+
+class TransferLeaderResponse(_Response):
+    shard_id: int
+    target_node_id: str | None = Field(description="The target, if known.")
+
+
+class MembershipResponse(_Response):
+    shard_id: int
+    replicas: list[str] = Field(description="The members once the change is committed.")
+
+
+class HealthResponse(_Response):
+    alive: bool
+
+
+class ShardReadinessModel(_Response):
+    shard_id: int
+    ready: bool
+    reasons: list[str]
+    apply_lag_entries: int | None
+
+
+class ReadinessResponse(_Response):
+    ready: bool
+    shards: list[ShardReadinessModel]
+
+
+class ErrorBody(BaseModel):
+    """Every error answer. `leader` on not_leader (null: unknown), `current_holder` and
+    `current_epoch` on stale_epoch / not_lease_holder, `replicas` on shard_not_hosted."""
+
+    code: str
+    message: str
+    leader: NodeModel | None = None
+    current_holder: str | None = None
+    current_epoch: int | None = None
+    replicas: list[str] | None = None
+
+
+def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    return {status: {"model": ErrorBody} for status in statuses}
+
+
+# Errors any authenticated endpoint may answer.
+_COMMON_ERRORS: Final = (401, 413, 500, 503, 504)
+
+
+# ------------------------------------------------------------------------ error answers
+
+
+def _error_response(
+    status: int, body: ErrorBody, headers: Mapping[str, str] | None = None
+) -> JSONResponse:
+    return JSONResponse(
+        body.model_dump(mode="json", exclude_unset=True), status_code=status, headers=headers
+    )
+
+
+def _status_of(exc: AdminError) -> int:
+    if isinstance(exc, NotFound):
+        return 404
+    if isinstance(exc, Conflict):
+        return 409
+    if isinstance(exc, Unavailable):
+        return 503
+    if isinstance(exc, OutcomeUnknown):
+        return 504
+    return 500
+
+
+def admin_error_response(exc: AdminError) -> JSONResponse:
+    body = ErrorBody(code=exc.code, message=exc.message[:ERROR_MESSAGE_CHARS_MAX])
+    if isinstance(exc, NotLeader):
+        leader = None if exc.leader is None else NodeModel.model_validate(exc.leader)
+        # Passed explicitly, so present (as null) even when the leader is unknown.
+        body = ErrorBody(code=body.code, message=body.message, leader=leader)
+    elif isinstance(exc, StaleEpoch | NotLeaseHolder):
+        body = ErrorBody(
+            code=body.code,
+            message=body.message,
+            current_holder=exc.current_holder,
+            current_epoch=exc.current_epoch,
+        )
+    elif isinstance(exc, ShardNotHosted):
+        body = ErrorBody(code=body.code, message=body.message, replicas=list(exc.replicas))
+    status = _status_of(exc)
+    headers = {"Retry-After": str(RETRY_AFTER_S)} if status == 503 else None
+    return _error_response(status, body, headers)
+
+
+def _validation_message(problems: Iterable[Any]) -> str:
+    """Which fields are wrong and why, without the values sent (they could be anything,
+    a pasted secret included)."""
+    parts: list[str] = []
+    problems = list(problems)
+    for problem in problems[:VALIDATION_PROBLEMS_SHOWN_MAX]:
+        where = ".".join(str(part) for part in problem.get("loc", ()))
+        parts.append(f"{where}: {problem.get('msg', 'invalid')}")
+    hidden = len(problems) - len(parts)
+    if hidden > 0:
+        parts.append(f"and {hidden} more")
+    return ("; ".join(parts) or "invalid request")[:ERROR_MESSAGE_CHARS_MAX]
+
+
+async def _on_admin_error(_request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, AdminError)
+    return admin_error_response(exc)
+
+
+async def _on_validation_error(_request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, RequestValidationError)
+    body = ErrorBody(code="invalid_request", message=_validation_message(exc.errors()))
+    return _error_response(422, body)
+
+
+async def _on_http_error(_request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, StarletteHTTPException)
+    if exc.status_code == 404:
+        body = ErrorBody(code="not_found", message="no such endpoint")
+    elif exc.status_code == 405:
+        body = ErrorBody(code="method_not_allowed", message="method not allowed here")
+    else:
+        body = ErrorBody(code="http_error", message=f"HTTP {exc.status_code}")
+    return _error_response(exc.status_code, body, exc.headers)
+
+
+async def _on_internal_error(request: Request, exc: Exception) -> Response:
+    """Last resort, outside the routes (the routes' own errors go through `_GuardedRoute`).
+    Starlette re-raises the exception to the server after this answer; uvicorn logs it."""
+    log.error("admin API: internal error on %s %s: %r", request.method, request.url.path, exc)
+    return _error_response(500, ErrorBody(code="internal", message=INTERNAL_MESSAGE))
+
+
+class _GuardedRoute(APIRoute):
+    """A route whose unexpected exceptions become a logged 500 JSON answer here, rather
+    than propagate to Starlette's ServerErrorMiddleware (which answers text and re-raises
+    to the server)."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def guarded(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except (AdminError, RequestValidationError, StarletteHTTPException):
+                raise  # answered by their exception handlers
+            except Exception:
+                log.exception(
+                    "admin API: internal error on %s %s", request.method, request.url.path
+                )
+                return _error_response(500, ErrorBody(code="internal", message=INTERNAL_MESSAGE))
+
+        return guarded
+
+
+# --------------------------------------------------------------------------- the gate
+
+
+class _Gate:
+    """Pure ASGI middleware, in front of routing: the in-flight bound, the bearer token,
+    the body bound (the body is read here, at most `request_body_bytes_max` bytes, then
+    replayed to the app), in that order, so an unauthenticated client can make the node
+    neither parse nor buffer anything."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        token: str,
+        public_paths: frozenset[str],
+        limits: AdminLimits,
+        on_auth_failure: Callable[[], None] | None,
+    ) -> None:
+        self._app = app
+        # Digests of equal length: compare_digest then takes the same time whatever the
+        # presented token's length.
+        self._token_digest = hashlib.sha256(token.encode("utf-8")).digest()
+        self._public_paths = public_paths
+        self._limits = limits
+        self._on_auth_failure = on_auth_failure
+        self._inflight = 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self._app(scope, receive, send)
+            return
+        if scope["path"] == HEALTH_PATH:
+            # Outside the in-flight bound: a liveness probe must not fail (and get the
+            # process restarted) because operators keep the admin API busy. It is cheap.
+            await self._serve(scope, receive, send)
+            return
+        if self._inflight >= self._limits.requests_inflight_max:
+            body = ErrorBody(code="overloaded", message="too many admin requests in flight")
+            answer = _error_response(503, body, {"Retry-After": str(RETRY_AFTER_S)})
+            await answer(scope, receive, send)
+            return
+        self._inflight += 1
+        try:
+            await self._serve(scope, receive, send)
+        finally:
+            self._inflight -= 1
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers: list[tuple[bytes, bytes]] = scope["headers"]
+        if scope["path"] not in self._public_paths:
+            problem = self._auth_problem(headers)
+            if problem:
+                if self._on_auth_failure is not None:
+                    self._on_auth_failure()
+                answer = _error_response(
+                    401,
+                    ErrorBody(code="unauthorized", message=problem),
+                    {"WWW-Authenticate": "Bearer"},
+                )
+                await answer(scope, receive, send)
+                return
+        body_bytes_max = self._limits.request_body_bytes_max
+        lengths = [value for name, value in headers if name == b"content-length"]
+        if lengths:
+            if len(lengths) > 1 or not lengths[0].isdigit():
+                answer = _error_response(
+                    400, ErrorBody(code="bad_request", message="invalid Content-Length")
+                )
+                await answer(scope, receive, send)
+                return
+            if int(lengths[0]) > body_bytes_max:
+                await self._too_large(scope, receive, send)
+                return
+        chunks: list[bytes] = []
+        size_bytes = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return  # the client is gone: nothing to answer
+            chunk: bytes = message.get("body", b"")
+            size_bytes += len(chunk)
+            if size_bytes > body_bytes_max:
+                await self._too_large(scope, receive, send)
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            return await receive()
+
+        await self._app(scope, replay, send)
+
+    def _auth_problem(self, headers: list[tuple[bytes, bytes]]) -> str:
+        """ "" when the request carries the token; else what is wrong (never the token)."""
+        values = [value for name, value in headers if name == b"authorization"]
+        if not values:
+            return "missing bearer token (Authorization: Bearer <token>)"
+        if len(values) > 1:
+            return "more than one Authorization header"
+        scheme, _, credentials = values[0].strip().partition(b" ")
+        if scheme.lower() != b"bearer" or not credentials.strip():
+            return "the Authorization header must be: Bearer <token>"
+        presented = hashlib.sha256(credentials.strip()).digest()
+        if not hmac.compare_digest(presented, self._token_digest):
+            return "invalid bearer token"
+        return ""
+
+    async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
+        body = ErrorBody(
+            code="body_too_large",
+            message=f"the request body is over {self._limits.request_body_bytes_max} bytes",
+        )
+        await _error_response(413, body)(scope, receive, send)
+
+
+# ---------------------------------------------------------------------------- the app
+
+
+def create_app(
+    view: NodeView,
+    token: str,
+    *,
+    limits: AdminLimits = DEFAULT_ADMIN_LIMITS,
+    on_auth_failure: Callable[[], None] | None = None,
+    docs_public: bool = True,
+) -> FastAPI:
+    """The admin app of one node. `token` is the admin bearer token (the config's
+    `token`); `on_auth_failure` is called once per refused request (the daemon counts
+    them: `Metrics.count_auth_failure("admin")`)."""
+    assert token, "an empty token would let anyone in"
+    limits = limits.validate()
+    app = FastAPI(
+        title="logsvc admin API",
+        version="1",
+        description=API_DESCRIPTION,
+        redoc_url=None,  # /docs is the one OpenAPI page
+    )
+    public = {HEALTH_PATH, *(DOCS_PATHS if docs_public else ())}
+    app.add_middleware(
+        _Gate,
+        token=token,
+        public_paths=frozenset(public),
+        limits=limits,
+        on_auth_failure=on_auth_failure,
+    )
+    app.add_exception_handler(AdminError, _on_admin_error)
+    app.add_exception_handler(RequestValidationError, _on_validation_error)
+    app.add_exception_handler(StarletteHTTPException, _on_http_error)
+    app.add_exception_handler(Exception, _on_internal_error)
+
+    # The gate checks the token; this only puts the bearer scheme in the OpenAPI
+    # description (so /docs has an "Authorize" button). It never refuses anything.
+    bearer = HTTPBearer(auto_error=False, description="The node's token.")
+    api = APIRouter(route_class=_GuardedRoute, dependencies=[Depends(bearer)])
+    public_api = APIRouter(route_class=_GuardedRoute)
+
+    async def ask(call: Awaitable[T], *, change: bool) -> T:
+        """One view call, bounded by `view_call_s_max`: a change that does not answer in
+        time may have happened (504 outcome_unknown), a query did not (503)."""
+        try:
+            return await asyncio.wait_for(call, limits.view_call_s_max)
+        except TimeoutError:
+            reason = f"no answer from the node within {limits.view_call_s_max} s"
+            if change:
+                raise OutcomeUnknown(reason) from None
+            raise Unavailable(reason) from None
+
+    async def hosted_shard_ids() -> list[int]:
+        cluster = await ask(view.cluster(), change=False)
+        return [shard.shard_id for shard in cluster.shards if shard.hosted]
+
+    @api.get(
+        "/v1/cluster",
+        response_model=ClusterResponse,
+        responses=_errors(*_COMMON_ERRORS),
+        summary="Nodes, shards and their leaders",
+    )
+    async def get_cluster() -> ClusterResponse:
+        return ClusterResponse.model_validate(await ask(view.cluster(), change=False))
+
+    @api.get(
+        "/v1/shards",
+        response_model=ShardListResponse,
+        responses=_errors(*_COMMON_ERRORS),
+        summary="The status of every shard hosted on this node",
+    )
+    async def list_shards() -> ShardListResponse:
+        statuses: list[ShardStatusModel] = []
+        for shard_id in await hosted_shard_ids():
+            try:
+                status = await ask(view.shard_status(shard_id), change=False)
+            except ShardNotHosted:
+                continue  # removed from this node since the cluster answer
+            statuses.append(ShardStatusModel.model_validate(status))
+        return ShardListResponse(shards=statuses)
+
+    @api.get(
+        "/v1/shards/{shard_id}",
+        response_model=ShardStatusModel,
+        responses=_errors(404, 422, *_COMMON_ERRORS),
+        summary="One hosted shard's status",
+    )
+    async def get_shard(shard_id: ShardIdParam) -> ShardStatusModel:
+        return ShardStatusModel.model_validate(await ask(view.shard_status(shard_id), change=False))
+
+    @api.post(
+        "/v1/shards/{shard_id}/truncate",
+        response_model=TruncateResponse,
+        responses=_errors(404, 409, 422, *_COMMON_ERRORS),
+        summary="Truncate the records below an LSN (on the leader, fenced by the lease)",
+    )
+    async def truncate(shard_id: ShardIdParam, request: TruncateRequest) -> TruncateResponse:
+        first_lsn = await ask(view.truncate(shard_id, request.lsn, request.epoch), change=True)
+        return TruncateResponse(shard_id=shard_id, first_lsn=first_lsn)
+
+    @api.post(
+        "/v1/shards/{shard_id}/transfer-leader",
+        response_model=TransferLeaderResponse,
+        status_code=202,
+        responses=_errors(404, 409, 422, *_COMMON_ERRORS),
+        summary="Ask the leader to hand leadership over (poll the shard to see it done)",
+    )
+    async def transfer_leader(
+        shard_id: ShardIdParam, request: TransferLeaderRequest | None = None
+    ) -> TransferLeaderResponse:
+        target_node_id = None if request is None else request.target_node_id
+        target = await ask(view.transfer_leader(shard_id, target_node_id), change=True)
+        return TransferLeaderResponse(shard_id=shard_id, target_node_id=target)
+
+    @api.post(
+        "/v1/shards/{shard_id}/replicas",
+        response_model=MembershipResponse,
+        status_code=201,
+        responses=_errors(404, 409, 422, *_COMMON_ERRORS),
+        summary="Add a replica (one membership change at a time per shard)",
+    )
+    async def add_replica(shard_id: ShardIdParam, request: AddReplicaRequest) -> MembershipResponse:
+        members = await ask(view.add_replica(shard_id, request.node_id), change=True)
+        return MembershipResponse(shard_id=shard_id, replicas=list(members))
+
+    @api.delete(
+        "/v1/shards/{shard_id}/replicas/{node_id}",
+        response_model=MembershipResponse,
+        responses=_errors(404, 409, 422, *_COMMON_ERRORS),
+        summary="Remove a replica (one membership change at a time per shard)",
+    )
+    async def remove_replica(shard_id: ShardIdParam, node_id: NodeIdParam) -> MembershipResponse:
+        members = await ask(view.remove_replica(shard_id, node_id), change=True)
+        return MembershipResponse(shard_id=shard_id, replicas=list(members))
+
+    @public_api.get(
+        HEALTH_PATH,
+        response_model=HealthResponse,
+        responses={503: {"model": HealthResponse}, **_errors(500)},
+        summary="The process is alive (no auth)",
+    )
+    async def healthz() -> JSONResponse:
+        alive = await ask(view.alive(), change=False)
+        body = HealthResponse(alive=alive).model_dump(mode="json")
+        return JSONResponse(body, status_code=200 if alive else 503)
+
+    @api.get(
+        "/readyz",
+        response_model=ReadinessResponse,
+        responses={503: {"model": ReadinessResponse}, **_errors(401, 413, 500)},
+        summary="Every hosted shard has a leader and this node has caught up",
+    )
+    async def readyz() -> JSONResponse:
+        shards: list[readiness.ShardReadiness] = []
+        for shard_id in await hosted_shard_ids():
+            try:
+                status = await ask(view.shard_status(shard_id), change=False)
+            except ShardNotHosted:
+                continue
+            except AdminError:
+                shards.append(readiness.unavailable(shard_id))
+                continue
+            shards.append(readiness.assess_shard(status, limits.ready_apply_lag_entries_max))
+        verdict = readiness.assess(shards)
+        body = ReadinessResponse.model_validate(verdict).model_dump(mode="json")
+        return JSONResponse(body, status_code=200 if verdict.ready else 503)
+
+    @api.get(
+        "/metrics",
+        response_class=Response,
+        responses={
+            200: {"content": {"text/plain": {}}, "description": "Prometheus text format"},
+            **_errors(*_COMMON_ERRORS),
+        },
+        summary="Prometheus metrics",
+    )
+    async def metrics() -> Response:
+        body = await ask(view.metrics(), change=False)
+        return Response(content=body, media_type=EXPOSITION_CONTENT_TYPE)
+
+    app.include_router(api)
+    app.include_router(public_api)
+    return app

@@ -1,0 +1,95 @@
+"""The rules for membership and leadership changes, checked on the leader before asking Raft.
+
+Pure functions of a shard's status: the daemon's view and `FakeNodeView` call the same
+ones, so the API answers the same way on both. Each returns normally or raises the typed
+error of `errors.py` that names what is wrong.
+
+Membership (Raft §6, one server at a time, which pysyncobj implements): a shard has 3 or
+5 replicas in the config (`REPLICA_COUNTS`: an even count tolerates no more failures than
+the odd count below it). Growing 3 -> 5 or replacing a replica goes through 4 on the way
+(add, then remove), so the member count stays within [3, 5 + 1]: never fewer than the
+minimum (removing below it would cut fault tolerance below what was configured), at most
+one above the maximum (room for a replacement). The leader never removes itself: the
+shard would lose its leader in the middle of the change; transfer leadership first.
+
+Leadership transfer (Raft thesis §3.10, pysyncobj's `transferLeadership`): only to a
+member that has every entry of the leader's log (lag 0), or the transfer election would
+fail. With no target named, the most caught-up connected follower is chosen, ties by node
+id, as pysyncobj does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import TYPE_CHECKING, Final
+
+from logsvc.admin.errors import AlreadyAReplica, ChangeRefused, NotAReplica, UnknownNode
+from logsvc.config import REPLICA_COUNTS
+
+if TYPE_CHECKING:
+    from logsvc.admin.port import ShardStatus
+
+MEMBERS_MIN: Final = min(REPLICA_COUNTS)
+MEMBERS_MAX: Final = max(REPLICA_COUNTS) + 1  # one more while a replica is being replaced
+
+assert MEMBERS_MIN >= 3  # a majority survives one failure
+
+
+def check_add(status: ShardStatus, node_id: str, known_node_ids: Collection[str]) -> None:
+    if node_id not in known_node_ids:
+        raise UnknownNode(node_id)
+    if node_id in status.member_ids:
+        raise AlreadyAReplica(status.shard_id, node_id)
+    if len(status.replicas) >= MEMBERS_MAX:
+        raise ChangeRefused(
+            f"shard {status.shard_id} has {len(status.replicas)} replicas, the most allowed "
+            f"is {MEMBERS_MAX}; remove one first"
+        )
+
+
+def check_remove(status: ShardStatus, node_id: str, known_node_ids: Collection[str]) -> None:
+    if node_id not in known_node_ids:
+        raise UnknownNode(node_id)
+    if node_id not in status.member_ids:
+        raise NotAReplica(status.shard_id, node_id)
+    if node_id == status.node_id:
+        raise ChangeRefused(
+            f"node {node_id!r} leads shard {status.shard_id}: transfer leadership first"
+        )
+    if len(status.replicas) <= MEMBERS_MIN:
+        raise ChangeRefused(
+            f"shard {status.shard_id} would have {len(status.replicas) - 1} replicas, "
+            f"fewer than {MEMBERS_MIN}; add one first"
+        )
+
+
+def choose_transfer_target(
+    status: ShardStatus, target_node_id: str | None, known_node_ids: Collection[str]
+) -> str:
+    """The node to hand leadership to; `status.node_id` itself means "already the leader"
+    (a no-op for the caller)."""
+    if target_node_id is not None:
+        if target_node_id not in known_node_ids:
+            raise UnknownNode(target_node_id)
+        if target_node_id not in status.member_ids:
+            raise NotAReplica(status.shard_id, target_node_id)
+        if target_node_id == status.node_id:
+            return target_node_id
+        [replica] = [r for r in status.replicas if r.node_id == target_node_id]
+        if replica.lag_entries != 0:
+            behind = "an unknown number of" if replica.lag_entries is None else replica.lag_entries
+            raise ChangeRefused(
+                f"node {target_node_id!r} is {behind} entries behind the leader; "
+                "leadership goes only to a caught-up replica"
+            )
+        return target_node_id
+    candidates = [
+        (replica.match_index or 0, replica.node_id)
+        for replica in status.replicas
+        if replica.node_id != status.node_id and replica.connected and replica.lag_entries == 0
+    ]
+    if not candidates:
+        raise ChangeRefused(
+            f"shard {status.shard_id} has no connected, caught-up follower to lead it"
+        )
+    return max(candidates)[1]

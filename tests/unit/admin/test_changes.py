@@ -1,0 +1,75 @@
+"""The membership and leadership-change rules (changes.py), on statuses built by hand.
+
+How: from the example's shard 1 (n1 leading n2 caught up and n3 behind), each rule is
+hit once: unknown node, already / not a member, the 3-member floor and the one-above-5
+ceiling, the leader removing itself, transfer targets behind or disconnected, and the
+choice of the most caught-up connected follower when no target is named.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from logsvc.admin import changes
+from logsvc.admin.errors import AlreadyAReplica, ChangeRefused, NotAReplica, UnknownNode
+from logsvc.admin.port import ReplicaStatus, ShardStatus, example_view
+
+NODES = ("n1", "n2", "n3", "n4", "n5", "n6", "n7")
+
+
+def shard1(*extra: ReplicaStatus) -> ShardStatus:
+    status = example_view().status_now(1)
+    return dataclasses.replace(status, replicas=(*status.replicas, *extra))
+
+
+def test_add() -> None:
+    changes.check_add(shard1(), "n4", NODES)
+    with pytest.raises(UnknownNode):
+        changes.check_add(shard1(), "n9", NODES)
+    with pytest.raises(AlreadyAReplica):
+        changes.check_add(shard1(), "n3", NODES)
+    six = shard1(ReplicaStatus("n4"), ReplicaStatus("n5"), ReplicaStatus("n6"))
+    assert len(six.replicas) == changes.MEMBERS_MAX
+    with pytest.raises(ChangeRefused, match="the most allowed is 6"):
+        changes.check_add(six, "n7", NODES)
+
+
+def test_remove() -> None:
+    four = shard1(ReplicaStatus("n4"))
+    changes.check_remove(four, "n3", NODES)
+    with pytest.raises(UnknownNode):
+        changes.check_remove(four, "n9", NODES)
+    with pytest.raises(NotAReplica):
+        changes.check_remove(four, "n5", NODES)
+    with pytest.raises(ChangeRefused, match="transfer leadership first"):
+        changes.check_remove(four, "n1", NODES)
+    with pytest.raises(ChangeRefused, match="fewer than 3"):
+        changes.check_remove(shard1(), "n3", NODES)
+
+
+def test_transfer_to_a_named_target() -> None:
+    status = shard1()
+    assert changes.choose_transfer_target(status, "n2", NODES) == "n2"
+    assert changes.choose_transfer_target(status, "n1", NODES) == "n1"  # already leads
+    with pytest.raises(ChangeRefused, match="5 entries behind"):
+        changes.choose_transfer_target(status, "n3", NODES)
+    with pytest.raises(NotAReplica):
+        changes.choose_transfer_target(status, "n4", NODES)
+    with pytest.raises(UnknownNode):
+        changes.choose_transfer_target(status, "n9", NODES)
+    unknown_lag = shard1(ReplicaStatus("n4"))
+    with pytest.raises(ChangeRefused, match="unknown number of entries"):
+        changes.choose_transfer_target(unknown_lag, "n4", NODES)
+
+
+def test_transfer_to_any_picks_the_most_caught_up_connected_follower() -> None:
+    caught_up = ReplicaStatus("n4", match_index=120, lag_entries=0, connected=True)
+    assert changes.choose_transfer_target(shard1(caught_up), None, NODES) == "n4"  # ties: id
+    disconnected = ReplicaStatus("n4", match_index=120, lag_entries=0, connected=False)
+    assert changes.choose_transfer_target(shard1(disconnected), None, NODES) == "n2"
+    status = shard1()
+    alone = dataclasses.replace(status, replicas=(status.replicas[0], status.replicas[2]))
+    with pytest.raises(ChangeRefused, match="no connected, caught-up follower"):
+        changes.choose_transfer_target(alone, None, NODES)
