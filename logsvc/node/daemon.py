@@ -16,7 +16,11 @@ import signal
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+from logsvc.admin.app import create_app
+from logsvc.admin.metrics import Metrics
 from logsvc.config import ConfigError, NodeConfig, load_node_config, main_config_error
+from logsvc.node.admin_server import AdminServer
+from logsvc.node.node_view import DaemonNodeView
 from logsvc.node.server import DataPlaneServer, ServerLimits
 from logsvc.node.shard_host import ShardHost, ShardHostLimits
 from logsvc.shard.replica import ShardReplica
@@ -77,6 +81,8 @@ async def _run(config: NodeConfig) -> None:
     )
     hosts: dict[int, ShardHost] = {}
     server: DataPlaneServer | None = None
+    admin: AdminServer | None = None
+    view: DaemonNodeView | None = None
     try:
         for shard in config.shards_hosted():
             replica = await loop.run_in_executor(
@@ -97,12 +103,29 @@ async def _run(config: NodeConfig) -> None:
         )
         host, _, port = config.node.data_address.rpartition(":")
         await server.start(host.strip("[]"), int(port))
-        log.info("serving shards %s on %s", sorted(hosts), config.node.data_address)
+        metrics = Metrics(config.node_id)
+        view = DaemonNodeView(config, hosts, server, metrics)
+        app = create_app(
+            view, config.token, on_auth_failure=lambda: metrics.count_auth_failure("admin")
+        )
+        admin_host, _, admin_port = config.node.admin_address.rpartition(":")
+        admin = AdminServer(app, admin_host.strip("[]"), int(admin_port))
+        await admin.start()
+        log.info(
+            "serving shards %s on %s (admin API on %s)",
+            sorted(hosts),
+            config.node.data_address,
+            config.node.admin_address,
+        )
         await stop.wait()
         log.info("stopping")
     finally:
+        if view is not None:
+            view.stopping()  # /healthz turns 503 while we drain
         if server is not None:
             await server.close(SHUTDOWN_GRACE_S)
+        if admin is not None:
+            await admin.close()
         for shard_host in hosts.values():
             await shard_host.close()
         for replica in replicas.values():
