@@ -106,10 +106,10 @@ def _node_config(node: NodePorts, ports: list[NodePorts], shards: int) -> str:
             'raft_host = "127.0.0.1"',
             f"raft_port_base = {other.raft_base}",
         ]
-    replicas = [p.node_id for p in ports][:3] if len(ports) < 5 else [p.node_id for p in ports]
+    replica_count = 5 if len(ports) >= 5 else 3  # a shard has 3 or 5 replicas
     for shard in range(1, shards + 1):
         # Spread shards over the nodes: each shard's replicas start at a different node.
-        chosen = [ports[(shard - 1 + i) % len(ports)].node_id for i in range(len(replicas))]
+        chosen = [ports[(shard - 1 + i) % len(ports)].node_id for i in range(replica_count)]
         lines += ["", "[[shards]]", f"id = {shard}", f"replicas = {json.dumps(chosen)}"]
     lines += [
         "",
