@@ -86,6 +86,7 @@ class ShardHost:
         self._batches_max = min(limits.group_batches_max, shard_limits.group_batches_max)
         self._bytes_max = min(limits.group_bytes_max, shard_limits.group_bytes_max)
         self._records_max = shard_limits.records_per_batch_max
+        self._sending: set[asyncio.Task[None]] = set()
         self._batcher = asyncio.create_task(self._run_batcher(), name=f"batcher:{shard_id}")
         replica.add_apply_listener(self._from_tick_thread)
 
@@ -119,17 +120,22 @@ class ShardHost:
 
     async def _propose(self, command: Command) -> Result:
         async with self._proposals:
-            future: asyncio.Future[Result | ShardError] = self._loop.create_future()
-            self.replica.submit(command, lambda outcome: self._resolve(future, outcome))
-            try:
-                outcome = await asyncio.wait_for(future, self._limits.proposal_timeout_s)
-            except TimeoutError:
-                raise OutcomeUnknown(
-                    f"no answer within {self._limits.proposal_timeout_s} s"
-                ) from None
+            outcome = await self._submit_and_wait(command)
         if isinstance(outcome, ShardError):
             raise outcome
         return outcome
+
+    async def _submit_and_wait(self, command: Command) -> Result | ShardError:
+        """Propose on the tick thread and wait (bounded) for the outcome on the loop; a
+        typed error is returned, not raised, so a group can hand it to every caller."""
+        future: asyncio.Future[Result | ShardError] = self._loop.create_future()
+        try:
+            self.replica.submit(command, lambda outcome: self._resolve(future, outcome))
+            return await asyncio.wait_for(future, self._limits.proposal_timeout_s)
+        except TimeoutError:
+            return OutcomeUnknown(f"no answer within {self._limits.proposal_timeout_s} s")
+        except ShardError as exc:  # refused before queueing (NotLeader, ReplicaFailed...)
+            return exc
 
     def _resolve(self, future: asyncio.Future[Result | ShardError], outcome: object) -> None:
         def settle() -> None:
@@ -159,14 +165,22 @@ class ShardHost:
                         break
                 grown = size + _batch_bytes(item[0])
                 if grown > self._bytes_max or records + len(item[0].records) > self._records_max:
-                    self._loop.create_task(self._send([item]))
+                    self._spawn_send([item])
                     break
                 pending.append(item)
                 size = grown
                 records += len(item[0].records)
             # Proposals run concurrently (bounded); the batcher goes on collecting.
             await self._proposals.acquire()
-            self._loop.create_task(self._send(pending, acquired=True))
+            self._spawn_send(pending, acquired=True)
+
+    def _spawn_send(
+        self, items: list[tuple[AppendBatch, asyncio.Future[Result]]], acquired: bool = False
+    ) -> None:
+        # The loop keeps only weak references to tasks: hold ours until they finish.
+        task = self._loop.create_task(self._send(items, acquired))
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
 
     async def _send(
         self, items: list[tuple[AppendBatch, asyncio.Future[Result]]], acquired: bool = False
@@ -177,14 +191,7 @@ class ShardHost:
             command: Command = (
                 items[0][0] if len(items) == 1 else AppendGroup(tuple(b for b, _ in items))
             )
-            future: asyncio.Future[Result | ShardError] = self._loop.create_future()
-            try:
-                self.replica.submit(command, lambda outcome: self._resolve(future, outcome))
-                outcome = await asyncio.wait_for(future, self._limits.proposal_timeout_s)
-            except TimeoutError:
-                outcome = OutcomeUnknown(f"no answer within {self._limits.proposal_timeout_s} s")
-            except ShardError as exc:
-                outcome = exc
+            outcome = await self._submit_and_wait(command)
         finally:
             self._proposals.release()
         results: list[Result | ShardError]
