@@ -188,8 +188,13 @@ def start_node(dir_path: str, node_id: str) -> int:
 
 def wait_for_leaders(dir_path: str, shards: int, seconds: float = START_WAIT_S_MAX) -> None:
     config = load_client_config(os.path.join(dir_path, "client.toml"))
-    client = SyncClient(config.addresses, config.token)
     deadline = time.monotonic() + seconds
+    # A node opens all its replicas before its data plane listens: a leader another node
+    # names may not accept connections yet. Ready means every node listens, and then
+    # every shard has a leader.
+    for address in config.addresses:
+        _wait_listening(address, deadline)
+    client = SyncClient(config.addresses, config.token)
     try:
         for shard in range(1, shards + 1):
             while True:
@@ -203,6 +208,18 @@ def wait_for_leaders(dir_path: str, shards: int, seconds: float = START_WAIT_S_M
                 time.sleep(0.1)
     finally:
         client.close()
+
+
+def _wait_listening(address: str, deadline: float) -> None:
+    host, _, port = address.rpartition(":")
+    while True:
+        try:
+            with socket.create_connection((host, int(port)), timeout=1.0):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{address} is not listening") from None
+            time.sleep(0.05)
 
 
 def read_pids(dir_path: str) -> dict[str, int]:
