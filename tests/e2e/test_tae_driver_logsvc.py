@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 
 from logsvc import devcluster
-from logsvc.client import ClientOptions, Truncated, connect
+from logsvc.client import ClientOptions, LogsvcError, Truncated, connect
 from tae_driver import ReplayMode, bench, open_driver
 from tae_driver.backend import RecordKind
 from tae_driver.backends.logsvc import LogsvcBackend
@@ -51,6 +51,8 @@ globals().update(CONFORMANCE_TESTS)
 
 SHARDS = len(CONFORMANCE_TESTS) + 12  # one per conformance test, the rest for the tests below
 SETTLE_S_MAX = 30.0
+LEADER_WAIT_S_MAX = 30.0
+PROBE = ClientOptions(request_timeout_s=2.0, retry_s_max=1.0)  # one node; a dead one is skipped
 
 
 class Shards:
@@ -78,15 +80,24 @@ class Shards:
         )
 
     async def leader(self, shard: int) -> tuple[str, int]:
-        """The shard leader's node id and its term, as a node sees them."""
+        """The shard leader's node id and its term, from the leader itself: a status comes
+        from whichever node answers, and a restarted or lagging one may not yet know the
+        current term (bounded poll over the nodes)."""
         config = self.cluster.client_config
-        client = await connect(config.addresses, config.token)
-        try:
-            status = await client.status(shard)
-        finally:
-            await client.close()
-        assert status.leader is not None
-        return self.cluster.node_of(status.leader), status.term
+        deadline = time.monotonic() + LEADER_WAIT_S_MAX
+        while True:
+            for address in config.addresses:
+                client = await connect([address], config.token, options=PROBE)
+                try:
+                    status = await client.status(shard)
+                except LogsvcError:
+                    continue
+                finally:
+                    await client.close()
+                if status.is_leader:
+                    return self.cluster.node_of(address), status.term
+            assert time.monotonic() < deadline, f"no node of shard {shard} says it leads"
+            await asyncio.sleep(0.1)
 
 
 @pytest.fixture(scope="module")
