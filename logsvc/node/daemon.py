@@ -10,6 +10,7 @@ acknowledgement always followed a majority fsync.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import signal
@@ -24,6 +25,7 @@ from logsvc.node.node_view import DaemonNodeView
 from logsvc.node.server import DataPlaneServer, ServerLimits
 from logsvc.node.shard_host import ShardHost, ShardHostLimits
 from logsvc.shard.replica import ShardReplica
+from logsvc.store.fs import FileSystem
 
 log = logging.getLogger("logsvc.node")
 
@@ -31,7 +33,9 @@ READER_THREADS = 4  # cold reads (disk) for all shards of the node
 SHUTDOWN_GRACE_S = 5.0
 
 
-def serve(config_path: str) -> int:
+def serve(config_path: str, *, file_system: FileSystem | None = None) -> int:
+    """Run the node until SIGTERM/SIGINT. `file_system` replaces the real file-system port
+    of every hosted store (the chaos suite's durability ledger); None in production."""
     try:
         config = load_node_config(config_path)
     except ConfigError as exc:
@@ -41,7 +45,7 @@ def serve(config_path: str) -> int:
         format=f"%(asctime)s %(levelname)s node={config.node_id} %(name)s: %(message)s",
         force=True,  # the CLI configured logging before the config was known
     )
-    asyncio.run(_run(config))
+    asyncio.run(_run(config, file_system))
     return 0
 
 
@@ -64,7 +68,7 @@ def _data_address_of(config: NodeConfig, shard_id: int) -> Callable[[str | None]
     return lookup
 
 
-async def _run(config: NodeConfig) -> None:
+async def _run(config: NodeConfig, file_system: FileSystem | None) -> None:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -85,9 +89,10 @@ async def _run(config: NodeConfig) -> None:
     view: DaemonNodeView | None = None
     try:
         for shard in config.shards_hosted():
-            replica = await loop.run_in_executor(
-                None, ShardReplica, config.replica_config_for(shard.id)
+            replica_config = dataclasses.replace(
+                config.replica_config_for(shard.id), file_system=file_system
             )
+            replica = await loop.run_in_executor(None, ShardReplica, replica_config)
             replicas[shard.id] = replica
             replica.start()
             hosts[shard.id] = ShardHost(

@@ -54,7 +54,7 @@ from pysyncobj.version import VERSION as PYSYNCOBJ_VERSION
 
 from logsvc.shard import snapshot_file
 from logsvc.store import Entry, ShardStore, StoreError
-from logsvc.store.fs import OsFileSystem
+from logsvc.store.fs import FileSystem, OsFileSystem
 
 log = logging.getLogger("logsvc.raft")
 
@@ -406,8 +406,15 @@ class ShardRaft(SyncObj):  # type: ignore[misc]
     _SyncObj__raftCommitIndex: int
     _SyncObj__raftLastApplied: int
 
-    def __init__(self, config: RaftConfig, journal: StoreJournal, handler: RaftHandler) -> None:
+    def __init__(
+        self,
+        config: RaftConfig,
+        journal: StoreJournal,
+        handler: RaftHandler,
+        file_system: FileSystem | None = None,
+    ) -> None:
         # Everything we use is set before SyncObj.__init__ (pysyncobj.md §1.5 D).
+        self._logsvc_fs = file_system if file_system is not None else OsFileSystem()
         self._logsvc_journal = journal
         self._logsvc_handler = handler
         self._logsvc_snapshot_path = config.snapshot_path
@@ -572,7 +579,7 @@ class ShardRaft(SyncObj):  # type: ignore[misc]
                 state=state,
             )
         )
-        _write_durably(self._logsvc_snapshot_path, data)
+        _write_durably(self._logsvc_fs, self._logsvc_snapshot_path, data)
         for node in self._SyncObj__otherNodes:
             self._SyncObj__serializer.cancelTransmisstion(node)
         journal.deleteEntriesTo(raft_index - 1 - store.first_index)
@@ -584,10 +591,10 @@ class ShardRaft(SyncObj):  # type: ignore[misc]
     def _SyncObj__loadDumpFile(self, clearJournal: bool) -> None:
         path = self._logsvc_snapshot_path
         try:
-            with open(path, "rb") as f:
-                data = f.read()
+            data = self._logsvc_fs.read_file(path)
             snapshot = snapshot_file.decode(data)
-            _make_durable(path)  # a received snapshot must be durable before we rely on it
+            # A received snapshot must be durable before we rely on it.
+            _make_durable(self._logsvc_fs, path)
         except (OSError, snapshot_file.SnapshotFileCorrupt) as exc:
             raise RaftFatal(f"cannot load the snapshot {path}: {exc}") from exc
         journal = self._logsvc_journal
@@ -625,9 +632,8 @@ def _never_called(*_args: object) -> Any:
     raise AssertionError("pysyncobj's serializer path is replaced by logsvc's compaction")
 
 
-def _write_durably(path: str, data: bytes) -> None:
+def _write_durably(fs: FileSystem, path: str, data: bytes) -> None:
     """Replace `path` atomically and durably: temp file, fdatasync, rename, directory fsync."""
-    fs = OsFileSystem()
     tmp = path + ".tmp"
     if fs.exists(tmp):
         fs.unlink(tmp)
@@ -641,9 +647,8 @@ def _write_durably(path: str, data: bytes) -> None:
     fs.fsync_dir(os.path.dirname(path) or ".")
 
 
-def _make_durable(path: str) -> None:
+def _make_durable(fs: FileSystem, path: str) -> None:
     """A snapshot pysyncobj received and renamed into place (without any fsync)."""
-    fs = OsFileSystem()
     handle = fs.open_write(path, create=False)
     try:
         handle.fdatasync()
@@ -658,16 +663,26 @@ def _make_durable(path: str) -> None:
 class RaftNode:
     """One shard replica's Raft: builds the SyncObj and ticks it on its own thread."""
 
-    def __init__(self, config: RaftConfig, store: ShardStore, handler: RaftHandler) -> None:
+    def __init__(
+        self,
+        config: RaftConfig,
+        store: ShardStore,
+        handler: RaftHandler,
+        file_system: FileSystem | None = None,
+    ) -> None:
+        """`file_system` holds the snapshot file (the store's own port; the real one by
+        default). pysyncobj itself writes a received snapshot with plain file calls; we make
+        it durable through `file_system` before relying on it."""
         config.validate()
-        if store.first_index > 1 and not os.path.exists(config.snapshot_path):
+        fs = file_system if file_system is not None else OsFileSystem()
+        if store.first_index > 1 and not fs.exists(config.snapshot_path):
             raise RaftFatal(
                 f"the journal starts at raft index {store.first_index} but the snapshot "
                 f"{config.snapshot_path} is missing: refusing to start with an empty state"
             )
         self._config = config
         self._journal = StoreJournal(store)
-        self._raft = ShardRaft(config, self._journal, handler)
+        self._raft = ShardRaft(config, self._journal, handler, fs)
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._fatal: BaseException | None = None

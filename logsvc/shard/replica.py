@@ -39,6 +39,7 @@ from logsvc.shard.errors import CommandCorrupt, CommandInvalid, LsnNotAssigned, 
 from logsvc.shard.limits import DEFAULT_SHARD_LIMITS, ShardLimits
 from logsvc.shard.state_machine import ShardStateMachine
 from logsvc.store import DEFAULT_LIMITS, ShardStore, StoreLimits
+from logsvc.store.fs import FileSystem
 
 log = logging.getLogger("logsvc.shard")
 
@@ -86,6 +87,9 @@ class ReplicaConfig:
     raft: raft.RaftConfig
     store_limits: StoreLimits = DEFAULT_LIMITS
     shard_limits: ShardLimits = DEFAULT_SHARD_LIMITS
+    # The store's file-system port (journal and snapshot); None = the real one. Tests pass
+    # a fault-injecting double (tests/support/faultfs.py, tests/chaos/).
+    file_system: FileSystem | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +116,9 @@ class ShardReplica:
         self._limits = config.shard_limits
         os.makedirs(config.data_dir, exist_ok=True)
         self._store = ShardStore.open(
-            os.path.join(config.data_dir, "journal"), limits=config.store_limits
+            os.path.join(config.data_dir, "journal"),
+            fs=config.file_system,
+            limits=config.store_limits,
         )
         self._machine = ShardStateMachine(config.shard_limits)
         self._machine_lock = threading.Lock()
@@ -122,7 +128,7 @@ class ShardReplica:
             raft_config = config.raft
             if raft_config.snapshot_path != os.path.join(config.data_dir, "snapshot"):
                 raft_config = _with_snapshot_path(raft_config, config.data_dir)
-            self._node = raft.RaftNode(raft_config, self._store, self)
+            self._node = raft.RaftNode(raft_config, self._store, self, config.file_system)
         except BaseException:
             self._store.close()
             raise
