@@ -17,7 +17,8 @@ file order: unknown keys of a table are reported before its values.
 Schema (the documented examples are in `configs/`; only [node] differs between the
 files of one cluster, every other section must be identical on every node):
 
-    [node]           id, data_dir, log_level = "info" (debug|info|warning|error)
+    [node]           id, data_dir, log_level = "info" (debug|info|warning|error),
+                     log_format = "text" (text|json: one JSON object a line, logsvc/logs.py)
     [cluster]        secret | secret_file (exactly one), token | token_file (exactly one)
     [[cluster.nodes]] id, data_address, admin_address, raft_host, raft_port_base
     [[shards]]       id, replicas (3 or 5 distinct ids of cluster.nodes)
@@ -90,6 +91,8 @@ SECRET_CHARS_MAX = 4096
 SECRET_FILE_MODE_FORBIDDEN = stat.S_IRGRP | stat.S_IWGRP | stat.S_IROTH | stat.S_IWOTH
 
 LOG_LEVELS: Final = ("debug", "info", "warning", "error")
+# "text" for a terminal; "json" (one object a line, see logsvc/logs.py) for a log pipeline.
+LOG_FORMATS: Final = ("text", "json")
 
 # An even replica count tolerates no more failures than the odd count below it, and
 # needs a bigger quorum (Raft §5.2), so a shard has 3 or 5 replicas.
@@ -272,6 +275,7 @@ class NodeConfig:
     node_id: str
     data_dir: str
     log_level: str  # one of LOG_LEVELS
+    log_format: str  # one of LOG_FORMATS
     nodes: tuple[ClusterNode, ...]
     shards: tuple[ShardConfig, ...]
     store_limits: StoreLimits
@@ -281,6 +285,9 @@ class NodeConfig:
     # Never in repr() (and so never in a log line that prints the config).
     secret: str = field(repr=False)  # the cluster secret: pysyncobj's password
     token: str = field(repr=False)  # the data plane and admin token
+    # Test only: canonical Raft address -> address to dial (LOGSVC_TEST_RAFT_DIAL, read by
+    # `load_node_config`); empty in production.
+    raft_dial: tuple[tuple[str, str], ...] = ()
 
     @property
     def node(self) -> ClusterNode:
@@ -311,26 +318,45 @@ class NodeConfig:
         """This node's directory for one shard replica: journal/ and snapshot inside."""
         return os.path.join(self.data_dir, "shards", str(shard_id))
 
-    def raft_config_for(self, shard_id: int) -> RaftConfig:
+    def raft_config_for(
+        self, shard_id: int, members: Sequence[str] | None = None, joining: bool = False
+    ) -> RaftConfig:
         """The Raft settings of this node's replica of `shard_id` (KeyError if this node
-        hosts none): its own address, the other replicas' addresses, the cluster secret."""
+        hosts none): its own address, the other replicas' addresses, the cluster secret.
+        `members` (node ids, this node among them) replaces the [[shards]] placement for a
+        replica started at runtime; `joining` marks one that joins a running shard."""
         shard = self.shard(shard_id)
-        if self.node_id not in shard.replicas:
+        replicas = shard.replicas if members is None else tuple(members)
+        if self.node_id not in replicas:
             raise KeyError(f"shard {shard_id} has no replica on node {self.node_id!r}")
-        return self.raft.raft_config(
+        config = self.raft.raft_config(
             self_address=self.raft_address(self.node_id, shard_id),
-            peers=[self.raft_address(n, shard_id) for n in shard.replicas if n != self.node_id],
+            peers=[self.raft_address(n, shard_id) for n in replicas if n != self.node_id],
             secret=self.secret,
             snapshot_path=os.path.join(self.shard_data_dir(shard_id), "snapshot"),
         )
+        if joining:
+            config = dataclasses.replace(config, joining=True)
+        if not self.raft_dial:
+            return config
+        # Every node's address of this shard: a member added later is dialled through
+        # the override too.
+        shard_addresses = {node.raft_address(shard_id) for node in self.nodes}
+        dial = tuple((a, d) for a, d in self.raft_dial if a in shard_addresses)
+        return dataclasses.replace(config, dial_overrides=dial).validate()
 
-    def replica_config_for(self, shard_id: int) -> ReplicaConfig:
-        """Everything `ShardReplica` needs to open this node's replica of `shard_id`."""
+    def replica_config_for(
+        self, shard_id: int, members: Sequence[str] | None = None, joining: bool = False
+    ) -> ReplicaConfig:
+        """Everything `ShardReplica` needs to open this node's replica of `shard_id`
+        (`members`, `joining`: as for `raft_config_for`)."""
         return ReplicaConfig(
             data_dir=self.shard_data_dir(shard_id),
-            raft=self.raft_config_for(shard_id),
+            raft=self.raft_config_for(shard_id, members, joining),
             store_limits=self.store_limits,
             shard_limits=self.shard_limits,
+            node_id=self.node_id,
+            shard=shard_id,
         )
 
 
@@ -359,7 +385,43 @@ def load_node_config(path: str) -> NodeConfig:
             f"(mode {stat.S_IMODE(mode):04o}); run `chmod 600 {path}`, or move the value "
             "to a file named by secret_file / token_file",
         )
-    return parse_node_config(document, source=path)
+    config = parse_node_config(document, source=path)
+    dial = parse_test_raft_dial(os.environ.get(TEST_RAFT_DIAL_ENV), config)
+    return dataclasses.replace(config, raft_dial=dial) if dial else config
+
+
+# Test only: the chaos suite routes each node's Raft connections through its proxy mesh
+# (tests/chaos/harness/proxy.py) by setting this to a JSON object
+# {"<canonical raft address>": "<host:port to dial instead>", ...}. Never set in production.
+TEST_RAFT_DIAL_ENV: Final = "LOGSVC_TEST_RAFT_DIAL"
+TEST_RAFT_DIAL_CHARS_MAX = 64 * KIB
+
+
+def parse_test_raft_dial(value: str | None, config: NodeConfig) -> tuple[tuple[str, str], ...]:
+    """Parse LOGSVC_TEST_RAFT_DIAL (None or "" = no overrides). Every key must be a Raft
+    address of the cluster (a typo would silently bypass the proxy and make a chaos test
+    vacuous); every value "host:port". A ConfigError names the variable."""
+    if not value:
+        return ()
+    key = TEST_RAFT_DIAL_ENV
+    if len(value) > TEST_RAFT_DIAL_CHARS_MAX:
+        raise ConfigError(key, f"is longer than {TEST_RAFT_DIAL_CHARS_MAX} characters")
+    try:
+        document = json.loads(value)
+    except ValueError as exc:
+        raise ConfigError(key, f"is not JSON ({exc})") from None
+    if not isinstance(document, dict):
+        raise ConfigError(key, 'must be a JSON object {"raft address": "host:port", ...}')
+    known = {node.raft_address(shard.id) for node in config.nodes for shard in config.shards}
+    overrides: list[tuple[str, str]] = []
+    for canonical, dial in document.items():
+        if canonical not in known:
+            raise ConfigError(key, f"{canonical!r} is not the Raft address of any replica")
+        host, _, port = dial.rpartition(":") if isinstance(dial, str) else ("", "", "")
+        if not (host and _PORT.fullmatch(port) and 1 <= int(port) <= PORT_MAX):
+            raise ConfigError(key, f'{canonical!r} must map to "host:port" (got {dial!r})')
+        overrides.append((canonical, dial))
+    return tuple(sorted(overrides))
 
 
 def read_secret_file(path: str, key: str) -> str:
@@ -430,7 +492,7 @@ def _inline_secret_keys(document: Mapping[str, object]) -> list[str]:
 # --------------------------------------------------------------------------- parsing
 
 TOP_KEYS: Final = ("node", "cluster", "shards", "limits", "raft")
-NODE_KEYS: Final = ("id", "data_dir", "log_level")
+NODE_KEYS: Final = ("id", "data_dir", "log_level", "log_format")
 CLUSTER_KEYS: Final = ("secret", "secret_file", "token", "token_file", "nodes")
 CLUSTER_NODE_KEYS: Final = ("id", "data_address", "admin_address", "raft_host", "raft_port_base")
 SHARD_KEYS: Final = ("id", "replicas")
@@ -458,6 +520,12 @@ def parse_node_config(
     if log_level not in LOG_LEVELS:
         raise ConfigError(
             node.key("log_level"), f"must be one of {', '.join(LOG_LEVELS)} (got {log_level!r})"
+        )
+    log_format = node.string("log_format", default="text")
+    if log_format not in LOG_FORMATS:
+        raise ConfigError(
+            node.key("log_format"),
+            f"must be one of {', '.join(LOG_FORMATS)} (got {log_format!r})",
         )
 
     cluster = root.table("cluster", CLUSTER_KEYS)
@@ -499,6 +567,7 @@ def parse_node_config(
         node_id=node_id,
         data_dir=data_dir,
         log_level=log_level,
+        log_format=log_format,
         nodes=nodes,
         shards=shards,
         store_limits=store_limits,

@@ -17,13 +17,18 @@ Hole (pysyncobj.md §8.4)                 Fix
 (term/vote)                               `setCurrentTerm` -> `store.save_vote`: durable
                                            before pysyncobj sends the vote request or reply
 3 nextIndex rewind, blind truncation      `_on_message`: a late success ack never moves
-                                           nextIndex back; an AppendEntries is trimmed to its
+                                           nextIndex back, a refusal never moves it forward
+                                           (stock could livelock a lagging follower with a
+                                           conflicting suffix); an AppendEntries is trimmed to its
                                            first conflicting entry so a follower deletes only
                                            on a term conflict, and its commit index never
-                                           passes what the leader vouched for
+                                           passes what the leader vouched for (a snapshot
+                                           chunk vouches for nothing until installed)
 4 dump load errors swallowed              `_SyncObj__loadDumpFile` replaced: a bad snapshot
                                            is fatal; a compacted journal without its snapshot
-                                           refuses to start
+                                           refuses to start; the snapshot file is shipped,
+                                           received and found through the file-system port
+                                           (`_SnapshotTransfer`), a received one durably
 5 state-init race, creator-thread ticks    autoTick off; our own long-lived tick thread
 6 in-place compaction, all in RAM          pysyncobj compaction off; compaction only at
                                            snapshot points (docs/decisions/0001-...)
@@ -31,6 +36,8 @@ Hole (pysyncobj.md §8.4)                 Fix
 13 commit index hint                      never persisted: it restarts at the log start and
                                            is relearned from the leader (clamped by design)
 Membership "one change at a time" is serialized by the replica (replica.py).
+Membership across restarts: the log's configuration is kept in a members file and
+pysyncobj's follows it (membership.py; docs/decisions/0002-membership.md).
 """
 
 from __future__ import annotations
@@ -39,22 +46,33 @@ import contextlib
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import pysyncobj
 import pysyncobj.pickle as pysyncobj_pickle
 import pysyncobj.syncobj as pysyncobj_syncobj
+import pysyncobj.transport as pysyncobj_transport
 from pysyncobj import SyncObj, SyncObjConf, replicated
 from pysyncobj.config import FAIL_REASON
+from pysyncobj.dns_resolver import globalDnsResolver
 from pysyncobj.journal import Journal
-from pysyncobj.transport import TCPTransport
+from pysyncobj.node import TCPNode
+from pysyncobj.transport import TCPTransport, Transport
 from pysyncobj.version import VERSION as PYSYNCOBJ_VERSION
 
-from logsvc.shard import snapshot_file
+from logsvc import logs
+from logsvc.events import ReplicaEvents
+from logsvc.events import enabled as events_enabled
+from logsvc.failpoints import enabled as failpoints_enabled
+from logsvc.failpoints import failpoint
+from logsvc.shard import membership as shard_membership
+from logsvc.shard import small_file, snapshot_file
+from logsvc.shard.progress import ProgressView, RaftProgress
 from logsvc.store import Entry, ShardStore, StoreError
-from logsvc.store.fs import FileSystem, OsFileSystem
+from logsvc.store.fs import FileSystem, OsFileSystem, ReadableFile
 
 log = logging.getLogger("logsvc.raft")
 
@@ -80,6 +98,7 @@ _NEVER = 2**62
 
 _COMMAND_TYPE_REGULAR = 0
 _COMMAND_TYPE_MEMBERSHIP = 2
+_MEMBERSHIP_TYPE_BYTE = bytes([_COMMAND_TYPE_MEMBERSHIP])
 
 
 class FailReason:
@@ -126,8 +145,22 @@ class RaftConfig:
     heartbeat_ms: int = 100
     leader_fallback_ms: int = 5000  # a leader without a majority steps down after this
     connection_timeout_ms: int = 3500
+    # How soon a peer that refused or dropped a connection is dialled again (pysyncobj's
+    # 5 s default): a replica joining a shard is refused by its peers until the leader adds
+    # it, and with 5 s it would wait that long to start catching up; a restarted peer is
+    # likewise found sooner. One connection attempt a second to a dead peer costs nothing.
+    connection_retry_ms: int = 1000
     tick_wait_ms: int = 20  # the poller wakes on any message; this bounds idle waits
     commands_queue_max: int = 10_000
+    # Test only (the chaos suite's proxy mesh, tests/chaos/harness/proxy.py): canonical
+    # peer address -> "host:port" to dial instead. Peers keep their canonical ids, so the
+    # identity handshake and every vote, log and snapshot still name canonical addresses.
+    # Empty in production (set only from LOGSVC_TEST_RAFT_DIAL, see logsvc/config.py).
+    dial_overrides: tuple[tuple[str, str], ...] = ()
+    # Started to join a running shard (an admin API membership change): `peers` are the
+    # members as the leader knew them; elections wait until this replica's own `add` is in
+    # its log (membership.py). Only read when the replica has no members file yet.
+    joining: bool = False
 
     def validate(self) -> RaftConfig:
         if not self.secret:
@@ -141,6 +174,12 @@ class RaftConfig:
             raise ValueError("raft: election_timeout_ms_max must exceed the minimum")
         if self.leader_fallback_ms <= self.election_timeout_ms_max:
             raise ValueError("raft: leader_fallback_ms must exceed election_timeout_ms_max")
+        for canonical, dial in self.dial_overrides:
+            host, _, port = dial.rpartition(":")
+            if not (host and port.isdigit() and 1 <= int(port) <= 65535):
+                raise ValueError(
+                    f"raft: dial_overrides[{canonical!r}] must be 'host:port' (got {dial!r})"
+                )
         return self
 
 
@@ -160,6 +199,21 @@ def command_of_entry(journal_payload: bytes) -> bytes | None:
     return arguments[0]
 
 
+def membership_change_of(journal_payload: bytes) -> shard_membership.Change | None:
+    """The change a pysyncobj membership entry makes (`addNodeToCluster` /
+    `removeNodeFromCluster` write a type byte, then a pickle of `[kind, node id, node]`);
+    None for any other entry. pysyncobj itself unpickles the same bytes to apply them."""
+    if not journal_payload or journal_payload[0] != _COMMAND_TYPE_MEMBERSHIP:
+        return None
+    request = pysyncobj_pickle.loads(journal_payload[1:])
+    if not (isinstance(request, list | tuple) and len(request) >= 2):
+        return None
+    kind, address = request[0], request[1]
+    if kind not in ("add", "rem") or not isinstance(address, str):
+        return None
+    return shard_membership.Change(kind, address)
+
+
 # ------------------------------------------------------------------------ the journal
 
 
@@ -172,17 +226,24 @@ class StoreJournal(Journal):  # type: ignore[misc]
     keeps what fits in a message, which must not read a whole lagging tail from disk.
     """
 
-    def __init__(self, store: ShardStore) -> None:
+    def __init__(self, store: ShardStore, events: ReplicaEvents | None = None) -> None:
         self._store = store
+        self._events = events
         self._reset_pending = False
         self._commit_hint = store.first_index
         self._memo: dict[int, tuple[bytes, int, int]] = {}
+        # The configurations of this log, kept durable (membership.py); set by RaftNode.
+        self.membership: shard_membership.ReplicaMembership | None = None
 
     # pysyncobj API (names are theirs) ----------------------------------------------------
 
     def add(self, command: bytes, idx: int, term: int) -> None:
         if self._reset_pending:
             self._reset_to(idx)
+        if self.membership is not None and command[:1] == _MEMBERSHIP_TYPE_BYTE:
+            change = membership_change_of(command)
+            if change is not None:  # durable before the entry is (membership.py)
+                self.membership.on_entry(idx, term, change)
         self._store.append([Entry(idx, term, bytes(command))])
         self._memo.pop(self._store.last_index - 1, None)
 
@@ -195,10 +256,14 @@ class StoreJournal(Journal):  # type: ignore[misc]
     def deleteEntriesFrom(self, entryFrom: int) -> None:
         self._store.truncate_suffix(self._store.first_index + entryFrom)
         self._memo.clear()
+        if self.membership is not None:
+            self.membership.on_truncate_suffix(self._store.first_index + entryFrom)
 
     def deleteEntriesTo(self, entryTo: int) -> None:
         self._store.truncate_prefix(self._store.first_index + entryTo)
         self._memo.clear()
+        if self.membership is not None:
+            self.membership.on_truncate_prefix(self._store.first_index)
 
     def __getitem__(self, item: int | slice) -> Any:
         first, count = self._bounds()
@@ -228,7 +293,13 @@ class StoreJournal(Journal):  # type: ignore[misc]
         voted = None if votedForNodeId is None else str(votedForNodeId)
         if term == self._store.term and voted == self._store.voted_for:
             return
+        term_before, voted_before = self._store.term, self._store.voted_for
         self._store.save_vote(term, voted)  # durable before pysyncobj sends anything
+        if self._events is not None:
+            if term != term_before:
+                self._events.emit("term", term=term)
+            if voted is not None and (term != term_before or voted != voted_before):
+                self._events.emit("vote", term=term, voted_for=voted)
 
     def getCurrentTerm(self) -> int:
         return self._store.term
@@ -274,8 +345,16 @@ class StoreJournal(Journal):  # type: ignore[misc]
         assert index >= store.first_index, "a snapshot never precedes our log start"
         if index <= store.last_index:
             store.truncate_suffix(index)
+            if self.membership is not None:
+                self.membership.on_truncate_suffix(index)
         store.truncate_prefix(index)
         self._memo.clear()
+
+    def term_at(self, index: int) -> int | None:
+        """The term of the entry at `index`; None outside the log."""
+        if not self._store.first_index <= index <= self._store.last_index:
+            return None
+        return self.entry(index)[2]
 
     def _bounds(self) -> tuple[int, int]:
         if self._reset_pending:
@@ -354,16 +433,51 @@ PICKLE_PROTOCOL = 4
 setattr(pysyncobj_pickle, "__protocol", PICKLE_PROTOCOL)
 
 
+# ------------------------------------------------------------------------ simulator seams
+# For the deterministic simulator only (tests/chaos/dst/), which runs real replicas in one
+# thread on a virtual clock over an in-memory network. This module stays the only importer
+# of pysyncobj, so what the simulator needs of pysyncobj is exposed here; production never
+# uses either name below.
+
+# pysyncobj's transport interface: the simulator's in-memory transport subclasses it and is
+# passed as `transport_base` (RaftNode, ShardRaft); the durable behaviour is added on top.
+TransportBase = Transport
+
+_HOST_MONOTONIC = (pysyncobj_syncobj.monotonicTime, pysyncobj_transport.monotonicTime)
+
+
+def set_monotonic_clock(clock: Callable[[], float] | None) -> None:
+    """Simulator only: pysyncobj's timers (elections, heartbeats, leader fallback) read
+    `clock()` (seconds) instead of the host's monotonic clock; None restores the host's.
+    Process-wide, as pysyncobj reads one module-level function: a simulator that gives
+    nodes different clocks switches what `clock` returns before it runs each node."""
+    if clock is None:
+        pysyncobj_syncobj.monotonicTime, pysyncobj_transport.monotonicTime = _HOST_MONOTONIC
+    else:
+        pysyncobj_syncobj.monotonicTime = clock
+        pysyncobj_transport.monotonicTime = clock
+
+
 # ------------------------------------------------------------------------ the transport
 
 
-class _DurableTransport(TCPTransport):  # type: ignore[misc]
+class _DurableMixin(Transport):  # type: ignore[misc]
     """Holds messages that promise durability until the tick's single sync (group commit),
-    and routes incoming messages through the replica's fixes before pysyncobj sees them."""
+    and routes incoming messages through the replica's fixes before pysyncobj sees them.
+    Mixed into a pysyncobj transport: TCP in production (`_DurableTransport`), the
+    simulator's in-memory one in tests (`durable_transport_class`)."""
 
     def __init__(self, syncObj: ShardRaft, selfNode: Any, otherNodes: Any) -> None:
         self._outbox: list[tuple[Any, dict[str, Any]]] = []
+        self._syncObj = syncObj  # TCPTransport sets it too; the base Transport does not
         super().__init__(syncObj, selfNode, otherNodes)
+
+    def addNode(self, node: Any) -> None:
+        # Every peer the transport will dial passes here: the configured ones, and those
+        # pysyncobj creates later as plain TCPNodes (membership changes, a snapshot's
+        # cluster list), so a test's dial override covers them too.
+        owner: ShardRaft = self._syncObj
+        super().addNode(owner._logsvc_dial_node(node))
 
     def setOnMessageReceivedCallback(self, callback: Any) -> None:
         if callback is None:
@@ -390,10 +504,61 @@ class _DurableTransport(TCPTransport):  # type: ignore[misc]
     def flush(self) -> None:
         """Sync the journal, then send what was held. Called after every tick."""
         owner: ShardRaft = self._syncObj
+        failpoint("raft_before_flush_sync")
         owner._logsvc_journal.store.sync()
         outbox, self._outbox = self._outbox, []
+        # pysyncobj sends a response_vote only to grant a vote (already durable, above).
+        if failpoints_enabled() and any(m.get("type") == "response_vote" for _, m in outbox):
+            failpoint("raft_after_vote_persisted_before_reply")
         for node, message in outbox:
             super().send(node, message)
+
+
+class _DurableTransport(_DurableMixin, TCPTransport):  # type: ignore[misc]
+    """The durable transport over pysyncobj's TCP transport (production)."""
+
+
+_DURABLE_CLASSES: dict[type, type] = {TCPTransport: _DurableTransport}
+
+
+def durable_transport_class(base: type) -> type:
+    """The durable transport over `base`, a `TransportBase` subclass (simulator only; the
+    same class for the same base, so pysyncobj and tests see one class per base)."""
+    assert issubclass(base, Transport), base
+    found = _DURABLE_CLASSES.get(base)
+    if found is None:
+        found = type(f"Durable{base.__name__}", (_DurableMixin, base), {})
+        _DURABLE_CLASSES[base] = found
+    return found
+
+
+class _DialNode(TCPNode):  # type: ignore[misc]
+    """A peer known by its canonical address but dialled at another one (test only).
+
+    pysyncobj 0.3.17 dials `node.ip`/`node.port` (TCPTransport._connectIfNecessarySingle)
+    while the id, `address`, the higher-address-dials rule and the handshake (the dialler
+    announces its own selfNode.address) all use the canonical address; so overriding the
+    two dial properties reroutes the connection and nothing else (chaos-plan appendix B).
+    """
+
+    def __init__(self, address: str, dial_address: str) -> None:
+        super().__init__(address)
+        host, _, port = dial_address.rpartition(":")
+        self._logsvc_dial_host = host
+        self._logsvc_dial_port = int(port)
+
+    @property
+    def ip(self) -> Any:
+        return globalDnsResolver().resolve(self._logsvc_dial_host)
+
+    @property
+    def port(self) -> int:
+        return self._logsvc_dial_port
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        # pysyncobj pickles a node object into a membership command: the replicated log
+        # must carry the plain canonical node, never this replica's test routing.
+        return (TCPNode, (self.address,))
 
 
 # ------------------------------------------------------------------------ the SyncObj
@@ -412,7 +577,9 @@ class ShardRaft(SyncObj):  # type: ignore[misc]
         journal: StoreJournal,
         handler: RaftHandler,
         file_system: FileSystem | None = None,
+        transport_base: type | None = None,
     ) -> None:
+        """`transport_base`: simulator only (see `TransportBase`); None = TCP."""
         # Everything we use is set before SyncObj.__init__ (pysyncobj.md §1.5 D).
         self._logsvc_fs = file_system if file_system is not None else OsFileSystem()
         self._logsvc_journal = journal
@@ -420,6 +587,8 @@ class ShardRaft(SyncObj):  # type: ignore[misc]
         self._logsvc_snapshot_path = config.snapshot_path
         self._logsvc_compacted_at = 0
         self._logsvc_rx = b""
+        self._logsvc_dial = dict(config.dial_overrides)
+        self._logsvc_proposing = False  # inside the leader's own membership change
         conf = SyncObjConf(
             password=config.secret,
             autoTick=False,
@@ -429,6 +598,7 @@ class ShardRaft(SyncObj):  # type: ignore[misc]
             raftMaxTimeout=config.election_timeout_ms_max / 1000.0,
             leaderFallbackTimeout=config.leader_fallback_ms / 1000.0,
             connectionTimeout=config.connection_timeout_ms / 1000.0,
+            connectionRetryTime=config.connection_retry_ms / 1000.0,
             commandsQueueSize=config.commands_queue_max,
             dynamicMembershipChange=True,
             logCompactionMinEntries=_NEVER,
@@ -443,12 +613,77 @@ class ShardRaft(SyncObj):  # type: ignore[misc]
         try:
             super().__init__(
                 config.self_address,
-                list(config.peers),
+                [self._logsvc_dial_node(peer) for peer in config.peers],
                 conf,
-                transportClass=_DurableTransport,
+                transportClass=(
+                    _DurableTransport
+                    if transport_base is None
+                    else durable_transport_class(transport_base)
+                ),
             )
         finally:
             _JOURNALS.unregister(key)
+        # pysyncobj ships, receives and looks for the snapshot file with plain open() and
+        # os.path.isfile: route all three through our file-system port instead (the same
+        # files in production; the simulator's in-memory file system in tests/chaos/dst/).
+        self._SyncObj__serializer = _SnapshotTransfer(
+            self._logsvc_fs, config.snapshot_path, conf.logCompactionBatchSize
+        )
+        self._logsvc_snapshot_at_start = self._logsvc_fs.exists(config.snapshot_path)
+        self._SyncObj__needLoadDumpFile = False
+
+    def _onTick(self, timeToWait: float = 0.0) -> None:
+        if self._logsvc_snapshot_at_start:
+            # What pysyncobj's first tick does when the snapshot file exists (hole 4 fix).
+            self._logsvc_snapshot_at_start = False
+            self._SyncObj__loadDumpFile(clearJournal=False)
+        super()._onTick(timeToWait)
+
+    def _logsvc_dial_node(self, node: Any) -> Any:
+        """The peer `node` (an address or a pysyncobj node) as the transport should dial it:
+        a `_DialNode` where a test override names its address, else as pysyncobj made it."""
+        address = node if isinstance(node, str) else getattr(node, "address", None)
+        dial = self._logsvc_dial.get(address) if isinstance(address, str) else None
+        if dial is None or isinstance(node, _DialNode):
+            return node
+        assert isinstance(address, str)
+        return _DialNode(address, dial)
+
+    # -- membership: pysyncobj's configuration follows the log's (membership.py) -----------
+
+    def _SyncObj__changeCluster(self, request: Any) -> bool:
+        # The leader proposing a change: pysyncobj's own check and in-memory change (the
+        # journal then records the entry when pysyncobj appends it).
+        self._logsvc_proposing = True
+        try:
+            return bool(SyncObj._SyncObj__changeCluster(self, request))
+        finally:
+            self._logsvc_proposing = False
+
+    def _SyncObj__doChangeCluster(self, request: Any, reverse: bool = False) -> bool:
+        # Everywhere else (an entry received, a truncation undone, an entry applied, also
+        # after a restart) pysyncobj would toggle its configuration by the entry alone;
+        # instead it takes the latest configuration of the log, which the journal keeps.
+        if self._logsvc_proposing or self._logsvc_journal.membership is None:
+            return bool(SyncObj._SyncObj__doChangeCluster(self, request, reverse))
+        return self._logsvc_follow_membership()
+
+    def _logsvc_follow_membership(self) -> bool:
+        """Make pysyncobj's peers the log's latest configuration; True if they changed."""
+        membership = self._logsvc_journal.membership
+        assert membership is not None
+        target = set(membership.peers)
+        if target == {node.id for node in self._SyncObj__otherNodes}:
+            return False
+        self._SyncObj__updateClusterConfiguration(
+            [self._logsvc_dial_node(address) for address in sorted(target)]
+        )
+        if self._isLeader():  # as pysyncobj's own change does for a node it adds
+            now = pysyncobj_syncobj.monotonicTime()
+            for node in self._SyncObj__otherNodes:
+                self._SyncObj__lastResponseTime.setdefault(node, now)
+        log.info("raft peers are now %s (the log's configuration)", sorted(target))
+        return True
 
     @replicated  # type: ignore[untyped-decorator]
     def _logsvc_apply(self, encoded: bytes) -> object:
@@ -464,6 +699,18 @@ class ShardRaft(SyncObj):  # type: ignore[misc]
         if kind == "append_entries" and "prevLogIdx" in message:
             self._logsvc_on_append_entries(node, message, deliver)
             return
+        if kind == "append_entries":
+            # A snapshot chunk. Stock then sets commitIndex = min(leaderCommit, our last
+            # index) though nothing in our log was checked against the leader's: a lagging
+            # follower with an uncommitted, diverging suffix would apply it and serve reads
+            # of it (found by tests/chaos/dst/, seed 4039 with 12000 steps). Only a snapshot
+            # installed here, or our own compaction, vouches for entries.
+            commit_before = self._SyncObj__raftCommitIndex
+            deliver(node, message)
+            ceiling = max(commit_before, self._logsvc_compacted_at)
+            if self._SyncObj__raftCommitIndex > ceiling:
+                self._SyncObj__raftCommitIndex = ceiling
+            return
         if kind == "next_node_idx" and message.get("success") and not message.get("reset"):
             # Stock: a late ack sets nextIndex = ack + 1 even after nextIndex had moved on
             # (entries in flight), so those entries are sent again (pysyncobj.md §6.1).
@@ -472,6 +719,20 @@ class ShardRaft(SyncObj):  # type: ignore[misc]
             deliver(node, message)
             after = next_index.get(node)
             if before is not None and after is not None and after < before:
+                next_index[node] = before
+            return
+        if kind == "next_node_idx" and message.get("reset") and not message.get("success"):
+            # A refusal names an index at or below the prevLogIdx it answers, so refusals of
+            # the latest messages only ever lower nextIndex. Stock also lets a refusal of a
+            # later batch of the same round ("my log ends at X", X above the walk-back the
+            # first batch's refusal just made) raise it again: a follower with a conflicting
+            # suffix, more than one batch behind, then never catches up, and nextIndex
+            # bounces between the two answers forever (found by tests/chaos/dst/, seed 2).
+            next_index = self._SyncObj__raftNextIndex
+            before = next_index.get(node)
+            deliver(node, message)
+            after = next_index.get(node)
+            if before is not None and after is not None and after > before:
                 next_index[node] = before
             return
         deliver(node, message)
@@ -571,11 +832,14 @@ class ShardRaft(SyncObj):  # type: ignore[misc]
         journal = self._logsvc_journal
         last, prev = journal.entry(raft_index), journal.entry(raft_index - 1)
         nodes = self._SyncObj__otherNodes | {self._SyncObj__selfNode}
+        cluster = tuple(sorted(node.id for node in nodes))
+        if journal.membership is not None:  # the configuration as of the snapshot's entry
+            cluster = journal.membership.members_at(raft_index)
         data = snapshot_file.encode(
             snapshot_file.SnapshotFile(
                 last=snapshot_file.JournalEntry(last[1], last[2], bytes(last[0])),
                 prev=snapshot_file.JournalEntry(prev[1], prev[2], bytes(prev[0])),
-                cluster=tuple(sorted(node.id for node in nodes)),
+                cluster=cluster,
                 state=state,
             )
         )
@@ -584,7 +848,11 @@ class ShardRaft(SyncObj):  # type: ignore[misc]
             self._SyncObj__serializer.cancelTransmisstion(node)
         journal.deleteEntriesTo(raft_index - 1 - store.first_index)
         self._logsvc_compacted_at = raft_index
-        log.info("compacted the journal to raft index %d (snapshot point)", raft_index)
+        log.info(
+            "compacted the journal to raft index %d (snapshot point)",
+            raft_index,
+            extra={"term": self.raftCurrentTerm},
+        )
 
     # -- hole 4: a snapshot that cannot be loaded is fatal ----------------------------------
 
@@ -607,25 +875,106 @@ class ShardRaft(SyncObj):  # type: ignore[misc]
             # Raft §7: our log already holds the snapshot's last entry: keep what follows.
             if store.first_index < prev.index:
                 journal.deleteEntriesTo(prev.index - store.first_index)
-        elif not clearJournal:
-            raise RaftFatal(
-                f"snapshot at raft index {last.index} does not match the journal "
-                f"[{store.first_index}, {store.last_index}]"
-            )
         else:
+            # Raft §7: a snapshot holds committed state only, so a journal that lacks its
+            # last entry (shorter, or conflicting there) is replaced by it. At start
+            # (clearJournal False) this is a follower killed after it made a received
+            # snapshot durable but before it reset its journal: refusing to start would
+            # leave the replica down for good (found by the chaos suite's review).
+            if not clearJournal:
+                log.warning(
+                    "the snapshot at raft index %d is ahead of the journal [%d, %d]: "
+                    "finishing its installation (the journal is reset to it)",
+                    last.index,
+                    store.first_index,
+                    store.last_index,
+                )
             journal.reset_to(prev.index)
             journal.add(prev.command, prev.index, prev.term)
             journal.add(last.command, last.index, last.term)
+            if journal.membership is not None:  # the log now starts with the snapshot
+                journal.membership.on_reset(last.index, last.term, snapshot.cluster)
         self._logsvc_handler.install_snapshot(last.index, snapshot.state)
         self._SyncObj__raftLastApplied = last.index
         self._logsvc_compacted_at = max(self._logsvc_compacted_at, last.index)
         if self._SyncObj__raftCommitIndex < last.index:
             self._SyncObj__raftCommitIndex = last.index
-        self._SyncObj__updateClusterConfiguration(
-            [node for node in snapshot.cluster if node != self._SyncObj__selfNode.id]
-        )
+        if journal.membership is not None:
+            # Our own log's configuration (a snapshot we already had the entries of may
+            # carry an older one).
+            self._logsvc_follow_membership()
+        else:
+            self._SyncObj__updateClusterConfiguration(
+                [node for node in snapshot.cluster if node != self._SyncObj__selfNode.id]
+            )
         self._SyncObj__onSetCodeVersion(0)
-        log.info("installed the snapshot at raft index %d", last.index)
+        log.info(
+            "installed the snapshot at raft index %d",
+            last.index,
+            extra={"term": self.raftCurrentTerm},
+        )
+
+
+class _SnapshotTransfer:
+    """Stands in for pysyncobj's Serializer where our SyncObj still uses it: shipping the
+    snapshot file to a lagging follower in chunks, and receiving one. Over the file-system
+    port, and a received snapshot is written durably (temp file, fdatasync, rename,
+    directory fsync) before pysyncobj loads it. Compaction is ours (hole 6), so pysyncobj's
+    serialize/deserialize paths are never taken."""
+
+    def __init__(self, fs: FileSystem, path: str, chunk_bytes: int) -> None:
+        self._fs = fs
+        self._path = path
+        self._chunk_bytes = chunk_bytes
+        self._outgoing: dict[Any, tuple[ReadableFile, int]] = {}  # node -> (file, offset)
+        self._incoming: bytearray | None = None
+
+    # pysyncobj API (names are theirs) ----------------------------------------------------
+
+    def getTransmissionData(self, node: Any) -> tuple[bytes, bool, bool] | None:
+        sending = self._outgoing.pop(node, None)
+        if sending is None:
+            try:
+                sending = (self._fs.open_read(self._path), 0)
+            except OSError as exc:
+                log.error("cannot open the snapshot %s to ship it: %s", self._path, exc)
+                return None
+        handle, offset = sending
+        try:
+            data = handle.pread(offset, self._chunk_bytes)
+        except OSError as exc:
+            log.error("cannot read the snapshot %s to ship it: %s", self._path, exc)
+            handle.close()
+            return None
+        is_last = not data
+        if is_last:
+            handle.close()
+        else:
+            self._outgoing[node] = (handle, offset + len(data))
+        return data, offset == 0, is_last
+
+    def setTransmissionData(self, data: tuple[bytes, bool, bool] | None) -> bool:
+        """True once a whole snapshot was received and is durable at `path`."""
+        if data is None:
+            return False
+        chunk, is_first, is_last = data
+        if is_first:
+            self._incoming = bytearray()
+        elif self._incoming is None:
+            return False  # joined mid-transmission: wait for the next one
+        self._incoming += chunk
+        if len(self._incoming) > TRANSMISSION_BYTES_MAX:
+            raise RaftFatal(f"a received snapshot exceeded {TRANSMISSION_BYTES_MAX} bytes")
+        if not is_last:
+            return False
+        received, self._incoming = bytes(self._incoming), None
+        _write_durably(self._fs, self._path, received)
+        return True
+
+    def cancelTransmisstion(self, node: Any) -> None:
+        sending = self._outgoing.pop(node, None)
+        if sending is not None:
+            sending[0].close()
 
 
 def _never_called(*_args: object) -> Any:
@@ -643,8 +992,31 @@ def _write_durably(fs: FileSystem, path: str, data: bytes) -> None:
         handle.fdatasync()
     finally:
         handle.close()
+    failpoint("raft_snapshot_before_rename")
     fs.rename(tmp, path)
     fs.fsync_dir(os.path.dirname(path) or ".")
+
+
+def _open_membership(
+    config: RaftConfig, journal: StoreJournal, fs: FileSystem
+) -> shard_membership.ReplicaMembership:
+    """The replica's members file next to its snapshot, validated against its log; made
+    from the configured peers on the first start. A bad file is fatal: guessing the
+    peers could start a replica in the wrong group."""
+    path = os.path.join(os.path.dirname(config.snapshot_path), shard_membership.FILE_NAME)
+    store = journal.store
+    try:
+        return shard_membership.ReplicaMembership.open(
+            fs,
+            path,
+            config.self_address,
+            (config.self_address, *config.peers),
+            config.joining,
+            store.first_index,
+            journal.term_at,
+        )
+    except (small_file.SmallFileCorrupt, shard_membership.MembershipLost) as exc:
+        raise RaftFatal(f"cannot tell the shard's members: {exc}") from exc
 
 
 def _make_durable(fs: FileSystem, path: str) -> None:
@@ -669,10 +1041,14 @@ class RaftNode:
         store: ShardStore,
         handler: RaftHandler,
         file_system: FileSystem | None = None,
+        events: ReplicaEvents | None = None,
+        transport_base: type | None = None,
     ) -> None:
         """`file_system` holds the snapshot file (the store's own port; the real one by
         default). pysyncobj itself writes a received snapshot with plain file calls; we make
-        it durable through `file_system` before relying on it."""
+        it durable through `file_system` before relying on it. `events` receives term, vote
+        and role changes (logsvc/events.py). `transport_base`: simulator only (see
+        `TransportBase`); such a node is never `start()`ed: the simulator calls `tick_once`."""
         config.validate()
         fs = file_system if file_system is not None else OsFileSystem()
         if store.first_index > 1 and not fs.exists(config.snapshot_path):
@@ -681,8 +1057,16 @@ class RaftNode:
                 f"{config.snapshot_path} is missing: refusing to start with an empty state"
             )
         self._config = config
-        self._journal = StoreJournal(store)
-        self._raft = ShardRaft(config, self._journal, handler, fs)
+        self._journal = StoreJournal(store, events)
+        self._membership = _open_membership(config, self._journal, fs)
+        self._journal.membership = self._membership
+        # The peers are the log's latest configuration, not the ones configured at first.
+        started = replace(config, peers=self._membership.peers)
+        self._raft = ShardRaft(started, self._journal, handler, fs, transport_base)
+        self._members_version = self._membership.version
+        self._progress = RaftProgress()
+        self._events = events
+        self._leading = False  # as of the last tick (role changes go to the event log)
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._fatal: BaseException | None = None
@@ -742,6 +1126,26 @@ class RaftNode:
     def status(self) -> dict[str, Any]:
         return dict(self._raft.getStatus())
 
+    @property
+    def members(self) -> tuple[str, ...]:
+        """The Raft addresses of the shard's members: the latest configuration in this
+        replica's log (this replica included while it is a member)."""
+        return self._membership.members
+
+    @property
+    def joining(self) -> bool:
+        """Started to join; its own `add` not in its log yet (it holds its elections)."""
+        return self._membership.joining
+
+    @property
+    def config_index(self) -> int:
+        """The raft index of the membership entry behind `members` (0: none yet)."""
+        return self._membership.config_index
+
+    def progress(self) -> ProgressView:
+        """The last election seen and, on the leader, each follower's lag in seconds."""
+        return self._progress.view(pysyncobj_syncobj.monotonicTime())
+
     def add_member(self, address: str, callback: Callable[[object, int], None]) -> None:
         self._raft.addNodeToCluster(address, callback=callback)
 
@@ -754,20 +1158,80 @@ class RaftNode:
         self._raft.transferLeadership(address, callback=callback)
 
     def _run(self) -> None:
+        if self._events is not None and self._events.shard:
+            # Every line this thread logs (ours, pysyncobj's, the store's) names the shard.
+            logs.bind_shard(self._events.shard)
         wait_s = self._config.tick_wait_ms / 1000.0
-        transport: _DurableTransport = self._raft._SyncObj__transport
+        while not self._stopping.is_set() and self.tick_once(wait_s):
+            pass
+
+    def tick_once(self, wait_s: float = 0.0) -> bool:
+        """One tick: pysyncobj's (waiting up to `wait_s` for messages), then the tick's one
+        sync and the held replies. False once the replica has stopped on a fatal error. The
+        tick thread calls it in a loop; the simulator (tests/chaos/dst/) calls it itself."""
+        if self._fatal is not None:
+            return False
+        transport: _DurableMixin = self._raft._SyncObj__transport
         try:
-            while not self._stopping.is_set():
-                self._raft.doTick(wait_s)
-                transport.flush()  # one sync for the tick, then the held replies
+            self._raft.doTick(wait_s)
+            transport.flush()  # one sync for the tick, then the held replies
+            self._note_role()
+            self._after_tick()
         except (RaftFatal, StoreError) as exc:
             self._die(exc)
         except Exception as exc:  # a bug: stop rather than tick on in an unknown state
-            log.exception("raft tick failed on %s", self._config.self_address)
+            log.exception(
+                "raft tick failed on %s", self._config.self_address, extra={"term": self.term}
+            )
             self._die(exc)
+        return self._fatal is None
+
+    def _after_tick(self) -> None:
+        """Membership and progress bookkeeping: a few comparisons per tick."""
+        raft = self._raft
+        version = self._membership.version
+        if version != self._members_version:  # e.g. a truncated suffix undid a change
+            self._members_version = version
+            raft._logsvc_follow_membership()
+        now_s = pysyncobj_syncobj.monotonicTime()
+        if self._membership.joining:
+            # Not a member until our `add` arrives: an election now would only raise our
+            # term and, once the leader adds us, make it step down.
+            raft._SyncObj__raftElectionDeadline = now_s + (
+                self._config.election_timeout_ms_max / 1000.0
+            )
+        leading = bool(raft._isLeader())
+        match_index = (
+            {node.id: int(index) for node, index in raft._SyncObj__raftMatchIndex.items()}
+            if leading
+            else {}
+        )
+        self._progress.observe(
+            now_s,
+            time.time(),
+            self.leader,
+            self.term,
+            leading,
+            self._journal.store.last_index,
+            match_index,
+        )
+
+    def _note_role(self) -> None:
+        """Emit `leader` / `follower` when leadership changed during the last tick."""
+        if self._events is None or not events_enabled():
+            return
+        leading = bool(self._raft._isLeader())
+        if leading != self._leading:
+            self._leading = leading
+            self._events.emit("leader" if leading else "follower", term=self.term)
 
     def _die(self, exc: BaseException) -> None:
-        log.critical("raft replica %s stopped: %s", self._config.self_address, exc)
+        log.critical(
+            "raft replica %s stopped: %s",
+            self._config.self_address,
+            exc,
+            extra={"term": self.term},
+        )
         self._fatal = exc
         for listener in self._fatal_listeners:
             listener(exc)

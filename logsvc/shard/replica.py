@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from logsvc.events import ReplicaEvents
 from logsvc.shard import raft
 from logsvc.shard.commands import (
     AcquireLease,
@@ -35,10 +36,23 @@ from logsvc.shard.commands import (
     decode_entry_records,
     encode_command,
 )
-from logsvc.shard.errors import CommandCorrupt, CommandInvalid, LsnNotAssigned, ShardError
+from logsvc.shard.errors import (
+    CommandCorrupt,
+    CommandInvalid,
+    LsnNotAssigned,
+    LsnTruncated,
+    ShardError,
+)
 from logsvc.shard.limits import DEFAULT_SHARD_LIMITS, ShardLimits
 from logsvc.shard.state_machine import ShardStateMachine
-from logsvc.store import DEFAULT_LIMITS, ShardStore, StoreLimits
+from logsvc.store import (
+    DEFAULT_LIMITS,
+    Compacted,
+    Corruption,
+    ShardStore,
+    StoreFailed,
+    StoreLimits,
+)
 from logsvc.store.fs import FileSystem
 
 log = logging.getLogger("logsvc.shard")
@@ -90,6 +104,24 @@ class ReplicaConfig:
     # The store's file-system port (journal and snapshot); None = the real one. Tests pass
     # a fault-injecting double (tests/support/faultfs.py, tests/chaos/).
     file_system: FileSystem | None = None
+    # Who this replica is, for the event log (logsvc/events.py); "" / 0 in unit tests.
+    node_id: str = ""
+    shard: int = 0
+    # The deterministic simulator only (tests/chaos/dst/); None in production.
+    simulated: SimulatedRuntime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SimulatedRuntime:
+    """For the deterministic simulator only: the replica runs no thread of its own. Its
+    store starts no syncer (the Raft tick's one sync per tick is then the only sync) and
+    reads `clock_ms`; Raft talks through `transport_base`, a `raft.TransportBase` subclass
+    (an in-memory network). Such a replica is never `start()`ed: the simulator calls
+    `tick()` on its own thread, after pointing pysyncobj's clock at its virtual one
+    (`raft.set_monotonic_clock`)."""
+
+    transport_base: type
+    clock_ms: Callable[[], float]
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,12 +146,24 @@ class ShardReplica:
     def __init__(self, config: ReplicaConfig) -> None:
         self._config = config
         self._limits = config.shard_limits
-        os.makedirs(config.data_dir, exist_ok=True)
-        self._store = ShardStore.open(
-            os.path.join(config.data_dir, "journal"),
-            fs=config.file_system,
-            limits=config.store_limits,
-        )
+        if config.file_system is None:
+            os.makedirs(config.data_dir, exist_ok=True)
+        else:  # the snapshot lives here too: the port's own directory, not the host's
+            config.file_system.makedirs(config.data_dir)
+        self._events = ReplicaEvents(config.node_id, config.shard)
+        simulated = config.simulated
+        try:
+            self._store = ShardStore.open(
+                os.path.join(config.data_dir, "journal"),
+                fs=config.file_system,
+                limits=config.store_limits,
+                clock_ms=None if simulated is None else simulated.clock_ms,
+                background_sync=simulated is None,
+            )
+        except Corruption as exc:
+            self._events.emit("corruption", detail=str(exc))
+            raise
+        _emit_opened(self._events, self._store)
         self._machine = ShardStateMachine(config.shard_limits)
         self._machine_lock = threading.Lock()
         self._membership_lock = threading.Lock()
@@ -128,15 +172,34 @@ class ShardReplica:
             raft_config = config.raft
             if raft_config.snapshot_path != os.path.join(config.data_dir, "snapshot"):
                 raft_config = _with_snapshot_path(raft_config, config.data_dir)
-            self._node = raft.RaftNode(raft_config, self._store, self, config.file_system)
+            self._node = raft.RaftNode(
+                raft_config,
+                self._store,
+                self,
+                config.file_system,
+                self._events,
+                transport_base=None if simulated is None else simulated.transport_base,
+            )
+        except raft.RaftFatal as exc:
+            self._events.emit("corruption", detail=str(exc))
+            self._store.close()
+            raise
         except BaseException:
             self._store.close()
             raise
+        self._node.on_fatal(self._on_fatal)
 
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> None:
+        assert self._config.simulated is None, "a simulated replica is ticked by its caller"
         self._node.start()
+
+    def tick(self) -> bool:
+        """Simulator only (`SimulatedRuntime`): one Raft tick on the caller's thread; False
+        once the replica has stopped on a fatal error."""
+        assert self._config.simulated is not None
+        return self._node.tick_once(0.0)
 
     def close(self) -> None:
         self._node.stop()
@@ -239,7 +302,19 @@ class ShardReplica:
                 except LsnNotAssigned:
                     break
             if where.raft_index != cached_index:
-                [entry] = self._store.read(where.raft_index, where.raft_index + 1, 0)
+                try:
+                    [entry] = self._store.read(where.raft_index, where.raft_index + 1, 0)
+                except Corruption as exc:
+                    self._events.emit("corruption", detail=str(exc))
+                    raise
+                except Compacted:
+                    # The journal is only ever compacted to a snapshot point whose every LSN
+                    # a committed truncate covers; the state machine has just not applied
+                    # that truncate yet (restored from the point's snapshot at a restart, or
+                    # compacted during this read). Found by the simulator (tests/chaos/dst/).
+                    if records:
+                        return ReadResult(tuple(records), lsn, next_lsn)
+                    raise LsnTruncated(next_lsn, self._first_lsn_in_journal(next_lsn)) from None
                 command = raft.command_of_entry(entry.payload)
                 assert command is not None, f"raft index {where.raft_index} holds no command"
                 cached_index = where.raft_index
@@ -251,6 +326,21 @@ class ShardReplica:
                 budget -= len(record)
                 next_lsn += 1
         return ReadResult(tuple(records), lsn, next_lsn)
+
+    def _first_lsn_in_journal(self, lsn: int) -> int:
+        """The lowest LSN above `lsn` (whose entry was compacted away) that the journal
+        still holds; the next LSN if none."""
+        first_index = self._store.first_index
+        with self._machine_lock:
+            machine = self._machine
+            lo, hi = max(lsn + 1, machine.first_lsn), machine.next_lsn  # answer in [lo, hi]
+            while lo < hi:
+                middle = (lo + hi) // 2
+                if machine.locate(middle).raft_index >= first_index:
+                    hi = middle
+                else:
+                    lo = middle + 1
+        return lo
 
     # ------------------------------------------------------------------ status
 
@@ -365,6 +455,13 @@ class ShardReplica:
 
     # ------------------------------------------------------------------ internals
 
+    def _on_fatal(self, exc: BaseException) -> None:
+        """The tick thread stopped: damaged data (a bad record read by Raft, a snapshot that
+        does not load, an undecodable command) goes to the event log as corruption."""
+        cause = exc.cause if isinstance(exc, StoreFailed) else exc
+        if isinstance(cause, Corruption | raft.RaftFatal):
+            self._events.emit("corruption", term=self._store.term, detail=str(exc))
+
     def _check_alive(self) -> None:
         """Reads and writes refuse once the replica stopped on a fatal error."""
         fatal = self._node.fatal
@@ -390,6 +487,28 @@ def _result_or_raise(waiter: _Waiter, leader: str | None) -> Result:
         raft.FailReason.UNKNOWN_OUTCOME: "unknown outcome",
     }
     raise OutcomeUnknown(names.get(reason, f"fail reason {reason}"))
+
+
+def _emit_opened(events: ReplicaEvents, store: ShardStore) -> None:
+    """The `start` event (the term recovered) and, if recovery repaired anything, a
+    `recovery` event saying what."""
+    stats = store.stats()
+    events.emit(
+        "start",
+        term=store.term,
+        voted_for=store.voted_for,
+        detail=f"journal [{stats.first_index}, {stats.last_index}]",
+    )
+    report = stats.recovery
+    if report.torn_reason is not None or report.deleted_files:
+        events.emit(
+            "recovery",
+            term=store.term,
+            detail=(
+                f"torn tail: {report.torn_reason}; cut {report.torn_tail_bytes_cut} bytes; "
+                f"deleted {report.deleted_files}"
+            ),
+        )
 
 
 def _with_snapshot_path(config: raft.RaftConfig, data_dir: str) -> raft.RaftConfig:

@@ -41,6 +41,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from logsvc.failpoints import failpoint
 from logsvc.store import records
 from logsvc.store.errors import (
     Compacted,
@@ -150,7 +151,12 @@ class ShardStore:
         fs: FileSystem | None = None,
         limits: StoreLimits = DEFAULT_LIMITS,
         clock_ms: Callable[[], float] | None = None,
+        background_sync: bool = True,
     ) -> ShardStore:
+        """`background_sync=False` starts no syncer thread: syncs (and the deletion of
+        segments below the log start) then happen only inside `sync()` / `wait_durable()`,
+        on the caller's thread. For the deterministic simulator (tests/chaos/dst/), which
+        runs every replica in one thread; the Raft tick syncs the store once per tick."""
         limits.validate()
         fs = fs if fs is not None else OsFileSystem()
         try:
@@ -171,7 +177,10 @@ class ShardStore:
             lock.release()
             raise
         store._lock = lock
-        store._start_syncer()
+        if background_sync:
+            store._start_syncer()
+        else:
+            store._background_sync = False
         return store
 
     def __init__(
@@ -213,6 +222,7 @@ class ShardStore:
         self._closing = False
         self._closed = False
         self._syncer: threading.Thread | None = None
+        self._background_sync = True  # False: syncs run inline in sync()/wait_durable()
         self._lock: DirLock | None = None
         self._dir_dirty = False  # a segment was created; the directory needs an fsync
         self._recovery = RecoveryReport()
@@ -249,6 +259,8 @@ class ShardStore:
     def wait_durable(self, index: int, timeout_ms: int | None = None) -> None:
         """Block until every entry up to `index` is durable (group commit)."""
         waited_ms_max = self._limits.sync_wait_ms_max if timeout_ms is None else timeout_ms
+        if not self._background_sync:
+            self._sync_inline()
         started_ms = self._clock_ms()
         while True:
             with self._mu:
@@ -274,7 +286,10 @@ class ShardStore:
 
     def request_sync(self) -> int:
         """Ask for a sync of everything appended so far without waiting for it (callers on
-        an event loop wait with `aio.AsyncDurability`); return the index it will cover."""
+        an event loop wait with `aio.AsyncDurability`); return the index it will cover.
+        Without a syncer thread (`background_sync=False`) the sync happens here and now."""
+        if not self._background_sync:
+            return self._sync_inline()
         with self._mu:
             target = self._last_index
             if self._durable_index < target:
@@ -339,11 +354,13 @@ class ShardStore:
             self._write_out_locked(sync=True)
             with self._meta_lock:
                 meta = dataclasses.replace(self._meta, first_index=index)
+                failpoint("store_truncate_prefix_before_meta")
                 try:
                     save_meta(self._fs, self._dir, meta)
                 except StoreError as exc:
                     raise self._fail(exc) from exc
                 self._meta = meta
+                failpoint("store_truncate_prefix_after_meta")
             with self._mu:
                 self._apply_prefix_locked(index)
                 self._syncer_cv.notify()
@@ -365,11 +382,13 @@ class ShardStore:
             with self._mu:
                 self._check_writable()
             meta = dataclasses.replace(current, term=term, voted_for=voted_for)
+            failpoint("meta_before_save")
             try:
                 save_meta(self._fs, self._dir, meta)
             except StoreError as exc:
                 raise self._fail(exc) from exc
             self._meta = meta
+            failpoint("meta_after_save")
 
     # ----------------------------------------------------------------- public: reads
 
@@ -676,6 +695,8 @@ class ShardStore:
                 if sync:
                     self._policy.on_sync_finished(self._clock_ms())
             raise failure from exc
+        if sync:
+            failpoint("store_after_sync_before_ack")
         elapsed = time.monotonic() - started
         with self._mu:
             for segment, data in work:
@@ -726,11 +747,13 @@ class ShardStore:
                 self._dir_dirty = True
             self._writable(segment).write(data)
         if sync:
+            failpoint("store_after_write_before_sync")
             for segment in unsynced:
                 if id(segment) not in synced_here:
                     self._writable(segment).fdatasync()
                     fdatasyncs += 1
             if self._dir_dirty:
+                failpoint("store_before_roll_dir_sync")
                 self._fs.fsync_dir(self._dir)
                 self._dir_dirty = False
         return fdatasyncs
@@ -800,6 +823,20 @@ class ShardStore:
         )
 
     # ----------------------------------------------------------------- internals: syncer
+
+    def _sync_inline(self) -> int:
+        """The syncer's work, on the caller's thread (`background_sync=False`): write out
+        and sync everything appended so far, delete segments below the log start; return
+        the durable index. Nothing to do is not an error, as with the syncer."""
+        with self._io_lock:
+            with self._mu:
+                if self._durable_index >= self._last_index and not self._obsolete:
+                    return self._durable_index
+                self._check_writable()
+            self._write_out_locked(sync=True)
+            self._delete_obsolete_locked()
+            with self._mu:
+                return self._durable_index
 
     def _start_syncer(self) -> None:
         self._syncer = threading.Thread(

@@ -201,7 +201,7 @@ BAD: list[tuple[str, list[Edit], str, str]] = [
         "unknown key",
         [setting("node.dta_dir", "/x")],
         "node.dta_dir",
-        "unknown key (did you mean 'data_dir'?); allowed here: id, data_dir, log_level",
+        "unknown key (did you mean 'data_dir'?); allowed here: id, data_dir, log_level, log_format",
     ),
     (
         "unknown key in a node entry",

@@ -20,6 +20,7 @@ import pytest
 from pysyncobj import SyncObj, SyncObjConf
 from pysyncobj.node import TCPNode
 
+from logsvc.shard import snapshot_file
 from logsvc.shard.raft import (
     MissingClusterSecret,
     RaftConfig,
@@ -200,6 +201,45 @@ def test_a_snapshot_that_cannot_be_loaded_is_fatal_not_an_empty_state(tmp_path: 
         wait_until(lambda: node.fatal is not None, "the replica to stop on the bad snapshot")
         assert isinstance(node.fatal, RaftFatal)
         assert node.last_applied < 5  # nothing was applied on top of an empty state
+    finally:
+        node.stop()
+        store.close()
+
+
+class SnapshotHandler(RecordingHandler):
+    """Records the snapshot it is asked to install."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.installed: list[tuple[int, bytes]] = []
+
+    def install_snapshot(self, raft_index: int, state: bytes) -> None:
+        self.installed.append((raft_index, state))
+
+
+def test_a_snapshot_ahead_of_the_journal_at_start_is_installed_not_fatal(tmp_path: Path) -> None:
+    # A follower made a received snapshot durable, then was killed before it reset its
+    # journal: at restart the snapshot (committed state) must win, as Raft §7 says.
+    store = ShardStore.open(str(tmp_path / "journal"))
+    store.append([Entry(i, 1, NO_OP) for i in range(1, 4)])
+    store.sync()
+    cfg = config(tmp_path)
+    snapshot = snapshot_file.SnapshotFile(
+        last=snapshot_file.JournalEntry(10, 2, NO_OP),
+        prev=snapshot_file.JournalEntry(9, 2, NO_OP),
+        cluster=tuple(sorted((cfg.self_address, *cfg.peers))),
+        state=b"state at 10",
+    )
+    (tmp_path / "snapshot").write_bytes(snapshot_file.encode(snapshot))
+    handler = SnapshotHandler()
+    node = RaftNode(cfg, store, handler)
+    try:
+        node.start()
+        wait_until(lambda: handler.installed != [], "the snapshot to be installed")
+        assert handler.installed == [(10, b"state at 10")]
+        assert node.fatal is None
+        assert node.last_applied == 10
+        assert (store.first_index, store.last_index) == (9, 10)
     finally:
         node.stop()
         store.close()
