@@ -4,6 +4,7 @@
     logsvc dev-cluster up|down|status --dir DIR [--nodes 3] [--shards 2]
     logsvc append|read|tail|truncate|status --shard N ... [--client-config client.toml]
     logsvc demo [--dir DIR]
+    logsvc doctor --config NODE.toml | --data-dir DIR [--shard N] [--json] [--allow-running]
     logsvc bench store [--modes group,sync_each,nosync] [--writers N] [--record-bytes B]
                        [--seconds S] [--dir DIR]
 
@@ -118,6 +119,20 @@ def _parser() -> argparse.ArgumentParser:
                 default=5000,
             )
 
+    doctor = commands.add_parser(
+        "doctor", help="check a node's data dir offline, read-only (exit 1: problems found)"
+    )
+    where = doctor.add_mutually_exclusive_group(required=True)
+    where.add_argument("--config", help="the node's TOML configuration (gives its data_dir)")
+    where.add_argument("--data-dir", help="a node's data directory (holds shards/)")
+    doctor.add_argument("--shard", type=_positive_int("--shard", 2**31), help="only this shard")
+    doctor.add_argument("--json", action="store_true", help="print a machine-readable report")
+    doctor.add_argument(
+        "--allow-running",
+        action="store_true",
+        help="check even if the node is running (otherwise exit 3); results may be inconsistent",
+    )
+
     demo = commands.add_parser("demo", help="a local 3-node cluster at work")
     demo.add_argument("--dir", help="directory for the demo cluster (default: a temp dir)")
 
@@ -167,6 +182,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _dev_cluster(args)
     if args.command in ("append", "read", "tail", "truncate", "status"):
         return _client_command(args)
+    if args.command == "doctor":
+        from logsvc import doctor
+
+        return doctor.main(
+            config_path=args.config,
+            data_dir=args.data_dir,
+            shard=args.shard,
+            json_output=args.json,
+            allow_running=args.allow_running,
+        )
     if args.command == "demo":
         from logsvc import demo
 

@@ -97,11 +97,14 @@ _ERRORS: dict[wire.ErrorCode, type[ServerError]] = {
     wire.ErrorCode.UNAUTHENTICATED: Unauthenticated,
 }
 # Answers after which the same request may be sent again (to the same or another node).
+# UNKNOWN_SHARD: the client's addresses are the cluster's nodes, and membership changes
+# move a shard's replicas between them; the node asked does not (or no longer) host it.
 _RETRYABLE = {
     wire.ErrorCode.NOT_LEADER,
     wire.ErrorCode.OVERLOADED,
     wire.ErrorCode.OUTCOME_UNKNOWN,
     wire.ErrorCode.UNAVAILABLE,
+    wire.ErrorCode.UNKNOWN_SHARD,
 }
 
 

@@ -10,10 +10,14 @@ serves it with uvicorn on the node's `admin_address`.
     POST   /v1/shards/{shard_id}/transfer-leader   [{"target_node_id": id | null}] -> 202
     POST   /v1/shards/{shard_id}/replicas      {"node_id"} -> 201, the members
     DELETE /v1/shards/{shard_id}/replicas/{node_id}  -> the members
+    POST   /v1/internal/shards/{shard_id}/host  {"members"}: node to node, a leader adding
+                                               this node (docs/decisions/0002-membership.md)
+    DELETE /v1/internal/shards/{shard_id}/host  node to node, a leader that removed it
     GET    /healthz                            the process answers (no auth)
     GET    /readyz                             readiness.py's rule: 200 ready, 503 not
     GET    /metrics                            Prometheus text format 0.0.4
     GET    /docs, /openapi.json                the OpenAPI description (no auth, see below)
+    GET    /                                   the dashboard page (no auth, no data: below)
 
 Every request passes `_Gate` first, before routing and before its body is parsed:
 at most `requests_inflight_max` at once (503 "overloaded"), a bearer token on every path
@@ -21,6 +25,12 @@ but the public ones (401 "unauthorized", compared in constant time), a body of a
 `request_body_bytes_max` bytes (413 "body_too_large"). The OpenAPI description is public
 by default (`docs_public`): it describes the API and holds no data, and the Swagger page
 at /docs cannot send a token when the browser loads it.
+
+The dashboard (`GET /`, dashboard.html) is public for the same reason: it is a static page
+with no data and no secret. Its script asks the operator for the token, keeps it in the
+tab's sessionStorage and calls /v1/cluster, /v1/shards and /readyz with it; a refused
+token shows "401: wrong token". Its Content-Security-Policy allows exactly the page's own
+inline script and style (by SHA-256) and connections to this origin, nothing else.
 
 Errors are JSON, always `{"code": ..., "message": ...}` (`ErrorBody`, with a leader hint or
 the current lease where they apply), never a traceback: the view's typed errors map by
@@ -35,24 +45,27 @@ runtime.)
 """
 
 import asyncio
+import base64
 import hashlib
 import hmac
 import logging
+import re
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from datetime import datetime
+from importlib import resources
 from typing import Annotated, Any, Final, TypeVar
 
 from fastapi import APIRouter, Depends, FastAPI, Request, Response
 from fastapi import Path as PathParam
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from logsvc.admin import readiness
+from logsvc.admin import changes, readiness
 from logsvc.admin.errors import (
     AdminError,
     Conflict,
@@ -81,6 +94,8 @@ log = logging.getLogger("logsvc.admin")
 T = TypeVar("T")
 
 HEALTH_PATH: Final = "/healthz"
+DASHBOARD_PATH: Final = "/"
+DASHBOARD_FILE: Final = "dashboard.html"  # package data of logsvc.admin
 DOCS_PATHS: Final = ("/docs", "/docs/oauth2-redirect", "/openapi.json")
 
 # A validation error's message names at most this many fields: bounded, and enough to fix
@@ -143,6 +158,13 @@ class AddReplicaRequest(_Request):
     node_id: NodeId
 
 
+class HostShardRequest(_Request):
+    """Node to node: start a replica of the shard that joins `members` (the shard's
+    members as its leader knows them; this node is added)."""
+
+    members: Annotated[list[NodeId], Field(min_length=1, max_length=changes.MEMBERS_MAX)]
+
+
 # --------------------------------------------------------------------- response types
 
 
@@ -175,8 +197,13 @@ class ReplicaModel(_Response):
     match_index: int | None = Field(description="Known on the leader only.")
     lag_entries: int | None = Field(description="Raft entries behind the leader's log.")
     lag_records: int | None
-    lag_seconds: float | None
+    lag_seconds: float | None = Field(
+        description="Seconds since it last had every entry of the leader's log (leader only)."
+    )
     connected: bool | None = Field(description="The answering replica's link to it.")
+    caught_up: bool | None = Field(
+        description="Within a few entries of the leader's log: healthy (leader only)."
+    )
 
 
 class ShardStatusModel(_Response):
@@ -203,6 +230,7 @@ class ShardStatusModel(_Response):
     last_election_at: datetime | None
     failed: bool
     replicas: list[ReplicaModel]
+    joining: bool = Field(description="Started to join; the entry adding it not received yet.")
 
 
 class ShardListResponse(_Response):
@@ -222,6 +250,12 @@ class TransferLeaderResponse(_Response):
 class MembershipResponse(_Response):
     shard_id: int
     replicas: list[str] = Field(description="The members once the change is committed.")
+
+
+class HostShardResponse(_Response):
+    shard_id: int
+    hosted: bool = Field(description="Hosted after the call; for a release: false.")
+    replicas: list[str] = Field(description="The members the replica starts with.")
 
 
 class HealthResponse(_Response):
@@ -256,8 +290,9 @@ def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return {status: {"model": ErrorBody} for status in statuses}
 
 
-# Errors any authenticated endpoint may answer.
-_COMMON_ERRORS: Final = (401, 413, 500, 503, 504)
+# Errors any authenticated endpoint may answer (400: a bad Content-Length, or a body that
+# is not even text; found undocumented by the schemathesis fuzz test).
+_COMMON_ERRORS: Final = (400, 401, 413, 500, 503, 504)
 
 
 # ------------------------------------------------------------------------ error answers
@@ -334,6 +369,10 @@ async def _on_http_error(_request: Request, exc: Exception) -> Response:
         body = ErrorBody(code="not_found", message="no such endpoint")
     elif exc.status_code == 405:
         body = ErrorBody(code="method_not_allowed", message="method not allowed here")
+    elif exc.status_code == 400:
+        # FastAPI's answer to a body it cannot decode at all (not UTF-8): JSON that does
+        # not parse is a validation error (422) instead.
+        body = ErrorBody(code="bad_request", message="the request body could not be parsed")
     else:
         body = ErrorBody(code="http_error", message=f"HTTP {exc.status_code}")
     return _error_response(exc.status_code, body, exc.headers)
@@ -489,6 +528,44 @@ class _Gate:
         await _error_response(413, body)(scope, receive, send)
 
 
+# ---------------------------------------------------------------------- the dashboard
+
+
+def _inline_sources(html: str, tag: str) -> list[str]:
+    """The CSP source of each inline `<tag>` block: its SHA-256, base64, as the browser
+    hashes the text between the tags (so attributes on the tag are refused here)."""
+    blocks: list[str] = re.findall(rf"<{tag}>(.*?)</{tag}>", html, flags=re.DOTALL)
+    assert blocks, f"the dashboard has no inline <{tag}>"
+    assert html.count(f"<{tag}") == len(blocks), f"a <{tag}> with attributes: not hashed"
+    digests = (hashlib.sha256(block.encode("utf-8")).digest() for block in blocks)
+    return [f"'sha256-{base64.b64encode(digest).decode('ascii')}'" for digest in digests]
+
+
+def dashboard_page() -> tuple[bytes, dict[str, str]]:
+    """dashboard.html and the headers to serve it with. Nothing but the page's own inline
+    script and style may run (so injected markup could not run code next to the token in
+    sessionStorage), it connects to this origin only, and it may not be framed."""
+    html = resources.files("logsvc.admin").joinpath(DASHBOARD_FILE).read_text("utf-8")
+    policy = (
+        "default-src 'none'",
+        "script-src " + " ".join(_inline_sources(html, "script")),
+        "style-src " + " ".join(_inline_sources(html, "style")),
+        "connect-src 'self'",
+        "img-src data:",  # the empty favicon: no request for /favicon.ico (and its 401)
+        "base-uri 'none'",
+        "form-action 'none'",
+        "frame-ancestors 'none'",
+    )
+    headers = {
+        "Content-Security-Policy": "; ".join(policy),
+        "X-Content-Type-Options": "nosniff",
+        "X-Frame-Options": "DENY",
+        "Referrer-Policy": "no-referrer",
+        "Cache-Control": "no-cache",
+    }
+    return html.encode("utf-8"), headers
+
+
 # ---------------------------------------------------------------------------- the app
 
 
@@ -511,7 +588,7 @@ def create_app(
         description=API_DESCRIPTION,
         redoc_url=None,  # /docs is the one OpenAPI page
     )
-    public = {HEALTH_PATH, *(DOCS_PATHS if docs_public else ())}
+    public = {HEALTH_PATH, DASHBOARD_PATH, *(DOCS_PATHS if docs_public else ())}
     app.add_middleware(
         _Gate,
         token=token,
@@ -624,10 +701,32 @@ def create_app(
         members = await ask(view.remove_replica(shard_id, node_id), change=True)
         return MembershipResponse(shard_id=shard_id, replicas=list(members))
 
+    @api.post(
+        "/v1/internal/shards/{shard_id}/host",
+        response_model=HostShardResponse,
+        responses=_errors(404, 422, *_COMMON_ERRORS),
+        tags=["internal"],
+        summary="Node to node: start hosting a replica that joins the shard",
+    )
+    async def host_shard(shard_id: ShardIdParam, request: HostShardRequest) -> HostShardResponse:
+        members = await ask(view.host_shard(shard_id, request.members), change=True)
+        return HostShardResponse(shard_id=shard_id, hosted=True, replicas=list(members))
+
+    @api.delete(
+        "/v1/internal/shards/{shard_id}/host",
+        response_model=HostShardResponse,
+        responses=_errors(404, 422, *_COMMON_ERRORS),
+        tags=["internal"],
+        summary="Node to node: stop hosting the shard (removed from it), archive the replica",
+    )
+    async def release_shard(shard_id: ShardIdParam) -> HostShardResponse:
+        await ask(view.release_shard(shard_id), change=True)
+        return HostShardResponse(shard_id=shard_id, hosted=False, replicas=[])
+
     @public_api.get(
         HEALTH_PATH,
         response_model=HealthResponse,
-        responses={503: {"model": HealthResponse}, **_errors(500)},
+        responses={503: {"model": HealthResponse}, **_errors(400, 413, 500)},
         summary="The process is alive (no auth)",
     )
     async def healthz() -> JSONResponse:
@@ -638,7 +737,7 @@ def create_app(
     @api.get(
         "/readyz",
         response_model=ReadinessResponse,
-        responses={503: {"model": ReadinessResponse}, **_errors(401, 413, 500)},
+        responses={503: {"model": ReadinessResponse}, **_errors(400, 401, 413, 500)},
         summary="Every hosted shard has a leader and this node has caught up",
     )
     async def readyz() -> JSONResponse:
@@ -668,6 +767,12 @@ def create_app(
     async def metrics() -> Response:
         body = await ask(view.metrics(), change=False)
         return Response(content=body, media_type=EXPOSITION_CONTENT_TYPE)
+
+    dashboard_html, dashboard_headers = dashboard_page()
+
+    @public_api.get(DASHBOARD_PATH, response_class=HTMLResponse, include_in_schema=False)
+    async def dashboard() -> HTMLResponse:
+        return HTMLResponse(dashboard_html, headers=dashboard_headers)
 
     app.include_router(api)
     app.include_router(public_api)

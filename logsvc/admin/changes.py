@@ -29,10 +29,29 @@ from logsvc.config import REPLICA_COUNTS
 if TYPE_CHECKING:
     from logsvc.admin.port import ShardStatus
 
+# A follower within this many Raft entries of the leader's log counts as caught up (the
+# `caught_up` of a shard's status): a healthy follower under load trails by the entries in
+# flight (a few group commits), a new replica copying the log by thousands.
+CAUGHT_UP_LAG_ENTRIES_MAX: Final = 16
+
 MEMBERS_MIN: Final = min(REPLICA_COUNTS)
 MEMBERS_MAX: Final = max(REPLICA_COUNTS) + 1  # one more while a replica is being replaced
 
 assert MEMBERS_MIN >= 3  # a majority survives one failure
+
+
+def caught_up(
+    lag_entries: int | None, match_index: int | None = None, config_index: int = 0
+) -> bool | None:
+    """Whether a follower counts as caught up (None: unknown): within a few entries of
+    the leader's log, and holding the entry of the current configuration (`config_index`,
+    the membership change that made it): a replica just added is caught up only once it
+    has everything up to its own addition, however short the log."""
+    if lag_entries is None:
+        return None
+    if match_index is not None and match_index < config_index:
+        return False
+    return lag_entries <= CAUGHT_UP_LAG_ENTRIES_MAX
 
 
 def check_add(status: ShardStatus, node_id: str, known_node_ids: Collection[str]) -> None:

@@ -22,6 +22,13 @@ count of Raft entries, `*_records` a count of records; ranges `[lo, hi)`):
   `match_idx_server_*`); `lag_entries` = leader's last log index - match index. Every
   replica of the shard is listed (the leader too, with lag 0); on a follower these are None.
 * `lag_records` / `lag_seconds`: optional (None where the implementation cannot tell).
+  `lag_seconds` (leader only): how long since the follower last had every entry of the
+  leader's log (logsvc/shard/progress.py).
+* `caught_up` (leader only): the follower is within `changes.CAUGHT_UP_LAG_ENTRIES_MAX`
+  entries of the leader's log. A replica just added counts as caught up (healthy) only
+  once it has received every retained record.
+* `ShardStatus.joining`: this replica was started to join the shard and has not yet
+  received the entry that adds it (it holds elections and is not ready until then).
 * `journal_first_index` / `journal_physical_first_index`: the store's logical start and the
   lowest index still in a file (`StoreStats`); their difference is the physical-deletion
   lag, entries truncated logically and not yet deleted from disk.
@@ -87,6 +94,7 @@ class ReplicaStatus:
     lag_records: int | None = None
     lag_seconds: float | None = None
     connected: bool | None = None  # the answering replica's link to it (None: itself)
+    caught_up: bool | None = None  # known on the leader only
 
     def __post_init__(self) -> None:
         assert self.match_index is None or self.match_index >= 0
@@ -116,6 +124,7 @@ class ShardStatus:
     last_election_at: datetime | None  # when this replica last saw a leader elected
     failed: bool  # the replica stopped on a fatal error (serves nothing until restarted)
     replicas: tuple[ReplicaStatus, ...]  # every member (this node too, while it is one)
+    joining: bool = False  # started to join; the entry adding it not received yet
 
     def __post_init__(self) -> None:
         assert self.shard_id >= 1
@@ -199,6 +208,18 @@ class NodeView(Protocol):
         NotLeader, UnknownNode, NotAReplica, ChangeRefused (`changes.check_remove`: never
         below the minimum, never the leader itself), MembershipChangeInProgress,
         UnknownShard, ShardNotHosted, OutcomeUnknown."""
+        ...
+
+    async def host_shard(self, shard_id: int, members: Sequence[str]) -> tuple[str, ...]:
+        """Node to node (a leader adding this node): start hosting a replica of the shard
+        that joins `members` (node ids, as the leader knows them; this node is added).
+        Returns the members the replica starts with. Already hosted: the same answer
+        (a retried call). UnknownShard, Unavailable (the replica could not open)."""
+        ...
+
+    async def release_shard(self, shard_id: int) -> bool:
+        """Node to node (a leader that removed this node): stop hosting the shard and
+        archive its replica. False when it was not hosted (a retried call). UnknownShard."""
         ...
 
     async def alive(self) -> bool:
@@ -335,7 +356,11 @@ class FakeNodeView:
         # A new replica starts empty: it trails the leader by the whole log until the
         # leader has sent it every retained entry (or the snapshot).
         joining = ReplicaStatus(
-            node_id, match_index=0, lag_entries=status.commit_index, connected=True
+            node_id,
+            match_index=0,
+            lag_entries=status.commit_index,
+            connected=True,
+            caught_up=status.commit_index <= changes.CAUGHT_UP_LAG_ENTRIES_MAX,
         )
         updated = dataclasses.replace(status, replicas=(*status.replicas, joining))
         self._statuses[shard_id] = updated
@@ -349,6 +374,48 @@ class FakeNodeView:
         updated = dataclasses.replace(status, replicas=kept)
         self._statuses[shard_id] = updated
         return updated.member_ids
+
+    async def host_shard(self, shard_id: int, members: Sequence[str]) -> tuple[str, ...]:
+        await self._enter("host_shard")
+        status = self._statuses.get(shard_id)
+        if status is not None:
+            return status.member_ids
+        if shard_id not in self._remote:
+            raise UnknownShard(shard_id)
+        del self._remote[shard_id]
+        member_ids = tuple(sorted({*members, self.node_id}))
+        self._statuses[shard_id] = ShardStatus(
+            shard_id=shard_id,
+            node_id=self.node_id,
+            is_leader=False,
+            leader=None,
+            term=0,
+            commit_index=0,
+            applied_index=0,
+            leader_commit_index=None,
+            first_lsn=1,
+            next_lsn=1,
+            lease_holder=None,
+            lease_epoch=0,
+            journal_first_index=1,
+            journal_physical_first_index=1,
+            last_election_at=None,
+            failed=False,
+            replicas=tuple(ReplicaStatus(node_id) for node_id in member_ids),
+            joining=True,
+        )
+        return member_ids
+
+    async def release_shard(self, shard_id: int) -> bool:
+        await self._enter("release_shard")
+        status = self._statuses.pop(shard_id, None)
+        if status is None:
+            if shard_id not in self._remote:
+                raise UnknownShard(shard_id)
+            return False
+        others = tuple(m for m in status.member_ids if m != self.node_id)
+        self._remote[shard_id] = ShardPlacement(shard_id, others, hosted=False, leader=None)
+        return True
 
     async def alive(self) -> bool:
         await self._enter("alive")

@@ -11,7 +11,10 @@ A node is ready when every shard it hosts is, and a hosted shard is ready when a
    `ready_apply_lag_entries_max` entries (`AdminLimits`): it serves reads of everything
    committed, give or take that. A replica just added, or restarted after a long stop,
    is not ready until it has caught up with the leader (from the records or a snapshot).
-5. `status_unavailable`: the node could not report the shard's status at all.
+5. `status_unavailable`: the node could not report the shard's status at all;
+6. `joining`: the replica was started to join the shard (a membership change) and has
+   not yet received the entry that adds it, which the leader sends only after every
+   retained entry before it: until then it holds an incomplete copy of the log.
 
 A shard failing a rule lists every rule it fails, by the names above. A node hosting no
 shard is ready (there is nothing to wait for): a load balancer sends it admin traffic
@@ -31,6 +34,7 @@ NO_LEADER = "no_leader"
 LEADER_COMMIT_UNKNOWN = "leader_commit_unknown"
 APPLYING_BEHIND = "applying_behind"
 STATUS_UNAVAILABLE = "status_unavailable"
+JOINING = "joining"
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +63,8 @@ def assess_shard(status: ShardStatus, apply_lag_entries_max: int) -> ShardReadin
         reasons.append(LEADER_COMMIT_UNKNOWN)
     elif lag > apply_lag_entries_max:
         reasons.append(APPLYING_BEHIND)
+    if status.joining:
+        reasons.append(JOINING)
     return ShardReadiness(status.shard_id, not reasons, tuple(reasons), lag)
 
 

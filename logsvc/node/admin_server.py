@@ -31,6 +31,9 @@ class AdminServer:
             host=host,
             port=port,
             log_level="warning",
+            # No handlers of uvicorn's own: its lines go through the root logger, in the
+            # node's format (text or JSON lines, logsvc/logs.py).
+            log_config=None,
             access_log=False,
             lifespan="off",
             limit_concurrency=256,  # bounded: more connections get 503

@@ -10,20 +10,19 @@ acknowledgement always followed a majority fsync.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import logging
 import signal
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from logsvc.admin.app import create_app
 from logsvc.admin.metrics import Metrics
 from logsvc.config import ConfigError, NodeConfig, load_node_config, main_config_error
 from logsvc.node.admin_server import AdminServer
+from logsvc.node.hosting import ShardHosting
 from logsvc.node.node_view import DaemonNodeView
 from logsvc.node.server import DataPlaneServer, ServerLimits
-from logsvc.node.shard_host import ShardHost, ShardHostLimits
+from logsvc.node.shard_host import ShardHostLimits
 from logsvc.shard.replica import ShardReplica
 from logsvc.store.fs import FileSystem
 
@@ -40,32 +39,13 @@ def serve(config_path: str, *, file_system: FileSystem | None = None) -> int:
         config = load_node_config(config_path)
     except ConfigError as exc:
         return main_config_error(exc)
-    logging.basicConfig(
-        level=config.log_level.upper(),
-        format=f"%(asctime)s %(levelname)s node={config.node_id} %(name)s: %(message)s",
-        force=True,  # the CLI configured logging before the config was known
-    )
+    from logsvc import logs
+
+    # [node] log_level and log_format; replaces the CLI's setup made before the config
+    # was known. Lines never carry the secret or the token (logsvc/logs.py).
+    logs.configure_for_node(config)
     asyncio.run(_run(config, file_system))
     return 0
-
-
-def leader_addresses(config: NodeConfig, shard_id: int) -> dict[str, str]:
-    """Raft address of each replica of the shard -> that node's data-plane address (what a
-    client must be told in a NOT_LEADER answer)."""
-    shard = config.shard(shard_id)
-    return {
-        config.raft_address(node_id, shard_id): config.node_by_id(node_id).data_address
-        for node_id in shard.replicas
-    }
-
-
-def _data_address_of(config: NodeConfig, shard_id: int) -> Callable[[str | None], str | None]:
-    addresses = leader_addresses(config, shard_id)
-
-    def lookup(raft_address: str | None) -> str | None:
-        return None if raft_address is None else addresses.get(raft_address)
-
-    return lookup
 
 
 async def _run(config: NodeConfig, file_system: FileSystem | None) -> None:
@@ -73,8 +53,6 @@ async def _run(config: NodeConfig, file_system: FileSystem | None) -> None:
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    replicas: dict[int, ShardReplica] = {}
-    loop.add_signal_handler(signal.SIGUSR1, lambda: _log_stats(config, replicas))
     reader = ThreadPoolExecutor(READER_THREADS, thread_name_prefix="reader")
     limits = config.server_limits
     host_limits = ShardHostLimits(
@@ -83,23 +61,17 @@ async def _run(config: NodeConfig, file_system: FileSystem | None) -> None:
         group_linger_ms_max=float(limits.batch_delay_ms_max),
         tail_wait_ms_max=limits.tail_wait_ms_max,
     )
-    hosts: dict[int, ShardHost] = {}
+    # The shards hosted: the node's placement file (the config's only at first), and
+    # those added or removed at runtime by membership changes (hosting.py).
+    hosting = ShardHosting(config, reader, host_limits, file_system)
+    loop.add_signal_handler(signal.SIGUSR1, lambda: _log_stats(config, hosting.replicas))
     server: DataPlaneServer | None = None
     admin: AdminServer | None = None
     view: DaemonNodeView | None = None
     try:
-        for shard in config.shards_hosted():
-            replica_config = dataclasses.replace(
-                config.replica_config_for(shard.id), file_system=file_system
-            )
-            replica = await loop.run_in_executor(None, ShardReplica, replica_config)
-            replicas[shard.id] = replica
-            replica.start()
-            hosts[shard.id] = ShardHost(
-                shard.id, replica, reader, host_limits, _data_address_of(config, shard.id)
-            )
+        await hosting.open()
         server = DataPlaneServer(
-            hosts,
+            {},
             config.token,
             ServerLimits(
                 connections_max=limits.connections_max,
@@ -107,9 +79,10 @@ async def _run(config: NodeConfig, file_system: FileSystem | None) -> None:
             ),
         )
         host, _, port = config.node.data_address.rpartition(":")
+        hosting.attach(server)
         await server.start(host.strip("[]"), int(port))
         metrics = Metrics(config.node_id)
-        view = DaemonNodeView(config, hosts, server, metrics)
+        view = DaemonNodeView(config, hosting, server, metrics)
         app = create_app(
             view, config.token, on_auth_failure=lambda: metrics.count_auth_failure("admin")
         )
@@ -118,7 +91,7 @@ async def _run(config: NodeConfig, file_system: FileSystem | None) -> None:
         await admin.start()
         log.info(
             "serving shards %s on %s (admin API on %s)",
-            sorted(hosts),
+            sorted(hosting.hosts),
             config.node.data_address,
             config.node.admin_address,
         )
@@ -131,10 +104,7 @@ async def _run(config: NodeConfig, file_system: FileSystem | None) -> None:
             await server.close(SHUTDOWN_GRACE_S)
         if admin is not None:
             await admin.close()
-        for shard_host in hosts.values():
-            await shard_host.close()
-        for replica in replicas.values():
-            await loop.run_in_executor(None, replica.close)
+        await hosting.close()
         reader.shutdown(wait=True)
         log.info("stopped")
 

@@ -61,7 +61,7 @@ class ServerLimits:
 class DataPlaneServer:
     def __init__(self, hosts: dict[int, ShardHost], token: str, limits: ServerLimits) -> None:
         assert token
-        self._hosts = hosts
+        self._hosts = dict(hosts)  # ours: shards come and go through add/remove_host
         self._token = token.encode()
         self._limits = limits
         self._server: asyncio.Server | None = None
@@ -110,6 +110,18 @@ class DataPlaneServer:
 
     def host(self, shard: int) -> ShardHost | None:
         return self._hosts.get(shard)
+
+    def add_host(self, host: ShardHost) -> None:
+        """Serve a shard this node started hosting (a membership change). Called on the
+        event loop, like every lookup: a request sees the shard or not, never half of it."""
+        assert self._hosts.get(host.shard_id) in (None, host), f"shard {host.shard_id} twice"
+        self._hosts[host.shard_id] = host
+
+    def remove_host(self, shard: int) -> ShardHost | None:
+        """Stop serving a shard (removed from this node): new requests get UNKNOWN_SHARD,
+        and a client tries another node; requests already running finish or fail on the
+        closed host. Called on the event loop."""
+        return self._hosts.pop(shard, None)
 
 
 class _Connection:

@@ -33,7 +33,7 @@ from logsvc.shard.commands import (
     Truncate,
 )
 from logsvc.shard.errors import ShardError
-from logsvc.shard.replica import OutcomeUnknown, Overloaded, ReadResult, ShardReplica
+from logsvc.shard.replica import NotLeader, OutcomeUnknown, Overloaded, ReadResult, ShardReplica
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +94,15 @@ class ShardHost:
         self._batcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._batcher
+        # Appends still queued were never proposed: NOT_LEADER (with no hint) sends their
+        # clients to another node, safely (nothing of theirs is in the log).
+        while True:
+            try:
+                _, waiter = self._queue.get_nowait()
+            except asyncio.QueueEmpty:
+                break
+            if not waiter.done():
+                waiter.set_exception(NotLeader(None))
 
     # ------------------------------------------------------------------ writes
 

@@ -13,10 +13,10 @@ from logsvc.config import load_client_config
 
 
 class LocalCluster:
-    def __init__(self, dir_path: Path, shards: int = 2) -> None:
+    def __init__(self, dir_path: Path, shards: int = 2, nodes: int = 3) -> None:
         self.dir = str(dir_path)
         self.shards = shards
-        devcluster.up(self.dir, nodes=3, shards=shards)
+        devcluster.up(self.dir, nodes=nodes, shards=shards)
         self.client_config = load_client_config(f"{self.dir}/client.toml")
 
     def client(self) -> SyncClient:

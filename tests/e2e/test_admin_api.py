@@ -1,8 +1,8 @@
 """The admin HTTP API served by real node processes (FastAPI on uvicorn, on each node's own
 event loop): health without a token, 401 without one elsewhere, the cluster and shard
 views, readiness, Prometheus metrics, truncation through the leader (409 with the leader
-from a follower), the typed refusal of membership changes (not implemented yet), and no
-secret in any answer."""
+from a follower), the typed refusal of adding a replica that is already one (membership
+changes themselves: test_membership.py), and no secret in any answer."""
 
 from __future__ import annotations
 

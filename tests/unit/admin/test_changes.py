@@ -3,7 +3,8 @@
 How: from the example's shard 1 (n1 leading n2 caught up and n3 behind), each rule is
 hit once: unknown node, already / not a member, the 3-member floor and the one-above-5
 ceiling, the leader removing itself, transfer targets behind or disconnected, and the
-choice of the most caught-up connected follower when no target is named.
+choice of the most caught-up connected follower when no target is named; and when a
+follower counts as caught up.
 """
 
 from __future__ import annotations
@@ -73,3 +74,15 @@ def test_transfer_to_any_picks_the_most_caught_up_connected_follower() -> None:
     alone = dataclasses.replace(status, replicas=(status.replicas[0], status.replicas[2]))
     with pytest.raises(ChangeRefused, match="no connected, caught-up follower"):
         changes.choose_transfer_target(alone, None, NODES)
+
+
+def test_caught_up() -> None:
+    bound = changes.CAUGHT_UP_LAG_ENTRIES_MAX
+    assert changes.caught_up(None) is None  # a follower's view: unknown
+    assert changes.caught_up(0) is True
+    assert changes.caught_up(bound) is True
+    assert changes.caught_up(bound + 1) is False
+    # A replica just added: 4 entries behind a short log, but without the entry that
+    # added it (raft index 5), it has not caught up.
+    assert changes.caught_up(4, match_index=0, config_index=5) is False
+    assert changes.caught_up(0, match_index=5, config_index=5) is True

@@ -3,7 +3,8 @@
 How: the app over `example_view` (nodes n1..n4; shard 1 led by n1 with n2 caught up and
 n3 five entries behind; shard 2 led by n2; shard 3 on n2-n4 only), called through
 FastAPI's TestClient with the token. Changes (truncate, transfer, add and remove a
-replica) are checked by their answer and then by what GET /v1/shards/{id} shows after.
+replica) are checked by their answer and then by what GET /v1/shards/{id} shows after;
+the node-to-node calls of a membership change (host / release a shard) likewise.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ SHARD_FIELDS = {
     "last_election_at",
     "failed",
     "replicas",
+    "joining",
 }
 REPLICA_FIELDS = {
     "node_id",
@@ -47,6 +49,7 @@ REPLICA_FIELDS = {
     "lag_records",
     "lag_seconds",
     "connected",
+    "caught_up",
 }
 NODE_FIELDS = {"node_id", "data_address", "admin_address"}
 
@@ -117,6 +120,7 @@ def test_shard_status_on_the_leader(client: TestClient) -> None:
         "lag_records": None,
         "lag_seconds": 0.2,
         "connected": True,
+        "caught_up": None,
     }
     assert replicas["n1"]["lag_entries"] == 0
 
@@ -193,6 +197,7 @@ def test_add_then_remove_a_replica(client: TestClient) -> None:
     [joining] = [r for r in shard["replicas"] if r["node_id"] == "n4"]
     assert joining["match_index"] == 0
     assert joining["lag_entries"] == 120  # catching up on the whole log
+    assert joining["caught_up"] is False  # not healthy before it has every record
     cluster = get_json(client, "/v1/cluster")
     assert cluster["shards"][0]["replicas"] == ["n1", "n2", "n3", "n4"]
 
@@ -246,6 +251,7 @@ def test_openapi_lists_every_endpoint(anon: TestClient) -> None:
         "/v1/shards/{shard_id}/transfer-leader",
         "/v1/shards/{shard_id}/replicas",
         "/v1/shards/{shard_id}/replicas/{node_id}",
+        "/v1/internal/shards/{shard_id}/host",
         "/healthz",
         "/readyz",
         "/metrics",
@@ -258,3 +264,48 @@ def test_openapi_lists_every_endpoint(anon: TestClient) -> None:
     docs = anon.get("/docs")
     assert docs.status_code == 200
     assert "swagger" in docs.text.lower()
+
+
+def test_host_then_release_a_shard(client: TestClient) -> None:
+    """Node to node: n1 is asked to join shard 3 (hosted on n2..n4), then to leave it."""
+    response = client.post("/v1/internal/shards/3/host", json={"members": ["n2", "n3", "n4"]})
+    assert response.status_code == 200, response.text
+    assert response.json() == {
+        "shard_id": 3,
+        "hosted": True,
+        "replicas": ["n1", "n2", "n3", "n4"],
+    }
+    shard = get_json(client, "/v1/shards/3")
+    assert shard["joining"] is True
+    assert client.get("/readyz").json()["shards"][-1]["reasons"][-1] == "joining"
+    again = client.post("/v1/internal/shards/3/host", json={"members": ["n2", "n3", "n4"]})
+    assert again.json() == response.json()  # a retried call
+
+    response = client.delete("/v1/internal/shards/3/host")
+    assert response.status_code == 200
+    assert response.json() == {"shard_id": 3, "hosted": False, "replicas": []}
+    assert client.get("/v1/shards/3").json()["code"] == "shard_not_hosted"
+    assert client.delete("/v1/internal/shards/3/host").status_code == 200  # retried
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "code"),
+    [
+        ({"members": []}, 422, "invalid_request"),
+        ({"members": ["n1"] * 7}, 422, "invalid_request"),
+        ({"members": ["bad id!"]}, 422, "invalid_request"),
+        ({"members": ["n2"], "extra": 1}, 422, "invalid_request"),
+    ],
+)
+def test_host_requests_are_validated(
+    client: TestClient, body: dict[str, Any], status: int, code: str
+) -> None:
+    response = client.post("/v1/internal/shards/3/host", json=body)
+    assert response.status_code == status
+    assert response.json()["code"] == code
+
+
+def test_host_an_unknown_shard_is_404(client: TestClient) -> None:
+    response = client.post("/v1/internal/shards/9/host", json={"members": ["n2"]})
+    assert response.status_code == 404
+    assert response.json()["code"] == "unknown_shard"

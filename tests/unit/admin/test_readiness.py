@@ -40,6 +40,7 @@ def leader_status() -> ShardStatus:
         ({"leader_commit_index": 120 + LAG_MAX}, ()),  # at the allowance: caught up
         ({"leader_commit_index": 121 + LAG_MAX}, ("applying_behind",)),
         ({"applied_index": 200}, ()),  # ahead of the commit index it heard: fine
+        ({"joining": True}, ("joining",)),  # its own `add` not received yet
         (
             {"failed": True, "leader": None, "leader_commit_index": None},
             ("replica_failed", "no_leader", "leader_commit_unknown"),

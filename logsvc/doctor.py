@@ -1,0 +1,995 @@
+"""`logsvc doctor`: check a node's data directory, offline and read-only, and report.
+
+    logsvc doctor --config /etc/logsvc/n1.toml [--shard N] [--json] [--allow-running]
+    logsvc doctor --data-dir /var/lib/logsvc/n1 [--shard N] [--json] [--allow-running]
+
+What a node keeps on disk (logsvc/store/FORMAT.md, logsvc/shard/snapshot_file.py):
+
+    <data_dir>/placement                    which shards the node hosts (node/placement.py)
+    <data_dir>/removed/                     replicas it stopped hosting, archived (not checked)
+    <data_dir>/shards/<shard id>/journal/   the shard store: LOCK, meta, <first index>.seg
+    <data_dir>/shards/<shard id>/snapshot   the Raft snapshot file (once compacted)
+    <data_dir>/shards/<shard id>/members    the replica's membership (shard/membership.py)
+
+Checks, per shard directory (every one found, or only `--shard N`):
+
+1. `journal/meta` decodes: magic, version, lengths, checksum; gives term, vote, log start.
+2. Every segment recovery would read: header (magic, version, checksum, first index equal
+   to the file name), then every record (checksum, type, dense index, term never going
+   down), with the store's own decoder `records.scan_segment`. The newest segment may end
+   in a torn tail: a *warning*, "would be trimmed at recovery (unacknowledged tail)":
+   recovery cuts it and nothing in it was ever acknowledged. Damage anywhere else (a
+   sealed segment, or the middle of the newest one) is corruption: an *error* naming the
+   file and the byte offset.
+3. The segments are gap-free and cover the log start; terms never go down from one segment
+   to the next; the last entry's term is not above the stored term.
+4. The snapshot decodes (layout, checksum), its state machine image restores, and its last
+   entry is in the journal with the same term and bytes; a journal compacted past index 1
+   without its snapshot is fatal. (On both the replica refuses to start: raft.py, hole 4.)
+5. The node's small checksummed files (`<data_dir>/placement`, `<shard dir>/members`,
+   logsvc/shard/small_file.py) pass their framing and checksum. Files the node never
+   writes are listed (warnings); leftovers recovery or the next write removes by itself
+   (meta.tmp, segments below the log start, temporary files) are notes.
+
+What recovery would trim, delete or refuse is decided exactly as `logsvc/store/recovery.py`
+decides it, step for step, from its pure parts (`scan_segment`, `decode_meta`, the segment
+name rule): `recover()` itself deletes and truncates files, so it is never called here.
+tests/unit/test_doctor.py opens a copy of each damaged directory with the real store and
+checks that the store agrees with the doctor.
+
+Read-only: files are opened O_RDONLY; nothing is created, renamed, truncated or deleted.
+
+A running node: an open store holds an exclusive flock on journal/LOCK. The doctor tries a
+*shared* flock on an existing LOCK, non-blocking, and drops it at once. If it is held, the
+node (or another process) has the store open and its newest segment and meta change while
+they are read: the doctor refuses (exit 3), or with `--allow-running` checks anyway and
+adds "node running: results may be inconsistent" to that shard. (The probe holds the lock
+for microseconds; a node starting in exactly that instant fails with StoreLocked and is
+restarted by its supervisor.)
+
+Severities and exit codes:
+
+    error    the replica would refuse to start, or synced (maybe acknowledged) data is
+             damaged                                                     -> exit 1
+    warning  the replica starts, but look: a torn tail it will trim, an unexpected file,
+             a node running during the check                             -> exit 0
+    info     leftovers the node removes by itself                        -> exit 0
+    exit 2   config or usage error (as every logsvc command); exit 3 refused: node running
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import stat
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Final, Literal
+
+from logsvc.node import placement
+from logsvc.shard import membership, small_file, snapshot_file
+from logsvc.shard.errors import SnapshotCorrupt
+from logsvc.shard.limits import DEFAULT_SHARD_LIMITS, ShardLimits
+from logsvc.shard.state_machine import ShardStateMachine
+from logsvc.store import records
+from logsvc.store.fs import LOCK_FILE_NAME
+from logsvc.store.meta import META_FILE_NAME, META_TMP_FILE_NAME, Meta, decode_meta
+from logsvc.store.recovery import SEGMENT_NAME
+
+EXIT_HEALTHY: Final = 0
+EXIT_PROBLEMS: Final = 1
+EXIT_RUNNING: Final = 3
+
+SHARDS_DIR: Final = "shards"
+JOURNAL_DIR: Final = "journal"
+SNAPSHOT_FILE: Final = "snapshot"
+# Temporary files of the two snapshot writers (raft._write_durably, and pysyncobj receiving
+# one from the leader): a crash can leave one behind; the next snapshot replaces it.
+SNAPSHOT_TEMP_FILES: Final = ("snapshot.tmp", "snapshot.1.tmp")
+# The node's placement file and the archive of replicas it stopped hosting
+# (logsvc/node/placement.py); lost+found: the data directory may be its own file system.
+DATA_DIR_EXPECTED: Final = (
+    SHARDS_DIR,
+    placement.FILE_NAME,
+    placement.ARCHIVE_DIR_NAME,
+    "lost+found",
+)
+# The small checksummed files (logsvc/shard/small_file.py): (file name, magic, version).
+SMALL_FILES: Final = (
+    (placement.FILE_NAME, placement.MAGIC, placement.VERSION),
+    (membership.FILE_NAME, membership.MAGIC, membership.VERSION),
+)
+SHARD_DIR_NAME = re.compile(r"[1-9][0-9]{0,9}")
+# Directory entries looked at per directory: a data directory holds a few files per shard;
+# anything near this is not one of ours, and the rest is summarized instead of listed.
+DIR_ENTRIES_LISTED_MAX: Final = 10_000
+
+Severity = Literal["error", "warning", "info"]
+SEVERITIES: Final[tuple[Severity, ...]] = ("error", "warning", "info")
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One thing found. `code` is a stable slug for scripts (`torn_tail`, `segment_corrupt`,
+    ...); `message` is for people."""
+
+    severity: Severity
+    code: str
+    path: str
+    message: str
+    shard: int | None = None
+    offset_bytes: int | None = None
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "severity": self.severity,
+            "code": self.code,
+            "shard": self.shard,
+            "path": self.path,
+            "offset_bytes": self.offset_bytes,
+            "message": self.message,
+        }
+
+
+@dataclass(slots=True)
+class ShardSummary:
+    """What one shard directory holds, as recovery would leave it. None: unknown."""
+
+    shard: int
+    path: str
+    term: int | None = None
+    voted_for: str | None = None
+    first_index: int | None = None  # the log start (meta)
+    last_index: int | None = None  # after trimming a torn tail; first_index - 1 if empty
+    segments: int = 0  # segment files recovery keeps
+    snapshot_index: int | None = None  # raft index of the snapshot's last entry
+    running: bool = False
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "shard": self.shard,
+            "path": self.path,
+            "term": self.term,
+            "voted_for": self.voted_for,
+            "first_index": self.first_index,
+            "last_index": self.last_index,
+            "segments": self.segments,
+            "snapshot_index": self.snapshot_index,
+            "running": self.running,
+        }
+
+
+@dataclass(slots=True)
+class DoctorReport:
+    data_dir: str
+    node_id: str | None
+    shards: list[ShardSummary] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    refused_running: bool = False  # running node, no --allow-running: nothing was checked
+
+    def count(self, severity: Severity) -> int:
+        return sum(1 for finding in self.findings if finding.severity == severity)
+
+    @property
+    def exit_code(self) -> int:
+        if self.refused_running:
+            return EXIT_RUNNING
+        return EXIT_PROBLEMS if self.count("error") else EXIT_HEALTHY
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "data_dir": self.data_dir,
+            "node": self.node_id,
+            "exit_code": self.exit_code,
+            "healthy": self.exit_code == EXIT_HEALTHY,
+            "refused_running": self.refused_running,
+            "counts": {severity: self.count(severity) for severity in SEVERITIES},
+            "shards": [shard.to_json() for shard in self.shards],
+            "findings": [finding.to_json() for finding in self.findings],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class DoctorOptions:
+    data_dir: str
+    node_id: str | None = None
+    # The shards the config places on this node (None with --data-dir: not known).
+    hosted_shards: tuple[int, ...] | None = None
+    only_shard: int | None = None
+    # The node's limits when a config was given. Without one, the format's hard cap: a
+    # record the node's own limit refuses is then not flagged, but nothing valid is.
+    payload_bytes_max: int = records.PAYLOAD_BYTES_LIMIT
+    shard_limits: ShardLimits = DEFAULT_SHARD_LIMITS
+    allow_running: bool = False
+
+
+# ------------------------------------------------------------------------- the walk
+
+
+def examine(options: DoctorOptions) -> DoctorReport:
+    """Check the data directory; never writes to it."""
+    data_dir = options.data_dir
+    report = DoctorReport(data_dir=data_dir, node_id=options.node_id)
+    if not os.path.isdir(data_dir):
+        report.findings.append(
+            Finding("error", "data_dir_missing", data_dir, "the data directory does not exist")
+        )
+        return report
+    shard_dirs = _shard_dirs(options, report.findings)
+    running = [shard for shard, path in shard_dirs if journal_locked(_journal_of(path))]
+    if running and not options.allow_running:
+        report.refused_running = True
+        report.findings.append(
+            Finding(
+                "warning",
+                "node_running",
+                data_dir,
+                f"node running (journal lock held for shard(s) "
+                f"{', '.join(map(str, running))}): stop it first, or pass --allow-running "
+                "to check anyway (results may be inconsistent)",
+            )
+        )
+        return report
+    for shard, path in shard_dirs:
+        summary = ShardSummary(shard=shard, path=path, running=shard in running)
+        findings: list[Finding] = []
+        if summary.running:
+            findings.append(
+                Finding(
+                    "warning",
+                    "node_running",
+                    _journal_of(path),
+                    "node running: results may be inconsistent (the newest segment and "
+                    "meta change while they are read)",
+                )
+            )
+        check_shard_dir(path, summary, options, findings)
+        report.shards.append(summary)
+        report.findings.extend(_with_shard(findings, shard))
+    return report
+
+
+def journal_locked(journal_dir: str) -> bool:
+    """Whether some process holds the store's directory lock (the node is running). Takes a
+    shared lock on an existing LOCK file for an instant; never creates the file."""
+    try:
+        fd = os.open(os.path.join(journal_dir, LOCK_FILE_NAME), os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False  # no LOCK: no store was ever opened here, so none is open now
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # also releases the shared lock, if taken
+    return False
+
+
+def _journal_of(shard_dir: str) -> str:
+    return os.path.join(shard_dir, JOURNAL_DIR)
+
+
+def _with_shard(findings: Iterable[Finding], shard: int) -> list[Finding]:
+    return [Finding(f.severity, f.code, f.path, f.message, shard, f.offset_bytes) for f in findings]
+
+
+def _listdir(path: str, findings: list[Finding]) -> list[str] | None:
+    try:
+        names = sorted(os.listdir(path))
+    except OSError as exc:
+        findings.append(Finding("error", "unreadable", path, f"cannot list: {exc.strerror}"))
+        return None
+    if len(names) > DIR_ENTRIES_LISTED_MAX:
+        findings.append(
+            Finding(
+                "warning",
+                "unexpected_file",
+                path,
+                f"{len(names)} entries; only the first {DIR_ENTRIES_LISTED_MAX} are checked",
+            )
+        )
+        names = names[:DIR_ENTRIES_LISTED_MAX]
+    return names
+
+
+def _read(path: str, findings: list[Finding]) -> bytes | None:
+    """A regular file's bytes. O_NONBLOCK: a FIFO in its place must not hang the check."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        findings.append(Finding("error", "unreadable", path, f"cannot open: {exc.strerror}"))
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            findings.append(Finding("error", "unreadable", path, "not a regular file"))
+            return None
+        with os.fdopen(os.dup(fd), "rb") as file:
+            return file.read()
+    except OSError as exc:
+        findings.append(Finding("error", "unreadable", path, f"cannot read: {exc.strerror}"))
+        return None
+    finally:
+        os.close(fd)
+
+
+def _unexpected(path: str, what: str) -> Finding:
+    return Finding(
+        "warning", "unexpected_file", path, f"unexpected {what}: the node never writes it"
+    )
+
+
+def _small_file(dir_path: str, name: str, findings: list[Finding]) -> bool:
+    """Check `name` if it is one of the small checksummed files (or a leftover temporary
+    of one); False if it is not."""
+    path = os.path.join(dir_path, name)
+    for file_name, magic, version in SMALL_FILES:
+        if name == file_name + small_file.TMP_SUFFIX:
+            findings.append(
+                Finding(
+                    "info",
+                    "temp_leftover",
+                    path,
+                    f"temporary file of an interrupted write of {file_name}; the next write "
+                    "removes it",
+                )
+            )
+            return True
+        if name != file_name:
+            continue
+        data = _read(path, findings)
+        if data is not None:
+            try:
+                small_file.decode(path, data, magic, version)
+            except small_file.SmallFileCorrupt as exc:
+                findings.append(
+                    Finding(
+                        "error",
+                        f"{file_name}_corrupt",
+                        path,
+                        f"{exc.reason}: the node refuses to guess what it held",
+                    )
+                )
+        return True
+    return False
+
+
+def _shard_dirs(options: DoctorOptions, findings: list[Finding]) -> list[tuple[int, str]]:
+    data_dir = options.data_dir
+    for name in _listdir(data_dir, findings) or []:
+        if not _small_file(data_dir, name, findings) and name not in DATA_DIR_EXPECTED:
+            findings.append(
+                _unexpected(os.path.join(data_dir, name), "entry in the data directory")
+            )
+    shards_path = os.path.join(data_dir, SHARDS_DIR)
+    found: dict[int, str] = {}
+    if os.path.isdir(shards_path):
+        for name in _listdir(shards_path, findings) or []:
+            path = os.path.join(shards_path, name)
+            if SHARD_DIR_NAME.fullmatch(name) and os.path.isdir(path):
+                found[int(name)] = path
+            else:
+                findings.append(_unexpected(path, "entry (not a shard directory)"))
+    hosted = options.hosted_shards
+    if hosted is not None:
+        for shard in hosted:
+            if shard not in found and options.only_shard in (None, shard):
+                findings.append(
+                    Finding(
+                        "info",
+                        "shard_not_created",
+                        os.path.join(shards_path, str(shard)),
+                        "the config places this shard here but it has no directory yet "
+                        "(the node creates it at start)",
+                        shard,
+                    )
+                )
+        for shard in sorted(set(found) - set(hosted)):
+            if options.only_shard in (None, shard):
+                findings.append(
+                    Finding(
+                        "info",
+                        "shard_not_in_config",
+                        found[shard],
+                        "the config does not place this shard here (a replica added by a "
+                        "membership change, or one left behind after its removal)",
+                        shard,
+                    )
+                )
+    if options.only_shard is not None:
+        if options.only_shard not in found:
+            findings.append(
+                Finding(
+                    "error",
+                    "shard_missing",
+                    os.path.join(shards_path, str(options.only_shard)),
+                    "no such shard directory",
+                    options.only_shard,
+                )
+            )
+        return [(s, p) for s, p in sorted(found.items()) if s == options.only_shard]
+    return sorted(found.items())
+
+
+# --------------------------------------------------------------------------- one shard
+
+
+def check_shard_dir(
+    shard_dir: str, summary: ShardSummary, options: DoctorOptions, findings: list[Finding]
+) -> None:
+    names = _listdir(shard_dir, findings)
+    if names is None:
+        return
+    snapshot_path = os.path.join(shard_dir, SNAPSHOT_FILE)
+    for name in names:
+        path = os.path.join(shard_dir, name)
+        if name in SNAPSHOT_TEMP_FILES:
+            findings.append(
+                Finding(
+                    "info",
+                    "snapshot_temp_leftover",
+                    path,
+                    "temporary file of an interrupted snapshot write; the next snapshot "
+                    "replaces it",
+                )
+            )
+        elif not _small_file(shard_dir, name, findings) and name not in (
+            JOURNAL_DIR,
+            SNAPSHOT_FILE,
+        ):
+            findings.append(_unexpected(path, "file in the shard directory"))
+    snapshot: snapshot_file.SnapshotFile | None = None
+    if SNAPSHOT_FILE in names:
+        data = _read(snapshot_path, findings)
+        if data is not None:
+            snapshot = check_snapshot_bytes(snapshot_path, data, options.shard_limits, findings)
+    if snapshot is not None:
+        summary.snapshot_index = snapshot.last.index
+    journal_dir = _journal_of(shard_dir)
+    if JOURNAL_DIR not in names:
+        if SNAPSHOT_FILE in names:
+            findings.append(
+                Finding(
+                    "error",
+                    "journal_missing",
+                    journal_dir,
+                    "a snapshot but no journal: the replica would start an empty journal "
+                    "that cannot hold the snapshot's entries, and refuses to start",
+                )
+            )
+        else:
+            findings.append(
+                Finding("info", "journal_missing", journal_dir, "no journal yet (never started)")
+            )
+        return
+    wanted = () if snapshot is None else (snapshot.prev.index, snapshot.last.index)
+    journal = check_journal(journal_dir, options.payload_bytes_max, wanted, findings)
+    if journal is None:
+        return  # the journal is unreadable: the snapshot cannot be matched
+    if journal.meta is not None:
+        summary.term = journal.meta.term
+        summary.voted_for = journal.meta.voted_for
+        summary.first_index = journal.meta.first_index
+    summary.last_index = journal.last_index
+    summary.segments = journal.segments
+    if journal.corrupt or (snapshot is None and SNAPSHOT_FILE in names):
+        return  # already reported: what is left to compare is not known
+    findings.extend(check_snapshot_matches(snapshot_path, snapshot, journal))
+
+
+def check_snapshot_bytes(
+    path: str, data: bytes, shard_limits: ShardLimits, findings: list[Finding]
+) -> snapshot_file.SnapshotFile | None:
+    """The decoded snapshot file, or None with an error (the replica refuses to start on
+    a snapshot it cannot load: raft.py, hole 4)."""
+    try:
+        snapshot = snapshot_file.decode(data)
+    except snapshot_file.SnapshotFileCorrupt as exc:
+        findings.append(
+            Finding(
+                "error",
+                "snapshot_corrupt",
+                path,
+                f"{exc.reason}: the replica refuses to start on a snapshot it cannot load",
+            )
+        )
+        return None
+    try:
+        ShardStateMachine.restore(snapshot.state, shard_limits)
+    except SnapshotCorrupt as exc:
+        findings.append(
+            Finding(
+                "error",
+                "snapshot_state_corrupt",
+                path,
+                f"the state machine image does not restore: {exc}",
+            )
+        )
+    return snapshot
+
+
+@dataclass(slots=True)
+class JournalCheck:
+    """What the journal holds once recovery ran (computed without running it)."""
+
+    meta: Meta | None  # None: missing or corrupt (recovery refuses the journal)
+    log_start: int  # meta's first_index; without a meta, the first segment's first index
+    last_index: int
+    segments: int
+    corrupt: bool  # an error was found: indexes past it are unknown
+    # (term, payload) of the entries asked for (the snapshot's two), where present.
+    entries: dict[int, tuple[int, bytes]] = field(default_factory=dict)
+
+
+def check_journal(
+    journal_dir: str,
+    payload_bytes_max: int,
+    wanted_indexes: Iterable[int],
+    findings: list[Finding],
+) -> JournalCheck | None:
+    """Recovery's steps (logsvc/store/recovery.py), reporting instead of repairing. Where
+    recovery stops at a bad or missing meta, the segments are still checked (from the
+    first one found), so every damaged file is reported at once. None: unreadable."""
+    names = _listdir(journal_dir, findings)
+    if names is None:
+        return None
+    wanted = set(wanted_indexes)
+    segment_names: list[tuple[int, str]] = []
+    for name in names:
+        match = SEGMENT_NAME.match(name)
+        if match:
+            segment_names.append((int(match.group(1)), name))
+        elif name == META_TMP_FILE_NAME:
+            findings.append(
+                Finding(
+                    "info",
+                    "meta_tmp_leftover",
+                    os.path.join(journal_dir, name),
+                    "an interrupted metadata write; deleted at recovery (meta holds the "
+                    "last good value)",
+                )
+            )
+        elif name not in (META_FILE_NAME, LOCK_FILE_NAME):
+            findings.append(
+                _unexpected(os.path.join(journal_dir, name), "file in the journal (ignored)")
+            )
+    segment_names.sort()
+    meta_path = os.path.join(journal_dir, META_FILE_NAME)
+    meta: Meta | None = None
+    if META_FILE_NAME not in names:
+        if not segment_names:
+            findings.append(Finding("info", "journal_empty", journal_dir, "new, empty journal"))
+            meta = Meta()  # what recovery writes for a new store
+        else:
+            findings.append(
+                Finding(
+                    "error",
+                    "meta_missing",
+                    meta_path,
+                    "segments exist but meta is missing: recovery reports corruption",
+                    offset_bytes=0,
+                )
+            )
+    else:
+        data = _read(meta_path, findings)
+        if data is None:
+            return None
+        decoded = decode_meta(data)
+        if isinstance(decoded, tuple):
+            offset, reason = decoded
+            findings.append(
+                Finding(
+                    "error",
+                    "meta_corrupt",
+                    meta_path,
+                    f"{reason}: recovery reports corruption (term and vote are unknown)",
+                    offset_bytes=offset,
+                )
+            )
+        else:
+            meta = decoded
+    result = _check_segments(journal_dir, meta, segment_names, payload_bytes_max, wanted, findings)
+    result.corrupt = result.corrupt or meta is None
+    return result
+
+
+def _check_segments(
+    journal_dir: str,
+    meta: Meta | None,
+    segment_names: list[tuple[int, str]],
+    payload_bytes_max: int,
+    wanted: set[int],
+    findings: list[Finding],
+) -> JournalCheck:
+    """recovery._scan_segments and _check_continuity, reporting instead of repairing."""
+    if meta is not None:
+        log_start = meta.first_index
+    else:
+        log_start = segment_names[0][0] if segment_names else 1
+    errors_before = _errors(findings)
+    kept: list[tuple[str, records.SegmentScan | None]] = []  # None: unreadable or corrupt
+    entries: dict[int, tuple[int, bytes]] = {}
+    for position, (first_index, name) in enumerate(segment_names):
+        path = os.path.join(journal_dir, name)
+        newest = position == len(segment_names) - 1
+        following_first = None if newest else segment_names[position + 1][0]
+        if following_first is not None and following_first <= log_start:
+            findings.append(_obsolete(path, log_start))
+            continue
+        scanned = _scan_file(path, first_index, newest, payload_bytes_max, findings)
+        if isinstance(scanned, _Deleted):
+            continue
+        if scanned is None:
+            kept.append((path, None))
+            continue
+        scan, data = scanned
+        if scan.count == 0:
+            findings.append(
+                Finding("info", "segment_empty", path, "holds no whole record; deleted at recovery")
+            )
+            continue
+        if scan.last_index < log_start:
+            findings.append(_obsolete(path, log_start))
+            continue
+        kept.append((path, scan))
+        entries.update(_entries_at(scan, data, wanted, payload_bytes_max))
+    _check_continuity(kept, log_start, None if meta is None else meta.term, findings)
+    scans = [scan for _, scan in kept if scan is not None]
+    return JournalCheck(
+        meta=meta,
+        log_start=log_start,
+        last_index=scans[-1].last_index if scans else log_start - 1,
+        segments=len(kept),
+        corrupt=_errors(findings) > errors_before,
+        entries=entries,
+    )
+
+
+def _errors(findings: list[Finding]) -> int:
+    return sum(1 for finding in findings if finding.severity == "error")
+
+
+def _obsolete(path: str, log_start: int) -> Finding:
+    return Finding(
+        "info",
+        "segment_obsolete",
+        path,
+        f"wholly below the log start {log_start} (a prefix truncation whose deletion had not "
+        "finished); deleted at recovery",
+    )
+
+
+class _Deleted:
+    """Recovery would delete the file (a torn header on the newest segment)."""
+
+
+def _scan_file(
+    path: str, first_index: int, newest: bool, payload_bytes_max: int, findings: list[Finding]
+) -> tuple[records.SegmentScan, bytes] | _Deleted | None:
+    """recovery._scan_one without the repair: (scan, bytes), _Deleted, or None with an
+    error."""
+    try:
+        size_bytes = os.stat(path).st_size
+    except OSError as exc:
+        findings.append(Finding("error", "unreadable", path, f"cannot stat: {exc.strerror}"))
+        return None
+    if size_bytes > records.SEGMENT_BYTES_LIMIT:
+        # Not read: no segment is this large, and reading it could exhaust memory.
+        findings.append(
+            Finding(
+                "error",
+                "segment_corrupt",
+                path,
+                f"{size_bytes} bytes: larger than any segment can be",
+            )
+        )
+        return None
+    data = _read(path, findings)
+    if data is None:
+        return None
+    try:
+        scan = records.scan_segment(
+            data, first_index, newest=newest, payload_bytes_max=payload_bytes_max
+        )
+    except records.TornHeader as torn:
+        findings.append(
+            Finding(
+                "warning",
+                "torn_tail",
+                path,
+                f"torn header ({torn}) and no whole record after it: the file would be "
+                "deleted at recovery (unacknowledged tail: power was lost as it was created)",
+                offset_bytes=0,
+            )
+        )
+        return _Deleted()
+    except records.ScanCorruption as bad:
+        where = (
+            "a sealed segment (damage at rest: it was synced whole before the next began)"
+            if not newest
+            else "the newest segment (synced bytes are damaged: not a torn tail)"
+        )
+        findings.append(
+            Finding(
+                "error",
+                "segment_corrupt",
+                path,
+                f"corruption in {where} at offset {bad.offset_bytes}: {bad.reason}",
+                offset_bytes=bad.offset_bytes,
+            )
+        )
+        return None
+    if scan.torn_reason is not None:
+        cut_bytes = len(data) - scan.end_bytes
+        dropped = scan.torn_records_dropped
+        also = f", with {dropped} unsynced record(s) after a lost page" if dropped else ""
+        findings.append(
+            Finding(
+                "warning",
+                "torn_tail",
+                path,
+                f"torn tail at offset {scan.end_bytes} ({scan.torn_reason}): {cut_bytes} "
+                f"bytes would be trimmed at recovery (unacknowledged tail){also}",
+                offset_bytes=scan.end_bytes,
+            )
+        )
+    return scan, data
+
+
+def _entries_at(
+    scan: records.SegmentScan, data: bytes, wanted: set[int], payload_bytes_max: int
+) -> dict[int, tuple[int, bytes]]:
+    """(term, payload) of each wanted index the scanned segment holds."""
+    found: dict[int, tuple[int, bytes]] = {}
+    for index in wanted:
+        if scan.first_index <= index <= scan.last_index:
+            record = records.parse_record(
+                data, scan.offsets[index - scan.first_index], payload_bytes_max
+            )
+            assert isinstance(record, records.RecordView)  # the scan just accepted it
+            found[index] = (record.term, data[record.payload_offset_bytes : record.end_bytes])
+    return found
+
+
+def _check_continuity(
+    kept: list[tuple[str, records.SegmentScan | None]],
+    log_start: int,
+    stored_term: int | None,
+    findings: list[Finding],
+) -> None:
+    """Gap-free from the log start (recovery._check_continuity), and Raft's rule that terms
+    never go down along the log. A corrupt segment (None) breaks the chain: what follows
+    it is only compared with what follows it."""
+    expected: int | None = None
+    term: int | None = None
+    first = True
+    for path, scan in kept:
+        if scan is None:
+            expected, term, first = None, None, False
+            continue
+        if first and scan.first_index > log_start:
+            findings.append(
+                Finding(
+                    "error",
+                    "segment_missing",
+                    path,
+                    f"missing segment: the log starts at {log_start} but the first segment "
+                    f"starts at {scan.first_index}",
+                    offset_bytes=0,
+                )
+            )
+        if expected is not None and scan.first_index != expected:
+            findings.append(
+                Finding(
+                    "error",
+                    "segment_gap",
+                    path,
+                    f"gap or missing segment: expected first index {expected}, found "
+                    f"{scan.first_index}",
+                    offset_bytes=0,
+                )
+            )
+        first_term = scan.term_runs[0][1]
+        if term is not None and first_term < term:
+            findings.append(
+                Finding(
+                    "error",
+                    "term_decreases",
+                    path,
+                    f"the first entry's term {first_term} is below the previous segment's "
+                    f"last term {term} (Raft terms never go down along a log)",
+                    offset_bytes=records.SEGMENT_HEADER_BYTES,
+                )
+            )
+        term = scan.term_runs[-1][1]
+        expected = scan.last_index + 1
+        first = False
+    if stored_term is not None and term is not None and term > stored_term:
+        findings.append(
+            Finding(
+                "warning",
+                "term_above_meta",
+                kept[-1][0],
+                f"the last entry's term {term} is above the stored term {stored_term} "
+                "(the replica starts at the larger one)",
+            )
+        )
+
+
+def check_snapshot_matches(
+    snapshot_path: str, snapshot: snapshot_file.SnapshotFile | None, journal: JournalCheck
+) -> list[Finding]:
+    """What the replica checks at start (raft.RaftNode and _SyncObj__loadDumpFile): a
+    journal that starts past index 1 needs its snapshot, and the snapshot's last entry must
+    be in the journal with the same term."""
+    first, last_index = journal.log_start, journal.last_index
+    if snapshot is None:
+        if first > 1:
+            return [
+                Finding(
+                    "error",
+                    "snapshot_missing",
+                    snapshot_path,
+                    f"the journal is compacted (it starts at raft index {first}) but the "
+                    "snapshot is missing: the replica refuses to start with an empty state",
+                )
+            ]
+        return []
+    last, prev = snapshot.last, snapshot.prev
+    held = journal.entries.get(last.index) if first <= last.index <= last_index else None
+    if held is None:
+        return [
+            Finding(
+                "error",
+                "snapshot_mismatch",
+                snapshot_path,
+                f"the snapshot's last entry (raft index {last.index}) is not in the journal "
+                f"[{first}, {last_index}]: the replica refuses to start",
+            )
+        ]
+    term, payload = held
+    if term != last.term:
+        return [
+            Finding(
+                "error",
+                "snapshot_mismatch",
+                snapshot_path,
+                f"the snapshot's last entry has term {last.term}, the journal's entry "
+                f"{last.index} has term {term}: the replica refuses to start",
+            )
+        ]
+    if payload != last.command:
+        return [
+            Finding(
+                "error",
+                "snapshot_mismatch",
+                snapshot_path,
+                f"the journal's entry {last.index} has the snapshot's term but other bytes "
+                "(two entries with one index and term must be identical: damage or a bug)",
+            )
+        ]
+    if first < prev.index:
+        return [
+            Finding(
+                "info",
+                "compaction_pending",
+                snapshot_path,
+                f"the journal still starts at {first}, below the snapshot's entries "
+                f"({prev.index}): an interrupted compaction, finished at start",
+            )
+        ]
+    return []
+
+
+# ------------------------------------------------------------------------- the output
+
+
+def format_text(report: DoctorReport) -> str:
+    """The human report: a table of shards, then every finding, then the verdict."""
+    title = f"logsvc doctor: {report.data_dir}"
+    if report.node_id is not None:
+        title += f" (node {report.node_id})"
+    lines = [title]
+    if report.shards:
+        header = ("SHARD", "TERM", "VOTE", "FIRST", "LAST", "SEGMENTS", "SNAPSHOT", "STATUS")
+        rows = [header, *(_row(shard, report.findings) for shard in report.shards)]
+        widths = [max(len(row[column]) for row in rows) for column in range(len(header))]
+        lines.append("")
+        for row in rows:
+            lines.append(
+                "  ".join(
+                    cell.ljust(width) for cell, width in zip(row, widths, strict=True)
+                ).rstrip()
+            )
+    ordered = sorted(
+        report.findings,
+        key=lambda f: (SEVERITIES.index(f.severity), -1 if f.shard is None else f.shard),
+    )
+    if ordered:
+        lines.append("")
+    for finding in ordered:
+        where = "node" if finding.shard is None else f"shard {finding.shard}"
+        at = "" if finding.offset_bytes is None else f" @ offset {finding.offset_bytes}"
+        lines.append(f"{finding.severity.upper():<8}{where}: {finding.path}{at}")
+        lines.append(f"        {finding.message}")
+    counts = {severity: report.count(severity) for severity in SEVERITIES}
+    verdict = {
+        EXIT_HEALTHY: "healthy",
+        EXIT_PROBLEMS: "problems found",
+        EXIT_RUNNING: "refused: the node is running",
+    }[report.exit_code]
+    lines.append("")
+    lines.append(
+        f"{verdict}: {counts['error']} error(s), {counts['warning']} warning(s), "
+        f"{counts['info']} note(s); exit {report.exit_code}"
+    )
+    return "\n".join(lines)
+
+
+def _row(shard: ShardSummary, findings: list[Finding]) -> tuple[str, ...]:
+    def text(value: int | str | None) -> str:
+        return "-" if value is None else str(value)
+
+    own = [f for f in findings if f.shard == shard.shard]
+    errors = sum(1 for f in own if f.severity == "error")
+    warnings = sum(1 for f in own if f.severity == "warning")
+    status = "ok"
+    if errors or warnings:
+        status = ", ".join(
+            part
+            for part in (
+                f"{errors} error(s)" if errors else "",
+                f"{warnings} warning(s)" if warnings else "",
+            )
+            if part
+        )
+    return (
+        str(shard.shard),
+        text(shard.term),
+        text(shard.voted_for),
+        text(shard.first_index),
+        text(shard.last_index),
+        str(shard.segments),
+        text(shard.snapshot_index),
+        status,
+    )
+
+
+def main(
+    *,
+    config_path: str | None,
+    data_dir: str | None,
+    shard: int | None,
+    json_output: bool,
+    allow_running: bool,
+) -> int:
+    """`logsvc doctor`: print the report, return the exit code (module docstring)."""
+    from logsvc.config import ConfigError, load_node_config, main_config_error
+
+    assert (config_path is None) != (data_dir is None)
+    if config_path is not None:
+        try:
+            config = load_node_config(config_path)
+        except ConfigError as exc:
+            return main_config_error(exc)
+        options = DoctorOptions(
+            data_dir=config.data_dir,
+            node_id=config.node_id,
+            hosted_shards=tuple(s.id for s in config.shards_hosted()),
+            only_shard=shard,
+            payload_bytes_max=config.store_limits.record_payload_bytes_max,
+            shard_limits=config.shard_limits,
+            allow_running=allow_running,
+        )
+    else:
+        assert data_dir is not None
+        options = DoctorOptions(
+            data_dir=os.path.abspath(data_dir), only_shard=shard, allow_running=allow_running
+        )
+    report = examine(options)
+    if json_output:
+        print(json.dumps(report.to_json(), indent=2))
+    else:
+        print(format_text(report))
+    return report.exit_code

@@ -1,0 +1,209 @@
+"""The shard replicas this node hosts: opened at start, and started or stopped at runtime.
+
+At start, the node placement file (placement.py) says which shards to open (the config's
+[[shards]] only the first time, and for shards the file has never seen). At runtime a
+shard's leader asks this node (through the admin API, logsvc/node/node_view.py) to start
+hosting a shard it is adding this node to (`host`), or to stop hosting one it removed
+this node from (`release`). Both are serialized per node by one asyncio lock, run their
+blocking work (opening a store, closing one, writing the placement file, archiving a
+directory) on the default executor, and register or unregister the shard with the data
+plane on the event loop.
+
+Crash safety, in order of the steps:
+
+* `host`: the placement file records the shard (with the members given) before the
+  replica is created, so a crash afterwards restarts the same joining replica; the
+  replica's own members file (logsvc/shard/membership.py) then takes over the peers.
+* `release`: the data plane stops serving the shard, the replica closes (its store
+  synced), the placement file records the release, then the replica's directory is
+  archived under `<data_dir>/removed/`. A crash before the placement write restarts the
+  replica (still listed as hosted): harmless, the leader's release is retried by the
+  operator or the replica sits out (its peers refuse a node they removed, see 0002); a
+  crash after it leaves the directory in place, archived at the next `host` of the shard.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
+
+from logsvc.config import NodeConfig
+from logsvc.node import placement as node_placement
+from logsvc.node.server import DataPlaneServer
+from logsvc.node.shard_host import ShardHost, ShardHostLimits
+from logsvc.shard.replica import ShardReplica
+from logsvc.store.fs import FileSystem, OsFileSystem
+
+log = logging.getLogger("logsvc.node")
+
+
+class ShardHosting:
+    def __init__(
+        self,
+        config: NodeConfig,
+        reader: Executor,
+        limits: ShardHostLimits,
+        file_system: FileSystem | None = None,
+    ) -> None:
+        """`file_system`: the stores' port (None: the real one), as `serve()` got it."""
+        self._config = config
+        self._reader = reader
+        self._limits = limits
+        self._store_fs = file_system
+        self._fs: FileSystem = file_system if file_system is not None else OsFileSystem()
+        self._path = os.path.join(config.data_dir, node_placement.FILE_NAME)
+        self._placement: node_placement.Placement | None = None
+        self._lock = asyncio.Lock()
+        self._server: DataPlaneServer | None = None
+        self.hosts: dict[int, ShardHost] = {}  # read on the event loop only
+        self.replicas: dict[int, ShardReplica] = {}
+
+    # ------------------------------------------------------------------ start and stop
+
+    async def open(self) -> None:
+        """Load (or create) the placement file and open every hosted shard's replica.
+        SmallFileCorrupt if the file is damaged: the node refuses to start rather than
+        guess which shards it hosts."""
+        loop = asyncio.get_running_loop()
+        self._placement = await loop.run_in_executor(None, self._load_placement)
+        for entry in self._placement.hosted:
+            try:
+                await self._open_replica(entry.shard_id, entry.join_members)
+            except KeyError as exc:
+                # Placed by the config once, and the config no longer places it here: the
+                # replica's members file (if any) knows its peers, but with none there is
+                # nobody to start it with. An operator's edit; say so and serve the rest.
+                log.error("shard %d: not opened: %s", entry.shard_id, exc)
+
+    def attach(self, server: DataPlaneServer) -> None:
+        """Serve every hosted shard on `server`, and the shards hosted from now on."""
+        self._server = server
+        for host in self.hosts.values():
+            server.add_host(host)
+
+    async def close(self) -> None:
+        """Shutdown: every host and replica (the data plane has stopped already)."""
+        loop = asyncio.get_running_loop()
+        for host in self.hosts.values():
+            await host.close()
+        for replica in self.replicas.values():
+            await loop.run_in_executor(None, replica.close)
+
+    # ------------------------------------------------------------------ runtime changes
+
+    async def host(self, shard_id: int, members: Sequence[str]) -> ShardHost:
+        """Start hosting `shard_id` to join it; `members` are its members (node ids) as
+        the leader knows them. Already hosted: the running replica (a retried call)."""
+        async with self._lock:
+            running = self.hosts.get(shard_id)
+            if running is not None:
+                return running
+            self._config.shard(shard_id)  # KeyError: not a shard of this cluster
+            loop = asyncio.get_running_loop()
+            shard_dir = self._config.shard_data_dir(shard_id)
+            # Left from an earlier membership of this node (released before a crash could
+            # archive it): a joining replica starts empty, as its peers expect.
+            archived = await loop.run_in_executor(
+                None, node_placement.archive_dir, shard_dir, self._config.data_dir
+            )
+            if archived is not None:
+                log.warning("shard %d: archived an old replica directory to %s", shard_id, archived)
+            before = self._require_placement()
+            placement = before.host(shard_id, members)
+            await loop.run_in_executor(None, self._save_placement, placement)
+            entry = placement.entry(shard_id)
+            assert entry is not None
+            try:
+                host = await self._open_replica(shard_id, entry.join_members)
+            except BaseException:
+                await loop.run_in_executor(None, self._save_placement, before)
+                raise
+            log.info("shard %d: hosting a replica to join members %s", shard_id, list(members))
+            return host
+
+    async def release(self, shard_id: int) -> bool:
+        """Stop hosting `shard_id` and archive its replica; False if it was not hosted."""
+        async with self._lock:
+            loop = asyncio.get_running_loop()
+            host = self.hosts.pop(shard_id, None)
+            placement = self._require_placement()
+            entry = placement.entry(shard_id)
+            if host is None:
+                if entry is not None and entry.hosted:  # e.g. it failed to open
+                    await loop.run_in_executor(
+                        None, self._save_placement, placement.release(shard_id)
+                    )
+                return False
+            if self._server is not None:
+                self._server.remove_host(shard_id)
+            await host.close()
+            replica = self.replicas.pop(shard_id)
+            await loop.run_in_executor(None, replica.close)
+            await loop.run_in_executor(None, self._save_placement, placement.release(shard_id))
+            archived = await loop.run_in_executor(
+                None,
+                node_placement.archive_dir,
+                self._config.shard_data_dir(shard_id),
+                self._config.data_dir,
+            )
+            log.warning(
+                "shard %d: no longer hosted here (removed from its members); replica "
+                "archived to %s",
+                shard_id,
+                archived,
+            )
+            return True
+
+    # ------------------------------------------------------------------ internals
+
+    async def _open_replica(self, shard_id: int, join_members: tuple[str, ...] | None) -> ShardHost:
+        loop = asyncio.get_running_loop()
+        replica_config = dataclasses.replace(
+            self._config.replica_config_for(
+                shard_id, join_members, joining=join_members is not None
+            ),
+            file_system=self._store_fs,
+        )
+        replica = await loop.run_in_executor(None, ShardReplica, replica_config)
+        replica.start()
+        host = ShardHost(
+            shard_id, replica, self._reader, self._limits, self._data_address_of(shard_id)
+        )
+        self.replicas[shard_id] = replica
+        self.hosts[shard_id] = host
+        if self._server is not None:
+            self._server.add_host(host)
+        return host
+
+    def _data_address_of(self, shard_id: int) -> Callable[[str | None], str | None]:
+        """Raft address of the shard's leader -> its data-plane address (the hint in a
+        NOT_LEADER answer). Every node of the cluster: any may hold a replica."""
+        addresses = {node.raft_address(shard_id): node.data_address for node in self._config.nodes}
+
+        def lookup(raft_address: str | None) -> str | None:
+            return None if raft_address is None else addresses.get(raft_address)
+
+        return lookup
+
+    def _require_placement(self) -> node_placement.Placement:
+        assert self._placement is not None, "open() first"
+        return self._placement
+
+    def _load_placement(self) -> node_placement.Placement:
+        self._fs.makedirs(self._config.data_dir)
+        loaded = node_placement.load(self._fs, self._path, self._config.node_id)
+        if loaded is None:
+            placement = node_placement.from_config(self._config.node_id, self._config.shards)
+        else:
+            placement = loaded.merged_with(self._config.shards)
+        if placement != loaded:
+            node_placement.save(self._fs, self._path, placement)
+        return placement
+
+    def _save_placement(self, placement: node_placement.Placement) -> None:
+        node_placement.save(self._fs, self._path, placement)
+        self._placement = placement
