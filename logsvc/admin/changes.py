@@ -8,8 +8,10 @@ Membership (Raft §6, one server at a time, which pysyncobj implements): a shard
 5 replicas in the config (`REPLICA_COUNTS`: an even count tolerates no more failures than
 the odd count below it). Growing 3 -> 5 or replacing a replica goes through 4 on the way
 (add, then remove), so the member count stays within [3, 5 + 1]: never fewer than the
-minimum (removing below it would cut fault tolerance below what was configured), at most
-one above the maximum (room for a replacement). The leader never removes itself: the
+minimum (removing below it would cut fault tolerance below what was configured; except a
+member the leader cannot reach, which adds no fault tolerance: removing it and adding it
+back is how a replica quarantined for corruption is rebuilt), at most one above the
+maximum (room for a replacement). The leader never removes itself: the
 shard would lose its leader in the middle of the change; transfer leadership first.
 
 Leadership transfer (Raft thesis §3.10, pysyncobj's `transferLeadership`): only to a
@@ -76,10 +78,17 @@ def check_remove(status: ShardStatus, node_id: str, known_node_ids: Collection[s
             f"node {node_id!r} leads shard {status.shard_id}: transfer leadership first"
         )
     if len(status.replicas) <= MEMBERS_MIN:
-        raise ChangeRefused(
-            f"shard {status.shard_id} would have {len(status.replicas) - 1} replicas, "
-            f"fewer than {MEMBERS_MIN}; add one first"
-        )
+        [replica] = [r for r in status.replicas if r.node_id == node_id]
+        if replica.connected is not False:
+            raise ChangeRefused(
+                f"shard {status.shard_id} would have {len(status.replicas) - 1} replicas, "
+                f"fewer than {MEMBERS_MIN}; add one first (only an unreachable replica, "
+                "e.g. one quarantined for corruption, may be removed below the minimum, "
+                "to be added back at once)"
+            )
+        # A member the leader cannot reach adds no fault tolerance today: removing it
+        # (to add it back empty: the repair of a quarantined replica, etcd's member
+        # remove/add) leaves the shard exactly as tolerant as it already is.
 
 
 def choose_transfer_target(

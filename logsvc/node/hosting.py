@@ -35,8 +35,12 @@ from logsvc.config import NodeConfig
 from logsvc.node import placement as node_placement
 from logsvc.node.server import DataPlaneServer
 from logsvc.node.shard_host import ShardHost, ShardHostLimits
+from logsvc.shard.raft import RaftFatal
 from logsvc.shard.replica import ShardReplica
+from logsvc.shard.small_file import SmallFileCorrupt
+from logsvc.store import ShardStore, StoreError
 from logsvc.store.fs import FileSystem, OsFileSystem
+from logsvc.store.meta import load_meta
 
 log = logging.getLogger("logsvc.node")
 
@@ -60,6 +64,8 @@ class ShardHosting:
         self._lock = asyncio.Lock()
         self._server: DataPlaneServer | None = None
         self.hosts: dict[int, ShardHost] = {}  # read on the event loop only
+        # Hosted shards whose replica refused to open (corruption): shard id -> why.
+        self.failed: dict[int, str] = {}
         self.replicas: dict[int, ShardReplica] = {}
 
     # ------------------------------------------------------------------ start and stop
@@ -78,6 +84,24 @@ class ShardHosting:
                 # replica's members file (if any) knows its peers, but with none there is
                 # nobody to start it with. An operator's edit; say so and serve the rest.
                 log.error("shard %d: not opened: %s", entry.shard_id, exc)
+            except (StoreError, RaftFatal, SmallFileCorrupt) as exc:
+                # A damaged replica (ARCHITECTURE.md §3 rule 5: corruption is reported,
+                # never served, never skipped) must not take the node's other shards down
+                # with it. It serves nothing; its peers keep the shard available; the
+                # operator repairs it by removing this node from the shard and adding it
+                # back (the re-added replica starts empty and catches up from the leader;
+                # the damaged directory is archived, not deleted).
+                self.failed[entry.shard_id] = f"{type(exc).__name__}: {exc}"
+                log.critical(
+                    "shard %d: the replica cannot open and is quarantined (serving the "
+                    "other shards): %s. Repair: DELETE /v1/shards/%d/replicas/%s on the "
+                    "shard's leader, then POST /v1/shards/%d/replicas with this node",
+                    entry.shard_id,
+                    exc,
+                    entry.shard_id,
+                    self._config.node_id,
+                    entry.shard_id,
+                )
 
     def attach(self, server: DataPlaneServer) -> None:
         """Serve every hosted shard on `server`, and the shards hosted from now on."""
@@ -106,18 +130,25 @@ class ShardHosting:
             loop = asyncio.get_running_loop()
             shard_dir = self._config.shard_data_dir(shard_id)
             # Left from an earlier membership of this node (released before a crash could
-            # archive it): a joining replica starts empty, as its peers expect.
+            # archive it, or quarantined for corruption): a joining replica starts with an
+            # empty log, as its peers expect, but keeps the old term and vote: a vote it
+            # cast must not be cast again differently in the same term (Raft's votedFor
+            # is durable for this reason; two leaders in one term otherwise).
+            old_vote = await loop.run_in_executor(None, self._recorded_vote, shard_id)
             archived = await loop.run_in_executor(
                 None, node_placement.archive_dir, shard_dir, self._config.data_dir
             )
             if archived is not None:
                 log.warning("shard %d: archived an old replica directory to %s", shard_id, archived)
+            self.failed.pop(shard_id, None)
             before = self._require_placement()
             placement = before.host(shard_id, members)
             await loop.run_in_executor(None, self._save_placement, placement)
             entry = placement.entry(shard_id)
             assert entry is not None
             try:
+                if old_vote is not None:
+                    await loop.run_in_executor(None, self._seed_vote, shard_id, old_vote)
                 host = await self._open_replica(shard_id, entry.join_members)
             except BaseException:
                 await loop.run_in_executor(None, self._save_placement, before)
@@ -133,6 +164,7 @@ class ShardHosting:
             placement = self._require_placement()
             entry = placement.entry(shard_id)
             if host is None:
+                self.failed.pop(shard_id, None)
                 if entry is not None and entry.hosted:  # e.g. it failed to open
                     await loop.run_in_executor(
                         None, self._save_placement, placement.release(shard_id)
@@ -178,6 +210,30 @@ class ShardHosting:
         if self._server is not None:
             self._server.add_host(host)
         return host
+
+    def _journal_dir(self, shard_id: int) -> str:
+        return os.path.join(self._config.shard_data_dir(shard_id), "journal")
+
+    def _recorded_vote(self, shard_id: int) -> tuple[int, str | None] | None:
+        """(term, voted_for) of an old replica directory of the shard, if readable."""
+        try:
+            meta = load_meta(self._fs, self._journal_dir(shard_id))
+        except StoreError as exc:
+            log.warning(
+                "shard %d: the old replica's term/vote file is unreadable (%s): the new "
+                "replica starts at term 0",
+                shard_id,
+                exc,
+            )
+            return None
+        return None if meta is None else (meta.term, meta.voted_for)
+
+    def _seed_vote(self, shard_id: int, vote: tuple[int, str | None]) -> None:
+        store = ShardStore.open(self._journal_dir(shard_id), fs=self._store_fs)
+        try:
+            store.save_vote(*vote)
+        finally:
+            store.close()
 
     def _data_address_of(self, shard_id: int) -> Callable[[str | None], str | None]:
         """Raft address of the shard's leader -> its data-plane address (the hint in a

@@ -96,6 +96,13 @@ class DaemonNodeView:
         self._shard_exists(shard_id)
         host = self._hosting.hosts.get(shard_id)
         if host is None:
+            failed = self._hosting.failed.get(shard_id)
+            if failed is not None:
+                raise errors.Unavailable(
+                    f"shard {shard_id}: this node's replica is quarantined ({failed}); "
+                    f"repair: remove node {self._config.node_id!r} from the shard on its "
+                    "leader, then add it back (it restarts empty and catches up)"
+                )
             raise errors.ShardNotHosted(shard_id, self._elsewhere(shard_id))
         return host
 
@@ -118,7 +125,10 @@ class DaemonNodeView:
         for shard in self._config.shards:
             host = self._hosting.hosts.get(shard.id)
             if host is None:  # as the config placed it: this node knows no better
-                shards.append(ShardPlacement(shard.id, self._elsewhere(shard.id), False, None))
+                quarantined = shard.id in self._hosting.failed  # hosted, serving nothing
+                shards.append(
+                    ShardPlacement(shard.id, self._elsewhere(shard.id), quarantined, None)
+                )
                 continue
             leader = self._ref(self._leader_node(host))
             shards.append(ShardPlacement(shard.id, self._member_ids(host), True, leader))

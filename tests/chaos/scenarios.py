@@ -144,9 +144,11 @@ def _c7_minority_corruption(ctx: RunContext) -> None:
     Victim 1: a torn tail of its newest segment (cut inside the last record, or garbage
     appended: recovery must cut it and rejoin), then two leader kills. Victim 2 (another
     follower, once victim 1 runs again): a bit flip in a sealed segment and a Zipf cut of
-    a random live segment, which recovery must detect. A replica that refuses to start on
-    detected corruption is quarantined (left down: the service has no automatic repair
-    from peers, ARCHITECTURE.md §3 rule 5), and then no other replica is damaged."""
+    a random live segment, which recovery must detect. A replica that detects corruption
+    is quarantined by its node (never served, ARCHITECTURE.md §3 rule 5) and rebuilt the
+    operator's way through the admin API (removed, added back empty, caught up from the
+    leader: `restart_checked`); a node that refuses to start at all stays down, and then
+    no other replica is damaged."""
     nemesis = ctx.nemesis
     damaged: list[str] = []
     for kinds in (("torn_tail",), ("bitflip", "truncate_file")):

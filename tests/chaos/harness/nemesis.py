@@ -22,11 +22,14 @@ scenario that needs a missing piece skips with the reason.
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import random
 import signal
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -173,17 +176,23 @@ class Nemesis:
         self.log.end(fault, [node_id], f"restarted pid {self.cluster.nodes[node_id].popen.pid}")  # type: ignore[union-attr]
 
     def restart_checked(self, node_id: str, wait_s: float = 10.0) -> bool:
-        """Restart a node whose data was damaged; if it refuses to start because it
-        detected corruption (exits, its log says so), quarantine it: it stays down, out
-        of the convergence poll and the dumps (an operator would rebuild it). Returns
-        whether it is running."""
+        """Restart a node whose data was damaged. A replica that detected corruption is
+        quarantined by its node (which keeps serving its other shards): the operator's
+        repair is then applied through the admin API (remove the node from the shard on
+        the leader, add it back: it restarts empty and catches up), and confirmed by the
+        leader reporting it caught up ("quarantine" and "repair" in the nemesis log). If
+        the node process itself refuses to start, it stays down, out of the convergence
+        poll and the dumps. Returns whether it is running."""
         self.restart(node_id)
         node = self.cluster.nodes[node_id]
         deadline = time.monotonic() + wait_s * self.time_scale
         while time.monotonic() < deadline:
             if not node.running():
                 break
-            if listening(node.ports.data):
+            if listening(node.ports.data) and listening(node.ports.admin):
+                for shard in sorted(self.cluster.replicas_of):
+                    if node_id in self.cluster.replicas_of[shard]:
+                        self._repair_if_quarantined(node_id, shard)
                 return True
             time.sleep(0.1)
         if node.running():
@@ -200,6 +209,68 @@ class Nemesis:
             + (text.strip().splitlines() or ["no output"])[-1][:300],
         )
         return False
+
+    def _admin(
+        self, node_id: str, method: str, path: str, body: dict[str, Any] | None = None
+    ) -> tuple[int, dict[str, Any]]:
+        """One admin API call to `node_id` (bounded): (HTTP status, JSON body)."""
+        url = f"http://127.0.0.1:{self.cluster.nodes[node_id].ports.admin}{path}"
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(url, data=data, method=method)
+        request.add_header("Authorization", f"Bearer {self.cluster.token}")
+        if data is not None:
+            request.add_header("Content-Type", "application/json")
+        try:
+            with urllib.request.urlopen(request, timeout=30) as answer:
+                return answer.status, json.loads(answer.read() or b"{}")
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read() or b"{}")
+        except (OSError, ValueError) as exc:
+            return 0, {"message": str(exc)}
+
+    def _repair_if_quarantined(self, node_id: str, shard: int) -> None:
+        """If `node_id` quarantined its replica of `shard`, repair it as an operator
+        would, and wait (bounded) until the leader counts it caught up."""
+        deadline = time.monotonic() + 15.0 * self.time_scale
+        while True:  # the admin API answers once the node has opened its replicas
+            status, answer = self._admin(node_id, "GET", f"/v1/shards/{shard}")
+            if status != 0 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        if not (status == 503 and "quarantined" in str(answer.get("message", ""))):
+            return
+        self.log.info("quarantine", [node_id], True, str(answer.get("message", ""))[:300])
+        repaired, detail = False, ""
+        deadline = time.monotonic() + 60.0 * self.time_scale
+        while time.monotonic() < deadline and not repaired:
+            found = self.cluster.wait_leader(shard, 10.0 * self.time_scale, not_node=node_id)
+            if found is None:
+                detail = "no leader"
+                continue
+            leader = found[0]
+            members = self._admin(leader, "GET", f"/v1/shards/{shard}")[1].get("replicas", [])
+            if any(r.get("node_id") == node_id for r in members):
+                status, answer = self._admin(
+                    leader, "DELETE", f"/v1/shards/{shard}/replicas/{node_id}"
+                )
+                detail = f"remove: {status} {answer.get('code', '')}"
+                if status != 200:
+                    time.sleep(1.0)
+                    continue
+            status, answer = self._admin(
+                leader, "POST", f"/v1/shards/{shard}/replicas", {"node_id": node_id}
+            )
+            detail = f"add: {status} {answer.get('code', '')}"
+            if status not in (200, 201):
+                time.sleep(1.0)
+                continue
+            while time.monotonic() < deadline:
+                replicas = self._admin(leader, "GET", f"/v1/shards/{shard}")[1].get("replicas", [])
+                if any(r.get("node_id") == node_id and r.get("caught_up") for r in replicas):
+                    repaired = True
+                    break
+                time.sleep(0.5)
+        self.log.info("repair", [node_id], repaired, detail)
 
     def kill_leader(self, shard: int) -> tuple[str, int] | None:
         """SIGKILL the shard's current leader (found through the product's status);

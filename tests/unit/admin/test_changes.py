@@ -50,6 +50,16 @@ def test_remove() -> None:
         changes.check_remove(shard1(), "n3", NODES)
 
 
+def test_an_unreachable_member_may_be_removed_below_the_minimum_to_be_rebuilt() -> None:
+    status = shard1()
+    unreachable = tuple(
+        dataclasses.replace(r, connected=False) if r.node_id == "n3" else r for r in status.replicas
+    )
+    changes.check_remove(dataclasses.replace(status, replicas=unreachable), "n3", NODES)
+    with pytest.raises(ChangeRefused, match="fewer than 3"):  # a reachable one may not
+        changes.check_remove(dataclasses.replace(status, replicas=unreachable), "n2", NODES)
+
+
 def test_transfer_to_a_named_target() -> None:
     status = shard1()
     assert changes.choose_transfer_target(status, "n2", NODES) == "n2"
