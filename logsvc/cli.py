@@ -3,10 +3,15 @@
     logsvc serve --config NODE.toml
     logsvc dev-cluster up|down|status --dir DIR [--nodes 3] [--shards 2]
     logsvc append|read|tail|truncate|status --shard N ... [--client-config client.toml]
+    logsvc status [--json] [--admin HOST:PORT]... [--client-config client.toml]
     logsvc demo [--dir DIR]
     logsvc doctor --config NODE.toml | --data-dir DIR [--shard N] [--json] [--allow-running]
     logsvc bench store [--modes group,sync_each,nosync] [--writers N] [--record-bytes B]
                        [--seconds S] [--dir DIR]
+
+`status` without `--shard` prints the cluster table (every node's readiness, every shard's
+leader, term, LSNs and replica lag) from the nodes' admin APIs (logsvc/admin_client.py):
+exit 1 when no admin API answers or the token is refused, 2 on a config error.
 
 Usage errors exit 2 with a message naming the option, never a traceback. Refuses to run
 under `python -O`: the store's invariants are assertions and must stay on.
@@ -15,6 +20,7 @@ under `python -O`: the store's invariants are assertions and must stay on.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 from collections.abc import Callable, Sequence
@@ -61,6 +67,15 @@ def _seconds(name: str, maximum: float) -> Callable[[str], float]:
     return parse
 
 
+def _admin_address(text: str) -> str:
+    from logsvc.config import ConfigError, client_address
+
+    try:
+        return client_address(text, "--admin")
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(exc.rule) from None
+
+
 def _parser() -> argparse.ArgumentParser:
     from logsvc.bench import store_bench
 
@@ -82,15 +97,26 @@ def _parser() -> argparse.ArgumentParser:
         ("read", "read records from an LSN"),
         ("tail", "wait for and print records from an LSN"),
         ("truncate", "truncate the log below an LSN"),
-        ("status", "print a shard's status"),
+        ("status", "print a shard's status (--shard N), or without it the cluster table"),
     ):
         command = commands.add_parser(name, help=text)
         command.add_argument("--client-config", default="client.toml")
         command.add_argument(
             "--shard",
             type=_positive_int("--shard", 2**31),
-            required=True,
+            required=name != "status",
         )
+        if name == "status":
+            command.add_argument(
+                "--json", action="store_true", help="the cluster table as JSON (no --shard)"
+            )
+            command.add_argument(
+                "--admin",
+                action="append",
+                type=_admin_address,
+                metavar="HOST:PORT",
+                help="an admin API to ask (repeatable; overrides the config's admin_addresses)",
+            )
         if name == "append":
             command.add_argument("records", nargs="+", help="record payloads (UTF-8 text)")
         if name in ("append", "truncate"):
@@ -172,7 +198,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not __debug__:
         print("logsvc: refusing to run under python -O: invariants are assertions", file=sys.stderr)
         return EXIT_USAGE
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if args.command == "serve":
         from logsvc.node.daemon import serve
@@ -180,6 +207,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return serve(args.config)
     if args.command == "dev-cluster":
         return _dev_cluster(args)
+    if args.command == "status" and args.shard is None:
+        return _cluster_status(args)
+    if args.command == "status" and (args.json or args.admin):
+        parser.error("status: --json and --admin are for the cluster table (without --shard)")
     if args.command in ("append", "read", "tail", "truncate", "status"):
         return _client_command(args)
     if args.command == "doctor":
@@ -245,6 +276,36 @@ def _dev_cluster(args: argparse.Namespace) -> int:
         return 1
     for node, pid in pids.items():
         print(f"{node} pid {pid} {'running' if devcluster.alive(pid) else 'stopped'}")
+    return 0
+
+
+def _cluster_status(args: argparse.Namespace) -> int:
+    """`logsvc status` without `--shard`: the cluster table from the admin APIs."""
+    from logsvc import admin_client
+    from logsvc.config import ConfigError, load_client_config, main_config_error
+
+    try:
+        config = load_client_config(args.client_config)
+    except ConfigError as exc:
+        return main_config_error(exc)
+    addresses = tuple(args.admin) if args.admin else config.admin_addresses
+    if not addresses:
+        return main_config_error(
+            ConfigError(
+                "admin_addresses",
+                f'not set in {config.source}: add admin_addresses = ["host:port", ...] '
+                "or pass --admin HOST:PORT",
+            )
+        )
+    try:
+        table = admin_client.fetch_table(addresses, config.token)
+    except admin_client.AdminClientError as exc:
+        print(f"logsvc: error: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(admin_client.table_json(table), indent=2))
+    else:
+        sys.stdout.write(admin_client.render_table(table))
     return 0
 
 

@@ -3,8 +3,9 @@
 `up` writes a fresh cluster secret and data token (mode 600), one config per node on
 127.0.0.1 with free ports, starts one `logsvc serve` process per node in the background
 (its own session, output in DIR/<node>.log), records their PIDs in DIR/pids.json, waits
-until every shard has a leader (bounded), and writes DIR/client.toml for clients. `down`
-stops the processes by PID: SIGTERM, then SIGKILL after a bounded wait.
+until every shard has a leader (bounded), and writes DIR/client.toml for clients (data
+plane and admin API addresses). `down` stops the processes by PID: SIGTERM, then SIGKILL
+after a bounded wait.
 """
 
 from __future__ import annotations
@@ -152,9 +153,12 @@ def up(dir_path: str, nodes: int = 3, shards: int = 2) -> dict[str, int]:
         pids[node.node_id] = _spawn(dir_path, node.node_id)
     _write_pids(dir_path, pids)
     addresses = [f"127.0.0.1:{node.data}" for node in ports]
+    admin_addresses = [f"127.0.0.1:{node.admin}" for node in ports]
     _write_private(
         os.path.join(dir_path, "client.toml"),
-        f'addresses = {json.dumps(addresses)}\ntoken_file = "token"\n',
+        f"addresses = {json.dumps(addresses)}\n"
+        f"admin_addresses = {json.dumps(admin_addresses)}\n"
+        'token_file = "token"\n',
     )
     wait_for_leaders(dir_path, shards)
     return pids

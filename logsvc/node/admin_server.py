@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Generator
 from typing import Any
 
@@ -39,6 +40,13 @@ class AdminServer:
             limit_concurrency=256,  # bounded: more connections get 503
             timeout_keep_alive=5,
         )
+        # uvicorn's loggers may carry handlers of their own from an earlier uvicorn in the
+        # same process (its default log_config sets them and stops propagation): route
+        # them to the root logger again, so every line has the node's format.
+        for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
+            uvicorn_log = logging.getLogger(name)
+            uvicorn_log.handlers.clear()
+            uvicorn_log.propagate = True
         self._server = _Server(config)
         self._task: asyncio.Task[None] | None = None
 

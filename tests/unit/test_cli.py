@@ -40,6 +40,8 @@ def logsvc(*args: str, optimize: bool = False) -> subprocess.CompletedProcess[st
         (["bench", "store", "--modes", "fast"], "--modes"),
         (["launch"], "launch"),
         (["truncate", "--shard", "1", "--lsn", "5", "--epoch", "-1"], "--epoch"),
+        (["status", "--admin", "127.0.0.1"], "--admin"),
+        (["status", "--shard", "1", "--json"], "--json"),
     ],
 )
 def test_usage_errors_exit_2_naming_the_option(args: list[str], named: str) -> None:

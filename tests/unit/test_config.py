@@ -6,6 +6,8 @@ in-memory reader) and yields the placement, Raft addresses and limits the commen
 every bad config in a table is refused with a ConfigError naming the exact key path and
 the rule; files holding secrets that group or others can read are refused with the file
 and `chmod 600`; TOML syntax errors give line and column; secrets never appear in repr().
+The client config (client.toml): `admin_addresses` is optional and checked like
+`addresses`, a bad value refused naming the key.
 
 How: bad configs are small edits of one valid document (a Python dict, as tomllib returns),
 parsed with `parse_node_config`; file-level rules go through `load_node_config` on files
@@ -31,6 +33,7 @@ from logsvc.config import (
     ConfigError,
     NodeConfig,
     ServerLimits,
+    load_client_config,
     load_node_config,
     main_config_error,
     parse_node_config,
@@ -625,3 +628,48 @@ def test_any_limits_class_plugs_into_a_limits_section(
     else:
         loaded = config_module._limits(limits, "host", _LingerLimits, lambda x: x.validate())
         assert loaded == expected
+
+
+# ------------------------------------------------------------------ client configuration
+
+CLIENT_BASE = 'addresses = ["127.0.0.1:7101", "127.0.0.1:7102"]\ntoken_file = "token"\n'
+
+
+def client_config_file(tmp_path: Path, extra: str = "") -> str:
+    write(tmp_path / "token", TOKEN, 0o600)
+    return write(tmp_path / "client.toml", CLIENT_BASE + extra, 0o600)
+
+
+def test_client_config_admin_addresses_are_optional(tmp_path: Path) -> None:
+    config = load_client_config(client_config_file(tmp_path))
+    assert config.addresses == ("127.0.0.1:7101", "127.0.0.1:7102")
+    assert config.admin_addresses == ()
+    assert config.token == TOKEN
+    assert TOKEN not in repr(config)
+
+
+def test_client_config_with_admin_addresses(tmp_path: Path) -> None:
+    extra = 'admin_addresses = ["127.0.0.1:7201", "[::1]:7202", "admin.example:7203"]\n'
+    config = load_client_config(client_config_file(tmp_path, extra))
+    assert config.admin_addresses == ("127.0.0.1:7201", "[::1]:7202", "admin.example:7203")
+
+
+@pytest.mark.parametrize(
+    ("extra", "key", "rule"),
+    [
+        ('admin_addresses = "127.0.0.1:7201"\n', "admin_addresses", "must be a non-empty list"),
+        ("admin_addresses = []\n", "admin_addresses", "must be a non-empty list"),
+        ('admin_addresses = ["127.0.0.1:7201", 7202]\n', "admin_addresses[1]", "must be"),
+        ('admin_addresses = ["127.0.0.1"]\n', "admin_addresses[0]", 'must be "host:port"'),
+        ('admin_addresses = ["127.0.0.1:0"]\n', "admin_addresses[0]", "port must be in"),
+        ('admin_addresses = ["::1:7201"]\n', "admin_addresses[0]", "in brackets"),
+        ('admin_adresses = ["127.0.0.1:7201"]\n', "admin_adresses", "unknown key"),
+    ],
+)
+def test_client_config_bad_admin_addresses_name_the_key(
+    tmp_path: Path, extra: str, key: str, rule: str
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_client_config(client_config_file(tmp_path, extra))
+    assert caught.value.key == key
+    assert rule in caught.value.rule

@@ -275,7 +275,8 @@ class Nemesis:
     def kill_leader(self, shard: int) -> tuple[str, int] | None:
         """SIGKILL the shard's current leader (found through the product's status);
         returns (node, term) for `confirm_leader_change`."""
-        found = self.cluster.leader(shard)
+        # Bounded wait: right after an earlier fault the shard may still be electing.
+        found = self.cluster.wait_leader(shard, 15.0 * self.time_scale)
         if found is None:
             self.log.info("kill", [], False, f"shard {shard}: no leader to kill")
             return None
