@@ -34,10 +34,13 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from logsvc.frame_writer import FrameWriter
 from logsvc.wire import messages as wire
 from logsvc.wire.frames import FrameDecoder, ProtocolError
 
 T = TypeVar("T")
+# Requests queued on one connection before `call` waits for the server to read them.
+WRITE_BUFFER_BYTES_MAX = 8 * 1024 * 1024
 
 
 class LogsvcError(Exception):
@@ -173,6 +176,7 @@ class _Connection:
         self._options = options
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
+        self._out: FrameWriter | None = None
         self._pending: dict[int, asyncio.Future[object]] = {}
         self._ids = itertools.count(1)
         self._slots = asyncio.Semaphore(options.requests_inflight_max)
@@ -185,10 +189,12 @@ class _Connection:
             if self._writer is not None and not self.broken:
                 return
             host, _, port = self.address.rpartition(":")
-            self._reader, self._writer = await asyncio.wait_for(
+            reader, writer = await asyncio.wait_for(
                 asyncio.open_connection(host, int(port)), self._options.connect_timeout_s
             )
+            self._reader, self._writer = reader, writer
             self.broken = False
+            self._out = FrameWriter(writer, WRITE_BUFFER_BYTES_MAX)
             self._receiver = asyncio.create_task(self._receive())
         answer = await self.call(wire.Authenticate(self._token))
         if isinstance(answer, wire.ErrorResponse):
@@ -207,9 +213,12 @@ class _Connection:
             future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
             self._pending[request_id] = future
             try:
-                self._writer.write(wire.encode_request(request_id, request))  # type: ignore[arg-type]
-                await self._writer.drain()
-                return await asyncio.wait_for(future, self._options.request_timeout_s)
+                assert self._out is not None
+                # Leaves with the other requests of this loop iteration (one system call).
+                self._out.write(wire.encode_request(request_id, request))  # type: ignore[arg-type]
+                await self._out.drain_if_over()
+                async with asyncio.timeout(self._options.request_timeout_s):
+                    return await future
             finally:
                 self._pending.pop(request_id, None)
         finally:

@@ -20,7 +20,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-from logsvc import devcluster
+from logsvc import devcluster, gc_tuning
 from logsvc.client import LogsvcError, connect
 from logsvc.config import load_client_config
 
@@ -45,6 +45,7 @@ def run(config: ClusterBenchConfig) -> dict[str, object]:
     base = tempfile.mkdtemp(prefix="logsvc-bench-cluster-")
     try:
         devcluster.up(base, nodes=3, shards=1)
+        gc_tuning.tune_for_latency()  # the client's pauses would count in the latencies
         return asyncio.run(_drive(base, config))
     finally:
         devcluster.down(base)

@@ -15,6 +15,7 @@ import logging
 import signal
 from concurrent.futures import ThreadPoolExecutor
 
+from logsvc import gc_tuning
 from logsvc.admin.app import create_app
 from logsvc.admin.metrics import Metrics
 from logsvc.config import ConfigError, NodeConfig, load_node_config, main_config_error
@@ -44,6 +45,7 @@ def serve(config_path: str, *, file_system: FileSystem | None = None) -> int:
     # [node] log_level and log_format; replaces the CLI's setup made before the config
     # was known. Lines never carry the secret or the token (logsvc/logs.py).
     logs.configure_for_node(config)
+    gc_tuning.tune_for_latency()
     asyncio.run(_run(config, file_system))
     return 0
 

@@ -25,6 +25,7 @@ from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any
 
+from logsvc.frame_writer import FrameWriter
 from logsvc.node.shard_host import ShardHost
 from logsvc.shard.commands import (
     AppendBatch,
@@ -136,6 +137,7 @@ class _Connection:
         self._closing = False
         self._inflight: set[asyncio.Task[None]] = set()
         self._write_lock = asyncio.Lock()
+        self._out = FrameWriter(writer, server._limits.write_buffer_bytes_max)
         peer = writer.get_extra_info("peername")
         self._peer = f"{peer[0]}:{peer[1]}" if peer else "?"
 
@@ -164,6 +166,7 @@ class _Connection:
         finally:
             for task in self._inflight:
                 task.cancel()
+            self._out.flush()  # answers written this iteration leave before the close
 
     def _dispatch(self, frame: object) -> None:
         counters = self._server.counters
@@ -291,13 +294,11 @@ class _Connection:
 
     async def _send(self, request_id: int, response: object) -> None:
         data = wire.encode_response(request_id, response)  # type: ignore[arg-type]
+        self._out.write(data)  # leaves with the other answers of this loop iteration
         async with self._write_lock:
-            self._writer.write(data)
-            if self._writer.transport.get_write_buffer_size() > (
-                self._server._limits.write_buffer_bytes_max
-            ):
-                await self._writer.drain()  # back-pressure on a slow reader
+            await self._out.drain_if_over()  # back-pressure on a slow reader
         if self._closing:
+            self._out.flush()
             self._writer.close()
 
 
