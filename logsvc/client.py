@@ -202,10 +202,14 @@ class _Connection:
             raise _error(answer)
 
     async def call(self, request: object) -> object:
-        try:  # a bounded wait for a pipelining slot
-            await asyncio.wait_for(self._slots.acquire(), self._options.request_timeout_s)
-        except TimeoutError:
-            raise TimeoutError(f"no request slot on {self.address}") from None
+        if self._slots.locked():
+            try:  # a bounded wait for a pipelining slot
+                async with asyncio.timeout(self._options.request_timeout_s):
+                    await self._slots.acquire()
+            except TimeoutError:
+                raise TimeoutError(f"no request slot on {self.address}") from None
+        else:
+            await self._slots.acquire()  # free: returns at once (no timer, no task)
         try:
             if self._writer is None or self.broken:
                 raise ConnectionError(f"connection to {self.address} is closed")
