@@ -25,7 +25,7 @@ from logsvc.shard.raft import RaftConfig
 from logsvc.shard.replica import NotLeader, OutcomeUnknown, ReplicaConfig, ShardReplica
 from logsvc.store import Entry, StoreLimits
 from tests.chaos.harness.proxy import ProxyMesh
-from tests.unit.shard.raft_harness import SECRET, free_port
+from tests.unit.shard.raft_harness import SECRET, free_ports
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -47,7 +47,7 @@ class MeshedShard:
 
     def __init__(self, base: Path) -> None:
         self.base = base
-        self.addresses = {f"n{i}": f"127.0.0.1:{free_port()}" for i in range(3)}
+        self.addresses = {f"n{i}": f"127.0.0.1:{port}" for i, port in enumerate(free_ports(3))}
         self.mesh = ProxyMesh({node: {SHARD: a} for node, a in self.addresses.items()}, seed=7)
         self.replicas: dict[str, ShardReplica] = {}
 

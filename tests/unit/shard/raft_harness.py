@@ -31,6 +31,19 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+def free_ports(count: int) -> list[int]:
+    """`count` distinct free ports: every probe stays bound until all are chosen (one at
+    a time, the kernel may hand out the same port twice: two replicas, one directory)."""
+    probes = [socket.socket() for _ in range(count)]
+    try:
+        for probe in probes:
+            probe.bind(("127.0.0.1", 0))
+        return [int(probe.getsockname()[1]) for probe in probes]
+    finally:
+        for probe in probes:
+            probe.close()
+
+
 def wait_until(condition: Callable[[], bool], what: str, seconds: float = WAIT_S_MAX) -> None:
     deadline = time.monotonic() + seconds
     while not condition():
@@ -75,7 +88,7 @@ class Replica:
 
 class Cluster:
     def __init__(self, base_dir: str, size: int = 3, *, fault_fs: bool = False) -> None:
-        addresses = [f"127.0.0.1:{free_port()}" for _ in range(size)]
+        addresses = [f"127.0.0.1:{port}" for port in free_ports(size)]
         self.replicas = [
             Replica(address, os.path.join(base_dir, f"r{i}"), FaultFS() if fault_fs else _os_fs())
             for i, address in enumerate(addresses)

@@ -38,7 +38,7 @@ from logsvc.shard.replica import (
 )
 from logsvc.store import StoreLimits
 
-from .raft_harness import SECRET, WAIT_S_MAX, free_port, wait_until
+from .raft_harness import SECRET, WAIT_S_MAX, free_port, free_ports, wait_until
 
 LIMITS = StoreLimits(segment_bytes_max=64 * 1024)
 T = TypeVar("T")
@@ -47,7 +47,7 @@ T = TypeVar("T")
 class Shard:
     def __init__(self, base: Path, size: int = 3) -> None:
         self.base = base
-        self.addresses = [f"127.0.0.1:{free_port()}" for _ in range(size)]
+        self.addresses = [f"127.0.0.1:{port}" for port in free_ports(size)]
         self.replicas: dict[str, ShardReplica] = {}
 
     def config(self, address: str, peers: list[str]) -> ReplicaConfig:
