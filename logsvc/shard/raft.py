@@ -982,19 +982,10 @@ def _never_called(*_args: object) -> Any:
 
 
 def _write_durably(fs: FileSystem, path: str, data: bytes) -> None:
-    """Replace `path` atomically and durably: temp file, fdatasync, rename, directory fsync."""
-    tmp = path + ".tmp"
-    if fs.exists(tmp):
-        fs.unlink(tmp)
-    handle = fs.open_write(tmp, create=True)
-    try:
-        handle.write(data)
-        handle.fdatasync()
-    finally:
-        handle.close()
-    failpoint("raft_snapshot_before_rename")
-    fs.rename(tmp, path)
-    fs.fsync_dir(os.path.dirname(path) or ".")
+    """A snapshot file, replaced atomically and durably."""
+    small_file.write_durably(
+        fs, path, data, before_rename=lambda: failpoint("raft_snapshot_before_rename")
+    )
 
 
 def _open_membership(

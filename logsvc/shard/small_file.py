@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+from collections.abc import Callable
 from typing import Any, Final
 
 import xxhash
@@ -106,8 +107,14 @@ def read(fs: FileSystem, path: str, magic: bytes, version: int) -> dict[str, Any
     return decode(path, fs.read_file(path), magic, version)
 
 
-def write_durably(fs: FileSystem, path: str, data: bytes) -> None:
-    """Replace `path` with `data`: temp file, fdatasync, rename, directory fsync."""
+def write_durably(
+    fs: FileSystem,
+    path: str,
+    data: bytes,
+    before_rename: Callable[[], None] | None = None,
+) -> None:
+    """Replace `path` with `data`: temp file, fdatasync, rename, directory fsync.
+    `before_rename` runs once the temp file is durable (a failpoint, for crash tests)."""
     tmp = path + TMP_SUFFIX
     if fs.exists(tmp):
         fs.unlink(tmp)
@@ -117,5 +124,7 @@ def write_durably(fs: FileSystem, path: str, data: bytes) -> None:
         handle.fdatasync()
     finally:
         handle.close()
+    if before_rename is not None:
+        before_rename()
     fs.rename(tmp, path)
     fs.fsync_dir(os.path.dirname(path) or ".")
