@@ -32,6 +32,7 @@ from tests.chaos.harness.proxy import (
     parse_mode,
     partition_of,
 )
+from tests.unit.shard import raft_harness
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -40,11 +41,7 @@ SHARD = 0
 
 
 def wait_until(condition: Callable[[], bool], what: str, seconds: float = WAIT_S_MAX) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {seconds} s waiting for {what}")
-        time.sleep(0.01)
+    raft_harness.wait_until(condition, what, seconds)  # this file's own default bound
 
 
 class EchoServer:

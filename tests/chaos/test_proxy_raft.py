@@ -25,6 +25,7 @@ from logsvc.shard.raft import RaftConfig
 from logsvc.shard.replica import NotLeader, OutcomeUnknown, ReplicaConfig, ShardReplica
 from logsvc.store import Entry, StoreLimits
 from tests.chaos.harness.proxy import ProxyMesh
+from tests.unit.shard import raft_harness
 from tests.unit.shard.raft_harness import SECRET, free_ports
 
 pytestmark = pytest.mark.timeout(120)
@@ -35,11 +36,7 @@ T = TypeVar("T")
 
 
 def wait_until(condition: Callable[[], bool], what: str, seconds: float = WAIT_S_MAX) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {seconds} s waiting for {what}")
-        time.sleep(0.02)
+    raft_harness.wait_until(condition, what, seconds)  # this file's own default bound
 
 
 class MeshedShard:
