@@ -46,8 +46,11 @@ class FrameWriter:
     def buffered_bytes(self) -> int:
         return self._chunk_bytes + self._writer.transport.get_write_buffer_size()
 
+    def over_limit(self) -> bool:
+        return self.buffered_bytes() > self._buffer_bytes_max
+
     async def drain_if_over(self) -> None:
         """Wait for the peer to read while more than the limit is buffered."""
-        if self.buffered_bytes() > self._buffer_bytes_max:
+        if self.over_limit():
             self.flush()
             await self._writer.drain()

@@ -295,8 +295,9 @@ class _Connection:
     async def _send(self, request_id: int, response: object) -> None:
         data = wire.encode_response(request_id, response)  # type: ignore[arg-type]
         self._out.write(data)  # leaves with the other answers of this loop iteration
-        async with self._write_lock:
-            await self._out.drain_if_over()  # back-pressure on a slow reader
+        if self._out.over_limit():  # back-pressure on a slow reader; the lock only then
+            async with self._write_lock:
+                await self._out.drain_if_over()
         if self._closing:
             self._out.flush()
             self._writer.close()
