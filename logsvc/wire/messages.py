@@ -82,6 +82,7 @@ __all__ = [
     "WrongFrameKind",
     "decode_request",
     "decode_response",
+    "encode_appended",
     "encode_request",
     "encode_response",
     "request_problem",
@@ -291,6 +292,11 @@ def encode_request(
     """The whole frame of a request. `BadRequest` (or `RequestTooLarge`) for a request that
     breaks a rule; request id 0 is reserved (see `decode_response`)."""
     assert 1 <= request_id <= U64_MAX
+    if type(msg) is Append and _append_fields_ok(
+        msg.shard, msg.records, msg.client_id, msg.seq, msg.epoch, limits
+    ):  # the hot path: the same rules, checked in one pass (see _append_fields_ok)
+        body = _pack((OP_APPEND, msg.shard, msg.records, msg.client_id, msg.seq, msg.epoch))
+        return encode_frame(FrameKind.REQUEST, request_id, body, limits)
     problem = request_problem(msg, limits)
     if problem is not None:
         raise problem
@@ -315,6 +321,10 @@ def decode_request(frame: Frame, limits: WireLimits = DEFAULT_WIRE_LIMITS) -> Re
     if not body:
         raise BadRequest("empty body array")
     op, values = body[0], body[1:]
+    if type(op) is int and op == OP_APPEND and len(values) == 5:
+        shard, records, client_id, seq, epoch = values
+        if _append_fields_ok(shard, records, client_id, seq, epoch, limits):  # the hot path
+            return Append(shard, records, client_id, seq, epoch)  # type: ignore[arg-type]
     if type(op) is not int:
         raise BadRequest(f"op is a {type(op).__name__}, not an integer")
     cls = _REQUEST_BY_OP.get(op)
@@ -340,6 +350,8 @@ def encode_response(
     an `ErrorResponse` may carry it (a server's last word before it closes a connection on a
     `ProtocolError`). `BadResponse` for a response that breaks a rule (a server bug)."""
     assert 0 <= request_id <= U64_MAX
+    if type(msg) is Appended and request_id:
+        return encode_appended(request_id, msg.first_lsn, msg.count, msg.duplicate, limits)
     problem = response_problem(msg, limits)
     if problem is None and request_id == 0 and not isinstance(msg, ErrorResponse):
         problem = BadResponse("request id 0 is reserved for ErrorResponse")
@@ -361,6 +373,10 @@ def decode_response(frame: Frame, limits: WireLimits = DEFAULT_WIRE_LIMITS) -> R
     if not body:
         raise BadResponse("empty body array")
     tag, values = body[0], body[1:]
+    if type(tag) is int and tag == TAG_APPENDED and frame.request_id and len(values) == 3:
+        first_lsn, count, duplicate = values
+        if _appended_fields_ok(first_lsn, count, duplicate, limits):  # the hot path
+            return Appended(first_lsn, count, duplicate)  # type: ignore[arg-type]
     if type(tag) is not int:
         raise BadResponse(f"tag is a {type(tag).__name__}, not an integer")
     cls = _RESPONSE_BY_TAG.get(tag)
@@ -385,7 +401,79 @@ def decode_response(frame: Frame, limits: WireLimits = DEFAULT_WIRE_LIMITS) -> R
     return msg
 
 
+def encode_appended(
+    request_id: int,
+    first_lsn: int,
+    count: int,
+    duplicate: bool,
+    limits: WireLimits = DEFAULT_WIRE_LIMITS,
+) -> bytes:
+    """`encode_response(request_id, Appended(first_lsn, count, duplicate))` without building
+    the message: the server's answer to every append. The same bytes and the same rules."""
+    assert 1 <= request_id <= U64_MAX
+    if not _appended_fields_ok(first_lsn, count, duplicate, limits):
+        problem = response_problem(Appended(first_lsn, count, duplicate), limits)
+        assert problem is not None
+        raise problem
+    body = _pack((TAG_APPENDED, first_lsn, count, duplicate))
+    return encode_frame(FrameKind.RESPONSE, request_id, body, limits)
+
+
 # --- Rules ---------------------------------------------------------------------------------
+
+
+# The hot paths (an Append going in, an Appended coming out) check their rules in one pass
+# of plain comparisons instead of the general shape-then-rules walk below, which costs
+# several microseconds a message. They only ever accept: a message they do not accept takes
+# the general path, which finds the precise reason. test_messages.py checks, with
+# hypothesis, that they accept exactly what the general rules accept.
+
+
+def _append_fields_ok(
+    shard: object,
+    records: object,
+    client_id: object,
+    seq: object,
+    epoch: object,
+    limits: WireLimits,
+) -> bool:
+    if not (
+        type(shard) is int
+        and 0 <= shard <= U32_MAX
+        and type(seq) is int
+        and 0 <= seq <= U64_MAX
+        and type(epoch) is int
+        and 0 <= epoch <= U64_MAX
+        and type(client_id) is str
+        and type(records) is tuple
+        and len(records) <= limits.append_records_max
+    ):
+        return False
+    try:
+        client_id_bytes = len(client_id.encode("utf-8"))
+    except UnicodeEncodeError:
+        return False
+    if not 1 <= client_id_bytes <= limits.client_id_bytes_max:
+        return False
+    record_bytes_max = limits.record_bytes_max
+    total_bytes = 0
+    for record in records:
+        if type(record) is not bytes or len(record) > record_bytes_max:
+            return False
+        total_bytes += len(record)
+    return total_bytes <= limits.append_bytes_max
+
+
+def _appended_fields_ok(
+    first_lsn: object, count: object, duplicate: object, limits: WireLimits
+) -> bool:
+    return (
+        type(first_lsn) is int
+        and 1 <= first_lsn <= U64_MAX
+        and type(count) is int
+        and 0 <= count <= limits.append_records_max
+        and type(duplicate) is bool
+    )
 
 
 def request_problem(msg: object, limits: WireLimits = DEFAULT_WIRE_LIMITS) -> BadRequest | None:

@@ -16,7 +16,8 @@ from typing import Any
 
 import msgpack
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from logsvc.wire import (
     DEFAULT_WIRE_LIMITS,
@@ -51,6 +52,7 @@ from logsvc.wire import (
     decode_response,
     encode_request,
     encode_response,
+    messages,
     request_problem,
     response_problem,
 )
@@ -424,3 +426,76 @@ def test_default_limits_follow_the_shard_limits() -> None:
 def test_validate_names_the_broken_limit(changes: dict[str, int], field: str) -> None:
     with pytest.raises(ValueError, match=f"^{field}:"):
         WireLimits(**changes).validate()
+
+
+# --- The hot paths accept exactly what the general rules accept ------------------------------
+
+# Values around every edge of an Append's and an Appended's rules under SMALL: types that
+# msgpack could also deliver (bool, float, str for bytes, list for tuple), ranges at and
+# past their limits, UTF-8 that cannot be encoded.
+_any_int = st.one_of(
+    st.integers(-2, 3),
+    st.integers(U32_MAX - 1, U32_MAX + 1),
+    st.integers(U64_MAX - 1, U64_MAX + 1),
+    st.booleans(),
+    st.floats(0, 3),
+)
+_any_str = st.one_of(st.text(max_size=4), st.just("\ud800"), st.binary(max_size=4), st.none())
+_any_records = st.one_of(
+    st.lists(st.one_of(st.binary(max_size=10), st.text(max_size=2)), max_size=6).map(tuple),
+    st.lists(st.binary(max_size=4), max_size=2),
+    st.none(),
+)
+
+
+@settings(max_examples=2000)
+@given(_any_int, _any_records, _any_str, _any_int, _any_int)
+def test_the_append_fast_path_accepts_exactly_the_valid_appends(
+    shard: Any, records: Any, client_id: Any, seq: Any, epoch: Any
+) -> None:
+    fast = messages._append_fields_ok(shard, records, client_id, seq, epoch, SMALL)
+    general = messages.request_problem(Append(shard, records, client_id, seq, epoch), SMALL)
+    assert fast == (general is None), general
+
+
+@settings(max_examples=1000)
+@given(_any_int, _any_int, st.one_of(st.booleans(), st.integers(0, 1), st.none()))
+def test_the_appended_fast_path_accepts_exactly_the_valid_answers(
+    first_lsn: Any, count: Any, duplicate: Any
+) -> None:
+    fast = messages._appended_fields_ok(first_lsn, count, duplicate, SMALL)
+    general = messages.response_problem(Appended(first_lsn, count, duplicate), SMALL)
+    assert fast == (general is None), general
+
+
+@settings(max_examples=1000)
+@given(_any_int, _any_records, _any_str, _any_int, _any_int)
+def test_an_append_body_decodes_or_fails_as_the_general_path_says(
+    shard: Any, records: Any, client_id: Any, seq: Any, epoch: Any
+) -> None:
+    try:
+        body = msgpack.packb([2, shard, records, client_id, seq, epoch], use_bin_type=True)
+    except (OverflowError, UnicodeEncodeError, TypeError):
+        assume(False)  # not something a peer could send
+    frame = Frame(FrameKind.REQUEST, 1, body)
+    general = messages.request_problem(
+        Append(shard, tuple(records) if type(records) is list else records, client_id, seq, epoch),
+        SMALL,
+    )
+    if general is None:
+        assert decode_request(frame, SMALL) == Append(shard, tuple(records), client_id, seq, epoch)
+    else:
+        with pytest.raises(BadRequest):
+            decode_request(frame, SMALL)
+
+
+def test_an_append_with_a_float_op_is_not_taken_for_an_append() -> None:
+    body = msgpack.packb([2.0, 1, (b"x",), "c", 1, 0], use_bin_type=True)
+    with pytest.raises(BadRequest, match="op is a float"):
+        decode_request(Frame(FrameKind.REQUEST, 1, body))
+
+
+def test_encode_appended_is_encode_response_of_appended() -> None:
+    assert messages.encode_appended(9, 5, 2, False) == encode_response(9, Appended(5, 2, False))
+    with pytest.raises(BadResponse, match="first_lsn"):
+        messages.encode_appended(9, 0, 2, False)
