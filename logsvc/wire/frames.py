@@ -73,6 +73,7 @@ assert HEADER_FIELDS.size + HEADER_CHECKSUM.size == FRAME_HEADER_BYTES == 32
 # Where the version byte is: checked before the rest of the header has arrived.
 VERSION_OFFSET = len(FRAME_MAGIC)
 _RESERVED = b"\0\0\0"
+_MAGIC_AND_VERSION = FRAME_MAGIC + bytes([PROTOCOL_VERSION])
 _U32_MASK = 0xFFFF_FFFF
 
 
@@ -81,6 +82,9 @@ class FrameKind(IntEnum):
 
     REQUEST = 1
     RESPONSE = 2
+
+
+_KINDS = {int(kind): kind for kind in FrameKind}
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,12 +173,13 @@ class FrameDecoder:
             return None
         self._header = header
         end = FRAME_HEADER_BYTES + header.body_bytes
-        if len(self._buffer) < end:
+        buffer = self._buffer
+        if len(buffer) < end:
             return None
-        body = bytes(self._buffer[FRAME_HEADER_BYTES:end])
+        body = bytes(buffer[FRAME_HEADER_BYTES:end])
         if xxh3(body) != header.body_checksum:
             self._fail(BodyChecksumMismatch(header.request_id))
-        del self._buffer[:end]
+        del buffer[:end]
         self._header = None
         return Frame(header.kind, header.request_id, body)
 
@@ -186,6 +191,22 @@ class FrameDecoder:
 
     def _parse_header(self) -> _Header | None:
         buffer = self._buffer
+        if len(buffer) >= FRAME_HEADER_BYTES and buffer.startswith(_MAGIC_AND_VERSION):
+            # The usual case, a whole header from a peer speaking our version: the checks
+            # below, in the same order, minus the ones the prefix already passed.
+            fields = bytes(buffer[: HEADER_FIELDS.size])
+            (checksum,) = HEADER_CHECKSUM.unpack_from(buffer, HEADER_FIELDS.size)
+            if checksum != header_checksum(fields):
+                self._fail(HeaderChecksumMismatch())
+            _magic, _version, kind, reserved, request_id, body_bytes, body_checksum = (
+                HEADER_FIELDS.unpack(fields)
+            )
+            if (
+                kind in _KINDS
+                and reserved == _RESERVED
+                and body_bytes <= self._limits.frame_body_bytes_max
+            ):
+                return _Header(_KINDS[kind], request_id, body_bytes, body_checksum)
         prefix = bytes(buffer[: len(FRAME_MAGIC)])
         if prefix != FRAME_MAGIC[: len(prefix)]:
             self._fail(BadMagic(prefix))
