@@ -12,12 +12,19 @@ find the shard, run the operation, encode the answer. Bad input never takes the 
 * a wrong token: an `UNAUTHENTICATED` error and the connection is closed.
 
 The server never blocks the event loop on disk or Raft work: `ShardHost` hands those off.
+
+Appends, the hot path, run without a task of their own: the request goes to its shard's
+group commit with a callback that encodes and writes the answer (`_start_append`). Every
+other request is a task. Both count against `requests_inflight_max`. Back-pressure: while
+more than `write_buffer_bytes_max` of answers wait for a peer that does not read them, the
+connection reads no further requests.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hmac
 import logging
 from collections import Counter
@@ -26,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from logsvc.frame_writer import FrameWriter
-from logsvc.node.shard_host import ShardHost
+from logsvc.node.shard_host import AppendOutcome, ShardHost
 from logsvc.shard.commands import (
     AppendBatch,
     Appended,
@@ -136,6 +143,8 @@ class _Connection:
         self._authenticated = False
         self._closing = False
         self._inflight: set[asyncio.Task[None]] = set()
+        self._appends_inflight = 0  # appends handed to a group commit, not yet answered
+        self._appends_drained: asyncio.Future[None] | None = None  # set while closing
         self._write_lock = asyncio.Lock()
         self._out = FrameWriter(writer, server._limits.write_buffer_bytes_max)
         peer = writer.get_extra_info("peername")
@@ -146,9 +155,10 @@ class _Connection:
         try:
             while True:
                 if self._closing:  # answer what was asked (bounded), then hang up
-                    if self._inflight:
-                        await asyncio.wait(self._inflight, timeout=CLOSE_FLUSH_S_MAX)
+                    await self._finish_inflight()
                     break
+                if self._out.over_limit():  # the peer is not reading its answers
+                    await self._out.drain_if_over()
                 data = await self._reader.read(READ_CHUNK_BYTES)
                 if not data:
                     break
@@ -167,6 +177,17 @@ class _Connection:
             for task in self._inflight:
                 task.cancel()
             self._out.flush()  # answers written this iteration leave before the close
+
+    async def _finish_inflight(self) -> None:
+        """Wait, at most CLOSE_FLUSH_S_MAX, for the answers still owed."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + CLOSE_FLUSH_S_MAX
+        if self._inflight:
+            await asyncio.wait(self._inflight, timeout=CLOSE_FLUSH_S_MAX)
+        if self._appends_inflight:
+            self._appends_drained = loop.create_future()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._appends_drained, max(0.0, deadline - loop.time()))
 
     def _dispatch(self, frame: object) -> None:
         counters = self._server.counters
@@ -196,7 +217,8 @@ class _Connection:
                 self._send(request_id, _error(wire.ErrorCode.UNAUTHENTICATED, "authenticate first"))
             )
             return
-        if len(self._inflight) >= self._server._limits.requests_inflight_max:
+        inflight = len(self._inflight) + self._appends_inflight
+        if inflight >= self._server._limits.requests_inflight_max:
             counters["overloaded"] += 1
             self._spawn(
                 self._send(
@@ -204,7 +226,51 @@ class _Connection:
                 )
             )
             return
+        if type(request) is wire.Append and self._start_append(request_id, request):
+            return
         self._spawn(self._answer(request_id, request))
+
+    def _start_append(self, request_id: int, request: wire.Append) -> bool:
+        """Hand an append to its shard's group commit, answered by `_append_done`; False
+        (nothing started) when the shard is not hosted here: `_answer` says so."""
+        host = self._server.host(request.shard)
+        if host is None:
+            return False
+        batch = AppendBatch(request.client_id, request.seq, request.epoch, request.records)
+        try:
+            host.submit_append(batch, functools.partial(self._append_done, request_id, host))
+        except Overloaded as exc:
+            self._reply(request_id, self._error_for(exc))
+            return True
+        self._appends_inflight += 1
+        return True
+
+    def _append_done(self, request_id: int, host: ShardHost, outcome: AppendOutcome) -> None:
+        self._appends_inflight -= 1
+        drained = self._appends_drained
+        if drained is not None and not self._appends_inflight and not drained.done():
+            drained.set_result(None)
+        if type(outcome) is Appended:
+            data = wire.encode_appended(
+                request_id, outcome.first_lsn, outcome.count, outcome.duplicate
+            )
+            self._out.write(data)  # leaves with the other answers of this loop iteration
+            return
+        response: object
+        if isinstance(outcome, NotLeader):
+            response = _not_leader(host)  # the hint as a data-plane address
+        elif isinstance(outcome, Exception):
+            response = self._error_for(outcome)
+        else:
+            try:
+                response = _result_response(outcome)
+            except Exception as exc:
+                response = self._error_for(exc)
+        self._reply(request_id, response)
+
+    def _reply(self, request_id: int, response: object) -> None:
+        """Answer without waiting (the read loop applies the back-pressure)."""
+        self._out.write(wire.encode_response(request_id, response))  # type: ignore[arg-type]
 
     async def _last_words(self, exc: ProtocolError) -> None:
         """Before closing on a framing error, say why (typed), if the peer can still parse
