@@ -1,0 +1,159 @@
+"""The client's own bookkeeping: lanes bound the appends in flight per client id, and one
+timer per connection still times out every request.
+
+How: `_Lanes` driven directly (a seeded random walk of acquires and releases checking the
+bounds after every step, and a full client waiting for a release or timing out); a
+`_Connection` against a small asyncio server on loopback that speaks the wire protocol
+(authenticates, then answers appends or stays silent), for the request timeout, the wait
+for a pipelining slot, and the size of the timeout FIFO after many answered requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from logsvc.client import ClientOptions, TooManyInFlight, _Connection, _Lanes
+from logsvc.wire import messages as wire
+from logsvc.wire.frames import FrameDecoder
+
+TOKEN = "t0ken"
+
+
+def test_lanes_never_exceed_the_window_and_number_seqs_densely_per_lane() -> None:
+    async def walk() -> None:
+        window, lanes_max = 3, 4
+        lanes = _Lanes("c", window, lanes_max, wait_s_max=1.0)
+        rng = random.Random(7)
+        held: list[int] = []
+        in_flight: dict[str, int] = {}
+        last_seq: dict[str, int] = {}
+        for _ in range(5000):
+            if held and (len(held) == window * lanes_max or rng.random() < 0.5):
+                lane = held.pop(rng.randrange(len(held)))
+                lanes.release(lane)
+                in_flight[f"c.{lane}"] -= 1
+                continue
+            lane, lane_id, seq = await lanes.acquire()
+            assert lane_id == f"c.{lane}"
+            assert seq == last_seq.get(lane_id, 0) + 1
+            last_seq[lane_id] = seq
+            in_flight[lane_id] = in_flight.get(lane_id, 0) + 1
+            assert in_flight[lane_id] <= window
+            assert len(in_flight) <= lanes_max
+            held.append(lane)
+
+    asyncio.run(walk())
+
+
+def test_a_full_set_of_lanes_waits_for_a_release_then_times_out() -> None:
+    async def scenario() -> None:
+        lanes = _Lanes("c", 1, 2, wait_s_max=0.2)
+        first = await lanes.acquire()
+        await lanes.acquire()
+        waiting = asyncio.ensure_future(lanes.acquire())
+        await asyncio.sleep(0.01)
+        assert not waiting.done()
+        lanes.release(first[0])
+        assert await waiting == (first[0], first[1], 2)
+        with pytest.raises(TooManyInFlight):
+            await lanes.acquire()
+
+    asyncio.run(scenario())
+
+
+class _Server:
+    """Authenticates, then answers appends with `Appended` unless told to stay silent."""
+
+    def __init__(self, answer: bool) -> None:
+        self.answer = answer
+        self.requests = 0
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        decoder = FrameDecoder()
+        lsn = 1
+        while data := await reader.read(65536):
+            decoder.feed(data)
+            while (frame := decoder.next_frame()) is not None:
+                request = wire.decode_request(frame)
+                if isinstance(request, wire.Authenticate):
+                    writer.write(wire.encode_response(frame.request_id, wire.Authenticated()))
+                    continue
+                self.requests += 1
+                if self.answer:
+                    writer.write(wire.encode_appended(frame.request_id, lsn, 1, False))
+                    lsn += 1
+        writer.close()
+
+
+async def _connected(server: _Server, options: ClientOptions) -> tuple[_Connection, object]:
+    listener = await asyncio.start_server(server.serve, "127.0.0.1", 0)
+    port = listener.sockets[0].getsockname()[1]
+    connection = _Connection(f"127.0.0.1:{port}", TOKEN, options)
+    await connection.ensure_open()
+    assert connection.ready
+    return connection, listener
+
+
+def _append(seq: int) -> wire.Append:
+    return wire.Append(1, (b"x",), "c.0", seq, 0)
+
+
+def test_a_request_without_an_answer_times_out_and_leaves_nothing_pending() -> None:
+    async def scenario() -> None:
+        options = ClientOptions(request_timeout_s=0.2)
+        connection, listener = await _connected(_Server(answer=False), options)
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        results = await asyncio.gather(
+            *(connection.call(_append(seq)) for seq in range(1, 4)), return_exceptions=True
+        )
+        assert all(isinstance(result, TimeoutError) for result in results), results
+        assert 0.15 <= loop.time() - began < 2.0
+        assert not connection._pending
+        await connection.close()
+        listener.close()  # type: ignore[attr-defined]
+
+    asyncio.run(scenario())
+
+
+def test_past_the_inflight_limit_a_call_waits_for_a_slot_bounded_by_the_timeout() -> None:
+    async def scenario() -> None:
+        options = ClientOptions(request_timeout_s=0.3, requests_inflight_max=2)
+        server = _Server(answer=False)
+        connection, listener = await _connected(server, options)
+        first = asyncio.ensure_future(connection.call(_append(1)))
+        second = asyncio.ensure_future(connection.call(_append(2)))
+        await asyncio.sleep(0.05)
+        third = asyncio.ensure_future(connection.call(_append(3)))
+        await asyncio.sleep(0.05)
+        assert server.requests == 2  # the third waits for a slot, unsent
+        for call in (first, second):
+            with pytest.raises(TimeoutError, match="no answer"):
+                await call
+        # Slots freed by the timeouts: the third is sent, then times out in turn.
+        with pytest.raises(TimeoutError):
+            await third
+        assert server.requests == 3
+        await connection.close()
+        listener.close()  # type: ignore[attr-defined]
+
+    asyncio.run(scenario())
+
+
+def test_answered_requests_do_not_pile_up_in_the_timeout_fifo() -> None:
+    async def scenario() -> None:
+        connection, listener = await _connected(_Server(answer=True), ClientOptions())
+        for round_ in range(20):
+            answers = await asyncio.gather(
+                *(connection.call(_append(round_ * 100 + i)) for i in range(100))
+            )
+            assert all(isinstance(answer, wire.Appended) for answer in answers)
+        assert not connection._pending
+        assert not connection._expiries._fifo
+        await connection.close()
+        listener.close()  # type: ignore[attr-defined]
+
+    asyncio.run(scenario())
