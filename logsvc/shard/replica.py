@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -59,6 +60,10 @@ log = logging.getLogger("logsvc.shard")
 
 PROPOSAL_TIMEOUT_S_DEFAULT = 10.0
 READ_RECORDS_MAX = 65_536  # records per read: a reply must stay a bounded size
+# Proposed commands kept for their own apply (ShardReplica._proposed): several times the
+# proposals a data plane keeps in flight (4 by default), each at most one Raft entry.
+PROPOSED_CACHED_MAX = 64
+PROPOSED_CACHED_BYTES_MAX = 32 * 1024 * 1024
 MEMBERSHIP_TIMEOUT_S_DEFAULT = 30.0
 
 
@@ -166,6 +171,15 @@ class ShardReplica:
         _emit_opened(self._events, self._store)
         self._machine = ShardStateMachine(config.shard_limits)
         self._machine_lock = threading.Lock()
+        # Commands this replica proposed, by their encoding, until applied: the leader then
+        # applies the object it encoded instead of decoding the same bytes again (a group
+        # of 256 appends costs about 0.35 ms to decode, a dict lookup about 15 us). Bounded:
+        # the oldest is dropped past PROPOSED_CACHED_MAX / PROPOSED_CACHED_BYTES_MAX (a lost
+        # leadership never applies them); a command not found here is decoded, as on a
+        # follower.
+        self._proposed: OrderedDict[bytes, Command] = OrderedDict()
+        self._proposed_bytes = 0
+        self._proposed_lock = threading.Lock()
         self._membership_lock = threading.Lock()
         self._apply_listeners: list[Callable[[int], None]] = []
         try:
@@ -267,6 +281,7 @@ class ShardReplica:
         if not self._node.is_leader:
             raise NotLeader(self._node.leader)
         encoded = encode_command(command, self._limits)
+        self._remember_proposed(encoded, command)
 
         def on_raft(result: object, reason: int) -> None:
             waiter = _Waiter(result=result, reason=reason)
@@ -428,8 +443,13 @@ class ShardReplica:
     # ------------------------------------------------------------------ RaftHandler
 
     def apply(self, raft_index: int, encoded: bytes) -> object:
+        with self._proposed_lock:
+            # Equal bytes decode to the command that was encoded (the codec round-trips).
+            proposed = self._proposed.pop(encoded, None) if self._proposed else None
+            if proposed is not None:
+                self._proposed_bytes -= len(encoded)
         try:
-            command = decode_command(encoded, self._limits)
+            command = proposed if proposed is not None else decode_command(encoded, self._limits)
         except CommandCorrupt as exc:
             # Only our encoder writes commands, so this is damage or replicas configured
             # with different limits. Skipping it could diverge from replicas that applied
@@ -461,6 +481,19 @@ class ShardReplica:
         cause = exc.cause if isinstance(exc, StoreFailed) else exc
         if isinstance(cause, Corruption | raft.RaftFatal):
             self._events.emit("corruption", term=self._store.term, detail=str(exc))
+
+    def _remember_proposed(self, encoded: bytes, command: Command) -> None:
+        with self._proposed_lock:
+            if encoded in self._proposed:  # the same bytes again (a Barrier, a retry)
+                return
+            self._proposed[encoded] = command
+            self._proposed_bytes += len(encoded)
+            while (
+                len(self._proposed) > PROPOSED_CACHED_MAX
+                or self._proposed_bytes > PROPOSED_CACHED_BYTES_MAX
+            ):
+                dropped, _ = self._proposed.popitem(last=False)
+                self._proposed_bytes -= len(dropped)
 
     def _check_alive(self) -> None:
         """Reads and writes refuse once the replica stopped on a fatal error."""

@@ -309,3 +309,17 @@ def test_a_large_entry_whose_pickle_outgrows_its_command_still_arrives(tmp_path:
         assert follower.store.read(2, 3, 1 << 20)[0].payload == entry[0]
     finally:
         follower.close()
+
+
+def test_raft_messages_are_framed_as_stored_zlib_streams_that_earlier_builds_read() -> None:
+    import zlib
+
+    import pysyncobj.tcp_connection as tcp_connection
+
+    payload = os.urandom(26_000)  # record payloads: incompressible
+    sent = tcp_connection.zlib.compress(payload, 3)  # what pysyncobj calls on every send
+    assert zlib.decompress(sent) == payload  # an earlier build's receiver reads it
+    assert len(sent) <= len(payload) + 64  # stored blocks: no compression was attempted
+    assert sent == zlib.compress(payload, 0)
+    earlier = zlib.compress(payload, 3)  # what an earlier build sends
+    assert tcp_connection.zlib.decompress(earlier) == payload

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import random
+import threading
 import time
 from collections.abc import Callable, Iterator
 from functools import partial
@@ -297,3 +298,47 @@ def test_one_membership_change_at_a_time(shard: Shard) -> None:
     leader = shard.leader()
     with leader._membership_lock, pytest.raises(MembershipChangeInProgress):
         leader.add_member(f"127.0.0.1:{free_port()}")
+
+
+def test_the_leader_applies_the_commands_it_proposed_without_decoding_them(
+    shard: Shard, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from logsvc.shard import replica as replica_module
+
+    shard.start_all()
+    leader = shard.leader()
+    decoded_on: list[int] = []
+    from logsvc.shard.commands import Command, decode_command
+    from logsvc.shard.limits import ShardLimits
+
+    def counting_decode(data: bytes, limits: ShardLimits) -> Command:
+        decoded_on.append(id(threading.current_thread()))
+        return decode_command(data, limits)
+
+    monkeypatch.setattr(replica_module, "decode_command", counting_decode)
+    results = [appended(leader.append("w", seq, batch(f"s{seq}", 3))) for seq in range(1, 21)]
+    assert [r.first_lsn for r in results] == list(range(1, 61, 3))
+    shard.converged()
+    leader_thread = id(leader._node._thread)
+    assert leader_thread not in decoded_on  # the leader used what it encoded...
+    assert len(decoded_on) >= 40  # ...the followers decoded every entry
+    assert not leader._proposed and leader._proposed_bytes == 0  # nothing left behind
+    for replica in shard.replicas.values():
+        assert replica.read(1, 1 << 20).records == tuple(
+            record for seq in range(1, 21) for record in batch(f"s{seq}", 3)
+        )
+
+
+def test_the_proposed_commands_kept_for_the_leader_are_bounded(
+    shard: Shard, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from logsvc.shard import replica as replica_module
+    from logsvc.shard.commands import AppendBatch
+
+    monkeypatch.setattr(replica_module, "PROPOSED_CACHED_MAX", 4)
+    shard.start_all()
+    leader = shard.leader()
+    for seq in range(10):  # as if never applied: a leadership lost before the commit
+        leader._remember_proposed(b"entry %d" % seq, AppendBatch("w", seq, 0, (b"x",)))
+    assert list(leader._proposed) == [b"entry %d" % seq for seq in range(6, 10)]
+    assert leader._proposed_bytes == sum(len(key) for key in leader._proposed)
