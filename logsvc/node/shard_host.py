@@ -179,10 +179,23 @@ class ShardHost:
         self._loop.call_soon_threadsafe(settle)
 
     async def _run_batcher(self) -> None:
+        pending: list[tuple[AppendBatch, AppendCallback]] = []
+        try:
+            await self._collect_and_send(pending)
+        except asyncio.CancelledError:
+            # Taken from the queue, never proposed: like the queue's rest in `close`.
+            for _, on_outcome in pending:
+                _settle(on_outcome, NotLeader(None))
+            raise
+
+    async def _collect_and_send(self, pending: list[tuple[AppendBatch, AppendCallback]]) -> None:
+        """The batcher's loop; `pending` holds the group being collected (for the caller,
+        which answers it if the batcher is cancelled)."""
         limits = self._limits
         while True:
+            pending.clear()
             first = await self._queue.get()
-            pending = [first]
+            pending.append(first)
             size = _batch_bytes(first[0])
             records = len(first[0].records)
             deadline = self._loop.time() + limits.group_linger_ms_max / 1000.0
@@ -206,7 +219,7 @@ class ShardHost:
                 records += len(item[0].records)
             # Proposals run concurrently (bounded); the batcher goes on collecting.
             await self._proposals.acquire()
-            self._spawn_send(pending, acquired=True)
+            self._spawn_send(list(pending), acquired=True)
 
     def _spawn_send(
         self, items: list[tuple[AppendBatch, AppendCallback]], acquired: bool = False
@@ -219,15 +232,21 @@ class ShardHost:
     async def _send(
         self, items: list[tuple[AppendBatch, AppendCallback]], acquired: bool = False
     ) -> None:
-        if not acquired:
-            await self._proposals.acquire()
         try:
+            if not acquired:
+                await self._proposals.acquire()
+                acquired = True
             command: Command = (
                 items[0][0] if len(items) == 1 else AppendGroup(tuple(b for b, _ in items))
             )
-            outcome = await self._submit_and_wait(command)
+            outcome: Result | ShardError = await self._submit_and_wait(command)
+        except asyncio.CancelledError:  # shutdown: every caller still gets an answer
+            for _, on_outcome in items:
+                _settle(on_outcome, OutcomeUnknown("the node is shutting down"))
+            raise
         finally:
-            self._proposals.release()
+            if acquired:
+                self._proposals.release()
         results: list[AppendOutcome]
         if isinstance(outcome, GroupAppended):
             results = list(outcome.results)
