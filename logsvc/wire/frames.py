@@ -191,28 +191,14 @@ class FrameDecoder:
 
     def _parse_header(self) -> _Header | None:
         buffer = self._buffer
-        if len(buffer) >= FRAME_HEADER_BYTES and buffer.startswith(_MAGIC_AND_VERSION):
-            # The usual case, a whole header from a peer speaking our version: the checks
-            # below, in the same order, minus the ones the prefix already passed.
-            fields = bytes(buffer[: HEADER_FIELDS.size])
-            (checksum,) = HEADER_CHECKSUM.unpack_from(buffer, HEADER_FIELDS.size)
-            if checksum != header_checksum(fields):
-                self._fail(HeaderChecksumMismatch())
-            _magic, _version, kind, reserved, request_id, body_bytes, body_checksum = (
-                HEADER_FIELDS.unpack(fields)
-            )
-            if (
-                kind in _KINDS
-                and reserved == _RESERVED
-                and body_bytes <= self._limits.frame_body_bytes_max
-            ):
-                return _Header(_KINDS[kind], request_id, body_bytes, body_checksum)
-        prefix = bytes(buffer[: len(FRAME_MAGIC)])
-        if prefix != FRAME_MAGIC[: len(prefix)]:
-            self._fail(BadMagic(prefix))
-        if len(buffer) <= VERSION_OFFSET:
-            return None
-        if buffer[VERSION_OFFSET] != PROTOCOL_VERSION:
+        if not buffer.startswith(_MAGIC_AND_VERSION):
+            # A short prefix, or a stream that is not ours: these fail or wait for bytes.
+            # (A buffer that starts with magic and version, the usual case, passed both.)
+            prefix = bytes(buffer[: len(FRAME_MAGIC)])
+            if prefix != FRAME_MAGIC[: len(prefix)]:
+                self._fail(BadMagic(prefix))
+            if len(buffer) <= VERSION_OFFSET:
+                return None
             self._fail(UnsupportedVersion(buffer[VERSION_OFFSET]))
         if len(buffer) < FRAME_HEADER_BYTES:
             return None
@@ -223,13 +209,14 @@ class FrameDecoder:
         _magic, _version, kind, reserved, request_id, body_bytes, body_checksum = (
             HEADER_FIELDS.unpack(fields)
         )
-        if kind not in (FrameKind.REQUEST, FrameKind.RESPONSE):
+        frame_kind = _KINDS.get(kind)
+        if frame_kind is None:
             self._fail(BadHeader(f"frame kind {kind}"))
         if reserved != _RESERVED:
             self._fail(BadHeader(f"reserved bytes {reserved.hex()} are not zero"))
         if body_bytes > self._limits.frame_body_bytes_max:
             self._fail(FrameTooLarge(body_bytes, self._limits.frame_body_bytes_max, request_id))
-        return _Header(FrameKind(kind), request_id, body_bytes, body_checksum)
+        return _Header(frame_kind, request_id, body_bytes, body_checksum)
 
     def _fail(self, error: ProtocolError) -> NoReturn:
         """Record `error` as final (every later call raises it again) and raise it."""
