@@ -133,6 +133,33 @@ class ClientOptions:
     lanes_max: int = 1024  # client ids per client: bounds appends in flight to lanes x window
 
 
+class _Waiters:
+    """Callers waiting, bounded in time, for something another call frees (a lane, a
+    pipelining slot): `wait` until woken or the deadline, `wake_one` from the freeing
+    side. Whoever is woken checks again: a caller that did not wait may have taken the
+    freed thing first."""
+
+    def __init__(self) -> None:
+        self._futures: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    async def wait(self, loop: asyncio.AbstractEventLoop, deadline: float) -> None:
+        """Return when woken; `TimeoutError` at `deadline` (loop time)."""
+        waiter: asyncio.Future[None] = loop.create_future()
+        self._futures.append(waiter)
+        try:
+            await asyncio.wait_for(waiter, max(0.0, deadline - loop.time()))
+        finally:
+            if not waiter.done():
+                waiter.cancel()
+
+    def wake_one(self) -> None:
+        while self._futures:  # skip those that gave up
+            waiter = self._futures.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+
 class _Lanes:
     """Hands out (client id, seq) so that no id has more than `window` appends in flight.
 
@@ -150,7 +177,7 @@ class _Lanes:
         self._in_flight: list[int] = []
         self._next_seq: list[int] = []
         self._spare: list[int] = []  # lanes with fewer than `window` appends in flight
-        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._waiters = _Waiters()
 
     async def acquire(self) -> tuple[int, str, int]:
         taken = self._try_take()
@@ -159,17 +186,12 @@ class _Lanes:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._wait_s_max
         while True:
-            waiter: asyncio.Future[None] = loop.create_future()
-            self._waiters.append(waiter)
             try:
-                await asyncio.wait_for(waiter, max(0.0, deadline - loop.time()))
+                await self._waiters.wait(loop, deadline)
             except TimeoutError:
                 raise TooManyInFlight(
                     f"{self._lanes_max} lanes x {self._window} appends in flight"
                 ) from None
-            finally:
-                if not waiter.done():
-                    waiter.cancel()
             taken = self._try_take()
             if taken is not None:
                 return taken
@@ -178,11 +200,7 @@ class _Lanes:
         self._in_flight[lane] -= 1
         if self._in_flight[lane] == self._window - 1:
             self._spare.append(lane)
-        while self._waiters:  # wake one waiter that is still waiting
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                break
+        self._waiters.wake_one()
 
     def _try_take(self) -> tuple[int, str, int] | None:
         if self._spare:
@@ -252,7 +270,7 @@ class _Connection:
         self._out: FrameWriter | None = None
         self._pending: dict[int, asyncio.Future[object]] = {}
         self._ids = itertools.count(1)
-        self._slot_waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._slot_waiters = _Waiters()
         self._expiries = _Expiries(options.request_timeout_s, self._expire)
         self._receiver: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
@@ -302,26 +320,17 @@ class _Connection:
         finally:
             self._pending.pop(request_id, None)
             self._expiries.drop_answered(self._pending)
-            while self._slot_waiters:  # a slot is free: wake one caller still waiting
-                waiter = self._slot_waiters.popleft()
-                if not waiter.done():
-                    waiter.set_result(None)
-                    break
+            self._slot_waiters.wake_one()  # a slot is free
 
     async def _wait_for_slot(self, loop: asyncio.AbstractEventLoop) -> None:
         """Wait (at most the request timeout) for fewer than `requests_inflight_max`
         requests to be in flight."""
         deadline = loop.time() + self._options.request_timeout_s
         while len(self._pending) >= self._options.requests_inflight_max:
-            waiter: asyncio.Future[None] = loop.create_future()
-            self._slot_waiters.append(waiter)
             try:
-                await asyncio.wait_for(waiter, max(0.0, deadline - loop.time()))
+                await self._slot_waiters.wait(loop, deadline)
             except TimeoutError:
                 raise TimeoutError(f"no request slot on {self.address}") from None
-            finally:
-                if not waiter.done():
-                    waiter.cancel()
 
     def _expire(self, request_id: int) -> None:
         future = self._pending.get(request_id)
