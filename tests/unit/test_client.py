@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Callable
 
 import pytest
 
@@ -54,8 +55,8 @@ def test_a_full_set_of_lanes_waits_for_a_release_then_times_out() -> None:
         first = await lanes.acquire()
         await lanes.acquire()
         waiting = asyncio.ensure_future(lanes.acquire())
-        await asyncio.sleep(0.01)
-        assert not waiting.done()
+        await _until(lambda: bool(lanes._waiters._futures))  # it waits...
+        assert not waiting.done()  # ...for a release
         lanes.release(first[0])
         assert await waiting == (first[0], first[1], 2)
         with pytest.raises(TooManyInFlight):
@@ -97,6 +98,14 @@ async def _connected(server: _Server, options: ClientOptions) -> tuple[_Connecti
     return connection, listener
 
 
+async def _until(condition: Callable[[], bool]) -> None:
+    for _ in range(2000):  # bounded: 2 s
+        if condition():
+            return
+        await asyncio.sleep(0.001)
+    raise AssertionError("condition not reached")
+
+
 def _append(seq: int) -> wire.Append:
     return wire.Append(1, (b"x",), "c.0", seq, 0)
 
@@ -107,11 +116,12 @@ def test_a_request_without_an_answer_times_out_and_leaves_nothing_pending() -> N
         connection, listener = await _connected(_Server(answer=False), options)
         loop = asyncio.get_running_loop()
         began = loop.time()
-        results = await asyncio.gather(
+        calls = asyncio.gather(
             *(connection.call(_append(seq)) for seq in range(1, 4)), return_exceptions=True
         )
+        results = await asyncio.wait_for(calls, 10.0)  # the one timer fires...
         assert all(isinstance(result, TimeoutError) for result in results), results
-        assert 0.15 <= loop.time() - began < 2.0
+        assert loop.time() - began >= 0.15  # ...and not before the timeout
         assert not connection._pending
         await connection.close()
         listener.close()  # type: ignore[attr-defined]
@@ -126,9 +136,9 @@ def test_past_the_inflight_limit_a_call_waits_for_a_slot_bounded_by_the_timeout(
         connection, listener = await _connected(server, options)
         first = asyncio.ensure_future(connection.call(_append(1)))
         second = asyncio.ensure_future(connection.call(_append(2)))
-        await asyncio.sleep(0.05)
+        await _until(lambda: server.requests == 2)
         third = asyncio.ensure_future(connection.call(_append(3)))
-        await asyncio.sleep(0.05)
+        await _until(lambda: bool(connection._slot_waiters._futures))
         assert server.requests == 2  # the third waits for a slot, unsent
         for call in (first, second):
             with pytest.raises(TimeoutError, match="no answer"):

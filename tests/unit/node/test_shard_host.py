@@ -130,7 +130,7 @@ def test_queued_and_inflight_appends_are_answered_when_the_host_goes_away() -> N
         submit(1)
         await _until(lambda: len(replica.proposed) == 1)  # seq 1 in flight, never answered
         submit(2)  # taken by the batcher, waiting for the one proposal slot
-        await asyncio.sleep(0.01)
+        await _until(host._queue.empty)
         submit(3)  # still in the queue
         for task in list(host._sending):  # the node shuts down: its tasks are cancelled
             task.cancel()
