@@ -257,15 +257,13 @@ class _Connection:
             self._out.write(data)  # leaves with the other answers of this loop iteration
             return
         response: object
-        if isinstance(outcome, NotLeader):
-            response = _not_leader(host)  # the hint as a data-plane address
-        elif isinstance(outcome, Exception):
-            response = self._error_for(outcome)
+        if isinstance(outcome, Exception):
+            response = self._error_for(outcome, host)
         else:
             try:
                 response = _result_response(outcome)
             except Exception as exc:
-                response = self._error_for(exc)
+                response = self._error_for(exc, host)
         self._reply(request_id, response)
 
     def _reply(self, request_id: int, response: object) -> None:
@@ -299,16 +297,12 @@ class _Connection:
         else:
             try:
                 response = await self._run(request, host)
-            except NotLeader:
-                response = _not_leader(host)  # the hint as a data-plane address
             except Exception as exc:  # never let one request take the connection down
-                response = self._error_for(exc)
+                response = self._error_for(exc, host)
         await self._send(request_id, response)
 
     async def _run(self, request: object, host: ShardHost) -> object:
-        if isinstance(request, wire.Append):
-            batch = AppendBatch(request.client_id, request.seq, request.epoch, request.records)
-            return _result_response(await host.append(batch))
+        assert not isinstance(request, wire.Append), "appends are served by _start_append"
         if isinstance(request, wire.Read):
             max_bytes = min(request.max_bytes, self._server._limits.read_max_bytes_max)
             result = await host.read(request.from_lsn, max_bytes, READ_RECORDS_MAX)
@@ -338,7 +332,9 @@ class _Connection:
             )
         return _error(wire.ErrorCode.UNKNOWN_OP, f"{type(request).__name__} is not served here")
 
-    def _error_for(self, exc: Exception) -> object:
+    def _error_for(self, exc: Exception, host: ShardHost | None = None) -> object:
+        if isinstance(exc, NotLeader) and host is not None:
+            return _not_leader(host)  # a redirect, not an error: the hint as a data address
         counters = self._server.counters
         counters[f"errors:{type(exc).__name__}"] += 1
         if isinstance(exc, LsnTruncated):

@@ -15,8 +15,7 @@ the call raises `Overloaded` at once instead of buffering.
 
 Appends are the hot path: `submit_append` takes a callback instead of returning an
 awaitable, so the data plane answers each append without a task or a future of its own
-(several microseconds each, at tens of thousands of appends a second); `append` is the
-awaitable form for everyone else.
+(several microseconds each, at tens of thousands of appends a second).
 """
 
 from __future__ import annotations
@@ -125,19 +124,6 @@ class ShardHost:
             self._queue.put_nowait((batch, on_outcome))
         except asyncio.QueueFull:
             raise Overloaded(f"shard {self.shard_id}: append queue full") from None
-
-    async def append(self, batch: AppendBatch) -> Result:
-        future: asyncio.Future[AppendOutcome] = self._loop.create_future()
-
-        def settle(outcome: AppendOutcome) -> None:
-            if not future.done():
-                future.set_result(outcome)
-
-        self.submit_append(batch, settle)
-        outcome = await future
-        if isinstance(outcome, ShardError):
-            raise outcome
-        return outcome
 
     async def truncate(self, lsn: int, epoch: int) -> Result:
         """Fenced like an append: `StaleEpoch` / `NotLeaseHolder` unless `epoch` is the

@@ -91,19 +91,6 @@ def test_every_append_of_a_group_gets_its_own_result() -> None:
     asyncio.run(scenario())
 
 
-def test_the_awaitable_form_returns_the_result() -> None:
-    async def scenario() -> None:
-        replica = _Replica()
-        host = _host(replica)
-        waiting = asyncio.ensure_future(host.append(_batch(1)))
-        await _until(lambda: bool(replica.proposed))
-        replica.answer_all()
-        assert await waiting == Appended(1, 1, duplicate=False)
-        await host.close()
-
-    asyncio.run(scenario())
-
-
 def test_a_full_queue_refuses_at_once() -> None:
     async def scenario() -> None:
         replica = _Replica()
