@@ -475,6 +475,15 @@ def command_problem(
     Types are checked too (not only trusted to mypy): a bool is not an integer here, so
     `True` can never stand for an epoch of 1 on one replica and something else on another.
     """
+    kind = type(command)
+    if (kind is AppendGroup or kind is AppendBatch) and _appends_ok(command, limits):
+        return None  # the hot path: the same rules, checked in one pass (see _appends_ok)
+    return _general_problem(command, limits)
+
+
+def _general_problem(
+    command: object, limits: ShardLimits
+) -> CommandInvalid | CommandTooLarge | None:
     match command:
         case AppendBatch(client_id, seq, epoch, records):
             problem = _id_problem("client_id", client_id, limits.client_id_bytes_max)
@@ -510,6 +519,62 @@ def command_problem(
         case AppendGroup(batches):
             return _group_problem(batches, limits)
     return CommandInvalid(f"not a command: {type(command).__name__}")
+
+
+def _appends_ok(command: AppendBatch | AppendGroup, limits: ShardLimits) -> bool:
+    """True only if `command_problem` finds nothing wrong with `command`: every rule of an
+    AppendBatch or an AppendGroup in one pass of plain comparisons, for the entries every
+    append goes through (encoded by the leader, decoded and checked by every replica). It
+    only ever accepts: anything it does not accept (a subclass, an odd type, a broken
+    limit) takes the general walk, which finds the precise reason. test_commands.py checks,
+    with hypothesis, that it accepts exactly what the general rules accept."""
+    if type(command) is AppendBatch:
+        batches: object = (command,)
+        group = False
+    else:
+        batches = command.batches  # type: ignore[union-attr]
+        group = True
+        if type(batches) is not tuple or not batches or len(batches) > limits.group_batches_max:
+            return False
+    id_bytes_max = limits.client_id_bytes_max
+    records_max = limits.records_per_batch_max
+    record_bytes_max = limits.record_bytes_max
+    batch_bytes_max = limits.batch_bytes_max
+    total_records = 0
+    total_bytes = 0
+    for batch in batches:  # type: ignore[attr-defined]
+        if type(batch) is not AppendBatch:
+            return False
+        client_id, seq, epoch, records = batch.client_id, batch.seq, batch.epoch, batch.records
+        if not (
+            type(client_id) is str
+            and client_id
+            and type(seq) is int
+            and 0 <= seq <= U64_MAX
+            and type(epoch) is int
+            and 0 <= epoch <= U64_MAX
+            and type(records) is tuple
+            and len(records) <= records_max
+        ):
+            return False
+        if not client_id.isascii():
+            try:
+                if len(client_id.encode("utf-8")) > id_bytes_max:
+                    return False
+            except UnicodeEncodeError:
+                return False
+        elif len(client_id) > id_bytes_max:
+            return False
+        batch_bytes = 0
+        for record in records:
+            if type(record) is not bytes or len(record) > record_bytes_max:
+                return False
+            batch_bytes += len(record)
+        if batch_bytes > batch_bytes_max:
+            return False
+        total_records += len(records)
+        total_bytes += batch_bytes
+    return not group or (total_records <= records_max and total_bytes <= limits.group_bytes_max)
 
 
 def _group_problem(batches: object, limits: ShardLimits) -> CommandInvalid | CommandTooLarge | None:

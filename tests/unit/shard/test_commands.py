@@ -17,6 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from logsvc.shard import commands as command_codec
 from logsvc.shard.commands import (
     COMMAND_MAGIC,
     COMMAND_VERSION,
@@ -408,3 +409,63 @@ def test_random_damage_is_corrupt_or_absent(command: Command, data: st.DataObjec
     frame_bytes[position] ^= data.draw(st.integers(1, 255))
     with pytest.raises(CommandCorrupt):
         decode_command(bytes(frame_bytes))
+
+
+# --- The hot path accepts exactly what the general rules accept -----------------------------
+
+
+# Values around every edge of an AppendBatch's and an AppendGroup's rules under SMALL: types
+# a decoded body or a buggy caller could hold (bool, float, bytes for str, list for tuple,
+# a str subclass), ranges at and past their limits, UTF-8 that cannot be encoded.
+class _Id(str):
+    pass
+
+
+_any_u64 = st.one_of(
+    st.integers(-2, 3), st.integers(U64_MAX - 1, U64_MAX + 1), st.booleans(), st.floats(0, 2)
+)
+_any_id = st.one_of(
+    st.text(max_size=9),
+    st.sampled_from(["\ud800", "é" * 4, "é" * 5, "x" * 8, "x" * 9]),
+    st.builds(_Id, st.text(min_size=1, max_size=2)),
+    st.binary(max_size=2),
+    st.none(),
+)
+_any_records = st.one_of(
+    st.lists(st.one_of(st.binary(max_size=9), st.text(max_size=1)), max_size=5).map(tuple),
+    st.lists(st.binary(max_size=2), max_size=2),
+    st.none(),
+)
+_any_batch = st.builds(AppendBatch, _any_id, _any_u64, _any_u64, _any_records)
+# Valid batches, so that groups reach their own limits (records and bytes summed).
+_fair_batch = st.builds(
+    AppendBatch,
+    st.sampled_from(["c", "d"]),
+    st.integers(0, 3),
+    st.integers(0, 3),
+    st.lists(st.binary(max_size=8), max_size=4).map(tuple),
+)
+_any_group = st.builds(
+    AppendGroup,
+    st.one_of(
+        st.lists(st.one_of(_any_batch, st.just(Barrier(1))), max_size=4).map(tuple),
+        st.lists(_fair_batch, max_size=4).map(tuple),
+        st.lists(_any_batch, max_size=1),
+    ),
+)
+
+
+@settings(max_examples=3000, deadline=None)
+@given(st.one_of(_any_batch, _any_group))
+def test_the_append_fast_path_accepts_exactly_the_valid_commands(command: Command) -> None:
+    fast = command_codec._appends_ok(command, SMALL)  # type: ignore[arg-type]
+    general = command_codec._general_problem(command, SMALL)
+    if fast:
+        assert general is None
+    elif general is None:  # refused by the fast path, valid for the general rules:
+        assert _has_subclassed_field(command)  # only a subclass may take the long way
+
+
+def _has_subclassed_field(command: Command) -> bool:
+    batches = command.batches if isinstance(command, AppendGroup) else (command,)
+    return any(type(batch.client_id) is _Id for batch in batches)  # type: ignore[union-attr]
