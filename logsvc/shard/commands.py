@@ -475,8 +475,7 @@ def command_problem(
     Types are checked too (not only trusted to mypy): a bool is not an integer here, so
     `True` can never stand for an epoch of 1 on one replica and something else on another.
     """
-    kind = type(command)
-    if (kind is AppendGroup or kind is AppendBatch) and _appends_ok(command, limits):
+    if _appends_ok(command, limits):
         return None  # the hot path: the same rules, checked in one pass (see _appends_ok)
     return _general_problem(command, limits)
 
@@ -521,28 +520,29 @@ def _general_problem(
     return CommandInvalid(f"not a command: {type(command).__name__}")
 
 
-def _appends_ok(command: AppendBatch | AppendGroup, limits: ShardLimits) -> bool:
+def _appends_ok(command: object, limits: ShardLimits) -> bool:
     """True only if `command_problem` finds nothing wrong with `command`: every rule of an
     AppendBatch or an AppendGroup in one pass of plain comparisons, for the entries every
     append goes through (encoded by the leader, decoded and checked by every replica). It
     only ever accepts: anything it does not accept (a subclass, an odd type, a broken
     limit) takes the general walk, which finds the precise reason. test_commands.py checks,
     with hypothesis, that it accepts exactly what the general rules accept."""
+    batches: object
     if type(command) is AppendBatch:
-        batches: object = (command,)
-        group = False
-    else:
-        batches = command.batches  # type: ignore[union-attr]
-        group = True
+        batches, group = (command,), False
+    elif type(command) is AppendGroup:
+        batches, group = command.batches, True
         if type(batches) is not tuple or not batches or len(batches) > limits.group_batches_max:
             return False
+    else:
+        return False
     id_bytes_max = limits.client_id_bytes_max
     records_max = limits.records_per_batch_max
     record_bytes_max = limits.record_bytes_max
     batch_bytes_max = limits.batch_bytes_max
     total_records = 0
     total_bytes = 0
-    for batch in batches:  # type: ignore[attr-defined]
+    for batch in batches:
         if type(batch) is not AppendBatch:
             return False
         client_id, seq, epoch, records = batch.client_id, batch.seq, batch.epoch, batch.records

@@ -458,7 +458,7 @@ _any_group = st.builds(
 @settings(max_examples=3000, deadline=None)
 @given(st.one_of(_any_batch, _any_group))
 def test_the_append_fast_path_accepts_exactly_the_valid_commands(command: Command) -> None:
-    fast = command_codec._appends_ok(command, SMALL)  # type: ignore[arg-type]
+    fast = command_codec._appends_ok(command, SMALL)
     general = command_codec._general_problem(command, SMALL)
     if fast:
         assert general is None
