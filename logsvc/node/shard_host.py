@@ -54,7 +54,7 @@ class ShardHostLimits:
     group_bytes_max: int = 4 * 1024 * 1024  # record bytes per Raft entry
     group_linger_ms_max: float = 1.0  # how long the batcher waits for more (0: none)
     proposals_inflight_max: int = 4  # Raft entries proposed and not yet applied: fewer,
-    # larger entries (each costs a pickle, zlib and Fernet pass per follower in pysyncobj)
+    # larger entries (each costs a pickle and a seal per follower in pysyncobj)
     proposal_timeout_s: float = 10.0
     reads_inflight_max: int = 64
     tail_waiters_max: int = 4096

@@ -96,7 +96,7 @@ class Cluster:
         for replica in self.replicas:
             os.makedirs(replica.dir_path, exist_ok=True)
 
-    def start(self, replica: Replica) -> None:
+    def start(self, replica: Replica, *, secret: str = SECRET) -> None:
         replica.handler = RecordingHandler()
         replica.store = ShardStore.open(
             os.path.join(replica.dir_path, "journal"), fs=replica.fs, limits=LIMITS
@@ -105,7 +105,7 @@ class Cluster:
         config = RaftConfig(
             self_address=replica.address,
             peers=peers,
-            secret=SECRET,
+            secret=secret,
             snapshot_path=os.path.join(replica.dir_path, "snapshot"),
             election_timeout_ms_min=400,
             election_timeout_ms_max=900,
