@@ -21,6 +21,7 @@ awaitable, so the data plane answers each append without a task or a future of i
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 from collections.abc import Callable
@@ -84,9 +85,11 @@ class ShardHost:
         self._limits = limits.validate()
         self._leader_address = leader_address
         self._loop = asyncio.get_running_loop()
-        self._queue: asyncio.Queue[tuple[AppendBatch, AppendCallback]] = asyncio.Queue(
-            limits.appends_queued_max
-        )
+        # Appends waiting for the batcher, oldest first; at most appends_queued_max. A deque
+        # and one wake-up future, not an asyncio.Queue: the batcher takes a whole burst per
+        # wake-up instead of paying a queue operation per append.
+        self._queued: collections.deque[tuple[AppendBatch, AppendCallback]] = collections.deque()
+        self._wakeup: asyncio.Future[None] | None = None  # set while the batcher waits
         self._proposals = asyncio.Semaphore(limits.proposals_inflight_max)
         self._reads_inflight = 0
         self._tail_waiters = 0
@@ -107,11 +110,8 @@ class ShardHost:
             await self._batcher
         # Appends still queued were never proposed: NOT_LEADER (with no hint) sends their
         # clients to another node, safely (nothing of theirs is in the log).
-        while True:
-            try:
-                _, on_outcome = self._queue.get_nowait()
-            except asyncio.QueueEmpty:
-                break
+        while self._queued:
+            _, on_outcome = self._queued.popleft()
             _settle(on_outcome, NotLeader(None))
 
     # ------------------------------------------------------------------ writes
@@ -120,10 +120,13 @@ class ShardHost:
         """Queue `batch` for the next group; `on_outcome(result or typed error)` runs on the
         event loop once, when it is known. `Overloaded` at once (nothing queued) when
         `appends_queued_max` appends are already waiting. `on_outcome` must not raise."""
-        try:
-            self._queue.put_nowait((batch, on_outcome))
-        except asyncio.QueueFull:
-            raise Overloaded(f"shard {self.shard_id}: append queue full") from None
+        if len(self._queued) >= self._limits.appends_queued_max:
+            raise Overloaded(f"shard {self.shard_id}: append queue full")
+        self._queued.append((batch, on_outcome))
+        waiter = self._wakeup
+        if waiter is not None:
+            self._wakeup = None
+            _wake(waiter)
 
     async def truncate(self, lsn: int, epoch: int) -> Result:
         """Fenced like an append: `StaleEpoch` / `NotLeaseHolder` unless `epoch` is the
@@ -178,34 +181,50 @@ class ShardHost:
         """The batcher's loop; `pending` holds the group being collected (for the caller,
         which answers it if the batcher is cancelled)."""
         limits = self._limits
+        queued = self._queued
         while True:
             pending.clear()
-            first = await self._queue.get()
-            pending.append(first)
-            size = _batch_bytes(first[0])
-            records = len(first[0].records)
+            if not queued:
+                await self._queued_more(None)
+            size = 0
+            records = 0
             deadline = self._loop.time() + limits.group_linger_ms_max / 1000.0
             while len(pending) < self._batches_max and size < self._bytes_max:
-                try:
-                    item = self._queue.get_nowait()
-                except asyncio.QueueEmpty:
+                if not queued:
                     remaining = deadline - self._loop.time()
-                    if remaining <= 0:
+                    if remaining <= 0 or not await self._queued_more(remaining):
                         break
-                    try:
-                        item = await asyncio.wait_for(self._queue.get(), remaining)
-                    except TimeoutError:
-                        break
+                item = queued[0]
                 grown = size + _batch_bytes(item[0])
-                if grown > self._bytes_max or records + len(item[0].records) > self._records_max:
-                    self._spawn_send([item])
-                    break
+                if pending and (
+                    grown > self._bytes_max or records + len(item[0].records) > self._records_max
+                ):
+                    break  # the next group starts with it
+                queued.popleft()
                 pending.append(item)
                 size = grown
                 records += len(item[0].records)
             # Proposals run concurrently (bounded); the batcher goes on collecting.
             await self._proposals.acquire()
             self._spawn_send(list(pending), acquired=True)
+
+    async def _queued_more(self, timeout_s: float | None) -> bool:
+        """Wait until an append is queued (at most `timeout_s`); False if none was.
+
+        A timer, not `asyncio.wait_for`: on Python 3.11, wait_for returns normally when the
+        task is cancelled just as the awaited future completes, and a batcher that lost its
+        cancellation would keep `close()` waiting for it."""
+        waiter: asyncio.Future[None] = self._loop.create_future()
+        self._wakeup = waiter
+        timer = None if timeout_s is None else self._loop.call_later(timeout_s, _wake, waiter)
+        try:
+            await waiter
+        finally:
+            if timer is not None:
+                timer.cancel()
+            if self._wakeup is waiter:
+                self._wakeup = None
+        return bool(self._queued)
 
     def _spawn_send(
         self, items: list[tuple[AppendBatch, AppendCallback]], acquired: bool = False
@@ -304,5 +323,10 @@ def _settle(on_outcome: AppendCallback, outcome: AppendOutcome) -> None:
         log.exception("an append's outcome callback failed")
 
 
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
 def _batch_bytes(batch: AppendBatch) -> int:
-    return sum(len(record) for record in batch.records) + 64
+    return sum(map(len, batch.records)) + 64

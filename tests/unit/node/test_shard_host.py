@@ -108,7 +108,7 @@ def test_a_full_queue_refuses_at_once() -> None:
 def test_queued_and_inflight_appends_are_answered_when_the_host_goes_away() -> None:
     async def scenario() -> None:
         replica = _Replica()
-        host = _host(replica, proposals_inflight_max=1)
+        host = _host(replica, proposals_inflight_max=1, group_linger_ms_max=0.0)
         outcomes: dict[int, AppendOutcome] = {}
 
         def submit(seq: int) -> None:
@@ -117,7 +117,7 @@ def test_queued_and_inflight_appends_are_answered_when_the_host_goes_away() -> N
         submit(1)
         await _until(lambda: len(replica.proposed) == 1)  # seq 1 in flight, never answered
         submit(2)  # taken by the batcher, waiting for the one proposal slot
-        await _until(host._queue.empty)
+        await _until(lambda: not host._queued)
         submit(3)  # still in the queue
         for task in list(host._sending):  # the node shuts down: its tasks are cancelled
             task.cancel()
@@ -126,5 +126,72 @@ def test_queued_and_inflight_appends_are_answered_when_the_host_goes_away() -> N
         assert isinstance(outcomes[1], OutcomeUnknown)  # proposed: it may have committed
         assert isinstance(outcomes[2], NotLeader)  # never proposed: safe to redirect
         assert isinstance(outcomes[3], NotLeader)
+
+    asyncio.run(scenario())
+
+
+def _proposed_seqs(replica: _Replica) -> list[list[int]]:
+    groups = []
+    for command, _ in replica.proposed:
+        batches = command.batches if isinstance(command, AppendGroup) else (command,)
+        groups.append([batch.seq for batch in batches])  # type: ignore[union-attr]
+    return groups
+
+
+def test_groups_stay_within_their_bounds_and_keep_the_order() -> None:
+    async def scenario() -> None:
+        replica = _Replica()
+        # Each test batch counts 2 + 64 bytes: 3 fit in 200 bytes, a 4th does not.
+        host = _host(replica, group_bytes_max=200, group_batches_max=8)
+        outcomes: dict[int, AppendOutcome] = {}
+        for seq in range(1, 11):
+            host.submit_append(_batch(seq), functools.partial(outcomes.__setitem__, seq))
+        await _until(lambda: sum(map(len, _proposed_seqs(replica))) == 10)
+        assert _proposed_seqs(replica) == [[1, 2, 3], [4, 5, 6], [7, 8, 9], [10]]
+        replica.answer_all()
+        await _until(lambda: len(outcomes) == 10)
+        assert [outcomes[seq] for seq in range(1, 11)] == [
+            Appended(seq, 1, duplicate=False) for seq in range(1, 11)
+        ]
+        await host.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_linger_gathers_appends_that_arrive_while_it_waits() -> None:
+    async def scenario() -> None:
+        replica = _Replica()
+        host = _host(replica, group_linger_ms_max=200.0)
+        host.submit_append(_batch(1), lambda o: None)
+        await asyncio.sleep(0.01)  # the batcher took seq 1 and lingers for more
+        assert not replica.proposed
+        host.submit_append(_batch(2), lambda o: None)
+        host.submit_append(_batch(3), lambda o: None)
+        await _until(lambda: bool(replica.proposed))
+        assert _proposed_seqs(replica) == [[1, 2, 3]]
+        await host.close()
+
+    asyncio.run(scenario())
+
+
+def test_close_just_as_a_lingering_batcher_is_woken_still_ends_it() -> None:
+    # The batcher lingers for more; an append wakes it and the host closes in the same
+    # loop iteration, before the batcher runs. (asyncio.wait_for on Python 3.11 would
+    # return the wake-up instead of the cancellation, and close() would never return.)
+    async def scenario() -> None:
+        replica = _Replica()
+        host = _host(replica, group_linger_ms_max=60_000.0)
+        outcomes: dict[int, AppendOutcome] = {}
+        host.submit_append(_batch(1), functools.partial(outcomes.__setitem__, 1))
+        await _until(lambda: host._wakeup is not None)  # seq 1 taken, lingering
+        host.submit_append(_batch(2), functools.partial(outcomes.__setitem__, 2))
+        closing = asyncio.ensure_future(host.close())
+        try:
+            await _until(closing.done)  # on its own: nothing else cancels the batcher again
+        finally:
+            closing.cancel()
+        assert not replica.proposed
+        assert isinstance(outcomes[1], NotLeader)
+        assert isinstance(outcomes[2], NotLeader)
 
     asyncio.run(scenario())
