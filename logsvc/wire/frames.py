@@ -22,9 +22,8 @@ all before any of the body is buffered; with the whole body: its checksum.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
 from enum import IntEnum
-from typing import NoReturn
+from typing import NamedTuple, NoReturn
 
 import xxhash
 
@@ -87,9 +86,10 @@ class FrameKind(IntEnum):
 _KINDS = {int(kind): kind for kind in FrameKind}
 
 
-@dataclass(frozen=True, slots=True)
-class Frame:
-    """One whole frame whose header and body checksums matched."""
+class Frame(NamedTuple):
+    """One whole frame whose header and body checksums matched. (A named tuple, not a
+    frozen dataclass: every request and answer makes one, and a tuple is built in half the
+    time.)"""
 
     kind: FrameKind
     request_id: int
@@ -119,8 +119,7 @@ def encode_frame(
     return fields + HEADER_CHECKSUM.pack(header_checksum(fields)) + body
 
 
-@dataclass(frozen=True, slots=True)
-class _Header:
+class _Header(NamedTuple):
     kind: FrameKind
     request_id: int
     body_bytes: int
