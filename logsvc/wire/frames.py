@@ -69,6 +69,8 @@ PROTOCOL_VERSION = 1
 HEADER_FIELDS = struct.Struct("<3sBB3sQIQ")
 HEADER_CHECKSUM = struct.Struct("<I")
 assert HEADER_FIELDS.size + HEADER_CHECKSUM.size == FRAME_HEADER_BYTES == 32
+_HEADER = struct.Struct("<3sBB3sQIQI")  # the whole header, for the decoder: one unpack
+assert _HEADER.size == FRAME_HEADER_BYTES
 # Where the version byte is: checked before the rest of the header has arrived.
 VERSION_OFFSET = len(FRAME_MAGIC)
 _RESERVED = b"\0\0\0"
@@ -96,8 +98,12 @@ class Frame(NamedTuple):
     body: bytes
 
 
+# The hot paths call xxhash directly (a wrapper call per checksum is measurable there).
+_xxh3_64 = xxhash.xxh3_64_intdigest
+
+
 def xxh3(data: bytes | bytearray | memoryview) -> int:
-    return xxhash.xxh3_64_intdigest(data)
+    return _xxh3_64(data)
 
 
 def header_checksum(fields: bytes | bytearray | memoryview) -> int:
@@ -114,9 +120,9 @@ def encode_frame(
     assert 0 <= request_id <= U64_MAX
     assert len(body) <= limits.frame_body_bytes_max
     fields = HEADER_FIELDS.pack(
-        FRAME_MAGIC, PROTOCOL_VERSION, kind, _RESERVED, request_id, len(body), xxh3(body)
+        FRAME_MAGIC, PROTOCOL_VERSION, kind, _RESERVED, request_id, len(body), _xxh3_64(body)
     )
-    return fields + HEADER_CHECKSUM.pack(header_checksum(fields)) + body
+    return b"".join((fields, HEADER_CHECKSUM.pack(_xxh3_64(fields) & _U32_MASK), body))
 
 
 class _Header(NamedTuple):
@@ -176,7 +182,7 @@ class FrameDecoder:
         if len(buffer) < end:
             return None
         body = bytes(buffer[FRAME_HEADER_BYTES:end])
-        if xxh3(body) != header.body_checksum:
+        if _xxh3_64(body) != header.body_checksum:
             self._fail(BodyChecksumMismatch(header.request_id))
         del buffer[:end]
         self._header = None
@@ -201,13 +207,11 @@ class FrameDecoder:
             self._fail(UnsupportedVersion(buffer[VERSION_OFFSET]))
         if len(buffer) < FRAME_HEADER_BYTES:
             return None
-        fields = bytes(buffer[: HEADER_FIELDS.size])
-        (checksum,) = HEADER_CHECKSUM.unpack_from(buffer, HEADER_FIELDS.size)
-        if checksum != header_checksum(fields):
-            self._fail(HeaderChecksumMismatch())
-        _magic, _version, kind, reserved, request_id, body_bytes, body_checksum = (
-            HEADER_FIELDS.unpack(fields)
+        _magic, _version, kind, reserved, request_id, body_bytes, body_checksum, checksum = (
+            _HEADER.unpack_from(buffer)
         )
+        if checksum != _xxh3_64(bytes(buffer[: HEADER_FIELDS.size])) & _U32_MASK:
+            self._fail(HeaderChecksumMismatch())
         frame_kind = _KINDS.get(kind)
         if frame_kind is None:
             self._fail(BadHeader(f"frame kind {kind}"))

@@ -739,20 +739,9 @@ def _unpack(body: bytes, limits: WireLimits) -> tuple[object, ...] | str:
     `max_array_len` stays tight: an element can be one byte, so a body of N bytes could
     otherwise build a tuple of 8 x N bytes of pointers. An array over it is refused here,
     before it is built (BAD_REQUEST, not TOO_LARGE)."""
+    options = _DEFAULT_UNPACK_OPTIONS if limits is DEFAULT_WIRE_LIMITS else _unpack_options(limits)
     try:
-        decoded = msgpack.unpackb(
-            body,
-            raw=False,
-            use_list=False,
-            strict_map_key=True,
-            max_str_len=limits.str_bytes_max,
-            # Not record_bytes_max: a bin cannot be longer than the body that holds it, and
-            # a record over its limit is then reported as RequestTooLarge (TOO_LARGE).
-            max_bin_len=limits.frame_body_bytes_max,
-            max_array_len=limits.array_len_max,
-            max_map_len=0,
-            max_ext_len=0,
-        )
+        decoded = msgpack.unpackb(body, **options)
     except (ValueError, TypeError, msgpack.UnpackException) as exc:
         # ValueError covers truncated input, trailing bytes, the limits, bad UTF-8 and the
         # FormatError/StackError subclasses; nothing raw escapes.
@@ -760,3 +749,21 @@ def _unpack(body: bytes, limits: WireLimits) -> tuple[object, ...] | str:
     if not isinstance(decoded, tuple):
         return f"body is a {type(decoded).__name__}, not an array"
     return decoded
+
+
+def _unpack_options(limits: WireLimits) -> dict[str, object]:
+    return {
+        "raw": False,
+        "use_list": False,
+        "strict_map_key": True,
+        "max_str_len": limits.str_bytes_max,
+        # Not record_bytes_max: a bin cannot be longer than the body that holds it, and a
+        # record over its limit is then reported as RequestTooLarge (TOO_LARGE).
+        "max_bin_len": limits.frame_body_bytes_max,
+        "max_array_len": limits.array_len_max,
+        "max_map_len": 0,
+        "max_ext_len": 0,
+    }
+
+
+_DEFAULT_UNPACK_OPTIONS = _unpack_options(DEFAULT_WIRE_LIMITS)  # every message, at the defaults
