@@ -180,7 +180,7 @@ class _Lanes:
         self._waiters = _Waiters()
 
     async def acquire(self) -> tuple[int, str, int]:
-        taken = self._try_take()
+        taken = self.take_nowait()
         if taken is not None:
             return taken
         loop = asyncio.get_running_loop()
@@ -192,7 +192,7 @@ class _Lanes:
                 raise TooManyInFlight(
                     f"{self._lanes_max} lanes x {self._window} appends in flight"
                 ) from None
-            taken = self._try_take()
+            taken = self.take_nowait()
             if taken is not None:
                 return taken
 
@@ -202,7 +202,8 @@ class _Lanes:
             self._spare.append(lane)
         self._waiters.wake_one()
 
-    def _try_take(self) -> tuple[int, str, int] | None:
+    def take_nowait(self) -> tuple[int, str, int] | None:
+        """(lane, client id, seq) at once, or None when every lane is full."""
         if self._spare:
             lane = self._spare[-1]
         elif len(self._in_flight) < self._lanes_max:
@@ -402,7 +403,9 @@ class Client:
 
     async def append(self, shard: int, payloads: Sequence[bytes], *, epoch: int = 0) -> list[int]:
         """Append records atomically as one batch; return their LSNs (consecutive)."""
-        lane, lane_id, seq = await self._lanes.acquire()
+        lanes = self._lanes
+        taken = lanes.take_nowait()  # the usual case: no coroutine for the acquisition
+        lane, lane_id, seq = taken if taken is not None else await lanes.acquire()
         try:
             request = wire.Append(shard, tuple(payloads), lane_id, seq, epoch)
             answer = await self._leader_call(shard, request)
@@ -454,34 +457,64 @@ class Client:
     ) -> object:
         """Send to the shard's leader, following NOT_LEADER hints, retrying the same request
         (bounded) on retryable answers and lost connections."""
+        address = self._leaders.get(shard)
+        if address is not None:
+            connection = self._connections.get(address)
+            if connection is not None and connection.ready and not connection.broken:
+                # The usual case: the leader is known and its connection open. Its outcome,
+                # unless it is an answer, goes through the retry loop as its first attempt.
+                try:
+                    answer = await connection.call(request)
+                except (OSError, ConnectionError, TimeoutError) as exc:
+                    return await self._retrying(shard, request, require_leader, (address, exc))
+                if type(answer) is not wire.ErrorResponse:
+                    return answer
+                return await self._retrying(shard, request, require_leader, (address, answer))
+        return await self._retrying(shard, request, require_leader, None)
+
+    async def _retrying(
+        self,
+        shard: int,
+        request: object,
+        require_leader: bool,
+        first: tuple[str, object] | None,
+    ) -> object:
+        """`_leader_call`'s loop; `first`: the address and outcome (answer or exception) of
+        an attempt already made, which counts as this loop's first."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._options.retry_s_max
         delay = self._options.backoff_s_first
         last: BaseException | None = None
         candidates: Iterator[str] | None = None
         for _ in range(self._options.attempts_max):
-            if loop.time() > deadline:
-                break
-            address = self._leaders.get(shard)
-            if address is None:
-                if candidates is None:
-                    candidates = itertools.cycle(self._addresses)
-                address = next(candidates)
-            try:
-                answer = await self._call(address, request)
-            except (OSError, ConnectionError, TimeoutError) as exc:
-                last = exc
-                self._leaders.pop(shard, None)
+            if first is not None:
+                (address, outcome), first = first, None
             else:
-                if not isinstance(answer, wire.ErrorResponse):
-                    if require_leader:
-                        self._leaders[shard] = address
-                    return answer
-                if answer.code not in _RETRYABLE:
-                    raise _error(answer)
-                last = _error(answer)
-                hint = answer.leader_hint
-                if answer.code == wire.ErrorCode.NOT_LEADER and hint and hint != address:
+                if loop.time() > deadline:
+                    break
+                found = self._leaders.get(shard)
+                if found is None:
+                    if candidates is None:
+                        candidates = itertools.cycle(self._addresses)
+                    found = next(candidates)
+                address = found
+                try:
+                    outcome = await self._call(address, request)
+                except (OSError, ConnectionError, TimeoutError) as exc:
+                    outcome = exc
+            if isinstance(outcome, (OSError, ConnectionError, TimeoutError)):
+                last = outcome
+                self._leaders.pop(shard, None)
+            elif not isinstance(outcome, wire.ErrorResponse):
+                if require_leader:
+                    self._leaders[shard] = address
+                return outcome
+            else:
+                if outcome.code not in _RETRYABLE:
+                    raise _error(outcome)
+                last = _error(outcome)
+                hint = outcome.leader_hint
+                if outcome.code == wire.ErrorCode.NOT_LEADER and hint and hint != address:
                     self._leaders[shard] = hint
                     continue  # follow a new hint at once (a stale one gets the back-off)
                 self._leaders.pop(shard, None)

@@ -5,7 +5,9 @@ How: `_Lanes` driven directly (a seeded random walk of acquires and releases che
 bounds after every step, and a full client waiting for a release or timing out); a
 `_Connection` against a small asyncio server on loopback that speaks the wire protocol
 (authenticates, then answers appends or stays silent), for the request timeout, the wait
-for a pipelining slot, and the size of the timeout FIFO after many answered requests.
+for a pipelining slot, and the size of the timeout FIFO after many answered requests; a
+`Client` over two such servers for what follows an answer on the known leader's open
+connection (a NOT_LEADER hint followed with the same seq, a final error not sent again).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from collections.abc import Callable
 
 import pytest
 
-from logsvc.client import ClientOptions, TooManyInFlight, _Connection, _Lanes
+from logsvc.client import Client, ClientOptions, StaleEpoch, TooManyInFlight, _Connection, _Lanes
 from logsvc.wire import messages as wire
 from logsvc.wire.frames import FrameDecoder
 
@@ -68,9 +70,11 @@ def test_a_full_set_of_lanes_waits_for_a_release_then_times_out() -> None:
 class _Server:
     """Authenticates, then answers appends with `Appended` unless told to stay silent."""
 
-    def __init__(self, answer: bool) -> None:
+    def __init__(self, answer: bool, respond: Callable[[object], object] | None = None) -> None:
         self.answer = answer
+        self.respond = respond  # the answer to each request instead of `Appended`
         self.requests = 0
+        self.seen: list[object] = []
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         decoder = FrameDecoder()
@@ -83,7 +87,11 @@ class _Server:
                     writer.write(wire.encode_response(frame.request_id, wire.Authenticated()))
                     continue
                 self.requests += 1
-                if self.answer:
+                self.seen.append(request)
+                if self.respond is not None:
+                    answer = self.respond(request)
+                    writer.write(wire.encode_response(frame.request_id, answer))  # type: ignore[arg-type]
+                elif self.answer:
                     writer.write(wire.encode_appended(frame.request_id, lsn, 1, False))
                     lsn += 1
         writer.close()
@@ -165,5 +173,52 @@ def test_answered_requests_do_not_pile_up_in_the_timeout_fifo() -> None:
         assert not connection._expiries._fifo
         await connection.close()
         listener.close()  # type: ignore[attr-defined]
+
+    asyncio.run(scenario())
+
+
+async def _listening(server: _Server) -> tuple[str, asyncio.Server]:
+    listener = await asyncio.start_server(server.serve, "127.0.0.1", 0)
+    return f"127.0.0.1:{listener.sockets[0].getsockname()[1]}", listener
+
+
+def test_a_not_leader_answer_on_the_known_leader_is_followed_with_the_same_seq() -> None:
+    async def scenario() -> None:
+        new_leader = _Server(answer=True)
+        new_address, new_listener = await _listening(new_leader)
+        old_leader = _Server(answer=True)
+        old_address, old_listener = await _listening(old_leader)
+        client = Client([old_address, new_address], TOKEN, ClientOptions(), "c")
+        assert await client.append(1, [b"a"]) == [1]  # learns the old leader
+        old_leader.respond = lambda _request: wire.ErrorResponse(
+            wire.ErrorCode.NOT_LEADER, "moved", new_address
+        )
+        assert await client.append(1, [b"b"]) == [1]  # answered by the new leader
+        moved = old_leader.seen[-1]
+        assert isinstance(moved, wire.Append)
+        assert new_leader.seen == [moved]  # sent on once, same client id and seq
+        assert await client.append(1, [b"c"]) == [2]  # and the new one is now the leader
+        assert old_leader.requests == 2
+        await client.close()
+        for listener in (old_listener, new_listener):
+            listener.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_final_error_on_the_known_leader_is_raised_without_sending_again() -> None:
+    async def scenario() -> None:
+        leader = _Server(answer=True)
+        address, listener = await _listening(leader)
+        client = Client([address], TOKEN, ClientOptions(), "c")
+        await client.append(1, [b"a"])
+        leader.respond = lambda _request: wire.ErrorResponse(
+            wire.ErrorCode.STALE_EPOCH, "epoch 1 < 2", current_holder="h", current_epoch=2
+        )
+        with pytest.raises(StaleEpoch):
+            await client.append(1, [b"b"], epoch=1)
+        assert leader.requests == 2
+        await client.close()
+        listener.close()
 
     asyncio.run(scenario())
