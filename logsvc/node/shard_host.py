@@ -204,6 +204,8 @@ class ShardHost:
                 pending.append(item)
                 size = grown
                 records += len(item[0].records)
+            if not pending:  # woken with nothing queued: nothing to propose
+                continue
             # Proposals run concurrently (bounded); the batcher goes on collecting.
             await self._proposals.acquire()
             self._spawn_send(list(pending), acquired=True)
