@@ -39,6 +39,7 @@ from tests.chaos import checker
 from tests.chaos.harness.artifacts import RunDir, env_keep
 from tests.chaos.harness.cluster import Cluster, ClusterSpec
 from tests.chaos.harness.nemesis import Nemesis, NemesisLog
+from tests.chaos.harness.proxy import PARTITION_SPECS
 from tests.chaos.harness.scenario import (
     S,
     collect_evidence,
@@ -58,14 +59,6 @@ PACKAGES = (
     "corruption",
     "failpoint",
     "clock",
-)
-PARTITION_SPECS = (
-    "one",
-    "leader",
-    "majority-minority",
-    "bridge",
-    "one-way-from-leader",
-    "one-way-to-leader",
 )
 # Failpoints on paths every node runs many times a second under load: a crash there is
 # certain within seconds (the rarely-run ones, around votes and snapshots, belong to C9).
