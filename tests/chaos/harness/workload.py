@@ -237,9 +237,7 @@ class Workload:
         self._begin(op)
         try:
             lsns = await asyncio.wait_for(client.append(shard, payloads), self.spec.op_timeout_s)
-        except BaseException as exc:
-            if isinstance(exc, asyncio.CancelledError):
-                raise
+        except Exception as exc:  # an outcome (a cancellation is not one: it propagates)
             self._end(op, outcome=_write_outcome(exc), error=_describe(exc))
             return
         view = self.views[shard]
@@ -266,9 +264,7 @@ class Workload:
             else:
                 call = client.read(shard, from_lsn, READ_BYTES_MAX)
             answer = await asyncio.wait_for(call, self.spec.op_timeout_s)
-        except BaseException as exc:
-            if isinstance(exc, asyncio.CancelledError):
-                raise
+        except Exception as exc:  # an outcome (a cancellation is not one: it propagates)
             if isinstance(exc, Truncated):
                 first = exc.first_lsn
                 if first is not None:
@@ -288,9 +284,7 @@ class Workload:
         self._begin(op)
         try:
             status = await asyncio.wait_for(client.status(shard), self.spec.op_timeout_s)
-        except BaseException as exc:
-            if isinstance(exc, asyncio.CancelledError):
-                raise
+        except Exception as exc:  # an outcome (a cancellation is not one: it propagates)
             self._end(op, outcome="info", error=_describe(exc))
             return
         view = self.views[shard]
@@ -313,9 +307,7 @@ class Workload:
         self._begin(op)
         try:
             first = await asyncio.wait_for(client.truncate(shard, target), self.spec.op_timeout_s)
-        except BaseException as exc:
-            if isinstance(exc, asyncio.CancelledError):
-                raise
+        except Exception as exc:  # an outcome (a cancellation is not one: it propagates)
             self._end(op, outcome=_write_outcome(exc), error=_describe(exc))
             return
         view.first_lsn = max(view.first_lsn, first)
