@@ -11,6 +11,7 @@ records proposals and answers them when (and if) the test says so.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -65,6 +66,19 @@ def _batch(seq: int) -> AppendBatch:
     return AppendBatch("c", seq, 0, (b"r%d" % seq,))
 
 
+def _submit_each(host: ShardHost, seqs: range) -> dict[int, AppendOutcome]:
+    """Submit one batch per seq; the dict fills with each one's outcome."""
+    outcomes: dict[int, AppendOutcome] = {}
+    for seq in seqs:
+        host.submit_append(_batch(seq), functools.partial(outcomes.__setitem__, seq))
+    return outcomes
+
+
+def _appended(seqs: range) -> list[AppendOutcome]:
+    """What `_Replica.answer_all` gives appends of one record each, the first at LSN 1."""
+    return [Appended(seq, 1, duplicate=False) for seq in seqs]
+
+
 async def _until(condition: Callable[[], bool]) -> None:
     for _ in range(1000):
         if condition():
@@ -77,15 +91,11 @@ def test_every_append_of_a_group_gets_its_own_result() -> None:
     async def scenario() -> None:
         replica = _Replica()
         host = _host(replica)
-        outcomes: dict[int, AppendOutcome] = {}
-        for seq in range(1, 6):
-            host.submit_append(_batch(seq), functools.partial(outcomes.__setitem__, seq))
+        outcomes = _submit_each(host, range(1, 6))
         await _until(lambda: bool(replica.proposed))
         replica.answer_all()
         await _until(lambda: len(outcomes) == 5)
-        assert [outcomes[seq] for seq in range(1, 6)] == [
-            Appended(seq, 1, duplicate=False) for seq in range(1, 6)
-        ]
+        assert [outcomes[seq] for seq in range(1, 6)] == _appended(range(1, 6))
         await host.close()
 
     asyncio.run(scenario())
@@ -96,7 +106,8 @@ def test_a_full_queue_refuses_at_once() -> None:
         replica = _Replica()
         host = _host(replica, appends_queued_max=2)
         host._batcher.cancel()  # nothing drains the queue
-        await asyncio.sleep(0)
+        with contextlib.suppress(asyncio.CancelledError):
+            await host._batcher
         host.submit_append(_batch(1), lambda o: None)
         host.submit_append(_batch(2), lambda o: None)
         with pytest.raises(Overloaded):
@@ -143,16 +154,12 @@ def test_groups_stay_within_their_bounds_and_keep_the_order() -> None:
         replica = _Replica()
         # Each test batch counts 2 + 64 bytes: 3 fit in 200 bytes, a 4th does not.
         host = _host(replica, group_bytes_max=200, group_batches_max=8)
-        outcomes: dict[int, AppendOutcome] = {}
-        for seq in range(1, 11):
-            host.submit_append(_batch(seq), functools.partial(outcomes.__setitem__, seq))
+        outcomes = _submit_each(host, range(1, 11))
         await _until(lambda: sum(map(len, _proposed_seqs(replica))) == 10)
         assert _proposed_seqs(replica) == [[1, 2, 3], [4, 5, 6], [7, 8, 9], [10]]
         replica.answer_all()
         await _until(lambda: len(outcomes) == 10)
-        assert [outcomes[seq] for seq in range(1, 11)] == [
-            Appended(seq, 1, duplicate=False) for seq in range(1, 11)
-        ]
+        assert [outcomes[seq] for seq in range(1, 11)] == _appended(range(1, 11))
         await host.close()
 
     asyncio.run(scenario())
@@ -163,7 +170,7 @@ def test_a_linger_gathers_appends_that_arrive_while_it_waits() -> None:
         replica = _Replica()
         host = _host(replica, group_linger_ms_max=200.0)
         host.submit_append(_batch(1), lambda o: None)
-        await asyncio.sleep(0.01)  # the batcher took seq 1 and lingers for more
+        await _until(lambda: not host._queued and host._wakeup is not None)  # took 1, lingers
         assert not replica.proposed
         host.submit_append(_batch(2), lambda o: None)
         host.submit_append(_batch(3), lambda o: None)
