@@ -1,0 +1,151 @@
+"""`python -m engine`: look into an engine's committed state without SQL.
+
+    python -m engine tables DIR                     databases, tables, schemas, row counts
+    python -m engine scan DIR db.table --limit N    the first N rows (by primary key)
+    python -m engine stats DIR [--json]             commit timestamp, counts, WAL position
+
+Each command opens the engine read-only (replay FOR_READ: nothing is written, and over logsvc
+no lease is taken, so a running engine is not fenced), prints, and closes. `--wal logsvc
+--client-config client.toml --shard N` reads an engine whose WAL is on logsvc. A file WAL is
+locked by a running engine: stop it first (the command says so).
+
+Exit codes: 0 done, 1 the engine could not be opened or read, 2 bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from engine import limits
+from engine.clock import ts_physical_ms
+from engine.engine import Engine
+from engine.errors import EngineError
+from tae_driver.errors import DriverError
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m engine", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def add(name: str, help_text: str) -> argparse.ArgumentParser:
+        command = sub.add_parser(name, help=help_text)
+        command.add_argument("dir", help="the engine's directory")
+        command.add_argument("--wal", choices=["file", "logsvc"], default="file")
+        command.add_argument("--client-config", help="client.toml of the logsvc cluster")
+        command.add_argument("--shard", type=int, help="the logsvc shard of the WAL")
+        return command
+
+    add("tables", "databases and tables, with schemas and live row counts")
+    scan = add("scan", "the first rows of a table, by primary key")
+    scan.add_argument("table", help="db.table")
+    scan.add_argument("--limit", type=int, default=limits.SCAN_ROWS_DEFAULT_LIMIT)
+    stats = add("stats", "commit timestamp, counts, WAL position")
+    stats.add_argument("--json", action="store_true")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.wal == "logsvc" and (args.client_config is None or args.shard is None):
+        print("error: --wal logsvc needs --client-config and --shard", file=sys.stderr)
+        return 2
+    if args.command == "scan" and (args.limit < 0 or "." not in args.table):
+        print("error: scan needs db.table and a --limit >= 0", file=sys.stderr)
+        return 2
+    try:
+        return asyncio.run(_run(args))
+    except (EngineError, DriverError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+async def _run(args: argparse.Namespace) -> int:
+    engine = await Engine.open(
+        args.dir,
+        wal=args.wal,
+        client_config=args.client_config,
+        shard=args.shard,
+        read_only=True,
+    )
+    try:
+        if args.command == "tables":
+            await _tables(engine)
+        elif args.command == "scan":
+            await _scan(engine, args.table, args.limit)
+        else:
+            _stats(engine, args.json)
+    finally:
+        await engine.close()
+    return 0
+
+
+async def _tables(engine: Engine) -> None:
+    async with engine.transaction() as txn:
+        databases = txn.databases()
+        if not databases:
+            print("(no databases)")
+        for db in databases:
+            print(f"{db}")
+            for name in txn.tables(db):
+                handle = txn.table(db, name)
+                schema = handle.schema
+                rows = (await handle.scan(columns=list(schema.primary_key))).num_rows
+                columns = ", ".join(
+                    f"{c.name} {c.type}{'' if c.nullable else ' not null'}" for c in schema.columns
+                )
+                print(f"  {db}.{name}  rows={rows}  key=({', '.join(schema.primary_key)})")
+                print(f"    {columns}")
+
+
+async def _scan(engine: Engine, qualified: str, limit: int) -> None:
+    db, _, name = qualified.partition(".")
+    async with engine.transaction() as txn:
+        handle = txn.table(db, name)
+        table = await handle.scan()
+        total = table.num_rows
+        table = table.sort_by([(k, "ascending") for k in handle.schema.primary_key]).slice(0, limit)
+        names = table.column_names
+        rows = table.to_pylist()
+        cells = [[_cell(row[n]) for n in names] for row in rows]
+        widths = [max([len(n)] + [len(r[i]) for r in cells]) for i, n in enumerate(names)]
+        print("  ".join(n.ljust(w) for n, w in zip(names, widths, strict=True)))
+        for row_cells in cells:
+            print("  ".join(c.ljust(w) for c, w in zip(row_cells, widths, strict=True)))
+        print(f"({len(rows)} of {total} rows at commit_ts {txn.start_ts})")
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "NULL"
+    text = str(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _stats(engine: Engine, as_json: bool) -> None:
+    stats = engine.stats()
+    document = dataclasses.asdict(stats)
+    document["replay"] = (
+        {k: (v.value if hasattr(v, "value") else v) for k, v in document["replay"].items()}
+        if document["replay"]
+        else None
+    )
+    if as_json:
+        print(json.dumps(document, sort_keys=True))
+        return
+    replay = stats.replay
+    print(f"visible commit_ts  {stats.visible_ts}  (wall ms {ts_physical_ms(stats.visible_ts)})")
+    print(f"databases          {stats.databases}")
+    print(f"tables             {stats.tables}")
+    print(f"live rows          {stats.live_rows}")
+    if replay is not None:
+        print(
+            f"WAL                {replay.entries_applied} transactions replayed, last DSN "
+            f"{replay.last_dsn}, {replay.records_read} records read, truncated below LSN "
+            f"{replay.truncated_lsn + 1}"
+        )

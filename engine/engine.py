@@ -1,0 +1,519 @@
+"""The engine: an asyncio shell around the pure cores (catalog, pipeline, conflict index,
+storage) and the WAL driver.
+
+    eng = await Engine.open("DIR")                                 # WAL: file backend in DIR/wal
+    eng = await Engine.open("DIR", wal="logsvc", client_config="client.toml", shard=1)
+    eng = await Engine.open("DIR", wal="memory")                   # tests and benchmarks
+    async with eng.transaction() as txn: ...
+    async with eng.snapshot(ts) as ro: ...
+    await eng.close()
+
+What the shell does, and why here (shared/STYLE.md "Pure cores, I/O at the edges"):
+
+* **open**: opens the backend, replays the driver (`ReplayMode.FOR_WRITE`, or FOR_READ for a
+  read-only engine) through `EngineState.apply`, the same function a live commit uses, so
+  the state after a restart is exactly the committed state. An entry that does not decode
+  or apply is a `WalCorruption` naming its DSN; the engine does not open. The clock is raised
+  past the highest replayed commit_ts. Over logsvc the backend takes the shard's lease with a
+  new epoch, which fences every older engine on that shard.
+* **commit**: `CommitPipeline.prepare` (conflict check, commit_ts) -> encode the entry ->
+  `driver.submit` (no waiting; the driver packs concurrent entries into one record and one
+  fsync, or one Raft entry) -> when the driver completes the entry (in DSN order), the
+  pipeline releases the visible prefix of its queue and the shell applies each entry and
+  answers its waiter. Everything from prepare to submit is synchronous, so no other commit
+  can slip between the commit_ts order and the DSN order.
+* **failure**: a failed driver append fails every queued commit with `WalFailed` (`Fenced`
+  when a newer engine holds the lease) and the engine turns read-only: nothing not durable is
+  ever acknowledged, reads go on, and a reopen lets replay decide what survived.
+
+Single event loop; not thread-safe (`engine.SyncEngine` runs one on a thread for scripts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from engine import limits
+from engine.clock import HybridClock, wall_ms
+from engine.conflicts import ConflictIndex, KeyConflict, SnapshotTooOld
+from engine.errors import (
+    BadInput,
+    DuplicateKey,
+    EngineClosed,
+    Fenced,
+    Overloaded,
+    SnapshotUnavailable,
+    TxnTooLarge,
+    WalCorruption,
+    WalFailed,
+    WriteConflict,
+)
+from engine.pipeline import CommitPipeline, Ticket
+from engine.state import ApplyError, EngineState
+from engine.txn import Transaction, TxnState
+from engine.wal.codec import decode_entry, encode_entry
+from engine.wal.entry import Append, MemoItem, TxnEntry
+from tae_driver import Driver, LogBackend, ReplayDecision, ReplayMode, open_driver
+from tae_driver import errors as driver_errors
+from tae_driver.driver import DriverStats, ReplaySummary
+
+WAL_DIR_NAME = "wal"
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    visible_ts: int
+    read_only: bool
+    failed: str | None
+    databases: int
+    tables: int
+    live_rows: int
+    txns_open: int
+    commits: int
+    conflicts: int
+    commit_queue: int
+    conflict_keys: int
+    replay: ReplaySummary | None
+    replay_duplicates: int
+    wal: DriverStats
+
+
+class _Commit:
+    """What the shell attaches to a pipeline ticket."""
+
+    __slots__ = ("entry", "future", "txn")
+
+    def __init__(self, txn: Transaction, future: asyncio.Future[None]) -> None:
+        self.txn = txn
+        self.future = future
+        self.entry: TxnEntry | None = None
+
+
+class Engine:
+    """Build with `await Engine.open(...)`."""
+
+    def __init__(
+        self,
+        path: str,
+        backend: LogBackend,
+        owns_backend: bool,
+        driver: Driver,
+        clock: HybridClock,
+        *,
+        read_only: bool,
+    ) -> None:
+        self.path = path
+        self._backend = backend
+        self._owns_backend = owns_backend
+        self._driver = driver
+        self._clock = clock
+        self.read_only = read_only
+        self._state = EngineState()
+        self._pipeline: CommitPipeline[_Commit] = CommitPipeline(
+            visible_ts=0,
+            queue_max=limits.COMMIT_QUEUE_MAX,
+            conflicts=ConflictIndex(keys_max=limits.CONFLICT_KEYS_MAX),
+        )
+        self._open_starts: Counter[int] = Counter()
+        self._txns_open = 0
+        self._since_prune = 0
+        self._closed = False
+        self._failure: WalFailed | None = None
+        self._replay: ReplaySummary | None = None
+        self._replay_duplicates = 0
+
+    # --- opening ------------------------------------------------------------------------------
+
+    @classmethod
+    async def open(
+        cls,
+        path: str,
+        wal: str | LogBackend = "file",
+        *,
+        client_config: str | None = None,
+        shard: int | None = None,
+        read_only: bool = False,
+        now_ms: Callable[[], int] = wall_ms,
+        window_records: int = 64,
+        holder: str | None = None,
+    ) -> Engine:
+        """Open (creating if needed) the engine whose WAL is `wal`:
+
+        * "file": tae_driver's file backend in `path/wal` (the embedded default);
+        * "logsvc": shard `shard` of the logsvc cluster in `client_config` (a client.toml);
+          the engine takes the shard's lease, fencing any older engine on it;
+        * "memory": an in-memory log that dies with the engine (tests, benchmarks);
+        * a `tae_driver.LogBackend` the caller owns (tests: reopen on the same backend).
+
+        `read_only` replays for reading and refuses commits (and over logsvc takes no
+        lease, so it fences nobody)."""
+        if not __debug__:
+            raise RuntimeError("the engine refuses to run with assertions disabled (python -O)")
+        path = os.fspath(path)
+        os.makedirs(path, exist_ok=True)
+        backend, owns = await _open_backend(path, wal, client_config, shard, read_only, holder)
+        try:
+            driver = open_driver(backend, window=window_records)
+            engine = cls(path, backend, owns, driver, HybridClock(now_ms), read_only=read_only)
+            await engine._replay_wal()
+        except BaseException:
+            if owns:
+                with contextlib.suppress(Exception):
+                    await backend.close()
+            raise
+        return engine
+
+    async def _replay_wal(self) -> None:
+        state = self._state
+
+        def handle(dsn: int, payload: bytes) -> ReplayDecision:
+            entry = decode_entry(payload, dsn)
+            if not isinstance(entry, TxnEntry):
+                return ReplayDecision.INTERNAL  # CKP: checkpoints arrive with issue 14
+            if entry.commit_ts <= state.applied_ts:
+                # A second copy of a transaction already applied (commit_ts order is DSN
+                # order, so nothing newer can be at or below the applied one).
+                self._replay_duplicates += 1
+                return ReplayDecision.INTERNAL
+            try:
+                state.apply(entry)
+            except ApplyError as exc:
+                raise WalCorruption(dsn, f"does not apply: {exc}") from None
+            return ReplayDecision.APPLY
+
+        mode = ReplayMode.FOR_READ if self.read_only else ReplayMode.FOR_WRITE
+        self._replay = await self._driver.replay(handle, mode)
+        self._clock.observe(state.applied_ts)
+        self._pipeline.visible_ts = state.applied_ts
+        self._pipeline.conflicts.floor_ts = state.applied_ts
+
+    # --- observations -----------------------------------------------------------------------
+
+    @property
+    def visible_ts(self) -> int:
+        """The newest commit timestamp visible to new transactions; every commit at or below
+        it is visible."""
+        return self._pipeline.visible_ts
+
+    @property
+    def failed(self) -> WalFailed | None:
+        return self._failure
+
+    def digest(self, ts: int | None = None) -> str:
+        """A hash of the committed state visible at `ts` (default: now)."""
+        self._check_not_closed()
+        return self._state.digest(self.visible_ts if ts is None else ts)
+
+    def driver_stats(self) -> DriverStats:
+        return self._driver.stats()
+
+    def stats(self) -> EngineStats:
+        catalog = self._state.catalog
+        ts = self.visible_ts
+        databases = catalog.databases_at(ts)
+        tables = [t for d in databases for t in catalog.tables_at(d.db_id, ts)]
+        pipeline = self._pipeline
+        return EngineStats(
+            visible_ts=ts,
+            read_only=self.read_only,
+            failed=str(self._failure) if self._failure else None,
+            databases=len(databases),
+            tables=len(tables),
+            live_rows=sum(t.data.live_rows for t in tables),
+            txns_open=self._txns_open,
+            commits=pipeline.commits_visible,
+            conflicts=pipeline.conflicts_found,
+            commit_queue=len(pipeline),
+            conflict_keys=len(pipeline.conflicts),
+            replay=self._replay,
+            replay_duplicates=self._replay_duplicates,
+            wal=self._driver.stats(),
+        )
+
+    # --- transactions -----------------------------------------------------------------------
+
+    async def begin(self) -> Transaction:
+        """A new transaction reading the snapshot at `visible_ts`."""
+        self._check_not_closed()
+        if self._txns_open >= limits.TXNS_OPEN_MAX:
+            raise Overloaded("open transactions", limits.TXNS_OPEN_MAX)
+        txn = Transaction(self, self.visible_ts, read_only=self.read_only)
+        self._txns_open += 1
+        self._open_starts[txn.start_ts] += 1
+        return txn
+
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Transaction]:
+        """Commits on normal exit (unless already ended), rolls back on an exception."""
+        txn = await self.begin()
+        try:
+            yield txn
+        except BaseException:
+            await txn.rollback()
+            raise
+        if txn.state is TxnState.OPEN:
+            await txn.commit()
+
+    @contextlib.asynccontextmanager
+    async def snapshot(self, ts: int) -> AsyncIterator[Transaction]:
+        """A read-only view of the committed state at `ts` (any commit timestamp up to
+        `visible_ts`; every version stays in memory until issue 14 adds compaction)."""
+        self._check_not_closed()
+        if not isinstance(ts, int) or not 0 <= ts <= self.visible_ts:
+            raise SnapshotUnavailable(f"snapshot at {ts!r}: must be in [0, {self.visible_ts}]")
+        txn = Transaction(self, ts, read_only=True, registered=False)
+        try:
+            yield txn
+        finally:
+            txn.state = TxnState.ROLLED_BACK
+
+    def _txn_ended(self, txn: Transaction) -> None:
+        self._txns_open -= 1
+        count = self._open_starts[txn.start_ts] - 1
+        if count:
+            self._open_starts[txn.start_ts] = count
+        else:
+            del self._open_starts[txn.start_ts]
+
+    def _table_name(self, table_id: int) -> str:
+        catalog = self._state.catalog
+        table = catalog.tables.get(table_id)
+        if table is None:
+            return f"table id {table_id}"
+        database = catalog.databases.get(table.db_id)
+        return f"{database.name if database else table.db_id}.{table.name}"
+
+    def _check_not_closed(self) -> None:
+        if self._closed:
+            raise EngineClosed("engine is closed")
+
+    # --- commit -------------------------------------------------------------------------------
+
+    async def _commit(self, txn: Transaction) -> None:
+        plan = txn._plan()
+        if plan.empty:
+            txn.commit_ts = txn.start_ts
+            txn._end(TxnState.COMMITTED)
+            return
+        if self._failure is not None:
+            txn._end(TxnState.ROLLED_BACK)
+            raise type(self._failure)(str(self._failure))
+        if self.read_only:
+            txn._end(TxnState.ROLLED_BACK)
+            raise BadInput("the engine was opened read-only")
+        loop = asyncio.get_running_loop()
+        commit = _Commit(txn, loop.create_future())
+        pipeline = self._pipeline
+        try:
+            prepared = pipeline.prepare(
+                txn.start_ts, plan.rows, plan.guards, plan.marks, self._clock.next, commit
+            )
+        except Overloaded:
+            txn._end(TxnState.ROLLED_BACK)
+            raise
+        if not isinstance(prepared, Ticket):
+            txn._end(TxnState.ROLLED_BACK)
+            raise _conflict_error(prepared, self._table_name)
+        ticket = prepared
+        allocations = []
+        commands: list[Any] = list(plan.catalog_commands)
+        commands.extend(plan.deletes)
+        for entry, batch in plan.appends:
+            infos = entry.data.allocate(batch.num_rows)
+            allocations.append((entry.data, infos))
+            commands.append(Append(entry.db_id, entry.table_id, infos, batch))
+        txn_entry = TxnEntry(txn.start_ts, ticket.commit_ts, _memo(commands), tuple(commands))
+        try:
+            payload = encode_entry(txn_entry)
+            if len(payload) > limits.TXN_ENTRY_BYTES_MAX:
+                raise TxnTooLarge("txn_entry_bytes_max", len(payload), limits.TXN_ENTRY_BYTES_MAX)
+            durable = self._driver.submit(payload)
+        except BaseException as exc:
+            for data, infos in reversed(allocations):
+                data.unallocate(infos)
+            pipeline.cancel(ticket)
+            txn._end(TxnState.ROLLED_BACK)
+            if isinstance(exc, driver_errors.Overloaded):
+                raise Overloaded("wal intake", exc.size_max) from None
+            if isinstance(exc, (driver_errors.DriverFailed, driver_errors.DriverClosed)):
+                self._fail(exc)
+                assert self._failure is not None
+                raise type(self._failure)(str(self._failure)) from exc
+            raise
+        commit.entry = txn_entry
+        txn.state = TxnState.COMMITTING
+        durable.add_done_callback(lambda done: self._on_durable(ticket, done))
+        self._since_prune += 1
+        if self._since_prune >= 64:
+            self._prune()
+        # Not shielded: a caller that is cancelled only stops waiting; the commit goes on
+        # and becomes visible in its turn (`_on_durable` never needs its waiter).
+        await commit.future
+
+    def _on_durable(self, ticket: Ticket[_Commit], done: asyncio.Future[int]) -> None:
+        if done.cancelled():
+            self._fail(driver_errors.DriverClosed("append cancelled"))
+            return
+        exc = done.exception()
+        if exc is not None:
+            self._fail(exc)
+            return
+        if self._failure is not None:
+            return  # every queued commit was failed already
+        state = self._state
+        for visible in self._pipeline.durable(ticket):
+            commit = visible.waiter
+            assert commit.entry is not None
+            try:
+                state.apply(commit.entry)
+            except ApplyError as exc:  # a bug: the workspace checks make this impossible
+                raise AssertionError(f"committed entry does not apply: {exc}") from exc
+            commit.txn.commit_ts = visible.commit_ts
+            commit.txn._end(TxnState.COMMITTED)
+            if not commit.future.done():
+                commit.future.set_result(None)
+
+    def _fail(self, exc: BaseException) -> None:
+        if self._failure is None:
+            if _fenced(exc):
+                self._failure = Fenced(
+                    f"fenced: a newer engine holds the WAL's lease ({_root(exc)})"
+                )
+            else:
+                self._failure = WalFailed(
+                    f"the WAL failed, the engine is read-only: {_root(exc)!r}"
+                )
+        for ticket in self._pipeline.fail():
+            commit = ticket.waiter
+            commit.txn._end(TxnState.UNKNOWN)
+            if not commit.future.done():
+                error = type(self._failure)(str(self._failure))
+                error.__cause__ = exc
+                commit.future.set_exception(error)
+                commit.future.exception()  # retrieved even if nobody awaits it any more
+
+    def _prune(self) -> None:
+        self._since_prune = 0
+        oldest = min(self._open_starts) if self._open_starts else self.visible_ts
+        self._pipeline.prune(oldest)
+
+    # --- closing -----------------------------------------------------------------------------
+
+    async def close(self) -> None:
+        """Wait for commits in flight, then close the WAL. Open transactions are abandoned."""
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(driver_errors.DriverError):
+            await self._driver.close()
+        if self._owns_backend:
+            with contextlib.suppress(driver_errors.DriverError):
+                await self._backend.close()
+
+    async def abort(self) -> None:
+        """Stop at once, as a crash would: commits in flight are abandoned (each may or may
+        not be durable; a reopen's replay decides, all or nothing per transaction)."""
+        self._closed = True
+        await self._driver.abort()
+        if self._owns_backend:
+            with contextlib.suppress(BaseException):
+                await self._backend.close()
+
+    async def __aenter__(self) -> Engine:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+def _memo(commands: list[Any]) -> tuple[MemoItem, ...]:
+    items = set()
+    for cmd in commands:
+        if isinstance(cmd, Append):
+            for info in cmd.infos:
+                items.add((cmd.db_id, cmd.table_id, info.block_id))
+        else:
+            items.add((cmd.db_id, cmd.table_id, getattr(cmd, "block_id", 0)))
+    return tuple(MemoItem(*item) for item in sorted(items))
+
+
+def _conflict_error(
+    conflict: KeyConflict | SnapshotTooOld, table_name: Callable[[int], str]
+) -> Exception:
+    if isinstance(conflict, SnapshotTooOld):
+        return WriteConflict(
+            f"snapshot too old: start_ts {conflict.start_ts} is below the conflict index's "
+            f"floor {conflict.floor_ts}"
+        )
+    key = conflict.key
+    if isinstance(key, tuple) and len(key) == 2 and isinstance(key[0], int):
+        if conflict.duplicate:
+            return DuplicateKey(table_name(key[0]), key[1])
+        return WriteConflict(
+            f"key {key[1]!r} of {table_name(key[0])} was written by a commit at "
+            f"{conflict.commit_ts}"
+        )
+    return WriteConflict(f"{key} changed by a commit at {conflict.commit_ts}")
+
+
+def _fenced(exc: BaseException | None) -> bool:
+    seen = 0
+    while exc is not None and seen < 16:
+        if isinstance(exc, driver_errors.BackendFenced):
+            return True
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+    return False
+
+
+def _root(exc: BaseException) -> BaseException:
+    seen = 0
+    while exc.__cause__ is not None and seen < 16:
+        exc = exc.__cause__
+        seen += 1
+    return exc
+
+
+async def _open_backend(
+    path: str,
+    wal: str | LogBackend,
+    client_config: str | None,
+    shard: int | None,
+    read_only: bool,
+    holder: str | None,
+) -> tuple[LogBackend, bool]:
+    if not isinstance(wal, str):
+        return wal, False
+    if wal == "file":
+        from tae_driver.backends.file import FileBackend
+
+        return await FileBackend.open(os.path.join(path, WAL_DIR_NAME)), True
+    if wal == "memory":
+        from tae_driver.backends.memory import MemoryBackend
+
+        return MemoryBackend(), True
+    if wal == "logsvc":
+        from logsvc.config import load_client_config
+        from tae_driver.backends.logsvc import LogsvcBackend
+
+        if client_config is None or shard is None:
+            raise BadInput("wal='logsvc' needs client_config (a client.toml path) and shard")
+        config = load_client_config(client_config)
+        return (
+            await LogsvcBackend.open(
+                config.addresses,
+                config.token,
+                shard,
+                lease=not read_only,
+                holder=holder or f"engine@{socket.gethostname()}:{os.getpid()}",
+            ),
+            True,
+        )
+    raise BadInput(f"wal must be 'file', 'logsvc', 'memory' or a LogBackend, not {wal!r}")

@@ -1,0 +1,124 @@
+"""Typed operating errors of the engine.
+
+Why typed (shared/STYLE.md "Two kinds of failure"): a caller retries a `WriteConflict`, fixes
+its input after a `SchemaError`, and reopens after a `WalFailed`; each carries what it needs
+to act on. Programmer errors (a broken invariant) are `assert`s and are not listed here.
+
+The tree::
+
+    EngineError
+    ├── TxnError                    the transaction cannot commit as asked; it is rolled back
+    │   ├── WriteConflict           a concurrent commit won (first committer wins); retryable
+    │   ├── DuplicateKey            a primary key is already live (committed, or in this txn)
+    │   └── TxnTooLarge            the txn's WAL entry or workspace passes a named limit
+    ├── BadInput                    the request itself is wrong; nothing was logged
+    │   ├── SchemaError             unknown column, wrong type, null in a key or non-null column
+    │   ├── NotFound                unknown database or table (at the txn's snapshot)
+    │   └── AlreadyExists           a database or table of that name is already visible
+    ├── TxnClosed                   the transaction already committed or rolled back
+    ├── EngineClosed                use after `close()`
+    ├── Overloaded                  a bounded queue is full; retry later
+    ├── SnapshotUnavailable         a snapshot timestamp the engine cannot serve
+    ├── WalFailed                   the WAL refused or lost an append: the engine is read-only
+    │   └── Fenced                  a newer engine took the log's lease: this one is stale
+    └── WalCorruption               a WAL entry failed to decode or apply (names the DSN)
+"""
+
+from __future__ import annotations
+
+
+class EngineError(Exception):
+    """Base of every error raised by the engine."""
+
+
+class TxnError(EngineError):
+    """The transaction cannot commit as asked. It has been rolled back."""
+
+
+class WriteConflict(TxnError):
+    """A transaction committed after this one started wrote the same key (or dropped the
+    table, or created the same name). First committer wins; retry with a new transaction."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+
+class DuplicateKey(TxnError):
+    """An insert names a primary key that is already live: in committed data at the txn's
+    snapshot, earlier in the same txn, twice in one insert, or committed concurrently."""
+
+    def __init__(self, table: str, key: object) -> None:
+        super().__init__(f"duplicate primary key {key!r} in {table}")
+        self.table = table
+        self.key = key
+
+
+class TxnTooLarge(TxnError):
+    """The transaction passes `limit` (a name from engine/limits.py) of `size_max` units."""
+
+    def __init__(self, limit: str, size: int, size_max: int) -> None:
+        super().__init__(f"transaction too large: {limit} {size} > {size_max}")
+        self.limit = limit
+        self.size = size
+        self.size_max = size_max
+
+
+class BadInput(EngineError):
+    """The request is wrong in itself; nothing was logged and the txn may go on."""
+
+
+class SchemaError(BadInput):
+    pass
+
+
+class NotFound(BadInput):
+    pass
+
+
+class AlreadyExists(BadInput):
+    pass
+
+
+class TxnClosed(EngineError):
+    """The transaction is over (committed, rolled back, or failed)."""
+
+
+class EngineClosed(EngineError):
+    pass
+
+
+class Overloaded(EngineError):
+    """A bounded queue is full. `queue` names it, `size_max` is its bound."""
+
+    def __init__(self, queue: str, size_max: int) -> None:
+        super().__init__(f"{queue} is full ({size_max} max)")
+        self.queue = queue
+        self.size_max = size_max
+
+
+class SnapshotUnavailable(EngineError):
+    pass
+
+
+class WalFailed(EngineError):
+    """The WAL failed an append, so nothing more can be acknowledged: the engine turned
+    read-only. A commit that raised this may or may not be durable; reopen to find out
+    (replay decides, and a commit is wholly there or wholly absent)."""
+
+
+class Fenced(WalFailed):
+    """Another engine opened the same log with a newer lease epoch: this engine is stale and
+    never acknowledges another commit."""
+
+
+class WalCorruption(EngineError):
+    """WAL entry `dsn` cannot be decoded or applied. `reason` names the check that failed and
+    `offset_bytes` where in the entry, when known."""
+
+    def __init__(self, dsn: int, reason: str, offset_bytes: int | None = None) -> None:
+        where = f" at byte {offset_bytes}" if offset_bytes is not None else ""
+        super().__init__(f"WAL entry at DSN {dsn}: {reason}{where}")
+        self.dsn = dsn
+        self.reason = reason
+        self.offset_bytes = offset_bytes

@@ -1,0 +1,69 @@
+"""Every bound of the engine, named with its unit and its reason.
+
+Why one module (shared/STYLE.md, modelled on tae_driver/limits.py): a limit on every queue
+and every workspace, stated once; relations between limits asserted at import.
+"""
+
+from __future__ import annotations
+
+from tae_driver import limits as driver_limits
+
+KiB = 1024
+MiB = 1024 * KiB
+
+# --- Transactions -------------------------------------------------------------------------------
+
+TXNS_OPEN_MAX = 4096
+"""Transactions open at once (begun, not yet committed or rolled back). Each pins its snapshot
+and holds a workspace; beyond this `transaction()` raises `Overloaded`."""
+
+TXN_WORKSPACE_BYTES_MAX = 1 * MiB
+"""Bytes of inserted data (Arrow buffer sizes) one transaction may hold before commit. Until
+large transactions write their rows as objects (issue 14), a transaction's whole data rides in
+one WAL entry, so it must stay below the driver's entry limit with room for the commands."""
+
+TXN_ENTRY_BYTES_MAX = driver_limits.ENTRY_BYTES_MAX
+"""Largest encoded WAL entry: one driver entry (tae_driver/limits.py ENTRY_BYTES_MAX). A
+transaction whose entry would be larger fails with `TxnTooLarge("txn_entry_bytes_max")`."""
+
+TXN_DELETES_MAX = 100_000
+"""Rows one transaction may delete. Each costs a conflict-index key and a bitmap bit."""
+
+# --- The commit pipeline ------------------------------------------------------------------------
+
+COMMIT_QUEUE_MAX = 4096
+"""Transactions between their conflict check and their visibility (being logged). Beyond it
+`commit()` raises `Overloaded` before anything is logged. The driver's own intake
+(INTAKE_ENTRIES_MAX) is larger, so the driver never refuses an entry the pipeline accepted."""
+
+CONFLICT_KEYS_MAX = 1_000_000
+"""Keys remembered by the conflict index (changes committed since the oldest open snapshot).
+Past it the oldest changes are forgotten and a transaction whose snapshot predates what is
+remembered aborts at commit with `WriteConflict("snapshot too old")`: memory stays bounded
+however long a transaction stays open."""
+
+# --- Storage (in memory until issue 14) --------------------------------------------------------
+
+BLOCK_ROWS_MAX = 8192
+"""Rows per block. Row ids are (block_id, offset); a block is the unit of delete masks in the
+WAL's Delete command and, with issue 14, of sorted L1 objects."""
+
+# --- Names and schemas --------------------------------------------------------------------------
+
+NAME_BYTES_MAX = 255
+"""Longest database, table or column name in UTF-8 bytes."""
+
+COLUMNS_MAX = 1024
+"""Columns per table."""
+
+# --- Reads --------------------------------------------------------------------------------------
+
+SCAN_ROWS_DEFAULT_LIMIT = 20
+"""Rows the `engine scan` CLI prints unless told otherwise."""
+
+# --- Relations ----------------------------------------------------------------------------------
+
+assert TXN_WORKSPACE_BYTES_MAX < TXN_ENTRY_BYTES_MAX
+assert COMMIT_QUEUE_MAX <= driver_limits.INTAKE_ENTRIES_MAX
+assert TXN_DELETES_MAX <= CONFLICT_KEYS_MAX
+assert BLOCK_ROWS_MAX < 2**32

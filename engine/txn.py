@@ -1,0 +1,593 @@
+"""Transactions: a workspace over a snapshot, and the handle a caller writes tables through.
+
+Why a workspace (seed "Transaction Processing"): a transaction prepares its writes without
+blocking anyone; they stay private until the commit makes them visible. Reads see the
+snapshot at `start_ts` (every commit with commit_ts <= start_ts, all visible by construction,
+engine/pipeline.py) plus the transaction's own writes. That is snapshot isolation: no dirty
+reads, no lost updates (first committer wins), no read skew, no phantoms; write skew is
+allowed (two transactions that read overlapping data and write disjoint rows both commit).
+
+An operation that raises leaves the workspace as it was before the call and the transaction
+usable (its checks all run before it changes anything). Only `commit()` ends a transaction;
+a commit that raises has rolled it back.
+
+The commit itself is the engine's (engine/engine.py); this module turns a workspace into a
+`CommitPlan`: the keys for the conflict check and the WAL commands.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyroaring import BitMap, FrozenBitMap
+
+from engine import conflicts, limits
+from engine.catalog import Catalog, DatabaseEntry, TableEntry
+from engine.conflicts import ConflictKey, RowWrite
+from engine.errors import (
+    AlreadyExists,
+    BadInput,
+    DuplicateKey,
+    NotFound,
+    SchemaError,
+    TxnClosed,
+    TxnTooLarge,
+)
+from engine.schema import Key, Schema, batch_keys, check_name, normalize_key, to_batch
+from engine.storage import RowVersion
+from engine.wal.entry import CatalogKind, CatalogOp, Delete, UpdateCatalog
+
+if TYPE_CHECKING:
+    from engine.engine import Engine
+
+
+class TxnState(enum.Enum):
+    OPEN = "open"
+    COMMITTING = "committing"
+    COMMITTED = "committed"
+    ROLLED_BACK = "rolled back"
+    UNKNOWN = "outcome unknown"
+    """The WAL failed while the commit was in flight: it may be durable; replay decides."""
+
+
+class _TableWrites:
+    """One table's writes in a workspace."""
+
+    __slots__ = ("batches", "bytes", "deleted", "deleted_by_block", "entry", "inserted")
+
+    def __init__(self, entry: TableEntry) -> None:
+        self.entry = entry
+        self.batches: list[pa.RecordBatch] = []
+        self.inserted: dict[Key, tuple[int, int]] = {}
+        """Keys inserted by this transaction and still live in it -> (batch, row)."""
+        self.deleted: dict[Key, RowVersion] = {}
+        """Keys live in the snapshot that this transaction deleted -> their row."""
+        self.deleted_by_block: dict[int, BitMap] = {}
+        self.bytes = 0
+
+    def live_inserts(self) -> pa.RecordBatch | None:
+        """The inserted rows still live in the transaction, as one batch."""
+        if not self.inserted:
+            return None
+        batches = self.batches
+        if len(batches) == 1 and len(self.inserted) == batches[0].num_rows:
+            return batches[0]
+        table = pa.Table.from_batches(batches, schema=self.entry.data.arrow_schema)
+        if len(self.inserted) != table.num_rows:
+            starts = [0]
+            for batch in batches:
+                starts.append(starts[-1] + batch.num_rows)
+            keep = sorted(starts[b] + r for b, r in self.inserted.values())
+            table = table.take(pa.array(keep, type=pa.uint32()))
+        combined: list[pa.RecordBatch] = table.combine_chunks().to_batches()
+        assert len(combined) == 1
+        return combined[0]
+
+    def own_row(self, key: Key) -> dict[str, object]:
+        batch_no, row_no = self.inserted[key]
+        rows: list[dict[str, object]] = self.batches[batch_no].slice(row_no, 1).to_pylist()
+        return rows[0]
+
+
+@dataclass(slots=True)
+class CommitPlan:
+    """What a commit needs from the workspace."""
+
+    rows: list[RowWrite]
+    guards: set[ConflictKey]
+    marks: set[ConflictKey]
+    catalog_commands: list[UpdateCatalog]
+    appends: list[tuple[TableEntry, pa.RecordBatch]]
+    deletes: list[Delete]
+    new_table_ids: set[int] = field(default_factory=set)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.catalog_commands or self.appends or self.deletes)
+
+
+class Transaction:
+    """Begin with `engine.begin()` or `async with engine.transaction() as txn`."""
+
+    def __init__(
+        self, engine: Engine, start_ts: int, *, read_only: bool = False, registered: bool = True
+    ) -> None:
+        self._engine = engine
+        self._registered = registered
+        """Counted among the engine's open transactions (snapshots are not)."""
+        self._catalog: Catalog = engine._state.catalog
+        self.start_ts = start_ts
+        self.commit_ts: int | None = None
+        self.read_only = read_only
+        self.state = TxnState.OPEN
+        self._new_dbs: dict[str, DatabaseEntry] = {}
+        self._dropped_dbs: set[int] = set()
+        self._new_tables: dict[tuple[int, str], TableEntry] = {}
+        self._dropped_tables: set[int] = set()
+        self._catalog_commands: list[UpdateCatalog] = []
+        self._writes: dict[int, _TableWrites] = {}
+        self._guards: set[ConflictKey] = set()
+        self._marks: set[ConflictKey] = set()
+        self._bytes = 0
+        self._deletes = 0
+
+    def __repr__(self) -> str:
+        return f"<Transaction start_ts={self.start_ts} {self.state.value}>"
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    async def commit(self) -> None:
+        """Make every write durable and visible; returns once it is both. Raises a
+        `TxnError` (WriteConflict, DuplicateKey, TxnTooLarge) after rolling back, or
+        `WalFailed` when the WAL failed (the outcome is then decided by replay)."""
+        self._check_open()
+        await self._engine._commit(self)
+
+    async def rollback(self) -> None:
+        if self.state is TxnState.OPEN:
+            self._end(TxnState.ROLLED_BACK)
+
+    def _end(self, state: TxnState) -> None:
+        if self.state in (TxnState.OPEN, TxnState.COMMITTING) and self._registered:
+            self._engine._txn_ended(self)
+        self.state = state
+        self._writes.clear()
+        self._new_tables.clear()
+
+    def _check_open(self) -> None:
+        if self.state is not TxnState.OPEN:
+            raise TxnClosed(f"transaction is {self.state.value}")
+        self._engine._check_not_closed()
+
+    def _check_writable(self) -> None:
+        self._check_open()
+        if self.read_only:
+            raise BadInput("a snapshot is read-only")
+
+    # --- catalog in this transaction's view ------------------------------------------------
+
+    def _database(self, name: str) -> DatabaseEntry:
+        entry = self._new_dbs.get(name)
+        if entry is None:
+            entry = self._catalog.database(name, self.start_ts)
+            if entry is not None and entry.db_id in self._dropped_dbs:
+                entry = None
+        if entry is None:
+            raise NotFound(f"no database {name!r}")
+        return entry
+
+    def _table(self, db: str, name: str) -> TableEntry:
+        database = self._database(db)
+        entry = self._new_tables.get((database.db_id, name))
+        if entry is None:
+            entry = self._catalog.table(database.db_id, name, self.start_ts)
+            if entry is not None and entry.table_id in self._dropped_tables:
+                entry = None
+        if entry is None:
+            raise NotFound(f"no table {db}.{name}")
+        return entry
+
+    def databases(self) -> list[str]:
+        self._check_open()
+        names = {e.name for e in self._catalog.databases_at(self.start_ts)}
+        names = {n for n in names if self._visible_db(n)} | set(self._new_dbs)
+        return sorted(names)
+
+    def _visible_db(self, name: str) -> bool:
+        try:
+            self._database(name)
+        except NotFound:
+            return False
+        return True
+
+    def tables(self, db: str) -> list[str]:
+        self._check_open()
+        database = self._database(db)
+        names = {
+            e.name
+            for e in self._catalog.tables_at(database.db_id, self.start_ts)
+            if e.table_id not in self._dropped_tables
+        }
+        names |= {name for (db_id, name) in self._new_tables if db_id == database.db_id}
+        return sorted(names)
+
+    def schema(self, db: str, name: str) -> Schema:
+        self._check_open()
+        return self._table(db, name).schema
+
+    async def create_database(self, name: str) -> None:
+        self._check_writable()
+        check_name("database", name)
+        if self._visible_db(name):
+            raise AlreadyExists(f"database {name!r} exists")
+        db_id = self._catalog.allocate_id()
+        self._new_dbs[name] = DatabaseEntry(db_id, name, create_ts=0)
+        self._catalog_commands.append(
+            UpdateCatalog(CatalogKind.DATABASE, CatalogOp.CREATE, db_id, 0, name, None)
+        )
+        key = conflicts.catalog_db_name(name)
+        self._guards.add(key)
+        self._marks.add(key)
+
+    async def drop_database(self, name: str) -> None:
+        """Drop a database and every table in it."""
+        self._check_writable()
+        database = self._database(name)
+        for table in self.tables(name):
+            self._drop_table(database, self._table(name, table))
+        self._new_dbs.pop(name, None)
+        self._dropped_dbs.add(database.db_id)
+        self._catalog_commands.append(
+            UpdateCatalog(CatalogKind.DATABASE, CatalogOp.DROP, database.db_id, 0, name, None)
+        )
+        self._guards.update(
+            (
+                conflicts.catalog_db_name(name),
+                conflicts.catalog_db_drop(database.db_id),
+                conflicts.catalog_db_ddl(database.db_id),
+            )
+        )
+        self._marks.update(
+            (conflicts.catalog_db_name(name), conflicts.catalog_db_drop(database.db_id))
+        )
+
+    async def create_table(self, db: str, name: str, schema: Schema) -> None:
+        self._check_writable()
+        if not isinstance(schema, Schema):
+            raise SchemaError(f"schema must be an engine.Schema, not {type(schema).__name__}")
+        check_name("table", name)
+        database = self._database(db)
+        try:
+            self._table(db, name)
+        except NotFound:
+            pass
+        else:
+            raise AlreadyExists(f"table {db}.{name} exists")
+        table_id = self._catalog.allocate_id()
+        entry = TableEntry(table_id, database.db_id, name, schema, create_ts=0)
+        self._new_tables[(database.db_id, name)] = entry
+        self._catalog_commands.append(
+            UpdateCatalog(
+                CatalogKind.TABLE, CatalogOp.CREATE, database.db_id, table_id, name, schema
+            )
+        )
+        name_key = conflicts.catalog_table_name(database.db_id, name)
+        self._guards.update((name_key, conflicts.catalog_db_drop(database.db_id)))
+        self._marks.update((name_key, conflicts.catalog_db_ddl(database.db_id)))
+
+    async def drop_table(self, db: str, name: str) -> None:
+        self._check_writable()
+        database = self._database(db)
+        self._drop_table(database, self._table(db, name))
+
+    def _drop_table(self, database: DatabaseEntry, table: TableEntry) -> None:
+        self._new_tables.pop((database.db_id, table.name), None)
+        self._dropped_tables.add(table.table_id)
+        writes = self._writes.pop(table.table_id, None)
+        if writes is not None:
+            self._bytes -= writes.bytes
+            self._deletes -= len(writes.deleted)
+        self._catalog_commands.append(
+            UpdateCatalog(
+                CatalogKind.TABLE, CatalogOp.DROP, database.db_id, table.table_id, table.name, None
+            )
+        )
+        name_key = conflicts.catalog_table_name(database.db_id, table.name)
+        drop_key = conflicts.catalog_table_drop(table.table_id)
+        self._guards.update(
+            (
+                name_key,
+                drop_key,
+                conflicts.catalog_table_rows(table.table_id),
+                conflicts.catalog_db_drop(database.db_id),
+            )
+        )
+        self._marks.update((name_key, drop_key, conflicts.catalog_db_ddl(database.db_id)))
+
+    def table(self, db: str, name: str) -> TableHandle:
+        """The table `db.name` as this transaction sees it (`NotFound` if it does not)."""
+        self._check_open()
+        return TableHandle(self, db, name, self._table(db, name))
+
+    # --- rows -----------------------------------------------------------------------------------
+
+    def _writes_for(self, handle: TableHandle) -> _TableWrites | None:
+        return self._writes.get(handle._entry.table_id)
+
+    def _check_handle(self, handle: TableHandle) -> None:
+        current = self._table(handle.db, handle.name)
+        if current is not handle._entry:
+            raise NotFound(f"table {handle.db}.{handle.name} was dropped or replaced")
+
+    def _snapshot_version(self, entry: TableEntry, key: Key) -> RowVersion | None:
+        if entry.create_ts == 0:  # created in this transaction
+            return None
+        return entry.data.version_at(key, self.start_ts)
+
+    def _live_in_view(self, entry: TableEntry, writes: _TableWrites | None, key: Key) -> bool:
+        if writes is not None:
+            if key in writes.inserted:
+                return True
+            if key in writes.deleted:
+                return False
+        return self._snapshot_version(entry, key) is not None
+
+    def _ensure_writes(self, entry: TableEntry) -> _TableWrites:
+        writes = self._writes.get(entry.table_id)
+        if writes is None:
+            writes = _TableWrites(entry)
+            self._writes[entry.table_id] = writes
+        return writes
+
+    def _insert(self, handle: TableHandle, rows: object) -> int:
+        self._check_writable()
+        self._check_handle(handle)
+        entry = handle._entry
+        data = entry.data
+        batch = to_batch(entry.schema, data.arrow_schema, rows, handle.qualified)
+        if batch.num_rows == 0:
+            return 0
+        keys = batch_keys(entry.schema, batch)
+        writes = self._writes.get(entry.table_id)
+        seen: set[Key] = set()
+        for key in keys:
+            if key in seen or self._live_in_view(entry, writes, key):
+                raise DuplicateKey(handle.qualified, key)
+            seen.add(key)
+        size = batch.get_total_buffer_size()
+        if self._bytes + size > limits.TXN_WORKSPACE_BYTES_MAX:
+            raise TxnTooLarge(
+                "txn_workspace_bytes_max", self._bytes + size, limits.TXN_WORKSPACE_BYTES_MAX
+            )
+        writes = self._ensure_writes(entry)
+        batch_no = len(writes.batches)
+        writes.batches.append(batch)
+        writes.bytes += size
+        self._bytes += size
+        for row_no, key in enumerate(keys):
+            writes.inserted[key] = (batch_no, row_no)
+        rows_inserted: int = batch.num_rows
+        return rows_inserted
+
+    def _normalized_keys(self, handle: TableHandle, keys: Iterable[object]) -> list[Key]:
+        if isinstance(keys, (str, bytes)) or not isinstance(keys, Iterable):
+            raise SchemaError(f"{handle.qualified}: keys must be a list, not {type(keys).__name__}")
+        out: list[Key] = []
+        seen: set[Key] = set()
+        for key in keys:
+            normalized = normalize_key(handle._entry.schema, key, handle.qualified)
+            if normalized not in seen:
+                seen.add(normalized)
+                out.append(normalized)
+        return out
+
+    def _delete(self, handle: TableHandle, keys: Iterable[object]) -> int:
+        self._check_writable()
+        self._check_handle(handle)
+        entry = handle._entry
+        normalized = self._normalized_keys(handle, keys)
+        writes = self._writes.get(entry.table_id)
+        own: list[Key] = []
+        snapshot: list[tuple[Key, RowVersion]] = []
+        for key in normalized:
+            if writes is not None and key in writes.inserted:
+                own.append(key)
+            elif writes is not None and key in writes.deleted:
+                continue
+            else:
+                version = self._snapshot_version(entry, key)
+                if version is not None:
+                    snapshot.append((key, version))
+        if self._deletes + len(snapshot) > limits.TXN_DELETES_MAX:
+            raise TxnTooLarge(
+                "txn_deletes_max", self._deletes + len(snapshot), limits.TXN_DELETES_MAX
+            )
+        if not own and not snapshot:
+            return 0
+        writes = self._ensure_writes(entry)
+        for key in own:
+            del writes.inserted[key]
+        for key, version in snapshot:
+            writes.deleted[key] = version
+            writes.deleted_by_block.setdefault(version.block_id, BitMap()).add(version.offset)
+        self._deletes += len(snapshot)
+        return len(own) + len(snapshot)
+
+    def _get(self, handle: TableHandle, key: object) -> dict[str, Any] | None:
+        self._check_open()
+        self._check_handle(handle)
+        entry = handle._entry
+        normalized = normalize_key(entry.schema, key, handle.qualified)
+        writes = self._writes.get(entry.table_id)
+        if writes is not None:
+            if normalized in writes.inserted:
+                return writes.own_row(normalized)
+            if normalized in writes.deleted:
+                return None
+        version = self._snapshot_version(entry, normalized)
+        return entry.data.row(version) if version is not None else None
+
+    def _update(
+        self, handle: TableHandle, keys: Iterable[object], values: dict[str, object]
+    ) -> int:
+        self._check_writable()
+        self._check_handle(handle)
+        entry = handle._entry
+        if not isinstance(values, dict) or not values:
+            raise SchemaError(f"{handle.qualified}: update values must be a non-empty dict")
+        for column in values:
+            if not isinstance(column, str) or column not in entry.schema.names:
+                raise SchemaError(f"{handle.qualified}: unknown column {column!r}")
+            if column in entry.schema.primary_key:
+                raise SchemaError(
+                    f"{handle.qualified}: cannot update key column {column!r}; "
+                    "delete the row and insert the new one"
+                )
+        rows = []
+        found = []
+        for key in self._normalized_keys(handle, keys):
+            row = self._get(handle, key)
+            if row is not None:
+                rows.append({**row, **values})
+                found.append(key)
+        if not rows:
+            return 0
+        batch = to_batch(entry.schema, entry.data.arrow_schema, rows, handle.qualified)
+        size = batch.get_total_buffer_size()
+        if self._bytes + size > limits.TXN_WORKSPACE_BYTES_MAX:
+            raise TxnTooLarge(
+                "txn_workspace_bytes_max", self._bytes + size, limits.TXN_WORKSPACE_BYTES_MAX
+            )
+        writes = self._writes.get(entry.table_id)
+        snapshot_deletes = sum(1 for k in found if writes is None or k not in writes.inserted)
+        if self._deletes + snapshot_deletes > limits.TXN_DELETES_MAX:
+            raise TxnTooLarge(
+                "txn_deletes_max", self._deletes + snapshot_deletes, limits.TXN_DELETES_MAX
+            )
+        # Every check passed: delete and insert cannot fail now.
+        self._delete(handle, found)
+        inserted = self._insert(handle, batch)
+        assert inserted == len(found)
+        return inserted
+
+    def _scan(
+        self, handle: TableHandle, columns: Sequence[str] | None, filter: pc.Expression | None
+    ) -> pa.Table:
+        self._check_open()
+        self._check_handle(handle)
+        entry = handle._entry
+        data = entry.data
+        if columns is not None:
+            if isinstance(columns, str):
+                raise SchemaError(f"{handle.qualified}: columns must be a list of names")
+            for column in columns:
+                if column not in entry.schema.names:
+                    raise SchemaError(f"{handle.qualified}: unknown column {column!r}")
+        writes = self._writes.get(entry.table_id)
+        parts: list[pa.Table] = []
+        if entry.create_ts != 0:
+            parts = data.scan_at(self.start_ts, writes.deleted_by_block if writes else None)
+        own = writes.live_inserts() if writes is not None else None
+        if own is not None:
+            parts.append(pa.Table.from_batches([own]))
+        table = pa.concat_tables(parts) if parts else data.arrow_schema.empty_table()
+        if filter is not None:
+            if not isinstance(filter, pc.Expression):
+                raise SchemaError(
+                    f"{handle.qualified}: filter must be a pyarrow.compute.Expression"
+                )
+            try:
+                table = table.filter(filter)
+            except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
+                raise SchemaError(f"{handle.qualified}: bad filter: {exc}") from None
+        if columns is not None:
+            table = table.select(list(columns))
+        return table
+
+    # --- the commit plan ----------------------------------------------------------------------
+
+    def _plan(self) -> CommitPlan:
+        rows: list[RowWrite] = []
+        guards = set(self._guards)
+        marks = set(self._marks)
+        appends: list[tuple[TableEntry, pa.RecordBatch]] = []
+        deletes: list[Delete] = []
+        new_ids = {entry.table_id for entry in self._new_tables.values()}
+        for table_id, writes in self._writes.items():
+            entry = writes.entry
+            if not writes.inserted and not writes.deleted:
+                continue
+            guards.add(conflicts.catalog_table_drop(table_id))
+            guards.add(conflicts.catalog_db_drop(entry.db_id))
+            marks.add(conflicts.catalog_table_rows(table_id))
+            for key in writes.inserted:
+                rows.append(RowWrite((table_id, key), key not in writes.deleted, True))
+            for key in writes.deleted:
+                if key not in writes.inserted:
+                    rows.append(RowWrite((table_id, key), False, False))
+            for block_id in sorted(writes.deleted_by_block):
+                deletes.append(
+                    Delete(
+                        entry.db_id,
+                        table_id,
+                        block_id,
+                        FrozenBitMap(writes.deleted_by_block[block_id]),
+                    )
+                )
+            batch = writes.live_inserts()
+            if batch is not None:
+                appends.append((entry, batch))
+        return CommitPlan(
+            rows, guards, marks, list(self._catalog_commands), appends, deletes, new_ids
+        )
+
+
+class TableHandle:
+    """A table as one transaction sees it. Methods are coroutines so that the same code runs
+    unchanged against a remote engine (issue 15)."""
+
+    __slots__ = ("_entry", "_txn", "db", "name")
+
+    def __init__(self, txn: Transaction, db: str, name: str, entry: TableEntry) -> None:
+        self._txn = txn
+        self.db = db
+        self.name = name
+        self._entry = entry
+
+    @property
+    def qualified(self) -> str:
+        return f"{self.db}.{self.name}"
+
+    @property
+    def schema(self) -> Schema:
+        return self._entry.schema
+
+    async def insert(self, rows: object) -> int:
+        """Insert rows (a pyarrow Table or RecordBatch, a list of dicts, or one dict).
+        Returns how many. `DuplicateKey` if a key is live in this transaction's view."""
+        return self._txn._insert(self, rows)
+
+    async def delete(self, keys: Iterable[object]) -> int:
+        """Delete the rows with these primary keys (tuples for a compound key). Keys that
+        are not live are ignored; returns how many rows were deleted."""
+        return self._txn._delete(self, keys)
+
+    async def update(self, keys: Iterable[object], values: dict[str, object]) -> int:
+        """Set `values` (non-key columns) in the rows with these keys: a delete of each row
+        and an insert of its new version. Returns how many rows were updated."""
+        return self._txn._update(self, keys, values)
+
+    async def get(self, key: object) -> dict[str, Any] | None:
+        return self._txn._get(self, key)
+
+    async def scan(
+        self, columns: Sequence[str] | None = None, filter: pc.Expression | None = None
+    ) -> pa.Table:
+        """Rows visible to the transaction, filtered, with the columns asked for (all by
+        default). Row order is unspecified."""
+        return self._txn._scan(self, columns, filter)

@@ -1,0 +1,128 @@
+"""The engine's WAL entries and commands, as values (the codec is `engine/wal/codec.py`, the
+bytes are documented in `engine/FORMAT.md`).
+
+The seed's Transaction Entry (shared/reference/seeds "WAL Practical"): a transaction context
+(StartTS, CommitTS, Memo = what the transaction touched) and a list of commands:
+
+* `UpdateCatalog`: Dest (database or table id) + EntryNode (create@ or delete@ = the entry's
+  commit_ts; a created table's schema);
+* `Append`: AppendInfo list (where the rows land: block and offset) + Batch (Arrow);
+* `Delete`: Destination (table and block) + delete mask (a roaring bitmap of row offsets).
+
+Entry types follow the seed's table (004_*): `AC` (0x10) a whole committed transaction and
+`CKP` (0x40) a checkpoint record; PC/UC (0x11/0x12) are reserved for large transactions
+(issue 14). One transaction is exactly one entry, so after a crash it is wholly in the log or
+wholly absent.
+
+Numbers: `commit_ts`/`start_ts` are hybrid-clock timestamps (engine/clock.py); ids are the
+catalog's; the DSN is the driver's and is not stored in the entry (the driver's record
+carries it).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import pyarrow as pa
+from pyroaring import FrozenBitMap
+
+from engine.schema import Schema
+
+
+class EntryType(enum.IntEnum):
+    AC = 0x10
+    """A full committed transaction."""
+    CKP = 0x40
+    """A checkpoint: everything with commit_ts <= ckp_ts is in the checkpoint objects."""
+
+
+class CatalogKind(enum.IntEnum):
+    DATABASE = 1
+    TABLE = 2
+
+
+class CatalogOp(enum.IntEnum):
+    CREATE = 1
+    DROP = 2
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateCatalog:
+    """Create or drop a database (`table_id == 0`, `schema is None`) or a table. The
+    create@/delete@ timestamp is the entry's commit_ts. `name` is the entry's name (for a
+    drop too, so the log alone tells what was dropped)."""
+
+    kind: CatalogKind
+    op: CatalogOp
+    db_id: int
+    table_id: int
+    name: str
+    schema: Schema | None
+
+
+@dataclass(frozen=True, slots=True)
+class AppendInfo:
+    """Rows [offset, offset + rows) of block `block_id` receive the next `rows` rows of the
+    command's batch."""
+
+    block_id: int
+    offset: int
+    rows: int
+
+
+@dataclass(frozen=True, slots=True)
+class Append:
+    """Rows appended to a table. The infos cover the batch's rows in order, exactly."""
+
+    db_id: int
+    table_id: int
+    infos: tuple[AppendInfo, ...]
+    batch: pa.RecordBatch
+
+
+@dataclass(frozen=True, slots=True)
+class Delete:
+    """Rows deleted from one block of a table: `rows` holds their offsets in the block."""
+
+    db_id: int
+    table_id: int
+    block_id: int
+    rows: FrozenBitMap
+
+
+Command = UpdateCatalog | Append | Delete
+
+
+@dataclass(frozen=True, slots=True)
+class MemoItem:
+    """What a transaction touched: a table's block (`block_id > 0`), a table's definition or
+    a database (`block_id == 0`; `table_id == 0` for a database)."""
+
+    db_id: int
+    table_id: int
+    block_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class TxnEntry:
+    """Entry type AC: one committed transaction. `memo` is sorted and has no repeats."""
+
+    start_ts: int
+    commit_ts: int
+    memo: tuple[MemoItem, ...]
+    commands: tuple[Command, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointEntry:
+    """Entry type CKP: a checkpoint covering every commit with commit_ts <= `ckp_ts`, written
+    to `location` (an object name; issue 14 writes these). `truncate_dsn` is the DSN up to
+    which the WAL may be truncated once this entry is durable."""
+
+    ckp_ts: int
+    truncate_dsn: int
+    location: str
+
+
+Entry = TxnEntry | CheckpointEntry
