@@ -152,7 +152,10 @@ def to_batch(schema: Schema, arrow_schema: pa.Schema, rows: object, table: str) 
     if isinstance(rows, pa.Table):
         batch = _from_arrow(schema, arrow_schema, rows, table)
     elif isinstance(rows, pa.RecordBatch):
-        batch = _from_arrow(schema, arrow_schema, pa.Table.from_batches([rows]), table)
+        if rows.schema.equals(arrow_schema):
+            batch = rows  # the fast path: already exactly the table's schema
+        else:
+            batch = _from_arrow(schema, arrow_schema, pa.Table.from_batches([rows]), table)
     elif isinstance(rows, Mapping):
         batch = _from_dicts(schema, arrow_schema, [rows], table)
     elif isinstance(rows, Sequence) and not isinstance(rows, (str, bytes)):
