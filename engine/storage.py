@@ -30,6 +30,13 @@ from engine import limits
 from engine.schema import Key, Schema, batch_keys
 from engine.wal.entry import Append, AppendInfo, Delete
 
+_OFFSET_BITS = 32
+_OFFSET_MASK = (1 << _OFFSET_BITS) - 1
+
+
+def _row_id(block_id: int, offset: int) -> int:
+    return (block_id << _OFFSET_BITS) | offset
+
 
 class ApplyError(Exception):
     """A command does not fit the state it is applied to (see the module docstring)."""
@@ -92,6 +99,9 @@ class Block:
             self._combined_rows = self.rows
         return self._combined
 
+    def commit_ts_of(self, offset: int) -> int:
+        return self.node_ts[bisect.bisect_right(self.node_ends, offset)]
+
     def row(self, offset: int) -> dict[str, object]:
         node = bisect.bisect_right(self.node_ends, offset)
         start = self.node_ends[node - 1] if node else 0
@@ -107,7 +117,11 @@ class TableData:
         self.schema = schema
         self.arrow_schema = schema.to_arrow()
         self.blocks: list[Block] = []
-        self.keys: dict[Key, list[RowVersion]] = {}
+        self.keys: dict[Key, int | tuple[int, ...]] = {}
+        """Every version of every key, oldest first, as packed row ids (`_row_id`): ints and
+        tuples of ints, so a table of millions of rows adds no objects for the garbage
+        collector to walk (one RowVersion object per row made full collections grow
+        with the table, and with them the commit latency tail)."""
         self.live_rows = 0
         self._reserved_block = 1
         self._reserved_offset = 0
@@ -182,9 +196,19 @@ class TableData:
             block.node_batches.append(part)
             block.rows += info.rows
             block.node_ends.append(block.rows)
+            index_keys = self.keys
+            base = _row_id(info.block_id, info.offset)
             for index in range(info.rows):
-                version = RowVersion(commit_ts, info.block_id, info.offset + index)
-                self.keys.setdefault(keys[start + index], []).append(version)
+                key = keys[start + index]
+                row_id = base + index
+                old = index_keys.get(key)
+                if old is None:
+                    index_keys[key] = row_id
+                elif type(old) is int:
+                    index_keys[key] = (old, row_id)
+                else:
+                    assert isinstance(old, tuple)
+                    index_keys[key] = (*old, row_id)
             start += info.rows
         self.live_rows += batch.num_rows
         if (self._reserved_block, self._reserved_offset) < self._applied_position():
@@ -212,26 +236,35 @@ class TableData:
 
     # --- reads at a timestamp ------------------------------------------------------------------
 
-    def _live_version(self, key: Key) -> RowVersion | None:
-        versions = self.keys.get(key)
-        if not versions:
+    def _row_ids(self, key: Key) -> tuple[int, ...]:
+        found = self.keys.get(key)
+        if found is None:
+            return ()
+        if type(found) is int:
+            return (found,)
+        assert isinstance(found, tuple)
+        return found
+
+    def _live_version(self, key: Key) -> int | None:
+        row_ids = self._row_ids(key)
+        if not row_ids:
             return None
-        last = versions[-1]
-        if last.offset in self.blocks[last.block_id - 1].delete_ts:
+        last = row_ids[-1]
+        if (last & _OFFSET_MASK) in self.blocks[(last >> _OFFSET_BITS) - 1].delete_ts:
             return None
         return last
 
     def version_at(self, key: Key, ts: int) -> RowVersion | None:
         """The version of `key` visible at `ts`, or None."""
-        versions = self.keys.get(key)
-        if not versions:
-            return None
-        for version in reversed(versions):
-            if version.commit_ts > ts:
+        for row_id in reversed(self._row_ids(key)):
+            block = self.blocks[(row_id >> _OFFSET_BITS) - 1]
+            offset = row_id & _OFFSET_MASK
+            commit_ts = block.commit_ts_of(offset)
+            if commit_ts > ts:
                 continue
-            delete_ts = self.blocks[version.block_id - 1].delete_ts.get(version.offset)
+            delete_ts = block.delete_ts.get(offset)
             if delete_ts is None or delete_ts > ts:
-                return version
+                return RowVersion(commit_ts, block.block_id, offset)
             return None  # at most one version is live at a time; older ones died before
         return None
 
