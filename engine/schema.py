@@ -90,6 +90,8 @@ class Schema:
     key_indexes: tuple[int, ...] = field(init=False, repr=False, compare=False)
     """Positions of the key columns, in key order."""
     name_set: frozenset[str] = field(init=False, repr=False, compare=False)
+    arrow_nullable: pa.Schema = field(init=False, repr=False, compare=False)
+    """The Arrow schema with every field nullable (how batches are usually built)."""
     lossy_checks: tuple[tuple[str, tuple[type, ...], str], ...] = field(
         init=False, repr=False, compare=False
     )
@@ -125,6 +127,9 @@ class Schema:
                 )
         object.__setattr__(self, "key_indexes", tuple(names.index(k) for k in pk))
         object.__setattr__(self, "name_set", frozenset(names))
+        object.__setattr__(
+            self, "arrow_nullable", pa.schema([pa.field(c.name, c.arrow_type) for c in cols])
+        )
         object.__setattr__(self, "lossy_checks", _lossy_checks(cols))
 
     @property
@@ -152,8 +157,12 @@ def to_batch(schema: Schema, arrow_schema: pa.Schema, rows: object, table: str) 
     if isinstance(rows, pa.Table):
         batch = _from_arrow(schema, arrow_schema, rows, table)
     elif isinstance(rows, pa.RecordBatch):
-        if rows.schema.equals(arrow_schema):
+        incoming = rows.schema
+        if incoming.equals(arrow_schema):
             batch = rows  # the fast path: already exactly the table's schema
+        elif incoming.equals(schema.arrow_nullable):
+            # The usual case of a batch built without nullability: same names and types.
+            batch = pa.RecordBatch.from_arrays(rows.columns, schema=arrow_schema)
         else:
             batch = _from_arrow(schema, arrow_schema, pa.Table.from_batches([rows]), table)
     elif isinstance(rows, Mapping):
