@@ -135,6 +135,8 @@ class Transaction:
         self._marks: set[ConflictKey] = set()
         self._bytes = 0
         self._deletes = 0
+        self._ddl_count = 0
+        """DDL operations so far; table handles re-check their table when it moves."""
 
     def __repr__(self) -> str:
         return f"<Transaction start_ts={self.start_ts} {self.state.value}>"
@@ -222,6 +224,7 @@ class Transaction:
 
     async def create_database(self, name: str) -> None:
         self._check_writable()
+        self._ddl_count += 1
         check_name("database", name)
         if self._visible_db(name):
             raise AlreadyExists(f"database {name!r} exists")
@@ -237,6 +240,7 @@ class Transaction:
     async def drop_database(self, name: str) -> None:
         """Drop a database and every table in it."""
         self._check_writable()
+        self._ddl_count += 1
         database = self._database(name)
         for table in self.tables(name):
             self._drop_table(database, self._table(name, table))
@@ -258,6 +262,7 @@ class Transaction:
 
     async def create_table(self, db: str, name: str, schema: Schema) -> None:
         self._check_writable()
+        self._ddl_count += 1
         if not isinstance(schema, Schema):
             raise SchemaError(f"schema must be an engine.Schema, not {type(schema).__name__}")
         check_name("table", name)
@@ -286,6 +291,7 @@ class Transaction:
         self._drop_table(database, self._table(db, name))
 
     def _drop_table(self, database: DatabaseEntry, table: TableEntry) -> None:
+        self._ddl_count += 1
         self._new_tables.pop((database.db_id, table.name), None)
         self._dropped_tables.add(table.table_id)
         writes = self._writes.pop(table.table_id, None)
@@ -316,13 +322,16 @@ class Transaction:
 
     # --- rows -----------------------------------------------------------------------------------
 
-    def _writes_for(self, handle: TableHandle) -> _TableWrites | None:
-        return self._writes.get(handle._entry.table_id)
-
     def _check_handle(self, handle: TableHandle) -> None:
+        """The handle's table is still the one this transaction sees under its name.
+        Only this transaction's own DDL can change that (its snapshot is fixed), so the
+        lookup runs again only after DDL in it."""
+        if handle._ddl_seen == self._ddl_count:
+            return
         current = self._table(handle.db, handle.name)
         if current is not handle._entry:
             raise NotFound(f"table {handle.db}.{handle.name} was dropped or replaced")
+        handle._ddl_seen = self._ddl_count
 
     def _snapshot_version(self, entry: TableEntry, key: Key) -> RowVersion | None:
         if entry.create_ts == 0:  # created in this transaction
@@ -551,13 +560,14 @@ class TableHandle:
     """A table as one transaction sees it. Methods are coroutines so that the same code runs
     unchanged against a remote engine (issue 15)."""
 
-    __slots__ = ("_entry", "_txn", "db", "name")
+    __slots__ = ("_ddl_seen", "_entry", "_txn", "db", "name")
 
     def __init__(self, txn: Transaction, db: str, name: str, entry: TableEntry) -> None:
         self._txn = txn
         self.db = db
         self.name = name
         self._entry = entry
+        self._ddl_seen = txn._ddl_count
 
     @property
     def qualified(self) -> str:

@@ -510,3 +510,25 @@ def test_cli_refuses_a_dir_held_by_a_running_engine(
 
     run(main())
     assert "locked by another process" in capsys.readouterr().err
+
+
+def test_a_handle_follows_ddl_in_its_own_transaction(tmp_path: Path) -> None:
+    async def main() -> None:
+        eng = await Engine.open(str(tmp_path), wal="memory")
+        await shop(eng)
+        async with eng.transaction() as txn:
+            old = txn.table("shop", "orders")
+            await old.insert([order(1)])
+            await txn.drop_table("shop", "orders")
+            with pytest.raises(NotFound):
+                await old.insert([order(2)])
+            await txn.create_table("shop", "orders", ORDERS)
+            with pytest.raises(NotFound):
+                await old.get(1)  # the name now holds another table
+            new = txn.table("shop", "orders")
+            assert await new.get(1) is None
+            await new.insert([order(3)])
+        assert await ids(eng) == [3]
+        await eng.close()
+
+    run(main())
