@@ -384,14 +384,22 @@ class Engine:
         if self._failure is not None:
             return  # every queued commit was failed already
         state = self._state
-        for visible in self._pipeline.durable(ticket):
-            commit = visible.waiter
+        visible = self._pipeline.durable(ticket)
+        for index, made_visible in enumerate(visible):
+            commit = made_visible.waiter
             assert commit.entry is not None
             try:
                 state.apply(commit.entry)
-            except ApplyError as exc:  # a bug: the workspace checks make this impossible
-                raise AssertionError(f"committed entry does not apply: {exc}") from exc
-            commit.txn.commit_ts = visible.commit_ts
+            except ApplyError as error:
+                # A bug (the workspace checks make it impossible): stop acknowledging,
+                # answer every waiter, and crash loudly rather than leave commits hanging.
+                bug = AssertionError(f"committed entry does not apply: {error}")
+                self._fail(bug)
+                for left in visible[index:]:
+                    if not left.waiter.future.done():
+                        left.waiter.future.set_exception(WalFailed(str(bug)))
+                raise bug from error
+            commit.txn.commit_ts = made_visible.commit_ts
             commit.txn._end(TxnState.COMMITTED)
             if not commit.future.done():
                 commit.future.set_result(None)
