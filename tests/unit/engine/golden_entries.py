@@ -1,0 +1,128 @@
+"""The inputs of the WAL golden vectors (tests/unit/engine/golden/*.hex).
+
+`python -m tests.unit.engine.golden_entries` rewrites the files from these inputs: only after
+a deliberate format change, together with a version bump (engine/FORMAT.md).
+"""
+
+from __future__ import annotations
+
+import datetime
+from pathlib import Path
+
+import pyarrow as pa
+from pyroaring import FrozenBitMap
+
+from engine.schema import Column, Schema
+from engine.wal.codec import encode_entry
+from engine.wal.entry import (
+    Append,
+    AppendInfo,
+    CatalogKind,
+    CatalogOp,
+    CheckpointEntry,
+    Delete,
+    MemoItem,
+    TxnEntry,
+    UpdateCatalog,
+)
+
+GOLDEN = Path(__file__).parent / "golden"
+
+ORDERS = Schema(
+    [Column("id", "int64"), Column("customer", "int32"), Column("note", "string", nullable=True)],
+    primary_key=["id"],
+)
+
+ALL_TYPES = Schema(
+    [
+        Column("k", "int32"),
+        Column("ks", "string"),
+        Column("i8", "int8", nullable=True),
+        Column("i16", "int16", nullable=True),
+        Column("i64", "int64", nullable=True),
+        Column("u8", "uint8", nullable=True),
+        Column("u16", "uint16", nullable=True),
+        Column("u32", "uint32", nullable=True),
+        Column("u64", "uint64", nullable=True),
+        Column("f32", "float32", nullable=True),
+        Column("f64", "float64", nullable=True),
+        Column("b", "bool", nullable=True),
+        Column("bin", "binary", nullable=True),
+        Column("d", "date32", nullable=True),
+        Column("ts", "timestamp[us]", nullable=True),
+    ],
+    primary_key=["k", "ks"],
+)
+
+ALL_TYPES_ROWS = [
+    {
+        "k": 1,
+        "ks": "a",
+        "i8": -8,
+        "i16": -16,
+        "i64": -(1 << 40),
+        "u8": 8,
+        "u16": 16,
+        "u32": 32,
+        "u64": (1 << 64) - 1,
+        "f32": 0.5,
+        "f64": -2.25,
+        "b": True,
+        "bin": b"\x00\x01",
+        "d": datetime.date(2026, 11, 24),
+        "ts": datetime.datetime(2026, 11, 24, 12, 0, 0, 1),
+    },
+    {"k": 2, "ks": "b"},
+    {"k": 3, "ks": "ü", "b": False, "bin": b"", "f64": 1e300},
+]
+
+ENTRIES: dict[str, TxnEntry | CheckpointEntry] = {
+    "ac_create_v1": TxnEntry(
+        start_ts=100,
+        commit_ts=101,
+        memo=(MemoItem(1, 0, 0), MemoItem(1, 2, 0)),
+        commands=(
+            UpdateCatalog(CatalogKind.DATABASE, CatalogOp.CREATE, 1, 0, "shop", None),
+            UpdateCatalog(CatalogKind.TABLE, CatalogOp.CREATE, 1, 2, "orders", ORDERS),
+        ),
+    ),
+    "ac_drop_v1": TxnEntry(
+        start_ts=200,
+        commit_ts=205,
+        memo=(MemoItem(1, 0, 0), MemoItem(1, 2, 0)),
+        commands=(
+            UpdateCatalog(CatalogKind.TABLE, CatalogOp.DROP, 1, 2, "orders", None),
+            UpdateCatalog(CatalogKind.DATABASE, CatalogOp.DROP, 1, 0, "shop", None),
+        ),
+    ),
+    "ac_append_v1": TxnEntry(
+        start_ts=300,
+        commit_ts=301,
+        memo=(MemoItem(1, 3, 1), MemoItem(1, 3, 2)),
+        commands=(
+            Append(
+                1,
+                3,
+                (AppendInfo(1, 8190, 2), AppendInfo(2, 0, 1)),
+                pa.RecordBatch.from_pylist(ALL_TYPES_ROWS, schema=ALL_TYPES.to_arrow()),
+            ),
+        ),
+    ),
+    "ac_delete_v1": TxnEntry(
+        start_ts=400,
+        commit_ts=402,
+        memo=(MemoItem(1, 2, 1),),
+        commands=(Delete(1, 2, 1, FrozenBitMap([1, 5, 70000])),),
+    ),
+    "ckp_v1": CheckpointEntry(ckp_ts=500, truncate_dsn=42, location="ckp/0000000500.parquet"),
+}
+
+
+def main() -> None:
+    GOLDEN.mkdir(exist_ok=True)
+    for name, entry in ENTRIES.items():
+        (GOLDEN / f"{name}.hex").write_text(encode_entry(entry).hex() + "\n")
+
+
+if __name__ == "__main__":
+    main()
