@@ -1,10 +1,13 @@
-"""`logsvc demo`: a local 3-node cluster at work, in about twenty seconds.
+"""`logsvc demo`: a local 3-node cluster at work, in well under a minute.
 
-Starts three `logsvc serve` processes on 127.0.0.1 (two shards, three replicas each),
+Starts three `logsvc serve` processes on 127.0.0.1 (three shards, three replicas each),
 then shows what the service promises: appends acknowledged after a majority fsync, reads,
 a long-poll tail, a leader killed with SIGKILL while appends go on (no acknowledged record
 lost, none duplicated), the killed node catching up, a fenced writer refused, and
-truncation. Everything it starts is stopped by PID at the end, whatever happens.
+truncation. Then the engine on shard 3 (engine/demo.py): an engine process killed with
+SIGKILL under commits and reopened with nothing lost, the shard's leader killed under its
+commits, and a second engine fencing the first. Everything it starts is stopped by PID at
+the end, whatever happens.
 """
 
 from __future__ import annotations
@@ -14,11 +17,13 @@ import shutil
 import tempfile
 import time
 
+from engine import demo as engine_demo
 from logsvc import devcluster
 from logsvc.client import Client, LogsvcError, StaleEpoch, Truncated, connect
 from logsvc.config import load_client_config
 
 SHARD = 1
+ENGINE_SHARD = 3
 WRITERS = 8
 CATCH_UP_S_MAX = 30.0
 
@@ -30,11 +35,12 @@ def _say(text: str) -> None:
 def run(dir_path: str | None) -> int:
     owned = dir_path is None
     base = tempfile.mkdtemp(prefix="logsvc-demo-") if dir_path is None else dir_path
-    _say(f"== starting a local cluster in {base} (3 nodes, 2 shards, 3 replicas each) ==")
+    _say(f"== starting a local cluster in {base} (3 nodes, 3 shards, 3 replicas each) ==")
     try:
-        pids = devcluster.up(base, nodes=3, shards=2)
+        pids = devcluster.up(base, nodes=3, shards=3)
         _say("nodes: " + ", ".join(f"{node} (pid {pid})" for node, pid in pids.items()))
         asyncio.run(_workload(base))
+        engine_demo.run(base, ENGINE_SHARD, _say)
     finally:
         devcluster.down(base)
         _say("cluster stopped (every node process ended by PID)")

@@ -16,21 +16,19 @@ happens (the workload by `WorkloadProcess.kill`, the nodes by `devcluster.down`)
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from engine.demo import shard_leader
 from engine.workload import Verified, WorkloadProcess, verify
 from logsvc import devcluster
-from logsvc.client import ClientOptions, LogsvcError, connect
 
 from .conftest import LocalCluster
 
 ACKS_WAIT_S_MAX = 60.0
 RUN_S_MAX = 90.0
-PROBE = ClientOptions(request_timeout_s=2.0, retry_s_max=1.0)
 
 
 @pytest.fixture(scope="module")
@@ -65,24 +63,8 @@ def check_after(args: list[str], acked: list[int]) -> Verified:
 
 
 def leader_of(cluster: LocalCluster, shard: int) -> str:
-    async def ask() -> str:
-        config = cluster.client_config
-        deadline = time.monotonic() + 30
-        while True:
-            for address in config.addresses:
-                client = await connect([address], config.token, options=PROBE)
-                try:
-                    status = await client.status(shard)
-                except LogsvcError:
-                    continue
-                finally:
-                    await client.close()
-                if status.is_leader:
-                    return cluster.node_of(address)
-            assert time.monotonic() < deadline, f"no leader for shard {shard}"
-            await asyncio.sleep(0.1)
-
-    return asyncio.run(ask())
+    address = asyncio.run(shard_leader(f"{cluster.dir}/client.toml", shard))
+    return cluster.node_of(address)
 
 
 def test_an_engine_killed_under_load_loses_no_acknowledged_commit(

@@ -75,4 +75,10 @@ def test_demo_runs_to_the_end() -> None:
     assert "lost: 0, duplicated: 0" in done.stdout
     assert "caught up" in done.stdout
     assert "refused" in done.stdout
+    engine = done.stdout.split("== the engine:", 1)[1]
+    reports = [line for line in engine.splitlines() if line.startswith("reopened")]
+    assert len(reports) == 3
+    assert all(", 0 lost;" in line and "every transaction whole" in line for line in reports)
+    assert "the next commit was acknowledged" in engine
+    assert "A's next commit was refused and A exited with code 3" in engine
     assert done.stdout.rstrip().endswith("demo finished")
