@@ -36,9 +36,7 @@ def _parser() -> argparse.ArgumentParser:
     def add(name: str, help_text: str) -> argparse.ArgumentParser:
         command = sub.add_parser(name, help=help_text)
         command.add_argument("dir", help="the engine's directory")
-        command.add_argument("--wal", choices=["file", "logsvc"], default="file")
-        command.add_argument("--client-config", help="client.toml of the logsvc cluster")
-        command.add_argument("--shard", type=int, help="the logsvc shard of the WAL")
+        add_wal_options(command)
         return command
 
     add("tables", "databases and tables, with schemas and live row counts")
@@ -50,10 +48,24 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def add_wal_options(parser: argparse.ArgumentParser) -> None:
+    """--wal, --client-config, --shard: where an engine's WAL is (also engine/workload.py)."""
+    parser.add_argument("--wal", choices=["file", "logsvc"], default="file")
+    parser.add_argument("--client-config", help="client.toml of the logsvc cluster")
+    parser.add_argument("--shard", type=int, help="the logsvc shard of the WAL")
+
+
+def wal_options_error(args: argparse.Namespace) -> str | None:
+    if args.wal == "logsvc" and (args.client_config is None or args.shard is None):
+        return "--wal logsvc needs --client-config and --shard"
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if args.wal == "logsvc" and (args.client_config is None or args.shard is None):
-        print("error: --wal logsvc needs --client-config and --shard", file=sys.stderr)
+    problem = wal_options_error(args)
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
         return 2
     if args.command == "scan" and (args.limit < 0 or "." not in args.table):
         print("error: scan needs db.table and a --limit >= 0", file=sys.stderr)

@@ -33,6 +33,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from engine.cli import add_wal_options, wal_options_error
 from engine.engine import Engine
 from engine.errors import AlreadyExists, Fenced, WalFailed, WriteConflict
 from engine.schema import Column, Schema
@@ -61,9 +62,7 @@ SETUP_TRIES_MAX = 8
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m engine.workload", description=__doc__)
     parser.add_argument("--dir", required=True)
-    parser.add_argument("--wal", choices=["file", "logsvc"], default="file")
-    parser.add_argument("--client-config")
-    parser.add_argument("--shard", type=int)
+    add_wal_options(parser)
     parser.add_argument("--writers", type=int, default=8)
     parser.add_argument("--txns", type=int, default=0, help="stop after this many (0: no limit)")
     parser.add_argument("--seconds", type=float, default=10.0, help="stop after this long")
@@ -74,8 +73,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if args.wal == "logsvc" and (args.client_config is None or args.shard is None):
-        print("error: --wal logsvc needs --client-config and --shard", file=sys.stderr)
+    problem = wal_options_error(args)
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
         return 2
     if not 1 <= args.writers <= WRITERS_MAX or args.seconds <= 0 or args.txns < 0:
         print(
