@@ -35,7 +35,7 @@ import asyncio
 import contextlib
 import os
 import socket
-from collections import Counter
+import weakref
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -144,8 +144,10 @@ class Engine:
             queue_max=limits.COMMIT_QUEUE_MAX,
             conflicts=ConflictIndex(keys_max=limits.CONFLICT_KEYS_MAX),
         )
-        self._open_starts: Counter[int] = Counter()
-        self._txns_open = 0
+        self._open_txns: weakref.WeakSet[Transaction] = weakref.WeakSet()
+        """Transactions begun and not ended. Weak: a transaction its caller dropped without
+        committing or rolling back stops counting (and stops pinning the conflict index)
+        once it is garbage, instead of holding an open-transaction slot forever."""
         self._since_prune = 0
         self._closed = False
         self._failure: WalFailed | None = None
@@ -250,7 +252,7 @@ class Engine:
             databases=len(databases),
             tables=len(tables),
             live_rows=sum(t.data.live_rows for t in tables),
-            txns_open=self._txns_open,
+            txns_open=len(self._open_txns),
             commits=pipeline.commits_visible,
             conflicts=pipeline.conflicts_found,
             commit_queue=len(pipeline),
@@ -265,11 +267,10 @@ class Engine:
     async def begin(self) -> Transaction:
         """A new transaction reading the snapshot at `visible_ts`."""
         self._check_not_closed()
-        if self._txns_open >= limits.TXNS_OPEN_MAX:
+        if len(self._open_txns) >= limits.TXNS_OPEN_MAX:
             raise Overloaded("open transactions", limits.TXNS_OPEN_MAX)
         txn = Transaction(self, self.visible_ts, read_only=self.read_only)
-        self._txns_open += 1
-        self._open_starts[txn.start_ts] += 1
+        self._open_txns.add(txn)
         return txn
 
     def transaction(self) -> _TransactionScope:
@@ -291,12 +292,7 @@ class Engine:
             txn.state = TxnState.ROLLED_BACK
 
     def _txn_ended(self, txn: Transaction) -> None:
-        self._txns_open -= 1
-        count = self._open_starts[txn.start_ts] - 1
-        if count:
-            self._open_starts[txn.start_ts] = count
-        else:
-            del self._open_starts[txn.start_ts]
+        self._open_txns.discard(txn)
 
     def _table_name(self, table_id: int) -> str:
         catalog = self._state.catalog
@@ -425,7 +421,7 @@ class Engine:
 
     def _prune(self) -> None:
         self._since_prune = 0
-        oldest = min(self._open_starts) if self._open_starts else self.visible_ts
+        oldest = min((txn.start_ts for txn in self._open_txns), default=self.visible_ts)
         self._pipeline.prune(oldest)
 
     # --- closing -----------------------------------------------------------------------------

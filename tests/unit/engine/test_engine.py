@@ -19,6 +19,7 @@ append, what reached the log before `Engine.abort()`.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -265,7 +266,16 @@ def test_open_transactions_are_bounded(tmp_path: Path, monkeypatch: pytest.Monke
         with pytest.raises(Overloaded):
             await eng.begin()
         await txns[0].rollback()
+        kept = await eng.begin()
+        with pytest.raises(Overloaded):
+            await eng.begin()
+        # A transaction dropped without commit or rollback gives its slot back once it is
+        # garbage (and stops pinning the conflict index's oldest snapshot).
+        del txns
+        gc.collect()
+        assert eng.stats().txns_open == 1
         await eng.begin()
+        assert kept.state is TxnState.OPEN
         await eng.close()
 
     run(main())
