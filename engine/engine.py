@@ -48,6 +48,7 @@ from engine.errors import (
     DuplicateKey,
     EngineClosed,
     Fenced,
+    NotFound,
     Overloaded,
     SnapshotUnavailable,
     TxnTooLarge,
@@ -182,6 +183,9 @@ class Engine:
         if not __debug__:
             raise RuntimeError("the engine refuses to run with assertions disabled (python -O)")
         path = os.fspath(path)
+        if read_only and wal == "file" and not os.path.isdir(os.path.join(path, WAL_DIR_NAME)):
+            # Looking must not create: a read-only open of a missing engine is an error.
+            raise NotFound(f"no engine here: {os.path.join(path, WAL_DIR_NAME)} does not exist")
         os.makedirs(path, exist_ok=True)
         backend, owns = await _open_backend(path, wal, client_config, shard, read_only, holder)
         try:

@@ -475,6 +475,10 @@ def test_cli_tables_scan_stats(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert cli.main(["scan", str(tmp_path), "shop.nope"]) == 1
     assert "no table shop.nope" in capsys.readouterr().err
     assert cli.main(["scan", str(tmp_path), "nodot"]) == 2
+    missing = tmp_path / "nothing-here"
+    assert cli.main(["stats", str(missing)]) == 1
+    assert "no engine here" in capsys.readouterr().err
+    assert not missing.exists()  # looking created nothing
 
 
 def test_cli_refuses_a_dir_held_by_a_running_engine(
