@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -104,7 +104,6 @@ class CommitPlan:
     catalog_commands: list[UpdateCatalog]
     appends: list[tuple[TableEntry, pa.RecordBatch]]
     deletes: list[Delete]
-    new_table_ids: set[int] = field(default_factory=set)
 
     @property
     def empty(self) -> bool:
@@ -526,7 +525,6 @@ class Transaction:
         marks = set(self._marks)
         appends: list[tuple[TableEntry, pa.RecordBatch]] = []
         deletes: list[Delete] = []
-        new_ids = {entry.table_id for entry in self._new_tables.values()}
         for table_id, writes in self._writes.items():
             entry = writes.entry
             if not writes.inserted and not writes.deleted:
@@ -551,9 +549,7 @@ class Transaction:
             batch = writes.live_inserts()
             if batch is not None:
                 appends.append((entry, batch))
-        return CommitPlan(
-            rows, guards, marks, list(self._catalog_commands), appends, deletes, new_ids
-        )
+        return CommitPlan(rows, guards, marks, list(self._catalog_commands), appends, deletes)
 
 
 class TableHandle:
