@@ -183,8 +183,10 @@ def _write_pids(dir_path: str, pids: dict[str, int]) -> None:
         json.dump(pids, f)
 
 
-def kill_node(dir_path: str, node_id: str, signum: int = signal.SIGKILL) -> None:
-    """Stop one node's process (SIGKILL by default: a crash) and wait until it is gone."""
+def kill_node(dir_path: str, node_id: str, signum: int = signal.SIGKILL) -> int | None:
+    """Stop one node's process (SIGKILL by default: a crash) and wait until it is gone.
+    Returns its exit code when this process started it (negative: killed by that signal;
+    -9 also when it ignored `signum` past STOP_WAIT_S_MAX), None when it was not ours."""
     pid = read_pids(dir_path)[node_id]
     _signal_group(pid, signum)
     deadline = time.monotonic() + STOP_WAIT_S_MAX
@@ -192,6 +194,7 @@ def kill_node(dir_path: str, node_id: str, signum: int = signal.SIGKILL) -> None
         if time.monotonic() > deadline:
             _signal_group(pid, signal.SIGKILL)
         time.sleep(0.02)
+    return _exit_codes.pop(pid, None)
 
 
 def start_node(dir_path: str, node_id: str) -> int:
@@ -249,10 +252,16 @@ def read_pids(dir_path: str) -> dict[str, int]:
     return pids
 
 
+_exit_codes: dict[int, int] = {}
+"""Exit codes of our own node processes, kept from the moment `alive` reaps them until
+`kill_node` or `down` hands them out (at most one per node started and not yet asked for)."""
+
+
 def alive(pid: int) -> bool:
     try:  # our own child: reap it if it exited (a zombie still answers kill(pid, 0))
-        done, _ = os.waitpid(pid, os.WNOHANG)
+        done, status = os.waitpid(pid, os.WNOHANG)
         if done == pid:
+            _exit_codes[pid] = os.waitstatus_to_exitcode(status)
             return False
     except ChildProcessError:
         pass
@@ -275,6 +284,7 @@ def down(dir_path: str) -> None:
             _signal_group(pid, signal.SIGKILL)
     for pid in pids.values():
         alive(pid)  # reaps our children
+        _exit_codes.pop(pid, None)
     path = os.path.join(dir_path, PIDS_FILE)
     if os.path.exists(path):
         os.unlink(path)
