@@ -86,6 +86,14 @@ ENTRIES: dict[str, TxnEntry | CheckpointEntry] = {
             UpdateCatalog(CatalogKind.TABLE, CatalogOp.CREATE, 1, 2, "orders", ORDERS),
         ),
     ),
+    "ac_create_types_v1": TxnEntry(
+        start_ts=110,
+        commit_ts=111,
+        memo=(MemoItem(1, 3, 0),),
+        commands=(
+            UpdateCatalog(CatalogKind.TABLE, CatalogOp.CREATE, 1, 3, "all_types", ALL_TYPES),
+        ),
+    ),
     "ac_drop_v1": TxnEntry(
         start_ts=200,
         commit_ts=205,
