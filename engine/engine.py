@@ -218,7 +218,12 @@ class Engine:
             return ReplayDecision.APPLY
 
         mode = ReplayMode.FOR_READ if self.read_only else ReplayMode.FOR_WRITE
-        self._replay = await self._driver.replay(handle, mode)
+        try:
+            self._replay = await self._driver.replay(handle, mode)
+        except driver_errors.ReplayCorruptionError as exc:
+            # A record the driver cannot decode (not a WAL driver record at all, say): the
+            # log is not an engine's WAL, or it is damaged. Typed as the engine promises.
+            raise WalCorruption(self._driver.dsn() + 1, f"undecodable log record: {exc}") from exc
         self._clock.observe(state.applied_ts)
         self._pipeline.visible_ts = state.applied_ts
         self._pipeline.conflicts.floor_ts = state.applied_ts

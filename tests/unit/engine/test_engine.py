@@ -515,3 +515,13 @@ def test_a_handle_follows_ddl_in_its_own_transaction(tmp_path: Path) -> None:
         await eng.close()
 
     run(main())
+
+
+def test_a_log_that_is_not_an_engine_wal_is_wal_corruption(tmp_path: Path) -> None:
+    async def main() -> None:
+        backend = MemoryBackend()
+        backend.put(1, b"a raw record, not a driver record")
+        with pytest.raises(WalCorruption, match="undecodable log record"):
+            await Engine.open(str(tmp_path), wal=backend)
+
+    run(main())
