@@ -24,19 +24,28 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import subprocess
 import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from engine.cli import add_wal_options, wal_options_error
 from engine.engine import Engine
-from engine.errors import AlreadyExists, Fenced, WalFailed, WriteConflict
+from engine.errors import (
+    AlreadyExists,
+    Fenced,
+    NotFound,
+    Overloaded,
+    WalFailed,
+    WriteConflict,
+)
 from engine.schema import Column, Schema
+from tae_driver.errors import BackendFenced
 
 DB = "demo"
 ORDERS = Schema(
@@ -55,8 +64,18 @@ LINES = Schema(
 LINES_PER_ORDER = 2
 WRITER_SPAN = 10**7
 RUN_SPAN = 10**10
+RUN_ID_MAX = (2**63 - 1) // RUN_SPAN - 1  # every transaction number fits an int64 key
 WRITERS_MAX = 256
+assert WRITERS_MAX * WRITER_SPAN <= RUN_SPAN  # one run's numbers never reach the next run's
 SETUP_TRIES_MAX = 8
+COMMIT_TRIES_MAX = 8
+"""Tries of one transaction after a WriteConflict or Overloaded, each rolled back."""
+RETRY_DELAY_S = 0.01
+READER_JOIN_S_MAX = 30.0
+"""How long the parent waits for a dead child's output pipes to drain."""
+STDERR_LINES_MAX = 1000
+CAUSES_MAX = 16
+"""Links of an exception's cause chain followed to find what fenced the engine."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -77,25 +96,51 @@ def main(argv: Sequence[str] | None = None) -> int:
     if problem is not None:
         print(f"error: {problem}", file=sys.stderr)
         return 2
-    if not 1 <= args.writers <= WRITERS_MAX or args.seconds <= 0 or args.txns < 0:
+    if (
+        not 1 <= args.writers <= WRITERS_MAX
+        or args.seconds <= 0
+        or args.txns < 0
+        or not 0 <= args.run_id <= RUN_ID_MAX
+    ):
         print(
-            f"error: --writers in [1, {WRITERS_MAX}], --seconds > 0, --txns >= 0", file=sys.stderr
+            f"error: --writers in [1, {WRITERS_MAX}], --seconds > 0, --txns >= 0, "
+            f"--run-id in [0, {RUN_ID_MAX}]",
+            file=sys.stderr,
         )
         return 2
     if args.verify:
-        print(json.dumps(asyncio.run(_verify(args))), flush=True)
+        try:
+            found = asyncio.run(_verify(args))
+        except NotFound as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        print(json.dumps(found), flush=True)
         return 0
     try:
         asyncio.run(_run(args))
     except Fenced as exc:
-        print(
-            f"engine fenced: another engine took the WAL's lease; exiting ({exc})", file=sys.stderr
-        )
+        print(_fenced_line(exc), file=sys.stderr)
         return 3
     except WalFailed as exc:
         print(f"engine stopped: the WAL failed ({exc})", file=sys.stderr)
         return 4
     return 0
+
+
+def _fenced_line(exc: Fenced) -> str:
+    """One line saying who fenced this engine, from the backend's `BackendFenced` when the
+    error carries it as a cause (a commit that was in flight), else the error's own text."""
+    cause: BaseException | None = exc
+    for _ in range(CAUSES_MAX):
+        if cause is None or isinstance(cause, BackendFenced):
+            break
+        cause = cause.__cause__ or cause.__context__
+    if isinstance(cause, BackendFenced):
+        return (
+            f"engine fenced: another engine took the WAL's lease (epoch {cause.current_epoch}, "
+            f"holder {cause.current_holder}; this engine's epoch was {cause.epoch}); exiting"
+        )
+    return f"engine fenced: another engine took the WAL's lease; exiting ({exc})"
 
 
 async def _open(args: argparse.Namespace, read_only: bool) -> Engine:
@@ -138,19 +183,12 @@ async def _run(args: argparse.Namespace) -> None:
             base = args.run_id * RUN_SPAN + number * WRITER_SPAN
             i = 0
             while time.monotonic() < deadline and (not args.txns or committed < args.txns):
+                if i == WRITER_SPAN:
+                    return  # the next number would be another writer's
                 txn_no = base + i
                 i += 1
                 committed += 1  # claimed; --txns bounds what is started
-                async with engine.transaction() as txn:
-                    await txn.table(DB, "orders").insert(
-                        [{"id": txn_no, "writer": number, "amount": i * 0.5, "note": None}]
-                    )
-                    await txn.table(DB, "lines").insert(
-                        [
-                            {"order_id": txn_no, "line": line, "qty": line + 1}
-                            for line in range(LINES_PER_ORDER)
-                        ]
-                    )
+                await _commit_order(engine, number, txn_no)
                 out.write(f"ack {txn_no}\n")
                 out.flush()
 
@@ -160,6 +198,30 @@ async def _run(args: argparse.Namespace) -> None:
             await engine.close()
         else:
             await engine.abort()
+
+
+async def _commit_order(engine: Engine, writer: int, txn_no: int) -> None:
+    """Commit order `txn_no` and its lines in one transaction. A `WriteConflict` or a full
+    queue (`Overloaded`) rolled it back, so it is tried again, a bounded number of times: keys
+    are unique to each transaction, so neither should happen at all."""
+    for attempt in range(COMMIT_TRIES_MAX):
+        try:
+            async with engine.transaction() as txn:
+                await txn.table(DB, "orders").insert(
+                    [{"id": txn_no, "writer": writer, "amount": txn_no % 1000 * 0.5, "note": None}]
+                )
+                await txn.table(DB, "lines").insert(
+                    [
+                        {"order_id": txn_no, "line": line, "qty": line + 1}
+                        for line in range(LINES_PER_ORDER)
+                    ]
+                )
+            return
+        except (WriteConflict, Overloaded):
+            if attempt + 1 == COMMIT_TRIES_MAX:
+                raise
+            await asyncio.sleep(RETRY_DELAY_S * (attempt + 1))
+    raise AssertionError("unreachable")
 
 
 async def _verify(args: argparse.Namespace) -> dict[str, object]:
@@ -207,6 +269,8 @@ class WorkloadProcess:
 
     def __init__(self, args: Sequence[str]) -> None:
         self.acked: list[int] = []
+        self.acked_at_s: list[float] = []
+        """When each ack was read (time.monotonic()), in the order of `acked`."""
         self._lock = threading.Lock()
         self._process = subprocess.Popen(
             [sys.executable, "-m", "engine.workload", *args],
@@ -214,10 +278,14 @@ class WorkloadProcess:
             stderr=subprocess.PIPE,
             text=True,
         )
-        self.stderr = ""
+        self._stderr_lines: list[str] = []
         self._reaped = False
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
+        # stderr is drained as it comes, so a child that writes much there never blocks on
+        # a full pipe; kept up to STDERR_LINES_MAX lines.
+        self._stderr_reader = threading.Thread(target=self._read_stderr, daemon=True)
+        self._stderr_reader.start()
 
     @property
     def pid(self) -> int:
@@ -227,28 +295,72 @@ class WorkloadProcess:
         assert self._process.stdout is not None
         for line in self._process.stdout:
             if line.startswith("ack "):
+                txn_no = int(line[4:])
+                now_s = time.monotonic()
                 with self._lock:
-                    self.acked.append(int(line[4:]))
+                    self.acked.append(txn_no)
+                    self.acked_at_s.append(now_s)
+
+    @property
+    def stderr(self) -> str:
+        """What it wrote on stderr so far (all of it once `wait()` or `kill()` returned)."""
+        with self._lock:
+            return "".join(self._stderr_lines)
+
+    def _read_stderr(self) -> None:
+        assert self._process.stderr is not None
+        for line in self._process.stderr:
+            with self._lock:
+                if len(self._stderr_lines) < STDERR_LINES_MAX:
+                    self._stderr_lines.append(line)
 
     def acks(self) -> int:
         with self._lock:
             return len(self.acked)
 
+    def acks_since(self, since_s: float) -> int:
+        """Acknowledgements read at or after `since_s` (a time.monotonic() value)."""
+        with self._lock:
+            return sum(1 for at_s in self.acked_at_s if at_s >= since_s)
+
+    def longest_wait_s(self, since_s: float) -> float:
+        """The longest time without an acknowledgement from `since_s` on: between `since_s`
+        and the first ack after it, or between two acks after it (up to now if none came)."""
+        with self._lock:
+            times_s = [since_s, *(at_s for at_s in self.acked_at_s if at_s >= since_s)]
+        if len(times_s) == 1:
+            return time.monotonic() - since_s
+        return max(later - earlier for earlier, later in itertools.pairwise(times_s))
+
+    def wait_acks_since(self, since_s: float, count: int, timeout_s: float) -> bool:
+        """True once `count` commits were acknowledged at or after `since_s`; False if the
+        process ended or the time ran out first."""
+        return self._wait(lambda: self.acks_since(since_s) >= count, timeout_s)
+
     def wait_acks(self, count: int, timeout_s: float) -> bool:
         """True once `count` commits were acknowledged; False if the process ended or the
         time ran out first."""
+        return self._wait(lambda: self.acks() >= count, timeout_s)
+
+    def _wait(self, done: Callable[[], bool], timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
-        while self.acks() < count:
-            if self._process.poll() is not None or time.monotonic() > deadline:
-                return self.acks() >= count
+        while not done():
+            if self._process.poll() is not None:
+                self._reader.join(timeout=READER_JOIN_S_MAX)  # the acks it printed last
+                return done()
+            if time.monotonic() > deadline:
+                return done()
             time.sleep(0.01)
         return True
 
-    def kill(self) -> None:
-        """SIGKILL (a crash), then collect every ack it printed before it died."""
-        if self._process.poll() is None:
+    def kill(self) -> bool:
+        """SIGKILL (a crash), then collect every ack it printed before it died. True if it
+        was still running (the kill is what ended it)."""
+        running = self._process.poll() is None
+        if running:
             self._process.kill()
-        self.wait(timeout_s=30)
+        self.wait(timeout_s=READER_JOIN_S_MAX)
+        return running
 
     def wait(self, timeout_s: float) -> int:
         """Its exit code, once it has exited (SIGKILLed after `timeout_s`)."""
@@ -259,10 +371,14 @@ class WorkloadProcess:
         except subprocess.TimeoutExpired:
             self._process.kill()
             self._process.wait(timeout=30)
-        self._reader.join(timeout=30)
-        assert self._process.stderr is not None
-        self.stderr = self._process.stderr.read()
-        self._process.stderr.close()
+        self._reader.join(timeout=READER_JOIN_S_MAX)
+        self._stderr_reader.join(timeout=READER_JOIN_S_MAX)
+        for pipe, reader in (
+            (self._process.stdout, self._reader),
+            (self._process.stderr, self._stderr_reader),
+        ):
+            if pipe is not None and not reader.is_alive():
+                pipe.close()
         self._reaped = True
         return self._process.returncode
 
@@ -277,6 +393,10 @@ class Verified:
     digest: str
     visible_ts: int
     replay_s: float
+
+    def duplicates(self) -> int:
+        """Orders present more than once (a primary key is unique: always 0)."""
+        return len(self.orders) - len(set(self.orders))
 
     def whole(self) -> bool:
         """Every order has all its lines and no line is without its order."""

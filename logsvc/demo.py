@@ -23,7 +23,7 @@ from logsvc.client import Client, LogsvcError, StaleEpoch, Truncated, connect
 from logsvc.config import load_client_config
 
 SHARD = 1
-ENGINE_SHARD = 3
+ENGINE_SHARD = 3  # not 2: _fencing appends raw records there, which no engine can replay
 WRITERS = 8
 CATCH_UP_S_MAX = 30.0
 

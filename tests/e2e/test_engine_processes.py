@@ -16,12 +16,13 @@ happens (the workload by `WorkloadProcess.kill`, the nodes by `devcluster.down`)
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from engine.demo import shard_leader
+from engine.demo import Leader, shard_leader
 from engine.workload import Verified, WorkloadProcess, verify
 from logsvc import devcluster
 
@@ -59,12 +60,12 @@ def check_after(args: list[str], acked: list[int]) -> Verified:
     missing = [txn for txn in acked if txn not in present]
     assert not missing, f"{len(missing)} acknowledged transactions lost, e.g. {missing[:5]}"
     assert answer.whole(), "a transaction is partly there"
+    assert answer.duplicates() == 0, "a transaction is there twice"
     return answer
 
 
-def leader_of(cluster: LocalCluster, shard: int) -> str:
-    address = asyncio.run(shard_leader(f"{cluster.dir}/client.toml", shard))
-    return cluster.node_of(address)
+def leader_of(cluster: LocalCluster, shard: int) -> Leader:
+    return asyncio.run(shard_leader(f"{cluster.dir}/client.toml", shard))
 
 
 def test_an_engine_killed_under_load_loses_no_acknowledged_commit(
@@ -75,7 +76,8 @@ def test_an_engine_killed_under_load_loses_no_acknowledged_commit(
     try:
         assert first.wait_acks(150, ACKS_WAIT_S_MAX), first.stderr
     finally:
-        first.kill()
+        running = first.kill()
+    assert running, f"the engine process ended before the kill: {first.stderr}"
     answer = check_after(args, first.acked)
     assert len(answer.orders) >= len(first.acked)
     # A new engine process carries on: it fences nothing alive, replays, commits more.
@@ -90,19 +92,22 @@ def test_a_logsvc_leader_killed_under_engine_commits_loses_nothing(
     cluster: LocalCluster, tmp_path: Path
 ) -> None:
     args = logsvc_args(cluster, tmp_path, shard=2)
-    victim = leader_of(cluster, 2)
     workload = WorkloadProcess([*args, "--writers", "8", "--seconds", str(RUN_S_MAX)])
     try:
         assert workload.wait_acks(100, ACKS_WAIT_S_MAX), workload.stderr
-        devcluster.kill_node(cluster.dir, victim)
-        before = workload.acks()
+        victim = leader_of(cluster, 2)
+        killed_at_s = time.monotonic()
+        devcluster.kill_node(cluster.dir, victim.node)
         try:
-            # Commits go on once a new leader is elected.
-            assert workload.wait_acks(before + 150, ACKS_WAIT_S_MAX), workload.stderr
+            # Commits go on once a new leader is elected (the engine process never stops).
+            resumed = workload.wait_acks_since(killed_at_s, 150, ACKS_WAIT_S_MAX)
+            assert resumed, workload.stderr
         finally:
-            devcluster.start_node(cluster.dir, victim)
+            devcluster.start_node(cluster.dir, victim.node)
     finally:
-        workload.kill()
+        running = workload.kill()
+    assert running, f"the engine process ended before the kill: {workload.stderr}"
+    assert leader_of(cluster, 2).term > victim.term  # the kill did cost the shard its leader
     check_after(args, workload.acked)
 
 
@@ -117,7 +122,8 @@ def test_a_second_engine_fences_the_first(cluster: LocalCluster, tmp_path: Path)
         finally:
             new.kill()
         assert old.wait(timeout_s=ACKS_WAIT_S_MAX) == 3
-        assert "engine fenced: another engine took the WAL's lease" in old.stderr
+        said = old.stderr.splitlines()[-1]
+        assert said.startswith("engine fenced: another engine took the WAL's lease ("), said
     finally:
         old.kill()
     answer = check_after(args, old.acked + new.acked)
@@ -130,7 +136,8 @@ def test_an_engine_on_its_file_wal_killed_under_load_loses_nothing(tmp_path: Pat
     try:
         assert workload.wait_acks(500, ACKS_WAIT_S_MAX), workload.stderr
     finally:
-        workload.kill()
+        running = workload.kill()
+    assert running, f"the engine process ended before the kill: {workload.stderr}"
     check_after(args, workload.acked)
     again = WorkloadProcess([*args, "--txns", "20", "--run-id", "2"])
     assert again.wait(timeout_s=RUN_S_MAX) == 0, again.stderr
