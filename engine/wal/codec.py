@@ -32,11 +32,14 @@ from engine.schema import TYPES, Column, Schema, check_name
 from engine.wal.entry import (
     Append,
     AppendInfo,
+    BlockLevel,
     CatalogKind,
     CatalogOp,
     CheckpointEntry,
     Command,
+    CreateBlock,
     Delete,
+    DropBlock,
     EntryType,
     MemoItem,
     TxnEntry,
@@ -63,6 +66,11 @@ OFFSET_CHECKSUM = 12
 CMD_UPDATE_CATALOG = 1
 CMD_APPEND = 2
 CMD_DELETE = 3
+CMD_CREATE_BLOCK = 4
+CMD_DROP_BLOCK = 5
+
+OBJECT_NAME_BYTES_MAX = 1024
+"""Longest object name in a CreateBlock (UTF-8 bytes)."""
 
 RESERVED_ENTRY_TYPES = frozenset({0x11, 0x12})
 """PC and UC (large transactions in pieces, seed 004_*): reserved for issue 14, refused."""
@@ -80,6 +88,8 @@ _APPEND_HEAD = struct.Struct("<BIQQI")  # cmd_type, cmd_len, db_id, table_id, in
 _INFO = struct.Struct("<QII")
 _DELETE_HEAD = struct.Struct("<BIQQQI")  # cmd_type, cmd_len, db_id, table_id, block_id, mask_len
 _CKP_HEAD = struct.Struct("<QQH")  # ckp_ts, truncate_dsn, location length
+_CREATE_HEAD = struct.Struct("<QQQBII")  # db_id, table_id, block_id, level, row_group, rows
+_DROP = struct.Struct("<BIQQQ")  # cmd_type, cmd_len, db_id, table_id, block_id
 
 _IPC_EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"
 
@@ -105,6 +115,7 @@ REASON_INFOS = "append infos do not cover the batch"
 REASON_ARROW = "Arrow IPC batch does not decode"
 REASON_BITMAP = "delete mask does not decode"
 REASON_EMPTY = "a transaction entry without commands"
+REASON_BLOCK = "bad block command"
 
 _ARROW_TYPES = frozenset(TYPES.values())
 
@@ -174,6 +185,24 @@ def _encode_command(cmd: Command, parts: list[bytes | pa.Buffer]) -> None:
             _DELETE_HEAD.pack(CMD_DELETE, size, cmd.db_id, cmd.table_id, cmd.block_id, len(mask))
         )
         parts.append(mask)
+    elif type(cmd) is CreateBlock:
+        assert cmd.db_id != 0 and cmd.table_id != 0 and cmd.block_id != 0 and cmd.rows > 0
+        name = cmd.object_name.encode()
+        assert 0 < len(name) <= OBJECT_NAME_BYTES_MAX
+        body = b"".join(
+            (
+                _CREATE_HEAD.pack(
+                    cmd.db_id, cmd.table_id, cmd.block_id, cmd.level, cmd.row_group, cmd.rows
+                ),
+                _U16.pack(len(name)),
+                name,
+            )
+        )
+        parts += (_CMD_HEAD.pack(CMD_CREATE_BLOCK, len(body)), body)
+    elif type(cmd) is DropBlock:
+        assert cmd.db_id != 0 and cmd.table_id != 0 and cmd.block_id != 0
+        size = _DROP.size - _CMD_HEAD.size
+        parts.append(_DROP.pack(CMD_DROP_BLOCK, size, cmd.db_id, cmd.table_id, cmd.block_id))
     else:
         assert isinstance(cmd, UpdateCatalog)
         assert cmd.db_id != 0
@@ -509,8 +538,35 @@ def _decode_delete(reader: _Reader) -> Delete:
     return Delete(db_id, table_id, block_id, rows)
 
 
+def _decode_create_block(reader: _Reader) -> CreateBlock:
+    at = reader.pos
+    db_id, table_id, block_id, level, row_group, rows = reader.unpack(_CREATE_HEAD)
+    name_at = reader.pos
+    raw = reader.sized(_U16)
+    if db_id == 0 or table_id == 0 or block_id == 0 or rows == 0:
+        raise reader.fail(REASON_BLOCK, at)
+    try:
+        block_level = BlockLevel(level)
+    except ValueError:
+        raise reader.fail(REASON_BLOCK, at) from None
+    if not 0 < len(raw) <= OBJECT_NAME_BYTES_MAX:
+        raise reader.fail(REASON_NAME, name_at)
+    name = reader.text(raw, name_at)
+    return CreateBlock(db_id, table_id, block_id, block_level, name, row_group, rows)
+
+
+def _decode_drop_block(reader: _Reader) -> DropBlock:
+    at = reader.pos
+    db_id, table_id, block_id = reader.unpack(_BLOCK_REF)
+    if db_id == 0 or table_id == 0 or block_id == 0:
+        raise reader.fail(REASON_BLOCK, at)
+    return DropBlock(db_id, table_id, block_id)
+
+
 _COMMANDS: dict[int, Callable[[_Reader], Command]] = {
     CMD_UPDATE_CATALOG: _decode_catalog,
     CMD_APPEND: _decode_append,
     CMD_DELETE: _decode_delete,
+    CMD_CREATE_BLOCK: _decode_create_block,
+    CMD_DROP_BLOCK: _decode_drop_block,
 }

@@ -7,7 +7,9 @@ The seed's Transaction Entry (shared/reference/seeds "WAL Practical"): a transac
 * `UpdateCatalog`: Dest (database or table id) + EntryNode (create@ or delete@ = the entry's
   commit_ts; a created table's schema);
 * `Append`: AppendInfo list (where the rows land: block and offset) + Batch (Arrow);
-* `Delete`: Destination (table and block) + delete mask (a roaring bitmap of row offsets).
+* `Delete`: Destination (table and block) + delete mask (a roaring bitmap of row offsets);
+* `CreateBlock` / `DropBlock`: a persisted block (an object's row group) enters or leaves a
+  table: flush, merge and compaction transactions, and large transactions (decision 0006).
 
 Entry types follow the seed's table (004_*): `AC` (0x10) a whole committed transaction and
 `CKP` (0x40) a checkpoint record; PC/UC (0x11/0x12) are reserved for large transactions
@@ -91,7 +93,43 @@ class Delete:
     rows: FrozenBitMap
 
 
-Command = UpdateCatalog | Append | Delete
+class BlockLevel(enum.IntEnum):
+    """Where a persisted block sits (decision 0006): L1 a sorted block of its own object (a
+    flush of an L0 block, or the rows of a large transaction), L2 one block of a merged
+    segment object sorted across its blocks."""
+
+    L1 = 1
+    L2 = 2
+
+
+@dataclass(frozen=True, slots=True)
+class CreateBlock:
+    """A persisted block enters the table at the entry's commit_ts: `rows` rows, row group
+    `row_group` of the object `object_name` (an L1 object has one row group, an L2 segment
+    several). Written by flush, merge and compaction transactions and by large transactions
+    (decision 0006); the object was durable before the entry was logged."""
+
+    db_id: int
+    table_id: int
+    block_id: int
+    level: BlockLevel
+    object_name: str
+    row_group: int
+    rows: int
+
+
+@dataclass(frozen=True, slots=True)
+class DropBlock:
+    """A block leaves the table at the entry's commit_ts: its rows now live in the blocks the
+    same entry creates (a flush, merge or compaction). Readers at earlier timestamps still
+    read it."""
+
+    db_id: int
+    table_id: int
+    block_id: int
+
+
+Command = UpdateCatalog | Append | Delete | CreateBlock | DropBlock
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,10 +17,13 @@ from engine.wal.codec import encode_entry
 from engine.wal.entry import (
     Append,
     AppendInfo,
+    BlockLevel,
     CatalogKind,
     CatalogOp,
     CheckpointEntry,
+    CreateBlock,
     Delete,
+    DropBlock,
     MemoItem,
     TxnEntry,
     UpdateCatalog,
@@ -121,6 +124,20 @@ ENTRIES: dict[str, TxnEntry | CheckpointEntry] = {
         commit_ts=402,
         memo=(MemoItem(1, 2, 1),),
         commands=(Delete(1, 2, 1, FrozenBitMap([1, 5, 70000])),),
+    ),
+    "ac_flush_v1": TxnEntry(
+        # A flush of L0 block 1 of table 2 into the L1 object of block 4, which starts with
+        # its rows 0 and 7 dead (deleted from block 1 while the flush ran), and the
+        # merge-style second output on row group 1 of an L2 segment (decision 0006).
+        start_ts=600,
+        commit_ts=604,
+        memo=(MemoItem(1, 2, 1), MemoItem(1, 2, 4), MemoItem(1, 2, 5)),
+        commands=(
+            CreateBlock(1, 2, 4, BlockLevel.L1, "data/2/4-0a1b.parquet", 0, 8192),
+            CreateBlock(1, 2, 5, BlockLevel.L2, "data/2/seg-77.parquet", 1, 100),
+            Delete(1, 2, 4, FrozenBitMap([0, 7])),
+            DropBlock(1, 2, 1),
+        ),
     ),
     "ckp_v1": CheckpointEntry(ckp_ts=500, truncate_dsn=42, location="ckp/0000000500.parquet"),
 }

@@ -44,10 +44,13 @@ from engine.wal.codec import decode_entry, encode_batch, encode_entry
 from engine.wal.entry import (
     Append,
     AppendInfo,
+    BlockLevel,
     CatalogKind,
     CatalogOp,
     CheckpointEntry,
+    CreateBlock,
     Delete,
+    DropBlock,
     EntryType,
     MemoItem,
     TxnEntry,
@@ -206,6 +209,8 @@ def test_the_vectors_cover_every_entry_command_and_column_type() -> None:
         (CatalogKind.TABLE, CatalogOp.DROP),
         Append,
         Delete,
+        CreateBlock,
+        DropBlock,
     }
     assert column_types == set(TYPES)
     assert max(key_sizes) >= 2  # a compound key
@@ -356,7 +361,7 @@ def test_resealed_entries_are_checked_field_by_field() -> None:
     # An unknown command type (the first command's type byte sits after the count).
     first_cmd = 88 + 4
     assert create[first_cmd] == codec.CMD_UPDATE_CATALOG
-    for cmd_type in (0, 4, 0xFF):
+    for cmd_type in (0, 6, 0xFF):
         unknown = create[:first_cmd] + bytes([cmd_type]) + create[first_cmd + 1 :]
         assert reason_of(reseal(unknown)) == codec.REASON_COMMAND
     # A database create that claims to be a table (it has no schema), kind 0, op 3.
@@ -399,6 +404,38 @@ def test_reports_point_at_the_field_format_md_names() -> None:
     assert offset_of(append_entry(STREAM[:-8])) == stream_at  # batch_len
     assert offset_of(append_entry(STREAM, ((1, 0, 2),))) == 20 + 16 + 4 + 24 + 4 + 5 + 16
     assert offset_of(delete_entry(b"")) == 20 + 16 + 4 + 24 + 4 + 5 + 24  # mask_len
+
+
+def block_entry(cmd_type: int, body: bytes) -> bytes:
+    return txn_entry(command(cmd_type, body), memo=((1, 2, 3),))
+
+
+def create_body(
+    ids: tuple[int, int, int] = (1, 2, 3), level: int = 1, rows: int = 5, name: bytes = b"o"
+) -> bytes:
+    return struct.pack("<QQQBII", *ids, level, 0, rows) + str16(name)
+
+
+def test_block_command_rules() -> None:
+    assert isinstance(decode_entry(block_entry(4, create_body()), DSN), TxnEntry)
+    assert isinstance(decode_entry(block_entry(5, struct.pack("<QQQ", 1, 2, 3)), DSN), TxnEntry)
+    for bad in (
+        create_body(ids=(0, 2, 3)),
+        create_body(ids=(1, 0, 3)),
+        create_body(ids=(1, 2, 0)),
+        create_body(level=0),
+        create_body(level=3),
+        create_body(rows=0),
+    ):
+        assert reason_of(block_entry(4, bad)) == codec.REASON_BLOCK
+    for name in (b"", b"\xff", b"x" * 1025):
+        assert reason_of(block_entry(4, create_body(name=name))) == codec.REASON_NAME
+    for ids in ((0, 2, 3), (1, 0, 3), (1, 2, 0)):
+        assert reason_of(block_entry(5, struct.pack("<QQQ", *ids))) == codec.REASON_BLOCK
+    assert reason_of(block_entry(5, struct.pack("<QQQ", 1, 2, 3) + b"\x00")) == (
+        codec.REASON_COMMAND_LENGTH
+    )
+    assert reason_of(block_entry(6, b"")) == codec.REASON_COMMAND
 
 
 def test_catalog_rules() -> None:
@@ -641,12 +678,31 @@ def entries(draw: st.DrawFn) -> Entry:
     memo = tuple(
         MemoItem(*m) for m in sorted(set(draw(st.lists(st.tuples(ids, ids, ids), max_size=4))))
     )
-    commands: list[UpdateCatalog | Append | Delete] = []
+    commands: list[UpdateCatalog | Append | Delete | CreateBlock | DropBlock] = []
     for kind in draw(
         st.lists(
-            st.sampled_from(["db", "table", "drop", "append", "delete"]), min_size=1, max_size=4
+            st.sampled_from(["db", "table", "drop", "append", "delete", "create", "unlink"]),
+            min_size=1,
+            max_size=4,
         )
     ):
+        if kind == "create":
+            object_name = draw(st.text(min_size=1, max_size=60))
+            commands.append(
+                CreateBlock(
+                    draw(ids),
+                    draw(ids),
+                    draw(ids),
+                    draw(st.sampled_from(list(BlockLevel))),
+                    object_name,
+                    draw(u32s),
+                    draw(u32s.filter(bool)),
+                )
+            )
+            continue
+        if kind == "unlink":
+            commands.append(DropBlock(draw(ids), draw(ids), draw(ids)))
+            continue
         if kind == "db":
             op = draw(st.sampled_from(list(CatalogOp)))
             commands.append(
