@@ -36,11 +36,14 @@ import contextlib
 import os
 import socket
 import weakref
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow.compute as pc
+
 from engine import limits
+from engine.catalog import TableEntry
 from engine.clock import HybridClock, wall_ms
 from engine.conflicts import ConflictIndex, KeyConflict, SnapshotTooOld
 from engine.errors import (
@@ -58,6 +61,8 @@ from engine.errors import (
 )
 from engine.pipeline import CommitPipeline, Ticket
 from engine.state import ApplyError, EngineState
+from engine.storage import LoadedBlocks, NothingLoaded, PersistedBlock
+from engine.storage.loader import BlockLoader, PinnedBlocks
 from engine.txn import Transaction, TxnState
 from engine.wal.codec import decode_entry, encode_entry
 from engine.wal.entry import Append, MemoItem, TxnEntry
@@ -120,6 +125,45 @@ class _TransactionScope:
             await txn.commit()
 
 
+class _Loaded:
+    """`async with engine._loaded(blocks, ...) as view`: what a read needs of persisted
+    blocks, loaded in a worker thread and pinned until the block ends. A class, not an
+    asynccontextmanager: every read enters one, and most need nothing loaded."""
+
+    __slots__ = ("_blocks", "_columns", "_keys", "_loader", "_pinned")
+
+    def __init__(
+        self,
+        loader: BlockLoader | None,
+        blocks: Sequence[PersistedBlock],
+        keys: bool,
+        columns: Sequence[str] | None,
+    ) -> None:
+        self._loader = loader
+        self._blocks = blocks
+        self._keys = keys
+        self._columns = columns
+        self._pinned: PinnedBlocks | None = None
+
+    async def __aenter__(self) -> LoadedBlocks:
+        if not self._blocks:
+            return _NOTHING_LOADED
+        loader = self._loader
+        assert loader is not None, "persisted blocks without an object store"
+        self._pinned = await asyncio.to_thread(
+            loader.load, self._blocks, keys=self._keys, columns=self._columns
+        )
+        return self._pinned
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._pinned is not None:
+            self._pinned.release()
+            self._pinned = None
+
+
+_NOTHING_LOADED = NothingLoaded()
+
+
 class Engine:
     """Build with `await Engine.open(...)`."""
 
@@ -140,6 +184,9 @@ class Engine:
         self._clock = clock
         self.read_only = read_only
         self._state = EngineState()
+        self._loader: BlockLoader | None = None
+        """The object store behind persisted blocks (engine/blockstore.py); None until the
+        engine has one."""
         self._pipeline: CommitPipeline[_Commit] = CommitPipeline(
             visible_ts=0,
             queue_max=limits.COMMIT_QUEUE_MAX,
@@ -243,7 +290,7 @@ class Engine:
     def digest(self, ts: int | None = None) -> str:
         """A hash of the committed state visible at `ts` (default: now)."""
         self._check_not_closed()
-        return self._state.digest(self.visible_ts if ts is None else ts)
+        return self._state.digest(self.visible_ts if ts is None else ts, self._loader)
 
     def driver_stats(self) -> DriverStats:
         return self._driver.stats()
@@ -300,6 +347,21 @@ class Engine:
         finally:
             txn.state = TxnState.ROLLED_BACK
 
+    def _loaded(
+        self,
+        blocks: Sequence[PersistedBlock],
+        *,
+        keys: bool = False,
+        columns: Sequence[str] | None = None,
+    ) -> _Loaded:
+        return _Loaded(self._loader, blocks, keys, columns)
+
+    def _pruner(
+        self, entry: TableEntry, filter: pc.Expression | None
+    ) -> Callable[[PersistedBlock], bool] | None:
+        """What a scan with `filter` may skip (zonemaps); None: read every visible block."""
+        return None
+
     def _txn_ended(self, txn: Transaction) -> None:
         self._open_txns.discard(txn)
 
@@ -347,8 +409,8 @@ class Engine:
         commands: list[Any] = list(plan.catalog_commands)
         commands.extend(plan.deletes)
         for entry, batch in plan.appends:
+            allocations.append((entry.data, entry.data.reservation()))
             infos = entry.data.allocate(batch.num_rows)
-            allocations.append((entry.data, infos))
             commands.append(Append(entry.db_id, entry.table_id, infos, batch))
         txn_entry = TxnEntry(txn.start_ts, ticket.commit_ts, _memo(commands), tuple(commands))
         try:
@@ -357,8 +419,8 @@ class Engine:
                 raise TxnTooLarge("txn_entry_bytes_max", len(payload), limits.TXN_ENTRY_BYTES_MAX)
             durable = self._driver.submit(payload)
         except BaseException as exc:
-            for data, infos in reversed(allocations):
-                data.unallocate(infos)
+            for data, mark in reversed(allocations):
+                data.restore(mark)
             pipeline.cancel(ticket)
             txn._end(TxnState.ROLLED_BACK)
             if isinstance(exc, driver_errors.Overloaded):

@@ -10,8 +10,13 @@ from __future__ import annotations
 import xxhash
 
 from engine.catalog import Catalog
-from engine.storage import ApplyError
-from engine.wal.entry import Append, Delete, TxnEntry, UpdateCatalog
+from engine.storage import ApplyError, MetaSource, NothingLoaded, PersistedBlock, PersistedMeta
+from engine.storage.loader import BlockLoader
+from engine.wal.entry import Append, CreateBlock, Delete, DropBlock, TxnEntry, UpdateCatalog
+
+
+def _no_objects(cmd: CreateBlock) -> PersistedMeta:
+    raise ApplyError(f"block {cmd.block_id} is in object {cmd.object_name!r}: no object store")
 
 
 class EngineState:
@@ -20,29 +25,45 @@ class EngineState:
         self.applied_ts = 0
         """commit_ts of the last applied transaction."""
         self.entries_applied = 0
+        self.meta_of: MetaSource = _no_objects
+        """Where a CreateBlock's key range and zonemap come from (the shell sets it: the
+        objects the engine just wrote, or their footers on replay)."""
 
     def apply(self, entry: TxnEntry) -> None:
         """Apply one committed transaction. Raises `ApplyError` when it does not fit (on
-        replay: a corrupt log; on the commit path: a bug). Commands are checked in order and
-        an entry that fails half way leaves the state unusable: the caller stops."""
+        replay: a corrupt log; on the commit path: a bug). Commands apply in the order
+        catalog, CreateBlock, Delete, DropBlock, Append (engine/FORMAT.md), whatever their
+        order in the entry. An entry that fails half way leaves the state unusable: the
+        caller stops."""
         commit_ts = entry.commit_ts
         if commit_ts <= self.applied_ts:
             raise ApplyError(f"commit_ts {commit_ts} is not above the applied {self.applied_ts}")
         catalog = self.catalog
-        for cmd in entry.commands:
-            if isinstance(cmd, UpdateCatalog):
+        commands = entry.commands
+        for cmd in commands:
+            if type(cmd) is UpdateCatalog:
                 catalog.apply(cmd, commit_ts)
-            elif isinstance(cmd, Append):
-                catalog.live_table(cmd.table_id, commit_ts).data.apply_append(cmd, commit_ts)
-            else:
-                assert isinstance(cmd, Delete)
+        for cmd in commands:
+            if type(cmd) is CreateBlock:
+                catalog.live_table(cmd.table_id, commit_ts).data.apply_create(
+                    cmd, commit_ts, self.meta_of
+                )
+        for cmd in commands:
+            if type(cmd) is Delete:
                 catalog.live_table(cmd.table_id, commit_ts).data.apply_delete(cmd, commit_ts)
+        for cmd in commands:
+            if type(cmd) is DropBlock:
+                catalog.live_table(cmd.table_id, commit_ts).data.apply_drop(cmd, commit_ts)
+        for cmd in commands:
+            if type(cmd) is Append:
+                catalog.live_table(cmd.table_id, commit_ts).data.apply_append(cmd, commit_ts)
         self.applied_ts = commit_ts
         self.entries_applied += 1
 
-    def digest(self, ts: int) -> str:
+    def digest(self, ts: int, loader: BlockLoader | None) -> str:
         """A hash of everything visible at `ts`: databases, tables with their schemas, and
-        every table's rows in key order. Equal states give equal digests."""
+        every table's rows in key order. Equal states give equal digests. Reads every
+        persisted block through `loader` (blocking: a diagnostic, not a hot path)."""
         hasher = xxhash.xxh3_128()
         catalog = self.catalog
         for database in catalog.databases_at(ts):
@@ -50,12 +71,28 @@ class EngineState:
             for table in catalog.tables_at(database.db_id, ts):
                 hasher.update(f"table {table.name!r} {table.schema!r}\n".encode())
                 data = table.data
-                rows = []
-                for key in sorted(data.keys, key=repr):
-                    version = data.version_at(key, ts)
-                    if version is not None:
-                        rows.append(data.row(version))
-                for row in rows:
+                blocks = data.scan_blocks(ts)
+                persisted = [b for b in blocks if isinstance(b, PersistedBlock)]
+                if persisted:
+                    assert loader is not None
+                    pinned = loader.load(persisted, columns=table.schema.names)
+                    try:
+                        parts = data.scan_at(ts, blocks, pinned)
+                    finally:
+                        pinned.release()
+                else:
+                    parts = data.scan_at(ts, blocks, NothingLoaded())
+                keyed: list[tuple[str, dict[str, object]]] = []
+                for part in parts:
+                    key_columns = [part.column(i).to_pylist() for i in table.schema.key_indexes]
+                    keys = (
+                        key_columns[0]
+                        if len(key_columns) == 1
+                        else list(zip(*key_columns, strict=True))
+                    )
+                    keyed.extend(zip(map(repr, keys), part.to_pylist(), strict=True))
+                keyed.sort(key=lambda pair: pair[0])
+                for _, row in keyed:
                     hasher.update(repr(sorted(row.items())).encode())
                     hasher.update(b"\n")
         return hasher.hexdigest()

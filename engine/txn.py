@@ -17,6 +17,7 @@ The commit itself is the engine's (engine/engine.py); this module turns a worksp
 
 from __future__ import annotations
 
+import asyncio
 import enum
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -39,7 +40,7 @@ from engine.errors import (
     TxnTooLarge,
 )
 from engine.schema import Key, Schema, batch_keys, check_name, normalize_key, to_batch
-from engine.storage import RowVersion
+from engine.storage import PersistedBlock, RowVersion
 from engine.wal.entry import CatalogKind, CatalogOp, Delete, UpdateCatalog
 
 if TYPE_CHECKING:
@@ -134,6 +135,9 @@ class Transaction:
         self._marks: set[ConflictKey] = set()
         self._bytes = 0
         self._deletes = 0
+        self._busy = asyncio.Lock()
+        """One operation at a time: an operation that loads persisted blocks awaits between
+        its checks and its changes to the workspace, so two at once could both pass."""
         self._ddl_count = 0
         """DDL operations so far; table handles re-check their table when it moves."""
 
@@ -147,7 +151,8 @@ class Transaction:
         `TxnError` (WriteConflict, DuplicateKey, TxnTooLarge) after rolling back, or
         `WalFailed` when the WAL failed (the outcome is then decided by replay)."""
         self._check_open()
-        await self._engine._commit(self)
+        async with self._busy:
+            await self._engine._commit(self)
 
     async def rollback(self) -> None:
         if self.state is TxnState.OPEN:
@@ -332,18 +337,27 @@ class Transaction:
             raise NotFound(f"table {handle.db}.{handle.name} was dropped or replaced")
         handle._ddl_seen = self._ddl_count
 
-    def _snapshot_version(self, entry: TableEntry, key: Key) -> RowVersion | None:
-        if entry.create_ts == 0:  # created in this transaction
-            return None
-        return entry.data.version_at(key, self.start_ts)
+    async def _snapshot_versions(
+        self, entry: TableEntry, keys: Sequence[Key]
+    ) -> list[RowVersion | None]:
+        """The version of each key visible at the snapshot (None when not live). Persisted
+        blocks that may hold a key are loaded first (keys and blooms, in a worker thread)."""
+        if entry.create_ts == 0 or not keys:  # created in this transaction: nothing committed
+            return [None] * len(keys)
+        data = entry.data
+        start_ts = self.start_ts
+        candidates: dict[int, PersistedBlock] = {}
+        for key in keys:
+            for block in data.key_candidates(key, start_ts):
+                candidates[block.block_id] = block
+        async with self._engine._loaded(list(candidates.values()), keys=True) as loaded:
+            return [data.version_at(key, start_ts, loaded) for key in keys]
 
-    def _live_in_view(self, entry: TableEntry, writes: _TableWrites | None, key: Key) -> bool:
-        if writes is not None:
-            if key in writes.inserted:
-                return True
-            if key in writes.deleted:
-                return False
-        return self._snapshot_version(entry, key) is not None
+    async def _snapshot_row(self, entry: TableEntry, version: RowVersion) -> dict[str, Any]:
+        block = entry.data.blocks[version.block_id]
+        blocks = [block] if isinstance(block, PersistedBlock) else []
+        async with self._engine._loaded(blocks, columns=entry.schema.names) as loaded:
+            return entry.data.row(version, loaded)
 
     def _ensure_writes(self, entry: TableEntry) -> _TableWrites:
         writes = self._writes.get(entry.table_id)
@@ -352,7 +366,7 @@ class Transaction:
             self._writes[entry.table_id] = writes
         return writes
 
-    def _insert(self, handle: TableHandle, rows: object) -> int:
+    async def _insert(self, handle: TableHandle, rows: object) -> int:
         self._check_writable()
         self._check_handle(handle)
         entry = handle._entry
@@ -363,15 +377,23 @@ class Transaction:
         keys = batch_keys(entry.schema, batch)
         writes = self._writes.get(entry.table_id)
         seen: set[Key] = set()
+        outside: list[Key] = []
         for key in keys:
-            if key in seen or self._live_in_view(entry, writes, key):
+            if key in seen or (writes is not None and key in writes.inserted):
                 raise DuplicateKey(handle.qualified, key)
             seen.add(key)
+            if writes is None or key not in writes.deleted:
+                outside.append(key)
         size = batch.get_total_buffer_size()
         if self._bytes + size > limits.TXN_WORKSPACE_BYTES_MAX:
             raise TxnTooLarge(
                 "txn_workspace_bytes_max", self._bytes + size, limits.TXN_WORKSPACE_BYTES_MAX
             )
+        for key, version in zip(
+            outside, await self._snapshot_versions(entry, outside), strict=True
+        ):
+            if version is not None:
+                raise DuplicateKey(handle.qualified, key)
         writes = self._ensure_writes(entry)
         batch_no = len(writes.batches)
         writes.batches.append(batch)
@@ -394,23 +416,26 @@ class Transaction:
                 out.append(normalized)
         return out
 
-    def _delete(self, handle: TableHandle, keys: Iterable[object]) -> int:
+    async def _delete(self, handle: TableHandle, keys: Iterable[object]) -> int:
         self._check_writable()
         self._check_handle(handle)
         entry = handle._entry
         normalized = self._normalized_keys(handle, keys)
         writes = self._writes.get(entry.table_id)
         own: list[Key] = []
-        snapshot: list[tuple[Key, RowVersion]] = []
+        outside: list[Key] = []
         for key in normalized:
             if writes is not None and key in writes.inserted:
                 own.append(key)
-            elif writes is not None and key in writes.deleted:
-                continue
-            else:
-                version = self._snapshot_version(entry, key)
-                if version is not None:
-                    snapshot.append((key, version))
+            elif writes is None or key not in writes.deleted:
+                outside.append(key)
+        snapshot: list[tuple[Key, RowVersion]] = [
+            (key, version)
+            for key, version in zip(
+                outside, await self._snapshot_versions(entry, outside), strict=True
+            )
+            if version is not None
+        ]
         if self._deletes + len(snapshot) > limits.TXN_DELETES_MAX:
             raise TxnTooLarge(
                 "txn_deletes_max", self._deletes + len(snapshot), limits.TXN_DELETES_MAX
@@ -426,7 +451,7 @@ class Transaction:
         self._deletes += len(snapshot)
         return len(own) + len(snapshot)
 
-    def _get(self, handle: TableHandle, key: object) -> dict[str, Any] | None:
+    async def _get(self, handle: TableHandle, key: object) -> dict[str, Any] | None:
         self._check_open()
         self._check_handle(handle)
         entry = handle._entry
@@ -437,10 +462,10 @@ class Transaction:
                 return writes.own_row(normalized)
             if normalized in writes.deleted:
                 return None
-        version = self._snapshot_version(entry, normalized)
-        return entry.data.row(version) if version is not None else None
+        (version,) = await self._snapshot_versions(entry, [normalized])
+        return None if version is None else await self._snapshot_row(entry, version)
 
-    def _update(
+    async def _update(
         self, handle: TableHandle, keys: Iterable[object], values: dict[str, object]
     ) -> int:
         self._check_writable()
@@ -459,7 +484,7 @@ class Transaction:
         rows = []
         found = []
         for key in self._normalized_keys(handle, keys):
-            row = self._get(handle, key)
+            row = await self._get(handle, key)
             if row is not None:
                 rows.append({**row, **values})
                 found.append(key)
@@ -478,12 +503,12 @@ class Transaction:
                 "txn_deletes_max", self._deletes + snapshot_deletes, limits.TXN_DELETES_MAX
             )
         # Every check passed: delete and insert cannot fail now.
-        self._delete(handle, found)
-        inserted = self._insert(handle, batch)
+        await self._delete(handle, found)
+        inserted = await self._insert(handle, batch)
         assert inserted == len(found)
         return inserted
 
-    def _scan(
+    async def _scan(
         self, handle: TableHandle, columns: Sequence[str] | None, filter: pc.Expression | None
     ) -> pa.Table:
         self._check_open()
@@ -496,19 +521,22 @@ class Transaction:
             for column in columns:
                 if column not in entry.schema.names:
                     raise SchemaError(f"{handle.qualified}: unknown column {column!r}")
+        if filter is not None and not isinstance(filter, pc.Expression):
+            raise SchemaError(f"{handle.qualified}: filter must be a pyarrow.compute.Expression")
         writes = self._writes.get(entry.table_id)
         parts: list[pa.Table] = []
         if entry.create_ts != 0:
-            parts = data.scan_at(self.start_ts, writes.deleted_by_block if writes else None)
+            blocks = data.scan_blocks(self.start_ts, self._engine._pruner(entry, filter))
+            persisted = [b for b in blocks if isinstance(b, PersistedBlock)]
+            async with self._engine._loaded(persisted, columns=entry.schema.names) as loaded:
+                parts = data.scan_at(
+                    self.start_ts, blocks, loaded, writes.deleted_by_block if writes else None
+                )
         own = writes.live_inserts() if writes is not None else None
         if own is not None:
             parts.append(pa.Table.from_batches([own]))
         table = pa.concat_tables(parts) if parts else data.arrow_schema.empty_table()
         if filter is not None:
-            if not isinstance(filter, pc.Expression):
-                raise SchemaError(
-                    f"{handle.qualified}: filter must be a pyarrow.compute.Expression"
-                )
             try:
                 table = table.filter(filter)
             except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
@@ -576,24 +604,29 @@ class TableHandle:
     async def insert(self, rows: object) -> int:
         """Insert rows (a pyarrow Table or RecordBatch, a list of dicts, or one dict).
         Returns how many. `DuplicateKey` if a key is live in this transaction's view."""
-        return self._txn._insert(self, rows)
+        async with self._txn._busy:
+            return await self._txn._insert(self, rows)
 
     async def delete(self, keys: Iterable[object]) -> int:
         """Delete the rows with these primary keys (tuples for a compound key). Keys that
         are not live are ignored; returns how many rows were deleted."""
-        return self._txn._delete(self, keys)
+        async with self._txn._busy:
+            return await self._txn._delete(self, keys)
 
     async def update(self, keys: Iterable[object], values: dict[str, object]) -> int:
         """Set `values` (non-key columns) in the rows with these keys: a delete of each row
         and an insert of its new version. Returns how many rows were updated."""
-        return self._txn._update(self, keys, values)
+        async with self._txn._busy:
+            return await self._txn._update(self, keys, values)
 
     async def get(self, key: object) -> dict[str, Any] | None:
-        return self._txn._get(self, key)
+        async with self._txn._busy:
+            return await self._txn._get(self, key)
 
     async def scan(
         self, columns: Sequence[str] | None = None, filter: pc.Expression | None = None
     ) -> pa.Table:
         """Rows visible to the transaction, filtered, with the columns asked for (all by
         default). Row order is unspecified."""
-        return self._txn._scan(self, columns, filter)
+        async with self._txn._busy:
+            return await self._txn._scan(self, columns, filter)

@@ -1,0 +1,40 @@
+"""A table's storage (decision 0006): blocks (`blocks`), their delete nodes (`deletes`), and
+the table's rows with placement, applying and reads (`table`)."""
+
+from engine.storage.blocks import (
+    TS_NEVER,
+    Block,
+    BlockKeys,
+    L0Block,
+    LoadedBlocks,
+    MappedLoadedBlocks,
+    NothingLoaded,
+    PersistedBlock,
+)
+from engine.storage.table import (
+    ApplyError,
+    FrozenBlock,
+    MetaSource,
+    PersistedMeta,
+    Reservation,
+    RowVersion,
+    TableData,
+)
+
+__all__ = [
+    "TS_NEVER",
+    "ApplyError",
+    "Block",
+    "BlockKeys",
+    "FrozenBlock",
+    "L0Block",
+    "LoadedBlocks",
+    "MappedLoadedBlocks",
+    "MetaSource",
+    "NothingLoaded",
+    "PersistedBlock",
+    "PersistedMeta",
+    "Reservation",
+    "RowVersion",
+    "TableData",
+]

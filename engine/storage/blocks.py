@@ -1,0 +1,216 @@
+"""A table's blocks (decision 0006): transient L0 blocks in memory, and persisted L1/L2 blocks
+whose rows live in objects.
+
+Every block has an id unique in its table for the engine's life, `create_ts` and `drop_ts`
+(MVCC on blocks, as on catalog entries: visible at `ts` when create_ts <= ts < drop_ts), and
+its delete nodes. A row's identity is `(block_id, offset)`.
+
+* `L0Block`: rows in append order, one append node (an Arrow batch and its commit_ts) per
+  committed transaction that appended to it, so the rows visible at `ts` are a prefix.
+* `PersistedBlock`: metadata only (its object, row group, row count, key range, zonemap). Its
+  columns, keys and bloom filter are loaded on demand through the engine's cache; the pure
+  code here reads them from a `LoadedBlocks` view the shell filled beforehand (plan, load in a
+  thread, then compute: no I/O on the event loop).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import pyarrow as pa
+
+from engine.schema import Key
+from engine.storage.deletes import Deletes
+from engine.wal.entry import BlockLevel
+
+TS_NEVER = (1 << 64) - 1
+"""drop_ts of a block that is not dropped."""
+
+
+class L0Block:
+    __slots__ = (
+        "_combined",
+        "_combined_rows",
+        "block_id",
+        "deletes",
+        "drop_ts",
+        "node_batches",
+        "node_ends",
+        "node_ts",
+        "rows",
+    )
+
+    level = 0
+
+    def __init__(self, block_id: int) -> None:
+        self.block_id = block_id
+        self.rows = 0
+        self.node_ts: list[int] = []
+        self.node_ends: list[int] = []
+        self.node_batches: list[pa.RecordBatch] = []
+        self.deletes = Deletes()
+        self.drop_ts = TS_NEVER
+        self._combined: pa.Table | None = None
+        self._combined_rows = 0
+
+    @property
+    def create_ts(self) -> int:
+        return self.node_ts[0] if self.node_ts else TS_NEVER
+
+    def visible(self, ts: int) -> bool:
+        return self.create_ts <= ts < self.drop_ts
+
+    def visible_rows(self, ts: int) -> int:
+        """Rows [0, n) were appended by commits with commit_ts <= ts."""
+        count = bisect.bisect_right(self.node_ts, ts)
+        return self.node_ends[count - 1] if count else 0
+
+    def append(self, commit_ts: int, batch: pa.RecordBatch) -> None:
+        self.node_ts.append(commit_ts)
+        self.node_batches.append(batch)
+        self.rows += batch.num_rows
+        self.node_ends.append(self.rows)
+
+    def table(self) -> pa.Table:
+        """Every appended row, as one Arrow table (recombined lazily after appends)."""
+        if self._combined is None or self._combined_rows != self.rows:
+            self._combined = pa.Table.from_batches(self.node_batches).combine_chunks()
+            self._combined_rows = self.rows
+        return self._combined
+
+    def commit_ts_of(self, offset: int) -> int:
+        return self.node_ts[bisect.bisect_right(self.node_ends, offset)]
+
+    def commit_ts_column(self, rows: int) -> pa.Array:
+        """The commit_ts of rows [0, rows), as a uint64 array (dumps, flushes)."""
+        ends = np.asarray([0, *self.node_ends], dtype=np.int64)
+        counts = ends[1:] - ends[:-1]
+        values = np.repeat(np.asarray(self.node_ts, dtype=np.uint64), counts)[:rows]
+        return pa.array(values, type=pa.uint64())
+
+    def row(self, offset: int) -> dict[str, object]:
+        node = bisect.bisect_right(self.node_ends, offset)
+        start = self.node_ends[node - 1] if node else 0
+        rows: list[dict[str, object]] = self.node_batches[node].slice(offset - start, 1).to_pylist()
+        return rows[0]
+
+    def byte_size(self) -> int:
+        return sum(batch.get_total_buffer_size() for batch in self.node_batches)
+
+
+@dataclass(slots=True, eq=False)
+class PersistedBlock:
+    block_id: int
+    level: BlockLevel
+    object_name: str
+    row_group: int
+    rows: int
+    create_ts: int
+    key_min: Key
+    key_max: Key
+    """The first and last key of the block (its rows are sorted by key)."""
+    zonemap: Any
+    """The object's zonemap of this block (engine.objects.zonemap), for scan pruning."""
+    drop_ts: int = TS_NEVER
+    deletes: Deletes = None  # type: ignore[assignment]  # set in __post_init__
+
+    def __post_init__(self) -> None:
+        self.deletes = Deletes()
+
+    def visible(self, ts: int) -> bool:
+        return self.create_ts <= ts < self.drop_ts
+
+    def may_hold(self, key: Key) -> bool:
+        return bool(self.key_min <= key <= self.key_max)
+
+
+Block = L0Block | PersistedBlock
+
+
+class BlockKeys:
+    """The keys of a persisted block, sorted (its rows are), for binary search: a numpy array
+    for a one-column integer key, a list of Python keys otherwise."""
+
+    __slots__ = ("_array", "_list")
+
+    def __init__(self, keys: pa.Table) -> None:
+        self._array: np.ndarray | None = None
+        self._list: list[Key] | None = None
+        if keys.num_columns == 1 and pa.types.is_integer(keys.schema.field(0).type):
+            self._array = keys.column(0).to_numpy()
+        elif keys.num_columns == 1:
+            self._list = keys.column(0).to_pylist()
+        else:
+            self._list = list(zip(*(c.to_pylist() for c in keys.columns), strict=True))
+
+    def find(self, key: Key) -> int | None:
+        """The offset of `key`, or None."""
+        if self._array is not None:
+            array = self._array
+            if not isinstance(key, int):
+                return None
+            try:
+                offset = int(np.searchsorted(array, key))
+            except OverflowError:
+                return None
+            return offset if offset < len(array) and int(array[offset]) == key else None
+        assert self._list is not None
+        offset = bisect.bisect_left(self._list, key)
+        return offset if offset < len(self._list) and self._list[offset] == key else None
+
+    def byte_size(self) -> int:
+        if self._array is not None:
+            return int(self._array.nbytes)
+        assert self._list is not None
+        return 64 * len(self._list)
+
+
+class Bloom(Protocol):
+    def might_contain(self, key: Key) -> bool: ...
+
+
+class LoadedBlocks(Protocol):
+    """What the shell loaded for one read (pinned while the read runs)."""
+
+    def keys(self, block: PersistedBlock) -> BlockKeys: ...
+
+    def bloom(self, block: PersistedBlock) -> Bloom | None: ...
+
+    def columns(self, block: PersistedBlock) -> pa.Table:
+        """The block's columns loaded for this read (at least those the read asked for)."""
+        ...
+
+
+class NothingLoaded:
+    """A read that needs no persisted block."""
+
+    def keys(self, block: PersistedBlock) -> BlockKeys:
+        raise AssertionError(f"block {block.block_id} was not loaded")
+
+    def bloom(self, block: PersistedBlock) -> Bloom | None:
+        raise AssertionError(f"block {block.block_id} was not loaded")
+
+    def columns(self, block: PersistedBlock) -> pa.Table:
+        raise AssertionError(f"block {block.block_id} was not loaded")
+
+
+@dataclass(slots=True)
+class MappedLoadedBlocks:
+    """`LoadedBlocks` over dicts (tests, and the shell's prefetch result)."""
+
+    keys_by_block: Mapping[int, BlockKeys]
+    columns_by_block: Mapping[int, pa.Table]
+    blooms_by_block: Mapping[int, Bloom]
+
+    def keys(self, block: PersistedBlock) -> BlockKeys:
+        return self.keys_by_block[block.block_id]
+
+    def bloom(self, block: PersistedBlock) -> Bloom | None:
+        return self.blooms_by_block.get(block.block_id)
+
+    def columns(self, block: PersistedBlock) -> pa.Table:
+        return self.columns_by_block[block.block_id]

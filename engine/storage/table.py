@@ -1,0 +1,482 @@
+"""A table's rows: its blocks, placement of new rows, applying committed commands, and reads
+at a timestamp.
+
+Why this shape (decision 0006; the seed's TAE "MVCC", "Storage Engine Architecture"): rows are
+appended, never changed in place; a row keeps its identity `(block_id, offset)` for life, so
+the WAL names rows by it and replay reproduces every identity. Placement is decided when a
+transaction is prepared (`allocate`, in commit order, carried by the Append command's infos)
+and checked when it is applied. Flushes, merges and compactions move rows only by creating
+blocks (CreateBlock) and dropping others (DropBlock) in one committed entry.
+
+Two sides of placement:
+
+* *reserved* (prepare side): where the next allocated rows go; `freeze()` seals the open block
+  so that the next allocation starts a new block (the flush of a block waits until every row
+  reserved in it is applied: `FrozenBlock.rows`);
+* *applied*: the blocks as the committed entries built them. An Append info either continues
+  the applied open block at its end or starts block `next_block_id` at offset 0; a
+  CreateBlock takes `next_block_id` too. Both sides agree because both follow commit order.
+
+Reads take the persisted blocks' keys, blooms and columns from a `LoadedBlocks` view the shell
+filled beforehand (`key_candidates` / `scan_blocks` tell it what to load): no I/O here.
+
+`apply_*` validate what they apply and raise `ApplyError`: on the commit path that is a bug
+(the engine asserts), on replay it is a corrupt WAL entry (the engine names the DSN).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+from pyroaring import BitMap
+
+from engine import limits
+from engine.schema import Key, Schema, batch_keys
+from engine.storage.blocks import (
+    TS_NEVER,
+    Block,
+    L0Block,
+    LoadedBlocks,
+    PersistedBlock,
+)
+from engine.wal.entry import Append, AppendInfo, CreateBlock, Delete, DropBlock
+
+_OFFSET_BITS = 32
+_OFFSET_MASK = (1 << _OFFSET_BITS) - 1
+
+
+def _row_id(block_id: int, offset: int) -> int:
+    return (block_id << _OFFSET_BITS) | offset
+
+
+class ApplyError(Exception):
+    """A command does not fit the state it is applied to (see the module docstring)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RowVersion:
+    """One version of a key: the row at (block_id, offset)."""
+
+    block_id: int
+    offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class PersistedMeta:
+    """What a CreateBlock needs beyond its command: the block's key range and zonemap, from
+    the object (read from its footer on replay; known in memory when the engine wrote it)."""
+
+    key_min: Key
+    key_max: Key
+    zonemap: object
+
+
+MetaSource = Callable[[CreateBlock], PersistedMeta]
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """The reserved placement state, to restore when a prepared commit is cancelled."""
+
+    open_block: int | None
+    open_offset: int
+    next_block_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class FrozenBlock:
+    """An L0 block sealed by `freeze()`: complete once `rows` rows are applied to it."""
+
+    block_id: int
+    rows: int
+
+
+class TableData:
+    """The rows of one table. Not thread-safe; one event loop owns it."""
+
+    def __init__(self, name: str, schema: Schema) -> None:
+        self.name = name
+        self.schema = schema
+        self.arrow_schema = schema.to_arrow()
+        self.blocks: dict[int, Block] = {}
+        """Every block not yet collected, by id; ids only grow, so this is id order."""
+        self.next_block_id = 1
+        self.open_block: L0Block | None = None
+        self.l0_keys: dict[Key, int | tuple[int, ...]] = {}
+        """Every version of every key in an L0 block, oldest first, as packed row ids
+        (`_row_id`): ints and tuples of ints, so millions of rows add no objects for the
+        garbage collector to walk."""
+        self.live_rows = 0
+        self.persisted_count = 0
+        self._res_open: int | None = None
+        self._res_offset = 0
+        self._res_next = 1
+        self._ranges: _KeyRanges | None = None
+
+    # --- placement (reserved side) -----------------------------------------------------------
+
+    def reservation(self) -> Reservation:
+        return Reservation(self._res_open, self._res_offset, self._res_next)
+
+    def restore(self, mark: Reservation) -> None:
+        """Take back every allocation since `mark` (a prepare cancelled before anything else
+        was prepared)."""
+        assert mark.next_block_id <= self._res_next
+        self._res_open, self._res_offset, self._res_next = (
+            mark.open_block,
+            mark.open_offset,
+            mark.next_block_id,
+        )
+
+    def allocate(self, rows: int) -> tuple[AppendInfo, ...]:
+        """Reserve the next `rows` row ids, in commit order (called when a transaction is
+        prepared; its Append command carries them)."""
+        assert rows > 0
+        infos = []
+        while rows:
+            if self._res_open is None or self._res_offset == limits.BLOCK_ROWS_MAX:
+                self._res_open, self._res_offset = self._res_next, 0
+                self._res_next += 1
+            take = min(rows, limits.BLOCK_ROWS_MAX - self._res_offset)
+            infos.append(AppendInfo(self._res_open, self._res_offset, take))
+            self._res_offset += take
+            rows -= take
+        return tuple(infos)
+
+    def allocate_block_ids(self, count: int) -> list[int]:
+        """Ids for `count` persisted blocks a prepared commit creates."""
+        first = self._res_next
+        self._res_next += count
+        return list(range(first, first + count))
+
+    def freeze(self) -> FrozenBlock | None:
+        """Seal the open block: later allocations start a new one. None if there is none."""
+        if self._res_open is None:
+            return None
+        frozen = FrozenBlock(self._res_open, self._res_offset)
+        self._res_open = None
+        self._res_offset = 0
+        return frozen
+
+    def _sync_reservation(self) -> None:
+        """Replay: nothing is reserved ahead of what the log holds."""
+        if self._res_next < self.next_block_id:
+            self._res_next = self.next_block_id
+            open_block = self.open_block
+            if open_block is None:
+                self._res_open, self._res_offset = None, 0
+            else:
+                self._res_open, self._res_offset = open_block.block_id, open_block.rows
+        elif self.open_block is not None and self._res_open == self.open_block.block_id:
+            self._res_offset = max(self._res_offset, self.open_block.rows)
+
+    # --- applying committed commands ---------------------------------------------------------
+
+    def apply_append(self, cmd: Append, commit_ts: int) -> None:
+        batch = cmd.batch
+        if not batch.schema.equals(self.arrow_schema):
+            raise ApplyError(
+                f"append to {self.name}: batch schema {batch.schema} is not the table's"
+            )
+        if sum(info.rows for info in cmd.infos) != batch.num_rows or not cmd.infos:
+            raise ApplyError(f"append to {self.name}: infos do not cover the batch")
+        keys = batch_keys(self.schema, batch)
+        # Only L0 versions are checked here: persisted blocks would need I/O, and the
+        # prepare-time checks (workspace, snapshot, conflict index) are what keeps keys unique.
+        for key in keys:
+            if self._live_l0_version(key) is not None:
+                raise ApplyError(f"append to {self.name}: key {key!r} is already live")
+        if len(set(keys)) != len(keys):
+            raise ApplyError(f"append to {self.name}: a key repeats within the batch")
+        start = 0
+        for info in cmd.infos:
+            block = self._block_for_append(info)
+            part = batch.slice(start, info.rows)
+            block.append(commit_ts, part)
+            index_keys = self.l0_keys
+            base = _row_id(info.block_id, info.offset)
+            for index in range(info.rows):
+                key = keys[start + index]
+                row_id = base + index
+                old = index_keys.get(key)
+                if old is None:
+                    index_keys[key] = row_id
+                elif type(old) is int:
+                    index_keys[key] = (old, row_id)
+                else:
+                    assert isinstance(old, tuple)
+                    index_keys[key] = (*old, row_id)
+            start += info.rows
+        self.live_rows += batch.num_rows
+        self._sync_reservation()
+
+    def _block_for_append(self, info: AppendInfo) -> L0Block:
+        if info.rows <= 0 or info.offset + info.rows > limits.BLOCK_ROWS_MAX:
+            raise ApplyError(f"append to {self.name}: block {info.block_id} overflows")
+        open_block = self.open_block
+        if (
+            open_block is not None
+            and info.block_id == open_block.block_id
+            and info.offset == open_block.rows
+        ):
+            return open_block
+        if info.block_id == self.next_block_id and info.offset == 0:
+            block = L0Block(info.block_id)
+            self.blocks[block.block_id] = block
+            self.next_block_id += 1
+            self.open_block = block
+            return block
+        expected = f"{open_block.block_id}:{open_block.rows} or " if open_block is not None else ""
+        raise ApplyError(
+            f"append to {self.name}: rows placed at {info.block_id}:{info.offset}, expected "
+            f"{expected}{self.next_block_id}:0"
+        )
+
+    def apply_create(self, cmd: CreateBlock, commit_ts: int, meta: MetaSource) -> None:
+        if cmd.block_id != self.next_block_id:
+            raise ApplyError(
+                f"create in {self.name}: block {cmd.block_id}, expected {self.next_block_id}"
+            )
+        if cmd.rows > limits.BLOCK_ROWS_MAX:
+            raise ApplyError(f"create in {self.name}: block {cmd.block_id} has {cmd.rows} rows")
+        found = meta(cmd)
+        block = PersistedBlock(
+            cmd.block_id,
+            cmd.level,
+            cmd.object_name,
+            cmd.row_group,
+            cmd.rows,
+            commit_ts,
+            found.key_min,
+            found.key_max,
+            found.zonemap,
+        )
+        self.blocks[block.block_id] = block
+        self.next_block_id += 1
+        self.live_rows += cmd.rows
+        self.persisted_count += 1
+        self._ranges = None
+        self._sync_reservation()
+
+    def apply_delete(self, cmd: Delete, commit_ts: int) -> None:
+        block = self.blocks.get(cmd.block_id)
+        if block is None or not block.visible(commit_ts) or not cmd.rows:
+            raise ApplyError(f"delete in {self.name}: no live block {cmd.block_id}, or no rows")
+        if cmd.rows.max() >= block.rows:
+            raise ApplyError(
+                f"delete in {self.name}: row {cmd.rows.max()} beyond block {cmd.block_id}"
+            )
+        if not cmd.rows.isdisjoint(block.deletes.all):
+            raise ApplyError(
+                f"delete in {self.name}: a row of block {cmd.block_id} is already deleted"
+            )
+        block.deletes.add(commit_ts, cmd.rows)
+        self.live_rows -= len(cmd.rows)
+
+    def apply_drop(self, cmd: DropBlock, commit_ts: int) -> None:
+        block = self.blocks.get(cmd.block_id)
+        if block is None or not block.visible(commit_ts):
+            raise ApplyError(f"drop in {self.name}: no live block {cmd.block_id}")
+        block.drop_ts = commit_ts
+        self.live_rows -= block.rows - len(block.deletes)
+        if block is self.open_block:
+            self.open_block = None
+        if isinstance(block, PersistedBlock):
+            self.persisted_count -= 1
+            self._ranges = None
+
+    # --- garbage -----------------------------------------------------------------------------
+
+    def collect(self, oldest_snapshot_ts: int) -> list[Block]:
+        """Forget blocks dropped at or before `oldest_snapshot_ts` (no reader can see them
+        any more); returns them (their objects may become garbage)."""
+        gone = [b for b in self.blocks.values() if b.drop_ts <= oldest_snapshot_ts]
+        for block in gone:
+            del self.blocks[block.block_id]
+            if isinstance(block, L0Block):
+                self._forget_l0_keys(block)
+        if gone:
+            self._ranges = None
+        return gone
+
+    def _forget_l0_keys(self, block: L0Block) -> None:
+        low, high = _row_id(block.block_id, 0), _row_id(block.block_id + 1, 0)
+        index = self.l0_keys
+        for batch in block.node_batches:
+            for key in batch_keys(self.schema, batch):
+                found = index.get(key)
+                if found is None:
+                    continue
+                if type(found) is int:
+                    if low <= found < high:
+                        del index[key]
+                    continue
+                assert isinstance(found, tuple)
+                kept = tuple(r for r in found if not low <= r < high)
+                if not kept:
+                    del index[key]
+                else:
+                    index[key] = kept[0] if len(kept) == 1 else kept
+
+    # --- reads at a timestamp ------------------------------------------------------------------
+
+    def _l0_row_ids(self, key: Key) -> tuple[int, ...]:
+        found = self.l0_keys.get(key)
+        if found is None:
+            return ()
+        if type(found) is int:
+            return (found,)
+        assert isinstance(found, tuple)
+        return found
+
+    def _live_l0_version(self, key: Key) -> int | None:
+        row_ids = self._l0_row_ids(key)
+        if not row_ids:
+            return None
+        last = row_ids[-1]
+        block = self.blocks[last >> _OFFSET_BITS]
+        if block.drop_ts != TS_NEVER or (last & _OFFSET_MASK) in block.deletes.ts_of:
+            return None
+        return last
+
+    def key_candidates(self, key: Key, ts: int) -> list[PersistedBlock]:
+        """Persisted blocks visible at `ts` whose key range holds `key` (what a point read
+        must load: keys and bloom)."""
+        ranges = self._key_ranges()
+        if not ranges:
+            return []
+        return [b for b in ranges.holding(key) if b.visible(ts)]
+
+    def _key_ranges(self) -> _KeyRanges:
+        if self._ranges is None:
+            self._ranges = _KeyRanges(
+                [b for b in self.blocks.values() if isinstance(b, PersistedBlock)]
+            )
+        return self._ranges
+
+    def version_at(self, key: Key, ts: int, loaded: LoadedBlocks) -> RowVersion | None:
+        """The version of `key` visible at `ts`, or None. `loaded` holds the keys (and
+        blooms) of `key_candidates(key, ts)`."""
+        for row_id in reversed(self._l0_row_ids(key)):
+            block = self.blocks[row_id >> _OFFSET_BITS]
+            if not block.visible(ts):
+                continue
+            assert isinstance(block, L0Block)
+            offset = row_id & _OFFSET_MASK
+            if block.commit_ts_of(offset) > ts or block.deletes.dead_at(offset, ts):
+                continue
+            return RowVersion(block.block_id, offset)
+        for candidate in self.key_candidates(key, ts):
+            bloom = loaded.bloom(candidate)
+            if bloom is not None and not bloom.might_contain(key):
+                continue
+            found = loaded.keys(candidate).find(key)
+            if found is not None and not candidate.deletes.dead_at(found, ts):
+                return RowVersion(candidate.block_id, found)
+        return None
+
+    def row(self, version: RowVersion, loaded: LoadedBlocks) -> dict[str, object]:
+        block = self.blocks[version.block_id]
+        if isinstance(block, L0Block):
+            return block.row(version.offset)
+        table = loaded.columns(block).select(self.arrow_schema.names)
+        rows: list[dict[str, object]] = table.slice(version.offset, 1).to_pylist()
+        return rows[0]
+
+    def scan_blocks(
+        self, ts: int, pruned: Callable[[PersistedBlock], bool] | None = None
+    ) -> list[Block]:
+        """The blocks a scan at `ts` reads, in id order; `pruned(block)` drops a persisted
+        block the scan's filter cannot match (its zonemap)."""
+        out: list[Block] = []
+        for block in self.blocks.values():
+            if not block.visible(ts):
+                continue
+            if isinstance(block, PersistedBlock) and pruned is not None and pruned(block):
+                continue
+            out.append(block)
+        return out
+
+    def scan_at(
+        self,
+        ts: int,
+        blocks: Iterable[Block],
+        loaded: LoadedBlocks,
+        excluded: dict[int, BitMap] | None = None,
+        columns: list[str] | None = None,
+    ) -> list[pa.Table]:
+        """The rows of `blocks` visible at `ts`, minus `excluded` (block_id -> offsets: the
+        reading transaction's own deletes), as one Arrow table per block (with `columns`, all
+        by default)."""
+        names = columns if columns is not None else self.arrow_schema.names
+        parts = []
+        for block in blocks:
+            if isinstance(block, L0Block):
+                visible = block.visible_rows(ts)
+                if not visible:
+                    continue
+                table = block.table()
+            else:
+                visible = block.rows
+                table = loaded.columns(block)
+            deleted = block.deletes.at(ts)
+            own = excluded.get(block.block_id) if excluded else None
+            table = table.select(names)
+            if not deleted and not own:
+                parts.append(table.slice(0, visible))
+                continue
+            keep = BitMap(range(visible))
+            keep -= deleted
+            if own:
+                keep -= own
+            if len(keep) == visible:
+                parts.append(table.slice(0, visible))
+            elif keep:
+                indices = pa.array(keep.to_array(), type=pa.uint32())
+                parts.append(table.take(indices))
+        return parts
+
+    def l0_blocks(self) -> list[L0Block]:
+        return [b for b in self.blocks.values() if isinstance(b, L0Block)]
+
+    def persisted_blocks(self) -> list[PersistedBlock]:
+        return [b for b in self.blocks.values() if isinstance(b, PersistedBlock)]
+
+
+class _KeyRanges:
+    """The key ranges of a table's persisted blocks, for point reads: vectorized over numpy
+    for a one-column integer key (thousands of blocks in microseconds), a loop otherwise."""
+
+    __slots__ = ("_blocks", "_maxs", "_mins")
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+    def __init__(self, blocks: list[PersistedBlock]) -> None:
+        self._blocks = blocks
+        self._mins: np.ndarray | None = None
+        self._maxs: np.ndarray | None = None
+        if blocks and all(type(b.key_min) is int and type(b.key_max) is int for b in blocks):
+            try:
+                self._mins = np.asarray([b.key_min for b in blocks], dtype=np.int64)
+                self._maxs = np.asarray([b.key_max for b in blocks], dtype=np.int64)
+            except OverflowError:  # uint64 keys past int64
+                self._mins = self._maxs = None
+
+    def holding(self, key: Key) -> list[PersistedBlock]:
+        if self._mins is not None and self._maxs is not None and type(key) is int:
+            if not -(1 << 63) <= key < (1 << 63):
+                return []
+            hits = np.flatnonzero((self._mins <= key) & (key <= self._maxs))
+            return [self._blocks[i] for i in hits]
+        out = []
+        for block in self._blocks:
+            try:
+                if block.may_hold(key):
+                    out.append(block)
+            except TypeError:  # a key of another type cannot be in the block
+                continue
+        return out
