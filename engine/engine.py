@@ -61,7 +61,7 @@ from engine.errors import (
 )
 from engine.pipeline import CommitPipeline, Ticket
 from engine.state import ApplyError, EngineState
-from engine.storage import LoadedBlocks, NothingLoaded, PersistedBlock
+from engine.storage import NOTHING_LOADED, LoadedBlocks, PersistedBlock
 from engine.storage.loader import BlockLoader, PinnedBlocks
 from engine.txn import Transaction, TxnState
 from engine.wal.codec import decode_entry, encode_entry
@@ -147,7 +147,7 @@ class _Loaded:
 
     async def __aenter__(self) -> LoadedBlocks:
         if not self._blocks:
-            return _NOTHING_LOADED
+            return NOTHING_LOADED
         loader = self._loader
         assert loader is not None, "persisted blocks without an object store"
         self._pinned = await asyncio.to_thread(
@@ -159,9 +159,6 @@ class _Loaded:
         if self._pinned is not None:
             self._pinned.release()
             self._pinned = None
-
-
-_NOTHING_LOADED = NothingLoaded()
 
 
 class Engine:

@@ -40,7 +40,7 @@ from engine.errors import (
     TxnTooLarge,
 )
 from engine.schema import Key, Schema, batch_keys, check_name, normalize_key, to_batch
-from engine.storage import PersistedBlock, RowVersion
+from engine.storage import NOTHING_LOADED, PersistedBlock, RowVersion
 from engine.wal.entry import CatalogKind, CatalogOp, Delete, UpdateCatalog
 
 if TYPE_CHECKING:
@@ -346,6 +346,8 @@ class Transaction:
             return [None] * len(keys)
         data = entry.data
         start_ts = self.start_ts
+        if not data.persisted_held:
+            return [data.version_at(key, start_ts, NOTHING_LOADED) for key in keys]
         candidates: dict[int, PersistedBlock] = {}
         for key in keys:
             for block in data.key_candidates(key, start_ts):

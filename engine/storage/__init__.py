@@ -2,6 +2,7 @@
 the table's rows with placement, applying and reads (`table`)."""
 
 from engine.storage.blocks import (
+    NOTHING_LOADED,
     TS_NEVER,
     Block,
     BlockKeys,
@@ -22,6 +23,7 @@ from engine.storage.table import (
 )
 
 __all__ = [
+    "NOTHING_LOADED",
     "TS_NEVER",
     "ApplyError",
     "Block",

@@ -198,6 +198,9 @@ class NothingLoaded:
         raise AssertionError(f"block {block.block_id} was not loaded")
 
 
+NOTHING_LOADED = NothingLoaded()
+
+
 @dataclass(slots=True)
 class MappedLoadedBlocks:
     """`LoadedBlocks` over dicts (tests, and the shell's prefetch result)."""

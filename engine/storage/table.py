@@ -111,6 +111,10 @@ class TableData:
         garbage collector to walk."""
         self.live_rows = 0
         self.persisted_count = 0
+        """Persisted blocks live now."""
+        self.persisted_held = 0
+        """Persisted blocks held (live, or dropped and still readable by a snapshot): none
+        means point reads need no loading at all."""
         self._res_open: int | None = None
         self._res_offset = 0
         self._res_next = 1
@@ -258,6 +262,7 @@ class TableData:
         self.next_block_id += 1
         self.live_rows += cmd.rows
         self.persisted_count += 1
+        self.persisted_held += 1
         self._ranges = None
         self._sync_reservation()
 
@@ -298,6 +303,8 @@ class TableData:
             del self.blocks[block.block_id]
             if isinstance(block, L0Block):
                 self._forget_l0_keys(block)
+            else:
+                self.persisted_held -= 1
         if gone:
             self._ranges = None
         return gone
@@ -369,6 +376,8 @@ class TableData:
             if block.commit_ts_of(offset) > ts or block.deletes.dead_at(offset, ts):
                 continue
             return RowVersion(block.block_id, offset)
+        if not self.persisted_held:
+            return None
         for candidate in self.key_candidates(key, ts):
             bloom = loaded.bloom(candidate)
             if bloom is not None and not bloom.might_contain(key):
