@@ -41,10 +41,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow.compute as pc
+from pyroaring import BitMap, FrozenBitMap
 
-from engine import limits
+from engine import conflicts, limits
 from engine.catalog import TableEntry
 from engine.clock import HybridClock, wall_ms
+from engine.compaction import Policy, Rewrite, Task, WrittenBlock
 from engine.conflicts import ConflictIndex, KeyConflict, SnapshotTooOld
 from engine.errors import (
     BadInput,
@@ -59,13 +61,15 @@ from engine.errors import (
     WalFailed,
     WriteConflict,
 )
+from engine.maintenance import BlockStore, Maintenance
 from engine.pipeline import CommitPipeline, Ticket
 from engine.state import ApplyError, EngineState
-from engine.storage import NOTHING_LOADED, LoadedBlocks, PersistedBlock
+from engine.storage import NOTHING_LOADED, TS_NEVER, LoadedBlocks, PersistedBlock
 from engine.storage.loader import BlockLoader, PinnedBlocks
+from engine.storage.moves import Move
 from engine.txn import Transaction, TxnState
 from engine.wal.codec import decode_entry, encode_entry
-from engine.wal.entry import Append, MemoItem, TxnEntry
+from engine.wal.entry import Append, CreateBlock, Delete, DropBlock, MemoItem, TxnEntry
 from tae_driver import Driver, LogBackend, ReplayDecision, ReplayMode, open_driver
 from tae_driver import errors as driver_errors
 from tae_driver.driver import DriverStats, ReplaySummary
@@ -96,8 +100,9 @@ class _Commit:
 
     __slots__ = ("entry", "future", "txn")
 
-    def __init__(self, txn: Transaction, future: asyncio.Future[None]) -> None:
+    def __init__(self, txn: Transaction | None, future: asyncio.Future[None]) -> None:
         self.txn = txn
+        """None for the engine's own rewrites (flush, merge, compaction)."""
         self.future = future
         self.entry: TxnEntry | None = None
 
@@ -184,6 +189,7 @@ class Engine:
         self._loader: BlockLoader | None = None
         """The object store behind persisted blocks (engine/blockstore.py); None until the
         engine has one."""
+        self._maintenance: Maintenance | None = None
         self._pipeline: CommitPipeline[_Commit] = CommitPipeline(
             visible_ts=0,
             queue_max=limits.COMMIT_QUEUE_MAX,
@@ -193,6 +199,10 @@ class Engine:
         """Transactions begun and not ended. Weak: a transaction its caller dropped without
         committing or rolling back stops counting (and stops pinning the conflict index)
         once it is garbage, instead of holding an open-transaction slot forever."""
+        self._open_views: weakref.WeakSet[Transaction] = weakref.WeakSet()
+        """Read-only views of `snapshot()` still open (they pin blocks like transactions)."""
+        self._history_floor_ts = 0
+        """The oldest timestamp still readable: blocks dropped at or before it are gone."""
         self._since_prune = 0
         self._closed = False
         self._failure: WalFailed | None = None
@@ -213,6 +223,9 @@ class Engine:
         now_ms: Callable[[], int] = wall_ms,
         window_records: int = 64,
         holder: str | None = None,
+        block_store: BlockStore | None = None,
+        policy: Policy | None = None,
+        maintenance: bool = True,
     ) -> Engine:
         """Open (creating if needed) the engine whose WAL is `wal`:
 
@@ -235,7 +248,11 @@ class Engine:
         try:
             driver = open_driver(backend, window=window_records)
             engine = cls(path, backend, owns, driver, HybridClock(now_ms), read_only=read_only)
+            if block_store is not None:
+                engine._attach(block_store, policy or Policy())
             await engine._replay_wal()
+            if engine._maintenance is not None and maintenance and not read_only:
+                engine._maintenance.start()
         except BaseException:
             if owns:
                 with contextlib.suppress(Exception):
@@ -271,6 +288,16 @@ class Engine:
         self._clock.observe(state.applied_ts)
         self._pipeline.visible_ts = state.applied_ts
         self._pipeline.conflicts.floor_ts = state.applied_ts
+
+    def _attach(self, store: BlockStore, policy: Policy) -> None:
+        self._loader = store
+        self._state.object_meta = store.meta
+        self._maintenance = Maintenance(self, store, policy)
+
+    @property
+    def maintenance(self) -> Maintenance | None:
+        """Flushes, merges, compactions (None without an object store)."""
+        return self._maintenance
 
     # --- observations -----------------------------------------------------------------------
 
@@ -336,13 +363,19 @@ class Engine:
         """A read-only view of the committed state at `ts` (any commit timestamp up to
         `visible_ts`; every version stays in memory until issue 14 adds compaction)."""
         self._check_not_closed()
-        if not isinstance(ts, int) or not 0 <= ts <= self.visible_ts:
-            raise SnapshotUnavailable(f"snapshot at {ts!r}: must be in [0, {self.visible_ts}]")
+        floor = self._history_floor_ts
+        if not isinstance(ts, int) or not floor <= ts <= self.visible_ts:
+            raise SnapshotUnavailable(
+                f"snapshot at {ts!r}: must be in [{floor}, {self.visible_ts}] (older history "
+                "was compacted away or predates the checkpoint the engine restarted from)"
+            )
         txn = Transaction(self, ts, read_only=True, registered=False)
+        self._open_views.add(txn)
         try:
             yield txn
         finally:
             txn.state = TxnState.ROLLED_BACK
+            self._open_views.discard(txn)
 
     def _loaded(
         self,
@@ -402,9 +435,17 @@ class Engine:
             txn._end(TxnState.ROLLED_BACK)
             raise _conflict_error(prepared, self._table_name)
         ticket = prepared
+        deletes = self._resolve_moved(plan.deletes)
+        if deletes is None:
+            pipeline.cancel(ticket)
+            txn._end(TxnState.ROLLED_BACK)
+            raise WriteConflict(
+                "a row this transaction deletes was rewritten by a flush or merge and is no "
+                "longer where the transaction saw it"
+            )
         allocations = []
         commands: list[Any] = list(plan.catalog_commands)
-        commands.extend(plan.deletes)
+        commands.extend(deletes)
         for entry, batch in plan.appends:
             allocations.append((entry.data, entry.data.reservation()))
             infos = entry.data.allocate(batch.num_rows)
@@ -437,6 +478,116 @@ class Engine:
         # and becomes visible in its turn (`_on_durable` never needs its waiter).
         await commit.future
 
+    def _resolve_moved(self, deletes: list[Delete]) -> list[Delete] | None:
+        """`deletes` with rows of blocks a rewrite moved re-resolved to where they are now
+        (decision 0006); None when one did not survive the move. Runs after the conflict
+        check, which proved no other commit wrote those keys since the snapshot."""
+        tables = self._state.catalog.tables
+        if not any(d.block_id in tables[d.table_id].data.moves for d in deletes):
+            return deletes
+        merged: dict[tuple[int, int, int], BitMap] = {}
+        for delete in deletes:
+            moves = tables[delete.table_id].data.moves
+            where = moves.resolve(delete.block_id, BitMap(delete.rows))
+            if where is None:
+                return None
+            for block_id, rows in where.items():
+                merged.setdefault((delete.db_id, delete.table_id, block_id), BitMap()).update(rows)
+        return [
+            Delete(db_id, table_id, block_id, FrozenBitMap(rows))
+            for (db_id, table_id, block_id), rows in sorted(merged.items())
+        ]
+
+    async def _commit_rewrite(
+        self, task: Task, start_ts: int, rewrite: Rewrite, outputs: Sequence[WrittenBlock]
+    ) -> int | None:
+        """Commit a flush, merge or compaction whose objects are written (decision 0006):
+        the outputs enter, the inputs leave, and the deletes committed on the inputs since
+        `start_ts` (applied, or still queued in the pipeline) are carried onto the outputs.
+        Returns its commit_ts, or None when it no longer applies (the table or an input is
+        gone, the engine failed): the caller deletes the objects."""
+        table = self._state.catalog.tables.get(task.table_id)
+        if self._failure is not None or self._closed or self.read_only:
+            return None
+        if table is None or not table.visible(self.visible_ts):
+            return None
+        data = table.data
+        inputs = [data.blocks.get(block_id) for block_id in task.inputs]
+        for block in inputs:
+            if block is None or block.drop_ts != TS_NEVER or block.block_id in data.moves:
+                return None
+        loop = asyncio.get_running_loop()
+        commit = _Commit(None, loop.create_future())
+        pipeline = self._pipeline
+        guards = (
+            conflicts.catalog_table_drop(table.table_id),
+            conflicts.catalog_db_drop(table.db_id),
+        )
+        prepared = pipeline.prepare(start_ts, (), guards, (), self._clock.next, commit)
+        if not isinstance(prepared, Ticket):
+            return None
+        ticket = prepared
+        mark = data.reservation()
+        output_ids = data.allocate_block_ids(len(outputs))
+        deleted: dict[int, BitMap] = {}
+        for block in inputs:
+            assert block is not None
+            for _, rows in block.deletes.since(start_ts):
+                deleted.setdefault(block.block_id, BitMap()).update(rows)
+        for queued in pipeline.queued():
+            if queued is ticket:
+                continue
+            assert queued.waiter.entry is not None
+            for cmd in queued.waiter.entry.commands:
+                if (
+                    type(cmd) is Delete
+                    and cmd.table_id == table.table_id
+                    and cmd.block_id in task.inputs
+                ):
+                    deleted.setdefault(cmd.block_id, BitMap()).update(cmd.rows)
+        carried = rewrite.carried(deleted)
+        commands: list[Any] = []
+        for block_id, out in zip(output_ids, outputs, strict=True):
+            commands.append(
+                CreateBlock(
+                    table.db_id,
+                    table.table_id,
+                    block_id,
+                    task.level,
+                    out.object_name,
+                    out.row_group,
+                    out.rows,
+                )
+            )
+            self._state.pending_meta[(out.object_name, out.row_group)] = out.meta
+        for index, carried_rows in sorted(carried.items()):
+            commands.append(
+                Delete(table.db_id, table.table_id, output_ids[index], FrozenBitMap(carried_rows))
+            )
+        commands.extend(DropBlock(table.db_id, table.table_id, b) for b in task.inputs)
+        for block_id in task.inputs:
+            data.moves.register(block_id, Move(rewrite.positions[block_id], output_ids))
+        entry = TxnEntry(start_ts, ticket.commit_ts, _memo(commands), tuple(commands))
+        try:
+            durable = self._driver.submit(encode_entry(entry))
+        except BaseException as exc:
+            for block_id in task.inputs:
+                data.moves.forget(block_id)
+            for out in outputs:
+                self._state.pending_meta.pop((out.object_name, out.row_group), None)
+            data.restore(mark)
+            pipeline.cancel(ticket)
+            if isinstance(exc, driver_errors.Overloaded):
+                return None
+            if isinstance(exc, (driver_errors.DriverFailed, driver_errors.DriverClosed)):
+                self._fail(exc)
+                return None
+            raise
+        commit.entry = entry
+        durable.add_done_callback(lambda done: self._on_durable(ticket, done))
+        await commit.future
+        return ticket.commit_ts
+
     def _on_durable(self, ticket: Ticket[_Commit], done: asyncio.Future[int]) -> None:
         if done.cancelled():
             self._fail(driver_errors.DriverClosed("append cancelled"))
@@ -463,8 +614,9 @@ class Engine:
                     if not left.waiter.future.done():
                         left.waiter.future.set_exception(WalFailed(str(bug)))
                 raise bug from error
-            commit.txn.commit_ts = made_visible.commit_ts
-            commit.txn._end(TxnState.COMMITTED)
+            if commit.txn is not None:
+                commit.txn.commit_ts = made_visible.commit_ts
+                commit.txn._end(TxnState.COMMITTED)
             if not commit.future.done():
                 commit.future.set_result(None)
 
@@ -480,7 +632,8 @@ class Engine:
                 )
         for ticket in self._pipeline.fail():
             commit = ticket.waiter
-            commit.txn._end(TxnState.UNKNOWN)
+            if commit.txn is not None:
+                commit.txn._end(TxnState.UNKNOWN)
             if not commit.future.done():
                 error = type(self._failure)(str(self._failure))
                 error.__cause__ = exc
@@ -492,12 +645,24 @@ class Engine:
         oldest = min((txn.start_ts for txn in self._open_txns), default=self.visible_ts)
         self._pipeline.prune(oldest)
 
+    def _oldest_snapshot_ts(self) -> int:
+        """No open transaction or snapshot reads below this: blocks dropped at or before it
+        can be collected (`Maintenance` then raises `_history_floor_ts` past their drops)."""
+        oldest = self.visible_ts
+        for txn in self._open_txns:
+            oldest = min(oldest, txn.start_ts)
+        for view in self._open_views:
+            oldest = min(oldest, view.start_ts)
+        return oldest
+
     # --- closing -----------------------------------------------------------------------------
 
     async def close(self) -> None:
         """Wait for commits in flight, then close the WAL. Open transactions are abandoned."""
         if self._closed:
             return
+        if self._maintenance is not None:
+            await self._maintenance.stop()
         self._closed = True
         with contextlib.suppress(driver_errors.DriverError):
             await self._driver.close()
@@ -509,6 +674,8 @@ class Engine:
         """Stop at once, as a crash would: commits in flight are abandoned (each may or may
         not be durable; a reopen's replay decides, all or nothing per transaction)."""
         self._closed = True
+        if self._maintenance is not None:
+            await self._maintenance.stop()
         await self._driver.abort()
         if self._owns_backend:
             with contextlib.suppress(BaseException):

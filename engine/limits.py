@@ -48,6 +48,31 @@ BLOCK_ROWS_MAX = 8192
 """Rows per block. Row ids are (block_id, offset); a block is the unit of delete masks in the
 WAL's Delete command and, with issue 14, of sorted L1 objects."""
 
+# --- Storage: flush, merge, compaction (decision 0006) ------------------------------------------
+
+FLUSH_AGE_MS = 60_000
+"""An open L0 block older than this (since its first row) is sealed and flushed to an L1
+object, so a slowly written table does not keep its rows in memory and in the WAL forever."""
+
+L0_BYTES_MAX = 64 * MiB
+"""Bytes of Arrow data in L0 blocks, over every table. Past it the largest tables' open blocks
+are sealed and flushed: memory stays bounded whatever the write pattern."""
+
+MERGE_L1_BLOCKS = 16
+"""L1 blocks of a table merged into one L2 segment (the seed's K): point reads and scans
+then open one sorted segment instead of many overlapping blocks."""
+
+COMPACT_DELETED_FRACTION = 0.5
+"""A persisted block is rewritten alone once this fraction of its rows is dead to every
+reader (compaction of blocks with many deletes)."""
+
+MAINTENANCE_INTERVAL_MS = 500
+"""How often the engine plans flushes, merges and compactions."""
+
+REWRITES_IN_FLIGHT_MAX = 2
+"""Flushes, merges and compactions running at once (each holds its inputs' rows and writes
+objects in a worker thread)."""
+
 # --- Names and schemas --------------------------------------------------------------------------
 
 NAME_BYTES_MAX = 255

@@ -117,6 +117,10 @@ class CommitPipeline(Generic[T]):
         self.commits_visible += len(visible)
         return visible
 
+    def queued(self) -> list[Ticket[T]]:
+        """The prepared commits not yet visible, in commit order."""
+        return list(self._queue)
+
     def fail(self) -> list[Ticket[T]]:
         """The WAL failed: every queued commit is abandoned (none acknowledged)."""
         failed = list(self._queue)

@@ -25,9 +25,11 @@ class EngineState:
         self.applied_ts = 0
         """commit_ts of the last applied transaction."""
         self.entries_applied = 0
-        self.meta_of: MetaSource = _no_objects
-        """Where a CreateBlock's key range and zonemap come from (the shell sets it: the
-        objects the engine just wrote, or their footers on replay)."""
+        self.pending_meta: dict[tuple[str, int], PersistedMeta] = {}
+        """Metadata of blocks the engine wrote and is committing (object, row group)."""
+        self.object_meta: MetaSource = _no_objects
+        """Where the metadata of any other block comes from: its object's footer (the
+        shell sets it once it has an object store)."""
 
     def apply(self, entry: TxnEntry) -> None:
         """Apply one committed transaction. Raises `ApplyError` when it does not fit (on
@@ -46,7 +48,7 @@ class EngineState:
         for cmd in commands:
             if type(cmd) is CreateBlock:
                 catalog.live_table(cmd.table_id, commit_ts).data.apply_create(
-                    cmd, commit_ts, self.meta_of
+                    cmd, commit_ts, self._meta_of
                 )
         for cmd in commands:
             if type(cmd) is Delete:
@@ -59,6 +61,10 @@ class EngineState:
                 catalog.live_table(cmd.table_id, commit_ts).data.apply_append(cmd, commit_ts)
         self.applied_ts = commit_ts
         self.entries_applied += 1
+
+    def _meta_of(self, cmd: CreateBlock) -> PersistedMeta:
+        found = self.pending_meta.pop((cmd.object_name, cmd.row_group), None)
+        return found if found is not None else self.object_meta(cmd)
 
     def digest(self, ts: int, loader: BlockLoader | None) -> str:
         """A hash of everything visible at `ts`: databases, tables with their schemas, and

@@ -6,6 +6,7 @@ from engine.storage.blocks import (
     TS_NEVER,
     Block,
     BlockKeys,
+    Bloom,
     L0Block,
     LoadedBlocks,
     MappedLoadedBlocks,
@@ -14,7 +15,6 @@ from engine.storage.blocks import (
 )
 from engine.storage.table import (
     ApplyError,
-    FrozenBlock,
     MetaSource,
     PersistedMeta,
     Reservation,
@@ -28,7 +28,7 @@ __all__ = [
     "ApplyError",
     "Block",
     "BlockKeys",
-    "FrozenBlock",
+    "Bloom",
     "L0Block",
     "LoadedBlocks",
     "MappedLoadedBlocks",

@@ -42,6 +42,7 @@ from engine.storage.blocks import (
     LoadedBlocks,
     PersistedBlock,
 )
+from engine.storage.moves import Moves
 from engine.wal.entry import Append, AppendInfo, CreateBlock, Delete, DropBlock
 
 _OFFSET_BITS = 32
@@ -84,14 +85,7 @@ class Reservation:
     open_block: int | None
     open_offset: int
     next_block_id: int
-
-
-@dataclass(frozen=True, slots=True)
-class FrozenBlock:
-    """An L0 block sealed by `freeze()`: complete once `rows` rows are applied to it."""
-
-    block_id: int
-    rows: int
+    pending: dict[int, int]
 
 
 class TableData:
@@ -118,12 +112,17 @@ class TableData:
         self._res_open: int | None = None
         self._res_offset = 0
         self._res_next = 1
+        self._pending: dict[int, int] = {}
+        """L0 block id -> rows reserved in it, while more are reserved than applied (a few
+        blocks at most: the open one and those sealed with appends still in flight)."""
         self._ranges: _KeyRanges | None = None
+        self.moves = Moves()
+        """Blocks a prepared rewrite drops, and where their rows went."""
 
     # --- placement (reserved side) -----------------------------------------------------------
 
     def reservation(self) -> Reservation:
-        return Reservation(self._res_open, self._res_offset, self._res_next)
+        return Reservation(self._res_open, self._res_offset, self._res_next, dict(self._pending))
 
     def restore(self, mark: Reservation) -> None:
         """Take back every allocation since `mark` (a prepare cancelled before anything else
@@ -134,6 +133,7 @@ class TableData:
             mark.open_offset,
             mark.next_block_id,
         )
+        self._pending = mark.pending
 
     def allocate(self, rows: int) -> tuple[AppendInfo, ...]:
         """Reserve the next `rows` row ids, in commit order (called when a transaction is
@@ -147,6 +147,7 @@ class TableData:
             take = min(rows, limits.BLOCK_ROWS_MAX - self._res_offset)
             infos.append(AppendInfo(self._res_open, self._res_offset, take))
             self._res_offset += take
+            self._pending[self._res_open] = self._res_offset
             rows -= take
         return tuple(infos)
 
@@ -156,14 +157,21 @@ class TableData:
         self._res_next += count
         return list(range(first, first + count))
 
-    def freeze(self) -> FrozenBlock | None:
-        """Seal the open block: later allocations start a new one. None if there is none."""
+    def freeze(self) -> bool:
+        """Seal the open block: later allocations start a new one. False if none is open."""
         if self._res_open is None:
-            return None
-        frozen = FrozenBlock(self._res_open, self._res_offset)
+            return False
         self._res_open = None
         self._res_offset = 0
-        return frozen
+        return True
+
+    def sealed(self, block: L0Block) -> bool:
+        """No more rows will be placed in `block`."""
+        return block.block_id != self._res_open or self._res_offset >= limits.BLOCK_ROWS_MAX
+
+    def complete(self, block: L0Block) -> bool:
+        """`block` is sealed and every row placed in it is applied: a flush may read it."""
+        return self.sealed(block) and block.block_id not in self._pending
 
     def _sync_reservation(self) -> None:
         """Replay: nothing is reserved ahead of what the log holds."""
@@ -200,6 +208,9 @@ class TableData:
             block = self._block_for_append(info)
             part = batch.slice(start, info.rows)
             block.append(commit_ts, part)
+            reserved = self._pending.get(block.block_id)
+            if reserved is not None and block.rows >= reserved:
+                del self._pending[block.block_id]
             index_keys = self.l0_keys
             base = _row_id(info.block_id, info.offset)
             for index in range(info.rows):
@@ -301,12 +312,25 @@ class TableData:
         gone = [b for b in self.blocks.values() if b.drop_ts <= oldest_snapshot_ts]
         for block in gone:
             del self.blocks[block.block_id]
+            self.moves.forget(block.block_id)
             if isinstance(block, L0Block):
                 self._forget_l0_keys(block)
             else:
                 self.persisted_held -= 1
         if gone:
             self._ranges = None
+        return gone
+
+    def release_all(self) -> list[Block]:
+        """Forget every block (the table was dropped before every reader's snapshot)."""
+        gone = list(self.blocks.values())
+        self.blocks.clear()
+        self.l0_keys.clear()
+        self.open_block = None
+        self.persisted_held = 0
+        self.persisted_count = 0
+        self._ranges = None
+        self.moves = Moves()
         return gone
 
     def _forget_l0_keys(self, block: L0Block) -> None:

@@ -1,0 +1,246 @@
+"""The engine's background storage work: flushes, merges, compactions and block collection.
+
+Why a loop of its own (decision 0006; seed "Compact & Merge": compaction runs concurrently with
+writers and commits as a transaction): every `MAINTENANCE_INTERVAL_MS` it asks the pure policy
+(`compaction.plan`) what each table needs, seals open blocks that are too old or when L0
+memory is full, and runs at most `REWRITES_IN_FLIGHT_MAX` rewrites at once. A rewrite reads
+its inputs at a snapshot, sorts and writes the output objects in a worker thread, then commits
+through the engine's pipeline (`Engine._commit_rewrite`); if the commit no longer applies
+(the table was dropped, the engine failed) its objects are deleted, never referenced.
+
+Blocks dropped before the oldest open snapshot are collected here too; their objects go to
+the block store, which deletes an object once nothing refers to it any more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
+import pyarrow as pa
+
+from engine import compaction, limits
+from engine.clock import wall_ms
+from engine.compaction import COMMIT_TS_COLUMN, Policy, Rewrite, Task, WrittenBlock
+from engine.schema import Schema
+from engine.storage import TS_NEVER, Block, L0Block, PersistedBlock, PersistedMeta
+from engine.storage.loader import BlockLoader
+from engine.wal.entry import BlockLevel, CreateBlock
+
+if TYPE_CHECKING:
+    from engine.engine import Engine
+
+log = logging.getLogger("engine.maintenance")
+
+
+class BlockWriter(Protocol):
+    """What maintenance needs of the block store (engine/blockstore.py)."""
+
+    def write_rewrite(
+        self, table_id: int, level: BlockLevel, schema: Schema, rewrite: Rewrite
+    ) -> list[WrittenBlock]:
+        """Write the rewrite's outputs as one object (durable when this returns)."""
+        ...
+
+    def discard(self, names: Sequence[str]) -> None:
+        """Delete objects that were written and never committed."""
+        ...
+
+    def collected(self, blocks: Sequence[PersistedBlock]) -> None:
+        """Persisted blocks no reader can see any more (their objects may be garbage)."""
+        ...
+
+
+class BlockStore(BlockWriter, BlockLoader, Protocol):
+    """Everything the engine needs of its objects: reads (BlockLoader), rewrites
+    (BlockWriter), and a block's metadata from its object (replay of a CreateBlock)."""
+
+    def meta(self, cmd: CreateBlock) -> PersistedMeta: ...
+
+
+class Maintenance:
+    def __init__(self, engine: Engine, writer: BlockWriter, policy: Policy) -> None:
+        self._engine = engine
+        self._writer = writer
+        self.policy = policy
+        self._busy: set[tuple[int, int]] = set()
+        """(table_id, block_id) of every input of a rewrite in flight."""
+        self._running: set[asyncio.Task[None]] = set()
+        self._loop_task: asyncio.Task[None] | None = None
+        self.rewrites_done: dict[str, int] = {"flush": 0, "merge": 0, "compact": 0}
+        self.rewrites_abandoned = 0
+        self.errors = 0
+        self.last_error: str | None = None
+
+    # --- lifecycle -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        assert self._loop_task is None
+        self._loop_task = asyncio.get_running_loop().create_task(self._loop())
+
+    async def stop(self) -> None:
+        task, self._loop_task = self._loop_task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        running = list(self._running)
+        for rewrite in running:
+            rewrite.cancel()
+        for rewrite in running:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await rewrite
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(limits.MAINTENANCE_INTERVAL_MS / 1000)
+            try:
+                self.step()
+            except Exception as exc:  # a bug: keep the engine serving, say so
+                self.errors += 1
+                self.last_error = repr(exc)
+                log.exception("maintenance step failed")
+
+    @property
+    def backlog(self) -> int:
+        """Rewrites in flight."""
+        return len(self._running)
+
+    # --- one step ----------------------------------------------------------------------------
+
+    def step(self, *, freeze_all: bool = False) -> list[asyncio.Task[None]]:
+        """Plan every table and start what fits; returns the rewrites started. Collects
+        blocks no reader can see. `freeze_all` seals every open block first (tests,
+        shutdown flushes)."""
+        engine = self._engine
+        if engine._failure is not None or engine._closed or engine.read_only:
+            return []
+        state = engine._state
+        gc_ts = engine._oldest_snapshot_ts()
+        tables = [t for t in state.catalog.tables.values() if t.visible(engine.visible_ts)]
+        l0_total = sum(compaction.l0_bytes(t.data) for t in tables)
+        memory_full = l0_total >= self.policy.l0_bytes_max
+        started: list[asyncio.Task[None]] = []
+        now_ms = wall_ms()
+        for table in state.catalog.tables.values():
+            if table.delete_ts <= gc_ts and table.data.blocks:
+                # Dropped before every reader's snapshot: its blocks are unreachable.
+                self._release(table.data.release_all(), table.delete_ts)
+        for table in tables:
+            data = table.data
+            gone = data.collect(gc_ts)
+            if gone:
+                self._release(gone, max(b.drop_ts for b in gone))
+            busy = frozenset(b for (t, b) in self._busy if t == table.table_id)
+
+            plan = compaction.plan(
+                table.table_id,
+                data,
+                now_ms=now_ms,
+                gc_ts=gc_ts,
+                busy=busy,
+                policy=self.policy,
+                memory_full=memory_full,
+            )
+            if (plan.freeze or freeze_all) and data.freeze():
+                # The sealed block may be complete already: plan again to flush it now.
+                plan = compaction.plan(
+                    table.table_id,
+                    data,
+                    now_ms=now_ms,
+                    gc_ts=gc_ts,
+                    busy=busy,
+                    policy=self.policy,
+                )
+            for task in plan.tasks:
+                if len(self._running) >= limits.REWRITES_IN_FLIGHT_MAX:
+                    break
+                started.append(self._start(task))
+        return started
+
+    def _release(self, gone: Sequence[Block], dropped_ts: int) -> None:
+        """`gone` left memory; history at or below `dropped_ts` is no longer complete."""
+        engine = self._engine
+        engine._history_floor_ts = max(engine._history_floor_ts, dropped_ts)
+        persisted = [b for b in gone if isinstance(b, PersistedBlock)]
+        if persisted:
+            self._writer.collected(persisted)
+
+    def _start(self, task: Task) -> asyncio.Task[None]:
+        for block_id in task.inputs:
+            self._busy.add((task.table_id, block_id))
+        running = asyncio.get_running_loop().create_task(self._run(task))
+        self._running.add(running)
+        running.add_done_callback(self._running.discard)
+        return running
+
+    async def _run(self, task: Task) -> None:
+        written: list[WrittenBlock] = []
+        committed = False
+        try:
+            written, committed = await self._rewrite(task)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # an object store error: retried by a later step
+            self.errors += 1
+            self.last_error = f"{task.kind} of table {task.table_id}: {exc!r}"
+            log.warning("%s", self.last_error)
+        finally:
+            for block_id in task.inputs:
+                self._busy.discard((task.table_id, block_id))
+            if written and not committed:
+                self.rewrites_abandoned += 1
+                with contextlib.suppress(Exception):
+                    await asyncio.to_thread(self._writer.discard, [w.object_name for w in written])
+
+    async def _rewrite(self, task: Task) -> tuple[list[WrittenBlock], bool]:
+        engine = self._engine
+        table = engine._state.catalog.tables.get(task.table_id)
+        if table is None:
+            return [], False
+        data = table.data
+        start_ts = engine.visible_ts
+        blocks: list[Block] = []
+        for block_id in task.inputs:
+            block = data.blocks.get(block_id)
+            if block is None or block.drop_ts != TS_NEVER:
+                return [], False
+            blocks.append(block)
+        persisted = [b for b in blocks if isinstance(b, PersistedBlock)]
+        names = [*table.schema.names, COMMIT_TS_COLUMN]
+        inputs: list[tuple[int, int, pa.Table, np.ndarray]] = []
+        async with engine._loaded(persisted, columns=names) as loaded:
+            for block in blocks:
+                if isinstance(block, L0Block):
+                    rows, offsets = compaction.l0_rows(block, table.schema, start_ts)
+                else:
+                    rows, offsets = compaction.persisted_rows(
+                        block, loaded.columns(block), start_ts
+                    )
+                inputs.append((block.block_id, block.rows, rows, offsets))
+        rewrite = await asyncio.to_thread(compaction.rewrite, table.schema, inputs)
+        written: list[WrittenBlock] = []
+        if rewrite.rows.num_rows:
+            written = await asyncio.to_thread(
+                self._writer.write_rewrite, table.table_id, task.level, table.schema, rewrite
+            )
+        commit_ts = await engine._commit_rewrite(task, start_ts, rewrite, written)
+        if commit_ts is None:
+            return written, False
+        self.rewrites_done[task.kind] += 1
+        return written, True
+
+    async def settle(self, *, freeze_all: bool = False, rounds_max: int = 64) -> None:
+        """Run steps until nothing is left to do (tests, checkpoints, benchmarks): every
+        sealed block flushed, every merge and compaction done. Bounded by `rounds_max`."""
+        for _ in range(rounds_max):
+            started = self.step(freeze_all=freeze_all)
+            running = list(self._running)
+            if not started and not running:
+                return
+            await asyncio.gather(*running, return_exceptions=True)
+            freeze_all = False
