@@ -292,6 +292,7 @@ class Engine:
     def _attach(self, store: BlockStore, policy: Policy) -> None:
         self._loader = store
         self._state.object_meta = store.meta
+        self._state.block_created = store.held
         self._maintenance = Maintenance(self, store, policy)
 
     @property

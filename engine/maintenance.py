@@ -50,7 +50,11 @@ class BlockWriter(Protocol):
         """Delete objects that were written and never committed."""
         ...
 
-    def collected(self, blocks: Sequence[PersistedBlock]) -> None:
+    def held(self, table_id: int, block: PersistedBlock) -> None:
+        """A persisted block the engine's state now holds (its object is referenced)."""
+        ...
+
+    def collected(self, table_id: int, blocks: Sequence[PersistedBlock]) -> None:
         """Persisted blocks no reader can see any more (their objects may be garbage)."""
         ...
 
@@ -129,12 +133,12 @@ class Maintenance:
         for table in state.catalog.tables.values():
             if table.delete_ts <= gc_ts and table.data.blocks:
                 # Dropped before every reader's snapshot: its blocks are unreachable.
-                self._release(table.data.release_all(), table.delete_ts)
+                self._release(table.table_id, table.data.release_all(), table.delete_ts)
         for table in tables:
             data = table.data
             gone = data.collect(gc_ts)
             if gone:
-                self._release(gone, max(b.drop_ts for b in gone))
+                self._release(table.table_id, gone, max(b.drop_ts for b in gone))
             busy = frozenset(b for (t, b) in self._busy if t == table.table_id)
 
             plan = compaction.plan(
@@ -162,13 +166,13 @@ class Maintenance:
                 started.append(self._start(task))
         return started
 
-    def _release(self, gone: Sequence[Block], dropped_ts: int) -> None:
+    def _release(self, table_id: int, gone: Sequence[Block], dropped_ts: int) -> None:
         """`gone` left memory; history at or below `dropped_ts` is no longer complete."""
         engine = self._engine
         engine._history_floor_ts = max(engine._history_floor_ts, dropped_ts)
         persisted = [b for b in gone if isinstance(b, PersistedBlock)]
         if persisted:
-            self._writer.collected(persisted)
+            self._writer.collected(table_id, persisted)
 
     def _start(self, task: Task) -> asyncio.Task[None]:
         for block_id in task.inputs:

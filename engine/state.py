@@ -7,6 +7,8 @@ on the very same `TxnEntry` values, so what replay rebuilds is what the running 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import xxhash
 
 from engine.catalog import Catalog
@@ -27,6 +29,9 @@ class EngineState:
         self.entries_applied = 0
         self.pending_meta: dict[tuple[str, int], PersistedMeta] = {}
         """Metadata of blocks the engine wrote and is committing (object, row group)."""
+        self.block_created: Callable[[int, PersistedBlock], None] = lambda table_id, block: None
+        """Told of every persisted block a CreateBlock adds (the block store counts the
+        references to its object)."""
         self.object_meta: MetaSource = _no_objects
         """Where the metadata of any other block comes from: its object's footer (the
         shell sets it once it has an object store)."""
@@ -47,9 +52,8 @@ class EngineState:
                 catalog.apply(cmd, commit_ts)
         for cmd in commands:
             if type(cmd) is CreateBlock:
-                catalog.live_table(cmd.table_id, commit_ts).data.apply_create(
-                    cmd, commit_ts, self._meta_of
-                )
+                data = catalog.live_table(cmd.table_id, commit_ts).data
+                self.block_created(cmd.table_id, data.apply_create(cmd, commit_ts, self._meta_of))
         for cmd in commands:
             if type(cmd) is Delete:
                 catalog.live_table(cmd.table_id, commit_ts).data.apply_delete(cmd, commit_ts)

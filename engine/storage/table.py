@@ -250,7 +250,7 @@ class TableData:
             f"{expected}{self.next_block_id}:0"
         )
 
-    def apply_create(self, cmd: CreateBlock, commit_ts: int, meta: MetaSource) -> None:
+    def apply_create(self, cmd: CreateBlock, commit_ts: int, meta: MetaSource) -> PersistedBlock:
         if cmd.block_id != self.next_block_id:
             raise ApplyError(
                 f"create in {self.name}: block {cmd.block_id}, expected {self.next_block_id}"
@@ -276,6 +276,7 @@ class TableData:
         self.persisted_held += 1
         self._ranges = None
         self._sync_reservation()
+        return block
 
     def apply_delete(self, cmd: Delete, commit_ts: int) -> None:
         block = self.blocks.get(cmd.block_id)

@@ -56,6 +56,7 @@ class MemoryBlocks:
         self.schemas: dict[str, Schema] = {}
         self.discarded: list[str] = []
         self.collected_blocks: list[int] = []
+        self.held_blocks: list[int] = []
         self.loads = 0
         self.gate: threading.Event | None = None
         """When set by a test: a rewrite waits on it before writing (bounded, 10 s)."""
@@ -113,7 +114,10 @@ class MemoryBlocks:
                 self.objects.pop(name, None)
                 self.discarded.append(name)
 
-    def collected(self, blocks: Sequence[PersistedBlock]) -> None:
+    def held(self, table_id: int, block: PersistedBlock) -> None:
+        self.held_blocks.append(block.block_id)
+
+    def collected(self, table_id: int, blocks: Sequence[PersistedBlock]) -> None:
         self.collected_blocks.extend(b.block_id for b in blocks)
 
 

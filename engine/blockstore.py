@@ -1,0 +1,245 @@
+"""The engine's persisted blocks over an object store: writing rewrite outputs, loading keys,
+blooms and columns through the buffer cache, and deleting objects nothing refers to.
+
+Why here (shared/STYLE.md "I/O at the edges"): the table code (engine/storage) is pure and the
+maintenance loop only plans; this shell is the one place that turns a block into reads of an
+object (engine/objects: Parquet block objects, the bounded cache). Every method blocks and is
+thread-safe: the engine calls it from worker threads (`asyncio.to_thread`).
+
+Cache entries, all bounded together by the cache's bytes (issue 14 "Buffer manager"):
+
+* ("meta", object): the object's footer metadata (key ranges, zonemaps, blooms of its blocks);
+* ("keys", object, row group): a block's sorted keys (`BlockKeys`, for binary search);
+* ("col", object, row group, column): one column of a block, so a scan loads only the
+  columns it reads.
+
+Objects are immutable and named by a random id, so a cache entry never goes stale; an object
+is deleted only when no held block and no retained checkpoint refers to it (`ObjectRefs`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+import uuid
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from engine.compaction import COMMIT_TS_COLUMN, Rewrite, WrittenBlock
+from engine.objects import blockfile
+from engine.objects.blockfile import BlockObjectMeta
+from engine.objects.bloom import BloomFilter
+from engine.objects.cache import BufferCache, CacheStats, Pin
+from engine.objects.errors import ObjectNotFound
+from engine.objects.store import ObjectStore
+from engine.schema import Schema
+from engine.storage import BlockKeys, PersistedBlock, PersistedMeta
+from engine.wal.entry import BlockLevel, CreateBlock
+
+DATA_PREFIX = "data/"
+"""Block objects: data/<table_id>/<random id>.parquet."""
+
+
+class ObjectRefs:
+    """Which owners refer to each object; an object with none left is garbage. Owners are
+    held persisted blocks `("block", table_id, block_id)` (several blocks share an L2
+    object) and retained checkpoints `("ckp", ckp_ts)`. A pure class: callers delete."""
+
+    def __init__(self) -> None:
+        self._owners: dict[str, set[Hashable]] = {}
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._owners
+
+    def __len__(self) -> int:
+        return len(self._owners)
+
+    def add(self, name: str, owner: Hashable) -> None:
+        self._owners.setdefault(name, set()).add(owner)
+
+    def drop(self, name: str, owner: Hashable) -> bool:
+        """Forget one owner; True when `name` has none left (it is garbage now)."""
+        owners = self._owners.get(name)
+        if owners is None:
+            return False
+        owners.discard(owner)
+        if owners:
+            return False
+        del self._owners[name]
+        return True
+
+    def names(self) -> set[str]:
+        return set(self._owners)
+
+
+class _Pinned:
+    """What one read loaded, pinned until `release()`."""
+
+    __slots__ = ("_blooms", "_columns", "_keys", "_pins", "_released")
+
+    def __init__(self) -> None:
+        self._pins: list[Pin[Any, Any]] = []
+        self._keys: dict[int, BlockKeys] = {}
+        self._blooms: dict[int, BloomFilter] = {}
+        self._columns: dict[int, pa.Table] = {}
+        self._released = False
+
+    def keys(self, block: PersistedBlock) -> BlockKeys:
+        return self._keys[block.block_id]
+
+    def bloom(self, block: PersistedBlock) -> BloomFilter | None:
+        return self._blooms.get(block.block_id)
+
+    def columns(self, block: PersistedBlock) -> pa.Table:
+        return self._columns[block.block_id]
+
+    def release(self) -> None:
+        if self._released:
+            return
+        self._released = True
+        for pin in self._pins:
+            pin.release()
+        self._pins.clear()
+
+
+class ObjectBlockStore:
+    def __init__(self, store: ObjectStore, cache_bytes: int) -> None:
+        self.store = store
+        self.cache: BufferCache[Hashable, Any] = BufferCache(cache_bytes)
+        self.refs = ObjectRefs()
+        self._lock = threading.Lock()
+        self.objects_written = 0
+        self.objects_deleted = 0
+
+    # --- writing -------------------------------------------------------------------------------
+
+    def write_rewrite(
+        self, table_id: int, level: BlockLevel, schema: Schema, rewrite: Rewrite
+    ) -> list[WrittenBlock]:
+        name = f"{DATA_PREFIX}{table_id}/{uuid.uuid4().hex}.parquet"
+        data = rewrite.rows.cast(blockfile.object_schema(schema))
+        meta = blockfile.write_object(
+            self.store, name, schema=schema, table_id=table_id, level=int(level), data=data
+        )
+        self.objects_written += 1
+        self._seed_meta(meta)
+        return [
+            WrittenBlock(name, index, block.row_count, _persisted_meta(meta, index))
+            for index, block in enumerate(meta.blocks)
+        ]
+
+    def _seed_meta(self, meta: BlockObjectMeta) -> None:
+        """The footer just written is the one a read would parse: cache it."""
+        with contextlib.suppress(Exception):  # a full cache: the next read parses the footer
+            self.cache.pin(("meta", meta.name), lambda: (meta, _meta_bytes(meta))).release()
+
+    def discard(self, names: Sequence[str]) -> None:
+        for name in names:
+            self._delete(name)
+
+    # --- metadata and loading --------------------------------------------------------------------
+
+    def object_meta(self, name: str) -> BlockObjectMeta:
+        pin = self._pin_meta(name)
+        try:
+            meta: BlockObjectMeta = pin.value
+            return meta
+        finally:
+            pin.release()
+
+    def _pin_meta(self, name: str) -> Pin[Any, Any]:
+        def load() -> tuple[BlockObjectMeta, int]:
+            meta = blockfile.read_meta(self.store, name)
+            return meta, _meta_bytes(meta)
+
+        return self.cache.pin(("meta", name), load)
+
+    def meta(self, cmd: CreateBlock) -> PersistedMeta:
+        meta = self.object_meta(cmd.object_name)
+        return _persisted_meta(meta, cmd.row_group)
+
+    def load(
+        self,
+        blocks: Sequence[PersistedBlock],
+        *,
+        keys: bool = False,
+        columns: Sequence[str] | None = None,
+    ) -> _Pinned:
+        pinned = _Pinned()
+        try:
+            for block in blocks:
+                name, group = block.object_name, block.row_group
+                if keys:
+                    meta_pin = self._pin_meta(name)
+                    pinned._pins.append(meta_pin)
+                    pinned._blooms[block.block_id] = meta_pin.value.blocks[group].bloom
+                    keys_pin = self.cache.pin(
+                        ("keys", name, group),
+                        functools.partial(_load_keys, self.store, name, group),
+                    )
+                    pinned._pins.append(keys_pin)
+                    pinned._keys[block.block_id] = keys_pin.value
+                if columns is not None:
+                    arrays = []
+                    for column in columns:
+                        pin = self.cache.pin(
+                            ("col", name, group, column),
+                            functools.partial(_load_column, self.store, name, group, column),
+                        )
+                        pinned._pins.append(pin)
+                        arrays.append(pin.value)
+                    pinned._columns[block.block_id] = pa.table(arrays, names=list(columns))
+        except BaseException:
+            pinned.release()
+            raise
+        return pinned
+
+    # --- garbage -------------------------------------------------------------------------------
+
+    def held(self, table_id: int, block: PersistedBlock) -> None:
+        """A block the engine's state now holds (created by a commit, or loaded at open)."""
+        with self._lock:
+            self.refs.add(block.object_name, ("block", table_id, block.block_id))
+
+    def collected(self, table_id: int, blocks: Sequence[PersistedBlock]) -> None:
+        garbage = []
+        with self._lock:
+            for block in blocks:
+                if self.refs.drop(block.object_name, ("block", table_id, block.block_id)):
+                    garbage.append(block.object_name)
+        for name in garbage:
+            self._delete(name)
+
+    def _delete(self, name: str) -> None:
+        with contextlib.suppress(ObjectNotFound):
+            self.store.delete(name)
+        self.objects_deleted += 1
+
+    def cache_stats(self) -> CacheStats:
+        return self.cache.stats()
+
+
+def _persisted_meta(meta: BlockObjectMeta, row_group: int) -> PersistedMeta:
+    block = meta.blocks[row_group]
+    return PersistedMeta(block.key_min, block.key_max, block.zonemap)
+
+
+def _meta_bytes(meta: BlockObjectMeta) -> int:
+    return len(meta.to_bytes()) + 256
+
+
+def _load_keys(store: ObjectStore, name: str, group: int) -> tuple[BlockKeys, int]:
+    keys = BlockKeys(blockfile.read_keys(store, name, group))
+    return keys, keys.byte_size()
+
+
+def _load_column(store: ObjectStore, name: str, group: int, column: str) -> tuple[Any, int]:
+    table = blockfile.read_block(store, name, group, [column])
+    array = table.column(0)
+    return array, array.nbytes
+
+
+__all__ = ["COMMIT_TS_COLUMN", "DATA_PREFIX", "ObjectBlockStore", "ObjectRefs"]
