@@ -114,6 +114,12 @@ class ObjectBlockStore:
         self.objects_written = 0
         self.objects_deleted = 0
 
+    def close(self) -> None:
+        """Close the object store if it has anything to close (a directory's lock)."""
+        close = getattr(self.store, "close", None)
+        if close is not None:
+            close()
+
     # --- writing -------------------------------------------------------------------------------
 
     def write_rewrite(

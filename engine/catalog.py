@@ -61,6 +61,36 @@ class Catalog:
         self._tables_of: dict[int, list[TableEntry]] = {}
         self._next_id = 1
 
+    @property
+    def next_id(self) -> int:
+        return self._next_id
+
+    @next_id.setter
+    def next_id(self, value: int) -> None:
+        assert value >= self._next_id
+        self._next_id = value
+
+    def restore_database(self, db_id: int, name: str, create_ts: int) -> DatabaseEntry:
+        """A database live at a checkpoint (engine/checkpoint/plan.py `restore`)."""
+        assert db_id not in self.databases
+        entry = DatabaseEntry(db_id, name, create_ts)
+        self.databases[db_id] = entry
+        self._db_names.setdefault(name, []).append(entry)
+        self._seen_id(db_id)
+        return entry
+
+    def restore_table(
+        self, table_id: int, db_id: int, name: str, schema: Schema, create_ts: int
+    ) -> TableEntry:
+        """A table live at a checkpoint."""
+        assert table_id not in self.tables and db_id in self.databases
+        entry = TableEntry(table_id, db_id, name, schema, create_ts)
+        self.tables[table_id] = entry
+        self._table_names.setdefault((db_id, name), []).append(entry)
+        self._tables_of.setdefault(db_id, []).append(entry)
+        self._seen_id(table_id)
+        return entry
+
     def allocate_id(self) -> int:
         allocated = self._next_id
         self._next_id += 1

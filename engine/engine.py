@@ -34,7 +34,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import socket
 import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
@@ -43,8 +42,11 @@ from typing import Any
 import pyarrow.compute as pc
 from pyroaring import BitMap, FrozenBitMap
 
-from engine import conflicts, limits
+from engine import conflicts, limits, opening
+from engine.blockstore import ObjectBlockStore
 from engine.catalog import TableEntry
+from engine.checkpoint.layout import Manifest
+from engine.checkpoint.runner import Checkpointer
 from engine.clock import HybridClock, wall_ms
 from engine.compaction import Policy, Rewrite, Task, WrittenBlock
 from engine.conflicts import ConflictIndex, KeyConflict, SnapshotTooOld
@@ -62,6 +64,7 @@ from engine.errors import (
     WriteConflict,
 )
 from engine.maintenance import BlockStore, Maintenance
+from engine.objects.store import ObjectStore
 from engine.pipeline import CommitPipeline, Ticket
 from engine.state import ApplyError, EngineState
 from engine.storage import NOTHING_LOADED, TS_NEVER, LoadedBlocks, PersistedBlock
@@ -74,7 +77,7 @@ from tae_driver import Driver, LogBackend, ReplayDecision, ReplayMode, open_driv
 from tae_driver import errors as driver_errors
 from tae_driver.driver import DriverStats, ReplaySummary
 
-WAL_DIR_NAME = "wal"
+WAL_DIR_NAME = opening.WAL_DIR_NAME
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,13 +101,15 @@ class EngineStats:
 class _Commit:
     """What the shell attaches to a pipeline ticket."""
 
-    __slots__ = ("entry", "future", "txn")
+    __slots__ = ("dsn", "entry", "future", "txn")
 
     def __init__(self, txn: Transaction | None, future: asyncio.Future[None]) -> None:
         self.txn = txn
         """None for the engine's own rewrites (flush, merge, compaction)."""
         self.future = future
         self.entry: TxnEntry | None = None
+        self.dsn = 0
+        """The entry's DSN, once durable."""
 
 
 class _TransactionScope:
@@ -190,6 +195,12 @@ class Engine:
         """The object store behind persisted blocks (engine/blockstore.py); None until the
         engine has one."""
         self._maintenance: Maintenance | None = None
+        self._block_store: BlockStore | None = None
+        self._owns_objects = False
+        self._checkpointer: Checkpointer | None = None
+        self._visible_dsn = 0
+        """The DSN of the last visible transaction's WAL entry."""
+        self._wal_entries_at_ckp = 0
         self._pipeline: CommitPipeline[_Commit] = CommitPipeline(
             visible_ts=0,
             queue_max=limits.COMMIT_QUEUE_MAX,
@@ -223,6 +234,8 @@ class Engine:
         now_ms: Callable[[], int] = wall_ms,
         window_records: int = 64,
         holder: str | None = None,
+        objects: str | ObjectStore | None = None,
+        cache_bytes: int = limits.CACHE_BYTES,
         block_store: BlockStore | None = None,
         policy: Policy | None = None,
         maintenance: bool = True,
@@ -235,8 +248,16 @@ class Engine:
         * "memory": an in-memory log that dies with the engine (tests, benchmarks);
         * a `tae_driver.LogBackend` the caller owns (tests: reopen on the same backend).
 
+        Table data outlives memory in `objects` (decision 0006): "dir" (the default for the
+        file and logsvc WALs: a durable directory `path/objects`), "memory" (the default for
+        the memory WAL and for a caller's LogBackend), "none" (part 1's engine: every row in
+        memory, the WAL never truncated), or an `engine.objects` store (S3: `S3ObjectStore`).
+        Blocks are read through a cache of `cache_bytes`. `block_store` (tests) replaces the
+        object store with any `maintenance.BlockStore`; `policy` tunes flushes and merges;
+        `maintenance=False` leaves them to the caller (`engine.maintenance.step()`).
+
         `read_only` replays for reading and refuses commits (and over logsvc takes no
-        lease, so it fences nobody)."""
+        lease, so it fences nobody; a directory of objects is opened without its lock)."""
         if not __debug__:
             raise RuntimeError("the engine refuses to run with assertions disabled (python -O)")
         path = os.fspath(path)
@@ -244,29 +265,53 @@ class Engine:
             # Looking must not create: a read-only open of a missing engine is an error.
             raise NotFound(f"no engine here: {os.path.join(path, WAL_DIR_NAME)} does not exist")
         os.makedirs(path, exist_ok=True)
-        backend, owns = await _open_backend(path, wal, client_config, shard, read_only, holder)
+        backend, owns = await opening.open_backend(
+            path, wal, client_config, shard, read_only, holder
+        )
         try:
             driver = open_driver(backend, window=window_records)
             engine = cls(path, backend, owns, driver, HybridClock(now_ms), read_only=read_only)
-            if block_store is not None:
-                engine._attach(block_store, policy or Policy())
+            store = block_store
+            if store is None:
+                store = await asyncio.to_thread(
+                    opening.open_block_store, path, objects, wal, read_only, cache_bytes
+                )
+            if store is not None:
+                engine._attach(store, policy or Policy())
+                engine._owns_objects = block_store is None and (
+                    objects is None or isinstance(objects, str)
+                )
+            if engine._checkpointer is not None:
+                manifest = await asyncio.to_thread(engine._checkpointer.restore)
+                if manifest is not None:
+                    engine._restored_from(manifest)
             await engine._replay_wal()
+            if engine._checkpointer is not None and not read_only:
+                await engine._checkpointer.collect_orphans()
             if engine._maintenance is not None and maintenance and not read_only:
                 engine._maintenance.start()
         except BaseException:
             if owns:
                 with contextlib.suppress(Exception):
                     await backend.close()
+            if "engine" in locals():
+                engine._close_objects()
             raise
         return engine
 
     async def _replay_wal(self) -> None:
         state = self._state
+        first_dsn: list[int] = []
 
         def handle(dsn: int, payload: bytes) -> ReplayDecision:
+            if not first_dsn:
+                first_dsn.append(dsn)
+                if dsn > self._visible_dsn + 1:
+                    raise WalCorruption(dsn, self._gap(dsn))
             entry = decode_entry(payload, dsn)
             if not isinstance(entry, TxnEntry):
-                return ReplayDecision.INTERNAL  # CKP: checkpoints arrive with issue 14
+                return ReplayDecision.INTERNAL  # CKP: the checkpoint itself was read first
+            self._visible_dsn = max(self._visible_dsn, dsn)
             if entry.commit_ts <= state.applied_ts:
                 # A second copy of a transaction already applied (commit_ts order is DSN
                 # order, so nothing newer can be at or below the applied one).
@@ -285,15 +330,67 @@ class Engine:
             # A record the driver cannot decode (not a WAL driver record at all, say): the
             # log is not an engine's WAL, or it is damaged. Typed as the engine promises.
             raise WalCorruption(self._driver.dsn() + 1, f"undecodable log record: {exc}") from exc
+        if not first_dsn and self._driver.dsn() > self._visible_dsn:
+            raise WalCorruption(self._driver.dsn(), self._gap(self._driver.dsn()))
         self._clock.observe(state.applied_ts)
         self._pipeline.visible_ts = state.applied_ts
         self._pipeline.conflicts.floor_ts = state.applied_ts
 
+    def _gap(self, dsn: int) -> str:
+        newest = self._checkpointer.newest if self._checkpointer is not None else None
+        if newest is None:
+            return f"the WAL starts at DSN {dsn} and there is no checkpoint before it"
+        return (
+            f"the WAL starts at DSN {dsn}, past the newest checkpoint's DSN {newest.ckp_dsn} "
+            f"(ckp_ts {newest.ckp_ts}): entries in between are missing"
+        )
+
     def _attach(self, store: BlockStore, policy: Policy) -> None:
         self._loader = store
-        self._state.object_meta = store.meta
-        self._state.block_created = store.held
+        self._block_store = store
         self._maintenance = Maintenance(self, store, policy)
+        if isinstance(store, ObjectBlockStore):
+            self._checkpointer = Checkpointer(self, store)
+        self._hook_state()
+
+    def _hook_state(self) -> None:
+        store = self._block_store
+        if store is not None:
+            self._state.object_meta = store.meta
+            self._state.block_created = store.held
+
+    def _adopt_state(self, state: EngineState) -> None:
+        """The state a checkpoint restored (before the WAL replay)."""
+        self._state = state
+        self._hook_state()
+
+    def _restored_from(self, manifest: Manifest) -> None:
+        self._visible_dsn = manifest.ckp_dsn
+        self._history_floor_ts = manifest.ckp_ts
+        self._pipeline.visible_ts = manifest.ckp_ts
+        self._clock.observe(manifest.ckp_ts)
+
+    def _check_writable_storage(self) -> None:
+        self._check_not_closed()
+        if self._failure is not None:
+            raise type(self._failure)(str(self._failure))
+        if self.read_only:
+            raise BadInput("the engine was opened read-only")
+
+    def _checkpoint_taken(self, manifest: Manifest) -> None:
+        self._wal_entries_at_ckp = self._visible_dsn
+
+    async def checkpoint(self, *, global_: bool = False) -> Manifest | None:
+        """Take a checkpoint now (the engine also takes them by itself, decision 0006):
+        the state at `visible_ts` in objects, a CKP WAL entry, the WAL truncated below it.
+        None when nothing was committed since the last one. Needs an object store."""
+        if self._checkpointer is None:
+            raise BadInput("checkpoints need an object store (objects='dir', 'memory', ...)")
+        return await self._checkpointer.checkpoint(global_=global_)
+
+    @property
+    def checkpointer(self) -> Checkpointer | None:
+        return self._checkpointer
 
     @property
     def maintenance(self) -> Maintenance | None:
@@ -600,9 +697,11 @@ class Engine:
         if self._failure is not None:
             return  # every queued commit was failed already
         state = self._state
+        ticket.waiter.dsn = done.result()
         visible = self._pipeline.durable(ticket)
         for index, made_visible in enumerate(visible):
             commit = made_visible.waiter
+            self._visible_dsn = max(self._visible_dsn, commit.dsn)
             assert commit.entry is not None
             try:
                 state.apply(commit.entry)
@@ -670,6 +769,11 @@ class Engine:
         if self._owns_backend:
             with contextlib.suppress(driver_errors.DriverError):
                 await self._backend.close()
+        self._close_objects()
+
+    def _close_objects(self) -> None:
+        if self._owns_objects and isinstance(self._block_store, ObjectBlockStore):
+            self._block_store.close()
 
     async def abort(self) -> None:
         """Stop at once, as a crash would: commits in flight are abandoned (each may or may
@@ -681,6 +785,7 @@ class Engine:
         if self._owns_backend:
             with contextlib.suppress(BaseException):
                 await self._backend.close()
+        self._close_objects()
 
     async def __aenter__(self) -> Engine:
         return self
@@ -735,41 +840,3 @@ def _root(exc: BaseException) -> BaseException:
         exc = exc.__cause__
         seen += 1
     return exc
-
-
-async def _open_backend(
-    path: str,
-    wal: str | LogBackend,
-    client_config: str | None,
-    shard: int | None,
-    read_only: bool,
-    holder: str | None,
-) -> tuple[LogBackend, bool]:
-    if not isinstance(wal, str):
-        return wal, False
-    if wal == "file":
-        from tae_driver.backends.file import FileBackend
-
-        return await FileBackend.open(os.path.join(path, WAL_DIR_NAME)), True
-    if wal == "memory":
-        from tae_driver.backends.memory import MemoryBackend
-
-        return MemoryBackend(), True
-    if wal == "logsvc":
-        from logsvc.config import load_client_config
-        from tae_driver.backends.logsvc import LogsvcBackend
-
-        if client_config is None or shard is None:
-            raise BadInput("wal='logsvc' needs client_config (a client.toml path) and shard")
-        config = load_client_config(client_config)
-        return (
-            await LogsvcBackend.open(
-                config.addresses,
-                config.token,
-                shard,
-                lease=not read_only,
-                holder=holder or f"engine@{socket.gethostname()}:{os.getpid()}",
-            ),
-            True,
-        )
-    raise BadInput(f"wal must be 'file', 'logsvc', 'memory' or a LogBackend, not {wal!r}")

@@ -73,6 +73,32 @@ REWRITES_IN_FLIGHT_MAX = 2
 """Flushes, merges and compactions running at once (each holds its inputs' rows and writes
 objects in a worker thread)."""
 
+CACHE_BYTES = 256 * MiB
+"""The buffer cache of persisted blocks' columns, keys and metadata (issue 14 "Buffer
+manager"): RSS stays about this plus the L0 blocks, however large the tables grow."""
+
+# --- Checkpoints (decision 0006) ----------------------------------------------------------------
+
+CKP_INTERVAL_MS = 60_000
+"""A checkpoint at least this often while commits arrive, so restart replays at most this much
+WAL (plus the reserve)."""
+
+CKP_WAL_ENTRIES = 200_000
+"""...or as soon as this many WAL entries were written since the last one: the retained WAL
+stays a bounded window however fast commits come (issue 14 "Long-run")."""
+
+CKP_WAL_RESERVE_ENTRIES = 1024
+"""WAL entries kept below a checkpoint when truncating (MatrixOne's ReservedWALEntryCount):
+a reader tailing the log, or an audit, finds the entries just before the checkpoint."""
+
+CKP_RETAINED = 2
+"""Checkpoints kept (the newest and the one before it); older ones and the objects only they
+referred to are deleted."""
+
+CKP_GLOBAL_EVERY = 8
+"""Every this many checkpoints one is global (rewrites every dump and delta object), so the
+objects of older ones can go; the others are incremental."""
+
 # --- Names and schemas --------------------------------------------------------------------------
 
 NAME_BYTES_MAX = 255

@@ -114,7 +114,7 @@ DELTA_META_BYTES_MAX = 4 * MiB
 
 # --- Buffer cache (cache.py) -------------------------------------------------------------------
 
-CACHE_BYTES_DEFAULT = 256 * MiB
+CACHE_BYTES_DEFAULT = engine_limits.CACHE_BYTES
 """The buffer cache's capacity unless configured (issue 14's benchmark runs with 256 MiB)."""
 
 CACHE_LOAD_WAIT_S_MAX = 60.0

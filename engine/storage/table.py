@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-from pyroaring import BitMap
+from pyroaring import BitMap, FrozenBitMap
 
 from engine import limits
 from engine.schema import Key, Schema, batch_keys
@@ -305,6 +305,51 @@ class TableData:
             self.persisted_count -= 1
             self._ranges = None
 
+    # --- restoring from a checkpoint (engine/checkpoint/plan.py `restore`) ---------------------
+
+    def restore_l0(self, block_id: int, nodes: list[tuple[int, pa.RecordBatch]]) -> None:
+        """An L0 block as a checkpoint dumped it: its append nodes, in order."""
+        assert block_id not in self.blocks
+        block = L0Block(block_id)
+        for commit_ts, batch in nodes:
+            block.append(commit_ts, batch)
+            keys = batch_keys(self.schema, batch)
+            base = _row_id(block_id, block.rows - batch.num_rows)
+            for index, key in enumerate(keys):
+                row_id = base + index
+                old = self.l0_keys.get(key)
+                if old is None:
+                    self.l0_keys[key] = row_id
+                elif type(old) is int:
+                    self.l0_keys[key] = (old, row_id)
+                else:
+                    assert isinstance(old, tuple)
+                    self.l0_keys[key] = (*old, row_id)
+        self.blocks[block_id] = block
+        self.live_rows += block.rows
+
+    def restore_persisted(self, block: PersistedBlock) -> None:
+        assert block.block_id not in self.blocks
+        self.blocks[block.block_id] = block
+        self.live_rows += block.rows
+        self.persisted_count += 1
+        self.persisted_held += 1
+        self._ranges = None
+
+    def restore_deletes(self, block_id: int, nodes: list[tuple[int, FrozenBitMap]]) -> None:
+        block = self.blocks[block_id]
+        for commit_ts, rows in nodes:
+            if rows.max() >= block.rows:
+                raise ApplyError(f"{self.name}: a delete beyond block {block_id}")
+            block.deletes.add(commit_ts, rows)
+            self.live_rows -= len(rows)
+
+    def finish_restore(self, open_block_id: int) -> None:
+        """Every block is back: the open block, and nothing reserved beyond the state."""
+        block = self.blocks.get(open_block_id) if open_block_id else None
+        self.open_block = block if isinstance(block, L0Block) else None
+        self._sync_reservation()
+
     # --- garbage -----------------------------------------------------------------------------
 
     def collect(self, oldest_snapshot_ts: int) -> list[Block]:
@@ -455,7 +500,9 @@ class TableData:
                 table = block.table()
             else:
                 visible = block.rows
-                table = loaded.columns(block)
+                # Read back from Parquet every field is nullable: relabel (no copy) so that
+                # the parts concatenate with L0 blocks' batches.
+                table = loaded.columns(block).select(names).cast(self._arrow_subset(names))
             deleted = block.deletes.at(ts)
             own = excluded.get(block.block_id) if excluded else None
             table = table.select(names)
@@ -472,6 +519,12 @@ class TableData:
                 indices = pa.array(keep.to_array(), type=pa.uint32())
                 parts.append(table.take(indices))
         return parts
+
+    def _arrow_subset(self, names: list[str]) -> pa.Schema:
+        schema = self.arrow_schema
+        if names == schema.names:
+            return schema
+        return pa.schema([schema.field(name) for name in names])
 
     def l0_blocks(self) -> list[L0Block]:
         return [b for b in self.blocks.values() if isinstance(b, L0Block)]

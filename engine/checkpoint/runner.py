@@ -1,0 +1,150 @@
+"""The engine's checkpoints: restore at open, take one, truncate the WAL, retire old ones,
+collect orphaned objects (decision 0006; seed "Checkpoint").
+
+Why this order (ARCHITECTURE.md §4 "Truncation is the only compaction"): the checkpoint's
+objects and then its manifest are durable before the CKP WAL entry is logged, and the WAL is
+truncated only after that entry is durable, at the DSN of the last commit the checkpoint
+covers minus a reserve. A crash anywhere leaves either the previous checkpoint and the whole
+WAL after it, or the new checkpoint and a WAL that still holds everything after it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from engine import limits
+from engine.blockstore import DATA_PREFIX, ObjectBlockStore
+from engine.checkpoint import files, layout
+from engine.checkpoint import plan as checkpoint_plan
+from engine.checkpoint.layout import Manifest
+from engine.clock import wall_ms
+from engine.storage import PersistedBlock
+from engine.txn import Transaction
+from engine.wal.codec import encode_entry
+from engine.wal.entry import CheckpointEntry
+
+if TYPE_CHECKING:
+    from engine.engine import Engine
+
+log = logging.getLogger("engine.checkpoint")
+
+
+class Checkpointer:
+    def __init__(self, engine: Engine, blocks: ObjectBlockStore) -> None:
+        self._engine = engine
+        self._blocks = blocks
+        self._store = blocks.store
+        self._lock = asyncio.Lock()
+        self.retained: list[Manifest] = []
+        """Complete checkpoints kept, oldest first; the last is the newest."""
+        self._previous: checkpoint_plan.Previous | None = None
+        self._since_global = 0
+        self.taken = 0
+        self.objects_retired = 0
+        self.orphans_deleted = 0
+        self.last_duration_ms = 0.0
+        self.last_bytes = 0
+        self.wal_reserve_entries = limits.CKP_WAL_RESERVE_ENTRIES
+
+    @property
+    def newest(self) -> Manifest | None:
+        return self.retained[-1] if self.retained else None
+
+    # --- open --------------------------------------------------------------------------------
+
+    def restore(self) -> Manifest | None:
+        """At open, before the WAL replay (blocking): the newest checkpoint's state becomes
+        the engine's, and every retained checkpoint's objects are referenced."""
+        engine = self._engine
+        names = files.manifests(self._store)
+        if not names:
+            return None
+        newest = files.read_manifest(self._store, names[-1])
+        state = files.read(self._store, newest, self._blocks.meta)
+        engine._adopt_state(state)
+        for table in state.catalog.tables.values():
+            for block in table.data.blocks.values():
+                if isinstance(block, PersistedBlock):
+                    self._blocks.held(table.table_id, block)
+        for name in names[-limits.CKP_RETAINED :]:
+            manifest = newest if name == names[-1] else files.read_manifest(self._store, name)
+            self._retain(manifest)
+        return newest
+
+    def _retain(self, manifest: Manifest) -> None:
+        for name in manifest.objects:
+            self._blocks.refs.add(name, ("ckp", manifest.ckp_ts))
+        self.retained.append(manifest)
+
+    async def collect_orphans(self) -> int:
+        """Delete objects nothing refers to: checkpoints beyond the retained ones, and
+        objects of rewrites or checkpoints a crash interrupted. At open, after the replay."""
+        retained = {layout.manifest_name(m.ckp_ts) for m in self.retained}
+        referenced = self._blocks.refs.names() | retained
+        orphans = await asyncio.to_thread(
+            files.orphans, self._store, referenced, (DATA_PREFIX, layout.PREFIX)
+        )
+        # Older manifests first, so no checkpoint ever names a deleted object.
+        orphans.sort(key=lambda name: (not name.endswith(layout.MANIFEST_NAME), name))
+        for name in orphans:
+            await asyncio.to_thread(files.retire, self._store, name, ())
+        self.orphans_deleted += len(orphans)
+        if orphans:
+            log.info("deleted %d orphaned objects", len(orphans))
+        return len(orphans)
+
+    # --- taking one --------------------------------------------------------------------------
+
+    async def checkpoint(self, *, global_: bool = False) -> Manifest | None:
+        """Take a checkpoint at the visible timestamp (None when nothing was committed since
+        the newest one), log its CKP entry, truncate the WAL, retire old checkpoints."""
+        async with self._lock:
+            return await self._checkpoint(global_)
+
+    async def _checkpoint(self, global_: bool) -> Manifest | None:
+        engine = self._engine
+        engine._check_writable_storage()
+        ckp_ts = engine.visible_ts
+        newest = self.newest
+        if newest is not None and ckp_ts <= newest.ckp_ts:
+            return None
+        started = asyncio.get_running_loop().time()
+        globally = (
+            global_ or self._previous is None or self._since_global + 1 >= limits.CKP_GLOBAL_EVERY
+        )
+        ckp_dsn = engine._visible_dsn
+        plan = checkpoint_plan.plan(
+            engine._state, ckp_ts, ckp_dsn, None if globally else self._previous
+        )
+        view = Transaction(engine, ckp_ts, read_only=True, registered=False)
+        engine._open_views.add(view)  # blocks dropped after ckp_ts stay until it is written
+        try:
+            manifest = await asyncio.to_thread(files.write, self._store, plan, wall_ms())
+        finally:
+            engine._open_views.discard(view)
+        self._retain(manifest)
+        truncate_dsn = max(0, ckp_dsn - self.wal_reserve_entries)
+        entry = CheckpointEntry(ckp_ts, truncate_dsn, layout.manifest_name(ckp_ts))
+        await engine._driver.append(encode_entry(entry))
+        if truncate_dsn:
+            engine._driver.truncate(truncate_dsn)
+        self._previous = plan.previous_for_next()
+        self._since_global = 0 if globally else self._since_global + 1
+        await self._retire_old()
+        self.taken += 1
+        self.last_duration_ms = (asyncio.get_running_loop().time() - started) * 1000
+        self.last_bytes = sum(t.nbytes for t in plan.dumps.values())
+        engine._checkpoint_taken(manifest)
+        return manifest
+
+    async def _retire_old(self) -> None:
+        while len(self.retained) > limits.CKP_RETAINED:
+            old = self.retained.pop(0)
+            garbage = [
+                name for name in old.objects if self._blocks.refs.drop(name, ("ckp", old.ckp_ts))
+            ]
+            self.objects_retired += await asyncio.to_thread(
+                files.retire, self._store, layout.manifest_name(old.ckp_ts), garbage
+            )

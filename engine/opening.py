@@ -1,0 +1,87 @@
+"""Opening an engine's parts: its WAL backend and its object store.
+
+Why a module of its own: these are the places where a name in `Engine.open`'s arguments
+becomes a concrete thing (a file log, a logsvc shard with its lease, a directory of objects,
+an S3 bucket); the engine's shell then only sees the ports (`LogBackend`, `BlockStore`).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+from engine.blockstore import ObjectBlockStore
+from engine.errors import BadInput
+from engine.objects.store import LocalDirStore, MemoryObjectStore, ObjectStore
+from tae_driver import LogBackend
+
+WAL_DIR_NAME = "wal"
+OBJECTS_DIR_NAME = "objects"
+
+
+def open_block_store(
+    path: str,
+    objects: str | ObjectStore | None,
+    wal: str | LogBackend,
+    read_only: bool,
+    cache_bytes: int,
+) -> ObjectBlockStore | None:
+    """The engine's object store (Engine.open's `objects`), or None for "none"."""
+    if objects is None:
+        objects = "dir" if wal in ("file", "logsvc") else "memory"
+    if isinstance(objects, str):
+        if objects == "none":
+            return None
+        if objects == "memory":
+            store: ObjectStore = MemoryObjectStore()
+        elif objects == "dir":
+            root = os.path.join(path, OBJECTS_DIR_NAME)
+            if read_only and not os.path.isdir(root):
+                store = MemoryObjectStore()  # an engine of part 1, or one never flushed
+            else:
+                store = LocalDirStore(root, read_only=read_only)
+        else:
+            raise BadInput(
+                f"objects must be 'dir', 'memory', 'none' or an object store, not {objects!r}"
+            )
+    else:
+        store = objects
+    return ObjectBlockStore(store, cache_bytes)
+
+
+async def open_backend(
+    path: str,
+    wal: str | LogBackend,
+    client_config: str | None,
+    shard: int | None,
+    read_only: bool,
+    holder: str | None,
+) -> tuple[LogBackend, bool]:
+    if not isinstance(wal, str):
+        return wal, False
+    if wal == "file":
+        from tae_driver.backends.file import FileBackend
+
+        return await FileBackend.open(os.path.join(path, WAL_DIR_NAME)), True
+    if wal == "memory":
+        from tae_driver.backends.memory import MemoryBackend
+
+        return MemoryBackend(), True
+    if wal == "logsvc":
+        from logsvc.config import load_client_config
+        from tae_driver.backends.logsvc import LogsvcBackend
+
+        if client_config is None or shard is None:
+            raise BadInput("wal='logsvc' needs client_config (a client.toml path) and shard")
+        config = load_client_config(client_config)
+        return (
+            await LogsvcBackend.open(
+                config.addresses,
+                config.token,
+                shard,
+                lease=not read_only,
+                holder=holder or f"engine@{socket.gethostname()}:{os.getpid()}",
+            ),
+            True,
+        )
+    raise BadInput(f"wal must be 'file', 'logsvc', 'memory' or a LogBackend, not {wal!r}")

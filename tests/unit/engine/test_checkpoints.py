@@ -1,0 +1,248 @@
+"""Checkpoints: the state at ckp_ts in objects, the WAL truncated below it, restart from the
+newest checkpoint plus the WAL tail (decision 0006; seed "Checkpoint").
+
+Proves, in-process with real object stores (`MemoryObjectStore`, and `LocalDirStore` beside a
+file WAL): a restart from a checkpoint and the WAL tail rebuilds the very state (digest) with
+L0 blocks, persisted blocks, deletes on both and dropped tables; the WAL is truncated (the
+replay reads only the tail plus the reserve); an incremental checkpoint rewrites only what
+changed and the oldest checkpoints are retired with the objects only they used; a crash
+before the manifest leaves a checkpoint that does not exist and whose objects are collected
+at the next open; a manifest that fails its checksum stops the open with `CheckpointCorrupt`;
+a WAL truncated past the newest checkpoint is refused, not replayed with a hole; snapshots
+older than the checkpoint a restart began from are refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+from engine import Column, Engine, Schema, SnapshotUnavailable, WalCorruption, limits
+from engine.checkpoint import layout
+from engine.checkpoint.errors import CheckpointCorrupt
+from engine.objects.store import MemoryObjectStore
+from engine.wal.entry import BlockLevel
+from tae_driver.backends.memory import MemoryBackend
+
+ROWS = Schema(
+    [Column("id", "int64"), Column("v", "string"), Column("n", "int32", nullable=True)],
+    primary_key=["id"],
+)
+BLOCK = limits.BLOCK_ROWS_MAX
+
+
+def rows(ids: range | list[int], tag: str = "v") -> list[dict[str, object]]:
+    return [{"id": i, "v": f"{tag}{i}", "n": i % 7 if i % 5 else None} for i in ids]
+
+
+async def insert(eng: Engine, ids: range | list[int], table: str = "t") -> None:
+    async with eng.transaction() as txn:
+        await txn.table("d", table).insert(rows(ids))
+
+
+async def delete(eng: Engine, ids: list[int], table: str = "t") -> None:
+    async with eng.transaction() as txn:
+        await txn.table("d", table).delete(ids)
+
+
+async def open_engine(wal: MemoryBackend, objects: MemoryObjectStore) -> Engine:
+    return await Engine.open("unused", wal, objects=objects, maintenance=False)
+
+
+async def populated(wal: MemoryBackend, objects: MemoryObjectStore) -> Engine:
+    """Table d.t with a flushed block, an L0 block, deletes on both; table d.gone dropped."""
+    eng = await open_engine(wal, objects)
+    async with eng.transaction() as txn:
+        await txn.create_database("d")
+        await txn.create_table("d", "t", ROWS)
+        await txn.create_table("d", "gone", ROWS)
+    await insert(eng, range(0, BLOCK))
+    await insert(eng, range(0, 10), "gone")
+    maintenance = eng.maintenance
+    assert maintenance is not None
+    await maintenance.settle()  # the full block is flushed to an L1 object
+    await insert(eng, range(BLOCK, BLOCK + 500))
+    await delete(eng, [1, 2, BLOCK + 3])
+    async with eng.transaction() as txn:
+        await txn.drop_table("d", "gone")
+    return eng
+
+
+def run(test: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(test())
+
+
+def test_restart_from_a_checkpoint_and_the_wal_tail_rebuilds_the_state() -> None:
+    async def main() -> None:
+        wal, objects = MemoryBackend(), MemoryObjectStore()
+        eng = await populated(wal, objects)
+        manifest = await eng.checkpoint()
+        assert manifest is not None and manifest.kind == layout.KIND_GLOBAL
+        assert manifest.ckp_ts == eng.visible_ts
+        await insert(eng, range(BLOCK + 500, BLOCK + 600))  # the tail
+        await delete(eng, [5, BLOCK + 501])
+        digest, ckp_ts = eng.digest(), manifest.ckp_ts
+        await eng.close()
+
+        again = await open_engine(wal, objects)
+        try:
+            assert again.digest() == digest
+            stats = again.stats()
+            assert stats.replay is not None
+            assert stats.replay.entries_applied == 2  # only the tail, not the whole log
+            levels = {
+                b.level
+                for t in again._state.catalog.tables.values()
+                for b in t.data.blocks.values()
+            }
+            assert levels == {0, BlockLevel.L1}
+            with pytest.raises(SnapshotUnavailable):
+                async with again.snapshot(ckp_ts - 1):
+                    pass
+            async with again.snapshot(ckp_ts) as view:
+                assert (await view.table("d", "t").scan()).num_rows == BLOCK + 500 - 3
+            await insert(again, [10**9])  # placement and ids continue after a restore
+            async with again.transaction() as txn:
+                await txn.create_table("d", "new", ROWS)
+        finally:
+            await again.close()
+
+    run(main)
+
+
+def test_the_wal_is_truncated_and_old_checkpoints_are_retired() -> None:
+    async def main() -> None:
+        wal, objects = MemoryBackend(), MemoryObjectStore()
+        eng = await populated(wal, objects)
+        assert eng.checkpointer is not None
+        eng.checkpointer.wal_reserve_entries = 0
+        written = eng._visible_dsn
+        manifests = []
+        for round_ in range(limits.CKP_RETAINED + 2):
+            await insert(eng, range(10**6 + round_ * 10, 10**6 + round_ * 10 + 10))
+            if round_ == 1:
+                await delete(eng, [7])
+            manifest = await eng.checkpoint()
+            assert manifest is not None
+            manifests.append(manifest)
+        assert await eng.checkpoint() is None  # nothing committed since
+        assert [m.kind for m in manifests][1:] == [layout.KIND_INCREMENTAL] * (len(manifests) - 1)
+        # The dump of the L0 block grew each round; the flushed block's object is reused.
+        assert manifests[-1].previous == layout.manifest_name(manifests[-2].ckp_ts)
+        names = {info.name for info in objects.list(layout.PREFIX)}
+        kept = {layout.manifest_name(m.ckp_ts) for m in manifests[-limits.CKP_RETAINED :]}
+        assert {n for n in names if n.endswith(layout.MANIFEST_NAME)} == kept
+        # What is left is exactly what the retained checkpoints need (an incremental one
+        # may still use an older directory's delta or dump), and the rest was deleted.
+        needed = set(kept)
+        for manifest in manifests[-limits.CKP_RETAINED :]:
+            needed |= {n for n in manifest.objects if n.startswith(layout.PREFIX)}
+        assert names == needed
+        assert eng.checkpointer is not None and eng.checkpointer.objects_retired > 0
+        await eng._driver.truncation_settled()
+        digest = eng.digest()
+        await eng.close()
+        again = await open_engine(wal, objects)
+        try:
+            assert again.digest() == digest
+            replay = again.stats().replay
+            assert replay is not None
+            # The log before the newest checkpoint is gone: the replay read at most its CKP
+            # entry and what shares a driver record with it, none of the earlier commits.
+            assert written >= 7 and replay.entries_handled <= 2
+            assert replay.entries_applied == 0
+        finally:
+            await again.close()
+
+    run(main)
+
+
+def test_a_checkpoint_cut_before_its_manifest_does_not_exist_and_is_collected() -> None:
+    async def main() -> None:
+        wal, objects = MemoryBackend(), MemoryObjectStore()
+        eng = await populated(wal, objects)
+        await eng.checkpoint()
+        await insert(eng, range(BLOCK + 500, BLOCK + 520))
+        digest = eng.digest()
+        # The next checkpoint dies after its dumps, before its catalog and manifest.
+        original_put = objects.put
+
+        def dying_put(name: str, data: bytes) -> None:
+            if name.endswith("catalog.parquet") and not name.startswith(
+                layout.directory(eng.checkpointer.newest.ckp_ts)  # type: ignore[union-attr]
+            ):
+                raise RuntimeError("power cut")
+            original_put(name, data)
+
+        objects.put = dying_put  # type: ignore[method-assign]
+        with pytest.raises(RuntimeError):
+            await eng.checkpoint(global_=True)
+        objects.put = original_put  # type: ignore[method-assign]
+        await eng.abort()
+        leftovers = {i.name for i in objects.list(layout.PREFIX)}
+        again = await open_engine(wal, objects)
+        try:
+            assert again.digest() == digest
+            now = {i.name for i in objects.list(layout.PREFIX)}
+            assert now < leftovers  # the dumps of the cut checkpoint were collected
+            assert all(not n.startswith(layout.directory(again.visible_ts)) for n in now)
+        finally:
+            await again.close()
+
+    run(main)
+
+
+def test_a_damaged_manifest_or_a_truncation_past_the_checkpoint_stops_the_open() -> None:
+    async def main() -> None:
+        wal, objects = MemoryBackend(), MemoryObjectStore()
+        eng = await populated(wal, objects)
+        manifest = await eng.checkpoint()
+        assert manifest is not None
+        await eng.close()
+        name = layout.manifest_name(manifest.ckp_ts)
+        good = objects.get(name)
+        objects.delete(name)
+        objects.put(name, good.replace(b'"kind"', b'"kinD"'))
+        with pytest.raises(CheckpointCorrupt, match="manifest"):
+            await open_engine(wal, objects)
+        objects.delete(name)
+        objects.put(name, good)
+        # Someone truncated the WAL beyond the checkpoint: the entries in between are gone.
+        eng = await open_engine(wal, objects)
+        await insert(eng, range(BLOCK + 500, BLOCK + 510))
+        await insert(eng, range(BLOCK + 510, BLOCK + 520))
+        eng._driver.truncate(eng._visible_dsn - 1)
+        await eng._driver.truncation_settled()
+        await eng.close()
+        objects_without_newer = objects  # the newest checkpoint is still the old one
+        with pytest.raises(WalCorruption, match="past the newest checkpoint"):
+            await open_engine(wal, objects_without_newer)
+
+    run(main)
+
+
+def test_checkpoints_over_a_file_wal_and_a_directory_of_objects(tmp_path: Path) -> None:
+    async def main() -> None:
+        eng = await Engine.open(tmp_path, maintenance=False)
+        async with eng.transaction() as txn:
+            await txn.create_database("d")
+            await txn.create_table("d", "t", ROWS)
+        await insert(eng, range(0, BLOCK + 100))
+        assert eng.maintenance is not None
+        await eng.maintenance.settle()
+        await delete(eng, [0, BLOCK])
+        await eng.checkpoint()
+        await insert(eng, range(BLOCK + 100, BLOCK + 200))
+        digest = eng.digest()
+        await eng.close()
+        assert any((tmp_path / "objects" / "ckp").rglob("manifest.json"))
+        again = await Engine.open(tmp_path)
+        try:
+            assert again.digest() == digest
+        finally:
+            await again.close()
+
+    run(main)
