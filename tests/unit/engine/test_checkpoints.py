@@ -15,8 +15,9 @@ older than the checkpoint a restart began from are refused.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -71,7 +72,7 @@ async def populated(wal: MemoryBackend, objects: MemoryObjectStore) -> Engine:
     return eng
 
 
-def run(test: Callable[[], Awaitable[None]]) -> None:
+def run(test: Callable[[], Coroutine[Any, Any, None]]) -> None:
     asyncio.run(test())
 
 
@@ -226,7 +227,7 @@ def test_a_damaged_manifest_or_a_truncation_past_the_checkpoint_stops_the_open()
 
 def test_checkpoints_over_a_file_wal_and_a_directory_of_objects(tmp_path: Path) -> None:
     async def main() -> None:
-        eng = await Engine.open(tmp_path, maintenance=False)
+        eng = await Engine.open(str(tmp_path), maintenance=False)
         async with eng.transaction() as txn:
             await txn.create_database("d")
             await txn.create_table("d", "t", ROWS)
@@ -239,7 +240,7 @@ def test_checkpoints_over_a_file_wal_and_a_directory_of_objects(tmp_path: Path) 
         digest = eng.digest()
         await eng.close()
         assert any((tmp_path / "objects" / "ckp").rglob("manifest.json"))
-        again = await Engine.open(tmp_path)
+        again = await Engine.open(str(tmp_path))
         try:
             assert again.digest() == digest
         finally:
