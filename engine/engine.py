@@ -39,12 +39,10 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import pyarrow.compute as pc
 from pyroaring import BitMap, FrozenBitMap
 
 from engine import conflicts, limits, opening
 from engine.blockstore import ObjectBlockStore
-from engine.catalog import TableEntry
 from engine.checkpoint.layout import Manifest
 from engine.checkpoint.runner import Checkpointer
 from engine.clock import HybridClock, wall_ms
@@ -366,6 +364,7 @@ class Engine:
 
     def _restored_from(self, manifest: Manifest) -> None:
         self._visible_dsn = manifest.ckp_dsn
+        self._wal_entries_at_ckp = manifest.ckp_dsn
         self._history_floor_ts = manifest.ckp_ts
         self._pipeline.visible_ts = manifest.ckp_ts
         self._clock.observe(manifest.ckp_ts)
@@ -483,12 +482,6 @@ class Engine:
         columns: Sequence[str] | None = None,
     ) -> _Loaded:
         return _Loaded(self._loader, blocks, keys, columns)
-
-    def _pruner(
-        self, entry: TableEntry, filter: pc.Expression | None
-    ) -> Callable[[PersistedBlock], bool] | None:
-        """What a scan with `filter` may skip (zonemaps); None: read every visible block."""
-        return None
 
     def _txn_ended(self, txn: Transaction) -> None:
         self._open_txns.discard(txn)

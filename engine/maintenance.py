@@ -75,6 +75,8 @@ class Maintenance:
         """(table_id, block_id) of every input of a rewrite in flight."""
         self._running: set[asyncio.Task[None]] = set()
         self._loop_task: asyncio.Task[None] | None = None
+        self._checkpoint_task: asyncio.Task[None] | None = None
+        self._last_checkpoint_ms = wall_ms()
         self.rewrites_done: dict[str, int] = {"flush": 0, "merge": 0, "compact": 0}
         self.rewrites_abandoned = 0
         self.errors = 0
@@ -93,6 +95,8 @@ class Maintenance:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         running = list(self._running)
+        if self._checkpoint_task is not None:
+            running.append(self._checkpoint_task)
         for rewrite in running:
             rewrite.cancel()
         for rewrite in running:
@@ -164,7 +168,38 @@ class Maintenance:
                 if len(self._running) >= limits.REWRITES_IN_FLIGHT_MAX:
                     break
                 started.append(self._start(task))
+        self._maybe_checkpoint(now_ms)
         return started
+
+    def _maybe_checkpoint(self, now_ms: int) -> None:
+        """Start a checkpoint when the WAL grew by `CKP_WAL_ENTRIES` since the last one, or
+        `CKP_INTERVAL_MS` passed with anything new (issue 14: the WAL stays a bounded
+        window; restart replays a bounded tail)."""
+        engine = self._engine
+        checkpointer = engine._checkpointer
+        if checkpointer is None or self._checkpoint_task is not None:
+            return
+        entries = engine._visible_dsn - engine._wal_entries_at_ckp
+        due = entries >= limits.CKP_WAL_ENTRIES or (
+            entries > 0 and now_ms - self._last_checkpoint_ms >= limits.CKP_INTERVAL_MS
+        )
+        if not due:
+            return
+        self._last_checkpoint_ms = now_ms
+        task = asyncio.get_running_loop().create_task(self._checkpoint())
+        self._checkpoint_task = task
+
+    async def _checkpoint(self) -> None:
+        try:
+            await self._engine.checkpoint()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # an object store error, a failed WAL: retried later
+            self.errors += 1
+            self.last_error = f"checkpoint: {exc!r}"
+            log.warning("%s", self.last_error)
+        finally:
+            self._checkpoint_task = None
 
     def _release(self, table_id: int, gone: Sequence[Block], dropped_ts: int) -> None:
         """`gone` left memory; history at or below `dropped_ts` is no longer complete."""

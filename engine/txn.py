@@ -39,6 +39,7 @@ from engine.errors import (
     TxnClosed,
     TxnTooLarge,
 )
+from engine.objects.zonemap import prune
 from engine.schema import Key, Schema, batch_keys, check_name, normalize_key, to_batch
 from engine.storage import NOTHING_LOADED, PersistedBlock, RowVersion
 from engine.wal.entry import CatalogKind, CatalogOp, Delete, UpdateCatalog
@@ -528,15 +529,26 @@ class Transaction:
         writes = self._writes.get(entry.table_id)
         parts: list[pa.Table] = []
         if entry.create_ts != 0:
-            blocks = data.scan_blocks(self.start_ts, self._engine._pruner(entry, filter))
+            blocks = data.scan_blocks(self.start_ts)
             persisted = [b for b in blocks if isinstance(b, PersistedBlock)]
-            async with self._engine._loaded(persisted, columns=entry.schema.names) as loaded:
+            if persisted and filter is not None:
+                # Zonemaps: skip the persisted blocks the filter cannot match.
+                keep = {id(persisted[i]) for i in prune([b.zonemap for b in persisted], filter)}
+                blocks = [b for b in blocks if not isinstance(b, PersistedBlock) or id(b) in keep]
+                persisted = [b for b in persisted if id(b) in keep]
+            read = _columns_to_read(data.arrow_schema, columns, filter)
+            async with self._engine._loaded(persisted, columns=read) as loaded:
                 parts = data.scan_at(
-                    self.start_ts, blocks, loaded, writes.deleted_by_block if writes else None
+                    self.start_ts,
+                    blocks,
+                    loaded,
+                    writes.deleted_by_block if writes else None,
+                    columns=read,
                 )
         own = writes.live_inserts() if writes is not None else None
         if own is not None:
-            parts.append(pa.Table.from_batches([own]))
+            own_table = pa.Table.from_batches([own])
+            parts.append(own_table.select(parts[0].column_names) if parts else own_table)
         table = pa.concat_tables(parts) if parts else data.arrow_schema.empty_table()
         if filter is not None:
             try:
@@ -580,6 +592,24 @@ class Transaction:
             if batch is not None:
                 appends.append((entry, batch))
         return CommitPlan(rows, guards, marks, list(self._catalog_commands), appends, deletes)
+
+
+def _columns_to_read(
+    schema: pa.Schema, columns: Sequence[str] | None, filter: pc.Expression | None
+) -> list[str]:
+    """The columns a scan loads from persisted blocks: those asked for, plus those its filter
+    needs (found by applying it to an empty table of the asked columns; when that fails, the
+    filter needs others, and every column is read)."""
+    if columns is None:
+        return list(schema.names)
+    wanted = [name for name in schema.names if name in set(columns)]
+    if filter is None:
+        return wanted
+    try:
+        schema.empty_table().select(wanted).filter(filter)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, KeyError):
+        return list(schema.names)
+    return wanted
 
 
 class TableHandle:

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import pyarrow as pa
 
 from engine.compaction import Rewrite, WrittenBlock
+from engine.objects.zonemap import ZoneMap
 from engine.schema import Schema
 from engine.storage import (
     BlockKeys,
@@ -91,9 +92,8 @@ class MemoryBlocks:
 
     @staticmethod
     def _meta_of(schema: Schema, group: pa.Table) -> PersistedMeta:
-        keys = BlockKeys(group.select(list(schema.primary_key)))
         first, last = group.slice(0, 1), group.slice(group.num_rows - 1, 1)
-        return PersistedMeta(_key(schema, first), _key(schema, last), keys.byte_size())
+        return PersistedMeta(_key(schema, first), _key(schema, last), ZoneMap.build(group))
 
     def meta(self, cmd: CreateBlock) -> PersistedMeta:
         name = cmd.object_name

@@ -44,7 +44,9 @@ class CacheMachine(RuleBasedStateMachine):
         self.pins: list[Pin[int, str]] = []
         self.pin_counts: dict[int, int] = {}
         self.doomed_bytes = 0  # invalidated while pinned, not yet released
-        self.doomed: dict[int, list[Pin[int, str]]] = {}
+        self.doomed: list[tuple[list[Pin[int, str]], int]] = []
+        """One (pins still held, size) per entry invalidated while pinned: a key invalidated
+        twice has two doomed generations, each freed at its own last release."""
         self.hits = self.misses = self.evictions = self.failures = 0
 
     def _pinned_bytes(self) -> int:
@@ -101,12 +103,13 @@ class CacheMachine(RuleBasedStateMachine):
     def release(self, data: st.DataObject) -> None:
         pin = self.pins.pop(data.draw(st.integers(0, len(self.pins) - 1)))
         pin.release()
-        if any(pin is doomed for pins in self.doomed.values() for doomed in pins):
-            self.doomed[pin.key] = [p for p in self.doomed[pin.key] if p is not pin]
-            if not self.doomed[pin.key]:
-                self.doomed_bytes -= pin.size_bytes
-                del self.doomed[pin.key]
-            return
+        for index, (held, size) in enumerate(self.doomed):
+            if any(pin is doomed for doomed in held):
+                held[:] = [p for p in held if p is not pin]
+                if not held:
+                    self.doomed_bytes -= size
+                    del self.doomed[index]
+                return
         self.pin_counts[pin.key] -= 1
         if self.pin_counts[pin.key] == 0:
             self.lru[pin.key] = None
@@ -119,14 +122,14 @@ class CacheMachine(RuleBasedStateMachine):
         size = self.sizes.pop(key)
         if self.pin_counts.get(key):
             held = [pin for pin in self.pins if pin.key == key and not self._is_doomed(pin)]
-            self.doomed.setdefault(key, []).extend(held)
+            self.doomed.append((held, size))
             self.doomed_bytes += size
             self.pin_counts[key] = 0
         else:
             self.lru.pop(key, None)
 
     def _is_doomed(self, pin: Pin[int, str]) -> bool:
-        return any(pin is doomed for pins in self.doomed.values() for doomed in pins)
+        return any(pin is doomed for held, _ in self.doomed for doomed in held)
 
     @invariant()
     def matches_the_model(self) -> None:
