@@ -16,9 +16,10 @@
   for an append, so a retry after a timeout or a leader change gets the original LSNs back
   instead of a duplicate (the shard deduplicates).
 * The shard remembers the last `dedupe_window` seqs of each client id. Retries and
-  redirects reorder appends in flight, so a client id never has more than that many in
-  flight: concurrent appends are spread over lanes (`<client_id>.<n>`), each with at most
-  `dedupe_window` appends outstanding. A retried seq is then always still remembered.
+  redirects reorder appends in flight, so the seqs of a client id in flight always lie
+  within `dedupe_window` consecutive seqs: concurrent appends are spread over lanes
+  (`<client_id>.<n>`), and a lane hands out no seq `dedupe_window` past its lowest one not
+  yet answered. A retried seq is then always still remembered.
 * Errors are typed (`LogsvcError` subclasses) and carry what the caller needs to act.
 
 The append path costs a few microseconds of Python per call, as it runs tens of thousands of
@@ -161,7 +162,12 @@ class _Waiters:
 
 
 class _Lanes:
-    """Hands out (client id, seq) so that no id has more than `window` appends in flight.
+    """Hands out (client id, seq) so that the seqs of one id in flight always lie within
+    `window` consecutive seqs: a seq is handed out only while it is less than `window` past
+    the lowest seq of its id not yet released. (Bounding only the count in flight is not
+    enough: while one append is stuck in retries after a leader change, the others of its id
+    complete and new seqs follow them, and once `window` newer seqs are accepted the shard
+    forgets below them and answers the stuck retry DUPLICATE_UNKNOWN.)
 
     Lanes with room are kept on a stack (`_spare`), so taking one is O(1) and never waits
     while one has room; past `lanes_max` lanes x `window`, `acquire` waits (bounded) for a
@@ -174,9 +180,11 @@ class _Lanes:
         self._client_id = client_id
         self._window = window
         self._lanes_max = lanes_max
-        self._in_flight: list[int] = []
+        self._base: list[int] = []  # per lane: the lowest seq not yet released
+        self._done: list[int] = []  # per lane: bit i = seq base + i released already
         self._next_seq: list[int] = []
-        self._spare: list[int] = []  # lanes with fewer than `window` appends in flight
+        self._spare: list[int] = []  # lanes whose next seq is within the window
+        self._is_spare: list[bool] = []
         self._waiters = _Waiters()
 
     async def acquire(self) -> tuple[int, str, int]:
@@ -196,9 +204,18 @@ class _Lanes:
             if taken is not None:
                 return taken
 
-    def release(self, lane: int) -> None:
-        self._in_flight[lane] -= 1
-        if self._in_flight[lane] == self._window - 1:
+    def release(self, lane: int, seq: int) -> None:
+        base = self._base[lane]
+        offset = seq - base
+        assert 0 <= offset < self._window
+        done = self._done[lane] | (1 << offset)
+        while done & 1:
+            done >>= 1
+            base += 1
+        self._done[lane] = done
+        self._base[lane] = base
+        if not self._is_spare[lane] and self._next_seq[lane] - base < self._window:
+            self._is_spare[lane] = True
             self._spare.append(lane)
         self._waiters.wake_one()
 
@@ -206,18 +223,20 @@ class _Lanes:
         """(lane, client id, seq) at once, or None when every lane is full."""
         if self._spare:
             lane = self._spare[-1]
-        elif len(self._in_flight) < self._lanes_max:
-            lane = len(self._in_flight)
-            self._in_flight.append(0)
+        elif len(self._base) < self._lanes_max:
+            lane = len(self._base)
+            self._base.append(1)
+            self._done.append(0)
             self._next_seq.append(1)
+            self._is_spare.append(True)
             self._spare.append(lane)
         else:
             return None
-        self._in_flight[lane] += 1
-        if self._in_flight[lane] == self._window:
-            self._spare.pop()
         seq = self._next_seq[lane]
-        self._next_seq[lane] += 1
+        self._next_seq[lane] = seq + 1
+        if seq + 1 - self._base[lane] >= self._window:
+            self._spare.pop()
+            self._is_spare[lane] = False
         return lane, f"{self._client_id}.{lane}", seq
 
 
@@ -410,7 +429,7 @@ class Client:
             request = wire.Append(shard, tuple(payloads), lane_id, seq, epoch)
             answer = await self._leader_call(shard, request)
         finally:
-            self._lanes.release(lane)
+            self._lanes.release(lane, seq)
         assert isinstance(answer, wire.Appended), answer
         return list(range(answer.first_lsn, answer.first_lsn + answer.count))
 

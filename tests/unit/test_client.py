@@ -25,30 +25,53 @@ from logsvc.wire.frames import FrameDecoder
 TOKEN = "t0ken"
 
 
-def test_lanes_never_exceed_the_window_and_number_seqs_densely_per_lane() -> None:
+def test_lanes_keep_seqs_in_flight_within_the_window_and_number_them_densely() -> None:
     async def walk() -> None:
         window, lanes_max = 3, 4
         lanes = _Lanes("c", window, lanes_max, wait_s_max=1.0)
         rng = random.Random(7)
-        held: list[int] = []
-        in_flight: dict[str, int] = {}
+        held: list[tuple[int, int]] = []
+        outstanding: dict[str, set[int]] = {}
         last_seq: dict[str, int] = {}
         for _ in range(5000):
             if held and (len(held) == window * lanes_max or rng.random() < 0.5):
-                lane = held.pop(rng.randrange(len(held)))
-                lanes.release(lane)
-                in_flight[f"c.{lane}"] -= 1
+                lane, seq = held.pop(rng.randrange(len(held)))
+                lanes.release(lane, seq)
+                outstanding[f"c.{lane}"].discard(seq)
                 continue
-            lane, lane_id, seq = await lanes.acquire()
+            taken = lanes.take_nowait()
+            if taken is None:  # every lane's window is spanned: release the oldest
+                lane, seq = min(held, key=lambda h: h[1])
+                held.remove((lane, seq))
+                lanes.release(lane, seq)
+                outstanding[f"c.{lane}"].discard(seq)
+                continue
+            lane, lane_id, seq = taken
             assert lane_id == f"c.{lane}"
             assert seq == last_seq.get(lane_id, 0) + 1
             last_seq[lane_id] = seq
-            in_flight[lane_id] = in_flight.get(lane_id, 0) + 1
-            assert in_flight[lane_id] <= window
-            assert len(in_flight) <= lanes_max
-            held.append(lane)
+            seqs = outstanding.setdefault(lane_id, set())
+            seqs.add(seq)
+            assert max(seqs) - min(seqs) < window
+            assert len(outstanding) <= lanes_max
+            held.append((lane, seq))
 
     asyncio.run(walk())
+
+
+def test_a_stuck_seq_stops_its_lane_a_window_later_while_the_others_complete() -> None:
+    """A retry of seq 1 must still be remembered by the shard: however many later appends
+    of its id complete, none more than `window - 1` past it is handed out."""
+    lanes = _Lanes("c", 4, 1, wait_s_max=0.2)
+    stuck = lanes.take_nowait()
+    assert stuck == (0, "c.0", 1)
+    for expected in (2, 3, 4):
+        taken = lanes.take_nowait()
+        assert taken is not None and taken[2] == expected
+        lanes.release(0, expected)  # answered at once
+    assert lanes.take_nowait() is None  # seq 5 would be 4 past the stuck one
+    lanes.release(0, 1)
+    assert lanes.take_nowait() == (0, "c.0", 5)
 
 
 def test_a_full_set_of_lanes_waits_for_a_release_then_times_out() -> None:
@@ -59,7 +82,7 @@ def test_a_full_set_of_lanes_waits_for_a_release_then_times_out() -> None:
         waiting = asyncio.ensure_future(lanes.acquire())
         await _until(lambda: bool(lanes._waiters._futures))  # it waits...
         assert not waiting.done()  # ...for a release
-        lanes.release(first[0])
+        lanes.release(first[0], first[2])
         assert await waiting == (first[0], first[1], 2)
         with pytest.raises(TooManyInFlight):
             await lanes.acquire()
