@@ -110,6 +110,9 @@ class ObjectBlockStore:
         self.store = store
         self.cache: BufferCache[Hashable, Any] = BufferCache(cache_bytes)
         self.refs = ObjectRefs()
+        self._pending: list[tuple[int, str]] = []
+        """(drop_ts of its last block, object): garbage once a checkpoint covers the drop."""
+        self._dropped_ts: dict[str, int] = {}
         self._lock = threading.Lock()
         self.objects_written = 0
         self.objects_deleted = 0
@@ -211,13 +214,34 @@ class ObjectBlockStore:
             self.refs.add(block.object_name, ("block", table_id, block.block_id))
 
     def collected(self, table_id: int, blocks: Sequence[PersistedBlock]) -> None:
-        garbage = []
+        """Blocks no reader sees any more. An object none of whose blocks is held is not
+        deleted yet: a restart replays the WAL after the newest checkpoint, and if the
+        CreateBlock of one of its blocks is in that tail, the replay reads its footer. So it
+        waits until a checkpoint covers the drop of its last block (`covered`)."""
         with self._lock:
             for block in blocks:
-                if self.refs.drop(block.object_name, ("block", table_id, block.block_id)):
-                    garbage.append(block.object_name)
-        for name in garbage:
+                name = block.object_name
+                dropped = max(self._dropped_ts.get(name, 0), block.drop_ts)
+                if self.refs.drop(name, ("block", table_id, block.block_id)):
+                    self._dropped_ts.pop(name, None)
+                    self._pending.append((dropped, name))
+                else:
+                    self._dropped_ts[name] = dropped
+
+    def covered(self, ckp_ts: int) -> int:
+        """A checkpoint at `ckp_ts` is durable: objects whose blocks were all dropped at or
+        before it, and that no retained checkpoint names, are deleted. Returns how many."""
+        with self._lock:
+            due = [name for dropped, name in self._pending if dropped <= ckp_ts]
+            self._pending = [(d, n) for d, n in self._pending if d > ckp_ts]
+            due = [name for name in due if name not in self.refs]
+        for name in due:
             self._delete(name)
+        return len(due)
+
+    @property
+    def pending_garbage(self) -> int:
+        return len(self._pending)
 
     def _delete(self, name: str) -> None:
         with contextlib.suppress(ObjectNotFound):

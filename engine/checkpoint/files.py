@@ -39,7 +39,7 @@ def write(store: ObjectStore, plan: CheckpointPlan, created_wall_ms: int) -> Man
     manifest = plan.manifest(created_wall_ms)
     store.put(manifest.catalog, layout.encode_catalog(plan.catalog))
     store.put(manifest.blocks, layout.encode_blocks(plan.blocks))
-    store.put(layout.manifest_name(plan.ckp_ts), manifest.encode())
+    store.put(manifest.name, manifest.encode())
     return manifest
 
 
@@ -50,7 +50,7 @@ def manifests(store: ObjectStore) -> list[str]:
         ckp_ts = layout.ckp_ts_of(info.name)
         if ckp_ts is not None:
             found.append((ckp_ts, info.name))
-    return [name for _, name in sorted(found)]
+    return [name for _, name in sorted(found)]  # equal ckp_ts: by tag, any is the state
 
 
 def read_manifest(store: ObjectStore, name: str) -> Manifest:

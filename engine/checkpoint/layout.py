@@ -35,13 +35,15 @@ KIND_INCREMENTAL = "incremental"
 LEVEL_L0_DUMP = 0
 
 
-def directory(ckp_ts: int) -> str:
-    """ckp/<ckp_ts, 20 digits>/: names sort in checkpoint order."""
-    return f"{PREFIX}{ckp_ts:020d}/"
+def directory(ckp_ts: int, tag: str) -> str:
+    """ckp/<ckp_ts, 20 digits>-<tag>/: names sort in checkpoint order; the tag (random) keeps
+    two attempts at one ckp_ts (a restart, a zombie writer) apart."""
+    assert tag and tag.isalnum()
+    return f"{PREFIX}{ckp_ts:020d}-{tag}/"
 
 
-def manifest_name(ckp_ts: int) -> str:
-    return directory(ckp_ts) + MANIFEST_NAME
+def manifest_name(directory_: str) -> str:
+    return directory_ + MANIFEST_NAME
 
 
 def ckp_ts_of(manifest: str) -> int | None:
@@ -49,16 +51,18 @@ def ckp_ts_of(manifest: str) -> int | None:
     parts = manifest.split("/")
     if len(parts) != 3 or parts[0] + "/" != PREFIX or parts[2] != MANIFEST_NAME:
         return None
-    digits = parts[1]
-    return int(digits) if len(digits) == 20 and digits.isdigit() else None
+    digits, _, tag = parts[1].partition("-")
+    if len(digits) != 20 or not digits.isdigit() or not tag.isalnum():
+        return None
+    return int(digits)
 
 
-def dump_name(ckp_ts: int, table_id: int, block_id: int) -> str:
-    return f"{directory(ckp_ts)}l0-{table_id}-{block_id}.parquet"
+def dump_name(directory_: str, table_id: int, block_id: int) -> str:
+    return f"{directory_}l0-{table_id}-{block_id}.parquet"
 
 
-def delta_name(ckp_ts: int, table_id: int) -> str:
-    return f"{directory(ckp_ts)}delta-{table_id}.parquet"
+def delta_name(directory_: str, table_id: int) -> str:
+    return f"{directory_}delta-{table_id}.parquet"
 
 
 # --- manifest -------------------------------------------------------------------------------
@@ -83,6 +87,15 @@ class Manifest:
     objects: tuple[str, ...]
     """Every object the checkpoint needs, its catalog and block list included."""
     created_wall_ms: int
+
+    @property
+    def directory(self) -> str:
+        """The checkpoint's own directory (its lists live there)."""
+        return self.catalog.rsplit("/", 1)[0] + "/"
+
+    @property
+    def name(self) -> str:
+        return manifest_name(self.directory)
 
     def encode(self) -> bytes:
         body = self._fields()
@@ -141,7 +154,11 @@ class Manifest:
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise CheckpointCorrupt(name, f"manifest field out of the rules: {exc}") from None
-        if ckp_ts_of(name) not in (None, manifest.ckp_ts):
+        if manifest.blocks.rsplit("/", 1)[0] + "/" != manifest.directory:
+            raise CheckpointCorrupt(name, "the catalog and block lists are apart")
+        if ckp_ts_of(name) is not None and (
+            ckp_ts_of(name) != manifest.ckp_ts or name != manifest.name
+        ):
             raise CheckpointCorrupt(name, "manifest's ckp_ts is not its directory's")
         return manifest
 

@@ -48,6 +48,7 @@ class Previous:
 @dataclass(slots=True)
 class CheckpointPlan:
     ckp_ts: int
+    directory: str
     ckp_dsn: int
     kind: str
     previous: str | None
@@ -61,8 +62,7 @@ class CheckpointPlan:
     live_rows: int = 0
 
     def manifest(self, created_wall_ms: int) -> Manifest:
-        objects = {layout.directory(self.ckp_ts) + "catalog.parquet"}
-        objects.add(layout.directory(self.ckp_ts) + "blocks.parquet")
+        objects = {self.directory + "catalog.parquet", self.directory + "blocks.parquet"}
         for row in self.blocks:
             objects.add(row.object)
             if row.delta_object is not None:
@@ -72,8 +72,8 @@ class CheckpointPlan:
             ckp_dsn=self.ckp_dsn,
             kind=self.kind,
             previous=self.previous,
-            catalog=layout.directory(self.ckp_ts) + "catalog.parquet",
-            blocks=layout.directory(self.ckp_ts) + "blocks.parquet",
+            catalog=self.directory + "catalog.parquet",
+            blocks=self.directory + "blocks.parquet",
             next_id=self.next_id,
             tables=sum(1 for r in self.catalog if r.kind == "table"),
             block_count=len(self.blocks),
@@ -89,11 +89,11 @@ class CheckpointPlan:
             if r.level == layout.LEVEL_L0_DUMP
         }
         deltas = {r.table_id: r.delta_object for r in self.blocks if r.delta_object is not None}
-        return Previous(self.ckp_ts, layout.manifest_name(self.ckp_ts), dumps, deltas)
+        return Previous(self.ckp_ts, layout.manifest_name(self.directory), dumps, deltas)
 
 
 def plan(
-    state: EngineState, ckp_ts: int, ckp_dsn: int, previous: Previous | None
+    state: EngineState, ckp_ts: int, ckp_dsn: int, previous: Previous | None, tag: str
 ) -> CheckpointPlan:
     """Everything a checkpoint at `ckp_ts` writes. `previous`: reuse what did not change
     since it (an incremental checkpoint); None: rewrite everything (a global one)."""
@@ -102,6 +102,7 @@ def plan(
     catalog = state.catalog
     out = CheckpointPlan(
         ckp_ts,
+        layout.directory(ckp_ts, tag),
         ckp_dsn,
         kind,
         None if previous is None else previous.manifest,
@@ -147,7 +148,7 @@ def _plan_table(
             if reused is not None and reused[1] == count:
                 name = reused[0]
             else:
-                name = layout.dump_name(ckp_ts, table_id, block.block_id)
+                name = layout.dump_name(out.directory, table_id, block.block_id)
                 dump = block.table().slice(0, count)
                 out.dumps[name] = dump.append_column(
                     COMMIT_TS_COLUMN, block.commit_ts_column(count)
@@ -188,7 +189,7 @@ def _plan_table(
     if deletes:
         reused_delta = previous.deltas.get(table_id) if previous is not None else None
         if deletes_changed or reused_delta is None:
-            delta = layout.delta_name(ckp_ts, table_id)
+            delta = layout.delta_name(out.directory, table_id)
             out.deltas[delta] = (table_id, deletes)
         else:
             delta = reused_delta
@@ -224,7 +225,7 @@ def restore(
     the wrong length, a delete beyond its block)."""
     state = EngineState()
     catalog = state.catalog
-    source = layout.manifest_name(manifest.ckp_ts)
+    source = manifest.name
     tables: dict[int, tuple[TableData, int]] = {}
     for row in catalog_rows:
         if row.kind == "database":

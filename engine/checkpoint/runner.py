@@ -11,15 +11,19 @@ WAL after it, or the new checkpoint and a WAL that still holds everything after 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import uuid
 from typing import TYPE_CHECKING
 
 from engine import limits
 from engine.blockstore import DATA_PREFIX, ObjectBlockStore
 from engine.checkpoint import files, layout
 from engine.checkpoint import plan as checkpoint_plan
+from engine.checkpoint.errors import CheckpointCorrupt
 from engine.checkpoint.layout import Manifest
 from engine.clock import wall_ms
+from engine.objects.errors import ObjectsError
 from engine.storage import PersistedBlock
 from engine.txn import Transaction
 from engine.wal.codec import encode_entry
@@ -55,23 +59,38 @@ class Checkpointer:
     # --- open --------------------------------------------------------------------------------
 
     def restore(self) -> Manifest | None:
-        """At open, before the WAL replay (blocking): the newest checkpoint's state becomes
-        the engine's, and every retained checkpoint's objects are referenced."""
+        """At open, before the WAL replay (blocking): the newest readable checkpoint's state
+        becomes the engine's, and the retained checkpoints' objects are referenced.
+
+        A newest checkpoint that cannot be read (its manifest damaged, an object it names
+        missing: a writer that died, a zombie that wrote after this engine cleaned up) gives
+        way to the one before it, with a warning; whether the WAL still holds everything
+        after that one is then the replay's gap check to decide."""
         engine = self._engine
         names = files.manifests(self._store)
-        if not names:
-            return None
-        newest = files.read_manifest(self._store, names[-1])
-        state = files.read(self._store, newest, self._blocks.meta)
-        engine._adopt_state(state)
-        for table in state.catalog.tables.values():
-            for block in table.data.blocks.values():
-                if isinstance(block, PersistedBlock):
-                    self._blocks.held(table.table_id, block)
-        for name in names[-limits.CKP_RETAINED :]:
-            manifest = newest if name == names[-1] else files.read_manifest(self._store, name)
-            self._retain(manifest)
-        return newest
+        first_error: Exception | None = None
+        for position in range(len(names) - 1, -1, -1):
+            try:
+                newest = files.read_manifest(self._store, names[position])
+                state = files.read(self._store, newest, self._blocks.meta)
+            except (CheckpointCorrupt, ObjectsError) as exc:
+                log.warning("checkpoint %s cannot be read: %s", names[position], exc)
+                first_error = first_error or exc
+                continue
+            engine._adopt_state(state)
+            for table in state.catalog.tables.values():
+                for block in table.data.blocks.values():
+                    if isinstance(block, PersistedBlock):
+                        self._blocks.held(table.table_id, block)
+            older = names[max(0, position - limits.CKP_RETAINED + 1) : position]
+            for name in older:
+                with contextlib.suppress(CheckpointCorrupt, ObjectsError):
+                    self._retain(files.read_manifest(self._store, name))
+            self._retain(newest)
+            return newest
+        if first_error is not None:
+            raise first_error
+        return None
 
     def _retain(self, manifest: Manifest) -> None:
         for name in manifest.objects:
@@ -81,7 +100,7 @@ class Checkpointer:
     async def collect_orphans(self) -> int:
         """Delete objects nothing refers to: checkpoints beyond the retained ones, and
         objects of rewrites or checkpoints a crash interrupted. At open, after the replay."""
-        retained = {layout.manifest_name(m.ckp_ts) for m in self.retained}
+        retained = {m.name for m in self.retained}
         referenced = self._blocks.refs.names() | retained
         orphans = await asyncio.to_thread(
             files.orphans, self._store, referenced, (DATA_PREFIX, layout.PREFIX)
@@ -116,7 +135,11 @@ class Checkpointer:
         )
         ckp_dsn = engine._visible_dsn
         plan = checkpoint_plan.plan(
-            engine._state, ckp_ts, ckp_dsn, None if globally else self._previous
+            engine._state,
+            ckp_ts,
+            ckp_dsn,
+            None if globally else self._previous,
+            uuid.uuid4().hex[:8],
         )
         view = Transaction(engine, ckp_ts, read_only=True, registered=False)
         engine._open_views.add(view)  # blocks dropped after ckp_ts stay until it is written
@@ -126,13 +149,14 @@ class Checkpointer:
             engine._open_views.discard(view)
         self._retain(manifest)
         truncate_dsn = max(0, ckp_dsn - self.wal_reserve_entries)
-        entry = CheckpointEntry(ckp_ts, truncate_dsn, layout.manifest_name(ckp_ts))
+        entry = CheckpointEntry(ckp_ts, truncate_dsn, manifest.name)
         await engine._driver.append(encode_entry(entry))
         if truncate_dsn:
             engine._driver.truncate(truncate_dsn)
         self._previous = plan.previous_for_next()
         self._since_global = 0 if globally else self._since_global + 1
         await self._retire_old()
+        await asyncio.to_thread(self._blocks.covered, ckp_ts)
         self.taken += 1
         self.last_duration_ms = (asyncio.get_running_loop().time() - started) * 1000
         self.last_bytes = sum(t.nbytes for t in plan.dumps.values())
@@ -146,5 +170,5 @@ class Checkpointer:
                 name for name in old.objects if self._blocks.refs.drop(name, ("ckp", old.ckp_ts))
             ]
             self.objects_retired += await asyncio.to_thread(
-                files.retire, self._store, layout.manifest_name(old.ckp_ts), garbage
+                files.retire, self._store, old.name, garbage
             )

@@ -301,6 +301,10 @@ class TableData:
         self.live_rows -= block.rows - len(block.deletes)
         if block is self.open_block:
             self.open_block = None
+        if self._res_open == cmd.block_id:
+            # Replay: the reservation followed the applied open block, which a flush just
+            # took away (live, the flush had sealed it on the reserved side already).
+            self._res_open, self._res_offset = None, 0
         if isinstance(block, PersistedBlock):
             self.persisted_count -= 1
             self._ranges = None

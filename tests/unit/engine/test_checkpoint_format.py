@@ -27,17 +27,17 @@ MANIFEST = Manifest(
     ckp_ts=(1_700_000_000_000 << 16) | 3,
     ckp_dsn=4242,
     kind=layout.KIND_INCREMENTAL,
-    previous=layout.manifest_name(1_700_000_000_000 << 16),
-    catalog=layout.directory((1_700_000_000_000 << 16) | 3) + "catalog.parquet",
-    blocks=layout.directory((1_700_000_000_000 << 16) | 3) + "blocks.parquet",
+    previous=layout.manifest_name(layout.directory(1_700_000_000_000 << 16, "0badcafe")),
+    catalog=layout.directory((1_700_000_000_000 << 16) | 3, "5eed1e55") + "catalog.parquet",
+    blocks=layout.directory((1_700_000_000_000 << 16) | 3, "5eed1e55") + "blocks.parquet",
     next_id=9,
     tables=1,
     block_count=2,
     live_rows=8290,
     objects=(
-        "ckp/00111411200000000003/blocks.parquet",
-        "ckp/00111411200000000003/catalog.parquet",
-        "ckp/00111411200000000003/l0-2-4.parquet",
+        "ckp/00111411200000000003-5eed1e55/blocks.parquet",
+        "ckp/00111411200000000003-5eed1e55/catalog.parquet",
+        "ckp/00111411200000000003-5eed1e55/l0-2-4.parquet",
         "data/2/0a1b2c.parquet",
     ),
     created_wall_ms=1_700_000_000_123,
@@ -47,8 +47,7 @@ MANIFEST = Manifest(
 def test_the_golden_manifest_encodes_exactly_and_decodes_back() -> None:
     encoded = MANIFEST.encode()
     assert encoded == GOLDEN.read_bytes()
-    name = layout.manifest_name(MANIFEST.ckp_ts)
-    assert Manifest.decode(encoded, name) == MANIFEST
+    assert Manifest.decode(encoded, MANIFEST.name) == MANIFEST
     body = json.loads(encoded)
     assert body["format"] == "engine-checkpoint" and body["version"] == 1
     assert len(body["checksum"]) == 16
@@ -100,10 +99,12 @@ def test_garbage_and_a_misplaced_manifest_are_refused() -> None:
     for data in (b"", b"\xff\xfe", b"[1, 2]", b"{"):
         with pytest.raises(CheckpointCorrupt):
             Manifest.decode(data, "m")
+    elsewhere = layout.manifest_name(layout.directory(MANIFEST.ckp_ts + 1, "5eed1e55"))
     with pytest.raises(CheckpointCorrupt, match="directory"):
-        Manifest.decode(MANIFEST.encode(), layout.manifest_name(MANIFEST.ckp_ts + 1))
-    assert layout.ckp_ts_of(layout.manifest_name(77)) == 77
+        Manifest.decode(MANIFEST.encode(), elsewhere)
+    assert layout.ckp_ts_of(layout.manifest_name(layout.directory(77, "ab"))) == 77
     assert layout.ckp_ts_of("ckp/77/manifest.json") is None
+    assert layout.ckp_ts_of("ckp/00000000000000000077/manifest.json") is None
     assert layout.ckp_ts_of("data/1/x.parquet") is None
 
 

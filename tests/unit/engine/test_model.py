@@ -17,6 +17,13 @@ number of event-loop steps), reopened on the same backend, and its whole content
 the model's committed state, with the in-flight transaction either wholly applied or wholly
 absent. Commit timestamps must increase across commits and restarts.
 
+Storage steps interleave with all of this (issue 14): flush (every open block sealed and
+flushed to an object, then merges and compactions as the policy asks: two L1 blocks make an
+L2 segment, a block a third dead is rewritten), and checkpoint (the state in objects, the WAL
+truncated below it). Open transactions keep reading and committing across them, and a crash
+may cut a flush or a checkpoint half way; the reopened engine starts from the newest
+checkpoint and the WAL tail, over the same object store.
+
 The second table has a compound key (int32, string); the first an int64 key.
 """
 
@@ -44,6 +51,8 @@ from engine import (
     WalFailed,
     WriteConflict,
 )
+from engine.compaction import Policy
+from engine.objects.store import MemoryObjectStore
 from tae_driver.backends.memory import MemoryBackend
 
 T1 = Schema([Column("id", "int64"), Column("v", "int64", nullable=True)], primary_key=["id"])
@@ -53,6 +62,7 @@ T2 = Schema(
 )
 KEYS = 6
 OPEN_MAX = 4
+POLICY = Policy(merge_l1_blocks=2, compact_deleted_fraction=0.3)
 
 State = dict[str, dict[Any, int | None] | None]
 """table name -> {key: v} (None: the table does not exist)."""
@@ -126,6 +136,12 @@ class Model:
                     errors.add(WriteConflict)
         return errors
 
+    def storage_commit(self, commit_ts: int) -> None:
+        """Flushes, merges, compactions commit too (as transactions) and change nothing a
+        reader sees: a version equal to the latest."""
+        latest = self.latest
+        self.versions.append(Committed(copy.deepcopy(latest.state), latest.t2_ident, commit_ts))
+
     def apply(self, txn: ModelTxn, commit_ts: int) -> None:
         version = len(self.versions)
         state = copy.deepcopy(self.latest.state)
@@ -179,7 +195,7 @@ STEPS = st.lists(
             + ["get"] * 2
             + ["scan"] * 2
             + ["commit"] * 5
-            + ["rollback", "drop_t2", "create_t2", "crash"]
+            + ["rollback", "drop_t2", "create_t2", "crash", "flush", "flush", "checkpoint"]
         ),
         st.integers(0, OPEN_MAX - 1),
         st.integers(0, KEYS - 1),
@@ -194,11 +210,24 @@ class Run:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.backend = MemoryBackend()
+        self.objects = MemoryObjectStore()
         self.open: list[ModelTxn] = []
         self.last_commit_ts = 0
 
+    async def open_engine(self) -> Engine:
+        eng = await Engine.open(
+            str(self.path),
+            wal=self.backend,
+            objects=self.objects,
+            policy=POLICY,
+            maintenance=False,  # the program runs it
+        )
+        assert eng.checkpointer is not None
+        eng.checkpointer.wal_reserve_entries = 0
+        return eng
+
     async def start(self) -> None:
-        self.eng = await Engine.open(str(self.path), wal=self.backend)
+        self.eng = await self.open_engine()
         async with self.eng.transaction() as txn:
             await txn.create_database("db")
             await txn.create_table("db", "t1", T1)
@@ -329,13 +358,23 @@ class Run:
     async def crash(self, slot: int, steps: int) -> None:
         inflight = None
         task = None
+        storage: asyncio.Future[Any] | None = None
         writers = [t for t in self.open if self.model.outcome(t) == set()]
-        if writers and slot % 2:
+        if slot >= 2:  # a flush (slot 2) or a checkpoint (slot 3) is cut by the crash
+            storage = asyncio.ensure_future(
+                self.eng.maintenance.settle(freeze_all=True)  # type: ignore[union-attr]
+                if slot == 2
+                else self.eng.checkpoint()
+            )
+        elif writers and slot == 1:
             inflight = writers[slot % len(writers)]
             task = asyncio.ensure_future(inflight.engine.commit())
-            for _ in range(2 * steps):  # 0..6 loop turns: before, during, after the append
-                await asyncio.sleep(0)
+        for _ in range(2 * steps):  # 0..6 loop turns: before, during, after the append
+            await asyncio.sleep(0)
         await self.eng.abort()
+        if storage is not None:
+            storage.cancel()
+            await asyncio.gather(storage, return_exceptions=True)
         acknowledged = False
         if task is not None:
             try:
@@ -344,7 +383,7 @@ class Run:
             except (WalFailed, EngineClosed):
                 pass  # not acknowledged (EngineClosed: the crash came before it began)
         self.open.clear()
-        self.eng = await Engine.open(str(self.path), wal=self.backend)
+        self.eng = await self.open_engine()
         found = await dump(self.eng)
         # The in-flight commit landed exactly when the log holds a commit after the model's
         # newest (the dump alone cannot tell a commit that changed nothing visible).
@@ -353,7 +392,9 @@ class Run:
             logged = inflight.engine.commit_ts != inflight.engine.start_ts
             assert landed == logged, "an acknowledged commit is missing after the crash"
         event(f"crash: in flight {inflight is not None}, landed {landed}")
-        if landed:
+        if landed and storage is not None:
+            self.model.storage_commit(self.eng.visible_ts)  # the cut flush had committed
+        elif landed:
             assert inflight is not None, "a commit nobody made appeared after the crash"
             self.model.apply(inflight, self.eng.visible_ts)
         assert found == self.model.latest.state
@@ -366,6 +407,18 @@ class Run:
             return
         if op == "crash":
             await self.crash(slot, v)
+            return
+        if op == "flush":
+            maintenance = self.eng.maintenance
+            assert maintenance is not None
+            await maintenance.settle(freeze_all=True)
+            event("flush: " + ", ".join(f"{k} {n}" for k, n in maintenance.rewrites_done.items()))
+            if self.eng.visible_ts > self.model.latest.commit_ts:
+                self.model.storage_commit(self.eng.visible_ts)
+                self.last_commit_ts = self.eng.visible_ts
+            return
+        if op == "checkpoint":
+            await self.eng.checkpoint()
             return
         if not self.open:
             return
@@ -384,7 +437,7 @@ class Run:
 
 
 @settings(
-    max_examples=300,
+    max_examples=500,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
