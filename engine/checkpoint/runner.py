@@ -64,8 +64,9 @@ class Checkpointer:
 
         A newest checkpoint that cannot be read (its manifest damaged, an object it names
         missing: a writer that died, a zombie that wrote after this engine cleaned up) gives
-        way to the one before it, with a warning; whether the WAL still holds everything
-        after that one is then the replay's gap check to decide."""
+        way to the one before it, with a warning (and when none can be read, to none);
+        whether the WAL still holds everything after it is the replay's gap check to
+        decide."""
         engine = self._engine
         names = files.manifests(self._store)
         first_error: Exception | None = None
@@ -89,7 +90,9 @@ class Checkpointer:
             self._retain(newest)
             return newest
         if first_error is not None:
-            raise first_error
+            # Not one readable: start from nothing; the replay's gap check refuses to open
+            # if the WAL no longer starts at the beginning.
+            log.error("no checkpoint can be read; replaying the whole WAL: %s", first_error)
         return None
 
     def _retain(self, manifest: Manifest) -> None:

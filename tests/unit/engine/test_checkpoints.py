@@ -7,8 +7,9 @@ L0 blocks, persisted blocks, deletes on both and dropped tables; the WAL is trun
 replay reads only the tail plus the reserve); an incremental checkpoint rewrites only what
 changed and the oldest checkpoints are retired with the objects only they used; a crash
 before the manifest leaves a checkpoint that does not exist and whose objects are collected
-at the next open; a manifest that fails its checksum stops the open with `CheckpointCorrupt`;
-a WAL truncated past the newest checkpoint is refused, not replayed with a hole; snapshots
+at the next open; an unreadable checkpoint (a manifest failing its checksum, an object it
+names missing) gives way to the WAL while the WAL is whole, and the open is refused when it
+is not; a WAL truncated past the newest checkpoint is refused, not replayed with a hole; snapshots
 older than the checkpoint a restart began from are refused.
 """
 
@@ -24,6 +25,7 @@ import pytest
 from engine import Column, Engine, Schema, SnapshotUnavailable, WalCorruption, limits
 from engine.checkpoint import layout
 from engine.checkpoint.errors import CheckpointCorrupt
+from engine.checkpoint.layout import Manifest
 from engine.objects.store import MemoryObjectStore
 from engine.wal.entry import BlockLevel
 from tae_driver.backends.memory import MemoryBackend
@@ -198,31 +200,59 @@ def test_a_checkpoint_cut_before_its_manifest_does_not_exist_and_is_collected() 
     run(main)
 
 
-def test_a_damaged_manifest_or_a_truncation_past_the_checkpoint_stops_the_open() -> None:
+def test_an_unreadable_checkpoint_gives_way_to_the_wal_only_while_the_wal_is_whole() -> None:
     async def main() -> None:
         wal, objects = MemoryBackend(), MemoryObjectStore()
         eng = await populated(wal, objects)
+        assert eng.checkpointer is not None
+        eng.checkpointer.wal_reserve_entries = 0
         manifest = await eng.checkpoint()
         assert manifest is not None
+        digest = eng.digest()
         await eng.close()
         name = manifest.name
         good = objects.get(name)
         objects.delete(name)
-        objects.put(name, good.replace(b'"kind"', b'"kinD"'))
-        with pytest.raises(CheckpointCorrupt, match="manifest"):
+        objects.put(name, good.replace(b'"kind"', b'"kinD"'))  # fails its checksum
+        with pytest.raises(CheckpointCorrupt, match="checksum"):
+            Manifest.decode(objects.get(name), name)
+        # The WAL was truncated below the checkpoint: without it there is a hole, and the
+        # engine refuses to open rather than replay what is left.
+        await eng._driver.truncation_settled()
+        with pytest.raises(WalCorruption, match="no checkpoint before it"):
             await open_engine(wal, objects)
         objects.delete(name)
         objects.put(name, good)
-        # Someone truncated the WAL beyond the checkpoint: the entries in between are gone.
+        again = await open_engine(wal, objects)
+        assert again.digest() == digest
+        await again.close()
+
+        # A log that was never truncated: an unreadable checkpoint costs a whole replay.
+        wal, objects = MemoryBackend(), MemoryObjectStore()
+        eng = await populated(wal, objects)
+        manifest = await eng.checkpoint()  # the default reserve keeps this small log whole
+        assert manifest is not None
+        digest = eng.digest()
+        await eng.close()
+        objects.delete(manifest.catalog)  # an object the checkpoint names is gone
+        again = await open_engine(wal, objects)
+        try:
+            assert again.digest() == digest
+            assert again.stats().replay.entries_applied > 1  # type: ignore[union-attr]
+        finally:
+            await again.close()
+
+        # Someone truncated the WAL beyond the newest checkpoint: the entries in between are
+        # gone, and the engine refuses to open.
         eng = await open_engine(wal, objects)
+        await eng.checkpoint()
         await insert(eng, range(BLOCK + 500, BLOCK + 510))
         await insert(eng, range(BLOCK + 510, BLOCK + 520))
         eng._driver.truncate(eng._visible_dsn - 1)
         await eng._driver.truncation_settled()
         await eng.close()
-        objects_without_newer = objects  # the newest checkpoint is still the old one
         with pytest.raises(WalCorruption, match="past the newest checkpoint"):
-            await open_engine(wal, objects_without_newer)
+            await open_engine(wal, objects)
 
     run(main)
 
