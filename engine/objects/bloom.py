@@ -242,7 +242,7 @@ class BloomFilter:
         return header[:CHECKSUM_OFFSET] + struct.pack("<Q", checksum) + body
 
     @classmethod
-    def from_bytes(cls, data: bytes, source: str) -> BloomFilter:
+    def from_bytes(cls, data: bytes | memoryview, source: str) -> BloomFilter:
         """Decode, or raise `ObjectCorrupt(source, REASON_*)`; `source` names the object the
         bytes come from."""
         view = memoryview(data)

@@ -97,10 +97,6 @@ and a bloom filter in the object's metadata."""
 BLOCK_META_BYTES_MAX = 64 * MiB
 """Largest metadata blob (our key in the Parquet footer) a reader accepts."""
 
-KEY_VALUE_BYTES_MAX = 64 * KiB
-"""Longest string or binary value of a key column in a block's key range. Keys are compared
-and copied on every lookup; a longer key is refused by the writer (typed error)."""
-
 PARQUET_ZSTD_LEVEL = 3
 """zstd's own default level: most of the ratio of higher levels at a fraction of the time."""
 
