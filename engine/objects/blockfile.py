@@ -224,7 +224,7 @@ class BlockObjectReader:
     def __init__(self, store: ObjectStore, name: str) -> None:
         self.name = name
         self._store = store
-        with _reading(store, name):
+        with parquet_errors(store, name):
             self._source = store.open_input(name)
             size_bytes = self._source.size()
             self._parquet = pq.ParquetFile(self._source, page_checksum_verification=True)
@@ -248,7 +248,7 @@ class BlockObjectReader:
             unknown = [column for column in columns if column not in self._names]
             if unknown:
                 raise SchemaError(f"{self.name}: unknown column {unknown[0]!r}")
-        with _reading(self._store, self.name):
+        with parquet_errors(self._store, self.name):
             table = self._parquet.read_row_group(
                 block_index, columns=list(columns) if columns is not None else None
             )
@@ -263,7 +263,7 @@ class BlockObjectReader:
 
 def read_meta(store: ObjectStore, name: str) -> BlockObjectMeta:
     """Our metadata of object `name`, reading only its footer."""
-    with _reading(store, name):
+    with parquet_errors(store, name):
         source = store.open_input(name)
         try:
             size_bytes = source.size()
@@ -286,7 +286,7 @@ def read_keys(store: ObjectStore, name: str, block_index: int) -> pa.Table:
 
 
 @contextlib.contextmanager
-def _reading(store: ObjectStore, name: str) -> Iterator[None]:
+def parquet_errors(store: ObjectStore, name: str) -> Iterator[None]:
     """Errors of pyarrow while reading object `name`, typed. The store's own errors pass
     through: its `open_input` file raises them from inside pyarrow's reads too. An OSError
     carrying an errno comes from the local disk under a file pyarrow reads itself
