@@ -74,12 +74,16 @@ def test_duckdb_applies_the_deletes_with_an_anti_join(tmp_path: Path) -> None:
         write_object(store, "blk-7", schema=schema, table_id=1, level=1, data=data)
         write_deltas(store, "del-1", table_id=1, blocks={7: BlockDeletes.from_pairs({2: 5, 3: 9})})
         block_path, delta_path = store.path_of("blk-7"), store.path_of("del-1")
-    live = duckdb.sql(
-        f"""select sum(id) from read_parquet('{block_path}', file_row_number = true) b
+    live = (
+        duckdb.connect()
+        .execute(
+            f"""select sum(id) from read_parquet('{block_path}', file_row_number = true) b
             where file_row_number not in
               (select "offset" from read_parquet('{delta_path}')
                where block_id = 7 and commit_ts <= 6)"""
-    ).fetchall()
+        )
+        .fetchall()
+    )
     assert live == [(45 - 2,)]
 
 
@@ -126,7 +130,7 @@ def _with(meta: bytes | None, table: pa.Table) -> bytes:
     if meta is not None:
         writer.add_key_value_metadata({META_KEY: meta})
     writer.close()
-    return sink.getvalue().to_pybytes()
+    return bytes(sink.getvalue().to_pybytes())
 
 
 def _rows(rows: list[tuple[int, int, int]]) -> pa.Table:
