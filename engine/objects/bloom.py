@@ -46,8 +46,9 @@ HEADER = struct.Struct("<4sBBHQQQ")
 CHECKSUM_OFFSET = 24
 
 MASK64 = (1 << 64) - 1
-MIX_MUL_1 = 0x9E3779B97F4A7C15
-MIX_MUL_2 = 0xBF58476D1CE4E5B9
+MIX_ADD = 0x9E3779B97F4A7C15
+MIX_MUL_1 = 0xBF58476D1CE4E5B9
+MIX_MUL_2 = 0x94D049BB133111EB
 FOLD_MUL = 0xC2B2AE3D27D4EB4F
 
 REASON_SHORT = "bloom filter shorter than its header"
@@ -69,19 +70,23 @@ _MICROSECOND = datetime.timedelta(microseconds=1)
 
 
 def mix64(value: int) -> int:
-    """The 64-bit mixer (FORMAT.md): two multiply-xorshift rounds, a bijection on 64 bits."""
-    value = (value * MIX_MUL_1) & MASK64
-    value ^= value >> 29
-    value = (value * MIX_MUL_2) & MASK64
-    return value ^ (value >> 32)
+    """The 64-bit mixer (FORMAT.md): SplitMix64's step and output function (Steele, Lea,
+    Flood, "Fast Splittable Pseudorandom Number Generators", 2014). A bijection; the added
+    constant keeps 0, the commonest key, away from the fixed point 0 of the multiplies."""
+    value = (value + MIX_ADD) & MASK64
+    value = ((value ^ (value >> 30)) * MIX_MUL_1) & MASK64
+    value = ((value ^ (value >> 27)) * MIX_MUL_2) & MASK64
+    return value ^ (value >> 31)
 
 
 def _mix64_array(values: U64Array) -> U64Array:
     """`mix64` over an array, in place (the array is a private copy)."""
+    np.add(values, np.uint64(MIX_ADD), out=values)
+    np.bitwise_xor(values, values >> np.uint64(30), out=values)
     np.multiply(values, np.uint64(MIX_MUL_1), out=values)
-    np.bitwise_xor(values, values >> np.uint64(29), out=values)
+    np.bitwise_xor(values, values >> np.uint64(27), out=values)
     np.multiply(values, np.uint64(MIX_MUL_2), out=values)
-    np.bitwise_xor(values, values >> np.uint64(32), out=values)
+    np.bitwise_xor(values, values >> np.uint64(31), out=values)
     return values
 
 
