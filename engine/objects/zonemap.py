@@ -172,34 +172,47 @@ class ZoneMap:
 def prune(zonemaps: Sequence[ZoneMap], filter_: pc.Expression) -> list[int]:
     """Indexes of the blocks whose rows may match `filter_`, in order. Never drops a block
     holding a matching row (tests: brute force under hypothesis). Every zonemap must have the
-    same columns; the filter may use any of them (another name is `SchemaError`)."""
-    if not zonemaps:
-        return []
-    schema = zonemaps[0].arrow_schema()
-    for zonemap in zonemaps[1:]:
-        assert [(z.name, z.type) for z in zonemap.columns] == [
-            (z.name, z.type) for z in zonemaps[0].columns
-        ], "blocks of one table share their columns"
-    # pyarrow keeps a fragment whose guarantee is the literal false: empty blocks go here.
-    candidates = [index for index, zonemap in enumerate(zonemaps) if zonemap.row_count]
-    if not candidates or _NAN_LITERAL.search(str(filter_)):
-        # pyarrow 26 simplifies `f < nan` against a range guarantee to true (found by the
-        # brute-force test: `~(f < nan)` pruned a block of 1.0 and 2.0), so a filter with a
-        # NaN literal prunes nothing. The check is on the text, so a string literal "nan"
-        # also turns pruning off: wrong only in the safe direction.
-        return candidates
-    dataset = ds.FileSystemDataset.from_paths(
-        [str(index) for index in candidates],
-        schema=schema,
-        format=_PARQUET,
-        filesystem=_NEVER_OPENED,
-        partitions=[zonemaps[index].guarantee for index in candidates],
-    )
-    try:
-        fragments = dataset.get_fragments(filter=filter_)
-        return [int(fragment.path) for fragment in fragments]
-    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
-        raise SchemaError(f"filter {filter_} does not apply to the table: {exc}") from None
+    same columns; the filter may use any of them (another name is `SchemaError`). For many
+    filters over the same blocks, build a `Pruner` once."""
+    return Pruner(zonemaps).prune(filter_)
+
+
+class Pruner:
+    """`prune` over a fixed list of blocks: the pyarrow dataset of their guarantees is built
+    once (about half the cost of one `prune` of 1,000 blocks), each `prune` call then only
+    simplifies the filter against each guarantee."""
+
+    def __init__(self, zonemaps: Sequence[ZoneMap]) -> None:
+        for zonemap in zonemaps[1:]:
+            assert [(z.name, z.type) for z in zonemap.columns] == [
+                (z.name, z.type) for z in zonemaps[0].columns
+            ], "blocks of one table share their columns"
+        # pyarrow keeps a fragment whose guarantee is the literal false: empty blocks go here.
+        self._candidates = [index for index, zonemap in enumerate(zonemaps) if zonemap.row_count]
+        self._dataset = None
+        if self._candidates:
+            self._dataset = ds.FileSystemDataset.from_paths(
+                [str(index) for index in self._candidates],
+                schema=zonemaps[0].arrow_schema(),
+                format=_PARQUET,
+                filesystem=_NEVER_OPENED,
+                partitions=[zonemaps[index].guarantee for index in self._candidates],
+            )
+
+    def prune(self, filter_: pc.Expression) -> list[int]:
+        if self._dataset is None:
+            return []
+        if _NAN_LITERAL.search(str(filter_)):
+            # pyarrow 26 simplifies `f < nan` against a range guarantee to true (found by the
+            # brute-force test: `~(f < nan)` pruned a block of 1.0 and 2.0), so a filter with
+            # a NaN literal prunes nothing. The check is on the text, so a string literal
+            # "nan" also turns pruning off: wrong only in the safe direction.
+            return list(self._candidates)
+        try:
+            fragments = self._dataset.get_fragments(filter=filter_)
+            return [int(fragment.path) for fragment in fragments]
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
+            raise SchemaError(f"filter {filter_} does not apply to the table: {exc}") from None
 
 
 _NAN_LITERAL = re.compile(r"\bnan\b", re.IGNORECASE)

@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from engine.errors import SchemaError
 from engine.objects import limits
 from engine.objects.errors import ObjectCorrupt
-from engine.objects.zonemap import HEADER, ColumnZone, ZoneMap, prune
+from engine.objects.zonemap import HEADER, ColumnZone, Pruner, ZoneMap, prune
 from engine.schema import TYPES
 
 P = limits.ZONEMAP_STRING_PREFIX_BYTES
@@ -145,6 +145,8 @@ def test_prune_prunes() -> None:
     assert prune(zonemaps, k == 1000) == []
     assert prune(zonemaps, pc.scalar(True)) == [0, 1, 2]
     assert prune([], k == 1) == []
+    pruner = Pruner(zonemaps)  # built once, asked many times: the same answers
+    assert [pruner.prune(k == 150), pruner.prune(k >= 199)] == [[1], [1, 2]]
     with pytest.raises(SchemaError):
         prune(zonemaps, pc.field("nope") == 1)
 
