@@ -244,6 +244,7 @@ class BlockObjectReader:
         """Rows of block `block_index`: the columns asked for, in that order (hidden ones
         included when asked for), or every column."""
         assert 0 <= block_index < len(self.meta.blocks), block_index
+        assert columns is None or columns, "no columns: a table of no columns has no rows"
         if columns is not None:
             unknown = [column for column in columns if column not in self._names]
             if unknown:
