@@ -602,9 +602,9 @@ def _columns_to_read(
     filter needs others, and every column is read)."""
     if columns is None:
         return list(schema.names)
-    wanted = [name for name in schema.names if name in set(columns)]
+    wanted = [name for name in schema.names if name in set(columns)] or schema.names[:1]
     if filter is None:
-        return wanted
+        return wanted  # (at least one column: a table of none cannot count its rows)
     try:
         schema.empty_table().select(wanted).filter(filter)
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, KeyError):
