@@ -39,7 +39,6 @@ from engine.errors import (
     TxnClosed,
     TxnTooLarge,
 )
-from engine.objects.zonemap import prune
 from engine.schema import Key, Schema, batch_keys, check_name, normalize_key, to_batch
 from engine.storage import NOTHING_LOADED, PersistedBlock, RowVersion
 from engine.wal.entry import CatalogKind, CatalogOp, Delete, UpdateCatalog
@@ -533,7 +532,7 @@ class Transaction:
             persisted = [b for b in blocks if isinstance(b, PersistedBlock)]
             if persisted and filter is not None:
                 # Zonemaps: skip the persisted blocks the filter cannot match.
-                keep = {id(persisted[i]) for i in prune([b.zonemap for b in persisted], filter)}
+                keep = {id(b) for b in data.prune(persisted, filter)}
                 blocks = [b for b in blocks if not isinstance(b, PersistedBlock) or id(b) in keep]
                 persisted = [b for b in persisted if id(b) in keep]
             read = _columns_to_read(data.arrow_schema, columns, filter)
