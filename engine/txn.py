@@ -536,7 +536,7 @@ class Transaction:
                 blocks = [b for b in blocks if not isinstance(b, PersistedBlock) or id(b) in keep]
                 persisted = [b for b in persisted if id(b) in keep]
             read = _columns_to_read(data.arrow_schema, columns, filter)
-            async with self._engine._loaded(persisted, columns=read) as loaded:
+            async with self._engine._loaded(persisted, columns=read, whole_objects=True) as loaded:
                 parts = data.scan_at(
                     self.start_ts,
                     blocks,
@@ -557,6 +557,9 @@ class Transaction:
         if columns is not None:
             table = table.select(list(columns))
         return table
+
+    def _appends_rows(self) -> bool:
+        return any(writes.inserted for writes in self._writes.values())
 
     # --- the commit plan ----------------------------------------------------------------------
 

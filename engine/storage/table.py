@@ -505,13 +505,25 @@ class TableData:
         by default)."""
         names = columns if columns is not None else self.arrow_schema.names
         parts = []
-        for block in blocks:
+        ordered = list(blocks)
+        index = 0
+        while index < len(ordered):
+            block = ordered[index]
+            index += 1
             if isinstance(block, L0Block):
                 visible = block.visible_rows(ts)
                 if not visible:
                     continue
                 table = block.table()
             else:
+                run = self._persisted_run(block, ordered, index, ts, loaded, excluded)
+                if run is not None:
+                    # Whole blocks in a row of one object, nothing deleted: one slice.
+                    table, start, rows, index = run
+                    parts.append(
+                        table.slice(start, rows).select(names).cast(self._arrow_subset(names))
+                    )
+                    continue
                 visible = block.rows
                 # Read back from Parquet every field is nullable: relabel (no copy) so that
                 # the parts concatenate with L0 blocks' batches.
@@ -532,6 +544,46 @@ class TableData:
                 indices = pa.array(keep.to_array(), type=pa.uint32())
                 parts.append(table.take(indices))
         return parts
+
+    @staticmethod
+    def _persisted_run(
+        first: PersistedBlock,
+        ordered: list[Block],
+        index: int,
+        ts: int,
+        loaded: LoadedBlocks,
+        excluded: dict[int, BitMap] | None,
+    ) -> tuple[pa.Table, int, int, int] | None:
+        """(object table, first row, rows, next index) for `first` and the blocks after it
+        that continue it in its object with nothing deleted at `ts`; None when `first` has
+        deletes or its whole object was not loaded."""
+
+        def clean(block: PersistedBlock) -> bool:
+            if excluded and block.block_id in excluded:
+                return False
+            return not block.deletes or block.deletes.at(ts).__len__() == 0
+
+        if not clean(first):
+            return None
+        found = loaded.object_rows(first)
+        if found is None:
+            return None
+        table, start = found
+        rows = first.rows
+        last = first
+        while index < len(ordered):
+            block = ordered[index]
+            if (
+                not isinstance(block, PersistedBlock)
+                or block.object_name != last.object_name
+                or block.row_group != last.row_group + 1
+                or not clean(block)
+            ):
+                break
+            rows += block.rows
+            last = block
+            index += 1
+        return table, start, rows, index
 
     def prune(self, blocks: list[PersistedBlock], filter_: pc.Expression) -> list[PersistedBlock]:
         """The blocks whose zonemaps let them hold a row matching `filter_` (decision 0006):
