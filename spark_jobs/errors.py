@@ -6,7 +6,8 @@ prints it and exits 1 (2 for bad usage). Programmer errors are asserts.
      ├── InputCorrupt      damaged bytes in a log (path, byte offset, reason)
      ├── CopiesDisagree    two copies of one DSN (or one LSN) hold different bytes
      ├── LogHole           a DSN missing below a durable watermark: acknowledged data lost
-     └── ReplayRefused     the log cannot answer the requested timestamp
+     ├── ReplayRefused     the log cannot answer the requested timestamp
+     └── ReplayFailed      a replayed entry does not apply (the engine would refuse it)
 """
 
 from __future__ import annotations
@@ -38,3 +39,8 @@ class LogHole(SparkJobError):
 
 class ReplayRefused(SparkJobError):
     pass
+
+
+class ReplayFailed(SparkJobError):
+    """A replayed entry does not apply to the state before it (the engine would refuse to
+    open with `WalCorruption` for the same entry)."""

@@ -95,6 +95,7 @@ class RaftEntry:
     checksum_ok: bool
     error: str | None
     accepted: tuple[tuple[int, bytes], ...] = ()
+    truncated_lsn: int | None = None  # an applied truncate: every LSN <= this is dropped
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +124,23 @@ def read_journal(
     segments = journal_segments(journal)
     log_start = _log_start(journal, segments)
     machine, applied_upto = _initial_machine(shard_dir, log_start, limits)
+    if machine.first_lsn > 1:  # restored from a snapshot taken after a truncate
+        yield RaftEntry(
+            SNAPSHOT_FILE,
+            0,
+            applied_upto,
+            None,
+            "snapshot",
+            "applied",
+            0,
+            None,
+            0,
+            0,
+            None,
+            True,
+            None,
+            truncated_lsn=machine.first_lsn - 1,
+        )
     expected: int | None = None
     for position, (first_index, name, _) in enumerate(segments):
         following = segments[position + 1][0] if position + 1 < len(segments) else None
@@ -162,9 +180,13 @@ def read_journal(
             break
         if read.end == records.END_CORRUPT:
             yield from _damage(
-                path, name, read.end_offset_bytes, read.end_reason or "corrupt", KIND_CORRUPT,
+                path,
+                name,
+                read.end_offset_bytes,
+                read.end_reason or "corrupt",
+                KIND_CORRUPT,
                 verify,
-            )  # fmt: skip
+            )
             break
         expected = read.first_index + len(read.records)
     if end_state is not None:
@@ -194,9 +216,11 @@ def _initial_machine(
     path = os.path.join(shard_dir, SNAPSHOT_FILE)
     if not os.path.exists(path):
         raise InputCorrupt(
-            path, 0, f"the journal is compacted (starts at raft index {log_start}) but the "
+            path,
+            0,
+            f"the journal is compacted (starts at raft index {log_start}) but the "
             "snapshot is missing: its LSNs cannot be known",
-        )  # fmt: skip
+        )
     try:
         snapshot = snapshot_file.decode(_read_file(path))
         machine = ShardStateMachine.restore(snapshot.state, limits)
@@ -215,9 +239,20 @@ def _entry(
     want_records: bool,
 ) -> RaftEntry:
     row = RaftEntry(
-        segment, view.offset_bytes, view.index, view.term, raft.journal_entry_kind(payload),
-        None, 0, None, 0, len(payload), checksum, True, None,
-    )  # fmt: skip
+        segment,
+        view.offset_bytes,
+        view.index,
+        view.term,
+        raft.journal_entry_kind(payload),
+        None,
+        0,
+        None,
+        0,
+        len(payload),
+        checksum,
+        True,
+        None,
+    )
     if row.kind != raft.JOURNAL_ENTRY_REGULAR:
         return row
     try:
@@ -234,6 +269,8 @@ def _entry(
         row.outcome = "in_snapshot"
         return row
     result = machine.apply(view.index, command)
+    if isinstance(result, Truncated) and result.first_lsn > 1:
+        row.truncated_lsn = result.first_lsn - 1
     runs = _lsn_runs(command, result)
     row.outcome = _outcome(command, result, runs)
     if runs:

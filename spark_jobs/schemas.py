@@ -197,10 +197,10 @@ def rows_schema(schema: Schema, *, for_spark: bool) -> pa.Schema:
 
 def spark_ddl(schema: pa.Schema) -> str:
     """The Spark DDL of an Arrow schema made of the types above."""
-    return ", ".join(f"`{f.name}` {_spark_type(f.type)}" for f in schema)
+    return ", ".join(f"`{f.name}` {spark_type(f.type)}" for f in schema)
 
 
-def _spark_type(kind: pa.DataType) -> str:
+def spark_type(kind: pa.DataType) -> str:
     simple = {
         pa.int8(): "TINYINT",
         pa.int16(): "SMALLINT",
@@ -219,8 +219,8 @@ def _spark_type(kind: pa.DataType) -> str:
     if pa.types.is_decimal(kind):
         return f"DECIMAL({kind.precision}, {kind.scale})"
     if pa.types.is_list(kind):
-        return f"ARRAY<{_spark_type(kind.value_type)}>"
+        return f"ARRAY<{spark_type(kind.value_type)}>"
     if pa.types.is_struct(kind):
-        inner = ", ".join(f"`{f.name}`: {_spark_type(f.type)}" for f in kind)
+        inner = ", ".join(f"`{f.name}`: {spark_type(f.type)}" for f in kind)
         return f"STRUCT<{inner}>"
     raise AssertionError(f"no Spark type for {kind}")

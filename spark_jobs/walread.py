@@ -160,11 +160,21 @@ def _segment_rows(unit: Unit, verify: str) -> Iterator[tuple[object, ...]]:
             if f.frame.frame_type is file_segment.FrameType.TRUNCATE
         ]
         yield (
-            unit.replica, unit.shard, unit.backend, unit.segment, unit.size_bytes, "lsn",
-            frames.base_lsn, lsns[-1] if lsns else frames.base_lsn - 1, len(lsns),
-            max(truncates) if truncates else None, None, frames.end, frames.end_offset,
+            unit.replica,
+            unit.shard,
+            unit.backend,
+            unit.segment,
+            unit.size_bytes,
+            "lsn",
+            frames.base_lsn,
+            lsns[-1] if lsns else frames.base_lsn - 1,
+            len(lsns),
+            max(truncates) if truncates else None,
+            None,
+            frames.end,
+            frames.end_offset,
             frames.end_reason,
-        )  # fmt: skip
+        )
         return
     from logsvc.store import records
 
@@ -179,10 +189,21 @@ def _segment_rows(unit: Unit, verify: str) -> Iterator[tuple[object, ...]]:
             verify=False,
         )
         yield (
-            unit.replica, unit.shard, unit.backend, name, size, "raft_index", first_index,
-            first_index + len(read.records) - 1, len(read.records), None, log_start, read.end,
-            read.end_offset_bytes, read.end_reason,
-        )  # fmt: skip
+            unit.replica,
+            unit.shard,
+            unit.backend,
+            name,
+            size,
+            "raft_index",
+            first_index,
+            first_index + len(read.records) - 1,
+            len(read.records),
+            None,
+            log_start,
+            read.end,
+            read.end_offset_bytes,
+            read.end_reason,
+        )
 
 
 def _log_start_quiet(journal: str) -> int | None:
@@ -201,12 +222,22 @@ def _log_start_quiet(journal: str) -> int | None:
 def _raft_rows(unit: Unit, options: ReadOptions) -> Iterator[tuple[object, ...]]:
     for entry in read_journal(unit.path, verify=options.verify):
         yield (
-            unit.replica, unit.shard, entry.segment, entry.offset_bytes, entry.raft_index,
-            entry.term, entry.kind, entry.outcome, entry.records, entry.lsn_first,
-            entry.lsn_count, entry.payload_bytes,
-            None if entry.checksum is None else signed64(entry.checksum), entry.checksum_ok,
+            unit.replica,
+            unit.shard,
+            entry.segment,
+            entry.offset_bytes,
+            entry.raft_index,
+            entry.term,
+            entry.kind,
+            entry.outcome,
+            entry.records,
+            entry.lsn_first,
+            entry.lsn_count,
+            entry.payload_bytes,
+            None if entry.checksum is None else signed64(entry.checksum),
+            entry.checksum_ok,
             entry.error,
-        )  # fmt: skip
+        )
 
 
 # --- backend records ---------------------------------------------------------------------------
@@ -254,11 +285,26 @@ def _backend_records(unit: Unit, verify: str) -> Iterator[_BackendRecord]:
             )
         return
     for entry in read_journal(unit.path, verify=verify, want_records=True):
+        if entry.truncated_lsn is not None:
+            yield _BackendRecord(
+                entry.segment,
+                entry.offset_bytes,
+                entry.truncated_lsn,
+                entry.raft_index,
+                None,
+                "truncate",
+            )
+            continue
         if entry.kind in (KIND_TORN, KIND_CORRUPT):
             yield _BackendRecord(
-                entry.segment, entry.offset_bytes, None, entry.raft_index, None, entry.kind,
+                entry.segment,
+                entry.offset_bytes,
+                None,
+                entry.raft_index,
+                None,
+                entry.kind,
                 entry.error,
-            )  # fmt: skip
+            )
             continue
         for lsn, record in entry.accepted:
             yield _BackendRecord(
@@ -305,9 +351,21 @@ def _wal_rows(unit: Unit, options: ReadOptions) -> Iterator[tuple[object, ...]]:
             if level != LEVEL_COMMAND and dsn_range.unbounded and ts_range.unbounded:
                 for dsn, lsn in decoded.pairs:
                     row = (
-                        *head, "skip", 0, len(decoded.pairs), 0, record_checksum, None, None,
-                        None, None, dsn, lsn, True, None,
-                    )  # fmt: skip
+                        *head,
+                        "skip",
+                        0,
+                        len(decoded.pairs),
+                        0,
+                        record_checksum,
+                        None,
+                        None,
+                        None,
+                        None,
+                        dsn,
+                        lsn,
+                        True,
+                        None,
+                    )
                     yield row if level == LEVEL_RECORD else (*row, *blank_entry)
             continue
         record_head = (decoded.start_dsn, decoded.count, decoded.safe_dsn, record_checksum)
@@ -358,9 +416,22 @@ def _wal_rows(unit: Unit, options: ReadOptions) -> Iterator[tuple[object, ...]]:
             if isinstance(entry, CheckpointEntry):
                 if level == LEVEL_ENTRY and ts_range.unbounded:
                     yield (
-                        *base, True, None, "checkpoint", None, None, None, None, None, None,
-                        None, None, entry.ckp_ts, entry.truncate_dsn, entry.location,
-                    )  # fmt: skip
+                        *base,
+                        True,
+                        None,
+                        "checkpoint",
+                        None,
+                        None,
+                        None,
+                        None,
+                        None,
+                        None,
+                        None,
+                        None,
+                        entry.ckp_ts,
+                        entry.truncate_dsn,
+                        entry.location,
+                    )
                 continue
             if not ts_range.holds(entry.commit_ts):
                 continue
@@ -384,49 +455,104 @@ def _txn_fields(entry: TxnEntry) -> tuple[object, ...]:
             rows_deleted += len(cmd.rows)
     memo = [{"db_id": m.db_id, "table_id": m.table_id, "block_id": m.block_id} for m in entry.memo]
     return (
-        "txn", entry.start_ts, entry.commit_ts, memo, catalog, appends, deletes, rows_appended,
-        rows_deleted, None, None, None,
-    )  # fmt: skip
+        "txn",
+        entry.start_ts,
+        entry.commit_ts,
+        memo,
+        catalog,
+        appends,
+        deletes,
+        rows_appended,
+        rows_deleted,
+        None,
+        None,
+        None,
+    )
 
 
 def _command_rows(
     unit: Unit, rec: _BackendRecord, dsn: int, entry_checksum: int, entry: TxnEntry
 ) -> Iterator[tuple[object, ...]]:
     head = (
-        unit.replica, unit.shard, rec.segment, rec.offset_bytes, rec.lsn, rec.raft_index, dsn,
-        entry.start_ts, entry.commit_ts, entry_checksum,
-    )  # fmt: skip
+        unit.replica,
+        unit.shard,
+        rec.segment,
+        rec.offset_bytes,
+        rec.lsn,
+        rec.raft_index,
+        dsn,
+        entry.start_ts,
+        entry.commit_ts,
+        entry_checksum,
+    )
     for index, cmd in enumerate(entry.commands):
         if isinstance(cmd, UpdateCatalog):
             schema_json = None if cmd.schema is None else schemas.schema_to_json(cmd.schema)
             yield (
-                *head, index, "catalog", cmd.db_id, cmd.table_id or None, cmd.kind.name.lower(),
-                cmd.op.name.lower(), cmd.name, schema_json, None, None, None, None, None, 0,
-            )  # fmt: skip
+                *head,
+                index,
+                "catalog",
+                cmd.db_id,
+                cmd.table_id or None,
+                cmd.kind.name.lower(),
+                cmd.op.name.lower(),
+                cmd.name,
+                schema_json,
+                None,
+                None,
+                None,
+                None,
+                None,
+                0,
+            )
         elif isinstance(cmd, Append):
             ipc = encode_batch(cmd.batch)
             infos = [
                 {"block_id": i.block_id, "offset": i.offset, "rows": i.rows} for i in cmd.infos
             ]
             yield (
-                *head, index, "append", cmd.db_id, cmd.table_id, None, None, None, None, None,
-                cmd.batch.num_rows, infos, ipc, None, len(ipc),
-            )  # fmt: skip
+                *head,
+                index,
+                "append",
+                cmd.db_id,
+                cmd.table_id,
+                None,
+                None,
+                None,
+                None,
+                None,
+                cmd.batch.num_rows,
+                infos,
+                ipc,
+                None,
+                len(ipc),
+            )
         else:
             assert isinstance(cmd, Delete)
             offsets = list(cmd.rows)
             yield (
-                *head, index, "delete", cmd.db_id, cmd.table_id, None, None, None, None,
-                cmd.block_id, len(offsets), None, None, offsets, 0,
-            )  # fmt: skip
+                *head,
+                index,
+                "delete",
+                cmd.db_id,
+                cmd.table_id,
+                None,
+                None,
+                None,
+                None,
+                cmd.block_id,
+                len(offsets),
+                None,
+                None,
+                offsets,
+                0,
+            )
 
 
 # --- level rows (one table's appended rows, typed) --------------------------------------------
 
 
-def _txn_entries(
-    unit: Unit, options: ReadOptions
-) -> Iterator[tuple[_BackendRecord, int, TxnEntry]]:
+def txn_entries(unit: Unit, options: ReadOptions) -> Iterator[tuple[_BackendRecord, int, TxnEntry]]:
     """(backend record, DSN, entry) of every transaction entry passing the bounds, with the
     command level's damage rules (report mode skips damage: other levels list it)."""
     bounds = options.bounds
@@ -469,7 +595,7 @@ def _rows_level(unit: Unit, options: ReadOptions) -> Iterator[pa.RecordBatch]:
     value_fields = list(schema)[len(schemas.ROWS_PREFIX) :]
     pending: list[pa.RecordBatch] = []
     pending_rows = 0
-    for rec, dsn, entry in _txn_entries(unit, options):
+    for rec, dsn, entry in txn_entries(unit, options):
         for cmd in entry.commands:
             if not isinstance(cmd, Append) or cmd.table_id != options.table_id:
                 continue
