@@ -179,8 +179,10 @@ def write_file_wal(
     """Append each payload as one backend record (LSNs 1, 2, ...), then truncate if asked."""
 
     async def run() -> None:
-        options = {} if segment_bytes_max is None else {"segment_bytes_max": segment_bytes_max}
-        backend = await FileBackend.open(wal_dir, **options)
+        if segment_bytes_max is None:
+            backend = await FileBackend.open(wal_dir)
+        else:
+            backend = await FileBackend.open(wal_dir, segment_bytes_max=segment_bytes_max)
         try:
             for payload in records:
                 await backend.append(payload)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -34,14 +35,17 @@ from tests.unit.spark_jobs.logs import (
 )
 
 
-def read(wal: str, level: str, verify: str = "true", bounds: Bounds | None = None) -> list[dict]:
+def read(
+    wal: str, level: str, verify: str = "true", bounds: Bounds | None = None
+) -> list[dict[str, Any]]:
     options = ReadOptions(level, verify, bounds or Bounds())
     units = list_units(file_input(wal))
     table = pa.Table.from_batches(
         [b for u in units if options.bounds.keeps_unit(u) for b in read_unit(u, options)],
         schema=options.schema(),
     )
-    return table.to_pylist()
+    rows: list[dict[str, Any]] = table.to_pylist()
+    return rows
 
 
 @pytest.fixture
