@@ -31,7 +31,12 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("job", choices=JOBS)
     source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--file-wal", metavar="DIR", help="an engine directory (or its wal/)")
+    source.add_argument(
+        "--file-wal",
+        action="append",
+        metavar="DIR",
+        help="an engine directory, or its wal/ (repeat: shard 0, 1, ...)",
+    )
     source.add_argument(
         "--node", action="append", metavar="NAME=DIR", help="a logsvc node data directory (repeat)"
     )
@@ -51,7 +56,7 @@ def parser() -> argparse.ArgumentParser:
 
 def params_from(args: argparse.Namespace) -> JobParams:
     if args.file_wal is not None:
-        log_inputs = inputs.file_input(args.file_wal)
+        log_inputs = inputs.file_input(*args.file_wal)
     else:
         log_inputs = inputs.logsvc_input(args.node)
     if args.job == "replay_as_of" and (args.as_of is None or args.as_of < 0):

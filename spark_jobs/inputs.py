@@ -2,9 +2,10 @@
 
 Two kinds of log hold the engine's WAL (ARCHITECTURE.md §1):
 
-* a **file WAL**: tae_driver's file backend directory (`DIR/wal` of `Engine.open(DIR)`),
-  segments `wal-<base_lsn>.seg` (tae_driver/backends/FORMAT.md). One log, reported as
-  replica `file`, shard 0. **One unit per segment file**: every frame carries its LSN.
+* **file WALs**: tae_driver's file backend directories (`DIR/wal` of `Engine.open(DIR)`),
+  segments `wal-<base_lsn>.seg` (tae_driver/backends/FORMAT.md). Each is one engine's log,
+  reported as replica `file` and shard 0, 1, ... in the order given (one directory: shard
+  0). **One unit per segment file**: every frame carries its LSN.
 * **logsvc node data directories**, one per replica: `<data_dir>/shards/<id>/journal/` holds
   the shard store's segments (logsvc/store/FORMAT.md), `<data_dir>/shards/<id>/snapshot` the
   Raft snapshot. **One unit per shard replica** (all its segments, in order): a logsvc LSN is
@@ -16,7 +17,7 @@ Two kinds of log hold the engine's WAL (ARCHITECTURE.md §1):
 Everything arrives at a Spark Data Source as strings, so `LogInputs` round-trips through
 `to_option()` / `parse_inputs()`:
 
-    file:/var/lib/engine                    (the engine dir, or its wal/ dir)
+    file:/var/lib/engine                    (the engine dir, or its wal/ dir; ;-separated)
     logsvc:n1=/var/lib/logsvc/n1;n2=/var/lib/logsvc/n2
 """
 
@@ -33,7 +34,6 @@ from tae_driver.backends.segment import parse_segment_file_name
 BACKEND_FILE = "file"
 BACKEND_LOGSVC = "logsvc"
 FILE_REPLICA = "file"
-FILE_SHARD = 0
 SHARDS_DIR = "shards"
 JOURNAL_DIR = "journal"
 SNAPSHOT_FILE = "snapshot"
@@ -55,39 +55,45 @@ class Node:
 
 @dataclass(frozen=True, slots=True)
 class LogInputs:
-    file_wal: str | None = None
+    file_wals: tuple[str, ...] = ()
     nodes: tuple[Node, ...] = ()
 
     def __post_init__(self) -> None:
-        assert (self.file_wal is None) != (not self.nodes), "exactly one kind of input"
+        assert bool(self.file_wals) != bool(self.nodes), "exactly one kind of input"
 
     @property
     def backend(self) -> str:
-        return BACKEND_FILE if self.file_wal is not None else BACKEND_LOGSVC
+        return BACKEND_FILE if self.file_wals else BACKEND_LOGSVC
 
     def to_option(self) -> str:
-        if self.file_wal is not None:
-            return f"{BACKEND_FILE}:{self.file_wal}"
+        if self.file_wals:
+            return f"{BACKEND_FILE}:" + ";".join(self.file_wals)
         return BACKEND_LOGSVC + ":" + ";".join(f"{n.replica}={n.data_dir}" for n in self.nodes)
 
     def describe(self) -> dict[str, object]:
-        if self.file_wal is not None:
-            return {"backend": BACKEND_FILE, "wal_dir": self.file_wal}
+        if self.file_wals:
+            return {"backend": BACKEND_FILE, "wal_dirs": list(self.file_wals)}
         return {
             "backend": BACKEND_LOGSVC,
             "nodes": {node.replica: node.data_dir for node in self.nodes},
         }
 
 
-def file_input(path: str) -> LogInputs:
-    """A file WAL: the engine's directory (holding `wal/`) or the wal directory itself."""
-    path = os.path.abspath(path)
-    candidate = os.path.join(path, WAL_DIR)
-    if os.path.isdir(candidate):
-        path = candidate
-    if not os.path.isdir(path):
-        raise BadInput(f"no file WAL at {path}: not a directory")
-    return LogInputs(file_wal=path)
+def file_input(*paths: str) -> LogInputs:
+    """File WALs, each an engine's directory (holding `wal/`) or the wal directory itself;
+    shard i is the i-th."""
+    found = []
+    for given in paths:
+        path = os.path.abspath(given)
+        candidate = os.path.join(path, WAL_DIR)
+        if os.path.isdir(candidate):
+            path = candidate
+        if not os.path.isdir(path):
+            raise BadInput(f"no file WAL at {path}: not a directory")
+        found.append(path)
+    if not found:
+        raise BadInput("no file WAL given")
+    return LogInputs(file_wals=tuple(found))
 
 
 def logsvc_input(specs: list[str]) -> LogInputs:
@@ -117,7 +123,7 @@ def parse_inputs(text: str) -> LogInputs:
     if not sep or not rest:
         raise BadInput(f"input {text!r}: expected file:DIR or logsvc:NAME=DIR;...")
     if kind == BACKEND_FILE:
-        return file_input(rest)
+        return file_input(*(part for part in rest.split(";") if part))
     if kind == BACKEND_LOGSVC:
         return logsvc_input([part for part in rest.split(";") if part])
     raise BadInput(f"input {text!r}: unknown kind {kind!r} (file or logsvc)")
@@ -144,12 +150,15 @@ def list_units(
 ) -> list[Unit]:
     """Every unit of the inputs, optionally only some shards and replicas, in a stable
     order (replica, shard, position)."""
-    if inputs.file_wal is not None:
-        if (shards is not None and FILE_SHARD not in shards) or (
-            replicas is not None and FILE_REPLICA not in replicas
-        ):
+    if inputs.file_wals:
+        if replicas is not None and FILE_REPLICA not in replicas:
             return []
-        return _file_units(inputs.file_wal)
+        return [
+            unit
+            for shard, wal_dir in enumerate(inputs.file_wals)
+            if shards is None or shard in shards
+            for unit in _file_units(wal_dir, shard)
+        ]
     units: list[Unit] = []
     for node in inputs.nodes:
         if replicas is not None and node.replica not in replicas:
@@ -165,7 +174,7 @@ def list_units(
     return units
 
 
-def _file_units(wal_dir: str) -> list[Unit]:
+def _file_units(wal_dir: str, shard: int) -> list[Unit]:
     found = []
     for name in _listdir(wal_dir):
         base = parse_segment_file_name(name)
@@ -180,7 +189,7 @@ def _file_units(wal_dir: str) -> list[Unit]:
             Unit(
                 BACKEND_FILE,
                 FILE_REPLICA,
-                FILE_SHARD,
+                shard,
                 path,
                 name,
                 following is None,
