@@ -7,8 +7,9 @@ reading is spark_jobs.walread's, the same code the local engine runs.
 
 Options (strings, as Spark passes them): `input` (spark_jobs/inputs.py), `level`
 (`tae_wal`: segment, record, entry, command, rows; `logsvc_segments`: raft, segment),
-`verify` (true, false, report), `shards` and `replicas` (comma-separated), and for level
-rows `table_id` and `table_schema` (spark_jobs/schemas.py `schema_to_json`).
+`verify` (true, false, report), `shards` and `replicas` (comma-separated), for level rows
+`table_id` and `table_schema` (spark_jobs/schemas.py `schema_to_json`), and for level
+command `batches=false` (leave `batch_ipc` and `cmd_bytes` null: no batch re-encoded).
 
 One input partition per unit (inputs.py: a file WAL segment, or a logsvc shard replica).
 Pushed filters: `shard` and `replica` (=, IN) prune units; `lsn` (lower bound) prunes file
@@ -66,6 +67,7 @@ def _read_options(
         table_id=None if table_id is None else int(table_id),
         table_schema=None if table_schema is None else schema_from_json(table_schema),
         for_spark=True,
+        batches=options.get("batches", "true") != "false",
     )
 
 
@@ -112,6 +114,7 @@ class _Reader(DataSourceReader):
             self.read_options.table_id,
             self.read_options.table_schema,
             for_spark=True,
+            batches=self.read_options.batches,
         )
         yield from read_unit(partition.unit, options)
 

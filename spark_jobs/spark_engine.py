@@ -108,7 +108,15 @@ def replay_as_of(spark: SparkSession, params: JobParams) -> JobResult:
             return frame.filter(~F.col("lsn").isin(excluded)) if excluded else frame
 
         commands = chosen(
-            read(spark, params, "command", verify, shards=one_shard, replicas=one_replica)
+            read(
+                spark,
+                params,
+                "command",
+                verify,
+                shards=one_shard,
+                replicas=one_replica,
+                extra={"batches": "false"},
+            )
         ).drop("batch_ipc")
         commands = commands.persist()
         entries = commands.select("dsn", "commit_ts").distinct()
@@ -221,11 +229,15 @@ def lsn_audit(spark: SparkSession, params: JobParams) -> JobResult:
             offset_bytes=F.col("offset_bytes"),
         )
     ]
-    copies = live.groupBy(*log, "dsn").agg(
-        F.count("*").alias("n"),
-        F.countDistinct("entry_checksum").alias("distinct"),
-        F.min("lsn").alias("lsn_min"),
-        F.max("lsn").alias("lsn_max"),
+    copies = (
+        live.groupBy(*log, "dsn")
+        .agg(
+            F.count("*").alias("n"),
+            F.countDistinct("entry_checksum").alias("distinct"),
+            F.min("lsn").alias("lsn_min"),
+            F.max("lsn").alias("lsn_max"),
+        )
+        .persist()
     )
     found.append(
         _anomaly(
@@ -282,7 +294,9 @@ def lsn_audit(spark: SparkSession, params: JobParams) -> JobResult:
     anomalies = found[0]
     for frame in found[1:]:
         anomalies = anomalies.unionByName(frame)
-    anomalies = anomalies.orderBy(*[F.col(c).asc_nulls_first() for c in jobs.ANOMALY_ORDER])
+    anomalies = anomalies.orderBy(
+        *[F.col(c).asc_nulls_first() for c in jobs.ANOMALY_ORDER]
+    ).persist()  # collected for the summary, then written
     collected = [row.asDict() for row in anomalies.collect()]
     per_log = (
         records.groupBy(*log)

@@ -71,6 +71,9 @@ class ReadOptions:
     table_id: int | None = None  # level rows
     table_schema: Schema | None = None  # level rows
     for_spark: bool = False  # level rows: widen unsigned columns (schemas.rows_schema)
+    # Level command: False leaves `batch_ipc` and `cmd_bytes` null, which saves encoding
+    # every batch for readers that do not want the rows (replay's catalog and deletes pass).
+    batches: bool = True
 
     def __post_init__(self) -> None:
         if self.level not in LEVELS:
@@ -438,7 +441,7 @@ def _wal_rows(unit: Unit, options: ReadOptions) -> Iterator[tuple[object, ...]]:
             if level == LEVEL_ENTRY:
                 yield (*base, True, None, *_txn_fields(entry))
             else:
-                yield from _command_rows(unit, rec, dsn, entry_checksum, entry)
+                yield from _command_rows(unit, rec, dsn, entry_checksum, entry, options.batches)
 
 
 def _txn_fields(entry: TxnEntry) -> tuple[object, ...]:
@@ -471,7 +474,12 @@ def _txn_fields(entry: TxnEntry) -> tuple[object, ...]:
 
 
 def _command_rows(
-    unit: Unit, rec: _BackendRecord, dsn: int, entry_checksum: int, entry: TxnEntry
+    unit: Unit,
+    rec: _BackendRecord,
+    dsn: int,
+    entry_checksum: int,
+    entry: TxnEntry,
+    batches: bool,
 ) -> Iterator[tuple[object, ...]]:
     head = (
         unit.replica,
@@ -506,7 +514,7 @@ def _command_rows(
                 0,
             )
         elif isinstance(cmd, Append):
-            ipc = encode_batch(cmd.batch)
+            ipc = encode_batch(cmd.batch) if batches else None
             infos = [
                 {"block_id": i.block_id, "offset": i.offset, "rows": i.rows} for i in cmd.infos
             ]
@@ -525,7 +533,7 @@ def _command_rows(
                 infos,
                 ipc,
                 None,
-                len(ipc),
+                None if ipc is None else len(ipc),
             )
         else:
             assert isinstance(cmd, Delete)

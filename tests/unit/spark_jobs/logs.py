@@ -10,9 +10,10 @@
   the driver itself only makes after crashes.
 * `logsvc_history`: a real 3-node logsvc cluster (`dev-cluster`, stopped by PID) with three
   shards: shard 1 is the WAL of a real engine over logsvc; shard 2 holds driver records
-  appended through the real `LogsvcBackend` with a duplicate copy and a DSN gap; after the
-  cluster stops, replica n3 of shard 1 is made to diverge (its journal cut back with the
-  real store and one entry rewritten: a fault Raft itself never produces).
+  appended through the real `LogsvcBackend` with a duplicate copy and a DSN gap; shard 3 was
+  truncated through the backend (LSNs 1-2) between appends; after the cluster stops,
+  replica n3 of shard 1 is made to diverge (its journal cut back with the real store and
+  one entry rewritten: a fault Raft itself never produces).
 """
 
 from __future__ import annotations
@@ -247,15 +248,26 @@ def logsvc_history(base: str) -> LogsvcLogs:
             encode_record(6, 4, entries[4:6]),
         ]
 
-        async def append_shard2() -> None:
+        async def append_shards() -> None:
             backend = await LogsvcBackend.open(config.addresses, config.token, 2)
             try:
                 for payload in shard2:
                     await backend.append(payload)
             finally:
                 await backend.close()
+            # Shard 3: four records, a truncate of LSNs 1-2 (the shard may compact its
+            # journal and take a snapshot), then two more records.
+            backend = await LogsvcBackend.open(config.addresses, config.token, 3)
+            try:
+                for payload in records_of(kv_entries(4)):
+                    await backend.append(payload)
+                await backend.truncate(2)
+                for payload in records_of(kv_entries(6)[4:], first_dsn=5):
+                    await backend.append(payload)
+            finally:
+                await backend.close()
 
-        asyncio.run(append_shard2())
+        asyncio.run(append_shards())
     finally:
         devcluster.down(base)
     nodes = {name: os.path.join(base, name) for name in ("n1", "n2", "n3")}

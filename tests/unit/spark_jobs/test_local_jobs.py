@@ -11,6 +11,10 @@ replica n3 of shard 1 was made to diverge at one entry and lag one append behind
 * replay_as_of over logsvc (replica n1) equals the engine's snapshot scans at every
   timestamp; over several replicas of one shard it refuses (it would merge replicas);
 * write_stats, txn_latency (and its PNG), inventory give the history's totals;
+* a truncated shard shows its truncate row and truncation point, and replay refuses it;
+* a journal's torn tail is dropped (true) or one row (report); damage inside synced records
+  is `InputCorrupt` (true) or a last `corrupt` row (report); a compacted journal whose Raft
+  snapshot is missing is refused (its LSNs cannot be known);
 * `python -m spark_jobs`: outputs and `_manifest.json` in OUT/<job>/<run-id>/, exit 2 on bad
   usage, 1 on a refused input.
 """
@@ -18,14 +22,17 @@ replica n3 of shard 1 was made to diverge at one entry and lag one append behind
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
 
+from logsvc.store import ShardStore
 from spark_jobs import __main__ as cli
 from spark_jobs import local, output
+from spark_jobs.errors import InputCorrupt, ReplayRefused
 from spark_jobs.inputs import file_input, logsvc_input
 from spark_jobs.jobs import JobParams
 from spark_jobs.walread import ReadOptions
@@ -160,3 +167,66 @@ def test_cli_writes_outputs_and_manifest_last(
     assert "holds a finished run already" in capsys.readouterr().err
     assert cli.main(["replay_as_of", "--file-wal", history.path, "--out", out]) == cli.EXIT_USAGE
     assert cli.main(["inventory", "--file-wal", str(tmp_path / "nothing"), "--out", out]) == 2
+
+
+def test_a_truncated_shard_is_audited_and_refused_for_replay(logsvc_logs: LogsvcLogs) -> None:
+    n1 = logsvc_input(nodes(logsvc_logs, "n1"))
+    rows = local.read_level(
+        JobParams("x", n1, shards=frozenset({3})), ReadOptions("record")
+    ).to_pylist()
+    assert [r["lsn"] for r in rows if r["kind"] == "truncate"] == [2]
+    assert {3, 4, 5, 6} <= {r["lsn"] for r in rows if r["kind"] == "entry"}
+    audit = local.run(JobParams("lsn_audit", n1, shards=frozenset({3})))
+    assert audit.summary["logs"][0]["truncated_lsn"] == 2
+    with pytest.raises(ReplayRefused, match="truncated up to LSN 2"):
+        local.run(JobParams("replay_as_of", n1, shards=frozenset({3}), as_of=2**62))
+
+
+def copy_node(logs: LogsvcLogs, tmp_path: Path) -> tuple[str, str]:
+    """A copy of n1's data directory, and its shard 2 segment file."""
+    target = str(tmp_path / "n1")
+    shutil.copytree(logs.nodes["n1"], target)
+    journal = os.path.join(target, "shards", "2", "journal")
+    [segment] = [n for n in os.listdir(journal) if n.endswith(".seg")]
+    return target, os.path.join(journal, segment)
+
+
+def shard2_records(node_dir: str, verify: str = "true") -> list[dict[str, Any]]:
+    params = JobParams("x", logsvc_input([f"n1={node_dir}"]), shards=frozenset({2}))
+    rows: list[dict[str, Any]] = local.read_level(params, ReadOptions("record", verify)).to_pylist()
+    return rows
+
+
+def test_journal_torn_tail_and_corruption(logsvc_logs: LogsvcLogs, tmp_path: Path) -> None:
+    node, segment = copy_node(logsvc_logs, tmp_path / "torn")
+    clean = shard2_records(node)
+    with open(segment, "ab") as file:
+        file.write(b"\x07" * 25)  # a partial record header
+    assert shard2_records(node) == clean  # recovery would cut it: nothing acknowledged
+    reported = shard2_records(node, "report")
+    assert reported[:-1] == clean and reported[-1]["kind"] == "torn_tail"
+    assert reported[-1]["error"].startswith("partial record header")
+
+    node, segment = copy_node(logsvc_logs, tmp_path / "corrupt")
+    data = bytearray(Path(segment).read_bytes())
+    data[len(data) // 2] ^= 0x01  # inside a synced record, valid records after it
+    Path(segment).write_bytes(bytes(data))
+    with pytest.raises(InputCorrupt) as raised:
+        shard2_records(node)
+    assert raised.value.path == segment
+    reported = shard2_records(node, "report")
+    assert reported[-1]["kind"] == "corrupt" and not reported[-1]["checksum_ok"]
+    assert len(reported) < len(clean)  # nothing after the damage: its LSNs are unknowable
+
+
+def test_a_compacted_journal_without_its_snapshot_is_refused(
+    logsvc_logs: LogsvcLogs, tmp_path: Path
+) -> None:
+    node, _ = copy_node(logsvc_logs, tmp_path)
+    store = ShardStore.open(os.path.join(node, "shards", "2", "journal"))
+    try:
+        store.truncate_prefix(3)
+    finally:
+        store.close()
+    with pytest.raises(InputCorrupt, match="snapshot is missing"):
+        shard2_records(node)
