@@ -453,7 +453,7 @@ def _txn_fields(entry: TxnEntry) -> tuple[object, ...]:
         elif isinstance(cmd, Append):
             appends += 1
             rows_appended += cmd.batch.num_rows
-        else:
+        elif isinstance(cmd, Delete):
             deletes += 1
             rows_deleted += len(cmd.rows)
     memo = [{"db_id": m.db_id, "table_id": m.table_id, "block_id": m.block_id} for m in entry.memo]
