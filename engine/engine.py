@@ -39,10 +39,12 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
 from pyroaring import BitMap, FrozenBitMap
 
-from engine import conflicts, limits, opening
+from engine import conflicts, limits, opening, spill
 from engine.blockstore import ObjectBlockStore
+from engine.catalog import TableEntry
 from engine.checkpoint.layout import Manifest
 from engine.checkpoint.runner import Checkpointer
 from engine.clock import HybridClock, wall_ms
@@ -64,13 +66,22 @@ from engine.errors import (
 from engine.maintenance import BlockStore, Maintenance
 from engine.objects.store import ObjectStore
 from engine.pipeline import CommitPipeline, Ticket
+from engine.spill import Spill
 from engine.state import ApplyError, EngineState
 from engine.storage import NOTHING_LOADED, TS_NEVER, LoadedBlocks, PersistedBlock
 from engine.storage.loader import BlockLoader, PinnedBlocks
 from engine.storage.moves import Move
 from engine.txn import Transaction, TxnState
 from engine.wal.codec import decode_entry, encode_entry
-from engine.wal.entry import Append, CreateBlock, Delete, DropBlock, MemoItem, TxnEntry
+from engine.wal.entry import (
+    Append,
+    BlockLevel,
+    CreateBlock,
+    Delete,
+    DropBlock,
+    MemoItem,
+    TxnEntry,
+)
 from tae_driver import Driver, LogBackend, ReplayDecision, ReplayMode, open_driver
 from tae_driver import errors as driver_errors
 from tae_driver.driver import DriverStats, ReplaySummary
@@ -201,6 +212,7 @@ class Engine:
         self._maintenance: Maintenance | None = None
         self._block_store: BlockStore | None = None
         self._owns_objects = False
+        self._background: set[asyncio.Future[Any]] = set()
         self._checkpointer: Checkpointer | None = None
         self._visible_dsn = 0
         """The DSN of the last visible transaction's WAL entry."""
@@ -533,7 +545,13 @@ class Engine:
         pipeline = self._pipeline
         try:
             prepared = pipeline.prepare(
-                txn.start_ts, plan.rows, plan.guards, plan.marks, self._clock.next, commit
+                txn.start_ts,
+                plan.rows,
+                plan.guards,
+                plan.marks,
+                self._clock.next,
+                commit,
+                [spilled.keys for _, spilled in plan.spills],
             )
         except Overloaded:
             txn._end(TxnState.ROLLED_BACK)
@@ -553,6 +571,9 @@ class Engine:
         allocations = []
         commands: list[Any] = list(plan.catalog_commands)
         commands.extend(deletes)
+        for entry, spilled in plan.spills:
+            allocations.append((entry.data, entry.data.reservation()))
+            commands.extend(self._spill_commands(entry, spilled))
         for entry, batch in plan.appends:
             allocations.append((entry.data, entry.data.reservation()))
             infos = entry.data.allocate(batch.num_rows)
@@ -566,6 +587,9 @@ class Engine:
         except BaseException as exc:
             for data, mark in reversed(allocations):
                 data.restore(mark)
+            for _, spilled in plan.spills:
+                for written in spilled.written:
+                    self._state.pending_meta.pop((written.object_name, written.row_group), None)
             pipeline.cancel(ticket)
             txn._end(TxnState.ROLLED_BACK)
             if isinstance(exc, driver_errors.Overloaded):
@@ -584,6 +608,56 @@ class Engine:
         # Not shielded: a caller that is cancelled only stops waiting; the commit goes on
         # and becomes visible in its turn (`_on_durable` never needs its waiter).
         await commit.future
+
+    def _spill_commands(self, entry: TableEntry, spilled: Spill) -> list[Any]:
+        """A spill's CreateBlock commands (ids in commit order), and Deletes on the new
+        blocks for rows the transaction deleted again (dead from the blocks' birth)."""
+        ids = entry.data.allocate_block_ids(len(spilled.written))
+        level = BlockLevel.L1 if len(spilled.written) == 1 else BlockLevel.L2
+        commands: list[Any] = []
+        for block_id, written in zip(ids, spilled.written, strict=True):
+            commands.append(
+                CreateBlock(
+                    entry.db_id,
+                    entry.table_id,
+                    block_id,
+                    level,
+                    written.object_name,
+                    written.row_group,
+                    written.rows,
+                )
+            )
+            self._state.pending_meta[(written.object_name, written.row_group)] = written.meta
+        dead: dict[int, BitMap] = {}
+        for position in spilled.deleted:
+            index, offset = spilled.place(position)
+            dead.setdefault(index, BitMap()).add(offset)
+        for index, offsets in sorted(dead.items()):
+            commands.append(Delete(entry.db_id, entry.table_id, ids[index], FrozenBitMap(offsets)))
+        return commands
+
+    async def _write_spill(self, entry: TableEntry, rows: pa.Table, first_id: int) -> Spill:
+        """Write a large transaction's sorted rows as a block object (engine/spill.py)."""
+        store = self._block_store
+        assert store is not None
+        written = await asyncio.to_thread(
+            store.write_rewrite,
+            entry.table_id,
+            BlockLevel.L2,
+            entry.schema,
+            spill.rewrite_of(rows),
+        )
+        return spill.spill_of(entry.table_id, entry.schema, rows, written, first_id)
+
+    def _discard_objects(self, names: list[str]) -> None:
+        """Objects written for a transaction that will never commit: deleted in the
+        background (a failure leaves orphans, collected at the next open)."""
+        store = self._block_store
+        if store is None or self._closed:
+            return
+        task = asyncio.get_running_loop().create_task(asyncio.to_thread(store.discard, names))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def _resolve_moved(self, deletes: list[Delete]) -> list[Delete] | None:
         """`deletes` with rows of blocks a rewrite moved re-resolved to where they are now
