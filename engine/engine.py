@@ -80,6 +80,7 @@ from engine.wal.entry import (
     Delete,
     DropBlock,
     MemoItem,
+    Origin,
     TxnEntry,
 )
 from tae_driver import Driver, LogBackend, ReplayDecision, ReplayMode, open_driver
@@ -883,7 +884,7 @@ def _memo(commands: list[Any]) -> tuple[MemoItem, ...]:
         if isinstance(cmd, Append):
             for info in cmd.infos:
                 items.add((cmd.db_id, cmd.table_id, info.block_id))
-        else:
+        elif not isinstance(cmd, Origin):
             items.add((cmd.db_id, cmd.table_id, getattr(cmd, "block_id", 0)))
     return tuple(MemoItem(*item) for item in sorted(items))
 

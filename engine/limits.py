@@ -117,6 +117,15 @@ CKP_GLOBAL_EVERY = 8
 """Every this many checkpoints one is global (rewrites every dump and delta object), so the
 objects of older ones can go; the others are incremental."""
 
+# --- Compute nodes and the TN (issue 15) -------------------------------------------------------
+
+ORIGIN_CLIENTS_MAX = 10_000
+"""Compute nodes whose recent commits the engine remembers by `(client_id, seq)`, so that a
+commit retried after a TN failover finds its outcome instead of running twice."""
+
+ORIGIN_SEQS_PER_CLIENT = 64
+"""Commits remembered per compute node (more than it has in flight at once)."""
+
 # --- Names and schemas --------------------------------------------------------------------------
 
 NAME_BYTES_MAX = 255

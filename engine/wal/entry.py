@@ -129,7 +129,17 @@ class DropBlock:
     block_id: int
 
 
-Command = UpdateCatalog | Append | Delete | CreateBlock | DropBlock
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """Who asked for this transaction: a compute node's `(client_id, seq)` (issue 15). It
+    changes no data; replay (and a standby TN tailing the log) remembers it, so a commit
+    retried after a TN failover finds its first outcome instead of running twice."""
+
+    client_id: str
+    seq: int
+
+
+Command = UpdateCatalog | Append | Delete | CreateBlock | DropBlock | Origin
 
 
 @dataclass(frozen=True, slots=True)
