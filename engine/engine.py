@@ -39,16 +39,12 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import pyarrow as pa
-from pyroaring import BitMap, FrozenBitMap
-
-from engine import conflicts, limits, opening, spill
+from engine import limits, opening, rewrite_commit, spill
 from engine.blockstore import ObjectBlockStore
-from engine.catalog import TableEntry
 from engine.checkpoint.layout import Manifest
 from engine.checkpoint.runner import Checkpointer
 from engine.clock import HybridClock, wall_ms
-from engine.compaction import Policy, Rewrite, Task, WrittenBlock
+from engine.compaction import Policy
 from engine.conflicts import ConflictIndex, KeyConflict, SnapshotTooOld
 from engine.errors import (
     BadInput,
@@ -66,23 +62,13 @@ from engine.errors import (
 from engine.maintenance import BlockStore, Maintenance
 from engine.objects.store import ObjectStore
 from engine.pipeline import CommitPipeline, Ticket
-from engine.spill import Spill
 from engine.state import ApplyError, EngineState
-from engine.storage import NOTHING_LOADED, TS_NEVER, LoadedBlocks, PersistedBlock
+from engine.storage import NOTHING_LOADED, LoadedBlocks, PersistedBlock
 from engine.storage.loader import BlockLoader, PinnedBlocks
-from engine.storage.moves import Move
 from engine.txn import Transaction, TxnState
+from engine.waiter import CommitWaiter
 from engine.wal.codec import decode_entry, encode_entry
-from engine.wal.entry import (
-    Append,
-    BlockLevel,
-    CreateBlock,
-    Delete,
-    DropBlock,
-    MemoItem,
-    Origin,
-    TxnEntry,
-)
+from engine.wal.entry import Append, TxnEntry, memo_of
 from tae_driver import Driver, LogBackend, ReplayDecision, ReplayMode, open_driver
 from tae_driver import errors as driver_errors
 from tae_driver.driver import DriverStats, ReplaySummary
@@ -106,20 +92,6 @@ class EngineStats:
     replay: ReplaySummary | None
     replay_duplicates: int
     wal: DriverStats
-
-
-class _Commit:
-    """What the shell attaches to a pipeline ticket."""
-
-    __slots__ = ("dsn", "entry", "future", "txn")
-
-    def __init__(self, txn: Transaction | None, future: asyncio.Future[None]) -> None:
-        self.txn = txn
-        """None for the engine's own rewrites (flush, merge, compaction)."""
-        self.future = future
-        self.entry: TxnEntry | None = None
-        self.dsn = 0
-        """The entry's DSN, once durable."""
 
 
 class _TransactionScope:
@@ -218,7 +190,7 @@ class Engine:
         self._visible_dsn = 0
         """The DSN of the last visible transaction's WAL entry."""
         self._wal_entries_at_ckp = 0
-        self._pipeline: CommitPipeline[_Commit] = CommitPipeline(
+        self._pipeline: CommitPipeline[CommitWaiter] = CommitPipeline(
             visible_ts=0,
             queue_max=limits.COMMIT_QUEUE_MAX,
             conflicts=ConflictIndex(keys_max=limits.CONFLICT_KEYS_MAX),
@@ -542,7 +514,7 @@ class Engine:
             txn._end(TxnState.ROLLED_BACK)
             raise BadInput("the engine was opened read-only")
         loop = asyncio.get_running_loop()
-        commit = _Commit(txn, loop.create_future())
+        commit = CommitWaiter(txn, loop.create_future())
         pipeline = self._pipeline
         try:
             prepared = pipeline.prepare(
@@ -561,7 +533,7 @@ class Engine:
             txn._end(TxnState.ROLLED_BACK)
             raise _conflict_error(prepared, self._table_name)
         ticket = prepared
-        deletes = self._resolve_moved(plan.deletes)
+        deletes = rewrite_commit.resolve_moved(self, plan.deletes)
         if deletes is None:
             pipeline.cancel(ticket)
             txn._end(TxnState.ROLLED_BACK)
@@ -574,12 +546,12 @@ class Engine:
         commands.extend(deletes)
         for entry, spilled in plan.spills:
             allocations.append((entry.data, entry.data.reservation()))
-            commands.extend(self._spill_commands(entry, spilled))
+            commands.extend(spill.spill_commands(self, entry, spilled))
         for entry, batch in plan.appends:
             allocations.append((entry.data, entry.data.reservation()))
             infos = entry.data.allocate(batch.num_rows)
             commands.append(Append(entry.db_id, entry.table_id, infos, batch))
-        txn_entry = TxnEntry(txn.start_ts, ticket.commit_ts, _memo(commands), tuple(commands))
+        txn_entry = TxnEntry(txn.start_ts, ticket.commit_ts, memo_of(commands), tuple(commands))
         try:
             payload = encode_entry(txn_entry)
             if len(payload) > limits.TXN_ENTRY_BYTES_MAX:
@@ -610,46 +582,6 @@ class Engine:
         # and becomes visible in its turn (`_on_durable` never needs its waiter).
         await commit.future
 
-    def _spill_commands(self, entry: TableEntry, spilled: Spill) -> list[Any]:
-        """A spill's CreateBlock commands (ids in commit order), and Deletes on the new
-        blocks for rows the transaction deleted again (dead from the blocks' birth)."""
-        ids = entry.data.allocate_block_ids(len(spilled.written))
-        level = BlockLevel.L1 if len(spilled.written) == 1 else BlockLevel.L2
-        commands: list[Any] = []
-        for block_id, written in zip(ids, spilled.written, strict=True):
-            commands.append(
-                CreateBlock(
-                    entry.db_id,
-                    entry.table_id,
-                    block_id,
-                    level,
-                    written.object_name,
-                    written.row_group,
-                    written.rows,
-                )
-            )
-            self._state.pending_meta[(written.object_name, written.row_group)] = written.meta
-        dead: dict[int, BitMap] = {}
-        for position in spilled.deleted:
-            index, offset = spilled.place(position)
-            dead.setdefault(index, BitMap()).add(offset)
-        for index, offsets in sorted(dead.items()):
-            commands.append(Delete(entry.db_id, entry.table_id, ids[index], FrozenBitMap(offsets)))
-        return commands
-
-    async def _write_spill(self, entry: TableEntry, rows: pa.Table, first_id: int) -> Spill:
-        """Write a large transaction's sorted rows as a block object (engine/spill.py)."""
-        store = self._block_store
-        assert store is not None
-        written = await asyncio.to_thread(
-            store.write_rewrite,
-            entry.table_id,
-            BlockLevel.L2,
-            entry.schema,
-            spill.rewrite_of(rows),
-        )
-        return spill.spill_of(entry.table_id, entry.schema, rows, written, first_id)
-
     def _discard_objects(self, names: list[str]) -> None:
         """Objects written for a transaction that will never commit: deleted in the
         background (a failure leaves orphans, collected at the next open)."""
@@ -660,117 +592,7 @@ class Engine:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    def _resolve_moved(self, deletes: list[Delete]) -> list[Delete] | None:
-        """`deletes` with rows of blocks a rewrite moved re-resolved to where they are now
-        (decision 0006); None when one did not survive the move. Runs after the conflict
-        check, which proved no other commit wrote those keys since the snapshot."""
-        tables = self._state.catalog.tables
-        if not any(d.block_id in tables[d.table_id].data.moves for d in deletes):
-            return deletes
-        merged: dict[tuple[int, int, int], BitMap] = {}
-        for delete in deletes:
-            moves = tables[delete.table_id].data.moves
-            where = moves.resolve(delete.block_id, BitMap(delete.rows))
-            if where is None:
-                return None
-            for block_id, rows in where.items():
-                merged.setdefault((delete.db_id, delete.table_id, block_id), BitMap()).update(rows)
-        return [
-            Delete(db_id, table_id, block_id, FrozenBitMap(rows))
-            for (db_id, table_id, block_id), rows in sorted(merged.items())
-        ]
-
-    async def _commit_rewrite(
-        self, task: Task, start_ts: int, rewrite: Rewrite, outputs: Sequence[WrittenBlock]
-    ) -> int | None:
-        """Commit a flush, merge or compaction whose objects are written (decision 0006):
-        the outputs enter, the inputs leave, and the deletes committed on the inputs since
-        `start_ts` (applied, or still queued in the pipeline) are carried onto the outputs.
-        Returns its commit_ts, or None when it no longer applies (the table or an input is
-        gone, the engine failed): the caller deletes the objects."""
-        table = self._state.catalog.tables.get(task.table_id)
-        if self._failure is not None or self._closed or self.read_only:
-            return None
-        if table is None or not table.visible(self.visible_ts):
-            return None
-        data = table.data
-        inputs = [data.blocks.get(block_id) for block_id in task.inputs]
-        for block in inputs:
-            if block is None or block.drop_ts != TS_NEVER or block.block_id in data.moves:
-                return None
-        loop = asyncio.get_running_loop()
-        commit = _Commit(None, loop.create_future())
-        pipeline = self._pipeline
-        guards = (
-            conflicts.catalog_table_drop(table.table_id),
-            conflicts.catalog_db_drop(table.db_id),
-        )
-        prepared = pipeline.prepare(start_ts, (), guards, (), self._clock.next, commit)
-        if not isinstance(prepared, Ticket):
-            return None
-        ticket = prepared
-        mark = data.reservation()
-        output_ids = data.allocate_block_ids(len(outputs))
-        deleted: dict[int, BitMap] = {}
-        for block in inputs:
-            assert block is not None
-            for _, rows in block.deletes.since(start_ts):
-                deleted.setdefault(block.block_id, BitMap()).update(rows)
-        for queued in pipeline.queued():
-            if queued is ticket:
-                continue
-            assert queued.waiter.entry is not None
-            for cmd in queued.waiter.entry.commands:
-                if (
-                    type(cmd) is Delete
-                    and cmd.table_id == table.table_id
-                    and cmd.block_id in task.inputs
-                ):
-                    deleted.setdefault(cmd.block_id, BitMap()).update(cmd.rows)
-        carried = rewrite.carried(deleted)
-        commands: list[Any] = []
-        for block_id, out in zip(output_ids, outputs, strict=True):
-            commands.append(
-                CreateBlock(
-                    table.db_id,
-                    table.table_id,
-                    block_id,
-                    task.level,
-                    out.object_name,
-                    out.row_group,
-                    out.rows,
-                )
-            )
-            self._state.pending_meta[(out.object_name, out.row_group)] = out.meta
-        for index, carried_rows in sorted(carried.items()):
-            commands.append(
-                Delete(table.db_id, table.table_id, output_ids[index], FrozenBitMap(carried_rows))
-            )
-        commands.extend(DropBlock(table.db_id, table.table_id, b) for b in task.inputs)
-        for block_id in task.inputs:
-            data.moves.register(block_id, Move(rewrite.positions[block_id], output_ids))
-        entry = TxnEntry(start_ts, ticket.commit_ts, _memo(commands), tuple(commands))
-        try:
-            durable = self._driver.submit(encode_entry(entry))
-        except BaseException as exc:
-            for block_id in task.inputs:
-                data.moves.forget(block_id)
-            for out in outputs:
-                self._state.pending_meta.pop((out.object_name, out.row_group), None)
-            data.restore(mark)
-            pipeline.cancel(ticket)
-            if isinstance(exc, driver_errors.Overloaded):
-                return None
-            if isinstance(exc, (driver_errors.DriverFailed, driver_errors.DriverClosed)):
-                self._fail(exc)
-                return None
-            raise
-        commit.entry = entry
-        durable.add_done_callback(lambda done: self._on_durable(ticket, done))
-        await commit.future
-        return ticket.commit_ts
-
-    def _on_durable(self, ticket: Ticket[_Commit], done: asyncio.Future[int]) -> None:
+    def _on_durable(self, ticket: Ticket[CommitWaiter], done: asyncio.Future[int]) -> None:
         if done.cancelled():
             self._fail(driver_errors.DriverClosed("append cancelled"))
             return
@@ -876,17 +698,6 @@ class Engine:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
-
-
-def _memo(commands: list[Any]) -> tuple[MemoItem, ...]:
-    items = set()
-    for cmd in commands:
-        if isinstance(cmd, Append):
-            for info in cmd.infos:
-                items.add((cmd.db_id, cmd.table_id, info.block_id))
-        elif not isinstance(cmd, Origin):
-            items.add((cmd.db_id, cmd.table_id, getattr(cmd, "block_id", 0)))
-    return tuple(MemoItem(*item) for item in sorted(items))
 
 
 def _conflict_error(

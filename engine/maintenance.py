@@ -5,7 +5,7 @@ writers and commits as a transaction): every `MAINTENANCE_INTERVAL_MS` it asks t
 (`compaction.plan`) what each table needs, seals open blocks that are too old or when L0
 memory is full, and runs at most `REWRITES_IN_FLIGHT_MAX` rewrites at once. A rewrite reads
 its inputs at a snapshot, sorts and writes the output objects in a worker thread, then commits
-through the engine's pipeline (`Engine._commit_rewrite`); if the commit no longer applies
+through the engine's pipeline (`rewrite_commit.commit_rewrite`); if the commit no longer applies
 (the table was dropped, the engine failed) its objects are deleted, never referenced.
 
 Blocks dropped before the oldest open snapshot are collected here too; their objects go to
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 import pyarrow as pa
 
-from engine import compaction, limits
+from engine import compaction, limits, rewrite_commit
 from engine.clock import wall_ms
 from engine.compaction import COMMIT_TS_COLUMN, Policy, Rewrite, Task, WrittenBlock
 from engine.schema import Schema
@@ -298,7 +298,7 @@ class Maintenance:
             written = await asyncio.to_thread(
                 self._writer.write_rewrite, table.table_id, task.level, table.schema, rewrite
             )
-        commit_ts = await engine._commit_rewrite(task, start_ts, rewrite, written)
+        commit_ts = await rewrite_commit.commit_rewrite(engine, task, start_ts, rewrite, written)
         if commit_ts is None:
             return written, False
         self.rewrites_done[task.kind] += 1

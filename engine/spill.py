@@ -14,21 +14,26 @@ an orphan at the next open (a crash).
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyroaring import BitMap
+from pyroaring import BitMap, FrozenBitMap
 
 from engine import limits
 from engine.compaction import COMMIT_TS_COLUMN, Rewrite, WrittenBlock
 from engine.conflicts import BulkInsert
 from engine.schema import Key, Schema
 from engine.storage import PersistedBlock
-from engine.wal.entry import BlockLevel
+from engine.wal.entry import BlockLevel, CreateBlock, Delete
+
+if TYPE_CHECKING:
+    from engine.catalog import TableEntry
+    from engine.engine import Engine
 
 
 @dataclass(slots=True)
@@ -126,3 +131,45 @@ def spill_of(
             )
         )
     return spill
+
+
+def spill_commands(engine: Engine, entry: TableEntry, spilled: Spill) -> list[Any]:
+    """A spill's CreateBlock commands (ids in commit order), and Deletes on the new
+    blocks for rows the transaction deleted again (dead from the blocks' birth)."""
+    ids = entry.data.allocate_block_ids(len(spilled.written))
+    level = BlockLevel.L1 if len(spilled.written) == 1 else BlockLevel.L2
+    commands: list[Any] = []
+    for block_id, written in zip(ids, spilled.written, strict=True):
+        commands.append(
+            CreateBlock(
+                entry.db_id,
+                entry.table_id,
+                block_id,
+                level,
+                written.object_name,
+                written.row_group,
+                written.rows,
+            )
+        )
+        engine._state.pending_meta[(written.object_name, written.row_group)] = written.meta
+    dead: dict[int, BitMap] = {}
+    for position in spilled.deleted:
+        index, offset = spilled.place(position)
+        dead.setdefault(index, BitMap()).add(offset)
+    for index, offsets in sorted(dead.items()):
+        commands.append(Delete(entry.db_id, entry.table_id, ids[index], FrozenBitMap(offsets)))
+    return commands
+
+
+async def write_spill(engine: Engine, entry: TableEntry, rows: pa.Table, first_id: int) -> Spill:
+    """Write a large transaction's sorted rows as a block object (engine/spill.py)."""
+    store = engine._block_store
+    assert store is not None
+    written = await asyncio.to_thread(
+        store.write_rewrite,
+        entry.table_id,
+        BlockLevel.L2,
+        entry.schema,
+        rewrite_of(rows),
+    )
+    return spill_of(entry.table_id, entry.schema, rows, written, first_id)

@@ -469,7 +469,7 @@ class Transaction:
         entry = writes.entry
         rows = spill.sort_rows(entry.schema, pa.Table.from_batches([batch]))
         self._spill_ids -= 1 << 20  # more blocks than one object can hold
-        made = await self._engine._write_spill(entry, rows, self._spill_ids)
+        made = await spill.write_spill(self._engine, entry, rows, self._spill_ids)
         writes.spills.append(made)
         self._spill_names.extend(w.object_name for w in made.written)
         self._spilled_rows += made.rows

@@ -24,6 +24,7 @@ carries it).
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -174,3 +175,15 @@ class CheckpointEntry:
 
 
 Entry = TxnEntry | CheckpointEntry
+
+
+def memo_of(commands: Sequence[Command]) -> tuple[MemoItem, ...]:
+    """The memo of an entry of `commands`: every (database, table, block) they touch."""
+    items = set()
+    for cmd in commands:
+        if isinstance(cmd, Append):
+            for info in cmd.infos:
+                items.add((cmd.db_id, cmd.table_id, info.block_id))
+        elif not isinstance(cmd, Origin):
+            items.add((cmd.db_id, cmd.table_id, getattr(cmd, "block_id", 0)))
+    return tuple(MemoItem(*item) for item in sorted(items))
