@@ -39,7 +39,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from engine import limits, opening, rewrite_commit, spill
+from engine import limits, opening, replay, rewrite_commit, spill, writeset
 from engine.blockstore import ObjectBlockStore
 from engine.checkpoint.layout import Manifest
 from engine.checkpoint.runner import Checkpointer
@@ -55,10 +55,11 @@ from engine.errors import (
     Overloaded,
     SnapshotUnavailable,
     TxnTooLarge,
-    WalCorruption,
     WalFailed,
     WriteConflict,
 )
+from engine.logtail import Logtail, LogtailBuffer, LogtailUnavailable, TailEntry
+from engine.logtail import answer as logtail_answer
 from engine.maintenance import BlockStore, Maintenance
 from engine.objects.store import ObjectStore
 from engine.pipeline import CommitPipeline, Ticket
@@ -67,9 +68,10 @@ from engine.storage import NOTHING_LOADED, LoadedBlocks, PersistedBlock
 from engine.storage.loader import BlockLoader, PinnedBlocks
 from engine.txn import Transaction, TxnState
 from engine.waiter import CommitWaiter
-from engine.wal.codec import decode_entry, encode_entry
-from engine.wal.entry import Append, TxnEntry, memo_of
-from tae_driver import Driver, LogBackend, ReplayDecision, ReplayMode, open_driver
+from engine.wal.codec import encode_entry
+from engine.wal.entry import Append, Origin, TxnEntry, memo_of
+from engine.writeset import WriteSet
+from tae_driver import Driver, LogBackend, open_driver
 from tae_driver import errors as driver_errors
 from tae_driver.driver import DriverStats, ReplaySummary
 
@@ -190,6 +192,11 @@ class Engine:
         self._visible_dsn = 0
         """The DSN of the last visible transaction's WAL entry."""
         self._wal_entries_at_ckp = 0
+        self._logtail = LogtailBuffer(0, limits.LOGTAIL_BYTES_MAX)
+        self._subscribers: list[Callable[[TailEntry], None]] = []
+        self._origins_running: dict[tuple[str, int], asyncio.Future[int]] = {}
+        self.standby = False
+        self._tail_task: asyncio.Task[ReplaySummary] | None = None
         self._pipeline: CommitPipeline[CommitWaiter] = CommitPipeline(
             visible_ts=0,
             queue_max=limits.COMMIT_QUEUE_MAX,
@@ -228,6 +235,7 @@ class Engine:
         block_store: BlockStore | None = None,
         policy: Policy | None = None,
         maintenance: bool = True,
+        standby: bool = False,
     ) -> Engine:
         """Open (creating if needed) the engine whose WAL is `wal`:
 
@@ -246,10 +254,13 @@ class Engine:
         `maintenance=False` leaves them to the caller (`engine.maintenance.step()`).
 
         `read_only` replays for reading and refuses commits (and over logsvc takes no
-        lease, so it fences nobody; a directory of objects is opened without its lock)."""
+        lease, so it fences nobody; a directory of objects is opened without its lock).
+        `standby` is read-only too and keeps tailing the WAL (a standby TN, issue 15): its
+        state follows the writer's commits until `promote()` makes it the writer."""
         if not __debug__:
             raise RuntimeError("the engine refuses to run with assertions disabled (python -O)")
         path = os.fspath(path)
+        read_only = read_only or standby
         if read_only and wal == "file" and not os.path.isdir(os.path.join(path, WAL_DIR_NAME)):
             # Looking must not create: a read-only open of a missing engine is an error.
             raise NotFound(f"no engine here: {os.path.join(path, WAL_DIR_NAME)} does not exist")
@@ -260,6 +271,7 @@ class Engine:
         try:
             driver = open_driver(backend, window=window_records)
             engine = cls(path, backend, owns, driver, HybridClock(now_ms), read_only=read_only)
+            engine.standby = standby
             store = block_store
             if store is None:
                 store = await asyncio.to_thread(
@@ -274,7 +286,7 @@ class Engine:
                 manifest = await asyncio.to_thread(engine._checkpointer.restore)
                 if manifest is not None:
                     engine._restored_from(manifest)
-            await engine._replay_wal()
+            await replay.replay_wal(engine, forever=standby)
             if engine._checkpointer is not None and not read_only:
                 await engine._checkpointer.collect_orphans()
             if engine._maintenance is not None and maintenance and not read_only:
@@ -287,52 +299,6 @@ class Engine:
                 engine._close_objects()
             raise
         return engine
-
-    async def _replay_wal(self) -> None:
-        state = self._state
-        first_dsn: list[int] = []
-
-        def handle(dsn: int, payload: bytes) -> ReplayDecision:
-            if not first_dsn:
-                first_dsn.append(dsn)
-                if dsn > self._visible_dsn + 1:
-                    raise WalCorruption(dsn, self._gap(dsn))
-            entry = decode_entry(payload, dsn)
-            if not isinstance(entry, TxnEntry):
-                return ReplayDecision.INTERNAL  # CKP: the checkpoint itself was read first
-            self._visible_dsn = max(self._visible_dsn, dsn)
-            if entry.commit_ts <= state.applied_ts:
-                # A second copy of a transaction already applied (commit_ts order is DSN
-                # order, so nothing newer can be at or below the applied one).
-                self._replay_duplicates += 1
-                return ReplayDecision.INTERNAL
-            try:
-                state.apply(entry)
-            except ApplyError as exc:
-                raise WalCorruption(dsn, f"does not apply: {exc}") from None
-            return ReplayDecision.APPLY
-
-        mode = ReplayMode.FOR_READ if self.read_only else ReplayMode.FOR_WRITE
-        try:
-            self._replay = await self._driver.replay(handle, mode)
-        except driver_errors.ReplayCorruptionError as exc:
-            # A record the driver cannot decode (not a WAL driver record at all, say): the
-            # log is not an engine's WAL, or it is damaged. Typed as the engine promises.
-            raise WalCorruption(self._driver.dsn() + 1, f"undecodable log record: {exc}") from exc
-        if not first_dsn and self._driver.dsn() > self._visible_dsn:
-            raise WalCorruption(self._driver.dsn(), self._gap(self._driver.dsn()))
-        self._clock.observe(state.applied_ts)
-        self._pipeline.visible_ts = state.applied_ts
-        self._pipeline.conflicts.floor_ts = state.applied_ts
-
-    def _gap(self, dsn: int) -> str:
-        newest = self._checkpointer.newest if self._checkpointer is not None else None
-        if newest is None:
-            return f"the WAL starts at DSN {dsn} and there is no checkpoint before it"
-        return (
-            f"the WAL starts at DSN {dsn}, past the newest checkpoint's DSN {newest.ckp_dsn} "
-            f"(ckp_ts {newest.ckp_ts}): entries in between are missing"
-        )
 
     def _attach(self, store: BlockStore, policy: Policy) -> None:
         self._loader = store
@@ -354,11 +320,49 @@ class Engine:
         self._hook_state()
 
     def _restored_from(self, manifest: Manifest) -> None:
+        self._logtail.reset(manifest.ckp_ts)
         self._visible_dsn = manifest.ckp_dsn
         self._wal_entries_at_ckp = manifest.ckp_dsn
         self._history_floor_ts = manifest.ckp_ts
         self._pipeline.visible_ts = manifest.ckp_ts
         self._clock.observe(manifest.ckp_ts)
+
+    # --- logtail and standby (issue 15, decision 0007) -----------------------------------------
+
+    def _became_visible(self, tail: TailEntry) -> None:
+        """A committed entry is visible (or replayed): the logtail keeps it, and every
+        subscriber hears of it, in commit order."""
+        newest = self._checkpointer.newest if self._checkpointer is not None else None
+        self._logtail.append(tail, keep_after_ts=newest.ckp_ts if newest is not None else 0)
+        for subscriber in self._subscribers:
+            subscriber(tail)
+
+    def subscribe(self, callback: Callable[[TailEntry], None]) -> Callable[[], None]:
+        """Call `callback` with every entry from now on as it becomes visible (on the event
+        loop, in commit order; it must not block). Returns the unsubscribe function."""
+        self._subscribers.append(callback)
+        return lambda: self._subscribers.remove(callback) if callback in self._subscribers else None
+
+    def logtail(self, t0: int, t1: int) -> Logtail:
+        """The committed changes in (t0, t1] for a compute node (engine/logtail.py); t1 is
+        clamped to `visible_ts`. `LogtailUnavailable` when neither memory nor a checkpoint
+        can answer (the engine takes a checkpoint; ask again)."""
+        self._check_not_closed()
+        checkpoints = (
+            [(m.ckp_ts, m.name) for m in self._checkpointer.retained]
+            if self._checkpointer is not None
+            else []
+        )
+        try:
+            return logtail_answer(self._logtail, t0, t1, self.visible_ts, checkpoints)
+        except LogtailUnavailable:
+            if self._maintenance is not None:
+                self._maintenance.want_checkpoint()
+            raise
+
+    async def promote(self) -> None:
+        """A standby becomes the writer (TN failover, issue 15; engine/replay.py)."""
+        await replay.promote(self)
 
     def _check_writable_storage(self) -> None:
         self._check_not_closed()
@@ -440,6 +444,24 @@ class Engine:
         txn = Transaction(self, self.visible_ts, read_only=self.read_only)
         self._open_txns.add(txn)
         return txn
+
+    async def begin_at(self, start_ts: int) -> Transaction:
+        """A transaction reading the snapshot at a past `start_ts` (a compute node's, issue
+        15): its commit checks conflicts with everything committed since."""
+        self._check_not_closed()
+        if len(self._open_txns) >= limits.TXNS_OPEN_MAX:
+            raise Overloaded("open transactions", limits.TXNS_OPEN_MAX)
+        if not self._history_floor_ts <= start_ts <= self.visible_ts:
+            raise SnapshotUnavailable(
+                f"snapshot at {start_ts}: must be in [{self._history_floor_ts}, {self.visible_ts}]"
+            )
+        txn = Transaction(self, start_ts, read_only=self.read_only)
+        self._open_txns.add(txn)
+        return txn
+
+    async def execute(self, write_set: WriteSet) -> int:
+        """Run a compute node's transaction (engine/writeset.py); its commit_ts."""
+        return await writeset.execute(self, write_set)
 
     def transaction(self) -> _TransactionScope:
         """`async with engine.transaction() as txn`: commits on normal exit (unless the
@@ -543,6 +565,8 @@ class Engine:
             )
         allocations = []
         commands: list[Any] = list(plan.catalog_commands)
+        if txn._origin is not None:
+            commands.append(Origin(*txn._origin))
         commands.extend(deletes)
         for entry, spilled in plan.spills:
             allocations.append((entry.data, entry.data.reservation()))
@@ -573,6 +597,7 @@ class Engine:
                 raise type(self._failure)(str(self._failure)) from exc
             raise
         commit.entry = txn_entry
+        commit.payload = payload
         txn.state = TxnState.COMMITTING
         durable.add_done_callback(lambda done: self._on_durable(ticket, done))
         self._since_prune += 1 + len(plan.rows) // 256
@@ -623,6 +648,7 @@ class Engine:
             if commit.txn is not None:
                 commit.txn.commit_ts = made_visible.commit_ts
                 commit.txn._end(TxnState.COMMITTED)
+            self._became_visible(TailEntry(made_visible.commit_ts, commit.dsn, commit.payload))
             if not commit.future.done():
                 commit.future.set_result(None)
 
@@ -670,12 +696,20 @@ class Engine:
         if self._maintenance is not None:
             await self._maintenance.stop()
         self._closed = True
+        await self._stop_tailing()
         with contextlib.suppress(driver_errors.DriverError):
             await self._driver.close()
         if self._owns_backend:
             with contextlib.suppress(driver_errors.DriverError):
                 await self._backend.close()
         self._close_objects()
+
+    async def _stop_tailing(self) -> None:
+        task, self._tail_task = self._tail_task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, driver_errors.DriverError):
+                await task
 
     def _close_objects(self) -> None:
         if self._owns_objects and isinstance(self._block_store, ObjectBlockStore):
@@ -687,6 +721,7 @@ class Engine:
         self._closed = True
         if self._maintenance is not None:
             await self._maintenance.stop()
+        await self._stop_tailing()
         await self._driver.abort()
         if self._owns_backend:
             with contextlib.suppress(BaseException):

@@ -126,6 +126,11 @@ commit retried after a TN failover finds its outcome instead of running twice.""
 ORIGIN_SEQS_PER_CLIENT = 64
 """Commits remembered per compute node (more than it has in flight at once)."""
 
+LOGTAIL_BYTES_MAX = 64 * MiB
+"""Encoded entries the engine keeps for compute nodes to catch up with (engine/logtail.py);
+a CN further behind starts from a checkpoint. Up to twice this while the entries after the
+newest checkpoint need it; a full buffer asks for a checkpoint."""
+
 # --- Names and schemas --------------------------------------------------------------------------
 
 NAME_BYTES_MAX = 255

@@ -82,6 +82,7 @@ class Maintenance:
         self._relieved = asyncio.Event()
         self._relieved.set()
         self._last_checkpoint_ms = wall_ms()
+        self._checkpoint_wanted = False
         self.rewrites_done: dict[str, int] = {"flush": 0, "merge": 0, "compact": 0}
         self.rewrites_abandoned = 0
         self.errors = 0
@@ -210,14 +211,22 @@ class Maintenance:
         if checkpointer is None or self._checkpoint_task is not None:
             return
         entries = engine._visible_dsn - engine._wal_entries_at_ckp
-        due = entries >= limits.CKP_WAL_ENTRIES or (
-            entries > 0 and now_ms - self._last_checkpoint_ms >= limits.CKP_INTERVAL_MS
+        due = (
+            entries >= limits.CKP_WAL_ENTRIES
+            or (entries > 0 and now_ms - self._last_checkpoint_ms >= limits.CKP_INTERVAL_MS)
+            or (entries > 0 and (self._checkpoint_wanted or engine._logtail.full()))
         )
+        self._checkpoint_wanted = False
         if not due:
             return
         self._last_checkpoint_ms = now_ms
         task = asyncio.get_running_loop().create_task(self._checkpoint())
         self._checkpoint_task = task
+
+    def want_checkpoint(self) -> None:
+        """Take a checkpoint at the next step (a compute node is behind the logtail)."""
+        self._checkpoint_wanted = True
+        self._wake.set()
 
     async def _checkpoint(self) -> None:
         try:

@@ -120,7 +120,8 @@ async def commit_rewrite(
         data.moves.register(block_id, Move(rewrite.positions[block_id], output_ids))
     entry = TxnEntry(start_ts, ticket.commit_ts, memo_of(commands), tuple(commands))
     try:
-        durable = engine._driver.submit(encode_entry(entry))
+        payload = encode_entry(entry)
+        durable = engine._driver.submit(payload)
     except BaseException as exc:
         for block_id in task.inputs:
             data.moves.forget(block_id)
@@ -135,6 +136,7 @@ async def commit_rewrite(
             return None
         raise
     commit.entry = entry
+    commit.payload = payload
     durable.add_done_callback(lambda done: engine._on_durable(ticket, done))
     await commit.future
     return ticket.commit_ts

@@ -161,6 +161,8 @@ class Transaction:
         self._spill_ids = 0
         """Placeholder block ids of spills count down from here (negative: never a table's)."""
         self._spill_names: list[str] = []
+        self._origin: tuple[str, int] | None = None
+        """A compute node's (client_id, seq) for this transaction (engine/writeset.py)."""
         self._busy = asyncio.Lock()
         """One operation at a time: an operation that loads persisted blocks awaits between
         its checks and its changes to the workspace, so two at once could both pass."""

@@ -211,6 +211,10 @@ class LocalDirStore:
         except OSError as exc:
             raise _os_error(self.description, "", exc) from None
 
+    @property
+    def read_only(self) -> bool:
+        return self._read_only
+
     def close(self) -> None:
         """Release the lock. Further calls are a programmer error."""
         if self._lock is not None:
