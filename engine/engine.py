@@ -130,7 +130,7 @@ class _Loaded:
         self,
         loader: BlockLoader | None,
         blocks: Sequence[PersistedBlock],
-        keys: bool,
+        keys: bool | str,
         columns: Sequence[str] | None,
         whole: bool = False,
     ) -> None:
@@ -146,14 +146,25 @@ class _Loaded:
             return NOTHING_LOADED
         loader = self._loader
         assert loader is not None, "persisted blocks without an object store"
-        self._pinned = await asyncio.to_thread(
-            loader.load,
+        # What the cache holds is pinned right here; only a miss costs a worker thread.
+        pinned = loader.load(
             self._blocks,
             keys=self._keys,
             columns=self._columns,
             whole_objects=self._whole,
+            cached_only=True,
         )
-        return self._pinned
+        if pinned is None:
+            pinned = await asyncio.to_thread(
+                loader.load,
+                self._blocks,
+                keys=self._keys,
+                columns=self._columns,
+                whole_objects=self._whole,
+            )
+        assert pinned is not None
+        self._pinned = pinned
+        return pinned
 
     async def __aexit__(self, *exc: object) -> None:
         if self._pinned is not None:
@@ -491,7 +502,7 @@ class Engine:
         self,
         blocks: Sequence[PersistedBlock],
         *,
-        keys: bool = False,
+        keys: bool | str = False,
         columns: Sequence[str] | None = None,
         whole_objects: bool = False,
     ) -> _Loaded:

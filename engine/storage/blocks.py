@@ -117,6 +117,8 @@ class PersistedBlock:
     """The object's zonemap of this block (engine.objects.zonemap), for scan pruning."""
     drop_ts: int = TS_NEVER
     deletes: Deletes = None  # type: ignore[assignment]  # set in __post_init__
+    bloom: Bloom | None = None
+    """The key bloom filter, held with the block (None: read it from the object)."""
 
     def __post_init__(self) -> None:
         self.deletes = Deletes()

@@ -41,6 +41,7 @@ from engine.storage import pruning
 from engine.storage.blocks import (
     TS_NEVER,
     Block,
+    Bloom,
     L0Block,
     LoadedBlocks,
     PersistedBlock,
@@ -81,6 +82,9 @@ class PersistedMeta:
     key_min: Key
     key_max: Key
     zonemap: object
+    bloom: Bloom | None = None
+    """The block's key bloom filter (in the catalog entry, as the seed's metaLoc: about
+    1.5 bytes a row, so an insert's dedupe asks each block without touching the cache)."""
 
 
 MetaSource = Callable[[CreateBlock], PersistedMeta]
@@ -277,6 +281,7 @@ class TableData:
             found.key_min,
             found.key_max,
             found.zonemap,
+            bloom=found.bloom,
         )
         self.blocks[block.block_id] = block
         self.next_block_id += 1
@@ -450,6 +455,15 @@ class TableData:
     def version_at(self, key: Key, ts: int, loaded: LoadedBlocks) -> RowVersion | None:
         """The version of `key` visible at `ts`, or None. `loaded` holds the keys (and
         blooms) of `key_candidates(key, ts)`."""
+        if not self.persisted_held:
+            return self.version_among(key, ts, [], loaded)
+        return self.version_among(key, ts, self.key_candidates(key, ts), loaded)
+
+    def version_among(
+        self, key: Key, ts: int, candidates: list[PersistedBlock], loaded: LoadedBlocks
+    ) -> RowVersion | None:
+        """`version_at`, searching persisted blocks among `candidates` only (those whose
+        key range and bloom filter may hold `key`; `loaded` holds their keys)."""
         for row_id in reversed(self._l0_row_ids(key)):
             block = self.blocks[row_id >> _OFFSET_BITS]
             if not block.visible(ts):
@@ -459,10 +473,8 @@ class TableData:
             if block.commit_ts_of(offset) > ts or block.deletes.dead_at(offset, ts):
                 continue
             return RowVersion(block.block_id, offset)
-        if not self.persisted_held:
-            return None
-        for candidate in self.key_candidates(key, ts):
-            bloom = loaded.bloom(candidate)
+        for candidate in candidates:
+            bloom = candidate.bloom or loaded.bloom(candidate)
             if bloom is not None and not bloom.might_contain(key):
                 continue
             found = loaded.keys(candidate).find(key)
