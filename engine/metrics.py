@@ -95,8 +95,8 @@ class StorageStats:
     wal_entries_retained: int
     """Entries the WAL still holds above its truncation point."""
     wal_entries_since_checkpoint: int
-    """Entries logged after the newest checkpoint's DSN (what a restart replays, plus the
-    reserve kept below it)."""
+    """Entries durable after the newest checkpoint's DSN, its own CKP entry included (what a
+    restart replays; the reserve kept below the checkpoint is not counted)."""
     wal_bytes_retained: int | None
     """Bytes the WAL occupies (file: its segment files; memory: its records); None over
     logsvc, where the shard's store is on other machines."""
@@ -181,7 +181,7 @@ def storage_stats(engine: Engine, now_ms: int | None = None) -> StorageStats:
         orphans_deleted=checkpointer.orphans_deleted if checkpointer is not None else 0,
         wal_entries_retained=_wal_entries_retained(engine),
         wal_entries_since_checkpoint=max(
-            0, engine._visible_dsn - (newest.ckp_dsn if newest is not None else 0)
+            0, engine._driver.committed_dsn() - (newest.ckp_dsn if newest is not None else 0)
         ),
         wal_bytes_retained=wal_bytes(engine._backend),
         cache=blockstore.cache_stats() if blockstore is not None else None,
@@ -202,7 +202,7 @@ def _wal_entries_retained(engine: Engine) -> int:
     records = driver.lsn_map()  # a writable driver's view of the log above its truncation
     first = min((r.start_dsn for r in records if r.holds_dsns), default=None)
     if first is not None:
-        return max(0, driver.dsn() - first + 1)
+        return max(0, driver.committed_dsn() - first + 1)
     if engine.read_only and engine._replay is not None:
         # A reader never appends: what its replay read is exactly what the log holds.
         return engine._replay.entries_handled
