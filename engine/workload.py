@@ -22,8 +22,9 @@ it rewrites: `--flush-age-ms` (an open block older than this is sealed and flush
 dead is rewritten), `--checkpoint-ms` (the process also takes a checkpoint this often),
 `--wal-reserve-entries` (entries kept below a checkpoint when the WAL is truncated).
 `--delete-every K`: every Kth transaction of a writer deletes, in one transaction, its oldest
-order still there with its lines, then prints `del <number>`; deletes are what flushes and
-merges must carry over, and what compactions drop.
+order still there with its lines: it prints `deleting <number>` before, `del <number>` once the
+delete committed (an order whose deletion was begun and not acknowledged may be either way).
+Deletes are what flushes and merges must carry over, and what compactions drop.
 
 Exit codes: 0 done, 3 fenced (another engine took the WAL's lease; one line on stderr says
 so), 4 the WAL failed otherwise, 2 bad arguments.
@@ -50,7 +51,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -262,6 +263,10 @@ async def _run(args: argparse.Namespace) -> None:
                 committed += 1  # claimed; --txns bounds what is started
                 if args.delete_every and i % args.delete_every == 0 and mine:
                     gone = mine.popleft()
+                    # Said before it starts: a kill may come after it committed and before
+                    # `del`, so the parent must know that this order may be gone.
+                    out.write(f"deleting {gone}\n")
+                    out.flush()
                     await _delete_order(engine, gone)
                     out.write(f"del {gone}\n")
                     out.flush()
@@ -391,10 +396,12 @@ class WorkloadProcess:
     stdout by a thread. Stop it with `kill()` (SIGKILL) or wait for it with `wait()`; both are
     bounded, and `kill()` is safe to call in a `finally` whatever happened."""
 
-    def __init__(self, args: Sequence[str]) -> None:
+    def __init__(self, args: Sequence[str], env: Mapping[str, str] | None = None) -> None:
         self.acked: list[int] = []
         self.deleted: list[int] = []
         """Orders whose deletion was acknowledged (`del <number>`, `--delete-every`)."""
+        self.deleting: list[int] = []
+        """Orders whose deletion was begun (`deleting <number>`): acknowledged or not."""
         self.acked_at_s: list[float] = []
         """When each ack was read (time.monotonic()), in the order of `acked`."""
         self._lock = threading.Lock()
@@ -403,6 +410,7 @@ class WorkloadProcess:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            env=env,
         )
         self._stderr_lines: list[str] = []
         self._reaped = False
@@ -429,6 +437,9 @@ class WorkloadProcess:
             elif line.startswith("del "):
                 with self._lock:
                     self.deleted.append(int(line[4:]))
+            elif line.startswith("deleting "):
+                with self._lock:
+                    self.deleting.append(int(line[9:]))
 
     @property
     def stderr(self) -> str:
@@ -540,7 +551,7 @@ class Verified:
         )
 
 
-def verify(args: Sequence[str]) -> Verified:
+def verify(args: Sequence[str], env: Mapping[str, str] | None = None) -> Verified:
     """Run `--verify` with the same engine arguments in a child process."""
     done = subprocess.run(
         [sys.executable, "-m", "engine.workload", *args, "--verify"],
@@ -548,6 +559,7 @@ def verify(args: Sequence[str]) -> Verified:
         text=True,
         timeout=120,
         check=True,
+        env=env,
     )
     return Verified(**json.loads(done.stdout))
 
