@@ -169,7 +169,8 @@ def held_entry(wal: HeldTruncation) -> TxnEntry | CheckpointEntry:
 @dataclass(frozen=True)
 class Crash:
     """Where the crash comes: at an object store call (`point`), or at the WAL entry the step
-    appends: "submitted" (held, not durable) or "durable" (in the log, the engine not told)."""
+    appends: "submitted" (held, not durable), "durable" (in the log, the engine not told) or
+    "applied" (the engine was told and applied it; the crash comes right after the step)."""
 
     point: CrashPoint | None = None
     wal: str | None = None
@@ -202,6 +203,10 @@ async def crash_during(
             ), entry
             if crash.wal == "durable":
                 world.wal.commit(world.wal.held()[0])
+            elif crash.wal == "applied":
+                world.wal.hold_appends = False
+                await world.wal.release(world.wal.held()[0])
+                await asyncio.wait_for(task, WAIT_S_MAX)
         if crash.truncation == "done":
             await asyncio.wait_for(_truncated(world.wal), WAIT_S_MAX)
         await eng.abort()
@@ -264,6 +269,7 @@ DATA_PUT_CUT = Crash(CrashPoint("put", prefix("data/"), landed=CUT))
 DATA_PUT_LANDED = Crash(CrashPoint("put", prefix("data/"), landed=LANDED))
 ENTRY_SUBMITTED = Crash(wal="submitted")
 ENTRY_DURABLE = Crash(wal="durable")
+ENTRY_APPLIED = Crash(wal="applied")
 
 REWRITE_CASES = [
     # (name, setup, policy, crash, levels after the restart, orphans it deletes)
@@ -271,10 +277,12 @@ REWRITE_CASES = [
     ("flush: object written, not logged", table_with_l0, NO_MERGE, DATA_PUT_LANDED, (1, 0, 0), 1),
     ("flush: entry submitted", table_with_l0, NO_MERGE, ENTRY_SUBMITTED, (1, 0, 0), 1),
     ("flush: entry durable, not told", table_with_l0, NO_MERGE, ENTRY_DURABLE, (0, 1, 0), 0),
+    ("flush: entry applied", table_with_l0, NO_MERGE, ENTRY_APPLIED, (0, 1, 0), 0),
     ("merge: object put cut", table_with_two_l1, MERGE, DATA_PUT_CUT, (1, 2, 0), 0),
     ("merge: object written", table_with_two_l1, MERGE, DATA_PUT_LANDED, (1, 2, 0), 1),
     ("merge: entry submitted", table_with_two_l1, MERGE, ENTRY_SUBMITTED, (1, 2, 0), 1),
     ("merge: entry durable", table_with_two_l1, MERGE, ENTRY_DURABLE, (1, 0, 1), 0),
+    ("merge: entry applied", table_with_two_l1, MERGE, ENTRY_APPLIED, (1, 0, 1), 0),
     ("compact: object written", table_with_dead_l1, COMPACT, DATA_PUT_LANDED, (0, 1, 0), 1),
     ("compact: entry submitted", table_with_dead_l1, COMPACT, ENTRY_SUBMITTED, (0, 1, 0), 1),
     ("compact: entry durable", table_with_dead_l1, COMPACT, ENTRY_DURABLE, (0, 1, 0), 0),
