@@ -492,3 +492,30 @@ def test_a_crash_while_the_open_collects_orphans_is_finished_by_the_next_open() 
         await finish(again, world, NO_MERGE, digest)
 
     run(main)
+
+
+def test_a_put_that_landed_but_failed_leaves_an_orphan_until_the_next_open() -> None:
+    """Not a crash: the store stored the object and answered with an error (a timeout after
+    the request landed: `fail_next(after_effect=True)`). The flush fails and is retried with
+    a new object; the first one is referred to by nothing. The running engine does not know
+    it exists (it never got a name back it could trust); the next open lists the store and
+    deletes it."""
+
+    async def main() -> None:
+        world = World(HeldTruncation(), MemoryObjectStore())
+        eng, digest = await table_with_l0(world)
+        assert eng.maintenance is not None
+        world.objects.fail_next("put", after_effect=True)
+        await asyncio.gather(*eng.maintenance.step(freeze_all=True))
+        assert eng.maintenance.errors == 1
+        assert levels(eng) == {"l0": 1, "l1": 0, "l2": 0}
+        await settle(eng)  # the next round flushes it, to a new object
+        assert levels(eng) == {"l0": 0, "l1": 1, "l2": 0}
+        data = [n for n in world.objects.names() if n.startswith("data/")]
+        assert len(data) == 2  # the flushed block's object, and the orphan
+        await eng.close()
+        again = await restart(world, NO_MERGE, digest)
+        assert again.checkpointer is not None and again.checkpointer.orphans_deleted == 1
+        await finish(again, world, NO_MERGE, digest)
+
+    run(main)
