@@ -570,6 +570,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="'tuned': logsvc.gc_tuning.tune_for_latency() first (as `logsvc bench cluster`)",
     )
     commit.add_argument("--dir", default=None, help="where temporary directories go")
+    scan = commands.add_parser("scan", help="reads over checkpointed blocks vs DuckDB")
+    scan.add_argument("--rows", type=int, default=1_000_000)
+    scan.add_argument("--batch-rows", type=int, default=20_000, help="rows per load txn")
+    scan.add_argument("--lookups", type=int, default=200, help="point lookups per run")
+    scan.add_argument("--repeat", type=int, default=5, help="runs of each query")
+    scan.add_argument("--tail-mb", type=float, default=0.0, help="WAL tail before restart")
+    scan.add_argument("--cache-mb", type=int, default=256, help="the engine's buffer cache")
+    scan.add_argument("--no-duckdb", action="store_true", help="the engine's figures only")
+    scan.add_argument("--dir", default=None, help="where temporary directories go")
     return parser
 
 
@@ -579,6 +588,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     parser = build_parser()
     args = parser.parse_args(argv)
+
+    def emit(line: dict[str, Any]) -> None:
+        print(json.dumps(line), flush=True)
+
+    if args.command == "scan":
+        from engine import bench_scan
+
+        if not 1 <= args.rows <= 100_000_000 or not 1 <= args.batch_rows <= 100_000:
+            parser.error("--rows must be in [1, 1e8] and --batch-rows in [1, 1e5]")
+        emit(bench_scan.run(args, emit))
+        return 0
     if not args.wal and not args.sqlite:
         parser.error("nothing to measure: --wal none and --sqlite none")
     if not all(1 <= w <= WRITERS_MAX for w in args.writers):
@@ -598,9 +618,6 @@ def main(argv: list[str] | None = None) -> int:
         from logsvc import gc_tuning
 
         gc_tuning.tune_for_latency()
-
-    def emit(line: dict[str, Any]) -> None:
-        print(json.dumps(line), flush=True)
 
     started = time.monotonic()
     results = run(

@@ -78,13 +78,14 @@ class ObjectRefs:
 class _Pinned:
     """What one read loaded, pinned until `release()`."""
 
-    __slots__ = ("_blooms", "_columns", "_keys", "_pins", "_released")
+    __slots__ = ("_blooms", "_columns", "_keys", "_objects", "_pins", "_released")
 
     def __init__(self) -> None:
         self._pins: list[Pin[Any, Any]] = []
         self._keys: dict[int, BlockKeys] = {}
         self._blooms: dict[int, BloomFilter] = {}
         self._columns: dict[int, pa.Table] = {}
+        self._objects: dict[int, tuple[pa.Table, int]] = {}
         self._released = False
 
     def keys(self, block: PersistedBlock) -> BlockKeys:
@@ -94,7 +95,16 @@ class _Pinned:
         return self._blooms.get(block.block_id)
 
     def columns(self, block: PersistedBlock) -> pa.Table:
-        return self._columns[block.block_id]
+        found = self._columns.get(block.block_id)
+        if found is None:
+            table, start = self._objects[block.block_id]
+            found = table.slice(start, block.rows)
+        return found
+
+    def object_rows(self, block: PersistedBlock) -> tuple[pa.Table, int] | None:
+        """The loaded columns of the block's whole object and the block's first row in it
+        (scans read whole objects, so the blocks of a segment come back as one run)."""
+        return self._objects.get(block.block_id)
 
     def release(self) -> None:
         if self._released:
@@ -176,8 +186,12 @@ class ObjectBlockStore:
         *,
         keys: bool = False,
         columns: Sequence[str] | None = None,
+        whole_objects: bool = False,
     ) -> _Pinned:
         pinned = _Pinned()
+        if whole_objects and columns is not None:
+            self._load_objects(pinned, blocks, columns)
+            columns = None
         try:
             for block in blocks:
                 name, group = block.object_name, block.row_group
@@ -205,6 +219,38 @@ class ObjectBlockStore:
             pinned.release()
             raise
         return pinned
+
+    def _load_objects(
+        self, pinned: _Pinned, blocks: Sequence[PersistedBlock], columns: Sequence[str]
+    ) -> None:
+        """`columns` of every object the blocks live in, each column of each object one
+        cache entry (a scan over a segment touches one entry per column, not one per block
+        and column)."""
+        tables: dict[str, tuple[pa.Table, list[int]]] = {}
+        try:
+            for block in blocks:
+                name = block.object_name
+                found = tables.get(name)
+                if found is None:
+                    meta_pin = self._pin_meta(name)
+                    pinned._pins.append(meta_pin)
+                    starts = [0]
+                    for part in meta_pin.value.blocks:
+                        starts.append(starts[-1] + part.row_count)
+                    arrays = []
+                    for column in columns:
+                        pin = self.cache.pin(
+                            ("ocol", name, column),
+                            functools.partial(_load_object_column, self.store, name, column),
+                        )
+                        pinned._pins.append(pin)
+                        arrays.append(pin.value)
+                    found = (pa.table(arrays, names=list(columns)), starts)
+                    tables[name] = found
+                pinned._objects[block.block_id] = (found[0], found[1][block.row_group])
+        except BaseException:
+            pinned.release()
+            raise
 
     # --- garbage -------------------------------------------------------------------------------
 
@@ -264,6 +310,15 @@ def _meta_bytes(meta: BlockObjectMeta) -> int:
 def _load_keys(store: ObjectStore, name: str, group: int) -> tuple[BlockKeys, int]:
     keys = BlockKeys(blockfile.read_keys(store, name, group))
     return keys, keys.byte_size()
+
+
+def _load_object_column(store: ObjectStore, name: str, column: str) -> tuple[Any, int]:
+    with blockfile.BlockObjectReader(store, name) as reader:
+        parts = [
+            reader.read_block(index, [column]).column(0) for index in range(len(reader.meta.blocks))
+        ]
+    array = pa.chunked_array([chunk for part in parts for chunk in part.chunks], parts[0].type)
+    return array, array.nbytes
 
 
 def _load_column(store: ObjectStore, name: str, group: int, column: str) -> tuple[Any, int]:

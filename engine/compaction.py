@@ -64,9 +64,14 @@ class TablePlan:
     tasks: list[Task] = field(default_factory=list)
 
 
+L0_KEY_BYTES_PER_ROW = 96
+"""What one L0 row costs beyond its Arrow bytes: its entry in the key index (a dict slot, a
+key object, a packed row id), measured with tracemalloc for int64 keys."""
+
+
 def l0_bytes(data: TableData) -> int:
-    """Bytes of the table's live L0 blocks (what flushing gives back)."""
-    return sum(b.byte_size() for b in data.l0_blocks() if b.drop_ts == TS_NEVER)
+    """Bytes of the table's L0 blocks still in memory (what flushing gives back)."""
+    return sum(b.byte_size() + L0_KEY_BYTES_PER_ROW * b.rows for b in data.l0_blocks())
 
 
 def plan(

@@ -138,7 +138,7 @@ class _Loaded:
     blocks, loaded in a worker thread and pinned until the block ends. A class, not an
     asynccontextmanager: every read enters one, and most need nothing loaded."""
 
-    __slots__ = ("_blocks", "_columns", "_keys", "_loader", "_pinned")
+    __slots__ = ("_blocks", "_columns", "_keys", "_loader", "_pinned", "_whole")
 
     def __init__(
         self,
@@ -146,11 +146,13 @@ class _Loaded:
         blocks: Sequence[PersistedBlock],
         keys: bool,
         columns: Sequence[str] | None,
+        whole: bool = False,
     ) -> None:
         self._loader = loader
         self._blocks = blocks
         self._keys = keys
         self._columns = columns
+        self._whole = whole
         self._pinned: PinnedBlocks | None = None
 
     async def __aenter__(self) -> LoadedBlocks:
@@ -159,7 +161,11 @@ class _Loaded:
         loader = self._loader
         assert loader is not None, "persisted blocks without an object store"
         self._pinned = await asyncio.to_thread(
-            loader.load, self._blocks, keys=self._keys, columns=self._columns
+            loader.load,
+            self._blocks,
+            keys=self._keys,
+            columns=self._columns,
+            whole_objects=self._whole,
         )
         return self._pinned
 
@@ -480,8 +486,9 @@ class Engine:
         *,
         keys: bool = False,
         columns: Sequence[str] | None = None,
+        whole_objects: bool = False,
     ) -> _Loaded:
-        return _Loaded(self._loader, blocks, keys, columns)
+        return _Loaded(self._loader, blocks, keys, columns, whole_objects)
 
     def _txn_ended(self, txn: Transaction) -> None:
         self._open_txns.discard(txn)
@@ -501,6 +508,15 @@ class Engine:
     # --- commit -------------------------------------------------------------------------------
 
     async def _commit(self, txn: Transaction) -> None:
+        maintenance = self._maintenance
+        if (
+            maintenance is not None
+            and maintenance.over_memory
+            and txn._appends_rows()
+            and not await maintenance.wait_for_memory()
+        ):
+            txn._end(TxnState.ROLLED_BACK)
+            raise Overloaded("l0 bytes", limits.L0_BYTES_HARD_MAX)
         plan = txn._plan()
         if plan.empty:
             txn.commit_ts = txn.start_ts
@@ -562,8 +578,8 @@ class Engine:
         commit.entry = txn_entry
         txn.state = TxnState.COMMITTING
         durable.add_done_callback(lambda done: self._on_durable(ticket, done))
-        self._since_prune += 1
-        if self._since_prune >= 64:
+        self._since_prune += 1 + len(plan.rows) // 256
+        if self._since_prune >= 64:  # every 64 commits, or every ~16k keys written
             self._prune()
         # Not shielded: a caller that is cancelled only stops waiting; the commit goes on
         # and becomes visible in its turn (`_on_durable` never needs its waiter).

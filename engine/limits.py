@@ -58,6 +58,14 @@ L0_BYTES_MAX = 64 * MiB
 """Bytes of Arrow data in L0 blocks, over every table. Past it the largest tables' open blocks
 are sealed and flushed: memory stays bounded whatever the write pattern."""
 
+L0_BYTES_HARD_MAX = 2 * L0_BYTES_MAX
+"""Past this many bytes in L0 blocks, commits that append wait for flushes to give memory
+back (at most `L0_WAIT_S_MAX`, then `Overloaded`): a load faster than flushes can keep up
+with is slowed down instead of growing memory."""
+
+L0_WAIT_S_MAX = 30.0
+"""Longest wait of one commit for L0 memory."""
+
 MERGE_L1_BLOCKS = 16
 """L1 blocks of a table merged into one L2 segment (the seed's K): point reads and scans
 then open one sorted segment instead of many overlapping blocks."""
@@ -118,3 +126,4 @@ assert TXN_WORKSPACE_BYTES_MAX < TXN_ENTRY_BYTES_MAX
 assert COMMIT_QUEUE_MAX <= driver_limits.INTAKE_ENTRIES_MAX
 assert TXN_DELETES_MAX <= CONFLICT_KEYS_MAX
 assert BLOCK_ROWS_MAX < 2**32
+assert L0_BYTES_HARD_MAX > L0_BYTES_MAX

@@ -76,6 +76,11 @@ class Maintenance:
         self._running: set[asyncio.Task[None]] = set()
         self._loop_task: asyncio.Task[None] | None = None
         self._checkpoint_task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self.l0_bytes = 0
+        """Bytes of live L0 blocks over every table, as of the last step."""
+        self._relieved = asyncio.Event()
+        self._relieved.set()
         self._last_checkpoint_ms = wall_ms()
         self.rewrites_done: dict[str, int] = {"flush": 0, "merge": 0, "compact": 0}
         self.rewrites_abandoned = 0
@@ -105,13 +110,33 @@ class Maintenance:
 
     async def _loop(self) -> None:
         while True:
-            await asyncio.sleep(limits.MAINTENANCE_INTERVAL_MS / 1000)
+            # Every interval, and at once when a rewrite finishes while more work waits
+            # (flushes must keep up with a bulk load, or L0 grows until commits are held).
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), limits.MAINTENANCE_INTERVAL_MS / 1000)
+            self._wake.clear()
             try:
                 self.step()
             except Exception as exc:  # a bug: keep the engine serving, say so
                 self.errors += 1
                 self.last_error = repr(exc)
                 log.exception("maintenance step failed")
+
+    async def wait_for_memory(self) -> bool:
+        """Commits that append wait here while L0 holds more than `L0_BYTES_HARD_MAX`
+        (flushes give it back); False if that did not happen within `L0_WAIT_S_MAX`."""
+        if self._relieved.is_set():
+            return True
+        self._wake.set()
+        try:
+            await asyncio.wait_for(self._relieved.wait(), limits.L0_WAIT_S_MAX)
+        except TimeoutError:
+            return False
+        return True
+
+    @property
+    def over_memory(self) -> bool:
+        return not self._relieved.is_set()
 
     @property
     def backlog(self) -> int:
@@ -131,6 +156,11 @@ class Maintenance:
         gc_ts = engine._oldest_snapshot_ts()
         tables = [t for t in state.catalog.tables.values() if t.visible(engine.visible_ts)]
         l0_total = sum(compaction.l0_bytes(t.data) for t in tables)
+        self.l0_bytes = l0_total
+        if l0_total <= limits.L0_BYTES_HARD_MAX:
+            self._relieved.set()
+        else:
+            self._relieved.clear()
         memory_full = l0_total >= self.policy.l0_bytes_max
         started: list[asyncio.Task[None]] = []
         now_ms = wall_ms()
@@ -231,6 +261,7 @@ class Maintenance:
         finally:
             for block_id in task.inputs:
                 self._busy.discard((task.table_id, block_id))
+            self._wake.set()
             if written and not committed:
                 self.rewrites_abandoned += 1
                 with contextlib.suppress(Exception):

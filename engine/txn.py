@@ -39,7 +39,6 @@ from engine.errors import (
     TxnClosed,
     TxnTooLarge,
 )
-from engine.objects.zonemap import prune
 from engine.schema import Key, Schema, batch_keys, check_name, normalize_key, to_batch
 from engine.storage import NOTHING_LOADED, PersistedBlock, RowVersion
 from engine.wal.entry import CatalogKind, CatalogOp, Delete, UpdateCatalog
@@ -533,11 +532,11 @@ class Transaction:
             persisted = [b for b in blocks if isinstance(b, PersistedBlock)]
             if persisted and filter is not None:
                 # Zonemaps: skip the persisted blocks the filter cannot match.
-                keep = {id(persisted[i]) for i in prune([b.zonemap for b in persisted], filter)}
+                keep = {id(b) for b in data.prune(persisted, filter)}
                 blocks = [b for b in blocks if not isinstance(b, PersistedBlock) or id(b) in keep]
                 persisted = [b for b in persisted if id(b) in keep]
             read = _columns_to_read(data.arrow_schema, columns, filter)
-            async with self._engine._loaded(persisted, columns=read) as loaded:
+            async with self._engine._loaded(persisted, columns=read, whole_objects=True) as loaded:
                 parts = data.scan_at(
                     self.start_ts,
                     blocks,
@@ -558,6 +557,9 @@ class Transaction:
         if columns is not None:
             table = table.select(list(columns))
         return table
+
+    def _appends_rows(self) -> bool:
+        return any(writes.inserted for writes in self._writes.values())
 
     # --- the commit plan ----------------------------------------------------------------------
 

@@ -184,6 +184,11 @@ class LoadedBlocks(Protocol):
         """The block's columns loaded for this read (at least those the read asked for)."""
         ...
 
+    def object_rows(self, block: PersistedBlock) -> tuple[pa.Table, int] | None:
+        """When the read loaded whole objects: the object's columns and the block's first
+        row in them; None otherwise."""
+        ...
+
 
 class NothingLoaded:
     """A read that needs no persisted block."""
@@ -195,6 +200,9 @@ class NothingLoaded:
         raise AssertionError(f"block {block.block_id} was not loaded")
 
     def columns(self, block: PersistedBlock) -> pa.Table:
+        raise AssertionError(f"block {block.block_id} was not loaded")
+
+    def object_rows(self, block: PersistedBlock) -> tuple[pa.Table, int] | None:
         raise AssertionError(f"block {block.block_id} was not loaded")
 
 
@@ -217,3 +225,6 @@ class MappedLoadedBlocks:
 
     def columns(self, block: PersistedBlock) -> pa.Table:
         return self.columns_by_block[block.block_id]
+
+    def object_rows(self, block: PersistedBlock) -> tuple[pa.Table, int] | None:
+        return None

@@ -27,8 +27,10 @@ class BlockLoader(Protocol):
         *,
         keys: bool = False,
         columns: Sequence[str] | None = None,
+        whole_objects: bool = False,
     ) -> PinnedBlocks:
         """Load (from the cache, or from the objects) what a read needs of `blocks`: their
         sorted keys and bloom filters when `keys`, and `columns` (plus nothing else) when
-        given. Thread-safe; blocking. Raises the object store's typed errors."""
+        given; with `whole_objects`, those columns of the blocks' whole objects (scans).
+        Thread-safe; blocking. Raises the object store's typed errors."""
         ...

@@ -31,10 +31,13 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyroaring import BitMap, FrozenBitMap
 
 from engine import limits
+from engine.objects.zonemap import prune as zonemap_prune
 from engine.schema import Key, Schema, batch_keys
+from engine.storage import pruning
 from engine.storage.blocks import (
     TS_NEVER,
     Block,
@@ -51,6 +54,11 @@ _OFFSET_MASK = (1 << _OFFSET_BITS) - 1
 
 def _row_id(block_id: int, offset: int) -> int:
     return (block_id << _OFFSET_BITS) | offset
+
+
+PRUNE_BY_PYARROW_BLOCKS_MAX = 64
+"""A filter the fast pruner does not read is pruned by pyarrow only over this many blocks
+(about 20 us each): beyond, reading every block is cheaper than deciding which to skip."""
 
 
 class ApplyError(Exception):
@@ -116,6 +124,7 @@ class TableData:
         """L0 block id -> rows reserved in it, while more are reserved than applied (a few
         blocks at most: the open one and those sealed with appends still in flight)."""
         self._ranges: _KeyRanges | None = None
+        self._bounds: tuple[tuple[int, ...], pruning.Bounds] | None = None
         self.moves = Moves()
         """Blocks a prepared rewrite drops, and where their rows went."""
 
@@ -496,13 +505,25 @@ class TableData:
         by default)."""
         names = columns if columns is not None else self.arrow_schema.names
         parts = []
-        for block in blocks:
+        ordered = list(blocks)
+        index = 0
+        while index < len(ordered):
+            block = ordered[index]
+            index += 1
             if isinstance(block, L0Block):
                 visible = block.visible_rows(ts)
                 if not visible:
                     continue
                 table = block.table()
             else:
+                run = self._persisted_run(block, ordered, index, ts, loaded, excluded)
+                if run is not None:
+                    # Whole blocks in a row of one object, nothing deleted: one slice.
+                    table, start, rows, index = run
+                    parts.append(
+                        table.slice(start, rows).select(names).cast(self._arrow_subset(names))
+                    )
+                    continue
                 visible = block.rows
                 # Read back from Parquet every field is nullable: relabel (no copy) so that
                 # the parts concatenate with L0 blocks' batches.
@@ -523,6 +544,61 @@ class TableData:
                 indices = pa.array(keep.to_array(), type=pa.uint32())
                 parts.append(table.take(indices))
         return parts
+
+    @staticmethod
+    def _persisted_run(
+        first: PersistedBlock,
+        ordered: list[Block],
+        index: int,
+        ts: int,
+        loaded: LoadedBlocks,
+        excluded: dict[int, BitMap] | None,
+    ) -> tuple[pa.Table, int, int, int] | None:
+        """(object table, first row, rows, next index) for `first` and the blocks after it
+        that continue it in its object with nothing deleted at `ts`; None when `first` has
+        deletes or its whole object was not loaded."""
+
+        def clean(block: PersistedBlock) -> bool:
+            if excluded and block.block_id in excluded:
+                return False
+            return not block.deletes or block.deletes.at(ts).__len__() == 0
+
+        if not clean(first):
+            return None
+        found = loaded.object_rows(first)
+        if found is None:
+            return None
+        table, start = found
+        rows = first.rows
+        last = first
+        while index < len(ordered):
+            block = ordered[index]
+            if (
+                not isinstance(block, PersistedBlock)
+                or block.object_name != last.object_name
+                or block.row_group != last.row_group + 1
+                or not clean(block)
+            ):
+                break
+            rows += block.rows
+            last = block
+            index += 1
+        return table, start, rows, index
+
+    def prune(self, blocks: list[PersistedBlock], filter_: pc.Expression) -> list[PersistedBlock]:
+        """The blocks whose zonemaps let them hold a row matching `filter_` (decision 0006):
+        comparisons with numbers in microseconds (engine/storage/pruning.py); any other
+        filter through pyarrow's simplification when the blocks are few, else no pruning."""
+        node = pruning.parse(filter_)
+        if node is None:
+            if len(blocks) > PRUNE_BY_PYARROW_BLOCKS_MAX:
+                return blocks
+            return [blocks[i] for i in zonemap_prune([b.zonemap for b in blocks], filter_)]
+        key = tuple(id(b) for b in blocks)
+        if self._bounds is None or self._bounds[0] != key:
+            self._bounds = (key, pruning.Bounds([b.zonemap for b in blocks]))
+        mask = pruning.may_match(node, self._bounds[1])
+        return [block for block, keep in zip(blocks, mask.tolist(), strict=True) if keep]
 
     def _arrow_subset(self, names: list[str]) -> pa.Schema:
         schema = self.arrow_schema

@@ -46,8 +46,10 @@ pysyncobj's follows it (membership.py; docs/decisions/0002-membership.md).
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import os
+import pickle
 import threading
 import time
 import zlib
@@ -218,6 +220,64 @@ def membership_change_of(journal_payload: bytes) -> shard_membership.Change | No
     if kind not in ("add", "rem") or not isinstance(address, str):
         return None
     return shard_membership.Change(kind, address)
+
+
+class JournalEntryUndecodable(ValueError):
+    """An offline reader met a journal entry whose regular-command wrapping is not the
+    `(method id, (command bytes,))` pickle this module writes."""
+
+
+JOURNAL_ENTRY_REGULAR = "regular"
+JOURNAL_ENTRY_NOOP = "noop"
+JOURNAL_ENTRY_MEMBERSHIP = "membership"
+JOURNAL_ENTRY_VERSION = "version"
+JOURNAL_ENTRY_UNKNOWN = "unknown"
+_JOURNAL_ENTRY_KINDS = {
+    _COMMAND_TYPE_REGULAR: JOURNAL_ENTRY_REGULAR,
+    1: JOURNAL_ENTRY_NOOP,  # pysyncobj _COMMAND_TYPE.NO_OP: a new leader's first entry
+    _COMMAND_TYPE_MEMBERSHIP: JOURNAL_ENTRY_MEMBERSHIP,
+    3: JOURNAL_ENTRY_VERSION,  # pysyncobj _COMMAND_TYPE.VERSION: never proposed by logsvc
+}
+
+
+def journal_entry_kind(journal_payload: bytes) -> str:
+    """What a journal entry is, from pysyncobj's type byte: a regular command (ours), a
+    leader's no-op, a membership change, a code version, or unknown."""
+    if not journal_payload:
+        return JOURNAL_ENTRY_UNKNOWN
+    return _JOURNAL_ENTRY_KINDS.get(journal_payload[0], JOURNAL_ENTRY_UNKNOWN)
+
+
+class _NoGlobalsUnpickler(pickle.Unpickler):
+    """Unpickles only plain values: any class or function reference is refused. A regular
+    entry holds `(int, (bytes,))`, which needs none."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"a journal entry may not reference {module}.{name}")
+
+
+def command_of_entry_offline(journal_payload: bytes) -> bytes | None:
+    """`command_of_entry` for readers of journal files at rest (`logsvc doctor`-style tools,
+    the Spark jobs): the same bytes out, but the pickle is read by an unpickler that refuses
+    every global, so a tampered file on shared storage cannot run code in the reader. None
+    for pysyncobj's own entries; `JournalEntryUndecodable` for a regular entry that is not
+    the wrapping `_logsvc_apply` writes."""
+    if journal_entry_kind(journal_payload) != JOURNAL_ENTRY_REGULAR:
+        return None
+    try:
+        call = _NoGlobalsUnpickler(io.BytesIO(journal_payload[1:])).load()
+    except Exception as exc:  # any unpickling failure: damage, or not our wrapping
+        raise JournalEntryUndecodable(f"regular entry does not unpickle: {exc}") from None
+    if not (
+        isinstance(call, tuple)
+        and len(call) == 2
+        and isinstance(call[0], int)
+        and isinstance(call[1], tuple)
+        and len(call[1]) == 1
+        and isinstance(call[1][0], bytes)
+    ):
+        raise JournalEntryUndecodable("regular entry is not (method id, (command bytes,))")
+    return call[1][0]
 
 
 # ------------------------------------------------------------------------ the journal

@@ -350,3 +350,132 @@ def read_records(
         entries.append(Entry(index, record.term, payload))
         offset = record.end_bytes
     return entries
+
+
+# ------------------------------------------------------------------ offline reading
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentRecords:
+    """Every whole record of one segment file, read offline (`read_segment_records`), and
+    how the file ends. Readers outside the store (the Spark jobs, issue 16) use this instead
+    of opening a `ShardStore`, which takes the directory lock and repairs files."""
+
+    first_index: int
+    records: tuple[RecordView, ...]
+    checksums: tuple[int, ...]  # each record's stored checksum field, in the same order
+    end: str  # END_CLEAN, END_TORN (what recovery would cut) or END_CORRUPT
+    end_offset_bytes: int  # where the whole records stop
+    end_reason: str | None  # why they stop, unless END_CLEAN
+
+
+END_CLEAN = "clean"
+END_TORN = "torn"
+END_CORRUPT = "corrupt"
+
+
+def read_segment_records(
+    data: bytes,
+    name_first_index: int,
+    *,
+    newest: bool,
+    payload_bytes_max: int = PAYLOAD_BYTES_LIMIT,
+    verify: bool = True,
+) -> SegmentRecords:
+    """The records of a segment file's bytes, without raising on damage.
+
+    `verify=True` decides exactly as recovery does (`scan_segment`: every checksum, dense
+    indexes, the torn-tail rules of the newest segment); damage it would refuse is reported
+    as END_CORRUPT at its offset, with every whole record before it. `verify=False` walks the
+    record headers without computing checksums (a listing), and stops at the first header
+    that cannot be a record: END_TORN in the newest segment, END_CORRUPT in a sealed one."""
+    if not verify:
+        return _walk_headers(data, name_first_index, newest, payload_bytes_max)
+    try:
+        scan = scan_segment(
+            data, name_first_index, newest=newest, payload_bytes_max=payload_bytes_max
+        )
+    except TornHeader as torn:
+        return SegmentRecords(name_first_index, (), (), END_TORN, 0, str(torn))
+    except ScanCorruption as bad:
+        views: list[RecordView] = []
+        checksums: list[int] = []
+        if bad.offset_bytes > 0:  # the records before the damage are whole
+            offset = SEGMENT_HEADER_BYTES
+            while offset < bad.offset_bytes:
+                record = parse_record(data, offset, payload_bytes_max)
+                assert isinstance(record, RecordView)  # scan_segment accepted it
+                views.append(record)
+                checksums.append(RECORD_CHECKSUM.unpack_from(data, offset)[0])
+                offset = record.end_bytes
+        return SegmentRecords(
+            name_first_index,
+            tuple(views),
+            tuple(checksums),
+            END_CORRUPT,
+            bad.offset_bytes,
+            bad.reason,
+        )
+    views = [_view_at(data, offset) for offset in scan.offsets]
+    checksums = [RECORD_CHECKSUM.unpack_from(data, offset)[0] for offset in scan.offsets]
+    if scan.torn_reason is not None:
+        return SegmentRecords(
+            scan.first_index,
+            tuple(views),
+            tuple(checksums),
+            END_TORN,
+            scan.end_bytes,
+            scan.torn_reason,
+        )
+    return SegmentRecords(
+        scan.first_index, tuple(views), tuple(checksums), END_CLEAN, scan.end_bytes, None
+    )
+
+
+def _view_at(data: bytes | memoryview, offset_bytes: int) -> RecordView:
+    """The fields of a record already validated by `scan_segment` (no checksum again)."""
+    length, _, index, term, durable_index = RECORD_FIELDS.unpack_from(
+        data, offset_bytes + RECORD_CHECKSUM.size
+    )
+    return RecordView(
+        offset_bytes, index, term, durable_index, offset_bytes + RECORD_HEADER_BYTES, length
+    )
+
+
+def _walk_headers(
+    data: bytes, name_first_index: int, newest: bool, payload_bytes_max: int
+) -> SegmentRecords:
+    header = decode_segment_header(data)
+    stop = END_TORN if newest else END_CORRUPT
+    if isinstance(header, str):
+        return SegmentRecords(name_first_index, (), (), stop, 0, header)
+    if header != name_first_index:
+        mismatch = f"header first index {header} does not match file name ({name_first_index})"
+        return SegmentRecords(name_first_index, (), (), END_CORRUPT, 0, mismatch)
+    views: list[RecordView] = []
+    checksums: list[int] = []
+    offset = SEGMENT_HEADER_BYTES
+    expected_index = header
+    reason: str | None = None
+    while offset < len(data):
+        if len(data) - offset < RECORD_HEADER_BYTES:
+            reason = f"partial record header ({len(data) - offset} bytes)"
+            break
+        (checksum,) = RECORD_CHECKSUM.unpack_from(data, offset)
+        length, rtype, index, _, _ = RECORD_FIELDS.unpack_from(data, offset + 8)
+        if rtype != RECORD_TYPE_ENTRY or length > payload_bytes_max:
+            reason = f"record type {rtype}, length {length}: not a record header"
+            break
+        if offset + RECORD_HEADER_BYTES + length > len(data):
+            reason = f"record of {length} bytes runs past the end of the file"
+            break
+        if index != expected_index:
+            reason = f"record index {index}, expected {expected_index}"
+            break
+        view = _view_at(data, offset)
+        views.append(view)
+        checksums.append(checksum)
+        offset = view.end_bytes
+        expected_index += 1
+    end = END_CLEAN if reason is None else stop
+    return SegmentRecords(header, tuple(views), tuple(checksums), end, offset, reason)

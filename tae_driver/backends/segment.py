@@ -106,8 +106,9 @@ def decode_segment_header(data: bytes, path: str) -> int:
     return int(base_lsn)
 
 
-def decode_frame(data: bytes | memoryview, offset: int) -> Frame:
-    """The frame at `offset`; raises `_BadFrame` when the bytes there are not a whole frame."""
+def decode_frame(data: bytes | memoryview, offset: int, *, verify_checksum: bool = True) -> Frame:
+    """The frame at `offset`; raises `_BadFrame` when the bytes there are not a whole frame.
+    `verify_checksum=False` (offline listings only) trusts the checksum without computing it."""
     remaining = len(data) - offset
     if remaining < limits.FILE_FRAME_HEADER_BYTES:
         raise _BadFrame(offset, "short frame header")
@@ -117,7 +118,7 @@ def decode_frame(data: bytes | memoryview, offset: int) -> Frame:
     end = offset + limits.FILE_FRAME_HEADER_BYTES + body_bytes
     if end > len(data):
         raise _BadFrame(offset, "frame runs past the end of the file")
-    if checksum != xxh3_64(memoryview(data)[offset + 8 : end]):
+    if verify_checksum and checksum != xxh3_64(memoryview(data)[offset + 8 : end]):
         raise _BadFrame(offset, "frame checksum mismatch")
     if raw_type not in (FrameType.RECORD, FrameType.TRUNCATE):
         raise _BadFrame(offset, f"invalid frame type {raw_type}")
@@ -202,3 +203,65 @@ def decode_records_in(
             expected += 1
         offset += frame.size_bytes
     return out
+
+
+# ------------------------------------------------------------------ offline reading
+
+END_CLEAN = "clean"
+END_TORN = "torn"
+END_CORRUPT = "corrupt"
+
+
+@dataclass(frozen=True, slots=True)
+class FrameAt:
+    """One whole frame of a segment file, where it starts, and its stored checksum."""
+
+    offset: int
+    frame: Frame
+    checksum: int
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentFrames:
+    """Every whole frame of one segment file read offline (`read_segment_frames`), and how
+    the file ends: END_CLEAN, END_TORN (a tail the backend's open would cut) or END_CORRUPT
+    (damage the open would refuse with `StorageCorruption`)."""
+
+    base_lsn: int
+    frames: tuple[FrameAt, ...]
+    end: str
+    end_offset: int
+    end_reason: str | None
+
+
+def read_segment_frames(
+    data: bytes, path: str, *, newest: bool, verify: bool = True
+) -> SegmentFrames:
+    """The frames of a segment file's bytes, read-only and without raising on damage after
+    the header (a bad header still raises `StorageCorruption`): readers outside the backend
+    (the Spark jobs, issue 16) use it instead of opening a `FileBackend`, which locks the
+    directory and cuts torn tails. The rules are `scan_segment`'s; `verify=False` skips the
+    frame checksums (a listing), so damage then shows only as a frame that cannot parse."""
+    base_lsn = decode_segment_header(data, path)
+    frames: list[FrameAt] = []
+    offset = limits.FILE_SEGMENT_HEADER_BYTES
+    next_lsn = base_lsn
+    while offset < len(data):
+        try:
+            frame = decode_frame(data, offset, verify_checksum=verify)
+        except _BadFrame as bad:
+            torn = newest and len(data) - bad.offset <= limits.FILE_TORN_TAIL_BYTES_MAX
+            end = END_TORN if torn else END_CORRUPT
+            return SegmentFrames(base_lsn, tuple(frames), end, bad.offset, bad.reason)
+        if frame.frame_type is FrameType.RECORD:
+            if frame.lsn != next_lsn:
+                reason = f"record LSN {frame.lsn}, expected {next_lsn}"
+                return SegmentFrames(base_lsn, tuple(frames), END_CORRUPT, offset, reason)
+            next_lsn += 1
+        elif frame.lsn >= next_lsn:
+            reason = f"truncate at {frame.lsn} past the log"
+            return SegmentFrames(base_lsn, tuple(frames), END_CORRUPT, offset, reason)
+        (checksum,) = struct.unpack_from("<Q", data, offset)
+        frames.append(FrameAt(offset, frame, checksum))
+        offset += frame.size_bytes
+    return SegmentFrames(base_lsn, tuple(frames), END_CLEAN, offset, None)

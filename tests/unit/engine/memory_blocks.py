@@ -47,6 +47,9 @@ class _Pinned:
     def columns(self, block: PersistedBlock) -> pa.Table:
         return self._tables[block.block_id]
 
+    def object_rows(self, block: PersistedBlock) -> tuple[pa.Table, int] | None:
+        return None  # the double loads blocks one by one
+
     def release(self) -> None:
         pass
 
@@ -105,6 +108,7 @@ class MemoryBlocks:
         *,
         keys: bool = False,
         columns: Sequence[str] | None = None,
+        whole_objects: bool = False,
     ) -> _Pinned:
         return _Pinned(self, blocks, keys)
 

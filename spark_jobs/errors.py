@@ -1,0 +1,46 @@
+"""The Spark jobs' operating errors. Each carries what a person needs to act on it; the CLI
+prints it and exits 1 (2 for bad usage). Programmer errors are asserts.
+
+    SparkJobError
+     ├── BadInput          a path, option or argument the job cannot use
+     ├── InputCorrupt      damaged bytes in a log (path, byte offset, reason)
+     ├── CopiesDisagree    two copies of one DSN (or one LSN) hold different bytes
+     ├── LogHole           a DSN missing below a durable watermark: acknowledged data lost
+     ├── ReplayRefused     the log cannot answer the requested timestamp
+     └── ReplayFailed      a replayed entry does not apply (the engine would refuse it)
+"""
+
+from __future__ import annotations
+
+
+class SparkJobError(Exception):
+    """Base of every operating error of spark_jobs."""
+
+
+class BadInput(SparkJobError):
+    pass
+
+
+class InputCorrupt(SparkJobError):
+    def __init__(self, path: str, offset_bytes: int, reason: str) -> None:
+        super().__init__(f"{path} @ offset {offset_bytes}: {reason}")
+        self.path = path
+        self.offset_bytes = offset_bytes
+        self.reason = reason
+
+
+class CopiesDisagree(SparkJobError):
+    pass
+
+
+class LogHole(SparkJobError):
+    pass
+
+
+class ReplayRefused(SparkJobError):
+    pass
+
+
+class ReplayFailed(SparkJobError):
+    """A replayed entry does not apply to the state before it (the engine would refuse to
+    open with `WalCorruption` for the same entry)."""

@@ -1,0 +1,176 @@
+"""What a job is, independent of the engine that runs it: its parameters, its result, and the
+pieces of logic both engines share (histogram buckets, percentiles, the audit's anomaly
+schema). Pure; no pyspark.
+
+    replay_as_of   tables as of a commit timestamp (spark_jobs/replay.py)
+    lsn_audit      DSN gaps, duplicate copies, conflicting copies, skipped copies, LSN gaps
+                   (within and across segments), damage, the truncation point
+    replica_diff   per shard, every pair of replicas compared LSN by LSN
+    write_stats    per table and time bucket: transactions, rows appended/deleted, bytes
+    txn_latency    commit_ts - start_ts (physical ms) histogram and percentiles, and a PNG
+    inventory      segments with sizes and ranges, no payload decoded
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from spark_jobs.filters import Bounds
+from spark_jobs.inputs import LogInputs, Unit, list_units
+
+JOBS = ("replay_as_of", "lsn_audit", "replica_diff", "write_stats", "txn_latency", "inventory")
+BUCKET_MS_DEFAULT = 3_600_000
+PERCENTILES = (0.5, 0.9, 0.99)
+HLC_LOGICAL_BITS = 16  # engine/clock.py: commit_ts = physical ms << 16 | logical
+
+
+@dataclass(frozen=True, slots=True)
+class JobParams:
+    job: str
+    inputs: LogInputs
+    shards: frozenset[int] | None = None
+    replicas: frozenset[str] | None = None
+    verify: str | None = None  # None: the job's default
+    as_of: int | None = None
+    bucket_ms: int = BUCKET_MS_DEFAULT
+
+    def units(self) -> list[Unit]:
+        return list_units(self.inputs, self.shards, self.replicas)
+
+    def bounds(self) -> Bounds:
+        return Bounds(shards=self.shards, replicas=self.replicas)
+
+    def describe(self) -> dict[str, object]:
+        return {
+            "job": self.job,
+            "input": self.inputs.describe(),
+            "shards": None if self.shards is None else sorted(self.shards),
+            "replicas": None if self.replicas is None else sorted(self.replicas),
+            "verify": self.verify,
+            "as_of": self.as_of,
+            "bucket_ms": self.bucket_ms if self.job == "write_stats" else None,
+        }
+
+
+@dataclass(slots=True)
+class JobResult:
+    """`tables`: name -> a pyarrow Table (local) or a Spark DataFrame, each written as one
+    Parquet dataset; `summary`: the manifest's numbers; `lines`: the stdout summary;
+    `files`: other outputs (name -> bytes), e.g. the latency PNG."""
+
+    tables: dict[str, Any] = field(default_factory=dict)
+    summary: dict[str, Any] = field(default_factory=dict)
+    lines: list[str] = field(default_factory=list)
+    files: dict[str, bytes] = field(default_factory=dict)
+
+
+def physical_ms(ts: int) -> int:
+    return ts >> HLC_LOGICAL_BITS
+
+
+def log2_bucket(value: int) -> int:
+    """The lower bound of `value`'s power-of-two bucket: 0 for 0, else 2**floor(log2 value)."""
+    assert value >= 0
+    return 0 if value == 0 else 1 << (value.bit_length() - 1)
+
+
+def percentile(sorted_values: Sequence[int], fraction: float) -> float:
+    """Spark SQL's exact `percentile`: linear interpolation between the closest ranks,
+    position fraction * (n - 1)."""
+    assert sorted_values
+    position = fraction * (len(sorted_values) - 1)
+    lower = math.floor(position)
+    upper = math.ceil(position)
+    if lower == upper:
+        return float(sorted_values[lower])
+    weight = position - lower
+    return sorted_values[lower] * (1 - weight) + sorted_values[upper] * weight
+
+
+ANOMALY = pa.schema(
+    [
+        ("replica", pa.string()),
+        ("shard", pa.int32()),
+        ("kind", pa.string()),
+        ("dsn_lo", pa.int64()),
+        ("dsn_hi", pa.int64()),
+        ("lsn_lo", pa.int64()),
+        ("lsn_hi", pa.int64()),
+        ("copies", pa.int64()),
+        ("segment", pa.string()),
+        ("offset_bytes", pa.int64()),
+        ("detail", pa.string()),
+    ]
+)
+ANOMALY_ORDER = ["replica", "shard", "kind", "dsn_lo", "lsn_lo", "segment", "offset_bytes"]
+
+DIFF = pa.schema(
+    [
+        ("shard", pa.int32()),
+        ("replica_a", pa.string()),
+        ("replica_b", pa.string()),
+        ("lsn", pa.int64()),
+        ("kind", pa.string()),  # diverged | hole
+        ("missing_in", pa.string()),
+        ("checksum_a", pa.int64()),
+        ("checksum_b", pa.int64()),
+    ]
+)
+DIFF_ORDER = ["shard", "replica_a", "replica_b", "lsn"]
+
+STATS = pa.schema(
+    [
+        ("shard", pa.int32()),
+        ("db_id", pa.int64()),
+        ("table_id", pa.int64()),
+        ("bucket_start_ms", pa.int64()),
+        ("txns", pa.int64()),
+        ("commands", pa.int64()),
+        ("rows_appended", pa.int64()),
+        ("rows_deleted", pa.int64()),
+        ("bytes", pa.int64()),
+        ("first_commit_ts", pa.int64()),
+        ("last_commit_ts", pa.int64()),
+    ]
+)
+STATS_ORDER = ["shard", "db_id", "table_id", "bucket_start_ms"]
+
+HISTOGRAM = pa.schema(
+    [("bucket_lo_ms", pa.int64()), ("bucket_hi_ms", pa.int64()), ("txns", pa.int64())]
+)
+
+
+def sort_table(table: pa.Table, order: list[str]) -> pa.Table:
+    return table.sort_by([(name, "ascending", "at_start") for name in order])
+
+
+def latency_summary(latencies_sorted: Sequence[int], without_start: int) -> dict[str, Any]:
+    """`without_start`: transactions with start_ts 0 (begun before any commit: their
+    commit_ts - start_ts is the time since 1970, not a latency), left out of the figures."""
+    if not latencies_sorted:
+        return {"txns": 0, "txns_without_start_ts": without_start}
+    return {
+        "txns": len(latencies_sorted),
+        "txns_without_start_ts": without_start,
+        "p50_ms": percentile(latencies_sorted, 0.5),
+        "p90_ms": percentile(latencies_sorted, 0.9),
+        "p99_ms": percentile(latencies_sorted, 0.99),
+        "max_ms": latencies_sorted[-1],
+        "min_ms": latencies_sorted[0],
+    }
+
+
+def latency_lines(summary: dict[str, Any]) -> list[str]:
+    if not summary.get("txns"):
+        return ["txn_latency: no transaction entries"]
+    return [
+        f"txn_latency: {summary['txns']} transactions; commit_ts - start_ts (physical ms): "
+        f"p50 {summary['p50_ms']:g}, p90 {summary['p90_ms']:g}, p99 {summary['p99_ms']:g}, "
+        f"max {summary['max_ms']} ({summary['txns_without_start_ts']} begun before any commit "
+        "left out)"
+    ]

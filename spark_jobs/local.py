@@ -1,0 +1,698 @@
+"""The plain-Python engine (`--engine local`): the same readers and the same job semantics
+as the Spark engine, on pyarrow alone, in this process (no JVM). For logs that fit one
+machine it is the faster path (spark.md §1: Spark costs ~5x the CPU per record); the
+Spark engine is for many shards on shared storage. Tests assert both give equal outputs.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from engine.wal.entry import Append, Delete, UpdateCatalog
+from spark_jobs import jobs, plot, replay
+from spark_jobs.errors import BadInput
+from spark_jobs.jobs import JobParams, JobResult
+from spark_jobs.journal import VERIFY_REPORT, VERIFY_TRUE
+from spark_jobs.schemas import schema_to_json
+from spark_jobs.walread import (
+    LEVEL_COMMAND,
+    LEVEL_ENTRY,
+    LEVEL_RECORD,
+    LEVEL_SEGMENT,
+    ReadOptions,
+    read_unit,
+    txn_entries,
+)
+
+
+def read_level(params: JobParams, options: ReadOptions) -> pa.Table:
+    batches = [batch for unit in params.units() for batch in read_unit(unit, options)]
+    return pa.Table.from_batches(batches, schema=options.schema())
+
+
+def run(params: JobParams) -> JobResult:
+    runner = {
+        "replay_as_of": replay_as_of,
+        "lsn_audit": lsn_audit,
+        "replica_diff": replica_diff,
+        "write_stats": write_stats,
+        "txn_latency": txn_latency,
+        "inventory": inventory,
+    }[params.job]
+    return runner(params)
+
+
+# --- replay_as_of --------------------------------------------------------------------------------
+
+
+def logs_of(params: JobParams) -> list[tuple[str, int]]:
+    """The (replica, shard) logs replay reads: exactly one replica per shard."""
+    units = params.units()
+    replicas_by_shard: dict[int, set[str]] = defaultdict(set)
+    for unit in units:
+        replicas_by_shard[unit.shard].add(unit.replica)
+    for shard, replicas in replicas_by_shard.items():
+        if len(replicas) > 1:
+            raise BadInput(
+                f"shard {shard} has {len(replicas)} replicas in the input ({sorted(replicas)}): "
+                "replay reads one replica per shard (its dedup by DSN would merge replicas); "
+                "choose one with --replica (one whose lsn_audit is clean)"
+            )
+    if not replicas_by_shard:
+        raise BadInput("no log in the input")
+    return sorted((next(iter(r)), shard) for shard, r in replicas_by_shard.items())
+
+
+def plan_from_records(records: pa.Table, where: str) -> replay.ReplayPlan:
+    """The replay plan from the record level of one log (shared with the Spark engine,
+    which collects the same narrow columns)."""
+    narrow = records.select(
+        [
+            "kind",
+            "lsn",
+            "record_start_dsn",
+            "record_count",
+            "safe_dsn",
+            "record_checksum",
+            "skip_dsn",
+            "skip_lsn",
+        ]
+    ).to_pylist()
+    return plan_from_rows(narrow, where)
+
+
+def plan_from_rows(rows: Iterable[dict[str, Any]], where: str) -> replay.ReplayPlan:
+    by_lsn: dict[int, replay.DriverRecord] = {}
+    skips: list[tuple[int, int]] = []
+    truncated = 0
+    for row in rows:
+        kind = row["kind"]
+        if kind in ("entry", "marker"):
+            by_lsn[row["lsn"]] = replay.DriverRecord(
+                row["lsn"],
+                row["record_start_dsn"],
+                row["record_count"],
+                row["safe_dsn"],
+                row["record_checksum"],
+            )
+        elif kind == "skip":
+            skips.append((row["skip_dsn"], row["skip_lsn"]))
+        elif kind == "truncate":
+            truncated = max(truncated, row["lsn"])
+    return replay.plan_replay(by_lsn.values(), skips, truncated, where)
+
+
+def replay_as_of(params: JobParams) -> JobResult:
+    assert params.as_of is not None
+    as_of = params.as_of
+    verify = params.verify or VERIFY_TRUE
+    result = JobResult()
+    logs_summary = []
+    for replica, shard in logs_of(params):
+        where = f"replica {replica} shard {shard}"
+        scope = JobParams(params.job, params.inputs, frozenset({shard}), frozenset({replica}))
+        plan = plan_from_records(read_level(scope, ReadOptions(LEVEL_RECORD, verify)), where)
+        options = ReadOptions(
+            LEVEL_COMMAND, verify, scope.bounds().with_range("commit_ts", hi=as_of)
+        )
+        catalog: list[replay.CatalogCommand] = []
+        appends: dict[int, list[pa.Table]] = defaultdict(list)
+        deletes: dict[int, set[tuple[int, int]]] = defaultdict(set)
+        entries = []
+        chosen = []
+        for unit in scope.units():
+            for rec, dsn, entry in txn_entries(unit, options):
+                if rec.lsn not in plan.kept_lsns or dsn > plan.last_dsn:
+                    continue
+                entries.append((dsn, entry.commit_ts))
+                chosen.append((dsn, entry))
+        repeated = replay.repeated_dsns(entries)
+        max_commit_ts = 0
+        for dsn, entry in chosen:
+            if dsn in repeated:
+                continue
+            max_commit_ts = max(max_commit_ts, entry.commit_ts)
+            for index, cmd in enumerate(entry.commands):
+                if isinstance(cmd, UpdateCatalog):
+                    catalog.append(
+                        replay.CatalogCommand(
+                            dsn,
+                            index,
+                            entry.commit_ts,
+                            cmd.kind.name.lower(),
+                            cmd.op.name.lower(),
+                            cmd.db_id,
+                            cmd.table_id,
+                            cmd.name,
+                            None if cmd.schema is None else schema_to_json(cmd.schema),
+                        )
+                    )
+                elif isinstance(cmd, Append):
+                    appends[cmd.table_id].append(_append_rows(cmd))
+                else:
+                    assert isinstance(cmd, Delete)
+                    for offset in cmd.rows:
+                        deletes[cmd.table_id].add((cmd.block_id, offset))
+        live = replay.replay_catalog(catalog, as_of, where)
+        tables_summary = {}
+        for table in live:
+            data = _live_rows(table, appends.get(table.table_id, []), deletes[table.table_id])
+            name = f"shard-{shard}/{table.db_name}/{table.name}"
+            result.tables[name] = data
+            tables_summary[f"{table.db_name}.{table.name}"] = data.num_rows
+        logs_summary.append(
+            {
+                "replica": replica,
+                "shard": shard,
+                **plan.describe(),
+                "repeated_transactions_ignored": len(repeated),
+                "newest_commit_ts_replayed": max_commit_ts,
+                "tables": tables_summary,
+            }
+        )
+    result.summary = replay_summary(as_of, logs_summary)
+    result.lines = replay_lines(result.summary)
+    return result
+
+
+def replay_summary(as_of: int, logs_summary: list[dict[str, Any]]) -> dict[str, Any]:
+    newest = max((log["newest_commit_ts_replayed"] for log in logs_summary), default=0)
+    return {
+        "as_of": as_of,
+        "base": replay.EMPTY_BASE.description,
+        "as_of_after_newest_commit": as_of > newest,
+        "logs": logs_summary,
+    }
+
+
+def replay_lines(summary: dict[str, Any]) -> list[str]:
+    lines = []
+    for log in summary["logs"]:
+        tables = ", ".join(f"{name} {rows} rows" for name, rows in log["tables"].items())
+        lines.append(
+            f"replay_as_of {summary['as_of']}: replica {log['replica']} shard {log['shard']}: "
+            f"DSNs 1-{log['last_dsn']} from {log['records_replayed']} records; "
+            f"{len(log['tables'])} live table(s): {tables or 'none'}"
+        )
+    if summary["as_of_after_newest_commit"]:
+        lines.append("note: --as-of is after the newest commit in the log: this is the last state")
+    return lines
+
+
+def _append_rows(cmd: Append) -> pa.Table:
+    block_ids: list[int] = []
+    offsets: list[int] = []
+    for info in cmd.infos:
+        block_ids.extend([info.block_id] * info.rows)
+        offsets.extend(range(info.offset, info.offset + info.rows))
+    table = pa.Table.from_batches([cmd.batch])
+    table = table.append_column("__block_id", pa.array(block_ids, pa.int64()))
+    return table.append_column("__offset", pa.array(offsets, pa.int64()))
+
+
+def _live_rows(
+    table: replay.LiveTable, parts: list[pa.Table], deleted: set[tuple[int, int]]
+) -> pa.Table:
+    arrow = table.schema.to_arrow()
+    if not parts:
+        return arrow.empty_table()
+    rows = pa.concat_tables(parts)
+    if deleted:
+        keys = zip(
+            rows.column("__block_id").to_pylist(), rows.column("__offset").to_pylist(), strict=True
+        )
+        keep = pa.array([key not in deleted for key in keys])
+        rows = rows.filter(keep)
+    rows = rows.sort_by([("__block_id", "ascending"), ("__offset", "ascending")])
+    return rows.drop_columns(["__block_id", "__offset"]).cast(arrow)
+
+
+# --- lsn_audit -----------------------------------------------------------------------------------
+
+
+def lsn_audit(params: JobParams) -> JobResult:
+    records = read_level(
+        params, ReadOptions(LEVEL_RECORD, params.verify or VERIFY_REPORT, params.bounds())
+    )
+    rows = records.to_pylist()
+    by_log: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        by_log[(row["replica"], row["shard"])].append(row)
+    anomalies: list[dict[str, Any]] = []
+    logs = []
+    for (replica, shard), log_rows in sorted(by_log.items()):
+        found, summary = audit_log(replica, shard, log_rows)
+        anomalies.extend(found)
+        logs.append(summary)
+    table = (
+        pa.Table.from_pylist(anomalies, schema=jobs.ANOMALY)
+        if anomalies
+        else jobs.ANOMALY.empty_table()
+    )
+    result = JobResult(tables={"anomalies": jobs.sort_table(table, jobs.ANOMALY_ORDER)})
+    result.summary = {"logs": logs, "anomalies": len(anomalies)}
+    result.lines = audit_lines(result.summary)
+    return result
+
+
+def audit_log(
+    replica: str, shard: int, rows: list[dict[str, Any]]
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    def anomaly(kind: str, **values: Any) -> dict[str, Any]:
+        base = dict.fromkeys(jobs.ANOMALY.names)
+        base.update(replica=replica, shard=shard, kind=kind, **values)
+        return base
+
+    found = []
+    skips = {(r["skip_dsn"], r["skip_lsn"]) for r in rows if r["kind"] == "skip"}
+    copies: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    lsn_segment: dict[int, str] = {}
+    truncated = 0
+    damaged = 0
+    for r in rows:
+        kind = r["kind"]
+        if kind in ("entry", "marker", "skip"):
+            lsn_segment.setdefault(r["lsn"], r["segment"])
+        if kind == "entry":
+            if (r["record_start_dsn"], r["lsn"]) in skips:
+                found.append(
+                    anomaly(
+                        "skipped",
+                        dsn_lo=r["dsn"],
+                        dsn_hi=r["dsn"],
+                        lsn_lo=r["lsn"],
+                        lsn_hi=r["lsn"],
+                        copies=1,
+                        segment=r["segment"],
+                        offset_bytes=r["offset_bytes"],
+                    )
+                )
+            else:
+                copies[r["dsn"]].append((r["lsn"], r["entry_checksum"]))
+        elif kind == "truncate":
+            truncated = max(truncated, r["lsn"])
+        elif kind in ("corrupt", "torn_tail"):
+            damaged += 1
+            found.append(
+                anomaly(
+                    kind, segment=r["segment"], offset_bytes=r["offset_bytes"], detail=r["error"]
+                )
+            )
+    duplicates = conflicts = 0
+    for dsn, held in copies.items():
+        if len(held) < 2:
+            continue
+        lsns = [lsn for lsn, _ in held]
+        distinct = len({checksum for _, checksum in held})
+        kind = "duplicate" if distinct == 1 else "conflict"
+        duplicates += kind == "duplicate"
+        conflicts += kind == "conflict"
+        found.append(
+            anomaly(
+                kind, dsn_lo=dsn, dsn_hi=dsn, lsn_lo=min(lsns), lsn_hi=max(lsns), copies=len(held)
+            )
+        )
+    dsns = sorted(copies)
+    gaps = 0
+    for low, high in itertools.pairwise(dsns):
+        if high > low + 1:
+            gaps += 1
+            found.append(anomaly("gap", dsn_lo=low + 1, dsn_hi=high - 1))
+    lsns = sorted(lsn_segment)
+    lsn_gaps = 0
+    for low, high in itertools.pairwise(lsns):
+        if high > low + 1:
+            lsn_gaps += 1
+            across = lsn_segment[low] != lsn_segment[high]
+            found.append(
+                anomaly(
+                    "lsn_gap",
+                    lsn_lo=low + 1,
+                    lsn_hi=high - 1,
+                    segment=lsn_segment[high],
+                    detail="across segments" if across else "within a segment",
+                )
+            )
+    summary = {
+        "replica": replica,
+        "shard": shard,
+        "entry_copies": sum(len(held) for held in copies.values()),
+        "distinct_dsns": len(dsns),
+        "dsn_min": dsns[0] if dsns else None,
+        "dsn_max": dsns[-1] if dsns else None,
+        "lsn_min": lsns[0] if lsns else None,
+        "lsn_max": lsns[-1] if lsns else None,
+        "gaps": gaps,
+        "duplicates": duplicates,
+        "conflicts": conflicts,
+        "skipped_copies": sum(1 for f in found if f["kind"] == "skipped"),
+        "lsn_gaps": lsn_gaps,
+        "damaged": damaged,
+        "truncated_lsn": truncated,
+    }
+    return found, summary
+
+
+def audit_lines(summary: dict[str, Any]) -> list[str]:
+    lines = []
+    for log in summary["logs"]:
+        verdict = (
+            "clean"
+            if not (log["gaps"] or log["conflicts"] or log["lsn_gaps"] or log["damaged"])
+            else "PROBLEMS"
+        )
+        lines.append(
+            f"lsn_audit: replica {log['replica']} shard {log['shard']}: {verdict}: DSNs "
+            f"{log['dsn_min']}-{log['dsn_max']} ({log['distinct_dsns']} distinct, "
+            f"{log['entry_copies']} copies), gaps {log['gaps']}, duplicates {log['duplicates']}, "
+            f"conflicts {log['conflicts']}, skipped copies {log['skipped_copies']}, LSN gaps "
+            f"{log['lsn_gaps']}, damaged {log['damaged']}, truncated at LSN {log['truncated_lsn']}"
+        )
+    return lines or ["lsn_audit: no log in the input"]
+
+
+# --- replica_diff --------------------------------------------------------------------------------
+
+
+def replica_diff(params: JobParams) -> JobResult:
+    records = read_level(
+        params, ReadOptions(LEVEL_RECORD, params.verify or VERIFY_TRUE, params.bounds())
+    )
+    checksums: dict[tuple[int, str], dict[int, int]] = defaultdict(dict)
+    for row in records.select(["shard", "replica", "kind", "lsn", "record_checksum"]).to_pylist():
+        if row["kind"] in ("entry", "marker", "skip"):
+            checksums[(row["shard"], row["replica"])][row["lsn"]] = row["record_checksum"]
+    diffs: list[dict[str, Any]] = []
+    pairs = []
+    for shard, a, b in diff_pairs(params):
+        found, summary = diff_pair(
+            shard, a, b, checksums.get((shard, a), {}), checksums.get((shard, b), {})
+        )
+        diffs.extend(found)
+        pairs.append(summary)
+    table = pa.Table.from_pylist(diffs, schema=jobs.DIFF) if diffs else jobs.DIFF.empty_table()
+    result = JobResult(tables={"differences": jobs.sort_table(table, jobs.DIFF_ORDER)})
+    result.summary = {"pairs": pairs}
+    result.lines = diff_lines(pairs)
+    return result
+
+
+def diff_pairs(params: JobParams) -> list[tuple[int, str, str]]:
+    replicas: dict[int, set[str]] = defaultdict(set)
+    for unit in params.units():
+        replicas[unit.shard].add(unit.replica)
+    return [
+        (shard, a, b)
+        for shard, names in sorted(replicas.items())
+        for i, a in enumerate(sorted(names))
+        for b in sorted(names)[i + 1 :]
+    ]
+
+
+def diff_pair(
+    shard: int, a: str, b: str, in_a: dict[int, int], in_b: dict[int, int]
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    max_a = max(in_a, default=0)
+    max_b = max(in_b, default=0)
+    low = max(min(in_a, default=1), min(in_b, default=1))  # below it one side truncated
+    found = []
+    for lsn in sorted(set(in_a) | set(in_b)):
+        if lsn < low:
+            continue
+        ca, cb = in_a.get(lsn), in_b.get(lsn)
+        if ca is not None and cb is not None:
+            if ca != cb:
+                found.append(diff_row(shard, a, b, lsn, "diverged", None, ca, cb))
+        elif ca is None and lsn <= max_a:
+            found.append(diff_row(shard, a, b, lsn, "hole", a, None, cb))
+        elif cb is None and lsn <= max_b:
+            found.append(diff_row(shard, a, b, lsn, "hole", b, ca, None))
+    return found, pair_summary(shard, a, b, max_a, max_b, found, len(set(in_a) & set(in_b)))
+
+
+def diff_row(
+    shard: int,
+    a: str,
+    b: str,
+    lsn: int,
+    kind: str,
+    missing: str | None,
+    ca: int | None,
+    cb: int | None,
+) -> dict[str, Any]:
+    return {
+        "shard": shard,
+        "replica_a": a,
+        "replica_b": b,
+        "lsn": lsn,
+        "kind": kind,
+        "missing_in": missing,
+        "checksum_a": ca,
+        "checksum_b": cb,
+    }
+
+
+def pair_summary(
+    shard: int, a: str, b: str, max_a: int, max_b: int, found: list[dict[str, Any]], compared: int
+) -> dict[str, Any]:
+    return {
+        "shard": shard,
+        "replica_a": a,
+        "replica_b": b,
+        "last_lsn_a": max_a,
+        "last_lsn_b": max_b,
+        "compared": compared,
+        "diverged": sum(1 for f in found if f["kind"] == "diverged"),
+        "holes": sum(1 for f in found if f["kind"] == "hole"),
+        "first_divergent_lsn": min((f["lsn"] for f in found), default=None),
+        "lagging": a if max_a < max_b else b if max_b < max_a else None,
+        "lag_lsns": abs(max_a - max_b),
+    }
+
+
+def diff_lines(pairs: list[dict[str, Any]]) -> list[str]:
+    lines = []
+    for p in pairs:
+        state = (
+            "identical"
+            if p["first_divergent_lsn"] is None
+            else f"FIRST DIVERGENT LSN {p['first_divergent_lsn']} "
+            f"({p['diverged']} diverged, {p['holes']} holes)"
+        )
+        lag = f"; {p['lagging']} lags by {p['lag_lsns']} LSNs" if p["lagging"] else ""
+        lines.append(
+            f"replica_diff: shard {p['shard']} {p['replica_a']} vs {p['replica_b']}: {state} over "
+            f"{p['compared']} common LSNs{lag}"
+        )
+    return lines or ["replica_diff: no shard has two replicas in the input"]
+
+
+# --- write_stats ---------------------------------------------------------------------------------
+
+
+def write_stats(params: JobParams) -> JobResult:
+    commands = read_level(
+        params, ReadOptions(LEVEL_COMMAND, params.verify or VERIFY_TRUE, params.bounds())
+    )
+    best: dict[tuple[int, int, int], dict[str, Any]] = {}
+    for row in commands.select(
+        [
+            "replica",
+            "shard",
+            "lsn",
+            "dsn",
+            "cmd_index",
+            "cmd_kind",
+            "db_id",
+            "table_id",
+            "commit_ts",
+            "n_rows",
+            "cmd_bytes",
+        ]
+    ).to_pylist():
+        key = (row["shard"], row["dsn"], row["cmd_index"])
+        held = best.get(key)
+        if held is None or (row["replica"], row["lsn"]) < (held["replica"], held["lsn"]):
+            best[key] = row
+    groups: dict[tuple[int, int, int, int], dict[str, Any]] = {}
+    for row in best.values():
+        if row["cmd_kind"] not in ("append", "delete"):
+            continue
+        bucket = jobs.physical_ms(row["commit_ts"]) // params.bucket_ms * params.bucket_ms
+        group_key = (row["shard"], row["db_id"], row["table_id"], bucket)
+        g = groups.setdefault(
+            group_key,
+            {
+                "dsns": set(),
+                "commands": 0,
+                "rows_appended": 0,
+                "rows_deleted": 0,
+                "bytes": 0,
+                "first": row["commit_ts"],
+                "last": row["commit_ts"],
+            },
+        )
+        g["dsns"].add(row["dsn"])
+        g["commands"] += 1
+        g["rows_appended" if row["cmd_kind"] == "append" else "rows_deleted"] += row["n_rows"]
+        g["bytes"] += row["cmd_bytes"]
+        g["first"] = min(g["first"], row["commit_ts"])
+        g["last"] = max(g["last"], row["commit_ts"])
+    out = [
+        {
+            "shard": key[0],
+            "db_id": key[1],
+            "table_id": key[2],
+            "bucket_start_ms": key[3],
+            "txns": len(g["dsns"]),
+            "commands": g["commands"],
+            "rows_appended": g["rows_appended"],
+            "rows_deleted": g["rows_deleted"],
+            "bytes": g["bytes"],
+            "first_commit_ts": g["first"],
+            "last_commit_ts": g["last"],
+        }
+        for key, g in groups.items()
+    ]
+    table = pa.Table.from_pylist(out, schema=jobs.STATS) if out else jobs.STATS.empty_table()
+    table = jobs.sort_table(table, jobs.STATS_ORDER)
+    result = JobResult(tables={"write_stats": table})
+    result.summary = stats_summary(table)
+    result.lines = stats_lines(result.summary)
+    return result
+
+
+def stats_summary(table: pa.Table) -> dict[str, Any]:
+    def total(name: str) -> int:
+        return int(pc.sum(table.column(name)).as_py() or 0)
+
+    return {
+        "groups": table.num_rows,
+        "tables": len(
+            {
+                (s, d, t)
+                for s, d, t in zip(
+                    *(table.column(c).to_pylist() for c in ("shard", "db_id", "table_id")),
+                    strict=True,
+                )
+            }
+        ),
+        "rows_appended": total("rows_appended"),
+        "rows_deleted": total("rows_deleted"),
+        "bytes": total("bytes"),
+    }
+
+
+def stats_lines(summary: dict[str, Any]) -> list[str]:
+    return [
+        f"write_stats: {summary['tables']} table(s), {summary['groups']} (table, bucket) rows: "
+        f"{summary['rows_appended']} rows appended, {summary['rows_deleted']} deleted, "
+        f"{summary['bytes']} bytes of appended batches"
+    ]
+
+
+# --- txn_latency ---------------------------------------------------------------------------------
+
+
+def txn_latency(params: JobParams) -> JobResult:
+    entries = read_level(
+        params, ReadOptions(LEVEL_ENTRY, params.verify or VERIFY_TRUE, params.bounds())
+    )
+    best: dict[tuple[int, int], dict[str, Any]] = {}
+    for row in entries.select(
+        ["replica", "shard", "lsn", "dsn", "entry_type", "start_ts", "commit_ts"]
+    ).to_pylist():
+        if row["entry_type"] != "txn":
+            continue
+        key = (row["shard"], row["dsn"])
+        held = best.get(key)
+        if held is None or (row["replica"], row["lsn"]) < (held["replica"], held["lsn"]):
+            best[key] = row
+    latencies = sorted(
+        jobs.physical_ms(r["commit_ts"]) - jobs.physical_ms(r["start_ts"])
+        for r in best.values()
+        if r["start_ts"] > 0
+    )
+    without_start = sum(1 for r in best.values() if r["start_ts"] == 0)
+    counts: dict[int, int] = defaultdict(int)
+    for value in latencies:
+        counts[jobs.log2_bucket(value)] += 1
+    histogram = [
+        {"bucket_lo_ms": lo, "bucket_hi_ms": 1 if lo == 0 else 2 * lo, "txns": n}
+        for lo, n in sorted(counts.items())
+    ]
+    table = (
+        pa.Table.from_pylist(histogram, schema=jobs.HISTOGRAM)
+        if histogram
+        else jobs.HISTOGRAM.empty_table()
+    )
+    return latency_result(table, jobs.latency_summary(latencies, without_start))
+
+
+def latency_result(histogram: pa.Table, summary: dict[str, Any]) -> JobResult:
+    result = JobResult(tables={"histogram": histogram}, summary=summary)
+    result.lines = jobs.latency_lines(summary)
+    result.files["latency.png"] = plot.histogram_png(
+        histogram.column("bucket_lo_ms").to_pylist(), histogram.column("txns").to_pylist(), summary
+    )
+    result.lines.append("txn_latency: histogram drawn in latency.png")
+    return result
+
+
+# --- inventory -----------------------------------------------------------------------------------
+
+
+def inventory(params: JobParams) -> JobResult:
+    table = read_level(params, ReadOptions(LEVEL_SEGMENT, VERIFY_TRUE, params.bounds()))
+    table = jobs.sort_table(table, ["replica", "shard", "first_position", "segment"])
+    result = JobResult(tables={"segments": table})
+    result.summary = inventory_summary(table.to_pylist())
+    result.lines = inventory_lines(result.summary)
+    return result
+
+
+def inventory_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    logs: dict[tuple[str, int], dict[str, Any]] = {}
+    for row in rows:
+        log = logs.setdefault(
+            (row["replica"], row["shard"]),
+            {
+                "replica": row["replica"],
+                "shard": row["shard"],
+                "backend": row["backend"],
+                "segments": 0,
+                "bytes": 0,
+                "records": 0,
+                "first": None,
+                "last": None,
+                "position": row["position"],
+                "not_clean": 0,
+            },
+        )
+        log["segments"] += 1
+        log["bytes"] += row["size_bytes"]
+        log["records"] += row["records"]
+        if row["records"]:
+            first, last = row["first_position"], row["last_position"]
+            log["first"] = first if log["first"] is None else min(log["first"], first)
+            log["last"] = last if log["last"] is None else max(log["last"], last)
+        log["not_clean"] += row["end"] != "clean"
+    return {"logs": [logs[key] for key in sorted(logs)], "checkpoints": []}
+
+
+def inventory_lines(summary: dict[str, Any]) -> list[str]:
+    lines = [
+        f"inventory: replica {log['replica']} shard {log['shard']} ({log['backend']}): "
+        f"{log['segments']} segment(s), {log['bytes']} bytes, {log['records']} records, "
+        f"{log['position']} {log['first']}-{log['last']}"
+        + (f", {log['not_clean']} not ending clean" if log["not_clean"] else "")
+        for log in summary["logs"]
+    ]
+    lines.append("inventory: checkpoints: none (the engine writes none yet: issue 14)")
+    return lines

@@ -1,0 +1,104 @@
+"""Run one job on one engine and write its outputs: the shell around local.py and
+spark_engine.py (they compute; this writes). The Spark session is built here (through
+session.py) and always stopped (spark.md §5.12: an exited JVM otherwise lingers).
+
+Outputs go to `OUT/<job>/<run-id>/` (output.py): each table as a Parquet dataset
+(`<name>/part-*.parquet`), other files beside them, `_manifest.json` last.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from spark_jobs import local, output
+from spark_jobs.jobs import JobParams, JobResult
+
+ENGINE_LOCAL = "local"
+ENGINE_SPARK = "spark"
+ENGINES = (ENGINE_SPARK, ENGINE_LOCAL)
+
+
+@dataclass(frozen=True, slots=True)
+class RunOutcome:
+    run_dir: str
+    manifest: dict[str, Any]
+    lines: list[str]
+
+
+def run_job(
+    params: JobParams,
+    *,
+    engine: str,
+    out: str,
+    run_id: str | None = None,
+    master: str | None = None,
+    spark: Any = None,
+) -> RunOutcome:
+    """`spark`: an existing session to use (tests share one); otherwise one is built and
+    stopped here."""
+    assert engine in ENGINES
+    started = time.time()
+    cpu_started = time.process_time()
+    directory = output.run_dir(out, params.job, run_id or output.new_run_id())
+    if engine == ENGINE_LOCAL:
+        result = local.run(params)
+        rows = _write_local(result, directory)
+    else:
+        own = spark is None
+        if own:
+            from spark_jobs.session import get_spark
+
+            spark = get_spark(f"spark_jobs {params.job}", master)
+        try:
+            from spark_jobs import spark_engine
+
+            result = spark_engine.run(spark, params)
+            rows = _write_spark(spark, result, directory)
+            if params.job == "replay_as_of":
+                spark_engine.finish_replay(result, rows)
+            master_used = spark.sparkContext.master
+        finally:
+            if own:
+                spark.stop()
+    outputs = {name: {"path": name, "rows": count} for name, count in rows.items()}
+    for name, data in result.files.items():
+        output.write_file(directory, name, data)
+        outputs[name] = {"path": name, "bytes": len(data)}
+    manifest = {
+        "job": params.job,
+        "run_id": os.path.basename(directory),
+        "engine": engine,
+        "spark_master": master_used if engine == ENGINE_SPARK else None,
+        "params": params.describe(),
+        "outputs": outputs,
+        "summary": result.summary,
+        "started_unix_s": round(started, 3),
+        "wall_s": round(time.time() - started, 3),
+        "driver_cpu_s": round(time.process_time() - cpu_started, 3),
+    }
+    output.write_manifest(directory, manifest)
+    return RunOutcome(directory, manifest, result.lines)
+
+
+def _write_local(result: JobResult, directory: str) -> dict[str, int]:
+    import pyarrow.parquet as pq
+
+    rows = {}
+    for name, table in result.tables.items():
+        path = os.path.join(directory, name)
+        os.makedirs(path, exist_ok=True)
+        pq.write_table(table, os.path.join(path, "part-00000.parquet"))
+        rows[name] = table.num_rows
+    return rows
+
+
+def _write_spark(spark: Any, result: JobResult, directory: str) -> dict[str, int]:
+    rows = {}
+    for name, frame in result.tables.items():
+        path = os.path.join(directory, name)
+        frame.write.mode("overwrite").parquet(path)
+        rows[name] = spark.read.parquet(path).count()  # from the files' footers
+    return rows

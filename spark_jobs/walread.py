@@ -1,0 +1,657 @@
+"""The readers: one unit (a file WAL segment, or a logsvc shard replica) in, Arrow batches of a
+level's schema (spark_jobs/schemas.py) out. Pure Python and pyarrow; the Spark Data Sources
+(sources.py) and the local engine (local.py) both call `read_unit`.
+
+Layers, each decoded by the code that owns the format (never a second parser):
+
+    backend record   file WAL frame: tae_driver.backends.segment.read_segment_frames
+                     logsvc record:  spark_jobs.journal (store reader + shard state machine)
+    driver record    tae_driver.record.decode  (ENTRIES: DSNs and entries; SKIP: pairs)
+    engine entry     engine.wal.codec.decode_entry  (AC transaction, CKP checkpoint)
+
+Levels: `segment` (inventory, no payload decoded), `raft` (logsvc_segments: Raft entries),
+`record` (per DSN copy, marker, skip pair, truncate, damage; no engine decoding), `entry`
+(plus the transaction context), `command` (one row per command), `rows` (one table's
+appended rows, typed, with their row ids: option `table_id` and its schema).
+
+Damage: with verify `true` it is `InputCorrupt`; with `report` a row of kind `corrupt` or
+`torn_tail` (`checksum_ok` false, `error` the reason) and the unit's reading goes on where it
+still can (after a bad driver record or entry; not past bad framing); `false` skips the
+backend's own checksums (the driver and engine decoders always check theirs).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import xxhash
+
+from engine.errors import WalCorruption
+from engine.schema import Schema
+from engine.wal.codec import decode_entry, encode_batch
+from engine.wal.entry import Append, CheckpointEntry, Delete, TxnEntry, UpdateCatalog
+from spark_jobs import schemas
+from spark_jobs.errors import BadInput, InputCorrupt
+from spark_jobs.filters import Bounds
+from spark_jobs.inputs import BACKEND_FILE, JOURNAL_DIR, Unit, journal_segments
+from spark_jobs.journal import (
+    KIND_CORRUPT,
+    KIND_TORN,
+    VERIFY_FALSE,
+    VERIFY_MODES,
+    VERIFY_REPORT,
+    VERIFY_TRUE,
+    read_journal,
+)
+from spark_jobs.schemas import signed64
+from tae_driver.backends import segment as file_segment
+from tae_driver.errors import CorruptRecord, StorageCorruption
+from tae_driver.record import EntriesRecord, decode, payload_checksum
+
+LEVEL_SEGMENT = "segment"
+LEVEL_RAFT = "raft"
+LEVEL_RECORD = "record"
+LEVEL_ENTRY = "entry"
+LEVEL_COMMAND = "command"
+LEVEL_ROWS = "rows"
+LEVELS = (LEVEL_SEGMENT, LEVEL_RAFT, LEVEL_RECORD, LEVEL_ENTRY, LEVEL_COMMAND, LEVEL_ROWS)
+# Rows per Arrow batch handed out: bounds the memory of one batch (a command row may carry
+# an Arrow IPC batch of up to an entry's 2 MiB).
+BATCH_ROWS_MAX = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class ReadOptions:
+    level: str
+    verify: str = VERIFY_TRUE
+    bounds: Bounds = field(default_factory=Bounds)
+    table_id: int | None = None  # level rows
+    table_schema: Schema | None = None  # level rows
+    for_spark: bool = False  # level rows: widen unsigned columns (schemas.rows_schema)
+    # Level command: False leaves `batch_ipc` and `cmd_bytes` null, which saves encoding
+    # every batch for readers that do not want the rows (replay's catalog and deletes pass).
+    batches: bool = True
+
+    def __post_init__(self) -> None:
+        if self.level not in LEVELS:
+            raise BadInput(f"level {self.level!r}: one of {', '.join(LEVELS)}")
+        if self.verify not in VERIFY_MODES:
+            raise BadInput(f"verify {self.verify!r}: one of {', '.join(VERIFY_MODES)}")
+        if self.level == LEVEL_ROWS and (self.table_id is None or self.table_schema is None):
+            raise BadInput("level rows needs a table_id and its table schema")
+
+    def schema(self) -> pa.Schema:
+        if self.level == LEVEL_ROWS:
+            assert self.table_schema is not None
+            return schemas.rows_schema(self.table_schema, for_spark=self.for_spark)
+        return {
+            LEVEL_SEGMENT: schemas.SEGMENT,
+            LEVEL_RAFT: schemas.RAFT_ENTRY,
+            LEVEL_RECORD: schemas.RECORD,
+            LEVEL_ENTRY: schemas.ENTRY,
+            LEVEL_COMMAND: schemas.COMMAND,
+        }[self.level]
+
+
+class _Batcher:
+    """Collects row tuples and hands out Arrow batches of at most BATCH_ROWS_MAX rows."""
+
+    def __init__(self, schema: pa.Schema) -> None:
+        self.schema = schema
+        self.rows: list[tuple[object, ...]] = []
+
+    def add(self, row: tuple[object, ...]) -> pa.RecordBatch | None:
+        self.rows.append(row)
+        return self.flush() if len(self.rows) >= BATCH_ROWS_MAX else None
+
+    def flush(self) -> pa.RecordBatch | None:
+        if not self.rows:
+            return None
+        columns = list(zip(*self.rows, strict=True))
+        self.rows = []
+        arrays = [pa.array(list(c), type=f.type) for c, f in zip(columns, self.schema, strict=True)]
+        return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+
+
+def read_unit(unit: Unit, options: ReadOptions) -> Iterator[pa.RecordBatch]:
+    """Every batch of `options.level` for one unit, filtered by `options.bounds`."""
+    if options.level == LEVEL_SEGMENT:
+        yield from _emit(options.schema(), _segment_rows(unit, options.verify))
+    elif options.level == LEVEL_RAFT:
+        if unit.backend == BACKEND_FILE:
+            raise BadInput("logsvc_segments reads logsvc node directories, not a file WAL")
+        yield from _emit(options.schema(), _raft_rows(unit, options))
+    elif options.level == LEVEL_ROWS:
+        yield from _rows_level(unit, options)
+    else:
+        yield from _emit(options.schema(), _wal_rows(unit, options))
+
+
+def _emit(schema: pa.Schema, rows: Iterator[tuple[object, ...]]) -> Iterator[pa.RecordBatch]:
+    batcher = _Batcher(schema)
+    for row in rows:
+        batch = batcher.add(row)
+        if batch is not None:
+            yield batch
+    batch = batcher.flush()
+    if batch is not None:
+        yield batch
+
+
+# --- level segment (inventory) ----------------------------------------------------------------
+
+
+def _segment_rows(unit: Unit, verify: str) -> Iterator[tuple[object, ...]]:
+    """One row per segment file, from a header walk (`verify=false` semantics whatever is
+    asked: the inventory decodes no payload and computes no checksum)."""
+    del verify
+    if unit.backend == BACKEND_FILE:
+        frames = file_segment.read_segment_frames(
+            _read(unit.path), unit.path, newest=unit.newest, verify=False
+        )
+        lsns = [
+            f.frame.lsn
+            for f in frames.frames
+            if f.frame.frame_type is file_segment.FrameType.RECORD
+        ]
+        truncates = [
+            f.frame.lsn
+            for f in frames.frames
+            if f.frame.frame_type is file_segment.FrameType.TRUNCATE
+        ]
+        yield (
+            unit.replica,
+            unit.shard,
+            unit.backend,
+            unit.segment,
+            unit.size_bytes,
+            "lsn",
+            frames.base_lsn,
+            lsns[-1] if lsns else frames.base_lsn - 1,
+            len(lsns),
+            max(truncates) if truncates else None,
+            None,
+            frames.end,
+            frames.end_offset,
+            frames.end_reason,
+        )
+        return
+    from logsvc.store import records
+
+    journal = os.path.join(unit.path, JOURNAL_DIR)
+    segments = journal_segments(journal)
+    log_start = _log_start_quiet(journal)
+    for position, (first_index, name, size) in enumerate(segments):
+        read = records.read_segment_records(
+            _read(os.path.join(journal, name)),
+            first_index,
+            newest=position == len(segments) - 1,
+            verify=False,
+        )
+        yield (
+            unit.replica,
+            unit.shard,
+            unit.backend,
+            name,
+            size,
+            "raft_index",
+            first_index,
+            first_index + len(read.records) - 1,
+            len(read.records),
+            None,
+            log_start,
+            read.end,
+            read.end_offset_bytes,
+            read.end_reason,
+        )
+
+
+def _log_start_quiet(journal: str) -> int | None:
+    from logsvc.store.meta import META_FILE_NAME, decode_meta
+
+    path = os.path.join(journal, META_FILE_NAME)
+    if not os.path.exists(path):
+        return None
+    meta = decode_meta(_read(path))
+    return None if isinstance(meta, tuple) else meta.first_index
+
+
+# --- level raft (logsvc_segments) -------------------------------------------------------------
+
+
+def _raft_rows(unit: Unit, options: ReadOptions) -> Iterator[tuple[object, ...]]:
+    for entry in read_journal(unit.path, verify=options.verify):
+        yield (
+            unit.replica,
+            unit.shard,
+            entry.segment,
+            entry.offset_bytes,
+            entry.raft_index,
+            entry.term,
+            entry.kind,
+            entry.outcome,
+            entry.records,
+            entry.lsn_first,
+            entry.lsn_count,
+            entry.payload_bytes,
+            None if entry.checksum is None else signed64(entry.checksum),
+            entry.checksum_ok,
+            entry.error,
+        )
+
+
+# --- backend records ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _BackendRecord:
+    segment: str
+    offset_bytes: int
+    lsn: int | None
+    raft_index: int | None
+    payload: bytes | None  # None: a TRUNCATE frame or damage
+    kind: str  # "record", "truncate", KIND_TORN, KIND_CORRUPT
+    error: str | None = None
+
+
+def _backend_records(unit: Unit, verify: str) -> Iterator[_BackendRecord]:
+    if unit.backend == BACKEND_FILE:
+        try:
+            frames = file_segment.read_segment_frames(
+                _read(unit.path), unit.path, newest=unit.newest, verify=verify != VERIFY_FALSE
+            )
+        except StorageCorruption as exc:  # a bad segment header
+            if verify == VERIFY_TRUE:
+                raise InputCorrupt(unit.path, exc.offset_bytes, exc.reason) from None
+            yield _BackendRecord(
+                unit.segment, exc.offset_bytes, None, None, None, KIND_CORRUPT, exc.reason
+            )
+            return
+        for at in frames.frames:
+            frame = at.frame
+            if frame.frame_type is file_segment.FrameType.RECORD:
+                yield _BackendRecord(unit.segment, at.offset, frame.lsn, None, frame.body, "record")
+            else:
+                yield _BackendRecord(unit.segment, at.offset, frame.lsn, None, None, "truncate")
+        if frames.end == file_segment.END_CORRUPT:
+            if verify == VERIFY_TRUE:
+                raise InputCorrupt(unit.path, frames.end_offset, frames.end_reason or "corrupt")
+            yield _BackendRecord(
+                unit.segment, frames.end_offset, None, None, None, KIND_CORRUPT, frames.end_reason
+            )
+        elif frames.end == file_segment.END_TORN and verify == VERIFY_REPORT:
+            yield _BackendRecord(
+                unit.segment, frames.end_offset, None, None, None, KIND_TORN, frames.end_reason
+            )
+        return
+    for entry in read_journal(unit.path, verify=verify, want_records=True):
+        if entry.truncated_lsn is not None:
+            yield _BackendRecord(
+                entry.segment,
+                entry.offset_bytes,
+                entry.truncated_lsn,
+                entry.raft_index,
+                None,
+                "truncate",
+            )
+            continue
+        if entry.kind in (KIND_TORN, KIND_CORRUPT):
+            yield _BackendRecord(
+                entry.segment,
+                entry.offset_bytes,
+                None,
+                entry.raft_index,
+                None,
+                entry.kind,
+                entry.error,
+            )
+            continue
+        for lsn, record in entry.accepted:
+            yield _BackendRecord(
+                entry.segment, entry.offset_bytes, lsn, entry.raft_index, record, "record"
+            )
+
+
+# --- levels record, entry, command -------------------------------------------------------------
+
+
+def _wal_rows(unit: Unit, options: ReadOptions) -> Iterator[tuple[object, ...]]:
+    level = options.level
+    bounds = options.bounds
+    lsn_range, dsn_range, ts_range = (
+        bounds.range("lsn"),
+        bounds.range("dsn"),
+        bounds.range("commit_ts"),
+    )
+    width = len(schemas.ENTRY) - len(schemas.RECORD)
+    blank_entry = (None,) * width
+    row: tuple[object, ...]
+    for rec in _backend_records(unit, options.verify):
+        if not lsn_range.holds(rec.lsn):
+            continue
+        head = (unit.replica, unit.shard, rec.segment, rec.offset_bytes, rec.lsn, rec.raft_index)
+        if rec.payload is None:
+            if level != LEVEL_COMMAND and dsn_range.unbounded and ts_range.unbounded:
+                ok = rec.kind == "truncate"
+                row = (*head, rec.kind, *(None,) * 10, ok, rec.error)
+                yield row if level == LEVEL_RECORD else (*row, *blank_entry)
+            continue
+        try:
+            decoded = decode(rec.payload)
+        except CorruptRecord as exc:
+            reason = f"driver record at LSN {rec.lsn}: {exc}"
+            if options.verify != VERIFY_REPORT:
+                raise InputCorrupt(unit.path, rec.offset_bytes, reason) from None
+            if level != LEVEL_COMMAND and dsn_range.unbounded and ts_range.unbounded:
+                row = (*head, KIND_CORRUPT, *(None,) * 10, False, reason)
+                yield row if level == LEVEL_RECORD else (*row, *blank_entry)
+            continue
+        record_checksum = signed64(payload_checksum(rec.payload))
+        if not isinstance(decoded, EntriesRecord):  # a skip record: one row per pair
+            if level != LEVEL_COMMAND and dsn_range.unbounded and ts_range.unbounded:
+                for dsn, lsn in decoded.pairs:
+                    row = (
+                        *head,
+                        "skip",
+                        0,
+                        len(decoded.pairs),
+                        0,
+                        record_checksum,
+                        None,
+                        None,
+                        None,
+                        None,
+                        dsn,
+                        lsn,
+                        True,
+                        None,
+                    )
+                    yield row if level == LEVEL_RECORD else (*row, *blank_entry)
+            continue
+        record_head = (decoded.start_dsn, decoded.count, decoded.safe_dsn, record_checksum)
+        if decoded.count == 0:
+            if level != LEVEL_COMMAND and dsn_range.unbounded and ts_range.unbounded:
+                row = (
+                    *head,
+                    "marker",
+                    *record_head,
+                    None,
+                    None,
+                    None,
+                    None,
+                    None,
+                    None,
+                    True,
+                    None,
+                )
+                yield row if level == LEVEL_RECORD else (*row, *blank_entry)
+            continue
+        for index, payload in enumerate(decoded.entries):
+            dsn = decoded.start_dsn + index
+            if not dsn_range.holds(dsn):
+                continue
+            entry_checksum = signed64(xxhash.xxh3_64_intdigest(payload))
+            base = (
+                *head,
+                "entry",
+                *record_head,
+                dsn,
+                index,
+                len(payload),
+                entry_checksum,
+                None,
+                None,
+            )
+            if level == LEVEL_RECORD:
+                yield (*base, True, None)
+                continue
+            try:
+                entry = decode_entry(payload, dsn)
+            except WalCorruption as exc:
+                if options.verify != VERIFY_REPORT:
+                    raise InputCorrupt(unit.path, rec.offset_bytes, str(exc)) from None
+                if level == LEVEL_ENTRY and ts_range.unbounded:
+                    yield (*base, False, str(exc), *blank_entry)
+                continue
+            if isinstance(entry, CheckpointEntry):
+                if level == LEVEL_ENTRY and ts_range.unbounded:
+                    yield (
+                        *base,
+                        True,
+                        None,
+                        "checkpoint",
+                        None,
+                        None,
+                        None,
+                        None,
+                        None,
+                        None,
+                        None,
+                        None,
+                        entry.ckp_ts,
+                        entry.truncate_dsn,
+                        entry.location,
+                    )
+                continue
+            if not ts_range.holds(entry.commit_ts):
+                continue
+            if level == LEVEL_ENTRY:
+                yield (*base, True, None, *_txn_fields(entry))
+            else:
+                yield from _command_rows(unit, rec, dsn, entry_checksum, entry, options.batches)
+
+
+def _txn_fields(entry: TxnEntry) -> tuple[object, ...]:
+    catalog = appends = deletes = 0
+    rows_appended = rows_deleted = 0
+    for cmd in entry.commands:
+        if isinstance(cmd, UpdateCatalog):
+            catalog += 1
+        elif isinstance(cmd, Append):
+            appends += 1
+            rows_appended += cmd.batch.num_rows
+        elif isinstance(cmd, Delete):
+            deletes += 1
+            rows_deleted += len(cmd.rows)
+    memo = [{"db_id": m.db_id, "table_id": m.table_id, "block_id": m.block_id} for m in entry.memo]
+    return (
+        "txn",
+        entry.start_ts,
+        entry.commit_ts,
+        memo,
+        catalog,
+        appends,
+        deletes,
+        rows_appended,
+        rows_deleted,
+        None,
+        None,
+        None,
+    )
+
+
+def _command_rows(
+    unit: Unit,
+    rec: _BackendRecord,
+    dsn: int,
+    entry_checksum: int,
+    entry: TxnEntry,
+    batches: bool,
+) -> Iterator[tuple[object, ...]]:
+    head = (
+        unit.replica,
+        unit.shard,
+        rec.segment,
+        rec.offset_bytes,
+        rec.lsn,
+        rec.raft_index,
+        dsn,
+        entry.start_ts,
+        entry.commit_ts,
+        entry_checksum,
+    )
+    for index, cmd in enumerate(entry.commands):
+        if isinstance(cmd, UpdateCatalog):
+            schema_json = None if cmd.schema is None else schemas.schema_to_json(cmd.schema)
+            yield (
+                *head,
+                index,
+                "catalog",
+                cmd.db_id,
+                cmd.table_id or None,
+                cmd.kind.name.lower(),
+                cmd.op.name.lower(),
+                cmd.name,
+                schema_json,
+                None,
+                None,
+                None,
+                None,
+                None,
+                0,
+            )
+        elif isinstance(cmd, Append):
+            ipc = encode_batch(cmd.batch) if batches else None
+            infos = [
+                {"block_id": i.block_id, "offset": i.offset, "rows": i.rows} for i in cmd.infos
+            ]
+            yield (
+                *head,
+                index,
+                "append",
+                cmd.db_id,
+                cmd.table_id,
+                None,
+                None,
+                None,
+                None,
+                None,
+                cmd.batch.num_rows,
+                infos,
+                ipc,
+                None,
+                None if ipc is None else len(ipc),
+            )
+        else:
+            assert isinstance(cmd, Delete)
+            offsets = list(cmd.rows)
+            yield (
+                *head,
+                index,
+                "delete",
+                cmd.db_id,
+                cmd.table_id,
+                None,
+                None,
+                None,
+                None,
+                cmd.block_id,
+                len(offsets),
+                None,
+                None,
+                offsets,
+                0,
+            )
+
+
+# --- level rows (one table's appended rows, typed) --------------------------------------------
+
+
+def txn_entries(unit: Unit, options: ReadOptions) -> Iterator[tuple[_BackendRecord, int, TxnEntry]]:
+    """(backend record, DSN, entry) of every transaction entry passing the bounds, with the
+    command level's damage rules (report mode skips damage: other levels list it)."""
+    bounds = options.bounds
+    lsn_range, dsn_range, ts_range = (
+        bounds.range("lsn"),
+        bounds.range("dsn"),
+        bounds.range("commit_ts"),
+    )
+    for rec in _backend_records(unit, options.verify):
+        if rec.payload is None or not lsn_range.holds(rec.lsn):
+            continue
+        try:
+            decoded = decode(rec.payload)
+        except CorruptRecord as exc:
+            if options.verify != VERIFY_REPORT:
+                raise InputCorrupt(
+                    unit.path, rec.offset_bytes, f"driver record at LSN {rec.lsn}: {exc}"
+                ) from None
+            continue
+        if not isinstance(decoded, EntriesRecord):
+            continue
+        for index, payload in enumerate(decoded.entries):
+            dsn = decoded.start_dsn + index
+            if not dsn_range.holds(dsn):
+                continue
+            try:
+                entry = decode_entry(payload, dsn)
+            except WalCorruption as exc:
+                if options.verify != VERIFY_REPORT:
+                    raise InputCorrupt(unit.path, rec.offset_bytes, str(exc)) from None
+                continue
+            if isinstance(entry, TxnEntry) and ts_range.holds(entry.commit_ts):
+                yield rec, dsn, entry
+
+
+def _rows_level(unit: Unit, options: ReadOptions) -> Iterator[pa.RecordBatch]:
+    """The appended rows of table `options.table_id`: (lsn, dsn, commit_ts, block_id, offset)
+    then the table's columns, cast to the level's schema."""
+    schema = options.schema()
+    value_fields = list(schema)[len(schemas.ROWS_PREFIX) :]
+    pending: list[pa.RecordBatch] = []
+    pending_rows = 0
+    for rec, dsn, entry in txn_entries(unit, options):
+        for cmd in entry.commands:
+            if not isinstance(cmd, Append) or cmd.table_id != options.table_id:
+                continue
+            rows = _exploded(rec.lsn, dsn, entry.commit_ts, cmd, schema, value_fields)
+            pending.append(rows)
+            pending_rows += rows.num_rows
+            if pending_rows >= BATCH_ROWS_MAX:
+                yield from (
+                    pa.Table.from_batches(pending, schema=schema).combine_chunks().to_batches()
+                )
+                pending, pending_rows = [], 0
+    if pending:
+        yield from pa.Table.from_batches(pending, schema=schema).combine_chunks().to_batches()
+
+
+def _exploded(
+    lsn: int | None,
+    dsn: int,
+    commit_ts: int,
+    cmd: Append,
+    schema: pa.Schema,
+    value_fields: list[pa.Field],
+) -> pa.RecordBatch:
+    block_ids: list[int] = []
+    offsets: list[int] = []
+    for info in cmd.infos:
+        block_ids.extend([info.block_id] * info.rows)
+        offsets.extend(range(info.offset, info.offset + info.rows))
+    count = cmd.batch.num_rows
+    prefix = [
+        pa.array([lsn] * count, pa.int64()),
+        pa.array([dsn] * count, pa.int64()),
+        pa.array([commit_ts] * count, pa.int64()),
+        pa.array(block_ids, pa.int64()),
+        pa.array(offsets, pa.int64()),
+    ]
+    if [f.name for f in value_fields] != cmd.batch.schema.names:
+        raise InputCorrupt("", 0, f"DSN {dsn}: the batch's columns are not the table's")
+    columns = [
+        column.cast(field.type)
+        for column, field in zip(cmd.batch.columns, value_fields, strict=True)
+    ]
+    return pa.RecordBatch.from_arrays([*prefix, *columns], schema=schema)
+
+
+def _read(path: str) -> bytes:
+    try:
+        with open(path, "rb") as file:
+            return file.read()
+    except OSError as exc:
+        raise InputCorrupt(path, 0, f"cannot read: {exc.strerror}") from None

@@ -1,0 +1,27 @@
+"""One SparkSession for the whole Spark suite, on local[1] with the lean test settings of
+shared/reference/spark.md §4.4 (spark_jobs.session.TEST_CONF), built by spark_jobs.session
+and stopped at the end. The suite skips, naming the reason, only when pyspark or a `java`
+are missing: `./dev test` installs both, so in CI it runs."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+pytest.importorskip("pyspark", reason="pyspark is not installed (the spark extra)")
+if shutil.which("java") is None:
+    pytest.skip("no java on PATH (Spark needs a Java 17 runtime)", allow_module_level=True)
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    from spark_jobs.session import TEST_CONF, get_spark
+
+    session = get_spark("spark_jobs tests", master="local[1]", conf=TEST_CONF)
+    try:
+        yield session
+    finally:
+        session.stop()

@@ -1,0 +1,317 @@
+"""Real logs for the spark_jobs tests, written by the real writers.
+
+* `engine_history`: a `SyncEngine` on a file WAL (tae_driver's file backend) runs a history
+  of DDL and DML (creates, inserts spanning two blocks, updates, deletes, a table dropped
+  and created again under the same name, a database created and dropped) and records, at
+  several timestamps, what `Engine.snapshot(ts)` scans for every table.
+* `write_file_wal`: driver records chosen by a test (the real record and entry encoders)
+  appended through the real `FileBackend`, one backend record each, optionally truncated:
+  how a test makes duplicates, conflicts, gaps, skip records and truncated prefixes that
+  the driver itself only makes after crashes.
+* `logsvc_history`: a real 3-node logsvc cluster (`dev-cluster`, stopped by PID) with three
+  shards: shard 1 is the WAL of a real engine over logsvc; shard 2 holds driver records
+  appended through the real `LogsvcBackend` with a duplicate copy and a DSN gap; shard 3 was
+  truncated through the backend (LSNs 1-2) between appends; after the cluster stops,
+  replica n3 of shard 1 is made to diverge (its journal cut back with the real store and
+  one entry rewritten: a fault Raft itself never produces).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import os
+import pickle
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+from pyroaring import FrozenBitMap
+
+from engine import Column, Schema, SyncEngine
+from engine.wal.codec import encode_entry
+from engine.wal.entry import (
+    Append,
+    AppendInfo,
+    CatalogKind,
+    CatalogOp,
+    Delete,
+    MemoItem,
+    TxnEntry,
+    UpdateCatalog,
+)
+from tae_driver.backends.file import FileBackend
+from tae_driver.record import encode_record, encode_skip
+
+ORDERS = Schema(
+    [
+        Column("id", "int64"),
+        Column("amount", "float64"),
+        Column("note", "string", nullable=True),
+        Column("qty", "uint32", nullable=True),
+        Column("day", "date32", nullable=True),
+    ],
+    ["id"],
+)
+ITEMS = Schema([Column("sku", "string"), Column("price", "float64")], ["sku"])
+
+Scans = dict[str, list[dict[str, Any]]]  # "db.table" -> rows sorted by primary key
+
+
+@dataclass
+class History:
+    path: str
+    timestamps: list[int]  # the commit_ts of every transaction, in order
+    scans: dict[int, Scans] = field(default_factory=dict)  # ts -> what the engine scans
+
+
+def order_rows(first: int, count: int) -> list[dict[str, Any]]:
+    return [
+        {
+            "id": i,
+            "amount": i * 1.25,
+            "note": None if i % 3 else f"n{i}",
+            "qty": None if i % 5 == 0 else i % 1000,
+            "day": datetime.date(2026, 1, 1 + i % 28),
+        }
+        for i in range(first, first + count)
+    ]
+
+
+def engine_history(path: str, big_rows: int = 9000, **options: Any) -> History:
+    """Run the history on `SyncEngine.open(path, **options)`; record the engine's scans
+    before, between and after the transactions."""
+    history = History(path, [])
+    eng = SyncEngine.open(path, **options)
+    try:
+
+        def commit(body: Any) -> None:
+            with eng.transaction() as txn:
+                body(txn)
+            assert txn.commit_ts is not None
+            history.timestamps.append(txn.commit_ts)
+
+        commit(lambda t: (t.create_database("shop"), t.create_table("shop", "orders", ORDERS)))
+        commit(lambda t: t.create_table("shop", "items", ITEMS))
+        commit(lambda t: t.table("shop", "orders").insert(order_rows(0, big_rows)))  # 2 blocks
+        commit(lambda t: t.table("shop", "items").insert([{"sku": "a", "price": 1.0}]))
+        commit(lambda t: t.table("shop", "orders").delete([1, 2, 3, big_rows - 1]))
+        commit(lambda t: t.table("shop", "orders").update([10, 8191], {"amount": -1.0}))
+        commit(lambda t: t.table("shop", "orders").insert(order_rows(big_rows, 7)))
+        commit(lambda t: t.drop_table("shop", "items"))
+        commit(
+            lambda t: (
+                t.create_table("shop", "items", ITEMS),
+                t.table("shop", "items").insert([{"sku": "b", "price": 2.0}]),
+            )
+        )
+        commit(lambda t: (t.create_database("tmp"), t.create_table("tmp", "t", ITEMS)))
+        commit(lambda t: (t.drop_table("tmp", "t"), t.drop_database("tmp")))
+        commit(lambda t: t.table("shop", "orders").delete([big_rows + 2]))
+        wanted = {0, *history.timestamps, *(ts + 1 for ts in history.timestamps)}
+        for ts in sorted(wanted):
+            if ts <= eng.visible_ts:
+                history.scans[ts] = snapshot_scans(eng, ts)
+    finally:
+        eng.close()
+    return history
+
+
+def snapshot_scans(eng: SyncEngine, ts: int) -> Scans:
+    out: Scans = {}
+    with eng.snapshot(ts) as txn:
+        for db in txn.databases():
+            for name in txn.tables(db):
+                table = txn.table(db, name).scan()
+                out[f"{db}.{name}"] = table.to_pylist()
+    return out
+
+
+# --- hand-made driver records ------------------------------------------------------------------
+
+
+def create_db_entry(start_ts: int, commit_ts: int, db_id: int, name: str) -> bytes:
+    command = UpdateCatalog(CatalogKind.DATABASE, CatalogOp.CREATE, db_id, 0, name, None)
+    return encode_entry(TxnEntry(start_ts, commit_ts, (MemoItem(db_id, 0, 0),), (command,)))
+
+
+def create_table_entry(start_ts: int, commit_ts: int, db_id: int, table_id: int) -> bytes:
+    schema = Schema([Column("k", "int64"), Column("v", "string", nullable=True)], ["k"])
+    command = UpdateCatalog(CatalogKind.TABLE, CatalogOp.CREATE, db_id, table_id, "kv", schema)
+    return encode_entry(TxnEntry(start_ts, commit_ts, (MemoItem(db_id, table_id, 0),), (command,)))
+
+
+def append_entry(
+    start_ts: int, commit_ts: int, db_id: int, table_id: int, offset: int, keys: Sequence[int]
+) -> bytes:
+    batch = pa.RecordBatch.from_pydict(
+        {"k": list(keys), "v": [f"v{k}" for k in keys]},
+        schema=pa.schema([("k", pa.int64()), ("v", pa.string())]),
+    )
+    command = Append(db_id, table_id, (AppendInfo(1, offset, len(keys)),), batch)
+    return encode_entry(TxnEntry(start_ts, commit_ts, (MemoItem(db_id, table_id, 1),), (command,)))
+
+
+def delete_entry(
+    start_ts: int, commit_ts: int, db_id: int, table_id: int, offsets: Sequence[int]
+) -> bytes:
+    command = Delete(db_id, table_id, 1, FrozenBitMap(offsets))
+    return encode_entry(TxnEntry(start_ts, commit_ts, (MemoItem(db_id, table_id, 1),), (command,)))
+
+
+def kv_entries(count: int, ts0: int = 1000) -> list[bytes]:
+    """A valid little history: database 1, table 2 "kv", then `count - 2` appends of one row
+    each (keys 0, 1, ...). Entry i has commit_ts ts0 + 10 * i."""
+    out = [create_db_entry(ts0 - 1, ts0, 1, "db"), create_table_entry(ts0, ts0 + 10, 1, 2)]
+    for i in range(count - 2):
+        ts = ts0 + 10 * (i + 2)
+        out.append(append_entry(ts - 5, ts, 1, 2, i, [i]))
+    return out
+
+
+def write_file_wal(
+    wal_dir: str,
+    records: Sequence[bytes],
+    *,
+    truncate_lsn: int | None = None,
+    segment_bytes_max: int | None = None,
+) -> None:
+    """Append each payload as one backend record (LSNs 1, 2, ...), then truncate if asked."""
+
+    async def run() -> None:
+        if segment_bytes_max is None:
+            backend = await FileBackend.open(wal_dir)
+        else:
+            backend = await FileBackend.open(wal_dir, segment_bytes_max=segment_bytes_max)
+        try:
+            for payload in records:
+                await backend.append(payload)
+            if truncate_lsn is not None:
+                await backend.truncate(truncate_lsn)
+        finally:
+            await backend.close()
+
+    asyncio.run(run())
+
+
+def records_of(entries: Sequence[bytes], per_record: int = 1, first_dsn: int = 1) -> list[bytes]:
+    """Driver records holding `entries` `per_record` at a time, each with safe DSN = the DSN
+    before it (what a driver writing one record at a time publishes)."""
+    out = []
+    for start in range(0, len(entries), per_record):
+        dsn = first_dsn + start
+        out.append(encode_record(dsn, dsn - 1, entries[start : start + per_record]))
+    return out
+
+
+__all__ = ["encode_record", "encode_skip"]
+
+
+# --- a real logsvc cluster ------------------------------------------------------------------------
+
+
+@dataclass
+class LogsvcLogs:
+    base: str
+    nodes: dict[str, str]  # replica name -> node data dir
+    engine: History  # shard 1: the real engine's history over logsvc
+    shard2_dsns: list[int]  # DSNs appended to shard 2 (with a repeat and a gap)
+    diverged_raft_index: int  # the shard 1 entry rewritten on n3
+
+
+def logsvc_history(base: str) -> LogsvcLogs:
+    from logsvc import devcluster
+    from logsvc.config import load_client_config
+    from tae_driver.backends.logsvc import LogsvcBackend
+
+    devcluster.up(base, nodes=3, shards=3)
+    client_toml = os.path.join(base, "client.toml")
+    try:
+        history = engine_history(
+            os.path.join(base, "engine"),
+            big_rows=300,
+            wal="logsvc",
+            client_config=client_toml,
+            shard=1,
+        )
+        config = load_client_config(client_toml)
+        entries = kv_entries(6)
+        # DSNs 1-2, 3 twice (a retried append the service could not deduplicate), 4, then
+        # 6 and 7 after a gap at 5 whose records only vouch for DSNs below it (safe 4):
+        # trailing records of a crashed writer, never acknowledged.
+        shard2 = [
+            encode_record(1, 0, entries[0:2]),
+            encode_record(3, 2, entries[2:3]),
+            encode_record(3, 2, entries[2:3]),
+            encode_record(4, 3, entries[3:4]),
+            encode_record(6, 4, entries[4:6]),
+        ]
+
+        async def append_shards() -> None:
+            backend = await LogsvcBackend.open(config.addresses, config.token, 2)
+            try:
+                for payload in shard2:
+                    await backend.append(payload)
+            finally:
+                await backend.close()
+            # Shard 3: four records, a truncate of LSNs 1-2 (the shard may compact its
+            # journal and take a snapshot), then two more records.
+            backend = await LogsvcBackend.open(config.addresses, config.token, 3)
+            try:
+                for payload in records_of(kv_entries(4)):
+                    await backend.append(payload)
+                await backend.truncate(2)
+                for payload in records_of(kv_entries(6)[4:], first_dsn=5):
+                    await backend.append(payload)
+            finally:
+                await backend.close()
+
+        asyncio.run(append_shards())
+    finally:
+        devcluster.down(base)
+    nodes = {name: os.path.join(base, name) for name in ("n1", "n2", "n3")}
+    raft_index = diverge(os.path.join(nodes["n3"], "shards", "1"))
+    return LogsvcLogs(base, nodes, history, [1, 2, 3, 3, 4, 6, 7], raft_index)
+
+
+def diverge(shard_dir: str) -> int:
+    """Rewrite the second-to-last append entry of this replica's journal with other record
+    bytes (same DSNs, another commit), cutting everything after it: the replica now
+    disagrees with its peers at that entry's LSN and lags one append behind them. Returns
+    its raft index."""
+    from logsvc.shard import raft
+    from logsvc.shard.commands import AppendBatch, decode_command, encode_command
+    from logsvc.store import Entry, ShardStore
+    from tae_driver.record import EntriesRecord, decode
+
+    store = ShardStore.open(os.path.join(shard_dir, "journal"))
+    seen = 0
+    try:
+        for index in range(store.last_index, store.first_index - 1, -1):
+            [entry] = store.read(index, index + 1, 0)
+            encoded = raft.command_of_entry_offline(entry.payload)
+            if encoded is None:
+                continue
+            command = decode_command(encoded)
+            if not isinstance(command, AppendBatch) or not command.records:
+                continue
+            seen += 1
+            if seen < 2:
+                continue
+            record = decode(command.records[0])
+            assert isinstance(record, EntriesRecord) and record.count >= 1
+            other = create_db_entry(1, 2, 99, "diverged")
+            forged = encode_record(record.start_dsn, record.safe_dsn, [other] * record.count)
+            batch = AppendBatch(command.client_id, command.seq, command.epoch, (forged,))
+            # pysyncobj's wrapping of a call (raft.py `command_of_entry`): type byte 0, then
+            # the pickle of (method id, (command bytes,)); the method id is kept.
+            call = pickle.loads(entry.payload[1:])
+            payload = b"\x00" + pickle.dumps((call[0], (encode_command(batch),)), protocol=4)
+            store.truncate_suffix(index)
+            store.append([Entry(index, entry.term, payload)])
+            store.sync()
+            return index
+        raise AssertionError("no append entry to rewrite")
+    finally:
+        store.close()

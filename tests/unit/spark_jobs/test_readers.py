@@ -1,0 +1,179 @@
+"""The readers (spark_jobs.walread) on real file WALs with each edge case, row by row:
+
+* a clean log: one record-level row per DSN, entry and command levels decoded by the
+  engine's codec, the rows level with its row ids, the segment level without decoding;
+* a torn tail: gone under verify=true (recovery would cut it), one `torn_tail` row under
+  report; a bad checksum in a sealed segment: `InputCorrupt` naming file and offset under
+  true, a `corrupt` row under report;
+* an empty segment (a fresh log): no row at any level, one inventory row of 0 records;
+* duplicated and conflicting copies, a skip record and a safe marker: each as its own row;
+* a truncated prefix: the `truncate` row with the truncated LSN;
+* pushed bounds prune: a lower LSN bound skips whole segments, DSN and commit_ts bounds
+  drop rows, shard and replica bounds drop units.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from spark_jobs.errors import InputCorrupt
+from spark_jobs.filters import Bounds
+from spark_jobs.inputs import file_input, list_units
+from spark_jobs.schemas import schema_from_json, signed64
+from spark_jobs.walread import ReadOptions, read_unit
+from tests.unit.spark_jobs.logs import (
+    encode_record,
+    encode_skip,
+    kv_entries,
+    records_of,
+    write_file_wal,
+)
+
+
+def read(
+    wal: str, level: str, verify: str = "true", bounds: Bounds | None = None
+) -> list[dict[str, Any]]:
+    options = ReadOptions(level, verify, bounds or Bounds())
+    units = list_units(file_input(wal))
+    table = pa.Table.from_batches(
+        [b for u in units if options.bounds.keeps_unit(u) for b in read_unit(u, options)],
+        schema=options.schema(),
+    )
+    rows: list[dict[str, Any]] = table.to_pylist()
+    return rows
+
+
+@pytest.fixture
+def clean(tmp_path: Path) -> str:
+    wal = str(tmp_path / "wal")
+    write_file_wal(wal, records_of(kv_entries(6), per_record=2))
+    return wal
+
+
+def test_clean_log_at_every_level(clean: str) -> None:
+    records = read(clean, "record")
+    assert [(r["lsn"], r["dsn"], r["entry_index"], r["kind"]) for r in records] == [
+        (1, 1, 0, "entry"), (1, 2, 1, "entry"), (2, 3, 0, "entry"), (2, 4, 1, "entry"),
+        (3, 5, 0, "entry"), (3, 6, 1, "entry"),
+    ]  # fmt: skip
+    assert {r["record_start_dsn"] for r in records if r["lsn"] == 2} == {3}
+    assert all(r["checksum_ok"] and r["replica"] == "file" and r["shard"] == 0 for r in records)
+    entries = read(clean, "entry")
+    assert [(e["dsn"], e["commit_ts"], e["n_catalog"], e["n_append"]) for e in entries] == [
+        (1, 1000, 1, 0), (2, 1010, 1, 0), (3, 1020, 0, 1), (4, 1030, 0, 1), (5, 1040, 0, 1),
+        (6, 1050, 0, 1),
+    ]  # fmt: skip
+    assert entries[2]["memo"] == [{"db_id": 1, "table_id": 2, "block_id": 1}]
+    commands = read(clean, "command")
+    assert [(c["dsn"], c["cmd_kind"], c["catalog_op"], c["name"]) for c in commands[:2]] == [
+        (1, "catalog", "create", "db"), (2, "catalog", "create", "kv"),
+    ]  # fmt: skip
+    append = commands[2]
+    assert append["infos"] == [{"block_id": 1, "offset": 0, "rows": 1}]
+    assert pa.ipc.open_stream(append["batch_ipc"]).read_all().to_pylist() == [{"k": 0, "v": "v0"}]
+    schema = schema_from_json(commands[1]["schema_json"])
+    options = ReadOptions("rows", table_id=2, table_schema=schema)
+    [unit] = list_units(file_input(clean))
+    rows = pa.Table.from_batches(list(read_unit(unit, options))).to_pylist()
+    assert [(r["dsn"], r["block_id"], r["offset"], r["k"], r["v"]) for r in rows] == [
+        (3, 1, 0, 0, "v0"), (4, 1, 1, 1, "v1"), (5, 1, 2, 2, "v2"), (6, 1, 3, 3, "v3"),
+    ]  # fmt: skip
+    [segment] = read(clean, "segment")
+    assert (segment["records"], segment["first_position"], segment["last_position"]) == (3, 1, 3)
+    assert segment["end"] == "clean" and segment["size_bytes"] == os.path.getsize(unit.path)
+
+
+def test_torn_tail_is_dropped_or_reported(clean: str) -> None:
+    [unit] = list_units(file_input(clean))
+    with open(unit.path, "ab") as file:
+        file.write(b"\x01\x02\x03 half a frame")
+    assert [r["lsn"] for r in read(clean, "record")] == [1, 1, 2, 2, 3, 3]
+    reported = read(clean, "record", "report")
+    assert [(r["kind"], r["checksum_ok"]) for r in reported[-1:]] == [("torn_tail", False)]
+    assert reported[-1]["offset_bytes"] == unit.size_bytes  # where the garbage starts
+    assert read(clean, "segment")[0]["end"] == "torn"
+
+
+def test_bad_checksum_is_an_error_or_a_row(tmp_path: Path) -> None:
+    wal = str(tmp_path / "wal")
+    write_file_wal(wal, records_of(kv_entries(6), per_record=2))
+    [unit] = list_units(file_input(wal))
+    data = bytearray(Path(unit.path).read_bytes())
+    second_frame = 32 + 24 + int.from_bytes(data[32 + 8 : 32 + 12], "little")
+    data[second_frame + 40] ^= 0x10  # inside the second frame's body
+    data += b"\0" * 8 * 1024 * 1024  # far from the end: not a torn tail
+    Path(unit.path).write_bytes(bytes(data))
+    with pytest.raises(InputCorrupt) as raised:
+        read(wal, "entry")
+    assert raised.value.offset_bytes == second_frame and raised.value.path == unit.path
+    reported = read(wal, "record", "report")
+    assert [(r["kind"], r["lsn"]) for r in reported] == [
+        ("entry", 1),
+        ("entry", 1),
+        ("corrupt", None),
+    ]
+    assert reported[-1]["error"] == "frame checksum mismatch"
+
+
+def test_empty_segment(tmp_path: Path) -> None:
+    wal = str(tmp_path / "wal")
+    write_file_wal(wal, [])
+    assert read(wal, "entry") == [] and read(wal, "command") == []
+    [segment] = read(wal, "segment")
+    assert (segment["records"], segment["end"], segment["last_position"]) == (0, "clean", 0)
+
+
+def test_copies_skips_markers_and_truncation(tmp_path: Path) -> None:
+    wal = str(tmp_path / "wal")
+    entries = kv_entries(4)
+    other = kv_entries(5, ts0=5000)[3]  # another transaction: a conflicting copy of DSN 4
+    write_file_wal(
+        wal,
+        [
+            encode_record(1, 0, entries[0:2]),  # LSN 1: DSNs 1-2
+            encode_record(1, 0, entries[0:2]),  # LSN 2: a duplicate copy
+            encode_record(3, 2, entries[2:3]),  # LSN 3: DSN 3
+            encode_record(4, 3, entries[3:4]),  # LSN 4: DSN 4
+            encode_record(4, 3, [other]),  # LSN 5: DSN 4 again, other bytes
+            encode_skip([(4, 5)]),  # LSN 6: discards LSN 5's copy
+            encode_record(5, 4, []),  # LSN 7: a safe marker
+        ],
+        truncate_lsn=1,
+    )
+    rows = read(wal, "record")
+    summary = [(r["lsn"], r["kind"], r["dsn"], r["skip_dsn"], r["skip_lsn"]) for r in rows]
+    assert summary == [
+        (1, "entry", 1, None, None), (1, "entry", 2, None, None), (2, "entry", 1, None, None),
+        (2, "entry", 2, None, None), (3, "entry", 3, None, None), (4, "entry", 4, None, None),
+        (5, "entry", 4, None, None), (6, "skip", None, 4, 5), (7, "marker", None, None, None),
+        (1, "truncate", None, None, None),
+    ]  # fmt: skip
+    by_lsn = {r["lsn"]: r for r in rows if r["kind"] == "entry" and r["dsn"] == 4}
+    assert by_lsn[4]["entry_checksum"] != by_lsn[5]["entry_checksum"]
+    assert rows[0]["entry_checksum"] == rows[2]["entry_checksum"]
+    assert rows[0]["record_checksum"] == rows[2]["record_checksum"]
+    assert rows[-2]["safe_dsn"] == 4 and rows[-2]["record_start_dsn"] == 5
+    assert isinstance(signed64(2**64 - 1), int) and signed64(2**64 - 1) == -1
+
+
+def test_bounds_prune_units_and_rows(tmp_path: Path) -> None:
+    wal = str(tmp_path / "wal")
+    write_file_wal(wal, records_of(kv_entries(40)), segment_bytes_max=4096)
+    units = list_units(file_input(wal))
+    assert len(units) >= 3
+    last_base = units[-1].lsn_lo
+    bounds = Bounds().with_range("lsn", lo=last_base)
+    assert [u for u in units if bounds.keeps_unit(u)] == [units[-1]]
+    rows = read(wal, "record", bounds=bounds)
+    assert rows and min(r["lsn"] for r in rows) == last_base
+    dsn_rows = read(wal, "entry", bounds=Bounds().with_range("dsn", lo=10, hi=12))
+    assert [r["dsn"] for r in dsn_rows] == [10, 11, 12]
+    ts_rows = read(wal, "command", bounds=Bounds().with_range("commit_ts", hi=1030))
+    assert sorted({r["commit_ts"] for r in ts_rows}) == [1000, 1010, 1020, 1030]
+    assert read(wal, "record", bounds=Bounds().with_shards(frozenset({5}))) == []
+    assert not Bounds(replicas=frozenset({"n1"})).keeps_unit(units[0])

@@ -1,0 +1,150 @@
+"""replay_as_of on the local engine equals what the engine itself scans, and its plan follows
+the driver's replay rules.
+
+* A real engine's file WAL (tables over two blocks, updates, deletes, a table dropped and
+  created again, a database created and dropped): at 0, at every commit_ts and one past
+  each, every live table replayed from the WAL alone equals `Engine.snapshot(ts)`'s scan,
+  row for row and in order, and no other table is produced.
+* The plan, on hand-made driver records: duplicate copies are replayed once; a copy named by
+  a skip record is dropped and the other kept; two different copies without a skip record
+  fail (`CopiesDisagree`); records after a gap above every safe DSN are trailing and left
+  out; a gap under a safe DSN is `LogHole`; a truncated WAL or a log that does not start at
+  DSN 1 is refused (`ReplayRefused`: phase 1 has no checkpoint to start from); a repeated
+  transaction (commit_ts not above an earlier one) is ignored as the engine ignores it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spark_jobs import local, replay
+from spark_jobs.errors import CopiesDisagree, LogHole, ReplayRefused
+from spark_jobs.inputs import file_input
+from spark_jobs.jobs import JobParams
+from spark_jobs.walread import ReadOptions
+from tests.unit.spark_jobs.logs import (
+    History,
+    encode_record,
+    encode_skip,
+    engine_history,
+    kv_entries,
+    records_of,
+    write_file_wal,
+)
+
+
+def replayed(wal: str, as_of: int) -> dict[str, list[dict[str, Any]]]:
+    result = local.run(JobParams("replay_as_of", file_input(wal), as_of=as_of))
+    return {
+        name.split("/", 1)[1].replace("/", "."): table.to_pylist()
+        for name, table in result.tables.items()
+    }
+
+
+@pytest.fixture(scope="module")
+def history(tmp_path_factory: pytest.TempPathFactory) -> History:
+    return engine_history(str(tmp_path_factory.mktemp("engine")))
+
+
+def test_replay_equals_the_engine_at_every_timestamp(history: History) -> None:
+    assert len(history.scans) >= 20
+    for ts, scans in history.scans.items():
+        got = replayed(history.path, ts)
+        assert sorted(got) == sorted(scans), ts
+        for name, rows in scans.items():
+            assert got[name] == rows, (ts, name)
+    final = history.scans[history.timestamps[-1]]
+    assert set(final) == {"shop.orders", "shop.items"}
+    assert len(final["shop.orders"]) == 9000 + 7 - 4 - 1
+    assert final["shop.items"] == [{"sku": "b", "price": 2.0}]
+
+
+def test_a_timestamp_past_the_log_gives_the_last_state(history: History) -> None:
+    result = local.run(JobParams("replay_as_of", file_input(history.path), as_of=2**62))
+    assert result.summary["as_of_after_newest_commit"] is True
+    assert any("after the newest commit" in line for line in result.lines)
+    [log] = result.summary["logs"]
+    assert log["last_dsn"] == len(history.timestamps)
+    assert log["tables"] == {"shop.items": 1, "shop.orders": 9002}
+
+
+def kv_rows(wal: str, as_of: int = 2**62) -> list[int]:
+    return [row["k"] for row in replayed(wal, as_of).get("db.kv", [])]
+
+
+def test_duplicates_are_replayed_once_and_skips_drop_their_copy(tmp_path: Path) -> None:
+    entries = kv_entries(5)
+    other = kv_entries(6, ts0=5000)[3]
+    wal = str(tmp_path / "wal")
+    write_file_wal(
+        wal,
+        [
+            encode_record(1, 0, entries[0:2]),
+            encode_record(1, 0, entries[0:2]),
+            encode_record(3, 2, [other]),  # LSN 3: a stale copy of DSN 3 ...
+            encode_skip([(3, 3)]),  # ... discarded by the next writer's skip record
+            encode_record(3, 2, entries[2:3]),
+            encode_record(4, 3, entries[3:5]),
+        ],
+    )
+    assert kv_rows(wal) == [0, 1, 2]
+    assert kv_rows(wal, as_of=1025) == [0]  # commit_ts 1020 is DSN 3, 1030 DSN 4
+    plan = local.plan_from_records(
+        local.read_level(JobParams("x", file_input(wal)), ReadOptions("record")), "wal"
+    )
+    assert (plan.kept_lsns, plan.duplicate_lsns, plan.skipped_lsns) == ({1, 5, 6}, {2}, {3})
+    assert plan.last_dsn == 5
+
+
+def test_conflicting_copies_fail(tmp_path: Path) -> None:
+    entries = kv_entries(4)
+    other = kv_entries(5, ts0=5000)[3]
+    wal = str(tmp_path / "wal")
+    write_file_wal(wal, [*records_of(entries), encode_record(4, 3, [other])])
+    with pytest.raises(CopiesDisagree, match="DSNs 4-4 have two different copies"):
+        kv_rows(wal)
+
+
+def test_trailing_records_are_left_out_and_holes_fail(tmp_path: Path) -> None:
+    entries = kv_entries(7)
+    trailing = str(tmp_path / "trailing")
+    # DSN 5 lost; the records after it vouch only for DSNs up to 4: a crashed writer's tail.
+    write_file_wal(trailing, [*records_of(entries[:4]), encode_record(6, 4, entries[5:7])])
+    assert kv_rows(trailing) == [0, 1]
+    hole = str(tmp_path / "hole")
+    # The same gap, but a later record says DSN 5 was durable: acknowledged data is lost.
+    write_file_wal(hole, [*records_of(entries[:4]), encode_record(6, 5, entries[5:7])])
+    with pytest.raises(LogHole, match="DSN 5 is missing"):
+        kv_rows(hole)
+
+
+def test_truncated_logs_are_refused(tmp_path: Path) -> None:
+    entries = kv_entries(5)
+    truncated = str(tmp_path / "truncated")
+    write_file_wal(truncated, records_of(entries), truncate_lsn=2)
+    with pytest.raises(ReplayRefused, match="truncated up to LSN 2"):
+        kv_rows(truncated)
+    headless = str(tmp_path / "headless")
+    write_file_wal(headless, records_of(entries[2:], first_dsn=3))
+    with pytest.raises(ReplayRefused, match="starts at DSN 3"):
+        kv_rows(headless)
+
+
+def test_plan_rules_on_values() -> None:
+    records = [
+        replay.DriverRecord(1, 1, 2, 0, 11),
+        replay.DriverRecord(2, 3, 1, 2, 12),
+        replay.DriverRecord(3, 5, 0, 4, 13),  # a safe marker: DSNs up to 4 durable
+        replay.DriverRecord(4, 3, 1, 2, 12),  # a copy of LSN 2
+    ]
+    plan = replay.plan_replay(records, [], 0, "log")
+    assert (plan.kept_lsns, plan.duplicate_lsns, plan.last_dsn, plan.safe_dsn) == (
+        {1, 2}, {4}, 3, 4,
+    )  # fmt: skip
+    overlapping = [replay.DriverRecord(1, 1, 2, 0, 11), replay.DriverRecord(2, 2, 2, 0, 12)]
+    with pytest.raises(CopiesDisagree, match="overlap"):
+        replay.plan_replay(overlapping, [], 0, "log")
+    assert replay.repeated_dsns([(1, 10), (2, 20), (3, 15), (4, 30)]) == {3}
