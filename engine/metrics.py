@@ -304,7 +304,9 @@ class _EngineCollector(Collector):
         def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
             return CounterMetricFamily(f"engine_{name}", doc, value=value)
 
-        yield counter("commits", "Transactions made visible since open.", stats.commits)
+        yield counter(
+            "commits", "Entries made visible since open (transactions, rewrites).", stats.commits
+        )
         yield counter("conflicts", "Commits refused by the conflict check.", stats.conflicts)
         yield gauge("live_rows", "Rows visible now, over every table.", stats.live_rows)
         yield gauge("read_only", "1 when the engine refuses commits.", int(stats.read_only))
