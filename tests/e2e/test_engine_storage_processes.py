@@ -18,7 +18,7 @@ open (`--verify`, a separate process: restart = newest checkpoint + WAL tail) mu
 * no object missing that a held block or a retained checkpoint refers to;
 * the objects the previous kill left unreferenced are gone: the round's writable open
   collected them;
-* the WAL a bounded window: far fewer entries retained than transactions made.
+* the WAL a window: after the last round it holds fewer than half the transactions made.
 
 Over the rounds the engine must really have done storage work (checkpoints restored from,
 persisted blocks), else the test proved nothing. Every process is stopped by PID whatever
