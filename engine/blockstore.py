@@ -34,7 +34,7 @@ from engine.objects.blockfile import BlockObjectMeta
 from engine.objects.bloom import BloomFilter
 from engine.objects.cache import BufferCache, CacheStats, Pin
 from engine.objects.errors import ObjectNotFound
-from engine.objects.store import ObjectStore
+from engine.objects.store import LocalDirStore, ObjectStore
 from engine.schema import Schema
 from engine.storage import BlockKeys, PersistedBlock, PersistedMeta
 from engine.wal.entry import BlockLevel, CreateBlock
@@ -126,6 +126,12 @@ class ObjectBlockStore:
         self._lock = threading.Lock()
         self.objects_written = 0
         self.objects_deleted = 0
+
+    def writable(self) -> None:
+        """A standby promoted: reopen a read-only directory store for writing (it takes the
+        directory's lock, which the dead writer's process released)."""
+        if isinstance(self.store, LocalDirStore) and self.store.read_only:
+            self.store = LocalDirStore(self.store.root)
 
     def close(self) -> None:
         """Close the object store if it has anything to close (a directory's lock)."""

@@ -178,6 +178,14 @@ def persisted_rows(block: PersistedBlock, loaded: pa.Table, ts: int) -> tuple[pa
     table = loaded
     if len(offsets) != block.rows:
         table = loaded.take(pa.array(offsets, type=pa.int64()))
+    stamps = table.column(COMMIT_TS_COLUMN)
+    if pc.any(pc.equal(stamps, 0)).as_py():
+        # A large transaction's rows were written before its commit_ts was known (0: "the
+        # block's"): the rewrite gives them their real one.
+        fixed = pc.if_else(pc.equal(stamps, 0), pa.scalar(block.create_ts, pa.uint64()), stamps)
+        table = table.set_column(
+            table.schema.get_field_index(COMMIT_TS_COLUMN), COMMIT_TS_COLUMN, fixed
+        )
     return table, offsets
 
 

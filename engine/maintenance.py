@@ -5,7 +5,7 @@ writers and commits as a transaction): every `MAINTENANCE_INTERVAL_MS` it asks t
 (`compaction.plan`) what each table needs, seals open blocks that are too old or when L0
 memory is full, and runs at most `REWRITES_IN_FLIGHT_MAX` rewrites at once. A rewrite reads
 its inputs at a snapshot, sorts and writes the output objects in a worker thread, then commits
-through the engine's pipeline (`Engine._commit_rewrite`); if the commit no longer applies
+through the engine's pipeline (`rewrite_commit.commit_rewrite`); if the commit no longer applies
 (the table was dropped, the engine failed) its objects are deleted, never referenced.
 
 Blocks dropped before the oldest open snapshot are collected here too; their objects go to
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 import pyarrow as pa
 
-from engine import compaction, limits
+from engine import compaction, limits, rewrite_commit
 from engine.clock import wall_ms
 from engine.compaction import COMMIT_TS_COLUMN, Policy, Rewrite, Task, WrittenBlock
 from engine.schema import Schema
@@ -82,6 +82,7 @@ class Maintenance:
         self._relieved = asyncio.Event()
         self._relieved.set()
         self._last_checkpoint_ms = wall_ms()
+        self._checkpoint_wanted = False
         self.rewrites_done: dict[str, int] = {"flush": 0, "merge": 0, "compact": 0}
         self.rewrites_abandoned = 0
         self.errors = 0
@@ -210,14 +211,22 @@ class Maintenance:
         if checkpointer is None or self._checkpoint_task is not None:
             return
         entries = engine._visible_dsn - engine._wal_entries_at_ckp
-        due = entries >= limits.CKP_WAL_ENTRIES or (
-            entries > 0 and now_ms - self._last_checkpoint_ms >= limits.CKP_INTERVAL_MS
+        due = (
+            entries >= limits.CKP_WAL_ENTRIES
+            or (entries > 0 and now_ms - self._last_checkpoint_ms >= limits.CKP_INTERVAL_MS)
+            or (entries > 0 and (self._checkpoint_wanted or engine._logtail.full()))
         )
+        self._checkpoint_wanted = False
         if not due:
             return
         self._last_checkpoint_ms = now_ms
         task = asyncio.get_running_loop().create_task(self._checkpoint())
         self._checkpoint_task = task
+
+    def want_checkpoint(self) -> None:
+        """Take a checkpoint at the next step (a compute node is behind the logtail)."""
+        self._checkpoint_wanted = True
+        self._wake.set()
 
     async def _checkpoint(self) -> None:
         try:
@@ -298,7 +307,7 @@ class Maintenance:
             written = await asyncio.to_thread(
                 self._writer.write_rewrite, table.table_id, task.level, table.schema, rewrite
             )
-        commit_ts = await engine._commit_rewrite(task, start_ts, rewrite, written)
+        commit_ts = await rewrite_commit.commit_rewrite(engine, task, start_ts, rewrite, written)
         if commit_ts is None:
             return written, False
         self.rewrites_done[task.kind] += 1

@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyroaring import BitMap, FrozenBitMap
 
-from engine import conflicts, limits
+from engine import conflicts, limits, spill
 from engine.catalog import Catalog, DatabaseEntry, TableEntry
 from engine.conflicts import ConflictKey, RowWrite
 from engine.errors import (
@@ -40,6 +40,7 @@ from engine.errors import (
     TxnTooLarge,
 )
 from engine.schema import Key, Schema, batch_keys, check_name, normalize_key, to_batch
+from engine.spill import Spill
 from engine.storage import NOTHING_LOADED, PersistedBlock, RowVersion
 from engine.wal.entry import CatalogKind, CatalogOp, Delete, UpdateCatalog
 
@@ -59,7 +60,15 @@ class TxnState(enum.Enum):
 class _TableWrites:
     """One table's writes in a workspace."""
 
-    __slots__ = ("batches", "bytes", "deleted", "deleted_by_block", "entry", "inserted")
+    __slots__ = (
+        "batches",
+        "bytes",
+        "deleted",
+        "deleted_by_block",
+        "entry",
+        "inserted",
+        "spills",
+    )
 
     def __init__(self, entry: TableEntry) -> None:
         self.entry = entry
@@ -70,6 +79,16 @@ class _TableWrites:
         """Keys live in the snapshot that this transaction deleted -> their row."""
         self.deleted_by_block: dict[int, BitMap] = {}
         self.bytes = 0
+        self.spills: list[Spill] = []
+        """Inserted rows already written to objects (a large transaction, engine/spill.py)."""
+
+    def spilled(self, key: Key) -> tuple[Spill, int] | None:
+        """The spill holding `key` live in this transaction, and its position."""
+        for written in self.spills:
+            position = written.position(key)
+            if position is not None:
+                return written, position
+        return None
 
     def live_inserts(self) -> pa.RecordBatch | None:
         """The inserted rows still live in the transaction, as one batch."""
@@ -105,10 +124,11 @@ class CommitPlan:
     catalog_commands: list[UpdateCatalog]
     appends: list[tuple[TableEntry, pa.RecordBatch]]
     deletes: list[Delete]
+    spills: list[tuple[TableEntry, Spill]]
 
     @property
     def empty(self) -> bool:
-        return not (self.catalog_commands or self.appends or self.deletes)
+        return not (self.catalog_commands or self.appends or self.deletes or self.spills)
 
 
 class Transaction:
@@ -135,6 +155,14 @@ class Transaction:
         self._marks: set[ConflictKey] = set()
         self._bytes = 0
         self._deletes = 0
+        self._spilled_rows = 0
+        self._inserted_rows = 0
+        """Rows inserted so far (spilled or not): at most `TXN_SPILL_ROWS_MAX`."""
+        self._spill_ids = 0
+        """Placeholder block ids of spills count down from here (negative: never a table's)."""
+        self._spill_names: list[str] = []
+        self._origin: tuple[str, int] | None = None
+        """A compute node's (client_id, seq) for this transaction (engine/writeset.py)."""
         self._busy = asyncio.Lock()
         """One operation at a time: an operation that loads persisted blocks awaits between
         its checks and its changes to the workspace, so two at once could both pass."""
@@ -161,6 +189,9 @@ class Transaction:
     def _end(self, state: TxnState) -> None:
         if self.state in (TxnState.OPEN, TxnState.COMMITTING) and self._registered:
             self._engine._txn_ended(self)
+        if state is TxnState.ROLLED_BACK and self._spill_names:
+            self._engine._discard_objects(self._spill_names)
+            self._spill_names = []
         self.state = state
         self._writes.clear()
         self._new_tables.clear()
@@ -355,6 +386,17 @@ class Transaction:
         async with self._engine._loaded(list(candidates.values()), keys=True) as loaded:
             return [data.version_at(key, start_ts, loaded) for key in keys]
 
+    async def _spilled_row(
+        self, entry: TableEntry, spilled: Spill, position: int
+    ) -> dict[str, Any]:
+        index, offset = spilled.place(position)
+        block = spilled.placeholders[index]
+        async with self._engine._loaded([block], columns=entry.schema.names) as loaded:
+            rows: list[dict[str, Any]] = (
+                loaded.columns(block).select(entry.schema.names).slice(offset, 1).to_pylist()
+            )
+        return rows[0]
+
     async def _snapshot_row(self, entry: TableEntry, version: RowVersion) -> dict[str, Any]:
         block = entry.data.blocks[version.block_id]
         blocks = [block] if isinstance(block, PersistedBlock) else []
@@ -380,16 +422,26 @@ class Transaction:
         writes = self._writes.get(entry.table_id)
         seen: set[Key] = set()
         outside: list[Key] = []
+        spills = writes.spills if writes is not None else []
         for key in keys:
             if key in seen or (writes is not None and key in writes.inserted):
+                raise DuplicateKey(handle.qualified, key)
+            if spills and writes is not None and writes.spilled(key) is not None:
                 raise DuplicateKey(handle.qualified, key)
             seen.add(key)
             if writes is None or key not in writes.deleted:
                 outside.append(key)
         size = batch.get_total_buffer_size()
-        if self._bytes + size > limits.TXN_WORKSPACE_BYTES_MAX:
+        spilling = self._engine._block_store is not None
+        if not spilling and self._bytes + size > limits.TXN_WORKSPACE_BYTES_MAX:
             raise TxnTooLarge(
                 "txn_workspace_bytes_max", self._bytes + size, limits.TXN_WORKSPACE_BYTES_MAX
+            )
+        if self._inserted_rows + batch.num_rows > limits.TXN_SPILL_ROWS_MAX:
+            raise TxnTooLarge(
+                "txn_spill_rows_max",
+                self._inserted_rows + batch.num_rows,
+                limits.TXN_SPILL_ROWS_MAX,
             )
         for key, version in zip(
             outside, await self._snapshot_versions(entry, outside), strict=True
@@ -404,7 +456,29 @@ class Transaction:
         for row_no, key in enumerate(keys):
             writes.inserted[key] = (batch_no, row_no)
         rows_inserted: int = batch.num_rows
+        self._inserted_rows += rows_inserted
+        if spilling and writes.bytes > limits.TXN_SPILL_BYTES:
+            await self._spill(writes)
         return rows_inserted
+
+    async def _spill(self, writes: _TableWrites) -> None:
+        """Write the table's inserted rows to an object now (engine/spill.py); the workspace
+        keeps their sorted keys. Runs with the transaction's lock held (one operation at a
+        time), so nothing changes the workspace meanwhile."""
+        batch = writes.live_inserts()
+        if batch is None:
+            return
+        entry = writes.entry
+        rows = spill.sort_rows(entry.schema, pa.Table.from_batches([batch]))
+        self._spill_ids -= 1 << 20  # more blocks than one object can hold
+        made = await spill.write_spill(self._engine, entry, rows, self._spill_ids)
+        writes.spills.append(made)
+        self._spill_names.extend(w.object_name for w in made.written)
+        self._spilled_rows += made.rows
+        self._bytes -= writes.bytes
+        writes.batches.clear()
+        writes.inserted.clear()
+        writes.bytes = 0
 
     def _normalized_keys(self, handle: TableHandle, keys: Iterable[object]) -> list[Key]:
         if isinstance(keys, (str, bytes)) or not isinstance(keys, Iterable):
@@ -426,9 +500,12 @@ class Transaction:
         writes = self._writes.get(entry.table_id)
         own: list[Key] = []
         outside: list[Key] = []
+        spilled: list[tuple[Spill, int]] = []
         for key in normalized:
             if writes is not None and key in writes.inserted:
                 own.append(key)
+            elif writes is not None and writes.spills and (found := writes.spilled(key)):
+                spilled.append(found)
             elif writes is None or key not in writes.deleted:
                 outside.append(key)
         snapshot: list[tuple[Key, RowVersion]] = [
@@ -442,16 +519,18 @@ class Transaction:
             raise TxnTooLarge(
                 "txn_deletes_max", self._deletes + len(snapshot), limits.TXN_DELETES_MAX
             )
-        if not own and not snapshot:
+        if not own and not snapshot and not spilled:
             return 0
         writes = self._ensure_writes(entry)
         for key in own:
             del writes.inserted[key]
+        for spill_of, position in spilled:
+            spill_of.deleted.add(position)
         for key, version in snapshot:
             writes.deleted[key] = version
             writes.deleted_by_block.setdefault(version.block_id, BitMap()).add(version.offset)
         self._deletes += len(snapshot)
-        return len(own) + len(snapshot)
+        return len(own) + len(snapshot) + len(spilled)
 
     async def _get(self, handle: TableHandle, key: object) -> dict[str, Any] | None:
         self._check_open()
@@ -462,6 +541,9 @@ class Transaction:
         if writes is not None:
             if normalized in writes.inserted:
                 return writes.own_row(normalized)
+            found = writes.spilled(normalized) if writes.spills else None
+            if found is not None:
+                return await self._spilled_row(entry, *found)
             if normalized in writes.deleted:
                 return None
         (version,) = await self._snapshot_versions(entry, [normalized])
@@ -544,6 +626,8 @@ class Transaction:
                     writes.deleted_by_block if writes else None,
                     columns=read,
                 )
+        if writes is not None and writes.spills:
+            parts.extend(await self._spilled_parts(entry, writes, columns))
         own = writes.live_inserts() if writes is not None else None
         if own is not None:
             own_table = pa.Table.from_batches([own])
@@ -561,6 +645,28 @@ class Transaction:
     def _appends_rows(self) -> bool:
         return any(writes.inserted for writes in self._writes.values())
 
+    async def _spilled_parts(
+        self, entry: TableEntry, writes: _TableWrites, columns: Sequence[str] | None
+    ) -> list[pa.Table]:
+        """The transaction's spilled rows still live in it, as tables of the scanned columns
+        (all of them here: the filter runs on the whole scan afterwards)."""
+        names = entry.schema.names
+        schema = entry.data.arrow_schema
+        out = []
+        for spilled in writes.spills:
+            blocks = spilled.placeholders
+            async with self._engine._loaded(blocks, columns=names) as loaded:
+                for index, block in enumerate(blocks):
+                    table = loaded.columns(block).select(names).cast(schema)
+                    start = spilled.starts[index]
+                    dead = [p - start for p in spilled.deleted if start <= p < start + block.rows]
+                    if dead:
+                        keep = BitMap(range(block.rows))
+                        keep -= BitMap(dead)
+                        table = table.take(pa.array(keep.to_array(), type=pa.uint32()))
+                    out.append(table)
+        return out
+
     # --- the commit plan ----------------------------------------------------------------------
 
     def _plan(self) -> CommitPlan:
@@ -569,10 +675,17 @@ class Transaction:
         marks = set(self._marks)
         appends: list[tuple[TableEntry, pa.RecordBatch]] = []
         deletes: list[Delete] = []
+        spills: list[tuple[TableEntry, Spill]] = []
         for table_id, writes in self._writes.items():
             entry = writes.entry
-            if not writes.inserted and not writes.deleted:
+            if not writes.inserted and not writes.deleted and not writes.spills:
                 continue
+            for spilled in writes.spills:
+                if spilled.live_rows:
+                    spills.append((entry, spilled))
+                for key in writes.deleted:  # updated: the new row is in the spill
+                    if spilled.position(key) is not None:
+                        rows.append(RowWrite((table_id, key), False, True))
             guards.add(conflicts.catalog_table_drop(table_id))
             guards.add(conflicts.catalog_db_drop(entry.db_id))
             marks.add(conflicts.catalog_table_rows(table_id))
@@ -593,7 +706,9 @@ class Transaction:
             batch = writes.live_inserts()
             if batch is not None:
                 appends.append((entry, batch))
-        return CommitPlan(rows, guards, marks, list(self._catalog_commands), appends, deletes)
+        return CommitPlan(
+            rows, guards, marks, list(self._catalog_commands), appends, deletes, spills
+        )
 
 
 def _columns_to_read(
