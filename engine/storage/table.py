@@ -330,7 +330,7 @@ class TableData:
         assert block_id not in self.blocks
         block = L0Block(block_id)
         for commit_ts, batch in nodes:
-            block.append(commit_ts, batch)
+            block.append(commit_ts, batch, shares_buffers=True)
             keys = batch_keys(self.schema, batch)
             base = _row_id(block_id, block.rows - batch.num_rows)
             for index, key in enumerate(keys):

@@ -214,21 +214,12 @@ def test_engine_stats_refuses_incomplete_s3_options(
     assert not os.path.exists(tmp_path / "wal")  # refused before opening anything
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="L0Block.byte_size counts a restored dump once per commit (the lead's to fix: "
-    "engine/storage is not this branch's)",
-)
 def test_l0_bytes_after_a_restart_count_a_checkpoint_dump_once() -> None:
     """An L0 block restored from a checkpoint's dump is one Arrow table sliced into one node
-    per commit (engine/checkpoint/plan.py `_nodes`); every slice shares the dump's buffers,
-    and `L0Block.byte_size` sums `get_total_buffer_size()`, which counts the whole shared
-    buffers for each slice: the count grows with the square of the commits in the block.
-    200 one-row commits made a 160-fold count; 3000 of 100 bytes, 348 kB, were counted as
-    1.0 GB. After such a restart the policy's `l0_bytes_max` is reached at once (every open
-    block is frozen and flushed), `l0_bytes_hard_max` too (commits that append wait, up to
-    `L0_WAIT_S_MAX`, then `Overloaded`), and the metric says so. Strict xfail: when fixed,
-    drop the marker."""
+    per commit (engine/checkpoint/plan.py `_nodes`); every slice shares the dump's buffers.
+    Counting each slice's whole buffers grew with the square of the commits in the block
+    (3000 one-row commits of 348 kB were counted as 1.0 GB), so a restart hit the L0 hard
+    limit at once and commits that append waited for flushes."""
 
     async def main() -> None:
         wal, objects = MemoryBackend(), MemoryObjectStore()
