@@ -184,6 +184,10 @@ class BlockKeys:
 class Bloom(Protocol):
     def might_contain(self, key: Key) -> bool: ...
 
+    def might_contain_hash(self, hashed: int) -> bool:
+        """`might_contain` of a key by its `engine.objects.bloom.key_hash`."""
+        ...
+
 
 class LoadedBlocks(Protocol):
     """What the shell loaded for one read (pinned while the read runs)."""

@@ -400,21 +400,22 @@ class TableData:
     def _forget_l0_keys(self, block: L0Block) -> None:
         low, high = _row_id(block.block_id, 0), _row_id(block.block_id + 1, 0)
         index = self.l0_keys
-        for batch in block.node_batches:
-            for key in batch_keys(self.schema, batch):
-                found = index.get(key)
-                if found is None:
-                    continue
-                if type(found) is int:
-                    if low <= found < high:
-                        del index[key]
-                    continue
-                assert isinstance(found, tuple)
-                kept = tuple(r for r in found if not low <= r < high)
-                if not kept:
+        # The block's rows as one table (a flush built it already): one key list, not one
+        # per commit.
+        for key in batch_keys(self.schema, block.table()):
+            found = index.get(key)
+            if found is None:
+                continue
+            if type(found) is int:
+                if low <= found < high:
                     del index[key]
-                else:
-                    index[key] = kept[0] if len(kept) == 1 else kept
+                continue
+            assert isinstance(found, tuple)
+            kept = tuple(r for r in found if not low <= r < high)
+            if not kept:
+                del index[key]
+            else:
+                index[key] = kept[0] if len(kept) == 1 else kept
 
     # --- reads at a timestamp ------------------------------------------------------------------
 
@@ -457,13 +458,19 @@ class TableData:
         blooms) of `key_candidates(key, ts)`."""
         if not self.persisted_held:
             return self.version_among(key, ts, [], loaded)
-        return self.version_among(key, ts, self.key_candidates(key, ts), loaded)
+        candidates = []
+        for candidate in self.key_candidates(key, ts):
+            bloom = candidate.bloom or loaded.bloom(candidate)
+            if bloom is None or bloom.might_contain(key):
+                candidates.append(candidate)
+        return self.version_among(key, ts, candidates, loaded)
 
     def version_among(
         self, key: Key, ts: int, candidates: list[PersistedBlock], loaded: LoadedBlocks
     ) -> RowVersion | None:
         """`version_at`, searching persisted blocks among `candidates` only (those whose
-        key range and bloom filter may hold `key`; `loaded` holds their keys)."""
+        key range and bloom filter may hold `key`, the caller asked; `loaded` holds their
+        keys)."""
         for row_id in reversed(self._l0_row_ids(key)):
             block = self.blocks[row_id >> _OFFSET_BITS]
             if not block.visible(ts):
@@ -474,9 +481,6 @@ class TableData:
                 continue
             return RowVersion(block.block_id, offset)
         for candidate in candidates:
-            bloom = candidate.bloom or loaded.bloom(candidate)
-            if bloom is not None and not bloom.might_contain(key):
-                continue
             found = loaded.keys(candidate).find(key)
             if found is not None and not candidate.deletes.dead_at(found, ts):
                 return RowVersion(candidate.block_id, found)
