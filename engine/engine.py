@@ -641,6 +641,7 @@ class Engine:
         state = self._state
         ticket.waiter.dsn = done.result()
         visible = self._pipeline.durable(ticket)
+        filled = False
         for index, made_visible in enumerate(visible):
             commit = made_visible.waiter
             self._visible_dsn = max(self._visible_dsn, commit.dsn)
@@ -662,6 +663,11 @@ class Engine:
             self._became_visible(TailEntry(made_visible.commit_ts, commit.dsn, commit.payload))
             if not commit.future.done():
                 commit.future.set_result(None)
+            filled = filled or _fills_a_block(commit.entry)
+        if filled and self._maintenance is not None:
+            # A full block may be flushed now, not at the next interval: a bulk load fills
+            # blocks faster than MAINTENANCE_INTERVAL_MS.
+            self._maintenance.poke()
 
     def _fail(self, exc: BaseException) -> None:
         if self._failure is None:
@@ -763,6 +769,16 @@ def _conflict_error(
             f"{conflict.commit_ts}"
         )
     return WriteConflict(f"{key} changed by a commit at {conflict.commit_ts}")
+
+
+def _fills_a_block(entry: TxnEntry) -> bool:
+    """`entry` appended the last row of some L0 block."""
+    return any(
+        info.offset + info.rows == limits.BLOCK_ROWS_MAX
+        for command in entry.commands
+        if type(command) is Append
+        for info in command.infos
+    )
 
 
 def _fenced(exc: BaseException | None) -> bool:

@@ -112,6 +112,8 @@ class StorageStats:
     """Rewrites and automatic checkpoints that failed (an object store error...); each is
     tried again by a later round."""
     maintenance_last_error: str | None
+    l0_memory_waits: int
+    """Commits that waited for flushes because L0 held more than `L0_BYTES_HARD_MAX`."""
     garbage_objects_pending: int
     """Objects no block refers to any more, deleted once a checkpoint covers their drop."""
     objects_written: int
@@ -191,6 +193,7 @@ def storage_stats(engine: Engine, now_ms: int | None = None) -> StorageStats:
         rewrites_due=_rewrites_due(engine, now_ms),
         maintenance_errors=maintenance.errors if maintenance is not None else 0,
         maintenance_last_error=maintenance.last_error if maintenance is not None else None,
+        l0_memory_waits=maintenance.memory_waits if maintenance is not None else 0,
         garbage_objects_pending=blockstore.pending_garbage if blockstore is not None else 0,
         objects_written=blockstore.objects_written if blockstore is not None else 0,
         objects_deleted=blockstore.objects_deleted if blockstore is not None else 0,
@@ -386,6 +389,11 @@ class _EngineCollector(Collector):
             "maintenance_errors",
             "Failed rewrites and automatic checkpoints (retried later).",
             figures.maintenance_errors,
+        )
+        yield counter(
+            "l0_memory_waits",
+            "Commits that waited for flushes (L0 past its hard limit).",
+            figures.l0_memory_waits,
         )
         yield gauge(
             "garbage_objects_pending",
