@@ -95,6 +95,11 @@ CACHE_BYTES = 256 * MiB
 """The buffer cache of persisted blocks' columns, keys and metadata (issue 14 "Buffer
 manager"): RSS stays about this plus the L0 blocks, however large the tables grow."""
 
+SCAN_GROUP_ROWS = 1 << 20
+"""Rows of persisted blocks a scan loads and pins at once (whole objects; then filters them
+and unpins): a few tens of MiB of columns, well inside CACHE_BYTES, so a table larger than
+the cache is scanned through it. A group the cache cannot take is halved."""
+
 # --- Checkpoints (decision 0006) ----------------------------------------------------------------
 
 CKP_INTERVAL_MS = 60_000

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -40,9 +40,10 @@ from engine.errors import (
     TxnTooLarge,
 )
 from engine.objects.bloom import key_hash
+from engine.objects.errors import CacheFull
 from engine.schema import Key, Schema, batch_keys, check_name, normalize_key, to_batch
 from engine.spill import Spill
-from engine.storage import NOTHING_LOADED, PersistedBlock, RowVersion
+from engine.storage import NOTHING_LOADED, PersistedBlock, RowVersion, TableData
 from engine.wal.entry import CatalogKind, CatalogOp, Delete, UpdateCatalog
 
 if TYPE_CHECKING:
@@ -634,39 +635,64 @@ class Transaction:
         if filter is not None and not isinstance(filter, pc.Expression):
             raise SchemaError(f"{handle.qualified}: filter must be a pyarrow.compute.Expression")
         writes = self._writes.get(entry.table_id)
-        parts: list[pa.Table] = []
+        excluded = writes.deleted_by_block if writes else None
+        read = _columns_to_read(data.arrow_schema, columns, filter)
+
+        def finish(parts: list[pa.Table]) -> pa.Table:
+            """Parts of the scan (each with the `read` columns), filtered and projected."""
+            table = pa.concat_tables(parts) if parts else data.arrow_schema.empty_table()
+            if filter is not None:
+                try:
+                    table = table.filter(filter)
+                except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
+                    raise SchemaError(f"{handle.qualified}: bad filter: {exc}") from None
+            return table.select(list(columns) if columns is not None else read)
+
+        results: list[pa.Table] = []
         if entry.create_ts != 0:
             blocks = data.scan_blocks(self.start_ts)
             persisted = [b for b in blocks if isinstance(b, PersistedBlock)]
             if persisted and filter is not None:
                 # Zonemaps: skip the persisted blocks the filter cannot match.
-                keep = {id(b) for b in data.prune(persisted, filter)}
-                blocks = [b for b in blocks if not isinstance(b, PersistedBlock) or id(b) in keep]
-                persisted = [b for b in persisted if id(b) in keep]
-            read = _columns_to_read(data.arrow_schema, columns, filter)
-            async with self._engine._loaded(persisted, columns=read, whole_objects=True) as loaded:
-                parts = data.scan_at(
-                    self.start_ts,
-                    blocks,
-                    loaded,
-                    writes.deleted_by_block if writes else None,
-                    columns=read,
-                )
+                persisted = data.prune(persisted, filter)
+            # Persisted blocks in groups, each loaded, filtered and unpinned before the next:
+            # a table larger than the buffer cache is scanned through it.
+            for group in _scan_groups(persisted):
+                results.extend(await self._scan_group(data, group, read, excluded, finish))
+            in_memory = [b for b in blocks if not isinstance(b, PersistedBlock)]
+            parts = data.scan_at(self.start_ts, in_memory, NOTHING_LOADED, excluded, columns=read)
+        else:
+            parts = []
         if writes is not None and writes.spills:
-            parts.extend(await self._spilled_parts(entry, writes, columns))
+            parts.extend(t.select(read) for t in await self._spilled_parts(entry, writes, columns))
         own = writes.live_inserts() if writes is not None else None
         if own is not None:
-            own_table = pa.Table.from_batches([own])
-            parts.append(own_table.select(parts[0].column_names) if parts else own_table)
-        table = pa.concat_tables(parts) if parts else data.arrow_schema.empty_table()
-        if filter is not None:
-            try:
-                table = table.filter(filter)
-            except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
-                raise SchemaError(f"{handle.qualified}: bad filter: {exc}") from None
-        if columns is not None:
-            table = table.select(list(columns))
-        return table
+            parts.append(pa.Table.from_batches([own]).select(read))
+        results.append(finish(parts))
+        return pa.concat_tables(results) if len(results) > 1 else results[0]
+
+    async def _scan_group(
+        self,
+        data: TableData,
+        group: list[PersistedBlock],
+        read: list[str],
+        excluded: dict[int, BitMap] | None,
+        finish: Callable[[list[pa.Table]], pa.Table],
+    ) -> list[pa.Table]:
+        """One group of a scan's persisted blocks, finished; halved while the buffer cache
+        cannot hold it next to what other readers pin (one object that does not fit alone
+        is `CacheFull`)."""
+        try:
+            async with self._engine._loaded(group, columns=read, whole_objects=True) as loaded:
+                return [finish(data.scan_at(self.start_ts, group, loaded, excluded, columns=read))]
+        except CacheFull:
+            halves = _split_by_object(group)
+            if halves is None:
+                raise
+            out = []
+            for half in halves:
+                out.extend(await self._scan_group(data, half, read, excluded, finish))
+            return out
 
     def _appends_rows(self) -> bool:
         return any(writes.inserted for writes in self._writes.values())
@@ -735,6 +761,35 @@ class Transaction:
         return CommitPlan(
             rows, guards, marks, list(self._catalog_commands), appends, deletes, spills
         )
+
+
+def _scan_groups(blocks: list[PersistedBlock]) -> list[list[PersistedBlock]]:
+    """`blocks` (in id order) in groups of whole objects of about `SCAN_GROUP_ROWS` rows."""
+    groups: list[list[PersistedBlock]] = []
+    group: list[PersistedBlock] = []
+    rows = 0
+    for block in blocks:
+        if group and rows >= limits.SCAN_GROUP_ROWS and block.object_name != group[-1].object_name:
+            groups.append(group)
+            group, rows = [], 0
+        group.append(block)
+        rows += block.rows
+    if group:
+        groups.append(group)
+    return groups
+
+
+def _split_by_object(
+    group: list[PersistedBlock],
+) -> tuple[list[PersistedBlock], list[PersistedBlock]] | None:
+    """`group` in two halves of whole objects, or None if it holds one object."""
+    names = list(dict.fromkeys(b.object_name for b in group))
+    if len(names) < 2:
+        return None
+    first = set(names[: len(names) // 2])
+    return [b for b in group if b.object_name in first], [
+        b for b in group if b.object_name not in first
+    ]
 
 
 def _columns_to_read(
