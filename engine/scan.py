@@ -163,15 +163,34 @@ def _columns_to_read(
     schema: pa.Schema, columns: Sequence[str] | None, filter: pc.Expression | None
 ) -> list[str]:
     """The columns a scan loads from persisted blocks: those asked for, plus those its filter
-    needs (found by applying it to an empty table of the asked columns; when that fails, the
-    filter needs others, and every column is read)."""
+    needs. pyarrow does not list an expression's fields, so they are found by binding it to
+    empty tables: every column not asked for is dropped unless the filter no longer binds
+    without it (a filter on `customer` selecting `amount` must not read a wide `note`
+    column). A filter that binds to nothing reads every column (and fails on the data)."""
     if columns is None:
         return list(schema.names)
-    wanted = [name for name in schema.names if name in set(columns)] or schema.names[:1]
+    asked = set(columns)
+    wanted = [name for name in schema.names if name in asked] or schema.names[:1]
     if filter is None:
         return wanted  # (at least one column: a table of none cannot count its rows)
-    try:
-        schema.empty_table().select(wanted).filter(filter)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, KeyError):
-        return list(schema.names)
-    return wanted
+    empty = schema.empty_table()
+
+    def binds(names: list[str]) -> bool:
+        try:
+            empty.select(names).filter(filter)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, KeyError):
+            return False
+        return True
+
+    if binds(wanted):
+        return wanted
+    needed = list(schema.names)
+    if not binds(needed):
+        return needed
+    for name in schema.names:
+        if name in wanted:
+            continue
+        without = [n for n in needed if n != name]
+        if binds(without):
+            needed = without
+    return needed

@@ -1,6 +1,7 @@
-"""Bounded L0 memory (decision 0006): past `L0_BYTES_HARD_MAX` of unflushed L0 rows, commits
+"""Bounded memory (decision 0006): past `L0_BYTES_HARD_MAX` of unflushed L0 rows, commits
 that append wait for flushes to give memory back, and fail with `Overloaded` after
-`L0_WAIT_S_MAX` if none do. The limits are made small here so that a few batches reach them.
+`L0_WAIT_S_MAX` if none do; scans read a table larger than the buffer cache through it, and
+only the columns they need. The limits are made small here so that a few batches reach them.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from engine import Column, Engine, Overloaded, Schema, limits
+from engine import Column, Engine, Overloaded, Schema, limits, scan
 from engine.compaction import Policy
 from engine.objects.store import MemoryObjectStore
 from tae_driver.backends.memory import MemoryBackend
@@ -178,3 +179,24 @@ def test_a_scan_of_a_table_larger_than_the_buffer_cache_streams_through_it(
             await eng.close()
 
     run(main)
+
+
+def test_a_filtered_scan_reads_the_columns_asked_for_and_those_its_filter_names() -> None:
+    """Not every column: reading the wide string column for `customer == 42` thrashed the
+    buffer cache of the 10M-row scan bench (1 s a query instead of 80 ms)."""
+    schema = pa.schema(
+        [
+            ("id", pa.int64()),
+            ("customer", pa.int32()),
+            ("amount", pa.float64()),
+            ("note", pa.string()),
+        ]
+    )
+    customer = pc.field("customer") == 42
+    assert scan._columns_to_read(schema, ["amount"], customer) == ["customer", "amount"]
+    both = customer & (pc.field("id") > 1)
+    assert scan._columns_to_read(schema, ["amount"], both) == ["id", "customer", "amount"]
+    assert scan._columns_to_read(schema, ["amount"], pc.field("amount") > 1) == ["amount"]
+    assert scan._columns_to_read(schema, None, customer) == schema.names
+    # A filter naming no column of the table reads them all, and the scan then fails on it.
+    assert scan._columns_to_read(schema, ["amount"], pc.field("nope") == 1) == schema.names
