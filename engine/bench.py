@@ -245,16 +245,26 @@ async def measure_engine(
 
             if case.warmup > 0:
                 await phase(case.warmup)
+            wal_high: dict[str, Any] = {"entries": 0, "bytes": None}
+            checkpointer = eng.checkpointer
+            checkpoints_before = checkpointer.taken if checkpointer is not None else 0
             driver_stats: Callable[[], Any] | None = getattr(eng, "driver_stats", None)
             before = driver_stats() if driver_stats is not None else None
             cluster_before = _cpu_of(cluster_pids)
             cpu_before = time.process_time()
             started = clock()
-            recorder = await phase(case.seconds)
+            sampler = asyncio.get_running_loop().create_task(_sample_wal(eng, wal_high))
+            try:
+                recorder = await phase(case.seconds)
+            finally:
+                sampler.cancel()
             elapsed = clock() - started
             cpu = time.process_time() - cpu_before
             cluster_after = _cpu_of(cluster_pids)
             after = driver_stats() if driver_stats is not None else None
+            checkpoints = (
+                checkpointer.taken if checkpointer is not None else 0
+            ) - checkpoints_before
         finally:
             await eng.close()
     finally:
@@ -270,6 +280,10 @@ async def measure_engine(
         result["wal_entries_per_record"] = round(entries / records, 2) if records else None
     else:
         result["wal_entries_per_record"] = None  # the engine has no driver_stats()
+    # The WAL stays a window: its high-water mark while the checkpoints truncate it.
+    result["wal_retained_entries_max"] = wal_high["entries"]
+    result["wal_retained_bytes_max"] = wal_high["bytes"]
+    result["checkpoints"] = checkpoints
     if cluster_pids:
         cluster_cpu = sum(cluster_after.values()) - sum(cluster_before.values())
         result["cluster_cpu_s"] = round(cluster_cpu, 3)
@@ -277,6 +291,23 @@ async def measure_engine(
         result["cluster_cpu_us_per_commit"] = round(cluster_cpu * 1e6 / done, 1) if done else None
         result["shard"] = shard
     return result
+
+
+WAL_SAMPLE_S = 1.0
+"""How often a commit measurement samples what the WAL retains."""
+
+
+async def _sample_wal(eng: Any, high: dict[str, Any]) -> None:
+    """Keep in `high` the most entries (and bytes, where this process can see them) the
+    WAL retained, sampled every WAL_SAMPLE_S until cancelled."""
+    from engine import metrics
+
+    while True:
+        high["entries"] = max(high["entries"], metrics.wal_entries_retained(eng))
+        size = metrics.wal_bytes(eng._backend)
+        if size is not None:
+            high["bytes"] = max(high["bytes"] or 0, size)
+        await asyncio.sleep(WAL_SAMPLE_S)
 
 
 def _cpu_of(pids: dict[str, int] | None) -> dict[str, float]:

@@ -181,7 +181,7 @@ def storage_stats(engine: Engine, now_ms: int | None = None) -> StorageStats:
         checkpoint_last_bytes=checkpointer.last_bytes if checkpointer is not None else 0,
         checkpoint_objects_retired=checkpointer.objects_retired if checkpointer else 0,
         orphans_deleted=checkpointer.orphans_deleted if checkpointer is not None else 0,
-        wal_entries_retained=_wal_entries_retained(engine),
+        wal_entries_retained=wal_entries_retained(engine),
         wal_entries_since_checkpoint=max(
             0, engine._driver.committed_dsn() - (newest.ckp_dsn if newest is not None else 0)
         ),
@@ -200,7 +200,8 @@ def storage_stats(engine: Engine, now_ms: int | None = None) -> StorageStats:
     )
 
 
-def _wal_entries_retained(engine: Engine) -> int:
+def wal_entries_retained(engine: Engine) -> int:
+    """Entries the WAL holds above its truncation point (cheap: the driver's record map)."""
     driver = engine._driver
     records = driver.lsn_map()  # a writable driver's view of the log above its truncation
     first = min((r.start_dsn for r in records if r.holds_dsns), default=None)
