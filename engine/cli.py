@@ -4,12 +4,18 @@
     python -m engine scan DIR db.table --limit N    the first N rows (by primary key)
     python -m engine stats DIR [--json]             commit timestamp, counts, WAL position
 
-Each command opens the engine read-only (replay FOR_READ: nothing is written, and over logsvc
-no lease is taken, so a running engine is not fenced), prints, and closes. `--wal logsvc
---client-config client.toml --shard N` reads an engine whose WAL is on logsvc. A file WAL is
-locked by a running engine: stop it first (the command says so).
+    python -m engine serve --config tn.toml [--standby]    the TN daemon (engine/tn/daemon.py)
+    python -m engine promote --config tn.toml              make that standby TN active now
+    python -m engine cn --config cn.toml [COMMAND...]      a compute node reader (tn/reader.py)
 
-Exit codes: 0 done, 1 the engine could not be opened or read, 2 bad arguments.
+`tables`, `scan` and `stats` open the engine read-only (replay FOR_READ: nothing is written,
+and over logsvc no lease is taken, so a running engine is not fenced), print, and close.
+`--wal logsvc --client-config client.toml --shard N` reads an engine whose WAL is on logsvc.
+A file WAL is locked by a running engine: stop it first (the command says so).
+
+Exit codes: 0 done, 1 the engine could not be opened or read, 2 bad arguments. `serve`,
+`promote` and `cn` say theirs in their modules (a config error is 2, naming the key; a
+fenced TN exits 3).
 """
 
 from __future__ import annotations
@@ -45,6 +51,14 @@ def _parser() -> argparse.ArgumentParser:
     scan.add_argument("--limit", type=int, default=limits.SCAN_ROWS_DEFAULT_LIMIT)
     stats = add("stats", "commit timestamp, counts, WAL position")
     stats.add_argument("--json", action="store_true")
+    serve = sub.add_parser("serve", help="run a TN daemon (issue 15)")
+    serve.add_argument("--config", required=True, help="the TN's tn.toml")
+    serve.add_argument("--standby", action="store_true", help="tail the WAL; take over later")
+    promote = sub.add_parser("promote", help="make the standby TN of this config active now")
+    promote.add_argument("--config", required=True, help="the standby's tn.toml")
+    cn = sub.add_parser("cn", help="a compute node reader: status, tables, scan")
+    cn.add_argument("--config", required=True, help="the compute node's cn.toml")
+    cn.add_argument("words", nargs=argparse.REMAINDER, help="one command (else: stdin)")
     return parser
 
 
@@ -62,7 +76,22 @@ def wal_options_error(args: argparse.Namespace) -> str | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if not __debug__:
+        print("error: the engine refuses to run under python -O", file=sys.stderr)
+        return 2
     args = _parser().parse_args(argv)
+    if args.command == "serve":
+        from engine.tn import daemon
+
+        return daemon.serve(args.config, standby=args.standby)
+    if args.command == "promote":
+        from engine.tn import daemon
+
+        return daemon.promote(args.config)
+    if args.command == "cn":
+        from engine.tn import reader
+
+        return reader.main(args.config, list(args.words))
     problem = wal_options_error(args)
     if problem is not None:
         print(f"error: {problem}", file=sys.stderr)
@@ -122,14 +151,21 @@ async def _scan(engine: Engine, qualified: str, limit: int) -> None:
         table = await handle.scan()
         total = table.num_rows
         table = table.sort_by([(k, "ascending") for k in handle.schema.primary_key]).slice(0, limit)
-        names = table.column_names
-        rows = table.to_pylist()
-        cells = [[_cell(row[n]) for n in names] for row in rows]
-        widths = [max([len(n)] + [len(r[i]) for r in cells]) for i, n in enumerate(names)]
-        print("  ".join(n.ljust(w) for n, w in zip(names, widths, strict=True)))
-        for row_cells in cells:
-            print("  ".join(c.ljust(w) for c, w in zip(row_cells, widths, strict=True)))
-        print(f"({len(rows)} of {total} rows at commit_ts {txn.start_ts})")
+        for line in rows_text(table):
+            print(line)
+        print(f"({table.num_rows} of {total} rows at commit_ts {txn.start_ts})")
+
+
+def rows_text(table: Any) -> list[str]:
+    """A header line and one line per row of a `pa.Table`, in aligned columns (also the
+    compute node reader's, engine/tn/reader.py)."""
+    names = table.column_names
+    cells = [[_cell(row[n]) for n in names] for row in table.to_pylist()]
+    widths = [max([len(n)] + [len(r[i]) for r in cells]) for i, n in enumerate(names)]
+    lines = ["  ".join(n.ljust(w) for n, w in zip(names, widths, strict=True))]
+    for row_cells in cells:
+        lines.append("  ".join(c.ljust(w) for c, w in zip(row_cells, widths, strict=True)))
+    return lines
 
 
 def _cell(value: Any) -> str:
