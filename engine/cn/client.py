@@ -39,7 +39,7 @@ from collections.abc import Callable, Sequence
 
 from engine.cn.port import TNStatus
 from engine.errors import EngineClosed, OutcomeUnknown, Overloaded, WalFailed
-from engine.logtail import Logtail, LogtailUnavailable, TailEntry
+from engine.logtail import Logtail, TailEntry
 from engine.tn import limits, messages
 from engine.tn.channel import Channel, ChannelClosed, probe
 from engine.tn.errors import BadReply, NotActive, SubscriberDropped, TNUnavailable, Unauthorized
@@ -349,11 +349,13 @@ class _Follow:
                 try:
                     ended = await self._subscribe_once(started)
                     delay = options.backoff_s_first
-                except (Unauthorized, *_TN_GONE, LogtailUnavailable, Overloaded) as exc:
+                except _GapError:
+                    raise
+                except Exception as exc:  # no TN, a refusal, a lost connection...
                     if not started.done():
                         started.set_exception(exc)
                         return
-                    ended = exc
+                    ended = exc  # ...later: subscribe again (paced by the back-off)
                 if self._stopped:
                     return
                 self.resubscriptions += 1

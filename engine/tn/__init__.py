@@ -18,5 +18,9 @@ Modules, by the noun each holds:
 * `channel`: one authenticated client connection to a TN (used by engine/cn/client.py's
   `NetworkTN`, by the standby's probes and by `engine promote`);
 * `config`: tn.toml and cn.toml;
-* `daemon`: `engine serve` and `engine promote`.
+* `daemon`: `engine serve` and `engine promote`;
+* `reader`: `engine cn`, a compute node as a scripted or interactive reader.
+
+The CN side of the network is engine/cn/client.py (`NetworkTN`, the `TNPort` over these
+channels, with failover). FORMAT.md beside this file is the protocol.
 """

@@ -113,13 +113,11 @@ class Channel:
         frame = messages.encode_request(request_id, request)
         future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future
+        timeout = self._options.request_timeout_s if timeout_s is None else timeout_s
         try:
             self._out.write(frame)
-            if self._out.over_limit():
-                await self._out.drain_if_over()
-            timeout = self._options.request_timeout_s if timeout_s is None else timeout_s
-            try:
-                reply = await asyncio.wait_for(future, timeout)
+            try:  # the wait for the TN to read the request counts against the timeout too
+                reply = await asyncio.wait_for(self._sent_then(future), timeout)
             except TimeoutError:
                 raise TimeoutError(
                     f"no answer from the TN at {self.address} within {timeout} s"
@@ -129,6 +127,11 @@ class Channel:
         if isinstance(reply, messages.ErrorReply):
             raise exception_of(reply.code, reply.message, reply.args)
         return reply
+
+    async def _sent_then(self, future: asyncio.Future[Reply]) -> Reply:
+        if self._out.over_limit():
+            await self._out.drain_if_over()
+        return await future
 
     async def subscribe(self, on_push: PushHandler, on_end: EndHandler) -> int:
         """Subscribe on this channel; returns `from_ts`. `on_push(entries)` is then called,

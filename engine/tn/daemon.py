@@ -68,11 +68,12 @@ def serve(config_path: str, *, standby: bool) -> int:
         return main_config_error(exc)
     from logsvc import logs
 
-    logs.configure(
+    s3 = config.objects.s3
+    logs.configure(  # lines never carry a secret (logsvc/logs.py redacts them)
         node_id=f"tn@{config.listen}",
         level=config.log_level,
         log_format=config.log_format,
-        secrets=(config.token,),
+        secrets=(config.token,) if s3 is None else (config.token, s3.access_key, s3.secret_key),
     )
     try:
         return asyncio.run(_Daemon(config, standby).run())

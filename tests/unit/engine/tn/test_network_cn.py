@@ -9,7 +9,8 @@ commits go on, and the CN's subscription continues with no gap and no duplicate;
 subscription whose connection is lost catches up from the logtail, and one the logtail
 cannot catch up calls `on_gap` instead of skipping; a commit whose TN never answers is
 `OutcomeUnknown` within the client's bounds (and its first outcome is found later with the
-same write set), and one that could not be sent anywhere is `TNUnavailable`.
+same write set), and one that could not be sent anywhere is `TNUnavailable`; a logtail
+longer than the TN's page bound arrives in pages and is put together whole.
 
 How: in-process servers (engine/tn/server.py) on 127.0.0.1, small client bounds so the
 failure cases take well under a second each.
@@ -310,5 +311,44 @@ def test_nothing_sent_anywhere_is_tn_unavailable_within_the_bounds() -> None:
             assert time.monotonic() - started < 3.0
         finally:
             await client.close()
+
+    run(main)
+
+
+def test_a_logtail_longer_than_a_page_arrives_whole() -> None:
+    async def main() -> None:
+        objects = MemoryObjectStore()
+        engine = await Engine.open("unused", MemoryBackend(), objects=objects, maintenance=False)
+        server = TNServer(TNService(engine, page_entries_max=3), TOKEN)
+        await server.start("127.0.0.1", 0)
+        client = NetworkTN([f"127.0.0.1:{server.port}"], TOKEN, FAST)
+        try:
+            async with engine.transaction() as txn:
+                await txn.create_database("d")
+                await txn.create_table("d", "t", ROWS)
+            for i in range(10):
+                async with engine.transaction() as txn:
+                    await txn.table("d", "t").insert(rows(i))
+            channel = await Channel.open(f"127.0.0.1:{server.port}", TOKEN, FAST)
+            try:
+                page = await channel.call(messages.PullLogtail(0, engine.visible_ts))
+                assert isinstance(page, messages.LogtailPage) and page.more
+                assert len(page.logtail.entries) == 3
+                assert page.logtail.upto_ts == page.logtail.entries[-1].commit_ts
+            finally:
+                await channel.close()
+            assert await client.logtail(0, engine.visible_ts) == engine.logtail(
+                0, engine.visible_ts
+            )
+            cn = ComputeNode(client, objects)
+            try:
+                async with cn.snapshot() as view:
+                    assert [row["id"] for row in await scan(view)] == list(range(10))
+            finally:
+                await cn.close()
+        finally:
+            await client.close()
+            await server.close()
+            await engine.close()
 
     run(main)
