@@ -232,15 +232,13 @@ class _Daemon:
         timeout_s = policy.probe_timeout_ms / 1000
         options = ClientOptions(connect_timeout_s=timeout_s, request_timeout_s=timeout_s)
         channels: dict[str, Channel] = {}
+        token, peers = self.config.token, self.config.peers
         try:
             while service.engine.standby:
                 answers = await asyncio.gather(
-                    *(
-                        _status(channels, peer, self.config.token, options)
-                        for peer in self.config.peers
-                    )
+                    *(_status(channels, peer, token, options) for peer in peers)
                 )
-                seen = Seen.ACTIVE if "active" in answers else Seen.NO_ACTIVE
+                seen = _seen(self.config.listen, dict(zip(peers, answers, strict=True)))
                 if watch.observe(_now_ms(), seen) is Decision.PROMOTE:
                     log.warning(
                         "no active TN among %s for %d probe rounds: promoting this standby",
@@ -253,6 +251,15 @@ class _Daemon:
         finally:
             for channel in channels.values():
                 channel.abort()
+
+
+def _seen(listen: str, roles: dict[str, str]) -> Seen:
+    """One round's outcome for the watch: the peers' roles ("" for no answer)."""
+    if "active" in roles.values():
+        return Seen.ACTIVE
+    if any(role == "standby" and peer < listen for peer, role in roles.items()):
+        return Seen.DEFERRED
+    return Seen.NO_ACTIVE
 
 
 async def _status(

@@ -3,8 +3,10 @@ in, a decision out; the daemon does the probing and the promoting).
 
 The rule (issue 15 "when the active TN is gone"): every `probe_interval_ms` the standby asks
 each peer TN for its status, each probe bounded by `probe_timeout_ms`. A round in which some
-peer answers as active resets the count. A round in which none does (each refused the
-connection, timed out, or answered as a standby) is a failure; after `failures_to_promote`
+peer answers as active resets the count, and so does one in which a standby peer whose
+address sorts before this one's answers (that one promotes; two standbys never race). A
+round in which none does (each refused the connection, timed out, or answered as a standby
+behind this one) is a failure; after `failures_to_promote`
 consecutive failures, all within `failure_window_ms_max`, the standby promotes itself. A dead
 process refuses connections at once, so detection takes about failures x interval (1 s with
 the defaults); a hung or unreachable one about failures x (interval + timeout) (3 s).
@@ -53,8 +55,12 @@ class WatchPolicy:
 class Seen(Enum):
     ACTIVE = "active"
     """Some peer answered as the active TN."""
+    DEFERRED = "deferred"
+    """No active TN, but a standby peer ahead of this one (its address sorts first)
+    answered: it is the one to promote, this one waits (two standbys never race for the
+    lease; if that one dies too, its probes fail and this one's count starts)."""
     NO_ACTIVE = "no-active"
-    """No peer answered as active (refused, timed out, or standbys only)."""
+    """No peer answered as active, and none ahead of this one as a standby."""
 
 
 class Decision(Enum):
@@ -77,9 +83,9 @@ class Watch:
 
     def observe(self, now_ms: int, seen: Seen) -> Decision:
         """One round of probes, finished at `now_ms`."""
-        if seen is Seen.ACTIVE:
+        if seen is not Seen.NO_ACTIVE:
             self._failures_ms.clear()
-            self.active_seen = True
+            self.active_seen = self.active_seen or seen is Seen.ACTIVE
             return Decision.WAIT
         assert not self._failures_ms or now_ms >= self._failures_ms[-1]
         self._failures_ms.append(now_ms)

@@ -4,9 +4,10 @@ subscriber's bounded queue (engine/tn/pushes.py).
 How: driven through their inputs only (probe rounds with their times; entries offered and
 taken), no sockets, no sleeps. The watch promotes after exactly `failures_to_promote`
 consecutive rounds without an active TN inside the window, never on a streak an active
-answer broke or on failures older than the window; a policy that could never promote is
-refused naming its field. The queue keeps commit order, bounds count and bytes, always
-hands out at least one entry, and once over a bound is dropped for good.
+answer (or a standby ahead of it) broke or on failures older than the window; a policy
+that could never promote is refused naming its field. The queue keeps commit order,
+bounds count and bytes, always hands out at least one entry, and once over a bound is
+dropped for good.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from engine.logtail import TailEntry
 from engine.tn.pushes import SubscriberQueue
 from engine.tn.watch import Decision, Seen, Watch, WatchPolicy
 
-A, N = Seen.ACTIVE, Seen.NO_ACTIVE
+A, D, N = Seen.ACTIVE, Seen.DEFERRED, Seen.NO_ACTIVE
 W, P = Decision.WAIT, Decision.PROMOTE
 POLICY = WatchPolicy(
     probe_interval_ms=250, probe_timeout_ms=500, failures_to_promote=4, failure_window_ms_max=4000
@@ -34,6 +35,12 @@ TRANSCRIPTS: list[tuple[str, list[tuple[int, Seen]], list[Decision]]] = [
         [W, W, W, W, P],
     ),
     ("no peer ever active", [(0, N), (1, N), (2, N), (3, N)], [W, W, W, P]),
+    ("a standby ahead promotes first", [(0, N), (250, D), (500, N), (750, N), (1000, N)], [W] * 5),
+    (
+        "then the one ahead dies too",
+        [(0, D), (250, N), (500, N), (750, N), (1000, N)],
+        [W, W, W, W, P],
+    ),
 ]
 
 
@@ -98,3 +105,20 @@ def test_the_queue_is_dropped_for_good_past_a_bound(
     assert results == [True] * offers_ok + [False] * (5 - offers_ok)
     assert queue.dropped and len(queue) == 0 and queue.bytes == 0
     assert not queue.offer(entry(99, 1))  # never again
+
+
+@pytest.mark.parametrize(
+    ("roles", "seen"),
+    [
+        ({"127.0.0.1:7902": "active"}, A),
+        ({"127.0.0.1:7902": ""}, N),
+        ({"127.0.0.1:7902": "standby"}, N),  # behind this one: this one promotes
+        ({"127.0.0.1:7900": "standby"}, D),  # ahead: that one promotes
+        ({"127.0.0.1:7900": "", "127.0.0.1:7902": "standby"}, N),
+        ({"127.0.0.1:7900": "standby", "127.0.0.1:7902": "active"}, A),
+    ],
+)
+def test_a_round_of_answers_is_seen_as(roles: dict[str, str], seen: Seen) -> None:
+    from engine.tn.daemon import _seen
+
+    assert _seen("127.0.0.1:7901", roles) is seen
