@@ -1,4 +1,5 @@
-"""`python -m engine`: look into an engine's committed state without SQL.
+"""`python -m engine`: look into an engine's committed state without SQL; run a TN daemon and a
+compute node reader (issue 15).
 
     python -m engine tables DIR                     databases, tables, schemas, row counts
     python -m engine scan DIR db.table --limit N    the first N rows (by primary key)
