@@ -124,6 +124,11 @@ closed at once."""
 REQUESTS_INFLIGHT_MAX = 64
 """Requests of one connection being served at once; more are answered OVERLOADED."""
 
+REQUESTS_INFLIGHT_TOTAL_MAX = 4096
+"""Requests being served by one TN over all connections, counting those whose connection
+is gone (a commit is never cancelled by its connection's loss: see server.py); more are
+answered OVERLOADED. Equal to the engine's COMMIT_QUEUE_MAX: no more can be committing."""
+
 WRITE_BUFFER_BYTES_MAX = 8 * MiB
 """Replies queued for a peer that does not read them, before the connection stops reading
 requests (back-pressure)."""
@@ -194,6 +199,7 @@ class ServerLimits:
 
     connections_max: int = CONNECTIONS_MAX
     requests_inflight_max: int = REQUESTS_INFLIGHT_MAX
+    requests_inflight_total_max: int = REQUESTS_INFLIGHT_TOTAL_MAX
     write_buffer_bytes_max: int = WRITE_BUFFER_BYTES_MAX
     subscribers_max: int = SUBSCRIBERS_MAX
     subscriber_queue_entries_max: int = SUBSCRIBER_QUEUE_ENTRIES_MAX
@@ -235,6 +241,7 @@ assert PUSH_BYTES_MAX >= ENTRY_BYTES_MAX  # one entry always fits a push
 assert LOGTAIL_PAGE_BYTES_MAX + LOGTAIL_PAGE_ENTRIES_MAX * 24 + 2 * KiB <= REPLY_BODY_BYTES_MAX
 assert PUSH_BYTES_MAX + PUSH_ENTRIES_MAX * 24 + 1 * KiB <= REPLY_BODY_BYTES_MAX
 assert OP_ROWS_BYTES_MAX < REQUEST_BODY_BYTES_MAX
+assert REQUESTS_INFLIGHT_MAX <= REQUESTS_INFLIGHT_TOTAL_MAX <= engine_limits.COMMIT_QUEUE_MAX
 assert engine_limits.TXN_WORKSPACE_BYTES_MAX <= OP_ROWS_BYTES_MAX
 assert SUBSCRIBER_QUEUE_BYTES_MAX >= PUSH_BYTES_MAX
 assert WATCH_PROBE_TIMEOUT_MS < WATCH_FAILURE_WINDOW_MS_MAX

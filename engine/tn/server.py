@@ -4,7 +4,10 @@
 Per connection: a bounded frame decoder (logsvc's), an authentication state, at most
 `requests_inflight_max` requests served at once (pipelined: replies carry the request id
 and may come back out of order, so a commit waiting for the WAL does not hold up a status),
-and at most one subscription. Bad input never takes the server down (logsvc/node/server.py
+and at most one subscription. A request is never cancelled because its connection is lost:
+a commit runs to its outcome, which the engine remembers by origin, so the client's retry
+on another connection (or TN) is answered with it instead of running the write set twice.
+Such requests count against the TN's `requests_inflight_total_max` until they end. Bad input never takes the server down (logsvc/node/server.py
 does the same, for the same reasons):
 
 * undecodable framing (garbage, a damaged checksum, an oversize length): a last ErrorReply
@@ -56,6 +59,8 @@ class TNServer:
         self._server: asyncio.Server | None = None
         self._connections: dict[asyncio.Task[None], _Connection] = {}
         self.subscribers = 0
+        self.requests_inflight = 0
+        """Over every connection, also those gone (their requests run to the end)."""
         self.counters: Counter[str] = Counter()
 
     async def start(self, host: str, port: int) -> None:
@@ -224,12 +229,18 @@ class _Connection:
         if isinstance(request, messages.Subscribe):
             self._subscribe(request_id)
             return
-        if len(self.inflight) >= self._server.limits.requests_inflight_max:
-            counters["overloaded"] += 1
+        server_limits = self._server.limits
+        overloaded = None
+        if len(self.inflight) >= server_limits.requests_inflight_max:
             overloaded = Overloaded(
-                "requests in flight on this connection",
-                self._server.limits.requests_inflight_max,
+                "requests in flight on this connection", server_limits.requests_inflight_max
             )
+        elif self._server.requests_inflight >= server_limits.requests_inflight_total_max:
+            overloaded = Overloaded(
+                "requests in flight on this TN", server_limits.requests_inflight_total_max
+            )
+        if overloaded is not None:
+            counters["overloaded"] += 1
             self._reply(request_id, _error_of(self._peer, overloaded))
             return
         self._spawn(self._answer(request_id, request))
@@ -264,7 +275,12 @@ class _Connection:
     def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(coroutine)
         self.inflight.add(task)
-        task.add_done_callback(self.inflight.discard)
+        self._server.requests_inflight += 1
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self.inflight.discard(task)
+        self._server.requests_inflight -= 1
 
     async def _answer(self, request_id: int, request: Request) -> None:
         try:

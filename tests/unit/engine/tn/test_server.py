@@ -524,3 +524,48 @@ def test_a_request_the_client_cannot_encode_is_never_sent() -> None:
                 await client.close()
 
     run(main)
+
+
+def test_requests_of_gone_connections_still_count_against_the_tn_bound() -> None:
+    async def main() -> None:
+        wal = MemoryBackend()
+        bounds = ServerLimits(requests_inflight_total_max=2)
+        async with served(wal, server_limits=bounds) as tn:
+            await shop(tn.engine)
+            at = tn.engine.visible_ts
+
+            def commit(i: int) -> messages.Commit:
+                return messages.Commit(
+                    WriteSet(at, (Op("insert", "d", "t", rows=rows(i)),), "cn", i)
+                )
+
+            wal.hold_appends = True
+            gone = await Channel.open(tn.address, TOKEN, FAST)
+            lost = asyncio.ensure_future(gone.call(commit(1)))
+            await wal.wait_held(1)
+            await gone.close()  # its commit goes on in the WAL, unanswered
+            with pytest.raises(ConnectionError):
+                await lost
+            channel = await Channel.open(tn.address, TOKEN, FAST)
+            try:
+                second = asyncio.ensure_future(channel.call(commit(2)))
+                with pytest.raises(Overloaded, match="requests in flight on this TN"):
+                    await asyncio.wait_for(channel.call(commit(3)), 2.0)
+                wal.hold_appends = False
+                for _ in range(200):
+                    if second.done():
+                        break
+                    for held in wal.held():
+                        await wal.release(held)
+                    await asyncio.sleep(0.01)
+                assert isinstance(second.result(), messages.Committed)
+                retry = await channel.call(commit(1))  # the lost one landed, once
+                assert isinstance(retry, messages.Committed)
+                assert tn.server.requests_inflight == 0
+            finally:
+                await channel.close()
+            async with tn.engine.transaction() as txn:
+                got = await txn.table("d", "t").scan(columns=["id"])
+            assert sorted(got.column("id").to_pylist()) == [1, 2]
+
+    run(main)
