@@ -70,6 +70,9 @@ class NetworkTN:
         self._closed = False
         self.failovers = 0
         """Times a call left its TN for another (or for the same one, reconnected)."""
+        self.commits_resent = 0
+        """Commits sent again after an attempt whose outcome was open (lost, timed out,
+        fenced): each such retry is answered by the origin table (decision 0007)."""
 
     # --- TNPort -------------------------------------------------------------------------------
 
@@ -116,6 +119,7 @@ class NetworkTN:
                 self._forget(channel)
                 if not isinstance(exc, (NotActive, EngineClosed)):
                     maybe_landed = True  # written, and no answer says what became of it
+                    self.commits_resent += 1
                 log.info(
                     "commit %s/%d: the TN at %s went away (%s); retrying elsewhere",
                     write_set.client_id,

@@ -7,8 +7,10 @@ and may come back out of order, so a commit waiting for the WAL does not hold up
 and at most one subscription. A request is never cancelled because its connection is lost:
 a commit runs to its outcome, which the engine remembers by origin, so the client's retry
 on another connection (or TN) is answered with it instead of running the write set twice.
-Such requests count against the TN's `requests_inflight_total_max` until they end. Bad input never takes the server down (logsvc/node/server.py
-does the same, for the same reasons):
+Such requests count against the TN's `requests_inflight_total_max` until they end.
+
+Bad input never takes the server down (logsvc/node/server.py does the same, for the same
+reasons):
 
 * undecodable framing (garbage, a damaged checksum, an oversize length): a last ErrorReply
   when the peer can still parse one (TOO_LARGE for the oversize frame's id, else id 0),

@@ -2,8 +2,10 @@
 dev-cluster, an active TN and a standby TN as `python -m engine serve` processes sharing
 one object directory, and a compute node committing through `NetworkTN`.
 
-Proves: every commit acknowledged before and after the active TN is SIGKILLed is there when
-read back through a fresh compute node, exactly once (a ledger of acknowledged keys); the
+Proves: with writers committing concurrently through one compute node, every commit
+acknowledged before and after the active TN is SIGKILLed under them (commits in flight) is
+there when read back through a fresh compute node, exactly once, and nothing else is (a
+ledger of acknowledged keys: no commit was left in doubt); the
 standby notices on its own (status probes), promotes itself (takes the WAL's lease with a
 higher epoch) and the same NetworkTN continues on it within seconds; the old TN restarted
 on its own config refuses to take the lease back and exits 3 with one clear line; the
@@ -22,6 +24,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
@@ -174,7 +177,7 @@ def test_the_standby_takes_over_from_a_killed_tn_and_nothing_acknowledged_is_los
         asyncio.run(wait_role(a, "active", active))
         standby = TNProcess(base / "tn-b.toml", standby=True)
         asyncio.run(wait_role(b, "standby", standby))
-        asyncio.run(_commits_across_the_kill(base, a, b, active))
+        rows_acked = asyncio.run(_commits_across_the_kill(base, a, b, active))
         # The old TN comes back on its own config: it must not take the lease back.
         old = TNProcess(base / "tn-a.toml")
         assert old.wait(EXIT_WAIT_S_MAX) == 3, old.output
@@ -192,13 +195,13 @@ def test_the_standby_takes_over_from_a_killed_tn_and_nothing_acknowledged_is_los
             str(base / "cn.toml"),
             stdin="status\ntables\nscan d.t --limit 3\nscan d.nope\n",
         )
-        assert reader.returncode == 1, reader.stderr  # one command of four failed
+        assert reader.returncode == 1, reader.stderr  # one command of four failed, the last
         lines = reader.stdout.splitlines()
         assert lines[0].startswith(f"TN {b} (active): visible_ts ")
-        assert "  d.t  rows=60  key=(id)" in lines
+        assert f"  d.t  rows={rows_acked}  key=(id)" in lines
         scan_at = lines.index("id  v ")
         assert lines[scan_at + 1 : scan_at + 4] == ["0   v0", "1   v1", "2   v2"]
-        assert lines[scan_at + 4].startswith("(3 of 60 rows at commit_ts ")
+        assert lines[scan_at + 4].startswith(f"(3 of {rows_acked} rows at commit_ts ")
         assert lines[-1].startswith("error: NotFound: ")
         standby.kill(signal.SIGTERM)
         assert standby.process.returncode == 0, standby.output
@@ -209,26 +212,42 @@ def test_the_standby_takes_over_from_a_killed_tn_and_nothing_acknowledged_is_los
                 process.kill()
 
 
-async def _commits_across_the_kill(base: Path, a: str, b: str, active: TNProcess) -> None:
+WRITERS = 4
+ACKS_BEFORE_KILL = 40
+ACKS_AFTER_KILL = 40
+
+
+async def _commits_across_the_kill(base: Path, a: str, b: str, active: TNProcess) -> int:
+    """Writers commit through one compute node while the active TN is SIGKILLed under
+    them (commits are in flight at that moment); the number of rows acknowledged."""
     tn = NetworkTN([a, b], TOKEN, CLIENT)
     objects = LocalDirStore(str(base / "objects"), read_only=True)
     cn = ComputeNode(tn, objects, client_id="cn-e2e")
     acked: list[int] = []
+    keys = iter(range(10**6))
+    stop = asyncio.Event()
+
+    async def writer() -> None:
+        while not stop.is_set():
+            await _insert(cn, next(keys), acked)
+
     try:
         async with cn.transaction() as txn:
             await txn.create_database("d")
             await txn.create_table("d", "t", ROWS)
-        for i in range(30):
-            await _insert(cn, i, acked)
-        assert tn.address == a
-        active.kill(signal.SIGKILL)
-        killed_at = time.monotonic()
-        first_after: float | None = None
-        for i in range(30, 60):
-            await _insert(cn, i, acked)
-            if first_after is None:
-                first_after = time.monotonic() - killed_at
-        assert tn.address == b and first_after is not None
+        writers = [asyncio.ensure_future(writer()) for _ in range(WRITERS)]
+        try:
+            await _until(lambda: len(acked) >= ACKS_BEFORE_KILL, writers)
+            assert tn.address == a
+            active.kill(signal.SIGKILL)
+            killed_at, before = time.monotonic(), len(acked)
+            await _until(lambda: len(acked) > before, writers)
+            first_after = time.monotonic() - killed_at
+            await _until(lambda: len(acked) >= before + ACKS_AFTER_KILL, writers)
+        finally:
+            stop.set()
+            await asyncio.gather(*writers)  # a writer's failure (OutcomeUnknown...) fails here
+        assert tn.address == b
         assert first_after < FAILOVER_S_MAX, first_after
         # Read back through a compute node that starts empty.
         reader = ComputeNode(tn, objects)
@@ -237,14 +256,24 @@ async def _commits_across_the_kill(base: Path, a: str, b: str, active: TNProcess
                 got = (await view.table("d", "t").scan(columns=["id"])).column("id").to_pylist()
         finally:
             await reader.close()
-        assert sorted(got) == sorted(set(got))  # nothing twice
+        assert len(got) == len(set(got))  # nothing twice
         missing = sorted(set(acked) - set(got))
         assert not missing, f"acknowledged and lost: {missing}"
-        assert len(acked) == 60 and set(got) == set(acked)
+        assert set(got) == set(acked)  # and nothing unacknowledged: no commit was in doubt
+        return len(acked)
     finally:
         await cn.close()
         await tn.close()
         objects.close()
+
+
+async def _until(condition: Callable[[], bool], writers: list[asyncio.Task[None]]) -> None:
+    deadline = time.monotonic() + FAILOVER_S_MAX + 10
+    while not condition():
+        for done in (w for w in writers if w.done()):
+            done.result()  # a writer that failed: its error
+        assert time.monotonic() < deadline, "the writers made no progress"
+        await asyncio.sleep(0.01)
 
 
 async def _insert(cn: ComputeNode, key: int, acked: list[int]) -> None:
