@@ -214,6 +214,12 @@ def test_bad_requests_are_answered_and_the_connection_goes_on() -> None:
                 ErrorCode.BAD_REQUEST,
                 "StatusReply",
             ]
+            subscribe = messages.Subscribe()
+            twice = messages.encode_request(2, subscribe) + messages.encode_request(3, subscribe)
+            replies, closed = await raw(tn, auth() + twice, expect=3)
+            assert not closed
+            assert codes(replies) == ["Authenticated", "Subscribed", ErrorCode.BAD_REQUEST]
+            assert "one subscription per connection" in replies[2].message  # type: ignore[union-attr]
 
     run(main)
 
