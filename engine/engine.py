@@ -130,7 +130,7 @@ class _Loaded:
         self,
         loader: BlockLoader | None,
         blocks: Sequence[PersistedBlock],
-        keys: bool,
+        keys: bool | str,
         columns: Sequence[str] | None,
         whole: bool = False,
     ) -> None:
@@ -146,14 +146,25 @@ class _Loaded:
             return NOTHING_LOADED
         loader = self._loader
         assert loader is not None, "persisted blocks without an object store"
-        self._pinned = await asyncio.to_thread(
-            loader.load,
+        # What the cache holds is pinned right here; only a miss costs a worker thread.
+        pinned = loader.load(
             self._blocks,
             keys=self._keys,
             columns=self._columns,
             whole_objects=self._whole,
+            cached_only=True,
         )
-        return self._pinned
+        if pinned is None:
+            pinned = await asyncio.to_thread(
+                loader.load,
+                self._blocks,
+                keys=self._keys,
+                columns=self._columns,
+                whole_objects=self._whole,
+            )
+        assert pinned is not None
+        self._pinned = pinned
+        return pinned
 
     async def __aexit__(self, *exc: object) -> None:
         if self._pinned is not None:
@@ -491,7 +502,7 @@ class Engine:
         self,
         blocks: Sequence[PersistedBlock],
         *,
-        keys: bool = False,
+        keys: bool | str = False,
         columns: Sequence[str] | None = None,
         whole_objects: bool = False,
     ) -> _Loaded:
@@ -630,6 +641,7 @@ class Engine:
         state = self._state
         ticket.waiter.dsn = done.result()
         visible = self._pipeline.durable(ticket)
+        filled = False
         for index, made_visible in enumerate(visible):
             commit = made_visible.waiter
             self._visible_dsn = max(self._visible_dsn, commit.dsn)
@@ -651,6 +663,11 @@ class Engine:
             self._became_visible(TailEntry(made_visible.commit_ts, commit.dsn, commit.payload))
             if not commit.future.done():
                 commit.future.set_result(None)
+            filled = filled or _fills_a_block(commit.entry)
+        if filled and self._maintenance is not None:
+            # A full block may be flushed now, not at the next interval: a bulk load fills
+            # blocks faster than MAINTENANCE_INTERVAL_MS.
+            self._maintenance.poke()
 
     def _fail(self, exc: BaseException) -> None:
         if self._failure is None:
@@ -752,6 +769,16 @@ def _conflict_error(
             f"{conflict.commit_ts}"
         )
     return WriteConflict(f"{key} changed by a commit at {conflict.commit_ts}")
+
+
+def _fills_a_block(entry: TxnEntry) -> bool:
+    """`entry` appended the last row of some L0 block."""
+    return any(
+        info.offset + info.rows == limits.BLOCK_ROWS_MAX
+        for command in entry.commands
+        if type(command) is Append
+        for info in command.infos
+    )
 
 
 def _fenced(exc: BaseException | None) -> bool:

@@ -86,6 +86,8 @@ class Maintenance:
         self.rewrites_done: dict[str, int] = {"flush": 0, "merge": 0, "compact": 0}
         self.rewrites_abandoned = 0
         self.errors = 0
+        self.memory_waits = 0
+        """Commits that waited for flushes to bring L0 under `L0_BYTES_HARD_MAX`."""
         self.last_error: str | None = None
 
     # --- lifecycle -----------------------------------------------------------------------------
@@ -113,8 +115,12 @@ class Maintenance:
         while True:
             # Every interval, and at once when a rewrite finishes while more work waits
             # (flushes must keep up with a bulk load, or L0 grows until commits are held).
+            # asyncio.timeout, not wait_for: on 3.11 wait_for returns the inner result when
+            # the wake and stop()'s cancel come together, the cancel is lost and stop()
+            # waits forever (a close hung that way once blocks filled up fast).
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), limits.MAINTENANCE_INTERVAL_MS / 1000)
+                async with asyncio.timeout(limits.MAINTENANCE_INTERVAL_MS / 1000):
+                    await self._wake.wait()
             self._wake.clear()
             try:
                 self.step()
@@ -128,9 +134,11 @@ class Maintenance:
         (flushes give it back); False if that did not happen within `L0_WAIT_S_MAX`."""
         if self._relieved.is_set():
             return True
+        self.memory_waits += 1
         self._wake.set()
         try:
-            await asyncio.wait_for(self._relieved.wait(), limits.L0_WAIT_S_MAX)
+            async with asyncio.timeout(limits.L0_WAIT_S_MAX):
+                await self._relieved.wait()
         except TimeoutError:
             return False
         return True
@@ -222,6 +230,10 @@ class Maintenance:
         self._last_checkpoint_ms = now_ms
         task = asyncio.get_running_loop().create_task(self._checkpoint())
         self._checkpoint_task = task
+
+    def poke(self) -> None:
+        """Plan at once rather than at the next interval (a block filled)."""
+        self._wake.set()
 
     def want_checkpoint(self) -> None:
         """Take a checkpoint at the next step (a compute node is behind the logtail)."""

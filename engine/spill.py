@@ -128,6 +128,7 @@ def spill_of(
                 block.meta.key_min,
                 block.meta.key_max,
                 block.meta.zonemap,
+                bloom=block.meta.bloom,
             )
         )
     return spill

@@ -126,6 +126,7 @@ class EngineState:
                 if persisted:
                     assert loader is not None
                     pinned = loader.load(persisted, columns=table.schema.names)
+                    assert pinned is not None  # (it loads what the cache lacks)
                     try:
                         parts = data.scan_at(ts, blocks, pinned)
                     finally:

@@ -39,6 +39,7 @@ from engine.errors import (
     TxnClosed,
     TxnTooLarge,
 )
+from engine.objects.bloom import key_hash
 from engine.schema import Key, Schema, batch_keys, check_name, normalize_key, to_batch
 from engine.spill import Spill
 from engine.storage import NOTHING_LOADED, PersistedBlock, RowVersion
@@ -379,12 +380,37 @@ class Transaction:
         start_ts = self.start_ts
         if not data.persisted_held:
             return [data.version_at(key, start_ts, NOTHING_LOADED) for key in keys]
-        candidates: dict[int, PersistedBlock] = {}
-        for key in keys:
-            for block in data.key_candidates(key, start_ts):
-                candidates[block.block_id] = block
-        async with self._engine._loaded(list(candidates.values()), keys=True) as loaded:
-            return [data.version_at(key, start_ts, loaded) for key in keys]
+        # Blocks whose key range holds a key; then only those whose bloom filter may hold
+        # it have their sorted keys loaded (most inserted keys are new: bloom negatives).
+        per_key = [data.key_candidates(key, start_ts) for key in keys]
+        if not any(per_key):
+            return [data.version_among(key, start_ts, [], NOTHING_LOADED) for key in keys]
+        # One hash per key asks every candidate's filter.
+        hashes = [key_hash(key) if found else 0 for key, found in zip(keys, per_key, strict=True)]
+        if all(b.bloom is not None for found in per_key for b in found):
+            maybe = [
+                [b for b in found if b.bloom is not None and b.bloom.might_contain_hash(hashed)]
+                for hashed, found in zip(hashes, per_key, strict=True)
+            ]
+        else:  # blocks whose bloom filter is read from their object
+            candidates = {b.block_id: b for found in per_key for b in found}
+            async with self._engine._loaded(list(candidates.values()), keys="blooms") as blooms:
+                maybe = [
+                    [
+                        b
+                        for b in found
+                        if (f := blooms.bloom(b)) is None or f.might_contain_hash(hashed)
+                    ]
+                    for hashed, found in zip(hashes, per_key, strict=True)
+                ]
+        wanted = {b.block_id: b for found in maybe for b in found}
+        if not wanted:
+            return [data.version_among(key, start_ts, [], NOTHING_LOADED) for key in keys]
+        async with self._engine._loaded(list(wanted.values()), keys=True) as loaded:
+            return [
+                data.version_among(key, start_ts, found, loaded)
+                for key, found in zip(keys, maybe, strict=True)
+            ]
 
     async def _spilled_row(
         self, entry: TableEntry, spilled: Spill, position: int
