@@ -18,6 +18,7 @@ every wait is bounded.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
@@ -110,10 +111,28 @@ class TNProcess:
             os.killpg(self.process.pid, signum)
 
     def kill(self, signum: int = signal.SIGKILL) -> None:
-        """Send `signum` (SIGKILL, or SIGTERM for a clean stop) and wait for the exit."""
+        """Send `signum` (SIGKILL, or SIGTERM for a clean stop) and wait for the exit; a
+        process that does not exit then is SIGKILLed (continued first, if it was stopped)."""
         if self.process.poll() is None:
             os.killpg(self.process.pid, signum)
-            self.process.wait(10)
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGCONT)
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(10)
+                raise
+
+
+def stop_all(*processes: TNProcess | None) -> None:
+    """SIGKILL every process started (a stopped one is continued first), each whatever
+    happened to the others."""
+    for process in processes:
+        if process is not None:
+            with contextlib.suppress(ProcessLookupError):
+                process.send(signal.SIGCONT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.kill()
 
 
 async def role_of(address: str) -> str | None:
@@ -207,9 +226,7 @@ def test_the_standby_takes_over_from_a_killed_tn_and_nothing_acknowledged_is_los
         assert standby.process.returncode == 0, standby.output
         assert "stopped" in standby.output.splitlines()[-1]
     finally:
-        for process in (active, standby, old):
-            if process is not None:
-                process.kill()
+        stop_all(active, standby, old)
 
 
 WRITERS = 4
@@ -313,10 +330,7 @@ def test_a_tn_that_was_paused_while_the_standby_took_over_is_fenced_on_its_first
         assert f"holder tn@{b}" in fenced[0], fenced[0]
         assert asyncio.run(role_of(b)) == "active"
     finally:
-        for process in (active, standby):
-            if process is not None:
-                process.send(signal.SIGCONT)
-                process.kill()
+        stop_all(active, standby)
 
 
 async def _commit_on(address: str) -> None:
