@@ -1,4 +1,4 @@
-"""`python -m engine tables|scan|stats DIR`: see engine/cli.py."""
+"""`python -m engine tables|scan|stats|serve|promote|cn ...`: see engine/cli.py."""
 
 import sys
 

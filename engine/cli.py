@@ -1,4 +1,5 @@
-"""`python -m engine`: look into an engine's committed state without SQL.
+"""`python -m engine`: look into an engine's committed state without SQL; run a TN daemon and a
+compute node reader (issue 15).
 
     python -m engine tables DIR                     databases, tables, schemas, row counts
     python -m engine scan DIR db.table --limit N    the first N rows (by primary key)
@@ -6,17 +7,23 @@
                                                     storage: blocks per level, the newest
                                                     checkpoint, WAL retained, the objects
 
-Each command opens the engine read-only (replay FOR_READ: nothing is written, and over logsvc
-no lease is taken, so a running engine is not fenced), prints, and closes. `--wal logsvc
---client-config client.toml --shard N` reads an engine whose WAL is on logsvc. A file WAL is
-locked by a running engine: stop it first (the command says so).
+    python -m engine serve --config tn.toml [--standby]    the TN daemon (engine/tn/daemon.py)
+    python -m engine promote --config tn.toml              make that standby TN active now
+    python -m engine cn --config cn.toml [COMMAND...]      a compute node reader (tn/reader.py)
+
+`tables`, `scan` and `stats` open the engine read-only (replay FOR_READ: nothing is written,
+and over logsvc no lease is taken, so a running engine is not fenced), print, and close.
+`--wal logsvc --client-config client.toml --shard N` reads an engine whose WAL is on logsvc.
+A file WAL is locked by a running engine: stop it first (the command says so).
 
 Objects: in `DIR/objects` by default; `--objects s3 --s3-endpoint HOST:PORT --s3-bucket B
 [--s3-prefix P] [--s3-region R] [--s3-scheme http|https]` for an engine whose objects are in
 S3, with the credentials in AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY; `--objects none` for
 an engine of part 1 (every row in the WAL).
 
-Exit codes: 0 done, 1 the engine could not be opened or read, 2 bad arguments.
+Exit codes: 0 done, 1 the engine could not be opened or read, 2 bad arguments. `serve`,
+`promote` and `cn` say theirs in their modules (a config error is 2, naming the key; a
+fenced TN exits 3).
 """
 
 from __future__ import annotations
@@ -58,6 +65,14 @@ def _parser() -> argparse.ArgumentParser:
     scan.add_argument("--limit", type=int, default=limits.SCAN_ROWS_DEFAULT_LIMIT)
     stats = add("stats", "commit timestamp, counts, WAL position, storage")
     stats.add_argument("--json", action="store_true")
+    serve = sub.add_parser("serve", help="run a TN daemon (issue 15)")
+    serve.add_argument("--config", required=True, help="the TN's tn.toml")
+    serve.add_argument("--standby", action="store_true", help="tail the WAL; take over later")
+    promote = sub.add_parser("promote", help="make the standby TN of this config active now")
+    promote.add_argument("--config", required=True, help="the standby's tn.toml")
+    cn = sub.add_parser("cn", help="a compute node reader: status, tables, scan")
+    cn.add_argument("--config", required=True, help="the compute node's cn.toml")
+    cn.add_argument("words", nargs=argparse.REMAINDER, help="one command (else: stdin)")
     return parser
 
 
@@ -119,7 +134,22 @@ def objects_from_args(args: argparse.Namespace) -> str | ObjectStore | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if not __debug__:
+        print("error: the engine refuses to run under python -O", file=sys.stderr)
+        return 2
     args = _parser().parse_args(argv)
+    if args.command == "serve":
+        from engine.tn import daemon
+
+        return daemon.serve(args.config, standby=args.standby)
+    if args.command == "promote":
+        from engine.tn import daemon
+
+        return daemon.promote(args.config)
+    if args.command == "cn":
+        from engine.tn import reader
+
+        return reader.main(args.config, list(args.words))
     problem = wal_options_error(args) or objects_options_error(args)
     if problem is not None:
         print(f"error: {problem}", file=sys.stderr)
@@ -181,14 +211,21 @@ async def _scan(engine: Engine, qualified: str, limit: int) -> None:
         table = await handle.scan()
         total = table.num_rows
         table = table.sort_by([(k, "ascending") for k in handle.schema.primary_key]).slice(0, limit)
-        names = table.column_names
-        rows = table.to_pylist()
-        cells = [[_cell(row[n]) for n in names] for row in rows]
-        widths = [max([len(n)] + [len(r[i]) for r in cells]) for i, n in enumerate(names)]
-        print("  ".join(n.ljust(w) for n, w in zip(names, widths, strict=True)))
-        for row_cells in cells:
-            print("  ".join(c.ljust(w) for c, w in zip(row_cells, widths, strict=True)))
-        print(f"({len(rows)} of {total} rows at commit_ts {txn.start_ts})")
+        for line in rows_text(table):
+            print(line)
+        print(f"({table.num_rows} of {total} rows at commit_ts {txn.start_ts})")
+
+
+def rows_text(table: Any) -> list[str]:
+    """A header line and one line per row of a `pa.Table`, in aligned columns (also the
+    compute node reader's, engine/tn/reader.py)."""
+    names = table.column_names
+    cells = [[_cell(row[n]) for n in names] for row in table.to_pylist()]
+    widths = [max([len(n)] + [len(r[i]) for r in cells]) for i, n in enumerate(names)]
+    lines = ["  ".join(n.ljust(w) for n, w in zip(names, widths, strict=True))]
+    for row_cells in cells:
+        lines.append("  ".join(c.ljust(w) for c, w in zip(row_cells, widths, strict=True)))
+    return lines
 
 
 def _cell(value: Any) -> str:

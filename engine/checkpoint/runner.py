@@ -24,6 +24,7 @@ from engine.checkpoint.errors import CheckpointCorrupt
 from engine.checkpoint.layout import Manifest
 from engine.clock import wall_ms
 from engine.objects.errors import ObjectsError
+from engine.objects.store import ObjectStore
 from engine.storage import PersistedBlock
 from engine.txn import Transaction
 from engine.wal.codec import encode_entry
@@ -39,7 +40,6 @@ class Checkpointer:
     def __init__(self, engine: Engine, blocks: ObjectBlockStore) -> None:
         self._engine = engine
         self._blocks = blocks
-        self._store = blocks.store
         self._lock = asyncio.Lock()
         self.retained: list[Manifest] = []
         """Complete checkpoints kept, oldest first; the last is the newest."""
@@ -51,6 +51,12 @@ class Checkpointer:
         self.last_duration_ms = 0.0
         self.last_bytes = 0
         self.wal_reserve_entries = limits.CKP_WAL_RESERVE_ENTRIES
+
+    @property
+    def _store(self) -> ObjectStore:
+        # Looked up each time, not kept: a promoted standby's directory store is replaced
+        # by a writable one (`ObjectBlockStore.writable`), and checkpoints must go there.
+        return self._blocks.store
 
     @property
     def newest(self) -> Manifest | None:

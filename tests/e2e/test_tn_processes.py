@@ -1,0 +1,345 @@
+"""TN failover with real processes (issue 15 "Real processes on loopback"): a 3-node logsvc
+dev-cluster, an active TN and a standby TN as `python -m engine serve` processes sharing
+one object directory, and a compute node committing through `NetworkTN`.
+
+Proves: with writers committing concurrently through one compute node, every commit
+acknowledged before and after the active TN is SIGKILLed under them (commits in flight) is
+there when read back through a fresh compute node, exactly once, and nothing else is (a
+ledger of acknowledged keys: no commit was left in doubt); the
+standby notices on its own (status probes), promotes itself (takes the WAL's lease with a
+higher epoch) and the same NetworkTN continues on it within seconds; the old TN restarted
+on its own config refuses to take the lease back and exits 3 with one clear line; the
+promoted TN stops cleanly on SIGTERM.
+
+Every process is stopped by PID whatever happens (`TNProcess.kill`, `devcluster.down`);
+every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from engine import Column, Schema
+from engine.cn.client import NetworkTN
+from engine.cn.node import ComputeNode
+from engine.errors import Fenced, WriteConflict
+from engine.objects.store import LocalDirStore
+from engine.tn import messages
+from engine.tn.channel import Channel, probe
+from engine.tn.limits import ClientOptions
+from engine.writeset import Op, WriteSet
+
+from .conftest import LocalCluster
+
+pytestmark = pytest.mark.timeout(120)
+
+TOKEN = "tn-e2e-token-0123456789"
+ROWS = Schema([Column("id", "int64"), Column("v", "string")], primary_key=["id"])
+START_WAIT_S_MAX = 30.0
+FAILOVER_S_MAX = 15.0
+EXIT_WAIT_S_MAX = 20.0
+CLIENT = ClientOptions(
+    connect_timeout_s=1.0, request_timeout_s=5.0, failover_wait_s_max=FAILOVER_S_MAX
+)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def tn_config(base: Path, name: str, listen: str, peer: str, shard: int) -> Path:
+    path = base / f"{name}.toml"
+    path.write_text(
+        f"""\
+[tn]
+data_dir = "{name}"
+listen = "{listen}"
+token_file = "tn.token"
+peers = ["{peer}"]
+log_level = "info"
+
+[wal]
+client_config = "cluster/client.toml"
+shard = {shard}
+
+[objects]
+dir = "objects"
+"""
+    )
+    return path
+
+
+class TNProcess:
+    def __init__(self, config: Path, *, standby: bool = False) -> None:
+        self.log = config.with_suffix(f".{int(time.monotonic() * 1000)}.log")
+        args = [sys.executable, "-m", "engine", "serve", "--config", str(config)]
+        with open(self.log, "wb") as out:
+            self.process = subprocess.Popen(
+                [*args, *(["--standby"] if standby else [])],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    @property
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait(self, timeout_s: float) -> int:
+        try:
+            return self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(f"no exit within {timeout_s} s:\n{self.output}") from None
+
+    def send(self, signum: int) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signum)
+
+    def kill(self, signum: int = signal.SIGKILL) -> None:
+        """Send `signum` (SIGKILL, or SIGTERM for a clean stop) and wait for the exit; a
+        process that does not exit then is SIGKILLed (continued first, if it was stopped)."""
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signum)
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGCONT)
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(10)
+                raise
+
+
+def stop_all(*processes: TNProcess | None) -> None:
+    """SIGKILL every process started (a stopped one is continued first), each whatever
+    happened to the others."""
+    for process in processes:
+        if process is not None:
+            with contextlib.suppress(ProcessLookupError):
+                process.send(signal.SIGCONT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.kill()
+
+
+async def role_of(address: str) -> str | None:
+    try:
+        channel, reply = await probe(address, TOKEN, ClientOptions(connect_timeout_s=0.5))
+    except (OSError, TimeoutError, ConnectionError):
+        return None
+    channel.abort()
+    return reply.status.role
+
+
+async def wait_role(address: str, role: str, process: TNProcess) -> None:
+    deadline = time.monotonic() + START_WAIT_S_MAX
+    while await role_of(address) != role:
+        assert process.process.poll() is None, f"the TN exited:\n{process.output}"
+        assert time.monotonic() < deadline, f"{address} never {role}:\n{process.output}"
+        await asyncio.sleep(0.1)
+
+
+def tns(cluster: LocalCluster, base: Path, shard: int) -> tuple[Path, str, str]:
+    """Two TN configs (each the other's peer) on `shard` of the cluster, sharing one
+    object directory."""
+    base.mkdir()
+    (base / "cluster").symlink_to(cluster.dir)
+    token = base / "tn.token"
+    token.write_text(TOKEN + "\n")
+    os.chmod(token, 0o600)
+    a, b = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    tn_config(base, "tn-a", a, b, shard)
+    tn_config(base, "tn-b", b, a, shard)
+    (base / "cn.toml").write_text(
+        f'tns = ["{a}", "{b}"]\ntoken_file = "tn.token"\n\n[objects]\ndir = "objects"\n'
+    )
+    return base, a, b
+
+
+def engine_command(base: Path, *args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "engine", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=base,
+    )
+
+
+def rows(*ids: int) -> pa.Table:
+    return pa.table({"id": list(ids), "v": [f"v{i}" for i in ids]}, schema=ROWS.to_arrow())
+
+
+def test_the_standby_takes_over_from_a_killed_tn_and_nothing_acknowledged_is_lost(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    base, a, b = tns(cluster, tmp_path / "tns", shard=1)
+    active = TNProcess(base / "tn-a.toml")
+    standby: TNProcess | None = None
+    old: TNProcess | None = None
+    try:
+        asyncio.run(wait_role(a, "active", active))
+        standby = TNProcess(base / "tn-b.toml", standby=True)
+        asyncio.run(wait_role(b, "standby", standby))
+        rows_acked = asyncio.run(_commits_across_the_kill(base, a, b, active))
+        # The old TN comes back on its own config: it must not take the lease back.
+        old = TNProcess(base / "tn-a.toml")
+        assert old.wait(EXIT_WAIT_S_MAX) == 3, old.output
+        fenced = [line for line in old.output.splitlines() if "TN fenced" in line]
+        assert len(fenced) == 1 and b in fenced[0] and "--standby" in fenced[0], old.output
+        assert asyncio.run(role_of(b)) == "active"
+        # The operator's commands say what is true.
+        promote = engine_command(base, "promote", "--config", str(base / "tn-b.toml"))
+        assert promote.returncode == 0, promote.stderr
+        assert promote.stdout.startswith(f"the TN at {b} was active already (visible_ts ")
+        reader = engine_command(
+            base,
+            "cn",
+            "--config",
+            str(base / "cn.toml"),
+            stdin="status\ntables\nscan d.t --limit 3\nscan d.nope\n",
+        )
+        assert reader.returncode == 1, reader.stderr  # one command of four failed, the last
+        lines = reader.stdout.splitlines()
+        assert lines[0].startswith(f"TN {b} (active): visible_ts ")
+        assert f"  d.t  rows={rows_acked}  key=(id)" in lines
+        scan_at = lines.index("id  v ")
+        assert lines[scan_at + 1 : scan_at + 4] == ["0   v0", "1   v1", "2   v2"]
+        assert lines[scan_at + 4].startswith(f"(3 of {rows_acked} rows at commit_ts ")
+        assert lines[-1].startswith("error: NotFound: ")
+        standby.kill(signal.SIGTERM)
+        assert standby.process.returncode == 0, standby.output
+        assert "stopped" in standby.output.splitlines()[-1]
+    finally:
+        stop_all(active, standby, old)
+
+
+WRITERS = 4
+ACKS_BEFORE_KILL = 40
+ACKS_AFTER_KILL = 40
+
+
+async def _commits_across_the_kill(base: Path, a: str, b: str, active: TNProcess) -> int:
+    """Writers commit through one compute node while the active TN is SIGKILLed under
+    them (commits are in flight at that moment); the number of rows acknowledged."""
+    tn = NetworkTN([a, b], TOKEN, CLIENT)
+    objects = LocalDirStore(str(base / "objects"), read_only=True)
+    cn = ComputeNode(tn, objects, client_id="cn-e2e")
+    acked: list[int] = []
+    keys = iter(range(10**6))
+    stop = asyncio.Event()
+
+    async def writer() -> None:
+        while not stop.is_set():
+            await _insert(cn, next(keys), acked)
+
+    try:
+        async with cn.transaction() as txn:
+            await txn.create_database("d")
+            await txn.create_table("d", "t", ROWS)
+        writers = [asyncio.ensure_future(writer()) for _ in range(WRITERS)]
+        try:
+            await _until(lambda: len(acked) >= ACKS_BEFORE_KILL, writers)
+            assert tn.address == a
+            active.kill(signal.SIGKILL)
+            killed_at, before = time.monotonic(), len(acked)
+            await _until(lambda: len(acked) > before, writers)
+            first_after = time.monotonic() - killed_at
+            await _until(lambda: len(acked) >= before + ACKS_AFTER_KILL, writers)
+        finally:
+            stop.set()
+            await asyncio.gather(*writers)  # a writer's failure (OutcomeUnknown...) fails here
+        assert tn.address == b
+        assert first_after < FAILOVER_S_MAX, first_after
+        # Read back through a compute node that starts empty.
+        reader = ComputeNode(tn, objects)
+        try:
+            async with reader.snapshot() as view:
+                got = (await view.table("d", "t").scan(columns=["id"])).column("id").to_pylist()
+        finally:
+            await reader.close()
+        assert len(got) == len(set(got))  # nothing twice
+        missing = sorted(set(acked) - set(got))
+        assert not missing, f"acknowledged and lost: {missing}"
+        assert set(got) == set(acked)  # and nothing unacknowledged: no commit was in doubt
+        return len(acked)
+    finally:
+        await cn.close()
+        await tn.close()
+        objects.close()
+
+
+async def _until(condition: Callable[[], bool], writers: list[asyncio.Task[None]]) -> None:
+    deadline = time.monotonic() + FAILOVER_S_MAX + 10
+    while not condition():
+        for done in (w for w in writers if w.done()):
+            done.result()  # a writer that failed: its error
+        assert time.monotonic() < deadline, "the writers made no progress"
+        await asyncio.sleep(0.01)
+
+
+async def _insert(cn: ComputeNode, key: int, acked: list[int]) -> None:
+    """One insert, committed; a transaction begun before the failover and committed after
+    it may get the retryable "snapshot too old" conflict (decision 0007): then again."""
+    for _ in range(5):
+        try:
+            async with cn.transaction() as txn:
+                await txn.table("d", "t").insert(rows(key))
+        except WriteConflict as exc:
+            assert "snapshot too old" in str(exc), exc
+            continue
+        acked.append(key)
+        return
+    raise AssertionError(f"key {key} never committed")
+
+
+def test_a_tn_that_was_paused_while_the_standby_took_over_is_fenced_on_its_first_commit(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    base, a, b = tns(cluster, tmp_path / "tns", shard=2)
+    active = TNProcess(base / "tn-a.toml")
+    standby: TNProcess | None = None
+    try:
+        asyncio.run(wait_role(a, "active", active))
+        standby = TNProcess(base / "tn-b.toml", standby=True)
+        asyncio.run(wait_role(b, "standby", standby))
+        active.send(signal.SIGSTOP)  # alive, but it answers nothing: probes time out
+        asyncio.run(wait_role(b, "active", standby))
+        active.send(signal.SIGCONT)
+        with pytest.raises(Fenced):
+            asyncio.run(_commit_on(a))
+        assert active.wait(EXIT_WAIT_S_MAX) == 3, active.output
+        fenced = [line for line in active.output.splitlines() if "TN fenced" in line]
+        assert len(fenced) == 1, active.output
+        assert "a newer TN took the WAL's lease (epoch" in fenced[0]
+        assert f"holder tn@{b}" in fenced[0], fenced[0]
+        assert asyncio.run(role_of(b)) == "active"
+    finally:
+        stop_all(active, standby)
+
+
+async def _commit_on(address: str) -> None:
+    """A commit sent to the TN at `address` alone (no failover)."""
+    channel = await Channel.open(address, TOKEN, CLIENT)
+    try:
+        status = await channel.call(messages.Status())
+        assert isinstance(status, messages.StatusReply)
+        ops = (Op("create_database", "late"),)
+        await channel.call(messages.Commit(WriteSet(status.status.visible_ts, ops, "old", 1)))
+    finally:
+        await channel.close()
