@@ -345,7 +345,7 @@ class Engine:
         subscriber hears of it, in commit order."""
         newest = self._checkpointer.newest if self._checkpointer is not None else None
         self._logtail.append(tail, keep_after_ts=newest.ckp_ts if newest is not None else 0)
-        for subscriber in self._subscribers:
+        for subscriber in tuple(self._subscribers):  # a callback may unsubscribe
             subscriber(tail)
 
     def subscribe(self, callback: Callable[[TailEntry], None]) -> Callable[[], None]:

@@ -76,19 +76,19 @@ async def execute(engine: Engine, write_set: WriteSet) -> int:
     running = engine._origins_running.get(origin)
     if running is not None:
         return await asyncio.shield(running)  # the same commit, still on its way
-    future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-    engine._origins_running[origin] = future
-    try:
-        commit_ts = await _run(engine, write_set)
-    except BaseException as exc:
-        future.set_exception(exc)
-        future.exception()  # retrieved: nobody else may be waiting
-        raise
-    else:
-        future.set_result(commit_ts)
-        return commit_ts
-    finally:
-        del engine._origins_running[origin]
+    # The write set runs as its own task: a caller cancelled while the commit waits for the
+    # WAL must not let a retry of the same origin run the write set a second time.
+    task = asyncio.ensure_future(_run(engine, write_set))
+    engine._origins_running[origin] = task
+
+    def forget(finished: asyncio.Future[int]) -> None:
+        if engine._origins_running.get(origin) is finished:
+            del engine._origins_running[origin]
+        if not finished.cancelled():
+            finished.exception()  # retrieved: nobody may be waiting any more
+
+    task.add_done_callback(forget)
+    return await asyncio.shield(task)
 
 
 async def _run(engine: Engine, write_set: WriteSet) -> int:

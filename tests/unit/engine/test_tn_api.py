@@ -159,6 +159,62 @@ def test_write_sets_run_as_local_transactions_and_retries_get_the_first_outcome(
     run(main)
 
 
+def test_a_retry_while_a_cancelled_callers_commit_waits_for_the_wal_gets_its_outcome() -> None:
+    """The first caller is cancelled while its commit waits for the WAL (a connection that
+    dropped): the commit goes on, and a retry of the same origin in that window waits for it
+    and answers its commit_ts, instead of running the write set again (DuplicateKey)."""
+
+    async def main() -> None:
+        wal, objects = MemoryBackend(), MemoryObjectStore()
+        eng = await fresh(wal, objects)
+        try:
+            await shop(eng)
+            write_set = WriteSet(eng.visible_ts, (Op("insert", "d", "t", rows=rows(7)),), "cn-1", 5)
+            wal.hold_appends = True
+            first = asyncio.get_running_loop().create_task(eng.execute(write_set))
+            await wal.wait_held(1)
+            first.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await first
+            retry = asyncio.get_running_loop().create_task(eng.execute(write_set))
+            await asyncio.sleep(0)
+            assert not retry.done()  # waiting for the first commit, not running again
+            (held,) = wal.held()
+            wal.hold_appends = False
+            await wal.release(held)
+            commit_ts = await retry
+            assert await eng.execute(write_set) == commit_ts
+            async with eng.transaction() as txn:
+                table = await txn.table("d", "t").scan()
+            assert table.column("id").to_pylist() == [7]
+        finally:
+            await eng.close()
+
+    run(main)
+
+
+def test_a_subscriber_leaving_from_its_callback_does_not_make_the_next_one_miss_it() -> None:
+    async def main() -> None:
+        eng = await fresh(MemoryBackend(), MemoryObjectStore())
+        try:
+            heard: list[str] = []
+            leave: list[Callable[[], None]] = []
+
+            def first(tail: TailEntry) -> None:
+                heard.append("first")
+                leave[0]()
+
+            leave.append(eng.subscribe(first))
+            eng.subscribe(lambda tail: heard.append("second"))
+            await shop(eng)
+            assert heard[:2] == ["first", "second"]
+            assert heard.count("first") == 1
+        finally:
+            await eng.close()
+
+    run(main)
+
+
 def test_a_standby_follows_the_writer_and_takes_over_when_promoted() -> None:
     async def main() -> None:
         wal, objects = MemoryBackend(), MemoryObjectStore()
