@@ -9,14 +9,19 @@ from __future__ import annotations
 import itertools
 from collections import defaultdict
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from engine.wal.entry import Append, Delete, UpdateCatalog
-from spark_jobs import jobs, plot, replay
-from spark_jobs.errors import BadInput
+from engine.checkpoint.layout import LEVEL_L0_DUMP
+from engine.objects.store import LocalDirStore
+from engine.wal.entry import Append, CreateBlock, Delete, DropBlock, UpdateCatalog
+from spark_jobs import checkpoints, jobs, plot, replay
+from spark_jobs.errors import BadInput, ReplayFailed
 from spark_jobs.jobs import JobParams, JobResult
 from spark_jobs.journal import VERIFY_REPORT, VERIFY_TRUE
 from spark_jobs.schemas import schema_to_json
@@ -69,7 +74,9 @@ def logs_of(params: JobParams) -> list[tuple[str, int]]:
     return sorted((next(iter(r)), shard) for shard, r in replicas_by_shard.items())
 
 
-def plan_from_records(records: pa.Table, where: str) -> replay.ReplayPlan:
+def plan_from_records(
+    records: pa.Table, where: str, base: replay.BaseState = replay.EMPTY_BASE
+) -> replay.ReplayPlan:
     """The replay plan from the record level of one log (shared with the Spark engine,
     which collects the same narrow columns)."""
     narrow = records.select(
@@ -84,10 +91,12 @@ def plan_from_records(records: pa.Table, where: str) -> replay.ReplayPlan:
             "skip_lsn",
         ]
     ).to_pylist()
-    return plan_from_rows(narrow, where)
+    return plan_from_rows(narrow, where, base)
 
 
-def plan_from_rows(rows: Iterable[dict[str, Any]], where: str) -> replay.ReplayPlan:
+def plan_from_rows(
+    rows: Iterable[dict[str, Any]], where: str, base: replay.BaseState = replay.EMPTY_BASE
+) -> replay.ReplayPlan:
     by_lsn: dict[int, replay.DriverRecord] = {}
     skips: list[tuple[int, int]] = []
     truncated = 0
@@ -105,7 +114,30 @@ def plan_from_rows(rows: Iterable[dict[str, Any]], where: str) -> replay.ReplayP
             skips.append((row["skip_dsn"], row["skip_lsn"]))
         elif kind == "truncate":
             truncated = max(truncated, row["lsn"])
-    return replay.plan_replay(by_lsn.values(), skips, truncated, where)
+    return replay.plan_replay(by_lsn.values(), skips, truncated, where, base)
+
+
+def base_of(
+    params: JobParams, shard: int, as_of: int
+) -> tuple[LocalDirStore | None, replay.BaseState]:
+    """The objects store of `shard`'s engine (None when it has none) and the base state
+    for `as_of` (spark_jobs/checkpoints.py `choose_base`)."""
+    directory = params.objects_dir(shard)
+    store = None if directory is None else checkpoints.open_store(directory)
+    choice = checkpoints.choose_base(store, as_of)
+    return store, replay.BaseState(choice.checkpoint, choice.why_none())
+
+
+@dataclass(slots=True)
+class _TableChanges:
+    """What the replayed entries (ckp_ts < commit_ts <= TS) do to one table."""
+
+    batches: list[pa.RecordBatch] = field(default_factory=list)
+    block_ids: list[npt.NDArray[np.int64]] = field(default_factory=list)
+    offsets: list[npt.NDArray[np.int64]] = field(default_factory=list)
+    deleted: list[npt.NDArray[np.uint64]] = field(default_factory=list)  # keys, see _key
+    created: list[CreateBlock] = field(default_factory=list)
+    dropped: set[int] = field(default_factory=set)
 
 
 def replay_as_of(params: JobParams) -> JobResult:
@@ -117,27 +149,29 @@ def replay_as_of(params: JobParams) -> JobResult:
     for replica, shard in logs_of(params):
         where = f"replica {replica} shard {shard}"
         scope = JobParams(params.job, params.inputs, frozenset({shard}), frozenset({replica}))
-        plan = plan_from_records(read_level(scope, ReadOptions(LEVEL_RECORD, verify)), where)
+        store, base = base_of(params, shard, as_of)
+        plan = plan_from_records(read_level(scope, ReadOptions(LEVEL_RECORD, verify)), where, base)
+        # Every entry of the plan is read (not only those at or below TS): the newest
+        # commit in the log says whether TS is past it, and rule 4 needs every earlier entry.
         options = ReadOptions(
-            LEVEL_COMMAND, verify, scope.bounds().with_range("commit_ts", hi=as_of)
+            LEVEL_COMMAND, verify, scope.bounds().with_range("commit_ts", lo=base.ckp_ts + 1)
         )
-        catalog: list[replay.CatalogCommand] = []
-        appends: dict[int, list[pa.Table]] = defaultdict(list)
-        deletes: dict[int, set[tuple[int, int]]] = defaultdict(set)
-        entries = []
         chosen = []
+        newest_commit_ts = base.ckp_ts
         for unit in scope.units():
             for rec, dsn, entry in txn_entries(unit, options):
-                if rec.lsn not in plan.kept_lsns or dsn > plan.last_dsn:
+                if rec.lsn not in plan.kept_lsns or not plan.first_dsn <= dsn <= plan.last_dsn:
                     continue
-                entries.append((dsn, entry.commit_ts))
+                newest_commit_ts = max(newest_commit_ts, entry.commit_ts)
                 chosen.append((dsn, entry))
-        repeated = replay.repeated_dsns(entries)
-        max_commit_ts = 0
+        repeated = replay.repeated_dsns((dsn, entry.commit_ts) for dsn, entry in chosen)
+        catalog: list[replay.CatalogCommand] = []
+        changes: dict[int, _TableChanges] = defaultdict(_TableChanges)
+        replayed = 0
         for dsn, entry in chosen:
-            if dsn in repeated:
+            if dsn in repeated or entry.commit_ts > as_of:
                 continue
-            max_commit_ts = max(max_commit_ts, entry.commit_ts)
+            replayed += 1
             for index, cmd in enumerate(entry.commands):
                 if isinstance(cmd, UpdateCatalog):
                     catalog.append(
@@ -154,15 +188,30 @@ def replay_as_of(params: JobParams) -> JobResult:
                         )
                     )
                 elif isinstance(cmd, Append):
-                    appends[cmd.table_id].append(_append_rows(cmd))
+                    changed = changes[cmd.table_id]
+                    changed.batches.append(cmd.batch)
+                    for info in cmd.infos:
+                        changed.block_ids.append(np.full(info.rows, info.block_id, np.int64))
+                        changed.offsets.append(
+                            np.arange(info.offset, info.offset + info.rows, dtype=np.int64)
+                        )
+                elif isinstance(cmd, Delete):
+                    offsets = np.asarray(cmd.rows.to_array(), dtype=np.uint64)
+                    changes[cmd.table_id].deleted.append(_key(cmd.block_id, offsets, where))
+                elif isinstance(cmd, CreateBlock):
+                    changes[cmd.table_id].created.append(cmd)
                 else:
-                    assert isinstance(cmd, Delete)
-                    for offset in cmd.rows:
-                        deletes[cmd.table_id].add((cmd.block_id, offset))
-        live = replay.replay_catalog(catalog, as_of, where)
+                    assert isinstance(cmd, DropBlock)
+                    changes[cmd.table_id].dropped.add(cmd.block_id)
+        live = replay.replay_catalog(catalog, as_of, where, base)
+        if store is None and any(t.created for t in changes.values()):
+            raise BadInput(
+                f"{where}: the WAL names persisted blocks (CreateBlock) but no objects "
+                "directory was given or found: --objects"
+            )
         tables_summary = {}
         for table in live:
-            data = _live_rows(table, appends.get(table.table_id, []), deletes[table.table_id])
+            data = _live_rows(store, base, table, changes.get(table.table_id, _TableChanges()))
             name = f"shard-{shard}/{table.db_name}/{table.name}"
             result.tables[name] = data
             tables_summary[f"{table.db_name}.{table.name}"] = data.num_rows
@@ -170,9 +219,11 @@ def replay_as_of(params: JobParams) -> JobResult:
             {
                 "replica": replica,
                 "shard": shard,
+                "base": base.describe(),
                 **plan.describe(),
+                "entries_replayed": replayed,
                 "repeated_transactions_ignored": len(repeated),
-                "newest_commit_ts_replayed": max_commit_ts,
+                "newest_commit_ts": newest_commit_ts,
                 "tables": tables_summary,
             }
         )
@@ -182,10 +233,10 @@ def replay_as_of(params: JobParams) -> JobResult:
 
 
 def replay_summary(as_of: int, logs_summary: list[dict[str, Any]]) -> dict[str, Any]:
-    newest = max((log["newest_commit_ts_replayed"] for log in logs_summary), default=0)
+    newest = max((log["newest_commit_ts"] for log in logs_summary), default=0)
     return {
         "as_of": as_of,
-        "base": replay.EMPTY_BASE.description,
+        "newest_commit_ts": newest,
         "as_of_after_newest_commit": as_of > newest,
         "logs": logs_summary,
     }
@@ -195,42 +246,114 @@ def replay_lines(summary: dict[str, Any]) -> list[str]:
     lines = []
     for log in summary["logs"]:
         tables = ", ".join(f"{name} {rows} rows" for name, rows in log["tables"].items())
+        base = log["base"]
+        start = (
+            "no checkpoint"
+            if base["checkpoint"] is None
+            else f"checkpoint ckp_ts {base['ckp_ts']} ({base['kind']}, {base['blocks']} blocks)"
+        )
         lines.append(
             f"replay_as_of {summary['as_of']}: replica {log['replica']} shard {log['shard']}: "
-            f"DSNs 1-{log['last_dsn']} from {log['records_replayed']} records; "
+            f"{start} + {log['entries_replayed']} WAL entries (DSNs {log['first_dsn']}-"
+            f"{log['last_dsn']} read from {log['records_replayed']} records); "
             f"{len(log['tables'])} live table(s): {tables or 'none'}"
         )
     if summary["as_of_after_newest_commit"]:
-        lines.append("note: --as-of is after the newest commit in the log: this is the last state")
+        lines.append(
+            f"note: --as-of is after the newest commit ({summary['newest_commit_ts']}) in the "
+            "log and its checkpoints: this is the last state they hold, not a promise that "
+            "nothing was committed since"
+        )
     return lines
 
 
-def _append_rows(cmd: Append) -> pa.Table:
-    block_ids: list[int] = []
-    offsets: list[int] = []
-    for info in cmd.infos:
-        block_ids.extend([info.block_id] * info.rows)
-        offsets.extend(range(info.offset, info.offset + info.rows))
-    table = pa.Table.from_batches([cmd.batch])
-    table = table.append_column("__block_id", pa.array(block_ids, pa.int64()))
-    return table.append_column("__offset", pa.array(offsets, pa.int64()))
+KEY_OFFSET_BITS = 32  # offsets are u32 (engine/FORMAT.md Append info)
+
+
+def _key(block_id: int, offsets: npt.NDArray[np.uint64], where: str) -> npt.NDArray[np.uint64]:
+    """(block_id, offset) as one uint64, for numpy set operations."""
+    if block_id >= 1 << (64 - KEY_OFFSET_BITS):
+        raise ReplayFailed(f"{where}: block id {block_id} too large for this reader")
+    return (np.uint64(block_id) << np.uint64(KEY_OFFSET_BITS)) | offsets.astype(np.uint64)
 
 
 def _live_rows(
-    table: replay.LiveTable, parts: list[pa.Table], deleted: set[tuple[int, int]]
+    store: LocalDirStore | None,
+    base: replay.BaseState,
+    table: replay.LiveTable,
+    changes: _TableChanges,
 ) -> pa.Table:
+    """The table's rows at TS (replay.py "The rows at TS"), ordered by (block_id, offset)."""
     arrow = table.schema.to_arrow()
+    parts: list[pa.Table] = []
+    block_ids = list(changes.block_ids)
+    offsets = list(changes.offsets)
+    dead = list(changes.deleted)
+    where = f"table {table.db_name}.{table.name}"
+
+    def persisted(block_id: int, rows: pa.Table) -> None:
+        parts.append(rows)
+        block_ids.append(np.full(rows.num_rows, block_id, np.int64))
+        offsets.append(np.arange(rows.num_rows, dtype=np.int64))
+
+    if base.checkpoint is not None:
+        assert store is not None
+        blocks = [
+            b
+            for b in base.checkpoint.blocks_of(table.table_id)
+            if b.block_id not in changes.dropped
+        ]
+        for block in blocks:
+            rows = checkpoints.block_rows(
+                store,
+                table.schema,
+                block.object,
+                block.row_group,
+                block.rows,
+                dump=block.level == LEVEL_L0_DUMP,
+            )
+            persisted(block.block_id, rows)
+        for block_id, gone in checkpoints.deleted_offsets(store, blocks, base.ckp_ts).items():
+            dead.append(_key(block_id, gone.astype(np.uint64), where))
+    for created in changes.created:
+        if created.block_id in changes.dropped:
+            continue
+        assert store is not None
+        rows = checkpoints.block_rows(
+            store, table.schema, created.object_name, created.row_group, created.rows, dump=False
+        )
+        persisted(created.block_id, rows)
+    if changes.batches:
+        parts.append(pa.Table.from_batches(changes.batches))
     if not parts:
         return arrow.empty_table()
-    rows = pa.concat_tables(parts)
-    if deleted:
-        keys = zip(
-            rows.column("__block_id").to_pylist(), rows.column("__offset").to_pylist(), strict=True
-        )
-        keep = pa.array([key not in deleted for key in keys])
-        rows = rows.filter(keep)
-    rows = rows.sort_by([("__block_id", "ascending"), ("__offset", "ascending")])
-    return rows.drop_columns(["__block_id", "__offset"]).cast(arrow)
+    try:
+        rows = pa.concat_tables([part.cast(arrow) for part in parts])
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        raise ReplayFailed(f"{where}: rows do not fit the table's schema: {exc}") from None
+    # Persisted parts come first, then the appended batches, in the order the keys were
+    # collected: persisted keys are appended after the appends' in the lists, so reorder.
+    appended = len(changes.block_ids)
+    order_ids = block_ids[appended:] + block_ids[:appended]
+    order_offsets = offsets[appended:] + offsets[:appended]
+    ids = np.concatenate(order_ids) if order_ids else np.empty(0, np.int64)
+    offs = np.concatenate(order_offsets) if order_offsets else np.empty(0, np.int64)
+    assert len(ids) == rows.num_rows, (len(ids), rows.num_rows)
+    keep = np.ones(len(ids), dtype=bool)
+    if changes.dropped:
+        keep &= ~np.isin(ids, np.fromiter(changes.dropped, np.int64))
+    if dead:
+        keys = _key_array(ids, offs)
+        keep &= ~np.isin(keys, np.concatenate(dead))
+    order = np.lexsort((offs[keep], ids[keep]))
+    kept = np.flatnonzero(keep)[order]
+    return rows.take(pa.array(kept))
+
+
+def _key_array(
+    ids: npt.NDArray[np.int64], offsets: npt.NDArray[np.int64]
+) -> npt.NDArray[np.uint64]:
+    return (ids.astype(np.uint64) << np.uint64(KEY_OFFSET_BITS)) | offsets.astype(np.uint64)
 
 
 # --- lsn_audit -----------------------------------------------------------------------------------

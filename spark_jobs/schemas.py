@@ -91,7 +91,8 @@ ENTRY = pa.schema(
 
 APPEND_INFO = pa.struct([("block_id", I64), ("offset", I64), ("rows", I64)])
 
-# tae_wal level=command: one row per command of every transaction entry.
+# tae_wal level=command: one row per command of every transaction entry. cmd_kind: catalog,
+# append, delete, create_block, drop_block.
 COMMAND = pa.schema(
     [
         *_LOG,
@@ -115,6 +116,11 @@ COMMAND = pa.schema(
         ("batch_ipc", pa.binary()),
         ("del_rows", pa.list_(I64)),
         ("cmd_bytes", I64),
+        # create_block: the persisted block's object, row group and level (1 or 2); its rows
+        # are n_rows. drop_block names only block_id.
+        ("object", STR),
+        ("row_group", I64),
+        ("level", I32),
     ]
 )
 

@@ -32,7 +32,15 @@ import xxhash
 from engine.errors import WalCorruption
 from engine.schema import Schema
 from engine.wal.codec import decode_entry, encode_batch
-from engine.wal.entry import Append, CheckpointEntry, Delete, TxnEntry, UpdateCatalog
+from engine.wal.entry import (
+    Append,
+    CheckpointEntry,
+    CreateBlock,
+    Delete,
+    DropBlock,
+    TxnEntry,
+    UpdateCatalog,
+)
 from spark_jobs import schemas
 from spark_jobs.errors import BadInput, InputCorrupt
 from spark_jobs.filters import Bounds
@@ -512,6 +520,9 @@ def _command_rows(
                 None,
                 None,
                 0,
+                None,
+                None,
+                None,
             )
         elif isinstance(cmd, Append):
             ipc = encode_batch(cmd.batch) if batches else None
@@ -534,6 +545,51 @@ def _command_rows(
                 ipc,
                 None,
                 None if ipc is None else len(ipc),
+                None,
+                None,
+                None,
+            )
+        elif isinstance(cmd, CreateBlock):
+            yield (
+                *head,
+                index,
+                "create_block",
+                cmd.db_id,
+                cmd.table_id,
+                None,
+                None,
+                None,
+                None,
+                cmd.block_id,
+                cmd.rows,
+                None,
+                None,
+                None,
+                0,
+                cmd.object_name,
+                cmd.row_group,
+                int(cmd.level),
+            )
+        elif isinstance(cmd, DropBlock):
+            yield (
+                *head,
+                index,
+                "drop_block",
+                cmd.db_id,
+                cmd.table_id,
+                None,
+                None,
+                None,
+                None,
+                cmd.block_id,
+                None,
+                None,
+                None,
+                None,
+                0,
+                None,
+                None,
+                None,
             )
         else:
             assert isinstance(cmd, Delete)
@@ -554,6 +610,9 @@ def _command_rows(
                 None,
                 offsets,
                 0,
+                None,
+                None,
+                None,
             )
 
 

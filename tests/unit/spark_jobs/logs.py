@@ -83,14 +83,22 @@ def engine_history(path: str, big_rows: int = 9000, **options: Any) -> History:
     """Run the history on `SyncEngine.open(path, **options)`; record the engine's scans
     before, between and after the transactions."""
     history = History(path, [])
+    # No flush or checkpoint on the engine's own timers: these logs are the L0-only case,
+    # the same bytes at every run (storage_history writes the flush/merge/checkpoint case).
+    options.setdefault("maintenance", False)
     eng = SyncEngine.open(path, **options)
     try:
+
+        history.scans[0] = snapshot_scans(eng, 0)
 
         def commit(body: Any) -> None:
             with eng.transaction() as txn:
                 body(txn)
             assert txn.commit_ts is not None
             history.timestamps.append(txn.commit_ts)
+            # Scanned now: the engine's maintenance (flushes, checkpoints) may collect older
+            # history at any time, so a snapshot at an old timestamp could be refused later.
+            history.scans[txn.commit_ts] = snapshot_scans(eng, txn.commit_ts)
 
         commit(lambda t: (t.create_database("shop"), t.create_table("shop", "orders", ORDERS)))
         commit(lambda t: t.create_table("shop", "items", ITEMS))
@@ -109,10 +117,12 @@ def engine_history(path: str, big_rows: int = 9000, **options: Any) -> History:
         commit(lambda t: (t.create_database("tmp"), t.create_table("tmp", "t", ITEMS)))
         commit(lambda t: (t.drop_table("tmp", "t"), t.drop_database("tmp")))
         commit(lambda t: t.table("shop", "orders").delete([big_rows + 2]))
-        wanted = {0, *history.timestamps, *(ts + 1 for ts in history.timestamps)}
-        for ts in sorted(wanted):
-            if ts <= eng.visible_ts:
-                history.scans[ts] = snapshot_scans(eng, ts)
+        # One past each commit: the same state, when no commit of the history lies between
+        # (the engine's own flushes may: they change no row).
+        following = [*history.timestamps[1:], None]
+        for ts, after in zip(history.timestamps, following, strict=True):
+            if after is None or ts + 1 < after:
+                history.scans[ts + 1] = history.scans[ts]
     finally:
         eng.close()
     return history
