@@ -8,7 +8,8 @@ schema). Pure; no pyspark.
     replica_diff   per shard, every pair of replicas compared LSN by LSN
     write_stats    per table and time bucket: transactions, rows appended/deleted, bytes
     txn_latency    commit_ts - start_ts (physical ms) histogram and percentiles, and a PNG
-    inventory      segments with sizes and ranges, no payload decoded
+    inventory      segments with sizes and ranges, no payload decoded; checkpoints (ckp_ts,
+                   kind, blocks, the objects they name and their sizes)
 """
 
 from __future__ import annotations
@@ -162,6 +163,27 @@ STATS = pa.schema(
     ]
 )
 STATS_ORDER = ["shard", "db_id", "table_id", "bucket_start_ms"]
+
+CHECKPOINTS = pa.schema(
+    [
+        ("shard", pa.int32()),
+        ("objects_dir", pa.string()),
+        ("directory", pa.string()),
+        ("state", pa.string()),  # complete | damaged | incomplete (no manifest: ignored)
+        ("error", pa.string()),
+        ("ckp_ts", pa.int64()),
+        ("ckp_dsn", pa.int64()),
+        ("kind", pa.string()),
+        ("tables", pa.int64()),
+        ("blocks", pa.int64()),
+        ("live_rows", pa.int64()),
+        ("objects", pa.int64()),  # objects the manifest names (lists, dumps, deltas, data/)
+        ("objects_bytes", pa.int64()),
+        ("objects_missing", pa.int64()),
+        ("dir_objects", pa.int64()),  # objects stored under the checkpoint's own directory
+        ("dir_bytes", pa.int64()),
+    ]
+)
 
 HISTOGRAM = pa.schema(
     [("bucket_lo_ms", pa.int64()), ("bucket_hi_ms", pa.int64()), ("txns", pa.int64())]

@@ -774,13 +774,55 @@ def latency_result(histogram: pa.Table, summary: dict[str, Any]) -> JobResult:
 def inventory(params: JobParams) -> JobResult:
     table = read_level(params, ReadOptions(LEVEL_SEGMENT, VERIFY_TRUE, params.bounds()))
     table = jobs.sort_table(table, ["replica", "shard", "first_position", "segment"])
-    result = JobResult(tables={"segments": table})
-    result.summary = inventory_summary(table.to_pylist())
+    found = checkpoint_inventory(params)
+    result = JobResult(tables={"segments": table, "checkpoints": found})
+    result.summary = inventory_summary(table.to_pylist(), found.to_pylist())
     result.lines = inventory_lines(result.summary)
     return result
 
 
-def inventory_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def checkpoint_inventory(params: JobParams) -> pa.Table:
+    """Every checkpoint directory of every shard's objects directory (both engines: the
+    lists are small and read on the driver). Sizes from listing the store; only the
+    manifests are decoded."""
+    shards = sorted({unit.shard for unit in params.units()})
+    rows = []
+    for shard in shards:
+        directory = params.objects_dir(shard)
+        if directory is None:
+            continue
+        store = checkpoints.open_store(directory)
+        sizes = {info.name: info.size_bytes for info in store.list("")}
+        for found in checkpoints.list_checkpoints(store):
+            manifest = found.manifest
+            named = manifest.objects if manifest is not None else ()
+            rows.append(
+                {
+                    "shard": shard,
+                    "objects_dir": directory,
+                    "directory": found.directory,
+                    "state": found.state,
+                    "error": found.error,
+                    "ckp_ts": found.ckp_ts,
+                    "ckp_dsn": None if manifest is None else manifest.ckp_dsn,
+                    "kind": None if manifest is None else manifest.kind,
+                    "tables": None if manifest is None else manifest.tables,
+                    "blocks": None if manifest is None else manifest.block_count,
+                    "live_rows": None if manifest is None else manifest.live_rows,
+                    "objects": len(named) if manifest is not None else None,
+                    "objects_bytes": sum(sizes.get(name, 0) for name in named),
+                    "objects_missing": sum(1 for name in named if name not in sizes),
+                    "dir_objects": found.objects,
+                    "dir_bytes": found.size_bytes,
+                }
+            )
+    table = pa.Table.from_pylist(rows, schema=jobs.CHECKPOINTS) if rows else None
+    return jobs.CHECKPOINTS.empty_table() if table is None else table
+
+
+def inventory_summary(
+    rows: list[dict[str, Any]], checkpoint_rows: list[dict[str, Any]]
+) -> dict[str, Any]:
     logs: dict[tuple[str, int], dict[str, Any]] = {}
     for row in rows:
         log = logs.setdefault(
@@ -806,7 +848,7 @@ def inventory_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
             log["first"] = first if log["first"] is None else min(log["first"], first)
             log["last"] = last if log["last"] is None else max(log["last"], last)
         log["not_clean"] += row["end"] != "clean"
-    return {"logs": [logs[key] for key in sorted(logs)], "checkpoints": []}
+    return {"logs": [logs[key] for key in sorted(logs)], "checkpoints": checkpoint_rows}
 
 
 def inventory_lines(summary: dict[str, Any]) -> list[str]:
@@ -817,5 +859,21 @@ def inventory_lines(summary: dict[str, Any]) -> list[str]:
         + (f", {log['not_clean']} not ending clean" if log["not_clean"] else "")
         for log in summary["logs"]
     ]
-    lines.append("inventory: checkpoints: none (the engine writes none yet: issue 14)")
+    for ckp in summary["checkpoints"]:
+        if ckp["state"] == "complete":
+            lines.append(
+                f"inventory: shard {ckp['shard']} checkpoint ckp_ts {ckp['ckp_ts']} "
+                f"({ckp['kind']}, ckp_dsn {ckp['ckp_dsn']}): {ckp['tables']} table(s), "
+                f"{ckp['blocks']} block(s), {ckp['live_rows']} live rows, {ckp['objects']} "
+                f"object(s) of {ckp['objects_bytes']} bytes"
+                + (f", {ckp['objects_missing']} MISSING" if ckp["objects_missing"] else "")
+            )
+        else:
+            why = f": {ckp['error']}" if ckp["error"] else " (no manifest: ignored)"
+            lines.append(
+                f"inventory: shard {ckp['shard']} checkpoint directory {ckp['directory']} "
+                f"{ckp['state'].upper()}{why}"
+            )
+    if not summary["checkpoints"]:
+        lines.append("inventory: no checkpoint (no objects directory, or none written yet)")
     return lines

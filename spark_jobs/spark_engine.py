@@ -514,7 +514,9 @@ def inventory(spark: SparkSession, params: JobParams) -> JobResult:
         "replica", "shard", "first_position", "segment"
     )
     rows = [row.asDict() for row in segments.collect()]
-    result = JobResult(tables={"segments": segments})
-    result.summary = local.inventory_summary(rows)
+    found = local.checkpoint_inventory(params)
+    frame = spark.createDataFrame(found.to_pandas(), schema=spark_ddl(jobs.CHECKPOINTS))
+    result = JobResult(tables={"segments": segments, "checkpoints": frame})
+    result.summary = local.inventory_summary(rows, found.to_pylist())
     result.lines = local.inventory_lines(result.summary)
     return result

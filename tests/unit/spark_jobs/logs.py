@@ -88,7 +88,6 @@ def engine_history(path: str, big_rows: int = 9000, **options: Any) -> History:
     options.setdefault("maintenance", False)
     eng = SyncEngine.open(path, **options)
     try:
-
         history.scans[0] = snapshot_scans(eng, 0)
 
         def commit(body: Any) -> None:
@@ -325,3 +324,140 @@ def diverge(shard_dir: str) -> int:
         raise AssertionError("no append entry to rewrite")
     finally:
         store.close()
+
+
+# --- an engine that flushes, merges, checkpoints and truncates its WAL ----------------------------
+
+
+@dataclass
+class StorageHistory:
+    """`path`: the engine's directory at the end (WAL truncated at the second checkpoint);
+    `copies`: the directory copied at named moments ("flushed": flushes and a merge, no
+    checkpoint, the WAL whole; "ckp1": after the first checkpoint (an L0 dump with a delete,
+    persisted blocks with deletes), the WAL truncated a few entries short of it, and more
+    commits); `scans`: ts -> what the engine scanned at ts,
+    taken when ts was the newest commit; `visible`: copy name -> its newest commit_ts."""
+
+    path: str
+    copies: dict[str, str] = field(default_factory=dict)
+    visible: dict[str, int] = field(default_factory=dict)
+    scans: dict[int, Scans] = field(default_factory=dict)
+    checkpoints: list[Any] = field(default_factory=list)  # engine Manifests, oldest first
+
+
+def storage_history(base: str, big_rows: int = 9000) -> StorageHistory:
+    """A real engine (file WAL, objects directory) through flushes of L0 blocks to L1
+    objects, a merge into an L2 segment, deletes on persisted blocks and on blocks being
+    flushed, a table dropped and created again, two checkpoints (the second incremental),
+    the WAL truncated a few entries short of the first and then exactly at the second."""
+    import shutil
+
+    from engine import Engine
+    from engine.compaction import Policy
+
+    path = os.path.join(base, "engine")
+    history = StorageHistory(path)
+
+    async def run() -> None:
+        eng = await Engine.open(path, policy=Policy(merge_l1_blocks=2), maintenance=False)
+        maintenance, checkpointer = eng.maintenance, eng.checkpointer
+        assert maintenance is not None and checkpointer is not None
+
+        async def scan() -> None:
+            ts = eng.visible_ts
+            out: Scans = {}
+            async with eng.snapshot(ts) as view:
+                for db in view.databases():
+                    for name in view.tables(db):
+                        out[f"{db}.{name}"] = (await view.table(db, name).scan()).to_pylist()
+            history.scans[ts] = out
+
+        async def commit(body: Any) -> None:
+            async with eng.transaction() as txn:
+                await body(txn)
+            await scan()
+
+        async def settle() -> None:
+            await maintenance.settle(freeze_all=True)
+            await scan()
+
+        async def copy(name: str) -> None:
+            await eng._driver.wait_idle()
+            target = os.path.join(base, name)
+            shutil.copytree(path, target)
+            history.copies[name] = target
+            history.visible[name] = eng.visible_ts
+
+        async def ddl(txn: Any) -> None:
+            await txn.create_database("shop")
+            await txn.create_table("shop", "orders", ORDERS)
+            await txn.create_table("shop", "items", ITEMS)
+
+        def orders(first: int, count: int) -> Any:
+            async def body(txn: Any) -> None:
+                await txn.table("shop", "orders").insert(order_rows(first, count))
+
+            return body
+
+        def delete(keys: list[int]) -> Any:
+            async def body(txn: Any) -> None:
+                await txn.table("shop", "orders").delete(keys)
+
+            return body
+
+        async def items(txn: Any) -> None:
+            await txn.table("shop", "items").insert([{"sku": "a", "price": 1.0}])
+
+        async def update(txn: Any) -> None:
+            await txn.table("shop", "orders").update([10, 8191], {"amount": -1.0})
+
+        async def recreate_items(txn: Any) -> None:
+            await txn.drop_table("shop", "items")
+            await txn.create_table("shop", "items", ITEMS)
+            await txn.table("shop", "items").insert([{"sku": "b", "price": 2.0}])
+
+        async def tmp(txn: Any) -> None:
+            await txn.create_database("tmp")
+            await txn.create_table("tmp", "t", ITEMS)
+
+        try:
+            await scan()
+            await commit(ddl)
+            await commit(orders(0, big_rows))  # a full L0 block and a partial one
+            await commit(items)
+            await commit(delete([1, 2, 3, big_rows - 1]))
+            await commit(update)
+            await settle()  # both L0 blocks flushed to L1, then merged into an L2 segment
+            await commit(delete([20, 30, 8200]))  # deletes on persisted blocks
+            await commit(orders(big_rows, 100))
+            await settle()
+            await commit(delete([big_rows + 5]))
+            await copy("flushed")
+            await commit(orders(big_rows + 300, 3))  # an L0 block in the checkpoint (a dump)
+            await commit(delete([big_rows + 301]))  # ... with a delete
+            checkpointer.wal_reserve_entries = 3
+            manifest = await eng.checkpoint()
+            assert manifest is not None
+            history.checkpoints.append(manifest)
+            await eng._driver.truncation_settled()
+            await commit(delete([40]))
+            await commit(orders(big_rows + 100, 10))
+            await commit(recreate_items)
+            await copy("ckp1")
+            await settle()
+            await commit(delete([big_rows + 102]))
+            await commit(orders(big_rows + 400, 4))
+            checkpointer.wal_reserve_entries = 0
+            manifest = await eng.checkpoint()
+            assert manifest is not None
+            history.checkpoints.append(manifest)
+            await eng._driver.truncation_settled()
+            await commit(delete([50, big_rows + 101]))
+            await commit(orders(big_rows + 200, 5))
+            await commit(tmp)
+            history.visible["final"] = eng.visible_ts
+        finally:
+            await eng.close()
+
+    asyncio.run(run())
+    return history

@@ -1,0 +1,200 @@
+"""replay_as_of with the engine's storage (decision 0006): block commands, checkpoints as the
+base state, a truncated WAL. On a real engine's directory (file WAL, objects directory)
+written by `storage_history`: flushes to L1 objects, a merge into an L2 segment, deletes on
+persisted and on L0 blocks, a table dropped and created again, a global then an incremental
+checkpoint (with an L0 dump and delta objects), the WAL truncated three entries short of the
+first and exactly at the second.
+
+* At every timestamp the engine scanned (taken when it was the newest commit), for the
+  directory copied before any checkpoint, after the first one, and at the end: the replayed
+  tables equal the engine's scans row for row (as multisets ordered by key), or the job is
+  refused exactly where the files cannot answer: a TS older than the oldest checkpoint once
+  the WAL no longer starts at DSN 1, and a TS whose checkpoint's tail was truncated away.
+* The base-state reader's edge cases on copies of the final directory: a checkpoint
+  directory without a manifest is ignored; a damaged manifest is refused, not skipped for an
+  older checkpoint; a block object, a dump or a delta object that is missing is
+  `ObjectsUnreadable` naming it; the inventory lists every checkpoint with its state.
+* The command level reads CreateBlock and DropBlock with their object, row group and rows.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine.checkpoint import layout
+from spark_jobs import checkpoints, local
+from spark_jobs.errors import ObjectsUnreadable, ReplayRefused
+from spark_jobs.inputs import file_input
+from spark_jobs.jobs import JobParams
+from spark_jobs.walread import LEVEL_COMMAND, ReadOptions
+from tests.unit.spark_jobs.logs import Scans, StorageHistory, storage_history
+
+
+@pytest.fixture(scope="module")
+def history(tmp_path_factory: pytest.TempPathFactory) -> StorageHistory:
+    return storage_history(str(tmp_path_factory.mktemp("storage")))
+
+
+def by_key(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    key = next(iter(rows[0])) if rows else ""
+    return sorted(rows, key=lambda row: row[key])
+
+
+def replayed(path: str, as_of: int, **params: Any) -> dict[str, list[dict[str, Any]]]:
+    result = local.run(JobParams("replay_as_of", file_input(path), as_of=as_of, **params))
+    return {
+        name.split("/", 1)[1].replace("/", "."): by_key(table.to_pylist())
+        for name, table in result.tables.items()
+    }
+
+
+def expect_equal(got: dict[str, list[dict[str, Any]]], scans: Scans, where: object) -> None:
+    assert sorted(got) == sorted(scans), where
+    for name, rows in scans.items():
+        assert got[name] == by_key(rows), (where, name)
+
+
+def test_replay_equals_the_engine_around_flushes_merges_checkpoints_and_truncation(
+    history: StorageHistory,
+) -> None:
+    ckp1, ckp2 = (m.ckp_ts for m in history.checkpoints)
+    answered: dict[str, int] = {}
+    for copy, path, refused_below in (
+        ("flushed", history.copies["flushed"], 0),
+        ("ckp1", history.copies["ckp1"], ckp1),
+        ("final", history.path, ckp2),
+    ):
+        answered[copy] = 0
+        for ts, scans in sorted(history.scans.items()):
+            if ts > history.visible[copy]:
+                continue
+            if ts < refused_below:
+                with pytest.raises(ReplayRefused) as refused:
+                    replayed(path, ts)
+                if copy == "final" and ts >= ckp1:
+                    assert "needs the WAL from DSN" in str(refused.value)
+                else:
+                    assert "oldest retained checkpoint is at ckp_ts" in str(refused.value)
+                continue
+            expect_equal(replayed(path, ts), scans, (copy, ts))
+            answered[copy] += 1
+    assert answered["flushed"] >= 10 and answered["ckp1"] >= 4 and answered["final"] >= 4
+    # What was read: a global then an incremental checkpoint, persisted blocks, a dump.
+    final = local.run(JobParams("replay_as_of", file_input(history.path), as_of=2**62))
+    [log] = final.summary["logs"]
+    assert log["base"]["ckp_ts"] == ckp2 and log["base"]["kind"] == "incremental"
+    assert log["first_dsn"] == history.checkpoints[1].ckp_dsn + 1
+    assert final.summary["as_of_after_newest_commit"] is True
+    assert final.summary["newest_commit_ts"] == history.visible["final"]
+    names = {info.name for info in checkpoints.open_store(objects(history.path)).list("")}
+    assert any("/l0-" in name for name in names) and any("/delta-" in name for name in names)
+
+
+def objects(path: str) -> str:
+    return os.path.join(path, "objects")
+
+
+def test_the_command_level_reads_block_commands(history: StorageHistory) -> None:
+    commands = local.read_level(
+        JobParams("write_stats", file_input(history.copies["flushed"])),
+        ReadOptions(LEVEL_COMMAND, batches=False),
+    ).to_pylist()
+    created = [c for c in commands if c["cmd_kind"] == "create_block"]
+    dropped = [c for c in commands if c["cmd_kind"] == "drop_block"]
+    assert created and dropped
+    assert {c["level"] for c in created} == {1, 2}
+    for command in created:
+        assert os.path.isfile(os.path.join(objects(history.copies["flushed"]), command["object"]))
+        assert command["n_rows"] >= 1 and command["row_group"] >= 0
+    # A flush's entry creates, then drops: in one entry, create before drop.
+    flush_dsns = {c["dsn"] for c in created} & {c["dsn"] for c in dropped}
+    assert flush_dsns
+
+
+@pytest.fixture
+def damaged(history: StorageHistory, tmp_path: Path) -> str:
+    """A copy of the final directory to damage."""
+    target = str(tmp_path / "engine")
+    shutil.copytree(history.path, target)
+    return target
+
+
+def newest_manifest(path: str) -> layout.Manifest:
+    found = checkpoints.list_checkpoints(checkpoints.open_store(objects(path)))
+    manifest = found[-1].manifest
+    assert manifest is not None
+    return manifest
+
+
+def test_a_checkpoint_without_manifest_is_ignored(history: StorageHistory, damaged: str) -> None:
+    newest = newest_manifest(damaged)
+    cut = os.path.join(objects(damaged), "ckp", f"{history.visible['final']:020d}-cut")
+    os.makedirs(cut)
+    shutil.copy(
+        os.path.join(objects(damaged), newest.catalog), os.path.join(cut, "catalog.parquet")
+    )
+    store = checkpoints.open_store(objects(damaged))
+    states = [(c.directory, c.state) for c in checkpoints.list_checkpoints(store)]
+    assert states[-1] == (f"ckp/{history.visible['final']:020d}-cut/", "incomplete")
+    choice = checkpoints.choose_base(store, 2**62)
+    assert choice.checkpoint is not None and choice.checkpoint.ckp_ts == newest.ckp_ts
+    assert choice.ignored == (f"ckp/{history.visible['final']:020d}-cut/",)
+    expect_equal(replayed(damaged, 2**62), history.scans[history.visible["final"]], "cut")
+
+
+def test_a_damaged_manifest_is_refused_not_skipped(history: StorageHistory, damaged: str) -> None:
+    newest = newest_manifest(damaged)
+    path = os.path.join(objects(damaged), newest.name)
+    data = bytearray(Path(path).read_bytes())
+    data[data.index(b'"live_rows": ') + len(b'"live_rows": ')] ^= 0x01  # another digit
+    Path(path).write_bytes(bytes(data))
+    with pytest.raises(ObjectsUnreadable) as refused:
+        replayed(damaged, 2**62)
+    assert refused.value.name == newest.name and "damaged manifest" in str(refused.value)
+    store = checkpoints.open_store(objects(damaged))
+    [state] = [c for c in checkpoints.list_checkpoints(store) if c.ckp_ts == newest.ckp_ts]
+    assert state.state == "damaged" and state.error == "manifest checksum mismatch"
+    # The older checkpoint still answers its own timestamps where the WAL allows: here its
+    # tail is truncated away, so the refusal is the truncation's, not the damage's.
+    with pytest.raises(ReplayRefused):
+        replayed(damaged, history.checkpoints[0].ckp_ts)
+
+
+@pytest.mark.parametrize("which", ["data", "dump", "delta"])
+def test_a_missing_object_is_named(damaged: str, which: str) -> None:
+    manifest = newest_manifest(damaged)
+    prefix = {"data": "data/", "dump": "ckp/", "delta": "ckp/"}[which]
+    marker = {"data": ".parquet", "dump": "/l0-", "delta": "/delta-"}[which]
+    victim = next(n for n in manifest.objects if n.startswith(prefix) and marker in n)
+    os.unlink(os.path.join(objects(damaged), victim))
+    with pytest.raises(ObjectsUnreadable) as missing:
+        replayed(damaged, 2**62)
+    assert missing.value.name == victim and "missing" in missing.value.reason
+
+
+def test_a_damaged_delta_object_is_named(damaged: str) -> None:
+    manifest = newest_manifest(damaged)
+    victim = next(n for n in manifest.objects if "/delta-" in n)
+    path = os.path.join(objects(damaged), victim)
+    data = Path(path).read_bytes()
+    Path(path).write_bytes(data[: len(data) // 2])  # cut: no Parquet footer any more
+    with pytest.raises(ObjectsUnreadable) as damaged_delta:
+        replayed(damaged, 2**62)
+    assert damaged_delta.value.name == victim
+
+
+def test_the_inventory_lists_checkpoints(history: StorageHistory) -> None:
+    result = local.run(JobParams("inventory", file_input(history.path)))
+    rows = result.tables["checkpoints"].to_pylist()
+    assert [r["ckp_ts"] for r in rows] == [m.ckp_ts for m in history.checkpoints]
+    assert [r["kind"] for r in rows] == ["global", "incremental"]
+    assert all(r["state"] == "complete" and r["objects_bytes"] > r["dir_bytes"] > 0 for r in rows)
+    assert all(r["objects_missing"] == 0 for r in rows)
+    assert rows[-1]["blocks"] == history.checkpoints[-1].block_count
+    assert rows[-1]["objects"] == len(history.checkpoints[-1].objects)
+    assert any("checkpoint" in line and "incremental" in line for line in result.lines)
