@@ -283,17 +283,35 @@ def row_group_starts(store: LocalDirStore, name: str) -> list[int]:
     return starts
 
 
-def dump_rows(store: LocalDirStore, name: str) -> int:
-    """Rows of an L0 dump, from its Parquet footer."""
+def check_dump(store: LocalDirStore, name: str, schema: Schema, rows: int) -> None:
+    """An L0 dump's footer: the table's columns then __commit_ts, and `rows` rows (what
+    the Spark engine checks before Spark reads the dump itself)."""
+    names = [column.name for column in schema.columns]
     try:
         source = store.open_input(name)
         try:
-            return int(pq.read_metadata(source).num_rows)
+            metadata = pq.read_metadata(source)
+            found = metadata.schema.to_arrow_schema().names
+            count = metadata.num_rows
         finally:
             source.close()
     except ObjectNotFound:
         raise ObjectsUnreadable(name, "missing (named by the checkpoint)") from None
     except (ObjectsError, pa.ArrowException, OSError) as exc:
+        raise ObjectsUnreadable(name, f"not a readable Parquet file: {exc}") from None
+    if found != [*names, COMMIT_TS_COLUMN]:
+        raise ObjectsUnreadable(name, f"dump columns {found} are not the table's")
+    if count != rows:
+        raise ObjectsUnreadable(name, f"{count} rows where {rows} are named")
+
+
+def check_delta(store: LocalDirStore, name: str) -> None:
+    """A delta object's footer metadata (checksummed) decodes."""
+    try:
+        deltafile.read_delta_meta(store, name)
+    except ObjectNotFound:
+        raise ObjectsUnreadable(name, "missing (named by the checkpoint)") from None
+    except ObjectsError as exc:
         raise ObjectsUnreadable(name, str(exc)) from None
 
 
