@@ -6,7 +6,6 @@ Spark engine is for many shards on shared storage. Tests assert both give equal 
 
 from __future__ import annotations
 
-import itertools
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ from spark_jobs.jobs import JobParams, JobResult
 from spark_jobs.journal import VERIFY_REPORT, VERIFY_TRUE
 from spark_jobs.schemas import schema_to_json
 from spark_jobs.walread import (
+    LEVEL_AUDIT,
     LEVEL_COMMAND,
     LEVEL_ENTRY,
     LEVEL_RECORD,
@@ -361,16 +361,17 @@ def _key_array(
 
 def lsn_audit(params: JobParams) -> JobResult:
     records = read_level(
-        params, ReadOptions(LEVEL_RECORD, params.verify or VERIFY_REPORT, params.bounds())
+        params, ReadOptions(LEVEL_AUDIT, params.verify or VERIFY_REPORT, params.bounds())
     )
-    rows = records.to_pylist()
-    by_log: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
-    for row in rows:
-        by_log[(row["replica"], row["shard"])].append(row)
+    keys = records.select(["replica", "shard"]).group_by(["replica", "shard"]).aggregate([])
+    logs_found = sorted(zip(keys["replica"].to_pylist(), keys["shard"].to_pylist(), strict=True))
     anomalies: list[dict[str, Any]] = []
     logs = []
-    for (replica, shard), log_rows in sorted(by_log.items()):
-        found, summary = audit_log(replica, shard, log_rows)
+    for replica, shard in logs_found:
+        mine = records.filter(
+            pc.and_(pc.equal(records["replica"], replica), pc.equal(records["shard"], shard))
+        )
+        found, summary = audit_log(replica, shard, mine)
         anomalies.extend(found)
         logs.append(summary)
     table = (
@@ -384,99 +385,126 @@ def lsn_audit(params: JobParams) -> JobResult:
     return result
 
 
+def _ints(table: pa.Table, name: str) -> npt.NDArray[np.int64]:
+    return np.asarray(table.column(name).to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
 def audit_log(
-    replica: str, shard: int, rows: list[dict[str, Any]]
+    replica: str, shard: int, rows: pa.Table
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """One log's audit, column-wise (numpy over the record level): what is proportional to
+    the entries is vectorized; only anomalies (rare) are built row by row."""
+
     def anomaly(kind: str, **values: Any) -> dict[str, Any]:
         base = dict.fromkeys(jobs.ANOMALY.names)
         base.update(replica=replica, shard=shard, kind=kind, **values)
         return base
 
-    found = []
-    skips = {(r["skip_dsn"], r["skip_lsn"]) for r in rows if r["kind"] == "skip"}
-    copies: dict[int, list[tuple[int, int]]] = defaultdict(list)
-    lsn_segment: dict[int, str] = {}
-    truncated = 0
-    damaged = 0
-    for r in rows:
-        kind = r["kind"]
-        if kind in ("entry", "marker", "skip"):
-            lsn_segment.setdefault(r["lsn"], r["segment"])
-        if kind == "entry":
-            if (r["record_start_dsn"], r["lsn"]) in skips:
-                found.append(
-                    anomaly(
-                        "skipped",
-                        dsn_lo=r["dsn"],
-                        dsn_hi=r["dsn"],
-                        lsn_lo=r["lsn"],
-                        lsn_hi=r["lsn"],
-                        copies=1,
-                        segment=r["segment"],
-                        offset_bytes=r["offset_bytes"],
-                    )
-                )
-            else:
-                copies[r["dsn"]].append((r["lsn"], r["entry_checksum"]))
-        elif kind == "truncate":
-            truncated = max(truncated, r["lsn"])
-        elif kind in ("corrupt", "torn_tail"):
-            damaged += 1
+    found: list[dict[str, Any]] = []
+    kind = rows.column("kind")
+    entries = rows.filter(pc.equal(kind, "entry"))
+    skips_table = rows.filter(pc.equal(kind, "skip"))
+    skips = set(
+        zip(
+            skips_table.column("skip_dsn").to_pylist(),
+            skips_table.column("skip_lsn").to_pylist(),
+            strict=True,
+        )
+    )
+    lsn = _ints(entries, "lsn")
+    start = _ints(entries, "record_start_dsn")
+    skipped = np.zeros(len(lsn), dtype=bool)
+    if skips:
+        candidates = np.flatnonzero(np.isin(lsn, np.array([p[1] for p in skips], np.int64)))
+        for i in candidates.tolist():
+            skipped[i] = (int(start[i]), int(lsn[i])) in skips
+        for row in entries.filter(pa.array(skipped)).to_pylist():
             found.append(
                 anomaly(
-                    kind, segment=r["segment"], offset_bytes=r["offset_bytes"], detail=r["error"]
+                    "skipped",
+                    dsn_lo=row["dsn"],
+                    dsn_hi=row["dsn"],
+                    lsn_lo=row["lsn"],
+                    lsn_hi=row["lsn"],
+                    copies=1,
+                    segment=row["segment"],
+                    offset_bytes=row["offset_bytes"],
                 )
             )
+    live = ~skipped
+    dsn, lsn_live = _ints(entries, "dsn")[live], lsn[live]
+    checksum = _ints(entries, "entry_checksum")[live]
+    order = np.lexsort((lsn_live, dsn))
+    dsn, lsn_live, checksum = dsn[order], lsn_live[order], checksum[order]
+    dsns, first, counts = np.unique(dsn, return_index=True, return_counts=True)
     duplicates = conflicts = 0
-    for dsn, held in copies.items():
-        if len(held) < 2:
-            continue
-        lsns = [lsn for lsn, _ in held]
-        distinct = len({checksum for _, checksum in held})
-        kind = "duplicate" if distinct == 1 else "conflict"
-        duplicates += kind == "duplicate"
-        conflicts += kind == "conflict"
+    for i in np.flatnonzero(counts > 1).tolist():
+        lo, n = int(first[i]), int(counts[i])
+        held = checksum[lo : lo + n]
+        kind_found = "duplicate" if len(np.unique(held)) == 1 else "conflict"
+        duplicates += kind_found == "duplicate"
+        conflicts += kind_found == "conflict"
+        copies_lsn = lsn_live[lo : lo + n]
         found.append(
             anomaly(
-                kind, dsn_lo=dsn, dsn_hi=dsn, lsn_lo=min(lsns), lsn_hi=max(lsns), copies=len(held)
+                kind_found,
+                dsn_lo=int(dsns[i]),
+                dsn_hi=int(dsns[i]),
+                lsn_lo=int(copies_lsn.min()),
+                lsn_hi=int(copies_lsn.max()),
+                copies=n,
             )
         )
-    dsns = sorted(copies)
     gaps = 0
-    for low, high in itertools.pairwise(dsns):
-        if high > low + 1:
-            gaps += 1
-            found.append(anomaly("gap", dsn_lo=low + 1, dsn_hi=high - 1))
-    lsns = sorted(lsn_segment)
+    for i in np.flatnonzero(np.diff(dsns) > 1).tolist():
+        gaps += 1
+        found.append(anomaly("gap", dsn_lo=int(dsns[i]) + 1, dsn_hi=int(dsns[i + 1]) - 1))
+    positioned = rows.filter(pc.is_in(kind, pa.array(["entry", "marker", "skip"])))
+    all_lsn = _ints(positioned, "lsn")
+    lsns, lsn_first = np.unique(all_lsn, return_index=True)
     lsn_gaps = 0
-    for low, high in itertools.pairwise(lsns):
-        if high > low + 1:
+    gap_at = np.flatnonzero(np.diff(lsns) > 1)
+    if len(gap_at):
+        segments = positioned.column("segment").take(pa.array(lsn_first)).to_pylist()
+        for i in gap_at.tolist():
             lsn_gaps += 1
-            across = lsn_segment[low] != lsn_segment[high]
+            across = segments[i] != segments[i + 1]
             found.append(
                 anomaly(
                     "lsn_gap",
-                    lsn_lo=low + 1,
-                    lsn_hi=high - 1,
-                    segment=lsn_segment[high],
+                    lsn_lo=int(lsns[i]) + 1,
+                    lsn_hi=int(lsns[i + 1]) - 1,
+                    segment=segments[i + 1],
                     detail="across segments" if across else "within a segment",
                 )
             )
+    truncates = rows.filter(pc.equal(kind, "truncate"))
+    truncated = int(_ints(truncates, "lsn").max()) if truncates.num_rows else 0
+    damage = rows.filter(pc.is_in(kind, pa.array(["corrupt", "torn_tail"])))
+    for row in damage.to_pylist():
+        found.append(
+            anomaly(
+                row["kind"],
+                segment=row["segment"],
+                offset_bytes=row["offset_bytes"],
+                detail=row["error"],
+            )
+        )
     summary = {
         "replica": replica,
         "shard": shard,
-        "entry_copies": sum(len(held) for held in copies.values()),
+        "entry_copies": int(live.sum()),
         "distinct_dsns": len(dsns),
-        "dsn_min": dsns[0] if dsns else None,
-        "dsn_max": dsns[-1] if dsns else None,
-        "lsn_min": lsns[0] if lsns else None,
-        "lsn_max": lsns[-1] if lsns else None,
+        "dsn_min": int(dsns[0]) if len(dsns) else None,
+        "dsn_max": int(dsns[-1]) if len(dsns) else None,
+        "lsn_min": int(lsns[0]) if len(lsns) else None,
+        "lsn_max": int(lsns[-1]) if len(lsns) else None,
         "gaps": gaps,
         "duplicates": duplicates,
         "conflicts": conflicts,
-        "skipped_copies": sum(1 for f in found if f["kind"] == "skipped"),
+        "skipped_copies": int(skipped.sum()),
         "lsn_gaps": lsn_gaps,
-        "damaged": damaged,
+        "damaged": damage.num_rows,
         "truncated_lsn": truncated,
     }
     return found, summary

@@ -68,6 +68,28 @@ RECORD = pa.schema(
     ]
 )
 
+# tae_wal level=audit: the record level's rows with only the columns lsn_audit reads (the
+# Python Data Source API cannot prune columns, so a narrow level is how Spark reads less).
+AUDIT = pa.schema(
+    [
+        RECORD.field(name)
+        for name in (
+            "replica",
+            "shard",
+            "segment",
+            "offset_bytes",
+            "lsn",
+            "kind",
+            "record_start_dsn",
+            "dsn",
+            "entry_checksum",
+            "skip_dsn",
+            "skip_lsn",
+            "error",
+        )
+    ]
+)
+
 MEMO_ITEM = pa.struct([("db_id", I64), ("table_id", I64), ("block_id", I64)])
 
 # tae_wal level=entry: the record level plus the decoded transaction context.

@@ -364,7 +364,7 @@ def _anomaly(frame: DataFrame, kind: Any, **columns: Any) -> DataFrame:
 
 
 def lsn_audit(spark: SparkSession, params: JobParams) -> JobResult:
-    records = read(spark, params, "record", params.verify or VERIFY_REPORT).persist()
+    records = read(spark, params, "audit", params.verify or VERIFY_REPORT).persist()
     log = ["replica", "shard"]
     entries = records.filter(F.col("kind") == "entry")
     skips = records.filter(F.col("kind") == "skip").select(

@@ -26,6 +26,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+import numpy as np
 import pyarrow as pa
 import xxhash
 
@@ -65,7 +66,17 @@ LEVEL_RECORD = "record"
 LEVEL_ENTRY = "entry"
 LEVEL_COMMAND = "command"
 LEVEL_ROWS = "rows"
-LEVELS = (LEVEL_SEGMENT, LEVEL_RAFT, LEVEL_RECORD, LEVEL_ENTRY, LEVEL_COMMAND, LEVEL_ROWS)
+LEVEL_AUDIT = "audit"
+LEVELS = (
+    LEVEL_SEGMENT,
+    LEVEL_RAFT,
+    LEVEL_RECORD,
+    LEVEL_AUDIT,
+    LEVEL_ENTRY,
+    LEVEL_COMMAND,
+    LEVEL_ROWS,
+)
+_TWO_63, _TWO_64 = 1 << 63, 1 << 64  # schemas.signed64, inlined where it runs per entry
 # Rows per Arrow batch handed out: bounds the memory of one batch (a command row may carry
 # an Arrow IPC batch of up to an entry's 2 MiB).
 BATCH_ROWS_MAX = 4096
@@ -99,6 +110,7 @@ class ReadOptions:
             LEVEL_SEGMENT: schemas.SEGMENT,
             LEVEL_RAFT: schemas.RAFT_ENTRY,
             LEVEL_RECORD: schemas.RECORD,
+            LEVEL_AUDIT: schemas.AUDIT,
             LEVEL_ENTRY: schemas.ENTRY,
             LEVEL_COMMAND: schemas.COMMAND,
         }[self.level]
@@ -134,6 +146,8 @@ def read_unit(unit: Unit, options: ReadOptions) -> Iterator[pa.RecordBatch]:
         yield from _emit(options.schema(), _raft_rows(unit, options))
     elif options.level == LEVEL_ROWS:
         yield from _rows_level(unit, options)
+    elif options.level in (LEVEL_RECORD, LEVEL_AUDIT):
+        yield from _record_level(unit, options)
     else:
         yield from _emit(options.schema(), _wal_rows(unit, options))
 
@@ -614,6 +628,152 @@ def _command_rows(
                 None,
                 None,
             )
+
+
+# --- level record, columnar ------------------------------------------------------------------
+
+
+class _Columns:
+    """The record-shaped levels built a column at a time: a driver record adds, per column,
+    one value for all its rows (a run) or a list of per-row integers, instead of a tuple per
+    row (phase 1's `_Batcher`, which cost more than the decoding it served). Runs become
+    columns through numpy (`np.repeat`), lists are extended in C. Columns the level's schema
+    does not have are dropped as they come. Batches hold at most BATCH_ROWS_MAX +
+    RECORD_ENTRIES_MAX rows (a record's rows are never split)."""
+
+    def __init__(self, schema: pa.Schema) -> None:
+        self.schema = schema
+        self.names = schema.names
+        self._clear()
+
+    def _clear(self) -> None:
+        self.values: dict[str, list[object]] = {name: [] for name in self.names}
+        self.counts: dict[str, list[int]] = {name: [] for name in self.names}
+        self.rows = 0
+
+    def add(self, count: int, values: dict[str, object], lists: dict[str, list[int]]) -> None:
+        """`count` rows: `lists` give a value per row, `values` one value for all, every
+        other column null."""
+        ones = None
+        for name in self.names:
+            given = lists.get(name)
+            if given is not None:
+                assert len(given) == count
+                if ones is None:
+                    ones = [1] * count
+                self.values[name].extend(given)
+                self.counts[name].extend(ones)
+            else:
+                self.values[name].append(values.get(name))
+                self.counts[name].append(count)
+        self.rows += count
+
+    def take(self) -> pa.RecordBatch | None:
+        if not self.rows:
+            return None
+        arrays = [self._column(f) for f in self.schema]
+        self._clear()
+        return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+
+    def _column(self, field: pa.Field) -> pa.Array:
+        values, counts = self.values[field.name], np.asarray(self.counts[field.name])
+        if len(values) == self.rows:  # one value a row already
+            return pa.array(values, type=field.type)
+        # Runs: the distinct run values once, then indices repeated (strings, bools and
+        # integers alike; a null run repeats a null).
+        run_values = pa.array(values, type=field.type)
+        return run_values.take(pa.array(np.repeat(np.arange(len(values)), counts)))
+
+
+def _record_level(unit: Unit, options: ReadOptions) -> Iterator[pa.RecordBatch]:
+    """Levels record and audit (the same rows as `_wal_rows` gives the record level, column
+    by column; audit keeps only the columns lsn_audit reads)."""
+    bounds = options.bounds
+    lsn_range, dsn_range = bounds.range("lsn"), bounds.range("dsn")
+    plain = dsn_range.unbounded and bounds.range("commit_ts").unbounded
+    out = _Columns(options.schema())
+    xxh3 = xxhash.xxh3_64_intdigest
+    for rec in _backend_records(unit, options.verify):
+        if not lsn_range.holds(rec.lsn):
+            continue
+        head: dict[str, object] = {
+            "replica": unit.replica,
+            "shard": unit.shard,
+            "segment": rec.segment,
+            "offset_bytes": rec.offset_bytes,
+            "lsn": rec.lsn,
+            "raft_index": rec.raft_index,
+        }
+        if rec.payload is None:
+            if plain:
+                ok = rec.kind == "truncate"
+                out.add(1, {**head, "kind": rec.kind, "checksum_ok": ok, "error": rec.error}, {})
+        else:
+            try:
+                decoded = decode(rec.payload)
+            except CorruptRecord as exc:
+                reason = f"driver record at LSN {rec.lsn}: {exc}"
+                if options.verify != VERIFY_REPORT:
+                    raise InputCorrupt(unit.path, rec.offset_bytes, reason) from None
+                if plain:
+                    values = {**head, "kind": KIND_CORRUPT, "checksum_ok": False, "error": reason}
+                    out.add(1, values, {})
+                continue
+            head["record_checksum"] = signed64(payload_checksum(rec.payload))
+            head["checksum_ok"] = True
+            if not isinstance(decoded, EntriesRecord):
+                if plain:
+                    pairs = decoded.pairs
+                    head.update(kind="skip", record_start_dsn=0, record_count=len(pairs))
+                    head["safe_dsn"] = 0
+                    lists: dict[str, list[int]] = {
+                        "skip_dsn": [dsn for dsn, _ in pairs],
+                        "skip_lsn": [lsn for _, lsn in pairs],
+                    }
+                    out.add(len(pairs), head, lists)
+            else:
+                head["record_start_dsn"] = decoded.start_dsn
+                head["record_count"] = decoded.count
+                head["safe_dsn"] = decoded.safe_dsn
+                if decoded.count == 0:
+                    if plain:
+                        out.add(1, {**head, "kind": "marker"}, {})
+                else:
+                    head["kind"] = "entry"
+                    first = decoded.start_dsn
+                    payloads = decoded.entries
+                    if dsn_range.unbounded:
+                        out.add(
+                            decoded.count,
+                            head,
+                            {
+                                "dsn": list(range(first, first + decoded.count)),
+                                "entry_index": list(range(decoded.count)),
+                                "entry_bytes": [len(p) for p in payloads],
+                                "entry_checksum": [
+                                    h - _TWO_64 if h >= _TWO_63 else h for h in map(xxh3, payloads)
+                                ],
+                            },
+                        )
+                    else:
+                        kept = [i for i in range(decoded.count) if dsn_range.holds(first + i)]
+                        out.add(
+                            len(kept),
+                            head,
+                            {
+                                "dsn": [first + i for i in kept],
+                                "entry_index": list(kept),
+                                "entry_bytes": [len(payloads[i]) for i in kept],
+                                "entry_checksum": [signed64(xxh3(payloads[i])) for i in kept],
+                            },
+                        )
+        if out.rows >= BATCH_ROWS_MAX:
+            batch = out.take()
+            assert batch is not None
+            yield batch
+    batch = out.take()
+    if batch is not None:
+        yield batch
 
 
 # --- level rows (one table's appended rows, typed) --------------------------------------------
