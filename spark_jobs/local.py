@@ -133,8 +133,8 @@ class _TableChanges:
     """What the replayed entries (ckp_ts < commit_ts <= TS) do to one table."""
 
     batches: list[pa.RecordBatch] = field(default_factory=list)
-    block_ids: list[npt.NDArray[np.int64]] = field(default_factory=list)
-    offsets: list[npt.NDArray[np.int64]] = field(default_factory=list)
+    runs: list[tuple[int, int, int]] = field(default_factory=list)
+    """(block_id, first offset, rows) of each Append info, in batch order."""
     deleted: list[npt.NDArray[np.uint64]] = field(default_factory=list)  # keys, see _key
     created: list[CreateBlock] = field(default_factory=list)
     dropped: set[int] = field(default_factory=set)
@@ -190,11 +190,7 @@ def replay_as_of(params: JobParams) -> JobResult:
                 elif isinstance(cmd, Append):
                     changed = changes[cmd.table_id]
                     changed.batches.append(cmd.batch)
-                    for info in cmd.infos:
-                        changed.block_ids.append(np.full(info.rows, info.block_id, np.int64))
-                        changed.offsets.append(
-                            np.arange(info.offset, info.offset + info.rows, dtype=np.int64)
-                        )
+                    changed.runs.extend((i.block_id, i.offset, i.rows) for i in cmd.infos)
                 elif isinstance(cmd, Delete):
                     offsets = np.asarray(cmd.rows.to_array(), dtype=np.uint64)
                     changes[cmd.table_id].deleted.append(_key(cmd.block_id, offsets, where))
@@ -286,8 +282,8 @@ def _live_rows(
     """The table's rows at TS (replay.py "The rows at TS"), ordered by (block_id, offset)."""
     arrow = table.schema.to_arrow()
     parts: list[pa.Table] = []
-    block_ids = list(changes.block_ids)
-    offsets = list(changes.offsets)
+    block_ids: list[npt.NDArray[np.int64]] = []
+    offsets: list[npt.NDArray[np.int64]] = []
     dead = list(changes.deleted)
     where = f"table {table.db_name}.{table.name}"
 
@@ -325,19 +321,19 @@ def _live_rows(
         persisted(created.block_id, rows)
     if changes.batches:
         parts.append(pa.Table.from_batches(changes.batches))
+        runs = np.asarray(changes.runs, dtype=np.int64).reshape(-1, 3)
+        rows_per_run = runs[:, 2]
+        block_ids.append(np.repeat(runs[:, 0], rows_per_run))
+        starts = np.repeat(np.cumsum(rows_per_run) - rows_per_run, rows_per_run)
+        offsets.append(np.repeat(runs[:, 1], rows_per_run) + np.arange(len(starts)) - starts)
     if not parts:
         return arrow.empty_table()
     try:
         rows = pa.concat_tables([part.cast(arrow) for part in parts])
     except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
         raise ReplayFailed(f"{where}: rows do not fit the table's schema: {exc}") from None
-    # Persisted parts come first, then the appended batches, in the order the keys were
-    # collected: persisted keys are appended after the appends' in the lists, so reorder.
-    appended = len(changes.block_ids)
-    order_ids = block_ids[appended:] + block_ids[:appended]
-    order_offsets = offsets[appended:] + offsets[:appended]
-    ids = np.concatenate(order_ids) if order_ids else np.empty(0, np.int64)
-    offs = np.concatenate(order_offsets) if order_offsets else np.empty(0, np.int64)
+    ids = np.concatenate(block_ids)  # in the order of `parts`: persisted, then appended
+    offs = np.concatenate(offsets)
     assert len(ids) == rows.num_rows, (len(ids), rows.num_rows)
     keep = np.ones(len(ids), dtype=bool)
     if changes.dropped:
