@@ -661,15 +661,25 @@ def write_stats(params: JobParams) -> JobResult:
             "commit_ts",
             "n_rows",
             "cmd_bytes",
+            "block_id",
         ]
     ).to_pylist():
         key = (row["shard"], row["dsn"], row["cmd_index"])
         held = best.get(key)
         if held is None or (row["replica"], row["lsn"]) < (held["replica"], held["lsn"]):
             best[key] = row
+    # A Delete on a block its own entry creates restates a user's delete on the rewritten
+    # rows (engine/FORMAT.md CreateBlock): not counted again.
+    created = {
+        (row["shard"], row["dsn"], row["table_id"], row["block_id"])
+        for row in best.values()
+        if row["cmd_kind"] == "create_block"
+    }
     groups: dict[tuple[int, int, int, int], dict[str, Any]] = {}
     for row in best.values():
         if row["cmd_kind"] not in ("append", "delete"):
+            continue
+        if (row["shard"], row["dsn"], row["table_id"], row["block_id"]) in created:
             continue
         bucket = jobs.physical_ms(row["commit_ts"]) // params.bucket_ms * params.bucket_ms
         group_key = (row["shard"], row["db_id"], row["table_id"], bucket)

@@ -198,3 +198,13 @@ def test_the_inventory_lists_checkpoints(history: StorageHistory) -> None:
     assert rows[-1]["blocks"] == history.checkpoints[-1].block_count
     assert rows[-1]["objects"] == len(history.checkpoints[-1].objects)
     assert any("checkpoint" in line and "incremental" in line for line in result.lines)
+
+
+def test_write_stats_counts_a_delete_once(history: StorageHistory) -> None:
+    """Flush and merge entries (CreateBlock, DropBlock) count as no rows appended or deleted.
+    The log up to the copy holds 4 deleted keys, an update of 2 (deleted and appended
+    again), 3 then 1 more deleted keys: 10. (A Delete a flush carries onto its own output,
+    restating a delete committed while it ran, is not counted either; this history commits
+    nothing during a flush, so it has none.)"""
+    result = local.run(JobParams("write_stats", file_input(history.copies["flushed"])))
+    assert result.summary["rows_deleted"] == 10
