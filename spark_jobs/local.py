@@ -398,38 +398,52 @@ def audit_log(
 
     found: list[dict[str, Any]] = []
     kind = rows.column("kind")
-    entries = rows.filter(pc.equal(kind, "entry"))
+    records = rows.filter(pc.equal(kind, "entry"))
     skips_table = rows.filter(pc.equal(kind, "skip"))
     skips = set(
         zip(
-            skips_table.column("skip_dsn").to_pylist(),
-            skips_table.column("skip_lsn").to_pylist(),
+            pc.list_flatten(skips_table.column("skip_dsns")).to_pylist(),
+            pc.list_flatten(skips_table.column("skip_lsns")).to_pylist(),
             strict=True,
         )
     )
-    lsn = _ints(entries, "lsn")
-    start = _ints(entries, "record_start_dsn")
-    skipped = np.zeros(len(lsn), dtype=bool)
+    # One row per DSN copy, made from the records: entry i of a record has DSN start + i.
+    counts = _ints(records, "record_count")
+    owner = np.repeat(np.arange(len(counts)), counts)  # the record of each copy
+    firsts = np.cumsum(counts) - counts
+    start = _ints(records, "record_start_dsn")
+    lsn = _ints(records, "lsn")[owner]
+    dsn_all = start[owner] + (np.arange(len(owner)) - firsts[owner])
+    checksum_all = np.asarray(
+        pc.list_flatten(records.column("entry_checksums")).to_numpy(zero_copy_only=False),
+        dtype=np.int64,
+    )
+    assert len(checksum_all) == len(owner)
+    skipped_record = np.zeros(len(counts), dtype=bool)
     if skips:
-        candidates = np.flatnonzero(np.isin(lsn, np.array([p[1] for p in skips], np.int64)))
-        for i in candidates.tolist():
-            skipped[i] = (int(start[i]), int(lsn[i])) in skips
-        for row in entries.filter(pa.array(skipped)).to_pylist():
+        record_lsns = _ints(records, "lsn")
+        for i in range(len(counts)):
+            skipped_record[i] = (int(start[i]), int(record_lsns[i])) in skips
+    skipped = skipped_record[owner]
+    if skipped.any():
+        segments = records.column("segment").to_pylist()
+        offsets = records.column("offset_bytes").to_pylist()
+        for copy in np.flatnonzero(skipped).tolist():
+            at = int(owner[copy])
             found.append(
                 anomaly(
                     "skipped",
-                    dsn_lo=row["dsn"],
-                    dsn_hi=row["dsn"],
-                    lsn_lo=row["lsn"],
-                    lsn_hi=row["lsn"],
+                    dsn_lo=int(dsn_all[copy]),
+                    dsn_hi=int(dsn_all[copy]),
+                    lsn_lo=int(lsn[copy]),
+                    lsn_hi=int(lsn[copy]),
                     copies=1,
-                    segment=row["segment"],
-                    offset_bytes=row["offset_bytes"],
+                    segment=segments[at],
+                    offset_bytes=offsets[at],
                 )
             )
     live = ~skipped
-    dsn, lsn_live = _ints(entries, "dsn")[live], lsn[live]
-    checksum = _ints(entries, "entry_checksum")[live]
+    dsn, lsn_live, checksum = dsn_all[live], lsn[live], checksum_all[live]
     order = np.lexsort((lsn_live, dsn))
     dsn, lsn_live, checksum = dsn[order], lsn_live[order], checksum[order]
     dsns, first, counts = np.unique(dsn, return_index=True, return_counts=True)

@@ -68,25 +68,23 @@ RECORD = pa.schema(
     ]
 )
 
-# tae_wal level=audit: the record level's rows with only the columns lsn_audit reads (the
-# Python Data Source API cannot prune columns, so a narrow level is how Spark reads less).
+# tae_wal level=audit: what lsn_audit reads, one row per backend record (not per DSN copy:
+# a driver record holds up to 50 entries): its kind (entry: a record of entries; marker,
+# skip, truncate, corrupt, torn_tail as in the record level), DSN range, and the checksums of
+# its entries in DSN order (empty for other kinds); a skip record's pairs. The Python Data
+# Source API cannot prune columns, so a narrow level is how Spark reads less; the per-DSN
+# rows are made by Spark itself (posexplode) or by numpy.
 AUDIT = pa.schema(
     [
-        RECORD.field(name)
-        for name in (
-            "replica",
-            "shard",
-            "segment",
-            "offset_bytes",
-            "lsn",
-            "kind",
-            "record_start_dsn",
-            "dsn",
-            "entry_checksum",
-            "skip_dsn",
-            "skip_lsn",
-            "error",
-        )
+        *_LOG,
+        ("lsn", I64),
+        ("kind", STR),
+        ("record_start_dsn", I64),
+        ("record_count", I32),
+        ("entry_checksums", pa.list_(I64)),
+        ("skip_dsns", pa.list_(I64)),
+        ("skip_lsns", pa.list_(I64)),
+        ("error", STR),
     ]
 )
 

@@ -366,9 +366,23 @@ def _anomaly(frame: DataFrame, kind: Any, **columns: Any) -> DataFrame:
 def lsn_audit(spark: SparkSession, params: JobParams) -> JobResult:
     records = read(spark, params, "audit", params.verify or VERIFY_REPORT).persist()
     log = ["replica", "shard"]
-    entries = records.filter(F.col("kind") == "entry")
-    skips = records.filter(F.col("kind") == "skip").select(
-        *log, F.col("skip_dsn").alias("record_start_dsn"), F.col("skip_lsn").alias("lsn")
+    # One row per DSN copy, exploded here in the JVM from one row per driver record.
+    entries = records.filter(F.col("kind") == "entry").select(
+        *log,
+        "segment",
+        "offset_bytes",
+        "lsn",
+        "record_start_dsn",
+        F.posexplode("entry_checksums").alias("entry_index", "entry_checksum"),
+    )
+    entries = entries.withColumn("dsn", F.col("record_start_dsn") + F.col("entry_index"))
+    pairs = records.filter(F.col("kind") == "skip").select(
+        *log, F.explode(F.arrays_zip("skip_dsns", "skip_lsns")).alias("pair")
+    )
+    skips = pairs.select(
+        *log,
+        F.col("pair.skip_dsns").alias("record_start_dsn"),
+        F.col("pair.skip_lsns").alias("lsn"),
     )
     skip_keys = [*log, "record_start_dsn", "lsn"]
     skipped = entries.join(skips, skip_keys, "left_semi")

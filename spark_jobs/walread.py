@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pyarrow as pa
@@ -76,6 +76,8 @@ LEVELS = (
     LEVEL_COMMAND,
     LEVEL_ROWS,
 )
+AUDIT_RECORDS_MAX = 1024
+"""Rows (backend records) per batch of level audit: at most 1024 x 50 entry checksums."""
 _TWO_63, _TWO_64 = 1 << 63, 1 << 64  # schemas.signed64, inlined where it runs per entry
 # Rows per Arrow batch handed out: bounds the memory of one batch (a command row may carry
 # an Arrow IPC batch of up to an entry's 2 MiB).
@@ -146,8 +148,10 @@ def read_unit(unit: Unit, options: ReadOptions) -> Iterator[pa.RecordBatch]:
         yield from _emit(options.schema(), _raft_rows(unit, options))
     elif options.level == LEVEL_ROWS:
         yield from _rows_level(unit, options)
-    elif options.level in (LEVEL_RECORD, LEVEL_AUDIT):
+    elif options.level == LEVEL_RECORD:
         yield from _record_level(unit, options)
+    elif options.level == LEVEL_AUDIT:
+        yield from _audit_level(unit, options)
     else:
         yield from _emit(options.schema(), _wal_rows(unit, options))
 
@@ -686,8 +690,7 @@ class _Columns:
 
 
 def _record_level(unit: Unit, options: ReadOptions) -> Iterator[pa.RecordBatch]:
-    """Levels record and audit (the same rows as `_wal_rows` gives the record level, column
-    by column; audit keeps only the columns lsn_audit reads)."""
+    """Level record (the same rows as `_wal_rows` would give, column by column)."""
     bounds = options.bounds
     lsn_range, dsn_range = bounds.range("lsn"), bounds.range("dsn")
     plain = dsn_range.unbounded and bounds.range("commit_ts").unbounded
@@ -774,6 +777,92 @@ def _record_level(unit: Unit, options: ReadOptions) -> Iterator[pa.RecordBatch]:
     batch = out.take()
     if batch is not None:
         yield batch
+
+
+def _audit_level(unit: Unit, options: ReadOptions) -> Iterator[pa.RecordBatch]:
+    """Level audit: one row per backend record (schemas.AUDIT). Bounds: `lsn` only (the
+    level has no dsn or commit_ts column)."""
+    lsn_range = options.bounds.range("lsn")
+    scalars: dict[str, list[object]] = {
+        name: [] for name in ("segment", "offset_bytes", "lsn", "kind", "start", "count", "error")
+    }
+    checksums: list[int] = []
+    checksum_ends: list[int] = [0]
+    skip_dsns: list[int] = []
+    skip_lsns: list[int] = []
+    skip_ends: list[int] = [0]
+    xxh3 = xxhash.xxh3_64_intdigest
+
+    def row(rec: _BackendRecord, kind: str, start: int | None, count: int | None) -> None:
+        scalars["segment"].append(rec.segment)
+        scalars["offset_bytes"].append(rec.offset_bytes)
+        scalars["lsn"].append(rec.lsn)
+        scalars["kind"].append(kind)
+        scalars["start"].append(start)
+        scalars["count"].append(count)
+        scalars["error"].append(rec.error)
+        checksum_ends.append(len(checksums))
+        skip_ends.append(len(skip_dsns))
+
+    def take() -> pa.RecordBatch:
+        rows = len(scalars["lsn"])
+        arrays = [
+            pa.array([unit.replica] * rows, pa.string()),
+            pa.array([unit.shard] * rows, pa.int32()),
+            pa.array(scalars["segment"], pa.string()),
+            pa.array(scalars["offset_bytes"], pa.int64()),
+            pa.array(scalars["lsn"], pa.int64()),
+            pa.array(scalars["kind"], pa.string()),
+            pa.array(scalars["start"], pa.int64()),
+            pa.array(scalars["count"], pa.int32()),
+            _lists(checksum_ends, checksums),
+            _lists(skip_ends, skip_dsns),
+            _lists(skip_ends, skip_lsns),
+            pa.array(scalars["error"], pa.string()),
+        ]
+        for column in scalars.values():
+            column.clear()
+        for values in (checksums, skip_dsns, skip_lsns):
+            values.clear()
+        del checksum_ends[1:], skip_ends[1:]
+        return pa.RecordBatch.from_arrays(arrays, schema=schemas.AUDIT)
+
+    for rec in _backend_records(unit, options.verify):
+        if not lsn_range.holds(rec.lsn):
+            continue
+        if rec.payload is None:
+            row(rec, rec.kind, None, None)
+        else:
+            try:
+                decoded = decode(rec.payload)
+            except CorruptRecord as exc:
+                reason = f"driver record at LSN {rec.lsn}: {exc}"
+                if options.verify != VERIFY_REPORT:
+                    raise InputCorrupt(unit.path, rec.offset_bytes, reason) from None
+                damaged = _BackendRecord(
+                    rec.segment, rec.offset_bytes, rec.lsn, rec.raft_index, None, KIND_CORRUPT
+                )
+                row(replace(damaged, error=reason), KIND_CORRUPT, None, None)
+                continue
+            if not isinstance(decoded, EntriesRecord):
+                skip_dsns.extend(dsn for dsn, _ in decoded.pairs)
+                skip_lsns.extend(lsn for _, lsn in decoded.pairs)
+                row(rec, "skip", 0, len(decoded.pairs))
+            elif decoded.count == 0:
+                row(rec, "marker", decoded.start_dsn, 0)
+            else:
+                checksums.extend(
+                    h - _TWO_64 if h >= _TWO_63 else h for h in map(xxh3, decoded.entries)
+                )
+                row(rec, "entry", decoded.start_dsn, decoded.count)
+        if len(scalars["lsn"]) >= AUDIT_RECORDS_MAX:
+            yield take()
+    if scalars["lsn"]:
+        yield take()
+
+
+def _lists(ends: list[int], values: list[int]) -> pa.Array:
+    return pa.ListArray.from_arrays(pa.array(ends, pa.int32()), pa.array(values, pa.int64()))
 
 
 # --- level rows (one table's appended rows, typed) --------------------------------------------
