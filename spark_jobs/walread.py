@@ -657,7 +657,10 @@ class _Columns:
 
     def add(self, count: int, values: dict[str, object], lists: dict[str, list[int]]) -> None:
         """`count` rows: `lists` give a value per row, `values` one value for all, every
-        other column null."""
+        other column null. Every run holds at least one row, so a column of as many values as
+        rows is one value a row (`_column`)."""
+        if count == 0:
+            return
         ones = None
         for name in self.names:
             given = lists.get(name)

@@ -100,3 +100,28 @@ def test_damage_is_an_anomaly_in_report_mode(tmp_path: Path) -> None:
     assert kinds == ["torn_tail"]
     [log] = result.summary["logs"]
     assert log["damaged"] == 1 and log["entry_copies"] == 3
+
+
+def test_the_record_level_under_a_dsn_bound_keeps_rows_aligned(tmp_path: Path) -> None:
+    """A bound that drops every entry of a record (DSNs 1-2 under dsn >= 3) must not shift
+    the columns of the rows after it (the columnar builder adds runs, not tuples)."""
+    from spark_jobs.filters import Bounds
+
+    wal = str(tmp_path / "wal")
+    entries = kv_entries(6)
+    write_file_wal(
+        wal,
+        [
+            encode_record(1, 0, entries[0:2]),
+            encode_record(3, 2, entries[2:4]),
+            encode_record(5, 4, entries[4:6]),
+        ],
+    )
+    whole = read(wal, "record").to_pylist()
+    options = ReadOptions("record", "report", Bounds().with_range("dsn", lo=3, hi=5))
+    units = list_units(file_input(wal))
+    bounded = pa.Table.from_batches(
+        [b for unit in units for b in read_unit(unit, options)], schema=options.schema()
+    ).to_pylist()
+    assert bounded == [r for r in whole if r["dsn"] is not None and 3 <= r["dsn"] <= 5]
+    assert [(r["lsn"], r["dsn"]) for r in bounded] == [(2, 3), (2, 4), (3, 5)]
