@@ -77,21 +77,21 @@ def logs_of(params: JobParams) -> list[tuple[str, int]]:
 def plan_from_records(
     records: pa.Table, where: str, base: replay.BaseState = replay.EMPTY_BASE
 ) -> replay.ReplayPlan:
-    """The replay plan from the record level of one log (shared with the Spark engine,
-    which collects the same narrow columns)."""
-    narrow = records.select(
-        [
-            "kind",
-            "lsn",
-            "record_start_dsn",
-            "record_count",
-            "safe_dsn",
-            "record_checksum",
-            "skip_dsn",
-            "skip_lsn",
-        ]
-    ).to_pylist()
-    return plan_from_rows(narrow, where, base)
+    """The replay plan from the audit level of one log (one row per backend record; shared
+    with the Spark engine, which collects the same narrow columns)."""
+    return plan_from_rows(records.select(PLAN_COLUMNS).to_pylist(), where, base)
+
+
+PLAN_COLUMNS = [
+    "kind",
+    "lsn",
+    "record_start_dsn",
+    "record_count",
+    "safe_dsn",
+    "record_checksum",
+    "skip_dsns",
+    "skip_lsns",
+]
 
 
 def plan_from_rows(
@@ -111,7 +111,7 @@ def plan_from_rows(
                 row["record_checksum"],
             )
         elif kind == "skip":
-            skips.append((row["skip_dsn"], row["skip_lsn"]))
+            skips.extend(zip(row["skip_dsns"], row["skip_lsns"], strict=True))
         elif kind == "truncate":
             truncated = max(truncated, row["lsn"])
     return replay.plan_replay(by_lsn.values(), skips, truncated, where, base)
@@ -150,7 +150,7 @@ def replay_as_of(params: JobParams) -> JobResult:
         where = f"replica {replica} shard {shard}"
         scope = JobParams(params.job, params.inputs, frozenset({shard}), frozenset({replica}))
         store, base = base_of(params, shard, as_of)
-        plan = plan_from_records(read_level(scope, ReadOptions(LEVEL_RECORD, verify)), where, base)
+        plan = plan_from_records(read_level(scope, ReadOptions(LEVEL_AUDIT, verify)), where, base)
         # Every entry of the plan is read (not only those at or below TS): the newest
         # commit in the log says whether TS is past it, and rule 4 needs every earlier entry.
         options = ReadOptions(

@@ -68,12 +68,12 @@ RECORD = pa.schema(
     ]
 )
 
-# tae_wal level=audit: what lsn_audit reads, one row per backend record (not per DSN copy:
-# a driver record holds up to 50 entries): its kind (entry: a record of entries; marker,
-# skip, truncate, corrupt, torn_tail as in the record level), DSN range, and the checksums of
-# its entries in DSN order (empty for other kinds); a skip record's pairs. The Python Data
-# Source API cannot prune columns, so a narrow level is how Spark reads less; the per-DSN
-# rows are made by Spark itself (posexplode) or by numpy.
+# tae_wal level=audit: what lsn_audit and replay's plan read, one row per backend record
+# (not per DSN copy: a driver record holds up to 50 entries): its kind (entry: a record of
+# entries; marker, skip, truncate, corrupt, torn_tail as in the record level), DSN range,
+# safe DSN, record checksum, the checksums of its entries in DSN order (empty for other
+# kinds), a skip record's pairs. The Python Data Source API cannot prune columns, so a
+# narrow level is how Spark reads less; per-DSN rows are made by Spark (posexplode) or numpy.
 AUDIT = pa.schema(
     [
         *_LOG,
@@ -81,6 +81,8 @@ AUDIT = pa.schema(
         ("kind", STR),
         ("record_start_dsn", I64),
         ("record_count", I32),
+        ("safe_dsn", I64),
+        ("record_checksum", I64),
         ("entry_checksums", pa.list_(I64)),
         ("skip_dsns", pa.list_(I64)),
         ("skip_lsns", pa.list_(I64)),

@@ -87,20 +87,9 @@ def replay_as_of(spark: SparkSession, params: JobParams) -> JobResult:
         where = f"replica {replica} shard {shard}"
         one_shard, one_replica = frozenset({shard}), frozenset({replica})
         store, base = local.base_of(params, shard, as_of)
-        records = read(spark, params, "record", verify, shards=one_shard, replicas=one_replica)
-        narrow = (
-            records.filter(F.col("kind").isin("entry", "marker", "skip", "truncate"))
-            .select(
-                "kind",
-                "lsn",
-                "record_start_dsn",
-                "record_count",
-                "safe_dsn",
-                "record_checksum",
-                "skip_dsn",
-                "skip_lsn",
-            )
-            .distinct()
+        records = read(spark, params, "audit", verify, shards=one_shard, replicas=one_replica)
+        narrow = records.filter(F.col("kind").isin("entry", "marker", "skip", "truncate")).select(
+            *local.PLAN_COLUMNS
         )
         plan = local.plan_from_rows((row.asDict() for row in narrow.collect()), where, base)
         excluded = sorted(plan.excluded_lsns)

@@ -787,7 +787,18 @@ def _audit_level(unit: Unit, options: ReadOptions) -> Iterator[pa.RecordBatch]:
     level has no dsn or commit_ts column)."""
     lsn_range = options.bounds.range("lsn")
     scalars: dict[str, list[object]] = {
-        name: [] for name in ("segment", "offset_bytes", "lsn", "kind", "start", "count", "error")
+        name: []
+        for name in (
+            "segment",
+            "offset_bytes",
+            "lsn",
+            "kind",
+            "start",
+            "count",
+            "safe",
+            "checksum",
+            "error",
+        )
     }
     checksums: list[int] = []
     checksum_ends: list[int] = [0]
@@ -796,7 +807,16 @@ def _audit_level(unit: Unit, options: ReadOptions) -> Iterator[pa.RecordBatch]:
     skip_ends: list[int] = [0]
     xxh3 = xxhash.xxh3_64_intdigest
 
-    def row(rec: _BackendRecord, kind: str, start: int | None, count: int | None) -> None:
+    def row(
+        rec: _BackendRecord,
+        kind: str,
+        start: int | None,
+        count: int | None,
+        safe: int | None = None,
+    ) -> None:
+        scalars["safe"].append(safe)
+        checksum = None if rec.payload is None else payload_checksum(rec.payload)
+        scalars["checksum"].append(None if checksum is None else signed64(checksum))
         scalars["segment"].append(rec.segment)
         scalars["offset_bytes"].append(rec.offset_bytes)
         scalars["lsn"].append(rec.lsn)
@@ -818,6 +838,8 @@ def _audit_level(unit: Unit, options: ReadOptions) -> Iterator[pa.RecordBatch]:
             pa.array(scalars["kind"], pa.string()),
             pa.array(scalars["start"], pa.int64()),
             pa.array(scalars["count"], pa.int32()),
+            pa.array(scalars["safe"], pa.int64()),
+            pa.array(scalars["checksum"], pa.int64()),
             _lists(checksum_ends, checksums),
             _lists(skip_ends, skip_dsns),
             _lists(skip_ends, skip_lsns),
@@ -850,14 +872,14 @@ def _audit_level(unit: Unit, options: ReadOptions) -> Iterator[pa.RecordBatch]:
             if not isinstance(decoded, EntriesRecord):
                 skip_dsns.extend(dsn for dsn, _ in decoded.pairs)
                 skip_lsns.extend(lsn for _, lsn in decoded.pairs)
-                row(rec, "skip", 0, len(decoded.pairs))
+                row(rec, "skip", 0, len(decoded.pairs), 0)
             elif decoded.count == 0:
-                row(rec, "marker", decoded.start_dsn, 0)
+                row(rec, "marker", decoded.start_dsn, 0, decoded.safe_dsn)
             else:
                 checksums.extend(
                     h - _TWO_64 if h >= _TWO_63 else h for h in map(xxh3, decoded.entries)
                 )
-                row(rec, "entry", decoded.start_dsn, decoded.count)
+                row(rec, "entry", decoded.start_dsn, decoded.count, decoded.safe_dsn)
         if len(scalars["lsn"]) >= AUDIT_RECORDS_MAX:
             yield take()
     if scalars["lsn"]:

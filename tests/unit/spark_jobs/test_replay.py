@@ -93,7 +93,7 @@ def test_duplicates_are_replayed_once_and_skips_drop_their_copy(tmp_path: Path) 
     assert kv_rows(wal) == [0, 1, 2]
     assert kv_rows(wal, as_of=1025) == [0]  # commit_ts 1020 is DSN 3, 1030 DSN 4
     plan = local.plan_from_records(
-        local.read_level(JobParams("x", file_input(wal)), ReadOptions("record")), "wal"
+        local.read_level(JobParams("x", file_input(wal)), ReadOptions("audit")), "wal"
     )
     assert (plan.kept_lsns, plan.duplicate_lsns, plan.skipped_lsns) == ({1, 5, 6}, {2}, {3})
     assert plan.last_dsn == 5
