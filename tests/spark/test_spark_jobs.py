@@ -133,7 +133,7 @@ def test_replay_on_spark_from_checkpoints_and_objects(
     """Block commands (flush, merge) with the WAL whole; then the newest checkpoint (an
     incremental one with an L0 dump, deltas, L1 and L2 objects) and the WAL after its
     truncation: both engines write the same tables, equal to the engine's scans."""
-    ckp2 = storage.checkpoints[1].ckp_ts
+    ckp2 = storage.checkpoints[-1].ckp_ts
     flushed = max(ts for ts in storage.scans if ts <= storage.visible["flushed"])
     cases = [
         (storage.copies["flushed"], flushed),
@@ -160,7 +160,8 @@ def test_inventory_on_spark_lists_checkpoints(
     spark: Any, storage: StorageHistory, tmp_path: Path
 ) -> None:
     manifest, _ = both_engines(spark, JobParams("inventory", file_input(storage.path)), tmp_path)
-    assert [c["kind"] for c in manifest["summary"]["checkpoints"]] == ["global", "incremental"]
+    kinds = [c["kind"] for c in manifest["summary"]["checkpoints"] if c["state"] == "complete"]
+    assert kinds == ["incremental", "incremental"]
 
 
 def test_pushed_filters_are_applied_and_rechecked(spark: Any, logsvc_logs: LogsvcLogs) -> None:

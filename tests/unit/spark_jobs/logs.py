@@ -331,12 +331,13 @@ def diverge(shard_dir: str) -> int:
 
 @dataclass
 class StorageHistory:
-    """`path`: the engine's directory at the end (WAL truncated at the second checkpoint);
-    `copies`: the directory copied at named moments ("flushed": flushes and a merge, no
-    checkpoint, the WAL whole; "ckp1": after the first checkpoint (an L0 dump with a delete,
-    persisted blocks with deletes), the WAL truncated a few entries short of it, and more
-    commits); `scans`: ts -> what the engine scanned at ts,
-    taken when ts was the newest commit; `visible`: copy name -> its newest commit_ts."""
+    """`path`: the engine's directory at the end (WAL truncated at the third checkpoint, the
+    first one retired); `copies`: the directory copied at named moments ("flushed": flushes
+    and a merge, no checkpoint, the WAL whole; "ckp0": after a checkpoint, the WAL still
+    whole; "ckp1": after a second checkpoint (an L0 dump with a delete, persisted blocks with
+    deletes), the WAL truncated a few entries short of it, and more commits); `scans`: ts ->
+    what the engine scanned at ts, taken when ts was the newest commit; `visible`: copy name
+    -> its newest commit_ts."""
 
     path: str
     copies: dict[str, str] = field(default_factory=dict)
@@ -347,9 +348,10 @@ class StorageHistory:
 
 def storage_history(base: str, big_rows: int = 9000) -> StorageHistory:
     """A real engine (file WAL, objects directory) through flushes of L0 blocks to L1
-    objects, a merge into an L2 segment, deletes on persisted blocks and on blocks being
-    flushed, a table dropped and created again, two checkpoints (the second incremental),
-    the WAL truncated a few entries short of the first and then exactly at the second."""
+    objects, a merge into an L2 segment, deletes on persisted blocks and on L0 blocks, a
+    table dropped and created again, three checkpoints (a global one with the WAL left
+    whole, then two incremental ones: the WAL truncated a few entries short of the second,
+    then exactly at the third, which retires the first)."""
     import shutil
 
     from engine import Engine
@@ -433,6 +435,14 @@ def storage_history(base: str, big_rows: int = 9000) -> StorageHistory:
             await settle()
             await commit(delete([big_rows + 5]))
             await copy("flushed")
+            # A checkpoint with the engine's own WAL reserve (1024 entries): the WAL still
+            # starts at DSN 1, so timestamps before the checkpoint come from the WAL alone.
+            manifest = await eng.checkpoint()
+            assert manifest is not None
+            history.checkpoints.append(manifest)
+            await eng._driver.truncation_settled()
+            await commit(delete([big_rows + 6]))
+            await copy("ckp0")
             await commit(orders(big_rows + 300, 3))  # an L0 block in the checkpoint (a dump)
             await commit(delete([big_rows + 301]))  # ... with a delete
             checkpointer.wal_reserve_entries = 3

@@ -1,15 +1,17 @@
 """replay_as_of with the engine's storage (decision 0006): block commands, checkpoints as the
 base state, a truncated WAL. On a real engine's directory (file WAL, objects directory)
 written by `storage_history`: flushes to L1 objects, a merge into an L2 segment, deletes on
-persisted and on L0 blocks, a table dropped and created again, a global then an incremental
-checkpoint (with an L0 dump and delta objects), the WAL truncated three entries short of the
-first and exactly at the second.
+persisted and on L0 blocks, a table dropped and created again, a global checkpoint with the
+WAL left whole, two incremental ones (an L0 dump, delta objects), the WAL truncated three
+entries short of the second and exactly at the third, which retires the first.
 
 * At every timestamp the engine scanned (taken when it was the newest commit), for the
-  directory copied before any checkpoint, after the first one, and at the end: the replayed
-  tables equal the engine's scans row for row (as multisets ordered by key), or the job is
-  refused exactly where the files cannot answer: a TS older than the oldest checkpoint once
-  the WAL no longer starts at DSN 1, and a TS whose checkpoint's tail was truncated away.
+  directory copied before any checkpoint, after each of the first two, and at the end: the
+  replayed tables equal the engine's scans row for row (as multisets ordered by key), or the
+  job is refused exactly where the files cannot answer: a TS older than the oldest retained
+  checkpoint once the WAL no longer starts at DSN 1, and a TS whose checkpoint's tail was
+  truncated away. With the WAL whole, a TS before the checkpoint is answered from the WAL
+  alone and one after it from the checkpoint.
 * The base-state reader's edge cases on copies of the final directory: a checkpoint
   directory without a manifest is ignored; a damaged manifest is refused, not skipped for an
   older checkpoint; a block object, a dump or a delta object that is missing is
@@ -62,33 +64,51 @@ def expect_equal(got: dict[str, list[dict[str, Any]]], scans: Scans, where: obje
 def test_replay_equals_the_engine_around_flushes_merges_checkpoints_and_truncation(
     history: StorageHistory,
 ) -> None:
-    ckp1, ckp2 = (m.ckp_ts for m in history.checkpoints)
-    answered: dict[str, int] = {}
-    for copy, path, refused_below in (
-        ("flushed", history.copies["flushed"], 0),
-        ("ckp1", history.copies["ckp1"], ckp1),
-        ("final", history.path, ckp2),
+    ckp0, ckp1, ckp2 = (m.ckp_ts for m in history.checkpoints)
+    answered: dict[str, list[int]] = {}
+    refused: dict[str, list[tuple[int, str]]] = {}
+    for copy, path in (
+        ("flushed", history.copies["flushed"]),
+        ("ckp0", history.copies["ckp0"]),
+        ("ckp1", history.copies["ckp1"]),
+        ("final", history.path),
     ):
-        answered[copy] = 0
+        answered[copy], refused[copy] = [], []
         for ts, scans in sorted(history.scans.items()):
             if ts > history.visible[copy]:
                 continue
-            if ts < refused_below:
-                with pytest.raises(ReplayRefused) as refused:
-                    replayed(path, ts)
-                if copy == "final" and ts >= ckp1:
-                    assert "needs the WAL from DSN" in str(refused.value)
-                else:
-                    assert "oldest retained checkpoint is at ckp_ts" in str(refused.value)
+            try:
+                got = replayed(path, ts)
+            except ReplayRefused as exc:
+                refused[copy].append((ts, str(exc)))
                 continue
-            expect_equal(replayed(path, ts), scans, (copy, ts))
-            answered[copy] += 1
-    assert answered["flushed"] >= 10 and answered["ckp1"] >= 4 and answered["final"] >= 4
-    # What was read: a global then an incremental checkpoint, persisted blocks, a dump.
+            expect_equal(got, scans, (copy, ts))
+            answered[copy].append(ts)
+    # Whole WALs answer everything, before the checkpoint from the WAL alone.
+    assert not refused["flushed"] and not refused["ckp0"]
+    assert len(answered["flushed"]) >= 10 and min(answered["ckp0"]) < ckp0
+    assert ckp0 in answered["ckp0"] and max(answered["ckp0"]) > ckp0
+    # The WAL truncated three entries short of ckp1: below ckp0 nothing can answer, and
+    # from ckp0 on ckp0's tail is gone; ckp1 and after answer.
+    assert min(answered["ckp1"]) == ckp1 and max(answered["ckp1"]) > ckp1
+    assert any(ts >= ckp0 for ts, _ in refused["ckp1"])
+    for ts, text in refused["ckp1"]:
+        if ts < ckp0:
+            assert f"oldest retained checkpoint is at ckp_ts {ckp0}" in text, (ts, text)
+        else:
+            assert "needs the WAL from DSN" in text, (ts, text)
+    # At the end: ckp0 retired, ckp1's tail truncated away, ckp2 and its tail answer.
+    assert min(answered["final"]) == ckp2 and len(answered["final"]) >= 4
+    for ts, text in refused["final"]:
+        if ts < ckp1:
+            assert f"oldest retained checkpoint is at ckp_ts {ckp1}" in text, (ts, text)
+        else:
+            assert "needs the WAL from DSN" in text, (ts, text)
+    # What was read: incremental checkpoints, persisted blocks, a dump, deltas.
     final = local.run(JobParams("replay_as_of", file_input(history.path), as_of=2**62))
     [log] = final.summary["logs"]
     assert log["base"]["ckp_ts"] == ckp2 and log["base"]["kind"] == "incremental"
-    assert log["first_dsn"] == history.checkpoints[1].ckp_dsn + 1
+    assert log["first_dsn"] == history.checkpoints[2].ckp_dsn + 1
     assert final.summary["as_of_after_newest_commit"] is True
     assert final.summary["newest_commit_ts"] == history.visible["final"]
     names = {info.name for info in checkpoints.open_store(objects(history.path)).list("")}
@@ -191,10 +211,17 @@ def test_a_damaged_delta_object_is_named(damaged: str) -> None:
 def test_the_inventory_lists_checkpoints(history: StorageHistory) -> None:
     result = local.run(JobParams("inventory", file_input(history.path)))
     rows = result.tables["checkpoints"].to_pylist()
-    assert [r["ckp_ts"] for r in rows] == [m.ckp_ts for m in history.checkpoints]
-    assert [r["kind"] for r in rows] == ["global", "incremental"]
-    assert all(r["state"] == "complete" and r["objects_bytes"] > r["dir_bytes"] > 0 for r in rows)
-    assert all(r["objects_missing"] == 0 for r in rows)
+    complete = [r for r in rows if r["state"] == "complete"]
+    assert [r["ckp_ts"] for r in complete] == [m.ckp_ts for m in history.checkpoints[1:]]
+    assert [r["kind"] for r in complete] == ["incremental", "incremental"]
+    assert all(r["objects_bytes"] > r["dir_bytes"] > 0 for r in complete)
+    assert all(r["objects_missing"] == 0 for r in complete)
+    # The retired global checkpoint lost its manifest; what the others still use of its
+    # directory (a dump, a delta) is listed as an incomplete directory, ignored by replay.
+    for row in rows:
+        if row["state"] != "complete":
+            assert row["ckp_ts"] == history.checkpoints[0].ckp_ts
+            assert row["state"] == "incomplete" and row["kind"] is None
     assert rows[-1]["blocks"] == history.checkpoints[-1].block_count
     assert rows[-1]["objects"] == len(history.checkpoints[-1].objects)
     assert any("checkpoint" in line and "incremental" in line for line in result.lines)
