@@ -147,7 +147,8 @@ class BaseChoice:
     oldest_complete_ts: int | None
     """ckp_ts of the oldest complete checkpoint (None: there is none)."""
     ignored: tuple[str, ...]
-    """Directories without a manifest (cut by a crash), ignored."""
+    """Directories without a manifest (cut by a crash, or a retired checkpoint whose objects
+    newer ones still use), ignored."""
 
     def why_none(self) -> str:
         if self.oldest_complete_ts is None:

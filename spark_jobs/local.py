@@ -125,7 +125,7 @@ def base_of(
     directory = params.objects_dir(shard)
     store = None if directory is None else checkpoints.open_store(directory)
     choice = checkpoints.choose_base(store, as_of)
-    return store, replay.BaseState(choice.checkpoint, choice.why_none())
+    return store, replay.BaseState(choice.checkpoint, choice.why_none(), choice.ignored)
 
 
 @dataclass(slots=True)

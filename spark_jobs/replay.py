@@ -66,6 +66,8 @@ class BaseState:
     checkpoint: Checkpoint | None = None
     why_none: str = "there is no checkpoint"
     """With no checkpoint: why (for the refusal of a truncated WAL)."""
+    ignored: tuple[str, ...] = ()
+    """Checkpoint directories without a manifest (cut by a crash, or retired), ignored."""
 
     @property
     def ckp_ts(self) -> int:
@@ -76,10 +78,12 @@ class BaseState:
         return 0 if self.checkpoint is None else self.checkpoint.ckp_dsn
 
     def describe(self) -> dict[str, object]:
+        ignored = list(self.ignored)
         if self.checkpoint is None:
-            return {"checkpoint": None, "ckp_ts": 0, "ckp_dsn": 0}
+            return {"checkpoint": None, "ckp_ts": 0, "ckp_dsn": 0, "ignored": ignored}
         manifest = self.checkpoint.manifest
         return {
+            "ignored": ignored,
             "checkpoint": manifest.name,
             "kind": manifest.kind,
             "ckp_ts": manifest.ckp_ts,
