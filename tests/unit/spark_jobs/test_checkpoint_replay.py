@@ -240,3 +240,29 @@ def test_write_stats_counts_a_delete_once(history: StorageHistory) -> None:
     nothing during a flush, so it has none.)"""
     result = local.run(JobParams("write_stats", file_input(history.copies["flushed"])))
     assert result.summary["rows_deleted"] == 10
+
+
+def test_the_cli_takes_objects_and_says_what_it_read(
+    history: StorageHistory, tmp_path: Path, capsys: Any
+) -> None:
+    from spark_jobs import __main__ as cli
+
+    out = str(tmp_path / "out")
+    wal = os.path.join(history.path, "wal")
+    moved = str(tmp_path / "objects-elsewhere")
+    shutil.copytree(objects(history.path), moved)
+    argv = ["replay_as_of", "--file-wal", wal, "--as-of", str(2**62), "--out", out]
+    assert cli.main([*argv, "--objects", moved, "--engine", "local"]) == cli.EXIT_OK
+    printed = capsys.readouterr().out
+    ckp = history.checkpoints[-1]
+    assert f"checkpoint ckp_ts {ckp.ckp_ts} (incremental, {ckp.block_count} blocks)" in printed
+    assert "note: --as-of is after the newest commit" in printed
+    # Without the objects the WAL's tail is still readable, but the checkpoint is not found:
+    # the WAL no longer starts at DSN 1, so the job is refused, saying why.
+    lone = str(tmp_path / "lone")
+    shutil.copytree(wal, os.path.join(lone, "wal"))
+    assert cli.main(["replay_as_of", "--file-wal", lone, "--as-of", "1", "--out", out]) == 1
+    assert "there is no checkpoint" in capsys.readouterr().err
+    bad = ["--objects", "x=" + moved]
+    assert cli.main([*argv, *bad, "--engine", "local"]) == cli.EXIT_USAGE
+    assert cli.main([*argv, "--objects", str(tmp_path / "none")]) == cli.EXIT_USAGE
