@@ -27,6 +27,7 @@ from tests.unit.spark_jobs.logs import (
     History,
     LogsvcLogs,
     StorageHistory,
+    anomalies_log,
     engine_history,
     logsvc_history,
     storage_history,
@@ -120,6 +121,16 @@ def test_replay_on_spark_over_logsvc(spark: Any, logsvc_logs: LogsvcLogs, tmp_pa
     run_dir = os.path.join(tmp_path, "spark", "replay_as_of", manifest["run_id"])
     got = {n.split("/", 1)[1].replace("/", "."): r for n, r in read_outputs(run_dir).items()}
     assert got == logsvc_logs.engine.scans[ts]
+
+
+def test_audit_of_every_anomaly_kind_equals_the_local_engine(spark: Any, tmp_path: Path) -> None:
+    wal = str(tmp_path / "wal")
+    anomalies_log(wal)
+    manifest, _ = both_engines(spark, JobParams("lsn_audit", file_input(wal)), tmp_path / "out")
+    [log] = manifest["summary"]["logs"]
+    assert manifest["summary"]["anomalies"] == 5
+    found = (log["duplicates"], log["conflicts"], log["gaps"], log["skipped_copies"])
+    assert found == (2, 1, 1, 1) and log["truncated_lsn"] == 1
 
 
 @pytest.fixture(scope="module")

@@ -214,6 +214,32 @@ def records_of(entries: Sequence[bytes], per_record: int = 1, first_dsn: int = 1
     return out
 
 
+def anomalies_log(wal_dir: str) -> None:
+    """A file WAL with one of each thing lsn_audit reports (tests/unit/spark_jobs/
+    test_audit.py lists them): overlapping records, a duplicate record, a conflicting copy,
+    a copy discarded by a skip record, a DSN gap, a marker, a truncation."""
+    entries = kv_entries(9)
+    other = kv_entries(9, ts0=7000)
+    write_file_wal(
+        wal_dir,
+        [
+            encode_record(1, 0, entries[0:2]),  # LSN 1: DSNs 1-2
+            encode_record(2, 1, entries[1:2]),  # LSN 2: DSN 2 again, same bytes, another record
+            encode_record(3, 2, entries[2:3]),  # LSN 3: DSN 3
+            encode_record(3, 2, entries[2:3]),  # LSN 4: a duplicate record
+            encode_record(4, 3, entries[3:4]),  # LSN 5: DSN 4
+            encode_record(5, 4, entries[4:5]),  # LSN 6: DSN 5
+            encode_record(5, 4, other[4:5]),  # LSN 7: DSN 5 with other bytes: a conflict
+            encode_record(6, 5, entries[5:6]),  # LSN 8: DSN 6
+            encode_record(6, 5, other[5:6]),  # LSN 9: DSN 6 with other bytes ...
+            encode_skip([(6, 9)]),  # LSN 10: ... discarded
+            encode_record(8, 6, entries[7:8]),  # LSN 11: DSN 8 (7 is missing)
+            encode_record(9, 8, []),  # LSN 12: a safe marker
+        ],
+        truncate_lsn=1,
+    )
+
+
 __all__ = ["encode_record", "encode_skip"]
 
 

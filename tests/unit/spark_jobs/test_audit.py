@@ -19,7 +19,7 @@ from spark_jobs import local
 from spark_jobs.inputs import file_input, list_units
 from spark_jobs.jobs import JobParams
 from spark_jobs.walread import ReadOptions, read_unit
-from tests.unit.spark_jobs.logs import encode_record, encode_skip, kv_entries, write_file_wal
+from tests.unit.spark_jobs.logs import anomalies_log, encode_record, kv_entries, write_file_wal
 
 
 def read(wal: str, level: str) -> pa.Table:
@@ -37,26 +37,7 @@ def anomalies(result: Any) -> list[tuple[Any, ...]]:
 
 def test_the_audit_finds_each_kind_of_anomaly(tmp_path: Path) -> None:
     wal = str(tmp_path / "wal")
-    entries = kv_entries(9)
-    other = kv_entries(9, ts0=7000)
-    write_file_wal(
-        wal,
-        [
-            encode_record(1, 0, entries[0:2]),  # LSN 1: DSNs 1-2
-            encode_record(2, 1, entries[1:2]),  # LSN 2: DSN 2 again, same bytes, another record
-            encode_record(3, 2, entries[2:3]),  # LSN 3: DSN 3
-            encode_record(3, 2, entries[2:3]),  # LSN 4: a duplicate record
-            encode_record(4, 3, entries[3:4]),  # LSN 5: DSN 4
-            encode_record(5, 4, entries[4:5]),  # LSN 6: DSN 5
-            encode_record(5, 4, other[4:5]),  # LSN 7: DSN 5 with other bytes: a conflict
-            encode_record(6, 5, entries[5:6]),  # LSN 8: DSN 6
-            encode_record(6, 5, other[5:6]),  # LSN 9: DSN 6 with other bytes ...
-            encode_skip([(6, 9)]),  # LSN 10: ... discarded
-            encode_record(8, 6, entries[7:8]),  # LSN 11: DSN 8 (7 is missing)
-            encode_record(9, 8, []),  # LSN 12: a safe marker
-        ],
-        truncate_lsn=1,
-    )
+    anomalies_log(wal)
     result = local.run(JobParams("lsn_audit", file_input(wal)))
     assert anomalies(result) == [
         ("conflict", 5, 5, 6, 7, 2),
