@@ -4,8 +4,10 @@ Same semantics as spark_jobs/local.py, stated once more in Spark's terms; the pu
 both engines write equal outputs.
 
 Where work lands on the driver (collected, then pure Python): the replay plan (one narrow
-row per driver record: LSN, DSN range, safe DSN, checksum), the catalog commands, the
-DSNs of repeated transactions, and the small summaries. Everything proportional to rows
+row per driver record: LSN, DSN range, safe DSN, checksum), the checkpoint's manifest,
+catalog and block lists and the footers of the objects replay reads (checked there, then
+read by Spark's own Parquet reader), the catalog and block commands, the DSNs of repeated
+transactions, and the small summaries. Everything proportional to rows
 (appends, deletes, anomalies, differences, statistics) stays distributed.
 """
 

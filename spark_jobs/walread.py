@@ -10,7 +10,9 @@ Layers, each decoded by the code that owns the format (never a second parser):
     engine entry     engine.wal.codec.decode_entry  (AC transaction, CKP checkpoint)
 
 Levels: `segment` (inventory, no payload decoded), `raft` (logsvc_segments: Raft entries),
-`record` (per DSN copy, marker, skip pair, truncate, damage; no engine decoding), `entry`
+`record` (per DSN copy, marker, skip pair, truncate, damage; no engine decoding), `audit`
+(one narrow row per backend record: its DSN range and entry checksums; what lsn_audit and
+replay's plan read), `entry`
 (plus the transaction context), `command` (one row per command), `rows` (one table's
 appended rows, typed, with their row ids: option `table_id` and its schema).
 
