@@ -34,7 +34,7 @@ from engine.objects.blockfile import BlockObjectMeta
 from engine.objects.bloom import BloomFilter
 from engine.objects.cache import BufferCache, CacheStats, Pin
 from engine.objects.errors import ObjectNotFound
-from engine.objects.store import ObjectStore
+from engine.objects.store import LocalDirStore, ObjectStore
 from engine.schema import Schema
 from engine.storage import BlockKeys, PersistedBlock, PersistedMeta
 from engine.wal.entry import BlockLevel, CreateBlock
@@ -127,6 +127,12 @@ class ObjectBlockStore:
         self.objects_written = 0
         self.objects_deleted = 0
 
+    def writable(self) -> None:
+        """A standby promoted: reopen a read-only directory store for writing (it takes the
+        directory's lock, which the dead writer's process released)."""
+        if isinstance(self.store, LocalDirStore) and self.store.read_only:
+            self.store = LocalDirStore(self.store.root)
+
     def close(self) -> None:
         """Close the object store if it has anything to close (a directory's lock)."""
         close = getattr(self.store, "close", None)
@@ -170,11 +176,7 @@ class ObjectBlockStore:
             pin.release()
 
     def _pin_meta(self, name: str) -> Pin[Any, Any]:
-        def load() -> tuple[BlockObjectMeta, int]:
-            meta = blockfile.read_meta(self.store, name)
-            return meta, _meta_bytes(meta)
-
-        return self.cache.pin(("meta", name), load)
+        return self.cache.pin(("meta", name), functools.partial(_load_meta, self.store, name))
 
     def meta(self, cmd: CreateBlock) -> PersistedMeta:
         meta = self.object_meta(cmd.object_name)
@@ -184,36 +186,54 @@ class ObjectBlockStore:
         self,
         blocks: Sequence[PersistedBlock],
         *,
-        keys: bool = False,
+        keys: bool | str = False,
         columns: Sequence[str] | None = None,
         whole_objects: bool = False,
-    ) -> _Pinned:
+        cached_only: bool = False,
+    ) -> _Pinned | None:
+        """What a read needs of `blocks` (engine/storage/loader.py). `keys="blooms"` loads the
+        bloom filters only. `cached_only`: pin what the cache holds and load nothing; None
+        when something is missing (the event loop tries this before a worker thread)."""
         pinned = _Pinned()
-        if whole_objects and columns is not None:
-            self._load_objects(pinned, blocks, columns)
-            columns = None
+
+        def pin(key: Hashable, load: Any) -> Pin[Any, Any] | None:
+            found = self.cache.peek(key) if cached_only else self.cache.pin(key, load)
+            if found is not None:
+                pinned._pins.append(found)
+            return found
+
         try:
+            if whole_objects and columns is not None:
+                if not self._load_objects(pinned, blocks, columns, pin):
+                    pinned.release()
+                    return None
+                columns = None
             for block in blocks:
                 name, group = block.object_name, block.row_group
                 if keys:
-                    meta_pin = self._pin_meta(name)
-                    pinned._pins.append(meta_pin)
+                    meta_pin = pin(("meta", name), functools.partial(_load_meta, self.store, name))
+                    if meta_pin is None:
+                        pinned.release()
+                        return None
                     pinned._blooms[block.block_id] = meta_pin.value.blocks[group].bloom
-                    keys_pin = self.cache.pin(
-                        ("keys", name, group),
-                        functools.partial(_load_keys, self.store, name, group),
-                    )
-                    pinned._pins.append(keys_pin)
+                if keys is True:
+                    load_keys = functools.partial(_load_keys, self.store, name, group)
+                    keys_pin = pin(("keys", name, group), load_keys)
+                    if keys_pin is None:
+                        pinned.release()
+                        return None
                     pinned._keys[block.block_id] = keys_pin.value
                 if columns is not None:
                     arrays = []
                     for column in columns:
-                        pin = self.cache.pin(
+                        column_pin = pin(
                             ("col", name, group, column),
                             functools.partial(_load_column, self.store, name, group, column),
                         )
-                        pinned._pins.append(pin)
-                        arrays.append(pin.value)
+                        if column_pin is None:
+                            pinned.release()
+                            return None
+                        arrays.append(column_pin.value)
                     pinned._columns[block.block_id] = pa.table(arrays, names=list(columns))
         except BaseException:
             pinned.release()
@@ -221,36 +241,39 @@ class ObjectBlockStore:
         return pinned
 
     def _load_objects(
-        self, pinned: _Pinned, blocks: Sequence[PersistedBlock], columns: Sequence[str]
-    ) -> None:
+        self,
+        pinned: _Pinned,
+        blocks: Sequence[PersistedBlock],
+        columns: Sequence[str],
+        pin: Any,
+    ) -> bool:
         """`columns` of every object the blocks live in, each column of each object one
         cache entry (a scan over a segment touches one entry per column, not one per block
-        and column)."""
+        and column). False when `pin` found something missing (cached_only)."""
         tables: dict[str, tuple[pa.Table, list[int]]] = {}
-        try:
-            for block in blocks:
-                name = block.object_name
-                found = tables.get(name)
-                if found is None:
-                    meta_pin = self._pin_meta(name)
-                    pinned._pins.append(meta_pin)
-                    starts = [0]
-                    for part in meta_pin.value.blocks:
-                        starts.append(starts[-1] + part.row_count)
-                    arrays = []
-                    for column in columns:
-                        pin = self.cache.pin(
-                            ("ocol", name, column),
-                            functools.partial(_load_object_column, self.store, name, column),
-                        )
-                        pinned._pins.append(pin)
-                        arrays.append(pin.value)
-                    found = (pa.table(arrays, names=list(columns)), starts)
-                    tables[name] = found
-                pinned._objects[block.block_id] = (found[0], found[1][block.row_group])
-        except BaseException:
-            pinned.release()
-            raise
+        for block in blocks:
+            name = block.object_name
+            found = tables.get(name)
+            if found is None:
+                meta_pin = pin(("meta", name), functools.partial(_load_meta, self.store, name))
+                if meta_pin is None:
+                    return False
+                starts = [0]
+                for part in meta_pin.value.blocks:
+                    starts.append(starts[-1] + part.row_count)
+                arrays = []
+                for column in columns:
+                    column_pin = pin(
+                        ("ocol", name, column),
+                        functools.partial(_load_object_column, self.store, name, column),
+                    )
+                    if column_pin is None:
+                        return False
+                    arrays.append(column_pin.value)
+                found = (pa.table(arrays, names=list(columns)), starts)
+                tables[name] = found
+            pinned._objects[block.block_id] = (found[0], found[1][block.row_group])
+        return True
 
     # --- garbage -------------------------------------------------------------------------------
 
@@ -300,11 +323,16 @@ class ObjectBlockStore:
 
 def _persisted_meta(meta: BlockObjectMeta, row_group: int) -> PersistedMeta:
     block = meta.blocks[row_group]
-    return PersistedMeta(block.key_min, block.key_max, block.zonemap)
+    return PersistedMeta(block.key_min, block.key_max, block.zonemap, block.bloom)
 
 
 def _meta_bytes(meta: BlockObjectMeta) -> int:
     return len(meta.to_bytes()) + 256
+
+
+def _load_meta(store: ObjectStore, name: str) -> tuple[BlockObjectMeta, int]:
+    meta = blockfile.read_meta(store, name)
+    return meta, _meta_bytes(meta)
 
 
 def _load_keys(store: ObjectStore, name: str, group: int) -> tuple[BlockKeys, int]:

@@ -2,12 +2,19 @@
 
     python -m engine tables DIR                     databases, tables, schemas, row counts
     python -m engine scan DIR db.table --limit N    the first N rows (by primary key)
-    python -m engine stats DIR [--json]             commit timestamp, counts, WAL position
+    python -m engine stats DIR [--json]             commit timestamp, counts, WAL position,
+                                                    storage: blocks per level, the newest
+                                                    checkpoint, WAL retained, the objects
 
 Each command opens the engine read-only (replay FOR_READ: nothing is written, and over logsvc
 no lease is taken, so a running engine is not fenced), prints, and closes. `--wal logsvc
 --client-config client.toml --shard N` reads an engine whose WAL is on logsvc. A file WAL is
 locked by a running engine: stop it first (the command says so).
+
+Objects: in `DIR/objects` by default; `--objects s3 --s3-endpoint HOST:PORT --s3-bucket B
+[--s3-prefix P] [--s3-region R] [--s3-scheme http|https]` for an engine whose objects are in
+S3, with the credentials in AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY; `--objects none` for
+an engine of part 1 (every row in the WAL).
 
 Exit codes: 0 done, 1 the engine could not be opened or read, 2 bad arguments.
 """
@@ -18,15 +25,20 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
 
-from engine import limits
+from engine import limits, metrics
 from engine.clock import ts_physical_ms
 from engine.engine import Engine
 from engine.errors import EngineError
+from engine.objects.store import ObjectStore
 from tae_driver.errors import DriverError
+
+S3_ACCESS_KEY_ENV = "AWS_ACCESS_KEY_ID"
+S3_SECRET_KEY_ENV = "AWS_SECRET_ACCESS_KEY"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -37,13 +49,14 @@ def _parser() -> argparse.ArgumentParser:
         command = sub.add_parser(name, help=help_text)
         command.add_argument("dir", help="the engine's directory")
         add_wal_options(command)
+        add_object_options(command)
         return command
 
     add("tables", "databases and tables, with schemas and live row counts")
     scan = add("scan", "the first rows of a table, by primary key")
     scan.add_argument("table", help="db.table")
     scan.add_argument("--limit", type=int, default=limits.SCAN_ROWS_DEFAULT_LIMIT)
-    stats = add("stats", "commit timestamp, counts, WAL position")
+    stats = add("stats", "commit timestamp, counts, WAL position, storage")
     stats.add_argument("--json", action="store_true")
     return parser
 
@@ -61,9 +74,53 @@ def wal_options_error(args: argparse.Namespace) -> str | None:
     return None
 
 
+def add_object_options(parser: argparse.ArgumentParser) -> None:
+    """--objects and the --s3-* options: where an engine's objects are (module docstring;
+    also engine/workload.py)."""
+    parser.add_argument(
+        "--objects",
+        choices=["dir", "none", "s3"],
+        help="dir: DIR/objects (the default); s3: the --s3-* bucket; none: no objects",
+    )
+    parser.add_argument("--s3-endpoint", help="HOST:PORT of the S3 service")
+    parser.add_argument("--s3-bucket")
+    parser.add_argument("--s3-prefix", default="", help="key prefix of the engine's objects")
+    parser.add_argument("--s3-region", default="us-east-1")
+    parser.add_argument("--s3-scheme", choices=["http", "https"], default="https")
+
+
+def objects_options_error(args: argparse.Namespace) -> str | None:
+    s3_given = args.s3_endpoint is not None or args.s3_bucket is not None
+    if args.objects != "s3":
+        return "--s3-endpoint and --s3-bucket go with --objects s3" if s3_given else None
+    if args.s3_endpoint is None or args.s3_bucket is None:
+        return "--objects s3 needs --s3-endpoint and --s3-bucket"
+    if not os.environ.get(S3_ACCESS_KEY_ENV) or not os.environ.get(S3_SECRET_KEY_ENV):
+        return f"--objects s3 needs the credentials in {S3_ACCESS_KEY_ENV} and {S3_SECRET_KEY_ENV}"
+    return None
+
+
+def objects_from_args(args: argparse.Namespace) -> str | ObjectStore | None:
+    """What `Engine.open(objects=...)` takes for these options (checked by
+    `objects_options_error` first)."""
+    if args.objects != "s3":
+        return str(args.objects) if args.objects is not None else None
+    from engine.objects.s3 import S3ObjectStore  # pyarrow's S3 client: only when asked for
+
+    return S3ObjectStore(
+        args.s3_endpoint,
+        args.s3_bucket,
+        args.s3_prefix,
+        os.environ[S3_ACCESS_KEY_ENV],
+        os.environ[S3_SECRET_KEY_ENV],
+        region=args.s3_region,
+        scheme=args.s3_scheme,
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    problem = wal_options_error(args)
+    problem = wal_options_error(args) or objects_options_error(args)
     if problem is not None:
         print(f"error: {problem}", file=sys.stderr)
         return 2
@@ -84,6 +141,7 @@ async def _run(args: argparse.Namespace) -> int:
         client_config=args.client_config,
         shard=args.shard,
         read_only=True,
+        objects=objects_from_args(args),
     )
     try:
         if args.command == "tables":
@@ -91,7 +149,8 @@ async def _run(args: argparse.Namespace) -> int:
         elif args.command == "scan":
             await _scan(engine, args.table, args.limit)
         else:
-            _stats(engine, args.json)
+            audit = await asyncio.to_thread(metrics.audit_objects, engine)
+            _stats(engine, audit, args.json)
     finally:
         await engine.close()
     return 0
@@ -139,14 +198,17 @@ def _cell(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def _stats(engine: Engine, as_json: bool) -> None:
+def _stats(engine: Engine, audit: metrics.ObjectAudit, as_json: bool) -> None:
     stats = engine.stats()
+    storage = metrics.storage_stats(engine)
     document = dataclasses.asdict(stats)
     document["replay"] = (
         {k: (v.value if hasattr(v, "value") else v) for k, v in document["replay"].items()}
         if document["replay"]
         else None
     )
+    document["storage"] = dataclasses.asdict(storage)
+    document["objects_audit"] = dataclasses.asdict(audit)
     if as_json:
         print(json.dumps(document, sort_keys=True))
         return
@@ -161,3 +223,35 @@ def _stats(engine: Engine, as_json: bool) -> None:
             f"{replay.last_dsn}, {replay.records_read} records read, truncated below LSN "
             f"{replay.truncated_lsn + 1}"
         )
+    _storage_lines(storage, audit)
+
+
+def _storage_lines(storage: metrics.StorageStats, audit: metrics.ObjectAudit) -> None:
+    wal_bytes = (
+        f", {storage.wal_bytes_retained} bytes" if storage.wal_bytes_retained is not None else ""
+    )
+    print(
+        f"WAL retained       {storage.wal_entries_retained} entries{wal_bytes}, "
+        f"{storage.wal_entries_since_checkpoint} after the newest checkpoint"
+    )
+    if storage.objects is None:
+        print("objects            none (every row in memory and in the WAL)")
+        return
+    blocks = ", ".join(f"{level} {storage.blocks[level]}" for level in metrics.LEVELS)
+    print(f"blocks             {blocks}  ({storage.l0_bytes} bytes in L0)")
+    checkpoint = storage.checkpoint
+    if checkpoint is None:
+        print("checkpoint         none")
+    else:
+        print(
+            f"checkpoint         {checkpoint.kind} at commit_ts {checkpoint.ckp_ts}, DSN "
+            f"{checkpoint.ckp_dsn}, written {checkpoint.age_s:.1f} s ago; "
+            f"{storage.checkpoints_retained} retained"
+        )
+    print(
+        f"objects            {storage.objects}: {audit.stored} stored ({audit.stored_bytes} "
+        f"bytes), {audit.referenced} referenced, {len(audit.missing)} missing, "
+        f"{len(audit.unreferenced)} unreferenced (deleted by the next writable open)"
+    )
+    for name in audit.missing[:10]:
+        print(f"  missing          {name}")

@@ -70,8 +70,15 @@ key object, a packed row id), measured with tracemalloc for int64 keys."""
 
 
 def l0_bytes(data: TableData) -> int:
-    """Bytes of the table's L0 blocks still in memory (what flushing gives back)."""
-    return sum(b.byte_size() + L0_KEY_BYTES_PER_ROW * b.rows for b in data.l0_blocks())
+    """Bytes of the table's L0 blocks not flushed yet (what flushing gives back). A flushed
+    block stays in memory while a snapshot older than its flush may read it, and is not
+    counted: a commit waiting for flushes holds such a snapshot itself, and counting what
+    only its end can free would have it wait for itself."""
+    return sum(
+        b.byte_size() + L0_KEY_BYTES_PER_ROW * b.rows
+        for b in data.l0_blocks()
+        if b.drop_ts == TS_NEVER
+    )
 
 
 def plan(
@@ -178,6 +185,14 @@ def persisted_rows(block: PersistedBlock, loaded: pa.Table, ts: int) -> tuple[pa
     table = loaded
     if len(offsets) != block.rows:
         table = loaded.take(pa.array(offsets, type=pa.int64()))
+    stamps = table.column(COMMIT_TS_COLUMN)
+    if pc.any(pc.equal(stamps, 0)).as_py():
+        # A large transaction's rows were written before its commit_ts was known (0: "the
+        # block's"): the rewrite gives them their real one.
+        fixed = pc.if_else(pc.equal(stamps, 0), pa.scalar(block.create_ts, pa.uint64()), stamps)
+        table = table.set_column(
+            table.schema.get_field_index(COMMIT_TS_COLUMN), COMMIT_TS_COLUMN, fixed
+        )
     return table, offsets
 
 

@@ -19,9 +19,13 @@ however long a transaction stays open.
 
 from __future__ import annotations
 
+import bisect
 from collections import deque
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
 
 ConflictKey = Hashable
 
@@ -62,6 +66,50 @@ class RowWrite:
     live_after: bool
 
 
+class BulkInsert:
+    """The keys a large transaction inserted into one table (its rows spilled to objects
+    before commit, issue 14 "Large transactions"), sorted: checked against other commits
+    by binary search instead of a dict entry per key (millions of keys would cost the index
+    a hundred bytes each)."""
+
+    __slots__ = ("_array", "_list", "table_id")
+
+    def __init__(self, table_id: int, keys: np.ndarray | list[object]) -> None:
+        self.table_id = table_id
+        self._array: np.ndarray | None = keys if isinstance(keys, np.ndarray) else None
+        self._list: list[object] | None = None if isinstance(keys, np.ndarray) else keys
+
+    def __len__(self) -> int:
+        return len(self._array) if self._array is not None else len(self._list or ())
+
+    def __contains__(self, key: object) -> bool:
+        if self._array is not None:
+            if type(key) is not int or not -(1 << 63) <= key < (1 << 63):
+                return False
+            at = int(np.searchsorted(self._array, key))
+            return at < len(self._array) and int(self._array[at]) == key
+        keys: list[Any] = self._list or []
+        at = bisect.bisect_left(keys, key)
+        return bool(at < len(keys) and keys[at] == key)
+
+    def first_common(self, other: BulkInsert) -> object | None:
+        """A key both hold, or None."""
+        if self._array is not None and other._array is not None:
+            common = np.intersect1d(self._array, other._array, assume_unique=True)
+            return int(common[0]) if len(common) else None
+        small, large = (self, other) if len(self) <= len(other) else (other, self)
+        for key in small.key_list():
+            if key in large:
+                return key
+        return None
+
+    def key_list(self) -> list[object]:
+        if self._array is not None:
+            return [int(k) for k in self._array]
+        assert self._list is not None
+        return self._list
+
+
 @dataclass(frozen=True, slots=True)
 class KeyConflict:
     key: ConflictKey
@@ -77,7 +125,7 @@ class SnapshotTooOld:
 
 
 class ConflictIndex:
-    __slots__ = ("_last", "_log", "_size", "floor_ts", "keys_max")
+    __slots__ = ("_bulk", "_last", "_log", "_size", "floor_ts", "keys_max")
 
     def __init__(self, *, keys_max: int, floor_ts: int = 0) -> None:
         assert keys_max > 0
@@ -85,22 +133,49 @@ class ConflictIndex:
         self.floor_ts = floor_ts
         self._last: dict[ConflictKey, tuple[int, bool]] = {}
         self._log: deque[tuple[int, tuple[ConflictKey, ...]]] = deque()
+        self._bulk: deque[tuple[int, BulkInsert]] = deque()
         self._size = 0
 
     def __len__(self) -> int:
         return len(self._last)
 
     def check(
-        self, start_ts: int, rows: Iterable[RowWrite], guards: Iterable[ConflictKey]
+        self,
+        start_ts: int,
+        rows: Iterable[RowWrite],
+        guards: Iterable[ConflictKey],
+        bulk: Sequence[BulkInsert] = (),
     ) -> KeyConflict | SnapshotTooOld | None:
-        """The first conflict of a transaction that started at `start_ts`, or None."""
+        """The first conflict of a transaction that started at `start_ts`, or None. `bulk`:
+        the keys it inserted as spilled rows (insert-only, live after)."""
         if start_ts < self.floor_ts:
             return SnapshotTooOld(start_ts, self.floor_ts)
         last = self._last
+        recent_bulk = [(ts, b) for ts, b in self._bulk if ts > start_ts]
         for row in rows:
             seen = last.get(row.key)
             if seen is not None and seen[0] > start_ts:
                 return KeyConflict(row.key, seen[0], duplicate=row.insert_only and seen[1])
+            if recent_bulk:
+                row_key: Any = row.key
+                for ts, written in recent_bulk:
+                    if written.table_id == row_key[0] and row_key[1] in written:
+                        return KeyConflict(row.key, ts, duplicate=row.insert_only)
+        for mine in bulk:
+            for ts, written in recent_bulk:
+                if written.table_id == mine.table_id:
+                    common = mine.first_common(written)
+                    if common is not None:
+                        return KeyConflict((mine.table_id, common), ts, duplicate=True)
+            for key, seen in last.items():
+                if (
+                    seen[0] > start_ts
+                    and type(key) is tuple
+                    and len(key) == 2
+                    and key[0] == mine.table_id
+                    and key[1] in mine
+                ):
+                    return KeyConflict(key, seen[0], duplicate=seen[1])
         for key in guards:
             seen = last.get(key)
             if seen is not None and seen[0] > start_ts:
@@ -108,9 +183,17 @@ class ConflictIndex:
         return None
 
     def record(
-        self, commit_ts: int, rows: Iterable[RowWrite], marks: Iterable[ConflictKey]
+        self,
+        commit_ts: int,
+        rows: Iterable[RowWrite],
+        marks: Iterable[ConflictKey],
+        bulk: Sequence[BulkInsert] = (),
     ) -> list[tuple[ConflictKey, tuple[int, bool] | None]]:
         """Remember the keys of a commit; returns what it replaced, for `undo`."""
+        for written in bulk:
+            assert not self._bulk or self._bulk[-1][0] <= commit_ts
+            self._bulk.append((commit_ts, written))
+            self._size += len(written)
         last = self._last
         replaced: list[tuple[ConflictKey, tuple[int, bool] | None]] = []
         keys: list[ConflictKey] = []
@@ -132,6 +215,8 @@ class ConflictIndex:
         self, commit_ts: int, replaced: list[tuple[ConflictKey, tuple[int, bool] | None]]
     ) -> None:
         """Forget the last `record` (its commit was cancelled before anything followed)."""
+        while self._bulk and self._bulk[-1][0] == commit_ts:
+            self._size -= len(self._bulk.pop()[1])
         if not replaced:
             return
         assert self._log and self._log[-1][0] == commit_ts
@@ -154,5 +239,11 @@ class ConflictIndex:
                 seen = last.get(key)
                 if seen is not None and seen[0] == commit_ts:
                     del last[key]
+            if commit_ts > oldest_snapshot_ts:
+                self.floor_ts = max(self.floor_ts, commit_ts)
+        bulk = self._bulk
+        while bulk and (bulk[0][0] <= oldest_snapshot_ts or self._size > self.keys_max):
+            commit_ts, written = bulk.popleft()
+            self._size -= len(written)
             if commit_ts > oldest_snapshot_ts:
                 self.floor_ts = max(self.floor_ts, commit_ts)

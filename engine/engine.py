@@ -39,14 +39,12 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pyroaring import BitMap, FrozenBitMap
-
-from engine import conflicts, limits, opening
+from engine import limits, opening, replay, rewrite_commit, spill, writeset
 from engine.blockstore import ObjectBlockStore
 from engine.checkpoint.layout import Manifest
 from engine.checkpoint.runner import Checkpointer
 from engine.clock import HybridClock, wall_ms
-from engine.compaction import Policy, Rewrite, Task, WrittenBlock
+from engine.compaction import Policy
 from engine.conflicts import ConflictIndex, KeyConflict, SnapshotTooOld
 from engine.errors import (
     BadInput,
@@ -57,21 +55,23 @@ from engine.errors import (
     Overloaded,
     SnapshotUnavailable,
     TxnTooLarge,
-    WalCorruption,
     WalFailed,
     WriteConflict,
 )
+from engine.logtail import Logtail, LogtailBuffer, LogtailUnavailable, TailEntry
+from engine.logtail import answer as logtail_answer
 from engine.maintenance import BlockStore, Maintenance
 from engine.objects.store import ObjectStore
 from engine.pipeline import CommitPipeline, Ticket
 from engine.state import ApplyError, EngineState
-from engine.storage import NOTHING_LOADED, TS_NEVER, LoadedBlocks, PersistedBlock
+from engine.storage import NOTHING_LOADED, LoadedBlocks, PersistedBlock
 from engine.storage.loader import BlockLoader, PinnedBlocks
-from engine.storage.moves import Move
 from engine.txn import Transaction, TxnState
-from engine.wal.codec import decode_entry, encode_entry
-from engine.wal.entry import Append, CreateBlock, Delete, DropBlock, MemoItem, TxnEntry
-from tae_driver import Driver, LogBackend, ReplayDecision, ReplayMode, open_driver
+from engine.waiter import CommitWaiter
+from engine.wal.codec import encode_entry
+from engine.wal.entry import Append, Origin, TxnEntry, memo_of
+from engine.writeset import WriteSet
+from tae_driver import Driver, LogBackend, open_driver
 from tae_driver import errors as driver_errors
 from tae_driver.driver import DriverStats, ReplaySummary
 
@@ -94,20 +94,6 @@ class EngineStats:
     replay: ReplaySummary | None
     replay_duplicates: int
     wal: DriverStats
-
-
-class _Commit:
-    """What the shell attaches to a pipeline ticket."""
-
-    __slots__ = ("dsn", "entry", "future", "txn")
-
-    def __init__(self, txn: Transaction | None, future: asyncio.Future[None]) -> None:
-        self.txn = txn
-        """None for the engine's own rewrites (flush, merge, compaction)."""
-        self.future = future
-        self.entry: TxnEntry | None = None
-        self.dsn = 0
-        """The entry's DSN, once durable."""
 
 
 class _TransactionScope:
@@ -144,7 +130,7 @@ class _Loaded:
         self,
         loader: BlockLoader | None,
         blocks: Sequence[PersistedBlock],
-        keys: bool,
+        keys: bool | str,
         columns: Sequence[str] | None,
         whole: bool = False,
     ) -> None:
@@ -160,14 +146,25 @@ class _Loaded:
             return NOTHING_LOADED
         loader = self._loader
         assert loader is not None, "persisted blocks without an object store"
-        self._pinned = await asyncio.to_thread(
-            loader.load,
+        # What the cache holds is pinned right here; only a miss costs a worker thread.
+        pinned = loader.load(
             self._blocks,
             keys=self._keys,
             columns=self._columns,
             whole_objects=self._whole,
+            cached_only=True,
         )
-        return self._pinned
+        if pinned is None:
+            pinned = await asyncio.to_thread(
+                loader.load,
+                self._blocks,
+                keys=self._keys,
+                columns=self._columns,
+                whole_objects=self._whole,
+            )
+        assert pinned is not None
+        self._pinned = pinned
+        return pinned
 
     async def __aexit__(self, *exc: object) -> None:
         if self._pinned is not None:
@@ -201,11 +198,17 @@ class Engine:
         self._maintenance: Maintenance | None = None
         self._block_store: BlockStore | None = None
         self._owns_objects = False
+        self._background: set[asyncio.Future[Any]] = set()
         self._checkpointer: Checkpointer | None = None
         self._visible_dsn = 0
         """The DSN of the last visible transaction's WAL entry."""
         self._wal_entries_at_ckp = 0
-        self._pipeline: CommitPipeline[_Commit] = CommitPipeline(
+        self._logtail = LogtailBuffer(0, limits.LOGTAIL_BYTES_MAX)
+        self._subscribers: list[Callable[[TailEntry], None]] = []
+        self._origins_running: dict[tuple[str, int], asyncio.Future[int]] = {}
+        self.standby = False
+        self._tail_task: asyncio.Task[ReplaySummary] | None = None
+        self._pipeline: CommitPipeline[CommitWaiter] = CommitPipeline(
             visible_ts=0,
             queue_max=limits.COMMIT_QUEUE_MAX,
             conflicts=ConflictIndex(keys_max=limits.CONFLICT_KEYS_MAX),
@@ -243,6 +246,7 @@ class Engine:
         block_store: BlockStore | None = None,
         policy: Policy | None = None,
         maintenance: bool = True,
+        standby: bool = False,
     ) -> Engine:
         """Open (creating if needed) the engine whose WAL is `wal`:
 
@@ -261,10 +265,13 @@ class Engine:
         `maintenance=False` leaves them to the caller (`engine.maintenance.step()`).
 
         `read_only` replays for reading and refuses commits (and over logsvc takes no
-        lease, so it fences nobody; a directory of objects is opened without its lock)."""
+        lease, so it fences nobody; a directory of objects is opened without its lock).
+        `standby` is read-only too and keeps tailing the WAL (a standby TN, issue 15): its
+        state follows the writer's commits until `promote()` makes it the writer."""
         if not __debug__:
             raise RuntimeError("the engine refuses to run with assertions disabled (python -O)")
         path = os.fspath(path)
+        read_only = read_only or standby
         if read_only and wal == "file" and not os.path.isdir(os.path.join(path, WAL_DIR_NAME)):
             # Looking must not create: a read-only open of a missing engine is an error.
             raise NotFound(f"no engine here: {os.path.join(path, WAL_DIR_NAME)} does not exist")
@@ -275,6 +282,7 @@ class Engine:
         try:
             driver = open_driver(backend, window=window_records)
             engine = cls(path, backend, owns, driver, HybridClock(now_ms), read_only=read_only)
+            engine.standby = standby
             store = block_store
             if store is None:
                 store = await asyncio.to_thread(
@@ -289,7 +297,7 @@ class Engine:
                 manifest = await asyncio.to_thread(engine._checkpointer.restore)
                 if manifest is not None:
                     engine._restored_from(manifest)
-            await engine._replay_wal()
+            await replay.replay_wal(engine, forever=standby)
             if engine._checkpointer is not None and not read_only:
                 await engine._checkpointer.collect_orphans()
             if engine._maintenance is not None and maintenance and not read_only:
@@ -302,52 +310,6 @@ class Engine:
                 engine._close_objects()
             raise
         return engine
-
-    async def _replay_wal(self) -> None:
-        state = self._state
-        first_dsn: list[int] = []
-
-        def handle(dsn: int, payload: bytes) -> ReplayDecision:
-            if not first_dsn:
-                first_dsn.append(dsn)
-                if dsn > self._visible_dsn + 1:
-                    raise WalCorruption(dsn, self._gap(dsn))
-            entry = decode_entry(payload, dsn)
-            if not isinstance(entry, TxnEntry):
-                return ReplayDecision.INTERNAL  # CKP: the checkpoint itself was read first
-            self._visible_dsn = max(self._visible_dsn, dsn)
-            if entry.commit_ts <= state.applied_ts:
-                # A second copy of a transaction already applied (commit_ts order is DSN
-                # order, so nothing newer can be at or below the applied one).
-                self._replay_duplicates += 1
-                return ReplayDecision.INTERNAL
-            try:
-                state.apply(entry)
-            except ApplyError as exc:
-                raise WalCorruption(dsn, f"does not apply: {exc}") from None
-            return ReplayDecision.APPLY
-
-        mode = ReplayMode.FOR_READ if self.read_only else ReplayMode.FOR_WRITE
-        try:
-            self._replay = await self._driver.replay(handle, mode)
-        except driver_errors.ReplayCorruptionError as exc:
-            # A record the driver cannot decode (not a WAL driver record at all, say): the
-            # log is not an engine's WAL, or it is damaged. Typed as the engine promises.
-            raise WalCorruption(self._driver.dsn() + 1, f"undecodable log record: {exc}") from exc
-        if not first_dsn and self._driver.dsn() > self._visible_dsn:
-            raise WalCorruption(self._driver.dsn(), self._gap(self._driver.dsn()))
-        self._clock.observe(state.applied_ts)
-        self._pipeline.visible_ts = state.applied_ts
-        self._pipeline.conflicts.floor_ts = state.applied_ts
-
-    def _gap(self, dsn: int) -> str:
-        newest = self._checkpointer.newest if self._checkpointer is not None else None
-        if newest is None:
-            return f"the WAL starts at DSN {dsn} and there is no checkpoint before it"
-        return (
-            f"the WAL starts at DSN {dsn}, past the newest checkpoint's DSN {newest.ckp_dsn} "
-            f"(ckp_ts {newest.ckp_ts}): entries in between are missing"
-        )
 
     def _attach(self, store: BlockStore, policy: Policy) -> None:
         self._loader = store
@@ -369,11 +331,49 @@ class Engine:
         self._hook_state()
 
     def _restored_from(self, manifest: Manifest) -> None:
+        self._logtail.reset(manifest.ckp_ts)
         self._visible_dsn = manifest.ckp_dsn
         self._wal_entries_at_ckp = manifest.ckp_dsn
         self._history_floor_ts = manifest.ckp_ts
         self._pipeline.visible_ts = manifest.ckp_ts
         self._clock.observe(manifest.ckp_ts)
+
+    # --- logtail and standby (issue 15, decision 0007) -----------------------------------------
+
+    def _became_visible(self, tail: TailEntry) -> None:
+        """A committed entry is visible (or replayed): the logtail keeps it, and every
+        subscriber hears of it, in commit order."""
+        newest = self._checkpointer.newest if self._checkpointer is not None else None
+        self._logtail.append(tail, keep_after_ts=newest.ckp_ts if newest is not None else 0)
+        for subscriber in self._subscribers:
+            subscriber(tail)
+
+    def subscribe(self, callback: Callable[[TailEntry], None]) -> Callable[[], None]:
+        """Call `callback` with every entry from now on as it becomes visible (on the event
+        loop, in commit order; it must not block). Returns the unsubscribe function."""
+        self._subscribers.append(callback)
+        return lambda: self._subscribers.remove(callback) if callback in self._subscribers else None
+
+    def logtail(self, t0: int, t1: int) -> Logtail:
+        """The committed changes in (t0, t1] for a compute node (engine/logtail.py); t1 is
+        clamped to `visible_ts`. `LogtailUnavailable` when neither memory nor a checkpoint
+        can answer (the engine takes a checkpoint; ask again)."""
+        self._check_not_closed()
+        checkpoints = (
+            [(m.ckp_ts, m.name) for m in self._checkpointer.retained]
+            if self._checkpointer is not None
+            else []
+        )
+        try:
+            return logtail_answer(self._logtail, t0, t1, self.visible_ts, checkpoints)
+        except LogtailUnavailable:
+            if self._maintenance is not None:
+                self._maintenance.want_checkpoint()
+            raise
+
+    async def promote(self) -> None:
+        """A standby becomes the writer (TN failover, issue 15; engine/replay.py)."""
+        await replay.promote(self)
 
     def _check_writable_storage(self) -> None:
         self._check_not_closed()
@@ -456,6 +456,24 @@ class Engine:
         self._open_txns.add(txn)
         return txn
 
+    async def begin_at(self, start_ts: int) -> Transaction:
+        """A transaction reading the snapshot at a past `start_ts` (a compute node's, issue
+        15): its commit checks conflicts with everything committed since."""
+        self._check_not_closed()
+        if len(self._open_txns) >= limits.TXNS_OPEN_MAX:
+            raise Overloaded("open transactions", limits.TXNS_OPEN_MAX)
+        if not self._history_floor_ts <= start_ts <= self.visible_ts:
+            raise SnapshotUnavailable(
+                f"snapshot at {start_ts}: must be in [{self._history_floor_ts}, {self.visible_ts}]"
+            )
+        txn = Transaction(self, start_ts, read_only=self.read_only)
+        self._open_txns.add(txn)
+        return txn
+
+    async def execute(self, write_set: WriteSet) -> int:
+        """Run a compute node's transaction (engine/writeset.py); its commit_ts."""
+        return await writeset.execute(self, write_set)
+
     def transaction(self) -> _TransactionScope:
         """`async with engine.transaction() as txn`: commits on normal exit (unless the
         transaction already ended), rolls back on an exception."""
@@ -484,7 +502,7 @@ class Engine:
         self,
         blocks: Sequence[PersistedBlock],
         *,
-        keys: bool = False,
+        keys: bool | str = False,
         columns: Sequence[str] | None = None,
         whole_objects: bool = False,
     ) -> _Loaded:
@@ -529,11 +547,17 @@ class Engine:
             txn._end(TxnState.ROLLED_BACK)
             raise BadInput("the engine was opened read-only")
         loop = asyncio.get_running_loop()
-        commit = _Commit(txn, loop.create_future())
+        commit = CommitWaiter(txn, loop.create_future())
         pipeline = self._pipeline
         try:
             prepared = pipeline.prepare(
-                txn.start_ts, plan.rows, plan.guards, plan.marks, self._clock.next, commit
+                txn.start_ts,
+                plan.rows,
+                plan.guards,
+                plan.marks,
+                self._clock.next,
+                commit,
+                [spilled.keys for _, spilled in plan.spills],
             )
         except Overloaded:
             txn._end(TxnState.ROLLED_BACK)
@@ -542,7 +566,7 @@ class Engine:
             txn._end(TxnState.ROLLED_BACK)
             raise _conflict_error(prepared, self._table_name)
         ticket = prepared
-        deletes = self._resolve_moved(plan.deletes)
+        deletes = rewrite_commit.resolve_moved(self, plan.deletes)
         if deletes is None:
             pipeline.cancel(ticket)
             txn._end(TxnState.ROLLED_BACK)
@@ -552,12 +576,17 @@ class Engine:
             )
         allocations = []
         commands: list[Any] = list(plan.catalog_commands)
+        if txn._origin is not None:
+            commands.append(Origin(*txn._origin))
         commands.extend(deletes)
+        for entry, spilled in plan.spills:
+            allocations.append((entry.data, entry.data.reservation()))
+            commands.extend(spill.spill_commands(self, entry, spilled))
         for entry, batch in plan.appends:
             allocations.append((entry.data, entry.data.reservation()))
             infos = entry.data.allocate(batch.num_rows)
             commands.append(Append(entry.db_id, entry.table_id, infos, batch))
-        txn_entry = TxnEntry(txn.start_ts, ticket.commit_ts, _memo(commands), tuple(commands))
+        txn_entry = TxnEntry(txn.start_ts, ticket.commit_ts, memo_of(commands), tuple(commands))
         try:
             payload = encode_entry(txn_entry)
             if len(payload) > limits.TXN_ENTRY_BYTES_MAX:
@@ -566,6 +595,9 @@ class Engine:
         except BaseException as exc:
             for data, mark in reversed(allocations):
                 data.restore(mark)
+            for _, spilled in plan.spills:
+                for written in spilled.written:
+                    self._state.pending_meta.pop((written.object_name, written.row_group), None)
             pipeline.cancel(ticket)
             txn._end(TxnState.ROLLED_BACK)
             if isinstance(exc, driver_errors.Overloaded):
@@ -576,6 +608,7 @@ class Engine:
                 raise type(self._failure)(str(self._failure)) from exc
             raise
         commit.entry = txn_entry
+        commit.payload = payload
         txn.state = TxnState.COMMITTING
         durable.add_done_callback(lambda done: self._on_durable(ticket, done))
         self._since_prune += 1 + len(plan.rows) // 256
@@ -585,117 +618,17 @@ class Engine:
         # and becomes visible in its turn (`_on_durable` never needs its waiter).
         await commit.future
 
-    def _resolve_moved(self, deletes: list[Delete]) -> list[Delete] | None:
-        """`deletes` with rows of blocks a rewrite moved re-resolved to where they are now
-        (decision 0006); None when one did not survive the move. Runs after the conflict
-        check, which proved no other commit wrote those keys since the snapshot."""
-        tables = self._state.catalog.tables
-        if not any(d.block_id in tables[d.table_id].data.moves for d in deletes):
-            return deletes
-        merged: dict[tuple[int, int, int], BitMap] = {}
-        for delete in deletes:
-            moves = tables[delete.table_id].data.moves
-            where = moves.resolve(delete.block_id, BitMap(delete.rows))
-            if where is None:
-                return None
-            for block_id, rows in where.items():
-                merged.setdefault((delete.db_id, delete.table_id, block_id), BitMap()).update(rows)
-        return [
-            Delete(db_id, table_id, block_id, FrozenBitMap(rows))
-            for (db_id, table_id, block_id), rows in sorted(merged.items())
-        ]
+    def _discard_objects(self, names: list[str]) -> None:
+        """Objects written for a transaction that will never commit: deleted in the
+        background (a failure leaves orphans, collected at the next open)."""
+        store = self._block_store
+        if store is None or self._closed:
+            return
+        task = asyncio.get_running_loop().create_task(asyncio.to_thread(store.discard, names))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
-    async def _commit_rewrite(
-        self, task: Task, start_ts: int, rewrite: Rewrite, outputs: Sequence[WrittenBlock]
-    ) -> int | None:
-        """Commit a flush, merge or compaction whose objects are written (decision 0006):
-        the outputs enter, the inputs leave, and the deletes committed on the inputs since
-        `start_ts` (applied, or still queued in the pipeline) are carried onto the outputs.
-        Returns its commit_ts, or None when it no longer applies (the table or an input is
-        gone, the engine failed): the caller deletes the objects."""
-        table = self._state.catalog.tables.get(task.table_id)
-        if self._failure is not None or self._closed or self.read_only:
-            return None
-        if table is None or not table.visible(self.visible_ts):
-            return None
-        data = table.data
-        inputs = [data.blocks.get(block_id) for block_id in task.inputs]
-        for block in inputs:
-            if block is None or block.drop_ts != TS_NEVER or block.block_id in data.moves:
-                return None
-        loop = asyncio.get_running_loop()
-        commit = _Commit(None, loop.create_future())
-        pipeline = self._pipeline
-        guards = (
-            conflicts.catalog_table_drop(table.table_id),
-            conflicts.catalog_db_drop(table.db_id),
-        )
-        prepared = pipeline.prepare(start_ts, (), guards, (), self._clock.next, commit)
-        if not isinstance(prepared, Ticket):
-            return None
-        ticket = prepared
-        mark = data.reservation()
-        output_ids = data.allocate_block_ids(len(outputs))
-        deleted: dict[int, BitMap] = {}
-        for block in inputs:
-            assert block is not None
-            for _, rows in block.deletes.since(start_ts):
-                deleted.setdefault(block.block_id, BitMap()).update(rows)
-        for queued in pipeline.queued():
-            if queued is ticket:
-                continue
-            assert queued.waiter.entry is not None
-            for cmd in queued.waiter.entry.commands:
-                if (
-                    type(cmd) is Delete
-                    and cmd.table_id == table.table_id
-                    and cmd.block_id in task.inputs
-                ):
-                    deleted.setdefault(cmd.block_id, BitMap()).update(cmd.rows)
-        carried = rewrite.carried(deleted)
-        commands: list[Any] = []
-        for block_id, out in zip(output_ids, outputs, strict=True):
-            commands.append(
-                CreateBlock(
-                    table.db_id,
-                    table.table_id,
-                    block_id,
-                    task.level,
-                    out.object_name,
-                    out.row_group,
-                    out.rows,
-                )
-            )
-            self._state.pending_meta[(out.object_name, out.row_group)] = out.meta
-        for index, carried_rows in sorted(carried.items()):
-            commands.append(
-                Delete(table.db_id, table.table_id, output_ids[index], FrozenBitMap(carried_rows))
-            )
-        commands.extend(DropBlock(table.db_id, table.table_id, b) for b in task.inputs)
-        for block_id in task.inputs:
-            data.moves.register(block_id, Move(rewrite.positions[block_id], output_ids))
-        entry = TxnEntry(start_ts, ticket.commit_ts, _memo(commands), tuple(commands))
-        try:
-            durable = self._driver.submit(encode_entry(entry))
-        except BaseException as exc:
-            for block_id in task.inputs:
-                data.moves.forget(block_id)
-            for out in outputs:
-                self._state.pending_meta.pop((out.object_name, out.row_group), None)
-            data.restore(mark)
-            pipeline.cancel(ticket)
-            if isinstance(exc, driver_errors.Overloaded):
-                return None
-            if isinstance(exc, (driver_errors.DriverFailed, driver_errors.DriverClosed)):
-                self._fail(exc)
-                return None
-            raise
-        commit.entry = entry
-        durable.add_done_callback(lambda done: self._on_durable(ticket, done))
-        await commit.future
-        return ticket.commit_ts
-
-    def _on_durable(self, ticket: Ticket[_Commit], done: asyncio.Future[int]) -> None:
+    def _on_durable(self, ticket: Ticket[CommitWaiter], done: asyncio.Future[int]) -> None:
         if done.cancelled():
             self._fail(driver_errors.DriverClosed("append cancelled"))
             return
@@ -708,6 +641,7 @@ class Engine:
         state = self._state
         ticket.waiter.dsn = done.result()
         visible = self._pipeline.durable(ticket)
+        filled = False
         for index, made_visible in enumerate(visible):
             commit = made_visible.waiter
             self._visible_dsn = max(self._visible_dsn, commit.dsn)
@@ -726,8 +660,14 @@ class Engine:
             if commit.txn is not None:
                 commit.txn.commit_ts = made_visible.commit_ts
                 commit.txn._end(TxnState.COMMITTED)
+            self._became_visible(TailEntry(made_visible.commit_ts, commit.dsn, commit.payload))
             if not commit.future.done():
                 commit.future.set_result(None)
+            filled = filled or _fills_a_block(commit.entry)
+        if filled and self._maintenance is not None:
+            # A full block may be flushed now, not at the next interval: a bulk load fills
+            # blocks faster than MAINTENANCE_INTERVAL_MS.
+            self._maintenance.poke()
 
     def _fail(self, exc: BaseException) -> None:
         if self._failure is None:
@@ -773,12 +713,20 @@ class Engine:
         if self._maintenance is not None:
             await self._maintenance.stop()
         self._closed = True
+        await self._stop_tailing()
         with contextlib.suppress(driver_errors.DriverError):
             await self._driver.close()
         if self._owns_backend:
             with contextlib.suppress(driver_errors.DriverError):
                 await self._backend.close()
         self._close_objects()
+
+    async def _stop_tailing(self) -> None:
+        task, self._tail_task = self._tail_task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, driver_errors.DriverError):
+                await task
 
     def _close_objects(self) -> None:
         if self._owns_objects and isinstance(self._block_store, ObjectBlockStore):
@@ -790,6 +738,7 @@ class Engine:
         self._closed = True
         if self._maintenance is not None:
             await self._maintenance.stop()
+        await self._stop_tailing()
         await self._driver.abort()
         if self._owns_backend:
             with contextlib.suppress(BaseException):
@@ -801,17 +750,6 @@ class Engine:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
-
-
-def _memo(commands: list[Any]) -> tuple[MemoItem, ...]:
-    items = set()
-    for cmd in commands:
-        if isinstance(cmd, Append):
-            for info in cmd.infos:
-                items.add((cmd.db_id, cmd.table_id, info.block_id))
-        else:
-            items.add((cmd.db_id, cmd.table_id, getattr(cmd, "block_id", 0)))
-    return tuple(MemoItem(*item) for item in sorted(items))
 
 
 def _conflict_error(
@@ -831,6 +769,16 @@ def _conflict_error(
             f"{conflict.commit_ts}"
         )
     return WriteConflict(f"{key} changed by a commit at {conflict.commit_ts}")
+
+
+def _fills_a_block(entry: TxnEntry) -> bool:
+    """`entry` appended the last row of some L0 block."""
+    return any(
+        info.offset + info.rows == limits.BLOCK_ROWS_MAX
+        for command in entry.commands
+        if type(command) is Append
+        for info in command.infos
+    )
 
 
 def _fenced(exc: BaseException | None) -> bool:

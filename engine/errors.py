@@ -19,6 +19,7 @@ The tree::
     ├── EngineClosed                use after `close()`
     ├── Overloaded                  a bounded queue is full; retry later
     ├── SnapshotUnavailable         a snapshot timestamp the engine cannot serve
+    ├── OutcomeUnknown              a compute node's commit: no TN could say whether it landed
     ├── WalFailed                   the WAL refused or lost an append: the engine is read-only
     │   └── Fenced                  a newer engine took the log's lease: this one is stale
     └── WalCorruption               a WAL entry failed to decode or apply (names the DSN)
@@ -122,3 +123,9 @@ class WalCorruption(EngineError):
         self.dsn = dsn
         self.reason = reason
         self.offset_bytes = offset_bytes
+
+
+class OutcomeUnknown(EngineError):
+    """A compute node's commit may or may not have landed: the TN it was sent to went away,
+    and no TN reachable within the bounds could say (issue 15). Ask again later with the same
+    (client_id, seq): the TN remembers recent origins."""

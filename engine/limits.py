@@ -22,6 +22,16 @@ TXN_WORKSPACE_BYTES_MAX = 1 * MiB
 large transactions write their rows as objects (issue 14), a transaction's whole data rides in
 one WAL entry, so it must stay below the driver's entry limit with room for the commands."""
 
+TXN_SPILL_BYTES = 1 * MiB
+"""With an object store, a transaction's inserted rows of one table are written to an object
+once they pass this many bytes (a large transaction, engine/spill.py): its WAL entry then
+carries their metadata, not the rows."""
+
+TXN_SPILL_ROWS_MAX = 50_000_000
+"""Rows one transaction may insert (the large transactions' named limit): it keeps the sorted
+keys of the rows it spilled in memory (8 bytes each for an integer key) and its commit checks
+them against every concurrent commit's."""
+
 TXN_ENTRY_BYTES_MAX = driver_limits.ENTRY_BYTES_MAX
 """Largest encoded WAL entry: one driver entry (tae_driver/limits.py ENTRY_BYTES_MAX). A
 transaction whose entry would be larger fails with `TxnTooLarge("txn_entry_bytes_max")`."""
@@ -85,6 +95,11 @@ CACHE_BYTES = 256 * MiB
 """The buffer cache of persisted blocks' columns, keys and metadata (issue 14 "Buffer
 manager"): RSS stays about this plus the L0 blocks, however large the tables grow."""
 
+SCAN_GROUP_ROWS = 1 << 20
+"""Rows of persisted blocks a scan loads and pins at once (whole objects; then filters them
+and unpins): a few tens of MiB of columns, well inside CACHE_BYTES, so a table larger than
+the cache is scanned through it. A group the cache cannot take is halved."""
+
 # --- Checkpoints (decision 0006) ----------------------------------------------------------------
 
 CKP_INTERVAL_MS = 60_000
@@ -107,6 +122,20 @@ CKP_GLOBAL_EVERY = 8
 """Every this many checkpoints one is global (rewrites every dump and delta object), so the
 objects of older ones can go; the others are incremental."""
 
+# --- Compute nodes and the TN (issue 15) -------------------------------------------------------
+
+ORIGIN_CLIENTS_MAX = 10_000
+"""Compute nodes whose recent commits the engine remembers by `(client_id, seq)`, so that a
+commit retried after a TN failover finds its outcome instead of running twice."""
+
+ORIGIN_SEQS_PER_CLIENT = 64
+"""Commits remembered per compute node (more than it has in flight at once)."""
+
+LOGTAIL_BYTES_MAX = 64 * MiB
+"""Encoded entries the engine keeps for compute nodes to catch up with (engine/logtail.py);
+a CN further behind starts from a checkpoint. Up to twice this while the entries after the
+newest checkpoint need it; a full buffer asks for a checkpoint."""
+
 # --- Names and schemas --------------------------------------------------------------------------
 
 NAME_BYTES_MAX = 255
@@ -123,6 +152,7 @@ SCAN_ROWS_DEFAULT_LIMIT = 20
 # --- Relations ----------------------------------------------------------------------------------
 
 assert TXN_WORKSPACE_BYTES_MAX < TXN_ENTRY_BYTES_MAX
+assert TXN_SPILL_BYTES < TXN_ENTRY_BYTES_MAX
 assert COMMIT_QUEUE_MAX <= driver_limits.INTAKE_ENTRIES_MAX
 assert TXN_DELETES_MAX <= CONFLICT_KEYS_MAX
 assert BLOCK_ROWS_MAX < 2**32

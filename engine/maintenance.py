@@ -5,7 +5,7 @@ writers and commits as a transaction): every `MAINTENANCE_INTERVAL_MS` it asks t
 (`compaction.plan`) what each table needs, seals open blocks that are too old or when L0
 memory is full, and runs at most `REWRITES_IN_FLIGHT_MAX` rewrites at once. A rewrite reads
 its inputs at a snapshot, sorts and writes the output objects in a worker thread, then commits
-through the engine's pipeline (`Engine._commit_rewrite`); if the commit no longer applies
+through the engine's pipeline (`rewrite_commit.commit_rewrite`); if the commit no longer applies
 (the table was dropped, the engine failed) its objects are deleted, never referenced.
 
 Blocks dropped before the oldest open snapshot are collected here too; their objects go to
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 import pyarrow as pa
 
-from engine import compaction, limits
+from engine import compaction, limits, rewrite_commit
 from engine.clock import wall_ms
 from engine.compaction import COMMIT_TS_COLUMN, Policy, Rewrite, Task, WrittenBlock
 from engine.schema import Schema
@@ -82,9 +82,12 @@ class Maintenance:
         self._relieved = asyncio.Event()
         self._relieved.set()
         self._last_checkpoint_ms = wall_ms()
+        self._checkpoint_wanted = False
         self.rewrites_done: dict[str, int] = {"flush": 0, "merge": 0, "compact": 0}
         self.rewrites_abandoned = 0
         self.errors = 0
+        self.memory_waits = 0
+        """Commits that waited for flushes to bring L0 under `L0_BYTES_HARD_MAX`."""
         self.last_error: str | None = None
 
     # --- lifecycle -----------------------------------------------------------------------------
@@ -112,8 +115,12 @@ class Maintenance:
         while True:
             # Every interval, and at once when a rewrite finishes while more work waits
             # (flushes must keep up with a bulk load, or L0 grows until commits are held).
+            # asyncio.timeout, not wait_for: on 3.11 wait_for returns the inner result when
+            # the wake and stop()'s cancel come together, the cancel is lost and stop()
+            # waits forever (a close hung that way once blocks filled up fast).
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), limits.MAINTENANCE_INTERVAL_MS / 1000)
+                async with asyncio.timeout(limits.MAINTENANCE_INTERVAL_MS / 1000):
+                    await self._wake.wait()
             self._wake.clear()
             try:
                 self.step()
@@ -127,9 +134,11 @@ class Maintenance:
         (flushes give it back); False if that did not happen within `L0_WAIT_S_MAX`."""
         if self._relieved.is_set():
             return True
+        self.memory_waits += 1
         self._wake.set()
         try:
-            await asyncio.wait_for(self._relieved.wait(), limits.L0_WAIT_S_MAX)
+            async with asyncio.timeout(limits.L0_WAIT_S_MAX):
+                await self._relieved.wait()
         except TimeoutError:
             return False
         return True
@@ -210,14 +219,26 @@ class Maintenance:
         if checkpointer is None or self._checkpoint_task is not None:
             return
         entries = engine._visible_dsn - engine._wal_entries_at_ckp
-        due = entries >= limits.CKP_WAL_ENTRIES or (
-            entries > 0 and now_ms - self._last_checkpoint_ms >= limits.CKP_INTERVAL_MS
+        due = (
+            entries >= limits.CKP_WAL_ENTRIES
+            or (entries > 0 and now_ms - self._last_checkpoint_ms >= limits.CKP_INTERVAL_MS)
+            or (entries > 0 and (self._checkpoint_wanted or engine._logtail.full()))
         )
+        self._checkpoint_wanted = False
         if not due:
             return
         self._last_checkpoint_ms = now_ms
         task = asyncio.get_running_loop().create_task(self._checkpoint())
         self._checkpoint_task = task
+
+    def poke(self) -> None:
+        """Plan at once rather than at the next interval (a block filled)."""
+        self._wake.set()
+
+    def want_checkpoint(self) -> None:
+        """Take a checkpoint at the next step (a compute node is behind the logtail)."""
+        self._checkpoint_wanted = True
+        self._wake.set()
 
     async def _checkpoint(self) -> None:
         try:
@@ -298,7 +319,7 @@ class Maintenance:
             written = await asyncio.to_thread(
                 self._writer.write_rewrite, table.table_id, task.level, table.schema, rewrite
             )
-        commit_ts = await engine._commit_rewrite(task, start_ts, rewrite, written)
+        commit_ts = await rewrite_commit.commit_rewrite(engine, task, start_ts, rewrite, written)
         if commit_ts is None:
             return written, False
         self.rewrites_done[task.kind] += 1

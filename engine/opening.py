@@ -46,6 +46,12 @@ def open_block_store(
             )
     else:
         store = objects
+        # A store in a bucket (S3ObjectStore) may name one that does not exist: a typo, a
+        # bucket deleted. Say so now: otherwise the restore finds no checkpoint and the WAL's
+        # gap check reports a hole in a truncated WAL, or the first flush fails much later.
+        check_bucket = getattr(store, "check_bucket", None)
+        if check_bucket is not None:
+            check_bucket()
     return ObjectBlockStore(store, cache_bytes)
 
 

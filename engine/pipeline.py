@@ -27,11 +27,18 @@ engine stops accepting commits (the shell's job).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from engine.conflicts import ConflictIndex, ConflictKey, KeyConflict, RowWrite, SnapshotTooOld
+from engine.conflicts import (
+    BulkInsert,
+    ConflictIndex,
+    ConflictKey,
+    KeyConflict,
+    RowWrite,
+    SnapshotTooOld,
+)
 from engine.errors import Overloaded
 
 T = TypeVar("T")
@@ -73,6 +80,7 @@ class CommitPipeline(Generic[T]):
         marks: Iterable[ConflictKey],
         next_ts: Callable[[], int],
         waiter: T,
+        bulk: Sequence[BulkInsert] = (),
     ) -> Ticket[T] | KeyConflict | SnapshotTooOld:
         """Check and queue one commit. `rows` are checked and recorded, `guards` only
         checked, `marks` only recorded. Raises `Overloaded` when the queue is full."""
@@ -80,7 +88,7 @@ class CommitPipeline(Generic[T]):
         if len(self._queue) >= self.queue_max:
             raise Overloaded("commit queue", self.queue_max)
         rows = list(rows)
-        conflict = self.conflicts.check(start_ts, rows, guards)
+        conflict = self.conflicts.check(start_ts, rows, guards, bulk)
         if conflict is not None:
             self.conflicts_found += 1
             return conflict
@@ -88,7 +96,7 @@ class CommitPipeline(Generic[T]):
         assert commit_ts > self._last_commit_ts
         self._last_commit_ts = commit_ts
         ticket = Ticket(commit_ts, start_ts, waiter)
-        ticket.replaced = self.conflicts.record(commit_ts, rows, marks)
+        ticket.replaced = self.conflicts.record(commit_ts, rows, marks, bulk)
         self._queue.append(ticket)
         self.commits_prepared += 1
         return ticket

@@ -269,8 +269,8 @@ def _first_line(exc: BaseException) -> str:
 # --- Keys ------------------------------------------------------------------------------------
 
 
-def batch_keys(schema: Schema, batch: pa.RecordBatch) -> list[Key]:
-    """The primary key of every row of `batch`, in row order."""
+def batch_keys(schema: Schema, batch: pa.RecordBatch | pa.Table) -> list[Key]:
+    """The primary key of every row of `batch` (or a table), in row order."""
     key_cols: list[list[Key]] = [batch.column(i).to_pylist() for i in schema.key_indexes]
     if len(key_cols) == 1:
         return key_cols[0]

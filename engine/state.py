@@ -7,18 +7,54 @@ on the very same `TxnEntry` values, so what replay rebuilds is what the running 
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable
 
 import xxhash
 
+from engine import limits
 from engine.catalog import Catalog
 from engine.storage import ApplyError, MetaSource, NothingLoaded, PersistedBlock, PersistedMeta
 from engine.storage.loader import BlockLoader
-from engine.wal.entry import Append, CreateBlock, Delete, DropBlock, TxnEntry, UpdateCatalog
+from engine.wal.entry import (
+    Append,
+    CreateBlock,
+    Delete,
+    DropBlock,
+    Origin,
+    TxnEntry,
+    UpdateCatalog,
+)
 
 
 def _no_objects(cmd: CreateBlock) -> PersistedMeta:
     raise ApplyError(f"block {cmd.block_id} is in object {cmd.object_name!r}: no object store")
+
+
+class Origins:
+    """The last `ORIGIN_SEQS_PER_CLIENT` commits of the last `ORIGIN_CLIENTS_MAX` clients:
+    seq -> commit_ts. Bounded like logsvc's dedupe table: a retry older than that is treated
+    as new (the client's window of commits in flight is smaller)."""
+
+    def __init__(self) -> None:
+        self._clients: OrderedDict[str, OrderedDict[int, int]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._clients)
+
+    def record(self, client_id: str, seq: int, commit_ts: int) -> None:
+        seqs = self._clients.pop(client_id, None) or OrderedDict()
+        seqs[seq] = commit_ts
+        while len(seqs) > limits.ORIGIN_SEQS_PER_CLIENT:
+            seqs.popitem(last=False)
+        self._clients[client_id] = seqs
+        while len(self._clients) > limits.ORIGIN_CLIENTS_MAX:
+            self._clients.popitem(last=False)
+
+    def commit_ts(self, client_id: str, seq: int) -> int | None:
+        """When the commit `(client_id, seq)` was made, if it is remembered."""
+        seqs = self._clients.get(client_id)
+        return None if seqs is None else seqs.get(seq)
 
 
 class EngineState:
@@ -27,6 +63,8 @@ class EngineState:
         self.applied_ts = 0
         """commit_ts of the last applied transaction."""
         self.entries_applied = 0
+        self.origins = Origins()
+        """Recent commits by their compute node's (client_id, seq) (issue 15)."""
         self.pending_meta: dict[tuple[str, int], PersistedMeta] = {}
         """Metadata of blocks the engine wrote and is committing (object, row group)."""
         self.block_created: Callable[[int, PersistedBlock], None] = lambda table_id, block: None
@@ -63,6 +101,8 @@ class EngineState:
         for cmd in commands:
             if type(cmd) is Append:
                 catalog.live_table(cmd.table_id, commit_ts).data.apply_append(cmd, commit_ts)
+            elif type(cmd) is Origin:
+                self.origins.record(cmd.client_id, cmd.seq, commit_ts)
         self.applied_ts = commit_ts
         self.entries_applied += 1
 
@@ -86,6 +126,7 @@ class EngineState:
                 if persisted:
                     assert loader is not None
                     pinned = loader.load(persisted, columns=table.schema.names)
+                    assert pinned is not None  # (it loads what the cache lacks)
                     try:
                         parts = data.scan_at(ts, blocks, pinned)
                     finally:

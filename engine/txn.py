@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyroaring import BitMap, FrozenBitMap
 
-from engine import conflicts, limits
+from engine import conflicts, limits, scan, spill
 from engine.catalog import Catalog, DatabaseEntry, TableEntry
 from engine.conflicts import ConflictKey, RowWrite
 from engine.errors import (
@@ -39,7 +39,9 @@ from engine.errors import (
     TxnClosed,
     TxnTooLarge,
 )
+from engine.objects.bloom import key_hash
 from engine.schema import Key, Schema, batch_keys, check_name, normalize_key, to_batch
+from engine.spill import Spill
 from engine.storage import NOTHING_LOADED, PersistedBlock, RowVersion
 from engine.wal.entry import CatalogKind, CatalogOp, Delete, UpdateCatalog
 
@@ -59,7 +61,15 @@ class TxnState(enum.Enum):
 class _TableWrites:
     """One table's writes in a workspace."""
 
-    __slots__ = ("batches", "bytes", "deleted", "deleted_by_block", "entry", "inserted")
+    __slots__ = (
+        "batches",
+        "bytes",
+        "deleted",
+        "deleted_by_block",
+        "entry",
+        "inserted",
+        "spills",
+    )
 
     def __init__(self, entry: TableEntry) -> None:
         self.entry = entry
@@ -70,6 +80,16 @@ class _TableWrites:
         """Keys live in the snapshot that this transaction deleted -> their row."""
         self.deleted_by_block: dict[int, BitMap] = {}
         self.bytes = 0
+        self.spills: list[Spill] = []
+        """Inserted rows already written to objects (a large transaction, engine/spill.py)."""
+
+    def spilled(self, key: Key) -> tuple[Spill, int] | None:
+        """The spill holding `key` live in this transaction, and its position."""
+        for written in self.spills:
+            position = written.position(key)
+            if position is not None:
+                return written, position
+        return None
 
     def live_inserts(self) -> pa.RecordBatch | None:
         """The inserted rows still live in the transaction, as one batch."""
@@ -105,10 +125,11 @@ class CommitPlan:
     catalog_commands: list[UpdateCatalog]
     appends: list[tuple[TableEntry, pa.RecordBatch]]
     deletes: list[Delete]
+    spills: list[tuple[TableEntry, Spill]]
 
     @property
     def empty(self) -> bool:
-        return not (self.catalog_commands or self.appends or self.deletes)
+        return not (self.catalog_commands or self.appends or self.deletes or self.spills)
 
 
 class Transaction:
@@ -135,6 +156,14 @@ class Transaction:
         self._marks: set[ConflictKey] = set()
         self._bytes = 0
         self._deletes = 0
+        self._spilled_rows = 0
+        self._inserted_rows = 0
+        """Rows inserted so far (spilled or not): at most `TXN_SPILL_ROWS_MAX`."""
+        self._spill_ids = 0
+        """Placeholder block ids of spills count down from here (negative: never a table's)."""
+        self._spill_names: list[str] = []
+        self._origin: tuple[str, int] | None = None
+        """A compute node's (client_id, seq) for this transaction (engine/writeset.py)."""
         self._busy = asyncio.Lock()
         """One operation at a time: an operation that loads persisted blocks awaits between
         its checks and its changes to the workspace, so two at once could both pass."""
@@ -161,6 +190,9 @@ class Transaction:
     def _end(self, state: TxnState) -> None:
         if self.state in (TxnState.OPEN, TxnState.COMMITTING) and self._registered:
             self._engine._txn_ended(self)
+        if state is TxnState.ROLLED_BACK and self._spill_names:
+            self._engine._discard_objects(self._spill_names)
+            self._spill_names = []
         self.state = state
         self._writes.clear()
         self._new_tables.clear()
@@ -348,12 +380,48 @@ class Transaction:
         start_ts = self.start_ts
         if not data.persisted_held:
             return [data.version_at(key, start_ts, NOTHING_LOADED) for key in keys]
-        candidates: dict[int, PersistedBlock] = {}
-        for key in keys:
-            for block in data.key_candidates(key, start_ts):
-                candidates[block.block_id] = block
-        async with self._engine._loaded(list(candidates.values()), keys=True) as loaded:
-            return [data.version_at(key, start_ts, loaded) for key in keys]
+        # Blocks whose key range holds a key; then only those whose bloom filter may hold
+        # it have their sorted keys loaded (most inserted keys are new: bloom negatives).
+        per_key = [data.key_candidates(key, start_ts) for key in keys]
+        if not any(per_key):
+            return [data.version_among(key, start_ts, [], NOTHING_LOADED) for key in keys]
+        # One hash per key asks every candidate's filter.
+        hashes = [key_hash(key) if found else 0 for key, found in zip(keys, per_key, strict=True)]
+        if all(b.bloom is not None for found in per_key for b in found):
+            maybe = [
+                [b for b in found if b.bloom is not None and b.bloom.might_contain_hash(hashed)]
+                for hashed, found in zip(hashes, per_key, strict=True)
+            ]
+        else:  # blocks whose bloom filter is read from their object
+            candidates = {b.block_id: b for found in per_key for b in found}
+            async with self._engine._loaded(list(candidates.values()), keys="blooms") as blooms:
+                maybe = [
+                    [
+                        b
+                        for b in found
+                        if (f := blooms.bloom(b)) is None or f.might_contain_hash(hashed)
+                    ]
+                    for hashed, found in zip(hashes, per_key, strict=True)
+                ]
+        wanted = {b.block_id: b for found in maybe for b in found}
+        if not wanted:
+            return [data.version_among(key, start_ts, [], NOTHING_LOADED) for key in keys]
+        async with self._engine._loaded(list(wanted.values()), keys=True) as loaded:
+            return [
+                data.version_among(key, start_ts, found, loaded)
+                for key, found in zip(keys, maybe, strict=True)
+            ]
+
+    async def _spilled_row(
+        self, entry: TableEntry, spilled: Spill, position: int
+    ) -> dict[str, Any]:
+        index, offset = spilled.place(position)
+        block = spilled.placeholders[index]
+        async with self._engine._loaded([block], columns=entry.schema.names) as loaded:
+            rows: list[dict[str, Any]] = (
+                loaded.columns(block).select(entry.schema.names).slice(offset, 1).to_pylist()
+            )
+        return rows[0]
 
     async def _snapshot_row(self, entry: TableEntry, version: RowVersion) -> dict[str, Any]:
         block = entry.data.blocks[version.block_id]
@@ -380,16 +448,26 @@ class Transaction:
         writes = self._writes.get(entry.table_id)
         seen: set[Key] = set()
         outside: list[Key] = []
+        spills = writes.spills if writes is not None else []
         for key in keys:
             if key in seen or (writes is not None and key in writes.inserted):
+                raise DuplicateKey(handle.qualified, key)
+            if spills and writes is not None and writes.spilled(key) is not None:
                 raise DuplicateKey(handle.qualified, key)
             seen.add(key)
             if writes is None or key not in writes.deleted:
                 outside.append(key)
         size = batch.get_total_buffer_size()
-        if self._bytes + size > limits.TXN_WORKSPACE_BYTES_MAX:
+        spilling = self._engine._block_store is not None
+        if not spilling and self._bytes + size > limits.TXN_WORKSPACE_BYTES_MAX:
             raise TxnTooLarge(
                 "txn_workspace_bytes_max", self._bytes + size, limits.TXN_WORKSPACE_BYTES_MAX
+            )
+        if self._inserted_rows + batch.num_rows > limits.TXN_SPILL_ROWS_MAX:
+            raise TxnTooLarge(
+                "txn_spill_rows_max",
+                self._inserted_rows + batch.num_rows,
+                limits.TXN_SPILL_ROWS_MAX,
             )
         for key, version in zip(
             outside, await self._snapshot_versions(entry, outside), strict=True
@@ -404,7 +482,29 @@ class Transaction:
         for row_no, key in enumerate(keys):
             writes.inserted[key] = (batch_no, row_no)
         rows_inserted: int = batch.num_rows
+        self._inserted_rows += rows_inserted
+        if spilling and writes.bytes > limits.TXN_SPILL_BYTES:
+            await self._spill(writes)
         return rows_inserted
+
+    async def _spill(self, writes: _TableWrites) -> None:
+        """Write the table's inserted rows to an object now (engine/spill.py); the workspace
+        keeps their sorted keys. Runs with the transaction's lock held (one operation at a
+        time), so nothing changes the workspace meanwhile."""
+        batch = writes.live_inserts()
+        if batch is None:
+            return
+        entry = writes.entry
+        rows = spill.sort_rows(entry.schema, pa.Table.from_batches([batch]))
+        self._spill_ids -= 1 << 20  # more blocks than one object can hold
+        made = await spill.write_spill(self._engine, entry, rows, self._spill_ids)
+        writes.spills.append(made)
+        self._spill_names.extend(w.object_name for w in made.written)
+        self._spilled_rows += made.rows
+        self._bytes -= writes.bytes
+        writes.batches.clear()
+        writes.inserted.clear()
+        writes.bytes = 0
 
     def _normalized_keys(self, handle: TableHandle, keys: Iterable[object]) -> list[Key]:
         if isinstance(keys, (str, bytes)) or not isinstance(keys, Iterable):
@@ -426,9 +526,12 @@ class Transaction:
         writes = self._writes.get(entry.table_id)
         own: list[Key] = []
         outside: list[Key] = []
+        spilled: list[tuple[Spill, int]] = []
         for key in normalized:
             if writes is not None and key in writes.inserted:
                 own.append(key)
+            elif writes is not None and writes.spills and (found := writes.spilled(key)):
+                spilled.append(found)
             elif writes is None or key not in writes.deleted:
                 outside.append(key)
         snapshot: list[tuple[Key, RowVersion]] = [
@@ -442,16 +545,18 @@ class Transaction:
             raise TxnTooLarge(
                 "txn_deletes_max", self._deletes + len(snapshot), limits.TXN_DELETES_MAX
             )
-        if not own and not snapshot:
+        if not own and not snapshot and not spilled:
             return 0
         writes = self._ensure_writes(entry)
         for key in own:
             del writes.inserted[key]
+        for spill_of, position in spilled:
+            spill_of.deleted.add(position)
         for key, version in snapshot:
             writes.deleted[key] = version
             writes.deleted_by_block.setdefault(version.block_id, BitMap()).add(version.offset)
         self._deletes += len(snapshot)
-        return len(own) + len(snapshot)
+        return len(own) + len(snapshot) + len(spilled)
 
     async def _get(self, handle: TableHandle, key: object) -> dict[str, Any] | None:
         self._check_open()
@@ -462,6 +567,9 @@ class Transaction:
         if writes is not None:
             if normalized in writes.inserted:
                 return writes.own_row(normalized)
+            found = writes.spilled(normalized) if writes.spills else None
+            if found is not None:
+                return await self._spilled_row(entry, *found)
             if normalized in writes.deleted:
                 return None
         (version,) = await self._snapshot_versions(entry, [normalized])
@@ -510,54 +618,6 @@ class Transaction:
         assert inserted == len(found)
         return inserted
 
-    async def _scan(
-        self, handle: TableHandle, columns: Sequence[str] | None, filter: pc.Expression | None
-    ) -> pa.Table:
-        self._check_open()
-        self._check_handle(handle)
-        entry = handle._entry
-        data = entry.data
-        if columns is not None:
-            if isinstance(columns, str):
-                raise SchemaError(f"{handle.qualified}: columns must be a list of names")
-            for column in columns:
-                if column not in entry.schema.names:
-                    raise SchemaError(f"{handle.qualified}: unknown column {column!r}")
-        if filter is not None and not isinstance(filter, pc.Expression):
-            raise SchemaError(f"{handle.qualified}: filter must be a pyarrow.compute.Expression")
-        writes = self._writes.get(entry.table_id)
-        parts: list[pa.Table] = []
-        if entry.create_ts != 0:
-            blocks = data.scan_blocks(self.start_ts)
-            persisted = [b for b in blocks if isinstance(b, PersistedBlock)]
-            if persisted and filter is not None:
-                # Zonemaps: skip the persisted blocks the filter cannot match.
-                keep = {id(b) for b in data.prune(persisted, filter)}
-                blocks = [b for b in blocks if not isinstance(b, PersistedBlock) or id(b) in keep]
-                persisted = [b for b in persisted if id(b) in keep]
-            read = _columns_to_read(data.arrow_schema, columns, filter)
-            async with self._engine._loaded(persisted, columns=read, whole_objects=True) as loaded:
-                parts = data.scan_at(
-                    self.start_ts,
-                    blocks,
-                    loaded,
-                    writes.deleted_by_block if writes else None,
-                    columns=read,
-                )
-        own = writes.live_inserts() if writes is not None else None
-        if own is not None:
-            own_table = pa.Table.from_batches([own])
-            parts.append(own_table.select(parts[0].column_names) if parts else own_table)
-        table = pa.concat_tables(parts) if parts else data.arrow_schema.empty_table()
-        if filter is not None:
-            try:
-                table = table.filter(filter)
-            except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
-                raise SchemaError(f"{handle.qualified}: bad filter: {exc}") from None
-        if columns is not None:
-            table = table.select(list(columns))
-        return table
-
     def _appends_rows(self) -> bool:
         return any(writes.inserted for writes in self._writes.values())
 
@@ -569,10 +629,17 @@ class Transaction:
         marks = set(self._marks)
         appends: list[tuple[TableEntry, pa.RecordBatch]] = []
         deletes: list[Delete] = []
+        spills: list[tuple[TableEntry, Spill]] = []
         for table_id, writes in self._writes.items():
             entry = writes.entry
-            if not writes.inserted and not writes.deleted:
+            if not writes.inserted and not writes.deleted and not writes.spills:
                 continue
+            for spilled in writes.spills:
+                if spilled.live_rows:
+                    spills.append((entry, spilled))
+                for key in writes.deleted:  # updated: the new row is in the spill
+                    if spilled.position(key) is not None:
+                        rows.append(RowWrite((table_id, key), False, True))
             guards.add(conflicts.catalog_table_drop(table_id))
             guards.add(conflicts.catalog_db_drop(entry.db_id))
             marks.add(conflicts.catalog_table_rows(table_id))
@@ -593,25 +660,9 @@ class Transaction:
             batch = writes.live_inserts()
             if batch is not None:
                 appends.append((entry, batch))
-        return CommitPlan(rows, guards, marks, list(self._catalog_commands), appends, deletes)
-
-
-def _columns_to_read(
-    schema: pa.Schema, columns: Sequence[str] | None, filter: pc.Expression | None
-) -> list[str]:
-    """The columns a scan loads from persisted blocks: those asked for, plus those its filter
-    needs (found by applying it to an empty table of the asked columns; when that fails, the
-    filter needs others, and every column is read)."""
-    if columns is None:
-        return list(schema.names)
-    wanted = [name for name in schema.names if name in set(columns)] or schema.names[:1]
-    if filter is None:
-        return wanted  # (at least one column: a table of none cannot count its rows)
-    try:
-        schema.empty_table().select(wanted).filter(filter)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, KeyError):
-        return list(schema.names)
-    return wanted
+        return CommitPlan(
+            rows, guards, marks, list(self._catalog_commands), appends, deletes, spills
+        )
 
 
 class TableHandle:
@@ -663,4 +714,4 @@ class TableHandle:
         """Rows visible to the transaction, filtered, with the columns asked for (all by
         default). Row order is unspecified."""
         async with self._txn._busy:
-            return await self._txn._scan(self, columns, filter)
+            return await scan.scan(self._txn, self, columns, filter)

@@ -4,6 +4,8 @@ and the demo.
     python -m engine.workload --dir D --wal logsvc --client-config client.toml --shard 3 \\
         --writers 8 --seconds 10 --run-id 1
     python -m engine.workload --dir D ... --verify          # JSON: what the WAL holds
+    python -m engine.workload --dir D --flush-age-ms 200 --merge-l1-blocks 4 \
+        --checkpoint-ms 500 --wal-reserve-entries 16 --delete-every 5   # storage busy too
 
 Every transaction inserts one row into `demo.orders` and `LINES_PER_ORDER` rows into
 `demo.lines`, all keyed by the transaction's number (`run_id * RUN_SPAN + writer * WRITER_SPAN
@@ -12,18 +14,36 @@ commit returns (durable: fsynced locally, or on a majority of logsvc replicas) t
 prints `ack <number>` on stdout and flushes: a parent that kills it with SIGKILL knows exactly
 which commits were acknowledged.
 
+Storage (issue 14): the objects are where `--objects` says (engine/cli.py: DIR/objects by
+default, or an S3 bucket). The engine's own policy flushes, merges and checkpoints on a scale of
+minutes; the storage options make it do all of it within a second, so that a kill lands while
+it rewrites: `--flush-age-ms` (an open block older than this is sealed and flushed),
+`--merge-l1-blocks` (L1 blocks merged into an L2 segment), `--compact-fraction` (a block this
+dead is rewritten), `--checkpoint-ms` (the process also takes a checkpoint this often),
+`--wal-reserve-entries` (entries kept below a checkpoint when the WAL is truncated).
+`--delete-every K`: every Kth transaction of a writer deletes, in one transaction, its oldest
+order still there with its lines: it prints `deleting <number>` before, `del <number>` once the
+delete committed (an order whose deletion was begun and not acknowledged may be either way).
+Deletes are what flushes and merges must carry over, and what compactions drop.
+
 Exit codes: 0 done, 3 fenced (another engine took the WAL's lease; one line on stderr says
 so), 4 the WAL failed otherwise, 2 bad arguments.
 
 `--verify` opens the engine read-only (replay for reading; over logsvc without a lease, so it
 fences nobody) and prints one JSON object: the transaction numbers in `orders`, the number of
-lines per order, orphan lines, the digest, the visible commit_ts and how long replay took.
+lines per order, orphan lines, the digest, the visible commit_ts, how long replay took, the
+storage figures (engine/metrics.py `storage_stats`) and the audit of the objects against what
+the engine refers to (`audit_objects`: `missing` must be empty; `unreferenced` are what a crash
+left behind, deleted by the next writable open).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
+import contextlib
+import dataclasses
 import itertools
 import json
 import subprocess
@@ -31,13 +51,23 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
-from engine.cli import add_wal_options, wal_options_error
+from engine import metrics
+from engine.cli import (
+    add_object_options,
+    add_wal_options,
+    objects_from_args,
+    objects_options_error,
+    wal_options_error,
+)
+from engine.compaction import Policy
 from engine.engine import Engine
 from engine.errors import (
     AlreadyExists,
+    EngineError,
     Fenced,
     NotFound,
     Overloaded,
@@ -87,12 +117,46 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--seconds", type=float, default=10.0, help="stop after this long")
     parser.add_argument("--run-id", type=int, default=1)
     parser.add_argument("--verify", action="store_true")
+    add_object_options(parser)
+    storage = parser.add_argument_group("storage (module docstring)")
+    storage.add_argument("--flush-age-ms", type=int)
+    storage.add_argument("--merge-l1-blocks", type=int)
+    storage.add_argument("--compact-fraction", type=float)
+    storage.add_argument("--checkpoint-ms", type=int, default=0, help="0: the engine's own")
+    storage.add_argument("--wal-reserve-entries", type=int)
+    storage.add_argument("--delete-every", type=int, default=0, help="0: no deletes")
     return parser
+
+
+def _storage_options_error(args: argparse.Namespace) -> str | None:
+    if args.flush_age_ms is not None and args.flush_age_ms < 1:
+        return "--flush-age-ms must be >= 1"
+    if args.merge_l1_blocks is not None and args.merge_l1_blocks < 2:
+        return "--merge-l1-blocks must be >= 2"
+    if args.compact_fraction is not None and not 0 < args.compact_fraction <= 1:
+        return "--compact-fraction must be in (0, 1]"
+    if args.checkpoint_ms < 0 or args.delete_every < 0:
+        return "--checkpoint-ms and --delete-every must be >= 0"
+    if args.wal_reserve_entries is not None and args.wal_reserve_entries < 0:
+        return "--wal-reserve-entries must be >= 0"
+    return None
+
+
+def _policy(args: argparse.Namespace) -> Policy | None:
+    """The engine's default policy with what the options change (None: all default)."""
+    changes: dict[str, Any] = {}
+    if args.flush_age_ms is not None:
+        changes["flush_age_ms"] = args.flush_age_ms
+    if args.merge_l1_blocks is not None:
+        changes["merge_l1_blocks"] = args.merge_l1_blocks
+    if args.compact_fraction is not None:
+        changes["compact_deleted_fraction"] = args.compact_fraction
+    return dataclasses.replace(Policy(), **changes) if changes else None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    problem = wal_options_error(args)
+    problem = wal_options_error(args) or objects_options_error(args) or _storage_options_error(args)
     if problem is not None:
         print(f"error: {problem}", file=sys.stderr)
         return 2
@@ -144,13 +208,18 @@ def _fenced_line(exc: Fenced) -> str:
 
 
 async def _open(args: argparse.Namespace, read_only: bool) -> Engine:
-    return await Engine.open(
+    engine = await Engine.open(
         args.dir,
         wal=args.wal,
         client_config=args.client_config,
         shard=args.shard,
         read_only=read_only,
+        objects=objects_from_args(args),
+        policy=_policy(args),
     )
+    if engine.checkpointer is not None and args.wal_reserve_entries is not None:
+        engine.checkpointer.wal_reserve_entries = args.wal_reserve_entries
+    return engine
 
 
 async def _setup(engine: Engine) -> None:
@@ -172,15 +241,19 @@ async def _setup(engine: Engine) -> None:
 
 async def _run(args: argparse.Namespace) -> None:
     engine = await _open(args, read_only=False)
+    checkpoints: asyncio.Task[None] | None = None
     try:
         await _setup(engine)
         deadline = time.monotonic() + args.seconds
         committed = 0
         out = sys.stdout
+        if args.checkpoint_ms and engine.checkpointer is not None:
+            checkpoints = asyncio.ensure_future(_checkpoint_every(engine, args.checkpoint_ms))
 
         async def writer(number: int) -> None:
             nonlocal committed
             base = args.run_id * RUN_SPAN + number * WRITER_SPAN
+            mine: collections.deque[int] = collections.deque()
             i = 0
             while time.monotonic() < deadline and (not args.txns or committed < args.txns):
                 if i == WRITER_SPAN:
@@ -188,16 +261,62 @@ async def _run(args: argparse.Namespace) -> None:
                 txn_no = base + i
                 i += 1
                 committed += 1  # claimed; --txns bounds what is started
+                if args.delete_every and i % args.delete_every == 0 and mine:
+                    gone = mine.popleft()
+                    # Said before it starts: a kill may come after it committed and before
+                    # `del`, so the parent must know that this order may be gone.
+                    out.write(f"deleting {gone}\n")
+                    out.flush()
+                    await _delete_order(engine, gone)
+                    out.write(f"del {gone}\n")
+                    out.flush()
+                    continue
                 await _commit_order(engine, number, txn_no)
+                mine.append(txn_no)
                 out.write(f"ack {txn_no}\n")
                 out.flush()
 
         await asyncio.gather(*(writer(n) for n in range(args.writers)))
     finally:
+        if checkpoints is not None:
+            checkpoints.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await checkpoints
         if engine.failed is None:
             await engine.close()
         else:
             await engine.abort()
+
+
+async def _checkpoint_every(engine: Engine, interval_ms: int) -> None:
+    """A checkpoint every `interval_ms` on top of the engine's own (`--checkpoint-ms`). An
+    object store error is the engine's to count and retry; a failed WAL ends the writers."""
+    while True:
+        await asyncio.sleep(interval_ms / 1000)
+        try:
+            await engine.checkpoint()
+        except EngineError as exc:
+            if engine.failed is not None:
+                return
+            print(f"checkpoint failed, tried again later: {exc!r}", file=sys.stderr)
+
+
+async def _delete_order(engine: Engine, txn_no: int) -> None:
+    """Delete order `txn_no` and its lines in one transaction (`--delete-every`)."""
+    for attempt in range(COMMIT_TRIES_MAX):
+        try:
+            async with engine.transaction() as txn:
+                await txn.table(DB, "orders").delete([txn_no])
+                await txn.table(DB, "lines").delete(
+                    [(txn_no, line) for line in range(LINES_PER_ORDER)]
+                )
+            return
+        except (WriteConflict, Overloaded):
+            # A flush or merge moved the rows under this transaction and it could not follow
+            # them (decision 0006): nothing was deleted; try again on a new snapshot.
+            if attempt + 1 == COMMIT_TRIES_MAX:
+                raise
+            await asyncio.sleep(RETRY_DELAY_S * (attempt + 1))
 
 
 async def _commit_order(engine: Engine, writer: int, txn_no: int) -> None:
@@ -238,6 +357,7 @@ async def _verify(args: argparse.Namespace) -> dict[str, object]:
                     "digest": engine.digest(),
                     "visible_ts": engine.visible_ts,
                     "replay_s": round(replay_s, 3),
+                    **await _storage_of(engine),
                 }
             orders = (await txn.table(DB, "orders").scan(columns=["id"])).column("id").to_pylist()
             lines = (
@@ -254,9 +374,18 @@ async def _verify(args: argparse.Namespace) -> dict[str, object]:
             "digest": engine.digest(),
             "visible_ts": engine.visible_ts,
             "replay_s": round(replay_s, 3),
+            **await _storage_of(engine),
         }
     finally:
         await engine.close()
+
+
+async def _storage_of(engine: Engine) -> dict[str, object]:
+    audit = await asyncio.to_thread(metrics.audit_objects, engine)
+    return {
+        "storage": dataclasses.asdict(metrics.storage_stats(engine)),
+        "audit": dataclasses.asdict(audit),
+    }
 
 
 # --- the parent's side: run the workload as a child process --------------------------------
@@ -267,8 +396,12 @@ class WorkloadProcess:
     stdout by a thread. Stop it with `kill()` (SIGKILL) or wait for it with `wait()`; both are
     bounded, and `kill()` is safe to call in a `finally` whatever happened."""
 
-    def __init__(self, args: Sequence[str]) -> None:
+    def __init__(self, args: Sequence[str], env: Mapping[str, str] | None = None) -> None:
         self.acked: list[int] = []
+        self.deleted: list[int] = []
+        """Orders whose deletion was acknowledged (`del <number>`, `--delete-every`)."""
+        self.deleting: list[int] = []
+        """Orders whose deletion was begun (`deleting <number>`): acknowledged or not."""
         self.acked_at_s: list[float] = []
         """When each ack was read (time.monotonic()), in the order of `acked`."""
         self._lock = threading.Lock()
@@ -277,6 +410,7 @@ class WorkloadProcess:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            env=env,
         )
         self._stderr_lines: list[str] = []
         self._reaped = False
@@ -300,6 +434,12 @@ class WorkloadProcess:
                 with self._lock:
                     self.acked.append(txn_no)
                     self.acked_at_s.append(now_s)
+            elif line.startswith("del "):
+                with self._lock:
+                    self.deleted.append(int(line[4:]))
+            elif line.startswith("deleting "):
+                with self._lock:
+                    self.deleting.append(int(line[9:]))
 
     @property
     def stderr(self) -> str:
@@ -393,6 +533,10 @@ class Verified:
     digest: str
     visible_ts: int
     replay_s: float
+    storage: dict[str, Any] = field(default_factory=dict)
+    """engine.metrics.StorageStats as JSON."""
+    audit: dict[str, Any] = field(default_factory=dict)
+    """engine.metrics.ObjectAudit as JSON."""
 
     def duplicates(self) -> int:
         """Orders present more than once (a primary key is unique: always 0)."""
@@ -407,7 +551,7 @@ class Verified:
         )
 
 
-def verify(args: Sequence[str]) -> Verified:
+def verify(args: Sequence[str], env: Mapping[str, str] | None = None) -> Verified:
     """Run `--verify` with the same engine arguments in a child process."""
     done = subprocess.run(
         [sys.executable, "-m", "engine.workload", *args, "--verify"],
@@ -415,6 +559,7 @@ def verify(args: Sequence[str]) -> Verified:
         text=True,
         timeout=120,
         check=True,
+        env=env,
     )
     return Verified(**json.loads(done.stdout))
 

@@ -113,7 +113,9 @@ def percentile(sorted_values: Sequence[int], fraction: float) -> float:
     if lower == upper:
         return float(sorted_values[lower])
     weight = position - lower
-    return sorted_values[lower] * (1 - weight) + sorted_values[upper] * weight
+    # Rounded to the microsecond: Spark interpolates in another order, and the last bits of
+    # the two floats differ (39.2 against 39.20000000000001).
+    return round(sorted_values[lower] * (1 - weight) + sorted_values[upper] * weight, 3)
 
 
 ANOMALY = pa.schema(

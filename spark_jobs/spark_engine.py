@@ -680,9 +680,9 @@ def txn_latency(spark: SparkSession, params: JobParams) -> JobResult:
         summary = {
             "txns": stats[0],
             "txns_without_start_ts": without_start,
-            "p50_ms": p50,
-            "p90_ms": p90,
-            "p99_ms": p99,
+            "p50_ms": round(p50, 3),
+            "p90_ms": round(p90, 3),
+            "p99_ms": round(p99, 3),
             "max_ms": stats[2],
             "min_ms": stats[3],
         }

@@ -270,6 +270,7 @@ def restore(
                     meta.key_min,
                     meta.key_max,
                     meta.zonemap,
+                    bloom=meta.bloom,
                 )
             )
         if brow.delta_object is not None:

@@ -223,7 +223,10 @@ class BloomFilter:
 
     def might_contain(self, key: Any) -> bool:
         """False: the key is certainly not among the filter's keys. True: it may be."""
-        hashed = key_hash(key)
+        return self.might_contain_hash(key_hash(key))
+
+    def might_contain_hash(self, hashed: int) -> bool:
+        """`might_contain` of a key whose `key_hash` is `hashed` (one hash asks many filters)."""
         word = int(self.words[((hashed >> 32) * len(self.words)) >> 32])
         mask = 0
         for index in range(self.hash_count):

@@ -162,6 +162,16 @@ class BufferCache(Generic[K, V]):
                 del self._loading[key]
             done.set()
 
+    def peek(self, key: K) -> Pin[K, V] | None:
+        """The value of `key` pinned if it is cached, else None (nothing is loaded: a caller
+        on an event loop tries this before sending a load to a worker thread)."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                return None
+            self._hits += 1
+            return self._pin_locked(key, entry)
+
     def invalidate(self, key: K) -> None:
         """Forget `key` (its object was deleted or replaced): dropped now if unpinned, else at
         its last release. A load in flight is not affected."""

@@ -173,11 +173,13 @@ class LocalDirStore:
     A put that finds its name already there compares the bytes (a retried put) and fsyncs the
     directory again, since the earlier put may have died before its fsync.
 
-    Opening takes an exclusive lock (`root/.tmp/LOCK`) and removes leftover temporary files;
-    a second store on the same root fails with `ObjectStoreFailed` while the first is open,
-    since it would remove the first one's in-flight temporary files. `read_only=True` takes
-    no lock and removes nothing (for tools reading a live engine's directory), and refuses
-    puts and deletes.
+    Each store writes its temporary files in a directory of its own (`root/.tmp/<random>/`),
+    locked while it is open; opening removes the temporary files of the directories whose
+    lock it can take (their store is gone), never those of a live store. So several stores
+    may write one root: two engines on one directory while the WAL's lease decides which of
+    them may commit (decision 0007). Objects are immutable and named by random ids, so they
+    never collide. `read_only=True` takes no lock and removes nothing (for tools reading a
+    live engine's directory, and for a standby), and refuses puts and deletes.
 
     Delete: unlink, then fsync the directory. Emptied directories stay (the port cannot
     remove directories; they cost a listdir in `list` and nothing else).
@@ -192,24 +194,44 @@ class LocalDirStore:
         self._fs: FileSystem = fs if fs is not None else OsFileSystem()
         self._read_only = read_only
         self._stripes = [threading.Lock() for _ in range(_LOCK_STRIPES)]
-        self._temp_dir = posixpath.join(self.root, TEMP_DIR_NAME)
+        temp_root = posixpath.join(self.root, TEMP_DIR_NAME)
+        self._temp_dir = posixpath.join(temp_root, uuid.uuid4().hex)
         self._lock = None
         if read_only:
             return
         try:
             self._fs.makedirs(self._temp_dir)
-            try:
-                self._lock = self._fs.lock_dir(self._temp_dir)
-            except BlockingIOError:
-                raise ObjectStoreFailed(
-                    self.description, "", "another LocalDirStore has this root open"
-                ) from None
-            for leftover in self._fs.listdir(self._temp_dir):
-                if leftover != "LOCK":
-                    self._fs.unlink(posixpath.join(self._temp_dir, leftover))
-            self._fs.fsync_dir(self._temp_dir)
+            self._lock = self._fs.lock_dir(self._temp_dir)
+            for other in self._fs.listdir(temp_root):
+                if other != posixpath.basename(self._temp_dir):
+                    self._clean_temp(posixpath.join(temp_root, other))
         except OSError as exc:
             raise _os_error(self.description, "", exc) from None
+
+    def _clean_temp(self, path: str) -> None:
+        """Remove the temporary files of another store on this root if it is gone (its
+        directory's lock can be taken); one still open keeps its files. Each store writes
+        its temporary files in a directory of its own, so several writers may share a root
+        (a new engine fencing an old one through the WAL's lease, decision 0007)."""
+        try:
+            lock = self._fs.lock_dir(path)
+        except BlockingIOError:
+            return  # alive
+        except (NotADirectoryError, FileNotFoundError):
+            with contextlib.suppress(FileNotFoundError):
+                self._fs.unlink(path)  # a temporary file of an earlier layout, or a stale lock
+            return
+        try:
+            for leftover in self._fs.listdir(path):
+                if leftover != "LOCK":
+                    self._fs.unlink(posixpath.join(path, leftover))
+            self._fs.fsync_dir(path)
+        finally:
+            lock.release()
+
+    @property
+    def read_only(self) -> bool:
+        return self._read_only
 
     def close(self) -> None:
         """Release the lock. Further calls are a programmer error."""

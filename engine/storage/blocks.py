@@ -33,6 +33,7 @@ TS_NEVER = (1 << 64) - 1
 
 class L0Block:
     __slots__ = (
+        "_bytes",
         "_combined",
         "_combined_rows",
         "block_id",
@@ -56,6 +57,7 @@ class L0Block:
         self.drop_ts = TS_NEVER
         self._combined: pa.Table | None = None
         self._combined_rows = 0
+        self._bytes = 0
 
     @property
     def create_ts(self) -> int:
@@ -69,11 +71,17 @@ class L0Block:
         count = bisect.bisect_right(self.node_ts, ts)
         return self.node_ends[count - 1] if count else 0
 
-    def append(self, commit_ts: int, batch: pa.RecordBatch) -> None:
+    def append(
+        self, commit_ts: int, batch: pa.RecordBatch, *, shares_buffers: bool = False
+    ) -> None:
+        """Append a commit's rows. `shares_buffers`: the batch is a slice of buffers other
+        nodes share (a checkpoint dump), so its own bytes are counted, not the whole buffers'
+        (slower: `nbytes` walks the slice)."""
         self.node_ts.append(commit_ts)
         self.node_batches.append(batch)
         self.rows += batch.num_rows
         self.node_ends.append(self.rows)
+        self._bytes += batch.nbytes if shares_buffers else batch.get_total_buffer_size()
 
     def table(self) -> pa.Table:
         """Every appended row, as one Arrow table (recombined lazily after appends)."""
@@ -99,7 +107,9 @@ class L0Block:
         return rows[0]
 
     def byte_size(self) -> int:
-        return sum(batch.get_total_buffer_size() for batch in self.node_batches)
+        """The bytes of the appended rows, kept as they are appended (O(1): every
+        maintenance step asks every L0 block)."""
+        return self._bytes
 
 
 @dataclass(slots=True, eq=False)
@@ -117,6 +127,8 @@ class PersistedBlock:
     """The object's zonemap of this block (engine.objects.zonemap), for scan pruning."""
     drop_ts: int = TS_NEVER
     deletes: Deletes = None  # type: ignore[assignment]  # set in __post_init__
+    bloom: Bloom | None = None
+    """The key bloom filter, held with the block (None: read it from the object)."""
 
     def __post_init__(self) -> None:
         self.deletes = Deletes()
@@ -171,6 +183,10 @@ class BlockKeys:
 
 class Bloom(Protocol):
     def might_contain(self, key: Key) -> bool: ...
+
+    def might_contain_hash(self, hashed: int) -> bool:
+        """`might_contain` of a key by its `engine.objects.bloom.key_hash`."""
+        ...
 
 
 class LoadedBlocks(Protocol):

@@ -25,12 +25,15 @@ class BlockLoader(Protocol):
         self,
         blocks: Sequence[PersistedBlock],
         *,
-        keys: bool = False,
+        keys: bool | str = False,
         columns: Sequence[str] | None = None,
         whole_objects: bool = False,
-    ) -> PinnedBlocks:
+        cached_only: bool = False,
+    ) -> PinnedBlocks | None:
         """Load (from the cache, or from the objects) what a read needs of `blocks`: their
-        sorted keys and bloom filters when `keys`, and `columns` (plus nothing else) when
-        given; with `whole_objects`, those columns of the blocks' whole objects (scans).
-        Thread-safe; blocking. Raises the object store's typed errors."""
+        sorted keys and bloom filters when `keys` (only the blooms when `keys="blooms"`), and
+        `columns` (plus nothing else) when given; with `whole_objects`, those columns of the
+        blocks' whole objects (scans). Thread-safe; blocking. Raises the object store's typed
+        errors. `cached_only`: load nothing, and answer None unless the cache holds it all
+        (then it never blocks: the event loop tries it before a worker thread)."""
         ...

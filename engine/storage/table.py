@@ -41,6 +41,7 @@ from engine.storage import pruning
 from engine.storage.blocks import (
     TS_NEVER,
     Block,
+    Bloom,
     L0Block,
     LoadedBlocks,
     PersistedBlock,
@@ -81,6 +82,9 @@ class PersistedMeta:
     key_min: Key
     key_max: Key
     zonemap: object
+    bloom: Bloom | None = None
+    """The block's key bloom filter (in the catalog entry, as the seed's metaLoc: about
+    1.5 bytes a row, so an insert's dedupe asks each block without touching the cache)."""
 
 
 MetaSource = Callable[[CreateBlock], PersistedMeta]
@@ -277,6 +281,7 @@ class TableData:
             found.key_min,
             found.key_max,
             found.zonemap,
+            bloom=found.bloom,
         )
         self.blocks[block.block_id] = block
         self.next_block_id += 1
@@ -325,7 +330,7 @@ class TableData:
         assert block_id not in self.blocks
         block = L0Block(block_id)
         for commit_ts, batch in nodes:
-            block.append(commit_ts, batch)
+            block.append(commit_ts, batch, shares_buffers=True)
             keys = batch_keys(self.schema, batch)
             base = _row_id(block_id, block.rows - batch.num_rows)
             for index, key in enumerate(keys):
@@ -395,21 +400,22 @@ class TableData:
     def _forget_l0_keys(self, block: L0Block) -> None:
         low, high = _row_id(block.block_id, 0), _row_id(block.block_id + 1, 0)
         index = self.l0_keys
-        for batch in block.node_batches:
-            for key in batch_keys(self.schema, batch):
-                found = index.get(key)
-                if found is None:
-                    continue
-                if type(found) is int:
-                    if low <= found < high:
-                        del index[key]
-                    continue
-                assert isinstance(found, tuple)
-                kept = tuple(r for r in found if not low <= r < high)
-                if not kept:
+        # The block's rows as one table (a flush built it already): one key list, not one
+        # per commit.
+        for key in batch_keys(self.schema, block.table()):
+            found = index.get(key)
+            if found is None:
+                continue
+            if type(found) is int:
+                if low <= found < high:
                     del index[key]
-                else:
-                    index[key] = kept[0] if len(kept) == 1 else kept
+                continue
+            assert isinstance(found, tuple)
+            kept = tuple(r for r in found if not low <= r < high)
+            if not kept:
+                del index[key]
+            else:
+                index[key] = kept[0] if len(kept) == 1 else kept
 
     # --- reads at a timestamp ------------------------------------------------------------------
 
@@ -450,6 +456,21 @@ class TableData:
     def version_at(self, key: Key, ts: int, loaded: LoadedBlocks) -> RowVersion | None:
         """The version of `key` visible at `ts`, or None. `loaded` holds the keys (and
         blooms) of `key_candidates(key, ts)`."""
+        if not self.persisted_held:
+            return self.version_among(key, ts, [], loaded)
+        candidates = []
+        for candidate in self.key_candidates(key, ts):
+            bloom = candidate.bloom or loaded.bloom(candidate)
+            if bloom is None or bloom.might_contain(key):
+                candidates.append(candidate)
+        return self.version_among(key, ts, candidates, loaded)
+
+    def version_among(
+        self, key: Key, ts: int, candidates: list[PersistedBlock], loaded: LoadedBlocks
+    ) -> RowVersion | None:
+        """`version_at`, searching persisted blocks among `candidates` only (those whose
+        key range and bloom filter may hold `key`, the caller asked; `loaded` holds their
+        keys)."""
         for row_id in reversed(self._l0_row_ids(key)):
             block = self.blocks[row_id >> _OFFSET_BITS]
             if not block.visible(ts):
@@ -459,12 +480,7 @@ class TableData:
             if block.commit_ts_of(offset) > ts or block.deletes.dead_at(offset, ts):
                 continue
             return RowVersion(block.block_id, offset)
-        if not self.persisted_held:
-            return None
-        for candidate in self.key_candidates(key, ts):
-            bloom = loaded.bloom(candidate)
-            if bloom is not None and not bloom.might_contain(key):
-                continue
+        for candidate in candidates:
             found = loaded.keys(candidate).find(key)
             if found is not None and not candidate.deletes.dead_at(found, ts):
                 return RowVersion(candidate.block_id, found)

@@ -42,6 +42,7 @@ from engine.wal.entry import (
     DropBlock,
     EntryType,
     MemoItem,
+    Origin,
     TxnEntry,
     UpdateCatalog,
 )
@@ -68,6 +69,10 @@ CMD_APPEND = 2
 CMD_DELETE = 3
 CMD_CREATE_BLOCK = 4
 CMD_DROP_BLOCK = 5
+CMD_ORIGIN = 6
+
+CLIENT_ID_BYTES_MAX = 255
+"""Longest client id of an Origin command (UTF-8 bytes)."""
 
 OBJECT_NAME_BYTES_MAX = 1024
 """Longest object name in a CreateBlock (UTF-8 bytes)."""
@@ -199,6 +204,11 @@ def _encode_command(cmd: Command, parts: list[bytes | pa.Buffer]) -> None:
             )
         )
         parts += (_CMD_HEAD.pack(CMD_CREATE_BLOCK, len(body)), body)
+    elif type(cmd) is Origin:
+        client = cmd.client_id.encode()
+        assert 0 < len(client) <= CLIENT_ID_BYTES_MAX and 0 <= cmd.seq < 1 << 64
+        body = _U8.pack(len(client)) + client + _U64.pack(cmd.seq)
+        parts += (_CMD_HEAD.pack(CMD_ORIGIN, len(body)), body)
     elif type(cmd) is DropBlock:
         assert cmd.db_id != 0 and cmd.table_id != 0 and cmd.block_id != 0
         size = _DROP.size - _CMD_HEAD.size
@@ -563,10 +573,21 @@ def _decode_drop_block(reader: _Reader) -> DropBlock:
     return DropBlock(db_id, table_id, block_id)
 
 
+def _decode_origin(reader: _Reader) -> Origin:
+    at = reader.pos
+    raw = reader.sized(_U8)
+    if not raw:
+        raise reader.fail(REASON_NAME, at)
+    client_id = reader.text(raw, at)
+    (seq,) = reader.unpack(_U64)
+    return Origin(client_id, seq)
+
+
 _COMMANDS: dict[int, Callable[[_Reader], Command]] = {
     CMD_UPDATE_CATALOG: _decode_catalog,
     CMD_APPEND: _decode_append,
     CMD_DELETE: _decode_delete,
     CMD_CREATE_BLOCK: _decode_create_block,
     CMD_DROP_BLOCK: _decode_drop_block,
+    CMD_ORIGIN: _decode_origin,
 }

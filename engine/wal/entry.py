@@ -24,6 +24,7 @@ carries it).
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -129,7 +130,17 @@ class DropBlock:
     block_id: int
 
 
-Command = UpdateCatalog | Append | Delete | CreateBlock | DropBlock
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """Who asked for this transaction: a compute node's `(client_id, seq)` (issue 15). It
+    changes no data; replay (and a standby TN tailing the log) remembers it, so a commit
+    retried after a TN failover finds its first outcome instead of running twice."""
+
+    client_id: str
+    seq: int
+
+
+Command = UpdateCatalog | Append | Delete | CreateBlock | DropBlock | Origin
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,3 +175,15 @@ class CheckpointEntry:
 
 
 Entry = TxnEntry | CheckpointEntry
+
+
+def memo_of(commands: Sequence[Command]) -> tuple[MemoItem, ...]:
+    """The memo of an entry of `commands`: every (database, table, block) they touch."""
+    items = set()
+    for cmd in commands:
+        if isinstance(cmd, Append):
+            for info in cmd.infos:
+                items.add((cmd.db_id, cmd.table_id, info.block_id))
+        elif not isinstance(cmd, Origin):
+            items.add((cmd.db_id, cmd.table_id, getattr(cmd, "block_id", 0)))
+    return tuple(MemoItem(*item) for item in sorted(items))

@@ -25,6 +25,7 @@ from engine.wal.entry import (
     Delete,
     DropBlock,
     MemoItem,
+    Origin,
     TxnEntry,
     UpdateCatalog,
 )
@@ -138,6 +139,13 @@ ENTRIES: dict[str, TxnEntry | CheckpointEntry] = {
             Delete(1, 2, 4, FrozenBitMap([0, 7])),
             DropBlock(1, 2, 1),
         ),
+    ),
+    "ac_origin_v1": TxnEntry(
+        # A compute node's commit (issue 15): one deleted row, asked for as seq 7 of cn-a.
+        start_ts=700,
+        commit_ts=701,
+        memo=(MemoItem(1, 2, 4),),
+        commands=(Delete(1, 2, 4, FrozenBitMap([3])), Origin("cn-a", 7)),
     ),
     "ckp_v1": CheckpointEntry(ckp_ts=500, truncate_dsn=42, location="ckp/0000000500.parquet"),
 }

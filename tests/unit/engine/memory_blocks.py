@@ -27,7 +27,9 @@ from engine.wal.entry import BlockLevel, CreateBlock
 
 
 class _Pinned:
-    def __init__(self, owner: MemoryBlocks, blocks: Sequence[PersistedBlock], keys: bool) -> None:
+    def __init__(
+        self, owner: MemoryBlocks, blocks: Sequence[PersistedBlock], keys: bool | str
+    ) -> None:
         self._owner = owner
         self._tables = {b.block_id: owner.row_group(b.object_name, b.row_group) for b in blocks}
         self._keys: dict[int, BlockKeys] = {}
@@ -106,9 +108,10 @@ class MemoryBlocks:
         self,
         blocks: Sequence[PersistedBlock],
         *,
-        keys: bool = False,
+        keys: bool | str = False,
         columns: Sequence[str] | None = None,
         whole_objects: bool = False,
+        cached_only: bool = False,
     ) -> _Pinned:
         return _Pinned(self, blocks, keys)
 

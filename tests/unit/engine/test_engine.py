@@ -220,8 +220,11 @@ def test_schema_errors_at_definition() -> None:
 
 
 def test_oversized_transactions_are_refused_naming_the_limit(tmp_path: Path) -> None:
+    """Without an object store (objects="none"), a transaction's rows must fit its WAL entry;
+    with one, they spill to objects instead (tests/unit/engine/test_large_txns.py)."""
+
     async def main() -> None:
-        eng = await Engine.open(str(tmp_path), wal="memory")
+        eng = await Engine.open(str(tmp_path), wal="memory", objects="none")
         await shop(eng)
         big = "x" * (limits.TXN_WORKSPACE_BYTES_MAX // 4)
         async with eng.transaction() as txn:

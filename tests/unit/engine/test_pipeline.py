@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable
 
+import numpy as np
 import pytest
 
 from engine.clock import HybridClock, make_ts, ts_logical, ts_physical_ms
@@ -188,3 +189,49 @@ def test_clock_is_strictly_increasing_and_honours_observed_timestamps() -> None:
     assert clock.next() == make_ts(5000, 8)
     now[0] = 6000
     assert clock.next() == make_ts(6000)
+
+
+# --- large transactions: spilled keys as sorted sets ---------------------------------------
+
+
+def test_a_bulk_insert_conflicts_both_ways_with_rows_and_other_bulks() -> None:
+    from engine.conflicts import BulkInsert
+
+    def bulk(*keys: int, table_id: int = 1) -> BulkInsert:
+        return BulkInsert(table_id, np.array(sorted(keys), dtype=np.int64))
+
+    p, ts = pipeline(), counter()
+    big = p.prepare(0, [], (), (), ts.__next__, "big", bulk=[bulk(5, 7, 9)])
+    assert isinstance(big, Ticket)
+    clash = prepare(p, 0, [ins(7)], ts)  # started before the bulk: its key was inserted
+    assert isinstance(clash, KeyConflict) and clash.duplicate and clash.key == (1, 7)
+    p.durable(big)
+    later = prepare(p, big.commit_ts, [ins(7)], ts)  # saw it: the engine checks its view
+    assert isinstance(later, Ticket)
+    other = p.prepare(0, [], (), (), ts.__next__, "b2", bulk=[bulk(1, 2, 9)])
+    assert isinstance(other, KeyConflict) and other.duplicate and other.key == (1, 9)
+    elsewhere = p.prepare(0, [], (), (), ts.__next__, "b3", bulk=[bulk(5, table_id=2)])
+    assert isinstance(elsewhere, Ticket)  # another table
+
+    p2, ts2 = pipeline(), counter()
+    first = prepare(p2, 0, [dele(3), ins(4)], ts2)
+    assert isinstance(first, Ticket)
+    after = p2.prepare(0, [], (), (), ts2.__next__, "big", bulk=[bulk(3)])
+    assert isinstance(after, KeyConflict) and not after.duplicate  # deleted: a conflict
+    after = p2.prepare(0, [], (), (), ts2.__next__, "big", bulk=[bulk(4)])
+    assert isinstance(after, KeyConflict) and after.duplicate
+
+
+def test_bulk_inserts_are_undone_pruned_and_bounded() -> None:
+    from engine.conflicts import BulkInsert
+
+    p, ts = pipeline(keys_max=10), counter()
+    keys = BulkInsert(1, np.arange(4, dtype=np.int64))
+    cancelled = p.prepare(0, [], (), (), ts.__next__, "big", bulk=[keys])
+    assert isinstance(cancelled, Ticket)
+    p.cancel(cancelled)
+    assert isinstance(prepare(p, 0, [ins(2)], ts), Ticket)  # the undone bulk is forgotten
+    big = p.prepare(0, [], (), (), ts.__next__, "big", bulk=[BulkInsert(1, np.arange(20, 40))])
+    assert isinstance(big, Ticket)
+    p.prune(0)  # over keys_max: the oldest changes go and the floor rises past them
+    assert isinstance(prepare(p, 0, [ins(25)], ts), SnapshotTooOld)

@@ -53,6 +53,7 @@ from engine.wal.entry import (
     DropBlock,
     EntryType,
     MemoItem,
+    Origin,
     TxnEntry,
     UpdateCatalog,
 )
@@ -211,6 +212,7 @@ def test_the_vectors_cover_every_entry_command_and_column_type() -> None:
         Delete,
         CreateBlock,
         DropBlock,
+        Origin,
     }
     assert column_types == set(TYPES)
     assert max(key_sizes) >= 2  # a compound key
@@ -361,7 +363,7 @@ def test_resealed_entries_are_checked_field_by_field() -> None:
     # An unknown command type (the first command's type byte sits after the count).
     first_cmd = 88 + 4
     assert create[first_cmd] == codec.CMD_UPDATE_CATALOG
-    for cmd_type in (0, 6, 0xFF):
+    for cmd_type in (0, 7, 0xFF):
         unknown = create[:first_cmd] + bytes([cmd_type]) + create[first_cmd + 1 :]
         assert reason_of(reseal(unknown)) == codec.REASON_COMMAND
     # A database create that claims to be a table (it has no schema), kind 0, op 3.
@@ -435,7 +437,12 @@ def test_block_command_rules() -> None:
     assert reason_of(block_entry(5, struct.pack("<QQQ", 1, 2, 3) + b"\x00")) == (
         codec.REASON_COMMAND_LENGTH
     )
-    assert reason_of(block_entry(6, b"")) == codec.REASON_COMMAND
+    assert reason_of(block_entry(7, b"")) == codec.REASON_COMMAND
+    origin = struct.pack("<B", 4) + b"cn-a" + struct.pack("<Q", 9)
+    assert isinstance(decode_entry(block_entry(6, origin), DSN), TxnEntry)
+    assert reason_of(block_entry(6, b"\x00" + struct.pack("<Q", 9))) == codec.REASON_NAME
+    assert reason_of(block_entry(6, b"\x02\xff\xfe" + struct.pack("<Q", 9))) == codec.REASON_NAME
+    assert reason_of(block_entry(6, origin[:-1])) == codec.REASON_TRUNCATED
 
 
 def test_catalog_rules() -> None:

@@ -15,6 +15,7 @@ under the name.
 from __future__ import annotations
 
 import errno
+import os
 import random
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -210,6 +211,24 @@ def test_open_input_reads_parquet_by_random_access(store: ObjectStore) -> None:
 # --- LocalDirStore ------------------------------------------------------------------------------
 
 
+def temporaries(listdir: Callable[[str], list[str]], root: str) -> list[str]:
+    """Temporary files under the root (every store's own directory), locks aside."""
+    temp = f"{root}/{TEMP_DIR_NAME}"
+    out = []
+    for sub in listdir(temp):
+        try:
+            names = listdir(f"{temp}/{sub}")
+        except (NotADirectoryError, FileNotFoundError):
+            out.append(sub)  # a loose file
+            continue
+        out.extend(f"{sub}/{name}" for name in names if name != "LOCK")
+    return out
+
+
+def os_listdir(path: str) -> list[str]:
+    return sorted(os.listdir(path))
+
+
 def test_local_files_are_the_objects_and_sit_where_tools_find_them(tmp_path: Path) -> None:
     root = tmp_path / "objects"
     with LocalDirStore(str(root)) as store:
@@ -217,31 +236,42 @@ def test_local_files_are_the_objects_and_sit_where_tools_find_them(tmp_path: Pat
         assert (root / "tables" / "1" / "a.bin").read_bytes() == b"abc"
         assert store.path_of("tables/1/a.bin") == str(root / "tables" / "1" / "a.bin")
         assert store.description == f"dir:{root}"
-        assert sorted(p.name for p in (root / TEMP_DIR_NAME).iterdir()) == ["LOCK"]
+        assert temporaries(os_listdir, str(root)) == []
 
 
 def test_local_store_removes_leftover_temporary_files_at_open(tmp_path: Path) -> None:
     root = tmp_path / "objects"
-    LocalDirStore(str(root)).close()
-    (root / TEMP_DIR_NAME / "0123abcd").write_bytes(b"half an object")
+    LocalDirStore(str(root)).close()  # its directory is left behind, unlocked: a dead store's
+    (dead,) = os.listdir(root / TEMP_DIR_NAME)
+    (root / TEMP_DIR_NAME / dead / "0123abcd").write_bytes(b"half an object")
+    (root / TEMP_DIR_NAME / "loose").write_bytes(b"an earlier layout's temporary file")
     with LocalDirStore(str(root)) as store:
-        assert sorted(p.name for p in (root / TEMP_DIR_NAME).iterdir()) == ["LOCK"]
+        assert temporaries(os_listdir, str(root)) == []
         assert store.list() == []
 
 
-def test_local_store_is_locked_and_read_only_stores_share_it(tmp_path: Path) -> None:
+def test_writers_share_a_root_each_with_its_own_temporaries(tmp_path: Path) -> None:
+    """Two engines may write one directory (a new one fencing an old one through the WAL's
+    lease): a second store must not remove the first's temporary files while it lives."""
     root = str(tmp_path / "objects")
-    with LocalDirStore(root) as store:
-        store.put("x", b"1")
-        with pytest.raises(ObjectStoreFailed, match="another LocalDirStore"):
-            LocalDirStore(root)
+    with LocalDirStore(root) as first:
+        first.put("x", b"1")
+        (mine,) = os.listdir(os.path.join(root, TEMP_DIR_NAME))
+        in_flight = os.path.join(root, TEMP_DIR_NAME, mine, "writing")
+        with open(in_flight, "wb") as out:
+            out.write(b"part of an object")
+        with LocalDirStore(root) as second:
+            second.put("y", b"2")
+            assert first.get("y") == b"2" and second.get("x") == b"1"
+            assert os.path.exists(in_flight)  # the first store is alive: untouched
         reader = LocalDirStore(root, read_only=True)
         assert reader.get("x") == b"1"
         with pytest.raises(ObjectStoreFailed, match="read-only"):
-            reader.put("y", b"2")
+            reader.put("z", b"3")
         with pytest.raises(ObjectStoreFailed, match="read-only"):
             reader.delete("x")
-    LocalDirStore(root).close()  # the lock went with the first store
+    LocalDirStore(root).close()  # the first is gone now: its leftovers go
+    assert not os.path.exists(in_flight)
 
 
 @pytest.mark.parametrize(
@@ -265,7 +295,7 @@ def test_local_io_errors_are_typed_and_leave_no_temporary_file(
         store.put("a/b", b"payload" * 100)
     assert type(info.value) is expected
     assert info.value.name == "a/b"  # type: ignore[attr-defined]
-    assert fs.listdir(f"{ROOT}/{TEMP_DIR_NAME}") == ["LOCK"]
+    assert temporaries(fs.listdir, ROOT) == []
     if op != "fsync_dir":  # the rename happened before the directory fsync failed
         with pytest.raises(ObjectNotFound):
             store.get("a/b")
@@ -310,7 +340,7 @@ def test_power_loss_at_every_step_of_a_put_leaves_the_whole_object_or_nothing() 
         else:
             outcomes.add("whole")
             assert found == data, state.crash_point
-        assert state.listdir(f"{ROOT}/{TEMP_DIR_NAME}") == ["LOCK"], state.crash_point
+        assert temporaries(state.listdir, ROOT) == [], state.crash_point
         # The reopened store works: the retried put lands (or is the no-op of a landed one).
         reopened.put("seg/1/new.parquet", data)
         assert reopened.get("seg/1/new.parquet") == data
@@ -346,10 +376,10 @@ def test_a_put_interrupted_by_a_crash_is_invisible_and_cleaned_at_reopen() -> No
     fs.inject_error("unlink", errno.EIO)  # ... and so never removing its temporary file
     with pytest.raises(ObjectStoreFailed):
         store.put("n", b"data")
-    assert len(fs.listdir(f"{ROOT}/{TEMP_DIR_NAME}")) == 2  # LOCK and the orphan
+    assert len(temporaries(fs.listdir, ROOT)) == 1  # the orphan
     fs.crash()
     reopened = LocalDirStore(ROOT, fs)
-    assert fs.listdir(f"{ROOT}/{TEMP_DIR_NAME}") == ["LOCK"]
+    assert temporaries(fs.listdir, ROOT) == []
     with pytest.raises(ObjectNotFound):
         reopened.get("n")
 

@@ -1,0 +1,142 @@
+"""The commit of a flush, merge or compaction (decision 0006), and the re-resolution of a
+user transaction's deletes of rows such a rewrite moved.
+
+Why apart from engine.py: these are the two places where the commit pipeline meets the
+storage's row moves; both run inside the pipeline's synchronous prepare step (nothing else
+can be prepared in between), which is what makes the carried deletes exact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from pyroaring import BitMap, FrozenBitMap
+
+from engine import conflicts
+from engine.compaction import Rewrite, Task, WrittenBlock
+from engine.pipeline import Ticket
+from engine.storage import TS_NEVER
+from engine.storage.moves import Move
+from engine.waiter import CommitWaiter
+from engine.wal.codec import encode_entry
+from engine.wal.entry import CreateBlock, Delete, DropBlock, TxnEntry, memo_of
+from tae_driver import errors as driver_errors
+
+if TYPE_CHECKING:
+    from engine.engine import Engine
+
+
+def resolve_moved(engine: Engine, deletes: list[Delete]) -> list[Delete] | None:
+    """`deletes` with rows of blocks a rewrite moved re-resolved to where they are now
+    (decision 0006); None when one did not survive the move. Runs after the conflict
+    check, which proved no other commit wrote those keys since the snapshot."""
+    tables = engine._state.catalog.tables
+    if not any(d.block_id in tables[d.table_id].data.moves for d in deletes):
+        return deletes
+    merged: dict[tuple[int, int, int], BitMap] = {}
+    for delete in deletes:
+        moves = tables[delete.table_id].data.moves
+        where = moves.resolve(delete.block_id, BitMap(delete.rows))
+        if where is None:
+            return None
+        for block_id, rows in where.items():
+            merged.setdefault((delete.db_id, delete.table_id, block_id), BitMap()).update(rows)
+    return [
+        Delete(db_id, table_id, block_id, FrozenBitMap(rows))
+        for (db_id, table_id, block_id), rows in sorted(merged.items())
+    ]
+
+
+async def commit_rewrite(
+    engine: Engine, task: Task, start_ts: int, rewrite: Rewrite, outputs: Sequence[WrittenBlock]
+) -> int | None:
+    """Commit a flush, merge or compaction whose objects are written (decision 0006):
+    the outputs enter, the inputs leave, and the deletes committed on the inputs since
+    `start_ts` (applied, or still queued in the pipeline) are carried onto the outputs.
+    Returns its commit_ts, or None when it no longer applies (the table or an input is
+    gone, the engine failed): the caller deletes the objects."""
+    table = engine._state.catalog.tables.get(task.table_id)
+    if engine._failure is not None or engine._closed or engine.read_only:
+        return None
+    if table is None or not table.visible(engine.visible_ts):
+        return None
+    data = table.data
+    inputs = [data.blocks.get(block_id) for block_id in task.inputs]
+    for block in inputs:
+        if block is None or block.drop_ts != TS_NEVER or block.block_id in data.moves:
+            return None
+    loop = asyncio.get_running_loop()
+    commit = CommitWaiter(None, loop.create_future())
+    pipeline = engine._pipeline
+    guards = (
+        conflicts.catalog_table_drop(table.table_id),
+        conflicts.catalog_db_drop(table.db_id),
+    )
+    prepared = pipeline.prepare(start_ts, (), guards, (), engine._clock.next, commit)
+    if not isinstance(prepared, Ticket):
+        return None
+    ticket = prepared
+    mark = data.reservation()
+    output_ids = data.allocate_block_ids(len(outputs))
+    deleted: dict[int, BitMap] = {}
+    for block in inputs:
+        assert block is not None
+        for _, rows in block.deletes.since(start_ts):
+            deleted.setdefault(block.block_id, BitMap()).update(rows)
+    for queued in pipeline.queued():
+        if queued is ticket:
+            continue
+        assert queued.waiter.entry is not None
+        for cmd in queued.waiter.entry.commands:
+            if (
+                type(cmd) is Delete
+                and cmd.table_id == table.table_id
+                and cmd.block_id in task.inputs
+            ):
+                deleted.setdefault(cmd.block_id, BitMap()).update(cmd.rows)
+    carried = rewrite.carried(deleted)
+    commands: list[Any] = []
+    for block_id, out in zip(output_ids, outputs, strict=True):
+        commands.append(
+            CreateBlock(
+                table.db_id,
+                table.table_id,
+                block_id,
+                task.level,
+                out.object_name,
+                out.row_group,
+                out.rows,
+            )
+        )
+        engine._state.pending_meta[(out.object_name, out.row_group)] = out.meta
+    for index, carried_rows in sorted(carried.items()):
+        commands.append(
+            Delete(table.db_id, table.table_id, output_ids[index], FrozenBitMap(carried_rows))
+        )
+    commands.extend(DropBlock(table.db_id, table.table_id, b) for b in task.inputs)
+    for block_id in task.inputs:
+        data.moves.register(block_id, Move(rewrite.positions[block_id], output_ids))
+    entry = TxnEntry(start_ts, ticket.commit_ts, memo_of(commands), tuple(commands))
+    try:
+        payload = encode_entry(entry)
+        durable = engine._driver.submit(payload)
+    except BaseException as exc:
+        for block_id in task.inputs:
+            data.moves.forget(block_id)
+        for out in outputs:
+            engine._state.pending_meta.pop((out.object_name, out.row_group), None)
+        data.restore(mark)
+        pipeline.cancel(ticket)
+        if isinstance(exc, driver_errors.Overloaded):
+            return None
+        if isinstance(exc, (driver_errors.DriverFailed, driver_errors.DriverClosed)):
+            engine._fail(exc)
+            return None
+        raise
+    commit.entry = entry
+    commit.payload = payload
+    durable.add_done_callback(lambda done: engine._on_durable(ticket, done))
+    await commit.future
+    return ticket.commit_ts

@@ -1,0 +1,222 @@
+"""What the TN needs of the engine (issue 15, decision 0007): logtail, compute nodes' write
+sets with their origins, and a standby that tails the WAL and takes over.
+
+Proves, in-process: the logtail buffer answers (t0, t1] with exactly the entries committed
+in it, drops its oldest past its bound but keeps what follows the newest checkpoint, and a
+node behind it is sent the checkpoint plus the entries after it; an engine's logtail replayed
+on a fresh state gives the same digest; a write set runs with the outcome a local transaction
+would have (conflicts, duplicates, DDL by name) and a retry of the same (client_id, seq) gets
+the first commit_ts back, also after a restart and after a failover; a standby on the same
+WAL follows every commit, serves reads at them, is refused commits, and once promoted
+commits after the old writer's last entry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from engine import (
+    BadInput,
+    Column,
+    DuplicateKey,
+    Engine,
+    Schema,
+    SnapshotUnavailable,
+    WriteConflict,
+)
+from engine.logtail import LogtailBuffer, LogtailUnavailable, TailEntry, answer
+from engine.objects.store import MemoryObjectStore
+from engine.state import EngineState
+from engine.wal.codec import decode_entry
+from engine.wal.entry import TxnEntry
+from engine.writeset import Op, WriteSet
+from tae_driver.backends.memory import MemoryBackend
+
+ROWS = Schema([Column("id", "int64"), Column("v", "string", nullable=True)], primary_key=["id"])
+
+
+def run(test: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    asyncio.run(test())
+
+
+def entry(ts: int, size: int = 10) -> TailEntry:
+    return TailEntry(ts, ts, b"x" * size)
+
+
+def test_the_buffer_answers_ranges_and_drops_its_oldest_but_not_after_the_checkpoint() -> None:
+    buffer = LogtailBuffer(0, bytes_max=50)
+    for ts in range(1, 6):
+        buffer.append(entry(ts), keep_after_ts=0)
+    assert [e.commit_ts for e in buffer.between(1, 4)] == [2, 3, 4]
+    assert [e.commit_ts for e in buffer.between(0, 99)] == [1, 2, 3, 4, 5]
+    for ts in range(6, 11):  # no checkpoint yet: all of it is kept, up to twice the bound
+        buffer.append(entry(ts), keep_after_ts=0)
+    assert buffer.base_ts == 0 and len(buffer) == 10
+    buffer.append(entry(11), keep_after_ts=0)  # past twice the bound: the oldest goes
+    assert buffer.base_ts == 1 and not buffer.covers(0)
+    buffer.append(entry(12), keep_after_ts=6)  # a checkpoint at 6: what precedes it goes
+    assert buffer.base_ts == 6 and buffer.full()
+    assert [e.commit_ts for e in buffer.between(6, 99)] == [7, 8, 9, 10, 11, 12]
+    got = answer(buffer, 2, 99, visible_ts=11, checkpoints=[(4, "old"), (6, "ckp6")])
+    assert got.checkpoint == "ckp6" and got.checkpoint_ts == 6
+    assert [e.commit_ts for e in got.entries] == [7, 8, 9, 10, 11] and got.upto_ts == 11
+    with pytest.raises(LogtailUnavailable):
+        answer(buffer, 2, 99, visible_ts=12, checkpoints=[(4, "old")])
+    assert answer(buffer, 9, 10, visible_ts=11, checkpoints=[]).upto_ts == 10
+    assert answer(buffer, 9, 99, visible_ts=10, checkpoints=[]).upto_ts == 10  # clamped
+
+
+async def fresh(wal: MemoryBackend, objects: MemoryObjectStore, **options: Any) -> Engine:
+    return await Engine.open("unused", wal, objects=objects, maintenance=False, **options)
+
+
+async def shop(eng: Engine) -> None:
+    async with eng.transaction() as txn:
+        await txn.create_database("d")
+        await txn.create_table("d", "t", ROWS)
+
+
+def rows(*ids: int, v: str = "v") -> pa.Table:
+    return pa.table({"id": list(ids), "v": [f"{v}{i}" for i in ids]}, schema=ROWS.to_arrow())
+
+
+def test_a_logtail_rebuilds_the_engine_state_on_a_fresh_one() -> None:
+    async def main() -> None:
+        eng = await fresh(MemoryBackend(), MemoryObjectStore())
+        await shop(eng)
+        middle = 0
+        for i in range(5):
+            async with eng.transaction() as txn:
+                await txn.table("d", "t").insert(rows(i))
+                if i:
+                    await txn.table("d", "t").delete([i - 1])
+            if i == 2:
+                middle = eng.visible_ts
+        tail = eng.logtail(0, eng.visible_ts)
+        assert tail.checkpoint is None and tail.upto_ts == eng.visible_ts
+        mirror = EngineState()
+        for got in tail.entries:
+            decoded = decode_entry(got.payload, got.dsn)
+            assert isinstance(decoded, TxnEntry)
+            mirror.apply(decoded)
+        assert mirror.digest(eng.visible_ts, None) == eng.digest()
+        assert mirror.digest(middle, None) == eng._state.digest(middle, None)
+        part = eng.logtail(middle, eng.visible_ts)
+        assert [e.commit_ts for e in part.entries] == [e.commit_ts for e in tail.entries][-2:]
+        await eng.close()
+
+    run(main)
+
+
+def test_write_sets_run_as_local_transactions_and_retries_get_the_first_outcome() -> None:
+    async def main() -> None:
+        wal, objects = MemoryBackend(), MemoryObjectStore()
+        eng = await fresh(wal, objects)
+        ddl = WriteSet(
+            eng.visible_ts,
+            (Op("create_database", "d"), Op("create_table", "d", "t", schema=ROWS)),
+            "cn-1",
+            1,
+        )
+        created = await eng.execute(ddl)
+        assert await eng.execute(ddl) == created  # a retry: the same outcome, not AlreadyExists
+        start = eng.visible_ts
+        first = await eng.execute(
+            WriteSet(start, (Op("insert", "d", "t", rows=rows(1, 2)),), "cn-1", 2)
+        )
+        # A second node, from the same snapshot, inserting a key the first one did: it loses.
+        with pytest.raises(DuplicateKey):
+            await eng.execute(WriteSet(start, (Op("insert", "d", "t", rows=rows(2)),), "cn-2", 1))
+        later = eng.visible_ts
+        update = WriteSet(
+            later, (Op("update", "d", "t", keys=(1,), values={"v": "new"}),), "cn-2", 3
+        )
+        updated = await eng.execute(update)
+        assert updated > first
+        with pytest.raises(WriteConflict):  # the same row from the same snapshot: second loses
+            await eng.execute(
+                WriteSet(later, (Op("update", "d", "t", keys=(1,), values={"v": "x"}),), "cn-3", 1)
+            )
+        with pytest.raises(SnapshotUnavailable):
+            await eng.execute(WriteSet(eng.visible_ts + 10, (), "cn-3", 2))
+        with pytest.raises(BadInput):
+            Op("truncate", "d")
+        async with eng.transaction() as txn:
+            assert await txn.table("d", "t").get(1) == {"id": 1, "v": "new"}
+        await eng.close()
+        again = await fresh(wal, objects)  # origins are rebuilt by replay
+        try:
+            assert await again.execute(update) == updated
+            assert await again.execute(ddl) == created
+        finally:
+            await again.close()
+
+    run(main)
+
+
+def test_a_standby_follows_the_writer_and_takes_over_when_promoted() -> None:
+    async def main() -> None:
+        wal, objects = MemoryBackend(), MemoryObjectStore()
+        active = await fresh(wal, objects)
+        await shop(active)
+        standby = await fresh(wal, objects, standby=True)
+        try:
+            for i in range(3):
+                async with active.transaction() as txn:
+                    await txn.table("d", "t").insert(rows(i))
+            insert = WriteSet(active.visible_ts, (Op("insert", "d", "t", rows=rows(10)),), "cn", 7)
+            landed = await active.execute(insert)
+            for _ in range(200):
+                if standby.visible_ts == active.visible_ts:
+                    break
+                await asyncio.sleep(0.01)
+            assert standby.visible_ts == active.visible_ts
+            assert standby.digest() == active.digest()
+            async with standby.transaction() as txn:
+                assert await txn.table("d", "t").get(10) == {"id": 10, "v": "v10"}
+                with pytest.raises(BadInput):
+                    await txn.table("d", "t").insert(rows(99))
+                    await txn.commit()
+            await active.abort()  # the writer dies
+            await standby.promote()
+            assert await standby.execute(insert) == landed  # the retry finds the first outcome
+            async with standby.transaction() as txn:
+                await txn.table("d", "t").insert(rows(11))
+            assert standby.visible_ts > landed
+            with pytest.raises(BadInput):
+                await standby.promote()
+        finally:
+            await standby.close()
+        again = await fresh(wal, objects)
+        try:
+            async with again.transaction() as txn:
+                got = await txn.table("d", "t").scan(columns=["id"])
+            assert sorted(got.column("id").to_pylist()) == [0, 1, 2, 10, 11]
+        finally:
+            await again.close()
+
+    run(main)
+
+
+def test_a_node_behind_the_buffer_starts_from_a_checkpoint() -> None:
+    async def main() -> None:
+        eng = await fresh(MemoryBackend(), MemoryObjectStore())
+        await shop(eng)
+        async with eng.transaction() as txn:
+            await txn.table("d", "t").insert(rows(1, 2, 3))
+        manifest = await eng.checkpoint()
+        assert manifest is not None
+        eng._logtail.reset(manifest.ckp_ts)  # as if the older entries had been dropped
+        async with eng.transaction() as txn:
+            await txn.table("d", "t").delete([2])
+        tail = eng.logtail(0, eng.visible_ts)
+        assert tail.checkpoint == manifest.name and tail.checkpoint_ts == manifest.ckp_ts
+        assert len(tail.entries) == 1
+        await eng.close()
+
+    run(main)
