@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 
 from engine.checkpoint.layout import LEVEL_L0_DUMP
 from engine.objects.store import LocalDirStore
-from engine.wal.entry import Append, CreateBlock, Delete, DropBlock, UpdateCatalog
+from engine.wal.entry import Append, CreateBlock, Delete, DropBlock, Origin, UpdateCatalog
 from spark_jobs import checkpoints, jobs, plot, replay
 from spark_jobs.errors import BadInput, ReplayFailed
 from spark_jobs.jobs import JobParams, JobResult
@@ -196,9 +196,10 @@ def replay_as_of(params: JobParams) -> JobResult:
                     changes[cmd.table_id].deleted.append(_key(cmd.block_id, offsets, where))
                 elif isinstance(cmd, CreateBlock):
                     changes[cmd.table_id].created.append(cmd)
-                else:
-                    assert isinstance(cmd, DropBlock)
+                elif isinstance(cmd, DropBlock):
                     changes[cmd.table_id].dropped.add(cmd.block_id)
+                else:
+                    assert isinstance(cmd, Origin)  # who asked (issue 15): no data
         live = replay.replay_catalog(catalog, as_of, where, base)
         if store is None and any(t.created for t in changes.values()):
             raise BadInput(

@@ -114,7 +114,7 @@ ENTRY = pa.schema(
 APPEND_INFO = pa.struct([("block_id", I64), ("offset", I64), ("rows", I64)])
 
 # tae_wal level=command: one row per command of every transaction entry. cmd_kind: catalog,
-# append, delete, create_block, drop_block.
+# append, delete, create_block, drop_block, origin.
 COMMAND = pa.schema(
     [
         *_LOG,
@@ -143,6 +143,9 @@ COMMAND = pa.schema(
         ("object", STR),
         ("row_group", I64),
         ("level", I32),
+        # origin (a compute node's request id, issue 15; changes no data): client id in
+        # `name`, its sequence number here.
+        ("origin_seq", I64),
     ]
 )
 

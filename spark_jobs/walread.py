@@ -41,6 +41,7 @@ from engine.wal.entry import (
     CreateBlock,
     Delete,
     DropBlock,
+    Origin,
     TxnEntry,
     UpdateCatalog,
 )
@@ -543,6 +544,7 @@ def _command_rows(
                 None,
                 None,
                 None,
+                None,
             )
         elif isinstance(cmd, Append):
             ipc = encode_batch(cmd.batch) if batches else None
@@ -568,6 +570,7 @@ def _command_rows(
                 None,
                 None,
                 None,
+                None,
             )
         elif isinstance(cmd, CreateBlock):
             yield (
@@ -589,6 +592,7 @@ def _command_rows(
                 cmd.object_name,
                 cmd.row_group,
                 int(cmd.level),
+                None,
             )
         elif isinstance(cmd, DropBlock):
             yield (
@@ -610,6 +614,29 @@ def _command_rows(
                 None,
                 None,
                 None,
+                None,
+            )
+        elif isinstance(cmd, Origin):
+            yield (
+                *head,
+                index,
+                "origin",
+                None,
+                None,
+                None,
+                None,
+                cmd.client_id,
+                None,
+                None,
+                None,
+                None,
+                None,
+                None,
+                0,
+                None,
+                None,
+                None,
+                cmd.seq,
             )
         else:
             assert isinstance(cmd, Delete)
@@ -630,6 +657,7 @@ def _command_rows(
                 None,
                 offsets,
                 0,
+                None,
                 None,
                 None,
                 None,
