@@ -11,6 +11,7 @@ Exit codes: 0 done; 1 the job failed on its input (a typed error, printed); 2 ba
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from spark_jobs import inputs
@@ -49,6 +50,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--verify", choices=VERIFY_MODES, help="checksums: true, false or report")
     p.add_argument("--as-of", type=int, metavar="TS", help="replay_as_of: a commit timestamp")
     p.add_argument(
+        "--objects",
+        action="append",
+        metavar="[SHARD=]DIR",
+        help="the engine's objects directory (checkpoints, block objects) for a shard's log; "
+        "without SHARD= the i-th goes with the i-th --file-wal (default: DIR/objects beside "
+        "a file WAL in DIR/wal); required for logsvc shards whose engine has objects",
+    )
+    p.add_argument(
         "--bucket-ms", type=int, default=BUCKET_MS_DEFAULT, help="write_stats: bucket width"
     )
     return p
@@ -63,6 +72,7 @@ def params_from(args: argparse.Namespace) -> JobParams:
         raise BadInput("replay_as_of needs --as-of TS (a commit timestamp, >= 0)")
     if args.bucket_ms < 1:
         raise BadInput("--bucket-ms must be >= 1")
+    objects = objects_of(args.objects or [], args.file_wal is not None)
     return JobParams(
         job=args.job,
         inputs=log_inputs,
@@ -71,7 +81,28 @@ def params_from(args: argparse.Namespace) -> JobParams:
         verify=args.verify,
         as_of=args.as_of,
         bucket_ms=args.bucket_ms,
+        objects=objects,
     )
+
+
+def objects_of(specs: list[str], file_wals: bool) -> tuple[tuple[int, str], ...]:
+    found: dict[int, str] = {}
+    for position, spec in enumerate(specs):
+        shard_text, sep, path = spec.partition("=")
+        if sep:
+            if not shard_text.isdigit():
+                raise BadInput(f"--objects {spec!r}: SHARD=DIR with SHARD a shard number")
+            shard = int(shard_text)
+        elif file_wals:
+            shard, path = position, spec
+        else:
+            raise BadInput(f"--objects {spec!r}: logsvc shards need SHARD=DIR")
+        if shard in found:
+            raise BadInput(f"--objects: shard {shard} given twice")
+        if not os.path.isdir(path):
+            raise BadInput(f"--objects {spec!r}: {path} is not a directory")
+        found[shard] = os.path.abspath(path)
+    return tuple(sorted(found.items()))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,8 +6,9 @@ prints it and exits 1 (2 for bad usage). Programmer errors are asserts.
      ├── InputCorrupt      damaged bytes in a log (path, byte offset, reason)
      ├── CopiesDisagree    two copies of one DSN (or one LSN) hold different bytes
      ├── LogHole           a DSN missing below a durable watermark: acknowledged data lost
-     ├── ReplayRefused     the log cannot answer the requested timestamp
-     └── ReplayFailed      a replayed entry does not apply (the engine would refuse it)
+     ├── ReplayRefused     the log (and its checkpoints) cannot answer the requested timestamp
+     ├── ReplayFailed      a replayed entry does not apply (the engine would refuse it)
+     └── ObjectsUnreadable a checkpoint or block object replay needs is missing or damaged
 """
 
 from __future__ import annotations
@@ -44,3 +45,13 @@ class ReplayRefused(SparkJobError):
 class ReplayFailed(SparkJobError):
     """A replayed entry does not apply to the state before it (the engine would refuse to
     open with `WalCorruption` for the same entry)."""
+
+
+class ObjectsUnreadable(SparkJobError):
+    """A checkpoint (its manifest, lists, dumps, deltas) or a block object that replay needs
+    is missing or does not decode. `name` is the object, relative to the objects directory."""
+
+    def __init__(self, name: str, reason: str) -> None:
+        super().__init__(f"object {name}: {reason}")
+        self.name = name
+        self.reason = reason

@@ -38,6 +38,7 @@ SHARDS_DIR = "shards"
 JOURNAL_DIR = "journal"
 SNAPSHOT_FILE = "snapshot"
 WAL_DIR = "wal"
+OBJECTS_DIR = "objects"  # Engine.open(DIR) keeps its objects (blocks, checkpoints) here
 # A directory listing longer than this is not one of ours (a shard store rolls segments at
 # 64 MiB: 100,000 segments is 6 TiB in one replica of one shard).
 SEGMENTS_PER_LOG_MAX = 100_000

@@ -8,12 +8,14 @@ schema). Pure; no pyspark.
     replica_diff   per shard, every pair of replicas compared LSN by LSN
     write_stats    per table and time bucket: transactions, rows appended/deleted, bytes
     txn_latency    commit_ts - start_ts (physical ms) histogram and percentiles, and a PNG
-    inventory      segments with sizes and ranges, no payload decoded
+    inventory      segments with sizes and ranges, no payload decoded; checkpoints (ckp_ts,
+                   kind, blocks, the objects they name and their sizes)
 """
 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,7 +23,7 @@ from typing import Any
 import pyarrow as pa
 
 from spark_jobs.filters import Bounds
-from spark_jobs.inputs import LogInputs, Unit, list_units
+from spark_jobs.inputs import OBJECTS_DIR, WAL_DIR, LogInputs, Unit, list_units
 
 JOBS = ("replay_as_of", "lsn_audit", "replica_diff", "write_stats", "txn_latency", "inventory")
 BUCKET_MS_DEFAULT = 3_600_000
@@ -38,6 +40,17 @@ class JobParams:
     verify: str | None = None  # None: the job's default
     as_of: int | None = None
     bucket_ms: int = BUCKET_MS_DEFAULT
+    objects: tuple[tuple[int, str], ...] = ()
+    """(shard, objects directory) given explicitly; see `objects_dir`."""
+
+    def objects_dir(self, shard: int) -> str | None:
+        """The engine's objects directory for `shard`'s log: the one given, else for a file
+        WAL in `DIR/wal` the directory `DIR/objects` when it exists, else None (an engine
+        without objects: no checkpoint, no persisted block)."""
+        for given_shard, directory in self.objects:
+            if given_shard == shard:
+                return directory
+        return default_objects_dir(self.inputs, shard)
 
     def units(self) -> list[Unit]:
         return list_units(self.inputs, self.shards, self.replicas)
@@ -54,6 +67,7 @@ class JobParams:
             "verify": self.verify,
             "as_of": self.as_of,
             "bucket_ms": self.bucket_ms if self.job == "write_stats" else None,
+            "objects": {str(shard): d for shard, d in self.objects} or None,
         }
 
 
@@ -67,6 +81,16 @@ class JobResult:
     summary: dict[str, Any] = field(default_factory=dict)
     lines: list[str] = field(default_factory=list)
     files: dict[str, bytes] = field(default_factory=dict)
+
+
+def default_objects_dir(inputs: LogInputs, shard: int) -> str | None:
+    if not 0 <= shard < len(inputs.file_wals):
+        return None
+    wal_dir = inputs.file_wals[shard]
+    if os.path.basename(wal_dir) != WAL_DIR:
+        return None
+    candidate = os.path.join(os.path.dirname(wal_dir), OBJECTS_DIR)
+    return candidate if os.path.isdir(candidate) else None
 
 
 def physical_ms(ts: int) -> int:
@@ -141,6 +165,27 @@ STATS = pa.schema(
     ]
 )
 STATS_ORDER = ["shard", "db_id", "table_id", "bucket_start_ms"]
+
+CHECKPOINTS = pa.schema(
+    [
+        ("shard", pa.int32()),
+        ("objects_dir", pa.string()),
+        ("directory", pa.string()),
+        ("state", pa.string()),  # complete | damaged | incomplete (no manifest: ignored)
+        ("error", pa.string()),
+        ("ckp_ts", pa.int64()),
+        ("ckp_dsn", pa.int64()),
+        ("kind", pa.string()),
+        ("tables", pa.int64()),
+        ("blocks", pa.int64()),
+        ("live_rows", pa.int64()),
+        ("objects", pa.int64()),  # objects the manifest names (lists, dumps, deltas, data/)
+        ("objects_bytes", pa.int64()),
+        ("objects_missing", pa.int64()),
+        ("dir_objects", pa.int64()),  # objects stored under the checkpoint's own directory
+        ("dir_bytes", pa.int64()),
+    ]
+)
 
 HISTOGRAM = pa.schema(
     [("bucket_lo_ms", pa.int64()), ("bucket_hi_ms", pa.int64()), ("txns", pa.int64())]

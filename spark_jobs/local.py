@@ -6,21 +6,26 @@ Spark engine is for many shards on shared storage. Tests assert both give equal 
 
 from __future__ import annotations
 
-import itertools
 from collections import defaultdict
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from engine.wal.entry import Append, Delete, UpdateCatalog
-from spark_jobs import jobs, plot, replay
-from spark_jobs.errors import BadInput
+from engine.checkpoint.layout import LEVEL_L0_DUMP
+from engine.objects.store import LocalDirStore
+from engine.wal.entry import Append, CreateBlock, Delete, DropBlock, Origin, UpdateCatalog
+from spark_jobs import checkpoints, jobs, plot, replay
+from spark_jobs.errors import BadInput, ReplayFailed
 from spark_jobs.jobs import JobParams, JobResult
 from spark_jobs.journal import VERIFY_REPORT, VERIFY_TRUE
 from spark_jobs.schemas import schema_to_json
 from spark_jobs.walread import (
+    LEVEL_AUDIT,
     LEVEL_COMMAND,
     LEVEL_ENTRY,
     LEVEL_RECORD,
@@ -69,25 +74,29 @@ def logs_of(params: JobParams) -> list[tuple[str, int]]:
     return sorted((next(iter(r)), shard) for shard, r in replicas_by_shard.items())
 
 
-def plan_from_records(records: pa.Table, where: str) -> replay.ReplayPlan:
-    """The replay plan from the record level of one log (shared with the Spark engine,
-    which collects the same narrow columns)."""
-    narrow = records.select(
-        [
-            "kind",
-            "lsn",
-            "record_start_dsn",
-            "record_count",
-            "safe_dsn",
-            "record_checksum",
-            "skip_dsn",
-            "skip_lsn",
-        ]
-    ).to_pylist()
-    return plan_from_rows(narrow, where)
+def plan_from_records(
+    records: pa.Table, where: str, base: replay.BaseState = replay.EMPTY_BASE
+) -> replay.ReplayPlan:
+    """The replay plan from the audit level of one log (one row per backend record; shared
+    with the Spark engine, which collects the same narrow columns)."""
+    return plan_from_rows(records.select(PLAN_COLUMNS).to_pylist(), where, base)
 
 
-def plan_from_rows(rows: Iterable[dict[str, Any]], where: str) -> replay.ReplayPlan:
+PLAN_COLUMNS = [
+    "kind",
+    "lsn",
+    "record_start_dsn",
+    "record_count",
+    "safe_dsn",
+    "record_checksum",
+    "skip_dsns",
+    "skip_lsns",
+]
+
+
+def plan_from_rows(
+    rows: Iterable[dict[str, Any]], where: str, base: replay.BaseState = replay.EMPTY_BASE
+) -> replay.ReplayPlan:
     by_lsn: dict[int, replay.DriverRecord] = {}
     skips: list[tuple[int, int]] = []
     truncated = 0
@@ -102,10 +111,33 @@ def plan_from_rows(rows: Iterable[dict[str, Any]], where: str) -> replay.ReplayP
                 row["record_checksum"],
             )
         elif kind == "skip":
-            skips.append((row["skip_dsn"], row["skip_lsn"]))
+            skips.extend(zip(row["skip_dsns"], row["skip_lsns"], strict=True))
         elif kind == "truncate":
             truncated = max(truncated, row["lsn"])
-    return replay.plan_replay(by_lsn.values(), skips, truncated, where)
+    return replay.plan_replay(by_lsn.values(), skips, truncated, where, base)
+
+
+def base_of(
+    params: JobParams, shard: int, as_of: int
+) -> tuple[LocalDirStore | None, replay.BaseState]:
+    """The objects store of `shard`'s engine (None when it has none) and the base state
+    for `as_of` (spark_jobs/checkpoints.py `choose_base`)."""
+    directory = params.objects_dir(shard)
+    store = None if directory is None else checkpoints.open_store(directory)
+    choice = checkpoints.choose_base(store, as_of)
+    return store, replay.BaseState(choice.checkpoint, choice.why_none(), choice.ignored)
+
+
+@dataclass(slots=True)
+class _TableChanges:
+    """What the replayed entries (ckp_ts < commit_ts <= TS) do to one table."""
+
+    batches: list[pa.RecordBatch] = field(default_factory=list)
+    runs: list[tuple[int, int, int]] = field(default_factory=list)
+    """(block_id, first offset, rows) of each Append info, in batch order."""
+    deleted: list[npt.NDArray[np.uint64]] = field(default_factory=list)  # keys, see _key
+    created: list[CreateBlock] = field(default_factory=list)
+    dropped: set[int] = field(default_factory=set)
 
 
 def replay_as_of(params: JobParams) -> JobResult:
@@ -117,27 +149,29 @@ def replay_as_of(params: JobParams) -> JobResult:
     for replica, shard in logs_of(params):
         where = f"replica {replica} shard {shard}"
         scope = JobParams(params.job, params.inputs, frozenset({shard}), frozenset({replica}))
-        plan = plan_from_records(read_level(scope, ReadOptions(LEVEL_RECORD, verify)), where)
+        store, base = base_of(params, shard, as_of)
+        plan = plan_from_records(read_level(scope, ReadOptions(LEVEL_AUDIT, verify)), where, base)
+        # Every entry of the plan is read (not only those at or below TS): the newest
+        # commit in the log says whether TS is past it, and rule 4 needs every earlier entry.
         options = ReadOptions(
-            LEVEL_COMMAND, verify, scope.bounds().with_range("commit_ts", hi=as_of)
+            LEVEL_COMMAND, verify, scope.bounds().with_range("commit_ts", lo=base.ckp_ts + 1)
         )
-        catalog: list[replay.CatalogCommand] = []
-        appends: dict[int, list[pa.Table]] = defaultdict(list)
-        deletes: dict[int, set[tuple[int, int]]] = defaultdict(set)
-        entries = []
         chosen = []
+        newest_commit_ts = base.ckp_ts
         for unit in scope.units():
             for rec, dsn, entry in txn_entries(unit, options):
-                if rec.lsn not in plan.kept_lsns or dsn > plan.last_dsn:
+                if rec.lsn not in plan.kept_lsns or not plan.first_dsn <= dsn <= plan.last_dsn:
                     continue
-                entries.append((dsn, entry.commit_ts))
+                newest_commit_ts = max(newest_commit_ts, entry.commit_ts)
                 chosen.append((dsn, entry))
-        repeated = replay.repeated_dsns(entries)
-        max_commit_ts = 0
+        repeated = replay.repeated_dsns((dsn, entry.commit_ts) for dsn, entry in chosen)
+        catalog: list[replay.CatalogCommand] = []
+        changes: dict[int, _TableChanges] = defaultdict(_TableChanges)
+        replayed = 0
         for dsn, entry in chosen:
-            if dsn in repeated:
+            if dsn in repeated or entry.commit_ts > as_of:
                 continue
-            max_commit_ts = max(max_commit_ts, entry.commit_ts)
+            replayed += 1
             for index, cmd in enumerate(entry.commands):
                 if isinstance(cmd, UpdateCatalog):
                     catalog.append(
@@ -154,15 +188,27 @@ def replay_as_of(params: JobParams) -> JobResult:
                         )
                     )
                 elif isinstance(cmd, Append):
-                    appends[cmd.table_id].append(_append_rows(cmd))
+                    changed = changes[cmd.table_id]
+                    changed.batches.append(cmd.batch)
+                    changed.runs.extend((i.block_id, i.offset, i.rows) for i in cmd.infos)
+                elif isinstance(cmd, Delete):
+                    offsets = np.asarray(cmd.rows.to_array(), dtype=np.uint64)
+                    changes[cmd.table_id].deleted.append(_key(cmd.block_id, offsets, where))
+                elif isinstance(cmd, CreateBlock):
+                    changes[cmd.table_id].created.append(cmd)
+                elif isinstance(cmd, DropBlock):
+                    changes[cmd.table_id].dropped.add(cmd.block_id)
                 else:
-                    assert isinstance(cmd, Delete)
-                    for offset in cmd.rows:
-                        deletes[cmd.table_id].add((cmd.block_id, offset))
-        live = replay.replay_catalog(catalog, as_of, where)
+                    assert isinstance(cmd, Origin)  # who asked (issue 15): no data
+        live = replay.replay_catalog(catalog, as_of, where, base)
+        if store is None and any(t.created for t in changes.values()):
+            raise BadInput(
+                f"{where}: the WAL names persisted blocks (CreateBlock) but no objects "
+                "directory was given or found: --objects"
+            )
         tables_summary = {}
         for table in live:
-            data = _live_rows(table, appends.get(table.table_id, []), deletes[table.table_id])
+            data = _live_rows(store, base, table, changes.get(table.table_id, _TableChanges()))
             name = f"shard-{shard}/{table.db_name}/{table.name}"
             result.tables[name] = data
             tables_summary[f"{table.db_name}.{table.name}"] = data.num_rows
@@ -170,9 +216,11 @@ def replay_as_of(params: JobParams) -> JobResult:
             {
                 "replica": replica,
                 "shard": shard,
+                "base": base.describe(),
                 **plan.describe(),
+                "entries_replayed": replayed,
                 "repeated_transactions_ignored": len(repeated),
-                "newest_commit_ts_replayed": max_commit_ts,
+                "newest_commit_ts": newest_commit_ts,
                 "tables": tables_summary,
             }
         )
@@ -182,10 +230,10 @@ def replay_as_of(params: JobParams) -> JobResult:
 
 
 def replay_summary(as_of: int, logs_summary: list[dict[str, Any]]) -> dict[str, Any]:
-    newest = max((log["newest_commit_ts_replayed"] for log in logs_summary), default=0)
+    newest = max((log["newest_commit_ts"] for log in logs_summary), default=0)
     return {
         "as_of": as_of,
-        "base": replay.EMPTY_BASE.description,
+        "newest_commit_ts": newest,
         "as_of_after_newest_commit": as_of > newest,
         "logs": logs_summary,
     }
@@ -195,42 +243,114 @@ def replay_lines(summary: dict[str, Any]) -> list[str]:
     lines = []
     for log in summary["logs"]:
         tables = ", ".join(f"{name} {rows} rows" for name, rows in log["tables"].items())
+        base = log["base"]
+        start = (
+            "no checkpoint"
+            if base["checkpoint"] is None
+            else f"checkpoint ckp_ts {base['ckp_ts']} ({base['kind']}, {base['blocks']} blocks)"
+        )
         lines.append(
             f"replay_as_of {summary['as_of']}: replica {log['replica']} shard {log['shard']}: "
-            f"DSNs 1-{log['last_dsn']} from {log['records_replayed']} records; "
+            f"{start} + {log['entries_replayed']} WAL entries (DSNs {log['first_dsn']}-"
+            f"{log['last_dsn']} read from {log['records_replayed']} records); "
             f"{len(log['tables'])} live table(s): {tables or 'none'}"
         )
     if summary["as_of_after_newest_commit"]:
-        lines.append("note: --as-of is after the newest commit in the log: this is the last state")
+        lines.append(
+            f"note: --as-of is after the newest commit ({summary['newest_commit_ts']}) in the "
+            "log and its checkpoints: this is the last state they hold, not a promise that "
+            "nothing was committed since"
+        )
     return lines
 
 
-def _append_rows(cmd: Append) -> pa.Table:
-    block_ids: list[int] = []
-    offsets: list[int] = []
-    for info in cmd.infos:
-        block_ids.extend([info.block_id] * info.rows)
-        offsets.extend(range(info.offset, info.offset + info.rows))
-    table = pa.Table.from_batches([cmd.batch])
-    table = table.append_column("__block_id", pa.array(block_ids, pa.int64()))
-    return table.append_column("__offset", pa.array(offsets, pa.int64()))
+KEY_OFFSET_BITS = 32  # offsets are u32 (engine/FORMAT.md Append info)
+
+
+def _key(block_id: int, offsets: npt.NDArray[np.uint64], where: str) -> npt.NDArray[np.uint64]:
+    """(block_id, offset) as one uint64, for numpy set operations."""
+    if block_id >= 1 << (64 - KEY_OFFSET_BITS):
+        raise ReplayFailed(f"{where}: block id {block_id} too large for this reader")
+    return (np.uint64(block_id) << np.uint64(KEY_OFFSET_BITS)) | offsets.astype(np.uint64)
 
 
 def _live_rows(
-    table: replay.LiveTable, parts: list[pa.Table], deleted: set[tuple[int, int]]
+    store: LocalDirStore | None,
+    base: replay.BaseState,
+    table: replay.LiveTable,
+    changes: _TableChanges,
 ) -> pa.Table:
+    """The table's rows at TS (replay.py "The rows at TS"), ordered by (block_id, offset)."""
     arrow = table.schema.to_arrow()
+    parts: list[pa.Table] = []
+    block_ids: list[npt.NDArray[np.int64]] = []
+    offsets: list[npt.NDArray[np.int64]] = []
+    dead = list(changes.deleted)
+    where = f"table {table.db_name}.{table.name}"
+
+    def persisted(block_id: int, rows: pa.Table) -> None:
+        parts.append(rows)
+        block_ids.append(np.full(rows.num_rows, block_id, np.int64))
+        offsets.append(np.arange(rows.num_rows, dtype=np.int64))
+
+    if base.checkpoint is not None:
+        assert store is not None
+        blocks = [
+            b
+            for b in base.checkpoint.blocks_of(table.table_id)
+            if b.block_id not in changes.dropped
+        ]
+        for block in blocks:
+            rows = checkpoints.block_rows(
+                store,
+                table.schema,
+                block.object,
+                block.row_group,
+                block.rows,
+                dump=block.level == LEVEL_L0_DUMP,
+            )
+            persisted(block.block_id, rows)
+        for block_id, gone in checkpoints.deleted_offsets(store, blocks, base.ckp_ts).items():
+            dead.append(_key(block_id, gone.astype(np.uint64), where))
+    for created in changes.created:
+        if created.block_id in changes.dropped:
+            continue
+        assert store is not None
+        rows = checkpoints.block_rows(
+            store, table.schema, created.object_name, created.row_group, created.rows, dump=False
+        )
+        persisted(created.block_id, rows)
+    if changes.batches:
+        parts.append(pa.Table.from_batches(changes.batches))
+        runs = np.asarray(changes.runs, dtype=np.int64).reshape(-1, 3)
+        rows_per_run = runs[:, 2]
+        block_ids.append(np.repeat(runs[:, 0], rows_per_run))
+        starts = np.repeat(np.cumsum(rows_per_run) - rows_per_run, rows_per_run)
+        offsets.append(np.repeat(runs[:, 1], rows_per_run) + np.arange(len(starts)) - starts)
     if not parts:
         return arrow.empty_table()
-    rows = pa.concat_tables(parts)
-    if deleted:
-        keys = zip(
-            rows.column("__block_id").to_pylist(), rows.column("__offset").to_pylist(), strict=True
-        )
-        keep = pa.array([key not in deleted for key in keys])
-        rows = rows.filter(keep)
-    rows = rows.sort_by([("__block_id", "ascending"), ("__offset", "ascending")])
-    return rows.drop_columns(["__block_id", "__offset"]).cast(arrow)
+    try:
+        rows = pa.concat_tables([part.cast(arrow) for part in parts])
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        raise ReplayFailed(f"{where}: rows do not fit the table's schema: {exc}") from None
+    ids = np.concatenate(block_ids)  # in the order of `parts`: persisted, then appended
+    offs = np.concatenate(offsets)
+    assert len(ids) == rows.num_rows, (len(ids), rows.num_rows)
+    keep = np.ones(len(ids), dtype=bool)
+    if changes.dropped:
+        keep &= ~np.isin(ids, np.fromiter(changes.dropped, np.int64))
+    if dead:
+        keys = _key_array(ids, offs)
+        keep &= ~np.isin(keys, np.concatenate(dead))
+    order = np.lexsort((offs[keep], ids[keep]))
+    kept = np.flatnonzero(keep)[order]
+    return rows.take(pa.array(kept))
+
+
+def _key_array(
+    ids: npt.NDArray[np.int64], offsets: npt.NDArray[np.int64]
+) -> npt.NDArray[np.uint64]:
+    return (ids.astype(np.uint64) << np.uint64(KEY_OFFSET_BITS)) | offsets.astype(np.uint64)
 
 
 # --- lsn_audit -----------------------------------------------------------------------------------
@@ -238,16 +358,17 @@ def _live_rows(
 
 def lsn_audit(params: JobParams) -> JobResult:
     records = read_level(
-        params, ReadOptions(LEVEL_RECORD, params.verify or VERIFY_REPORT, params.bounds())
+        params, ReadOptions(LEVEL_AUDIT, params.verify or VERIFY_REPORT, params.bounds())
     )
-    rows = records.to_pylist()
-    by_log: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
-    for row in rows:
-        by_log[(row["replica"], row["shard"])].append(row)
+    keys = records.select(["replica", "shard"]).group_by(["replica", "shard"]).aggregate([])
+    logs_found = sorted(zip(keys["replica"].to_pylist(), keys["shard"].to_pylist(), strict=True))
     anomalies: list[dict[str, Any]] = []
     logs = []
-    for (replica, shard), log_rows in sorted(by_log.items()):
-        found, summary = audit_log(replica, shard, log_rows)
+    for replica, shard in logs_found:
+        mine = records.filter(
+            pc.and_(pc.equal(records["replica"], replica), pc.equal(records["shard"], shard))
+        )
+        found, summary = audit_log(replica, shard, mine)
         anomalies.extend(found)
         logs.append(summary)
     table = (
@@ -261,99 +382,140 @@ def lsn_audit(params: JobParams) -> JobResult:
     return result
 
 
+def _ints(table: pa.Table, name: str) -> npt.NDArray[np.int64]:
+    return np.asarray(table.column(name).to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
 def audit_log(
-    replica: str, shard: int, rows: list[dict[str, Any]]
+    replica: str, shard: int, rows: pa.Table
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """One log's audit, column-wise (numpy over the record level): what is proportional to
+    the entries is vectorized; only anomalies (rare) are built row by row."""
+
     def anomaly(kind: str, **values: Any) -> dict[str, Any]:
         base = dict.fromkeys(jobs.ANOMALY.names)
         base.update(replica=replica, shard=shard, kind=kind, **values)
         return base
 
-    found = []
-    skips = {(r["skip_dsn"], r["skip_lsn"]) for r in rows if r["kind"] == "skip"}
-    copies: dict[int, list[tuple[int, int]]] = defaultdict(list)
-    lsn_segment: dict[int, str] = {}
-    truncated = 0
-    damaged = 0
-    for r in rows:
-        kind = r["kind"]
-        if kind in ("entry", "marker", "skip"):
-            lsn_segment.setdefault(r["lsn"], r["segment"])
-        if kind == "entry":
-            if (r["record_start_dsn"], r["lsn"]) in skips:
-                found.append(
-                    anomaly(
-                        "skipped",
-                        dsn_lo=r["dsn"],
-                        dsn_hi=r["dsn"],
-                        lsn_lo=r["lsn"],
-                        lsn_hi=r["lsn"],
-                        copies=1,
-                        segment=r["segment"],
-                        offset_bytes=r["offset_bytes"],
-                    )
-                )
-            else:
-                copies[r["dsn"]].append((r["lsn"], r["entry_checksum"]))
-        elif kind == "truncate":
-            truncated = max(truncated, r["lsn"])
-        elif kind in ("corrupt", "torn_tail"):
-            damaged += 1
+    found: list[dict[str, Any]] = []
+    kind = rows.column("kind")
+    records = rows.filter(pc.equal(kind, "entry"))
+    skips_table = rows.filter(pc.equal(kind, "skip"))
+    skips = set(
+        zip(
+            pc.list_flatten(skips_table.column("skip_dsns")).to_pylist(),
+            pc.list_flatten(skips_table.column("skip_lsns")).to_pylist(),
+            strict=True,
+        )
+    )
+    # One row per DSN copy, made from the records: entry i of a record has DSN start + i.
+    counts = _ints(records, "record_count")
+    owner = np.repeat(np.arange(len(counts)), counts)  # the record of each copy
+    firsts = np.cumsum(counts) - counts
+    start = _ints(records, "record_start_dsn")
+    lsn = _ints(records, "lsn")[owner]
+    dsn_all = start[owner] + (np.arange(len(owner)) - firsts[owner])
+    checksum_all = np.asarray(
+        pc.list_flatten(records.column("entry_checksums")).to_numpy(zero_copy_only=False),
+        dtype=np.int64,
+    )
+    assert len(checksum_all) == len(owner)
+    skipped_record = np.zeros(len(counts), dtype=bool)
+    if skips:
+        record_lsns = _ints(records, "lsn")
+        for i in range(len(counts)):
+            skipped_record[i] = (int(start[i]), int(record_lsns[i])) in skips
+    skipped = skipped_record[owner]
+    if skipped.any():
+        segments = records.column("segment").to_pylist()
+        offsets = records.column("offset_bytes").to_pylist()
+        for copy in np.flatnonzero(skipped).tolist():
+            at = int(owner[copy])
             found.append(
                 anomaly(
-                    kind, segment=r["segment"], offset_bytes=r["offset_bytes"], detail=r["error"]
+                    "skipped",
+                    dsn_lo=int(dsn_all[copy]),
+                    dsn_hi=int(dsn_all[copy]),
+                    lsn_lo=int(lsn[copy]),
+                    lsn_hi=int(lsn[copy]),
+                    copies=1,
+                    segment=segments[at],
+                    offset_bytes=offsets[at],
                 )
             )
+    live = ~skipped
+    dsn, lsn_live, checksum = dsn_all[live], lsn[live], checksum_all[live]
+    order = np.lexsort((lsn_live, dsn))
+    dsn, lsn_live, checksum = dsn[order], lsn_live[order], checksum[order]
+    dsns, first, counts = np.unique(dsn, return_index=True, return_counts=True)
     duplicates = conflicts = 0
-    for dsn, held in copies.items():
-        if len(held) < 2:
-            continue
-        lsns = [lsn for lsn, _ in held]
-        distinct = len({checksum for _, checksum in held})
-        kind = "duplicate" if distinct == 1 else "conflict"
-        duplicates += kind == "duplicate"
-        conflicts += kind == "conflict"
+    for i in np.flatnonzero(counts > 1).tolist():
+        lo, n = int(first[i]), int(counts[i])
+        held = checksum[lo : lo + n]
+        kind_found = "duplicate" if len(np.unique(held)) == 1 else "conflict"
+        duplicates += kind_found == "duplicate"
+        conflicts += kind_found == "conflict"
+        copies_lsn = lsn_live[lo : lo + n]
         found.append(
             anomaly(
-                kind, dsn_lo=dsn, dsn_hi=dsn, lsn_lo=min(lsns), lsn_hi=max(lsns), copies=len(held)
+                kind_found,
+                dsn_lo=int(dsns[i]),
+                dsn_hi=int(dsns[i]),
+                lsn_lo=int(copies_lsn.min()),
+                lsn_hi=int(copies_lsn.max()),
+                copies=n,
             )
         )
-    dsns = sorted(copies)
     gaps = 0
-    for low, high in itertools.pairwise(dsns):
-        if high > low + 1:
-            gaps += 1
-            found.append(anomaly("gap", dsn_lo=low + 1, dsn_hi=high - 1))
-    lsns = sorted(lsn_segment)
+    for i in np.flatnonzero(np.diff(dsns) > 1).tolist():
+        gaps += 1
+        found.append(anomaly("gap", dsn_lo=int(dsns[i]) + 1, dsn_hi=int(dsns[i + 1]) - 1))
+    positioned = rows.filter(pc.is_in(kind, pa.array(["entry", "marker", "skip"])))
+    all_lsn = _ints(positioned, "lsn")
+    lsns, lsn_first = np.unique(all_lsn, return_index=True)
     lsn_gaps = 0
-    for low, high in itertools.pairwise(lsns):
-        if high > low + 1:
+    gap_at = np.flatnonzero(np.diff(lsns) > 1)
+    if len(gap_at):
+        segments = positioned.column("segment").take(pa.array(lsn_first)).to_pylist()
+        for i in gap_at.tolist():
             lsn_gaps += 1
-            across = lsn_segment[low] != lsn_segment[high]
+            across = segments[i] != segments[i + 1]
             found.append(
                 anomaly(
                     "lsn_gap",
-                    lsn_lo=low + 1,
-                    lsn_hi=high - 1,
-                    segment=lsn_segment[high],
+                    lsn_lo=int(lsns[i]) + 1,
+                    lsn_hi=int(lsns[i + 1]) - 1,
+                    segment=segments[i + 1],
                     detail="across segments" if across else "within a segment",
                 )
             )
+    truncates = rows.filter(pc.equal(kind, "truncate"))
+    truncated = int(_ints(truncates, "lsn").max()) if truncates.num_rows else 0
+    damage = rows.filter(pc.is_in(kind, pa.array(["corrupt", "torn_tail"])))
+    for row in damage.to_pylist():
+        found.append(
+            anomaly(
+                row["kind"],
+                segment=row["segment"],
+                offset_bytes=row["offset_bytes"],
+                detail=row["error"],
+            )
+        )
     summary = {
         "replica": replica,
         "shard": shard,
-        "entry_copies": sum(len(held) for held in copies.values()),
+        "entry_copies": int(live.sum()),
         "distinct_dsns": len(dsns),
-        "dsn_min": dsns[0] if dsns else None,
-        "dsn_max": dsns[-1] if dsns else None,
-        "lsn_min": lsns[0] if lsns else None,
-        "lsn_max": lsns[-1] if lsns else None,
+        "dsn_min": int(dsns[0]) if len(dsns) else None,
+        "dsn_max": int(dsns[-1]) if len(dsns) else None,
+        "lsn_min": int(lsns[0]) if len(lsns) else None,
+        "lsn_max": int(lsns[-1]) if len(lsns) else None,
         "gaps": gaps,
         "duplicates": duplicates,
         "conflicts": conflicts,
-        "skipped_copies": sum(1 for f in found if f["kind"] == "skipped"),
+        "skipped_copies": int(skipped.sum()),
         "lsn_gaps": lsn_gaps,
-        "damaged": damaged,
+        "damaged": damage.num_rows,
         "truncated_lsn": truncated,
     }
     return found, summary
@@ -514,15 +676,25 @@ def write_stats(params: JobParams) -> JobResult:
             "commit_ts",
             "n_rows",
             "cmd_bytes",
+            "block_id",
         ]
     ).to_pylist():
         key = (row["shard"], row["dsn"], row["cmd_index"])
         held = best.get(key)
         if held is None or (row["replica"], row["lsn"]) < (held["replica"], held["lsn"]):
             best[key] = row
+    # A Delete on a block its own entry creates restates a user's delete on the rewritten
+    # rows (engine/FORMAT.md CreateBlock): not counted again.
+    created = {
+        (row["shard"], row["dsn"], row["table_id"], row["block_id"])
+        for row in best.values()
+        if row["cmd_kind"] == "create_block"
+    }
     groups: dict[tuple[int, int, int, int], dict[str, Any]] = {}
     for row in best.values():
         if row["cmd_kind"] not in ("append", "delete"):
+            continue
+        if (row["shard"], row["dsn"], row["table_id"], row["block_id"]) in created:
             continue
         bucket = jobs.physical_ms(row["commit_ts"]) // params.bucket_ms * params.bucket_ms
         group_key = (row["shard"], row["db_id"], row["table_id"], bucket)
@@ -651,13 +823,55 @@ def latency_result(histogram: pa.Table, summary: dict[str, Any]) -> JobResult:
 def inventory(params: JobParams) -> JobResult:
     table = read_level(params, ReadOptions(LEVEL_SEGMENT, VERIFY_TRUE, params.bounds()))
     table = jobs.sort_table(table, ["replica", "shard", "first_position", "segment"])
-    result = JobResult(tables={"segments": table})
-    result.summary = inventory_summary(table.to_pylist())
+    found = checkpoint_inventory(params)
+    result = JobResult(tables={"segments": table, "checkpoints": found})
+    result.summary = inventory_summary(table.to_pylist(), found.to_pylist())
     result.lines = inventory_lines(result.summary)
     return result
 
 
-def inventory_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def checkpoint_inventory(params: JobParams) -> pa.Table:
+    """Every checkpoint directory of every shard's objects directory (both engines: the
+    lists are small and read on the driver). Sizes from listing the store; only the
+    manifests are decoded."""
+    shards = sorted({unit.shard for unit in params.units()})
+    rows = []
+    for shard in shards:
+        directory = params.objects_dir(shard)
+        if directory is None:
+            continue
+        store = checkpoints.open_store(directory)
+        sizes = {info.name: info.size_bytes for info in store.list("")}
+        for found in checkpoints.list_checkpoints(store):
+            manifest = found.manifest
+            named = manifest.objects if manifest is not None else ()
+            rows.append(
+                {
+                    "shard": shard,
+                    "objects_dir": directory,
+                    "directory": found.directory,
+                    "state": found.state,
+                    "error": found.error,
+                    "ckp_ts": found.ckp_ts,
+                    "ckp_dsn": None if manifest is None else manifest.ckp_dsn,
+                    "kind": None if manifest is None else manifest.kind,
+                    "tables": None if manifest is None else manifest.tables,
+                    "blocks": None if manifest is None else manifest.block_count,
+                    "live_rows": None if manifest is None else manifest.live_rows,
+                    "objects": len(named) if manifest is not None else None,
+                    "objects_bytes": sum(sizes.get(name, 0) for name in named),
+                    "objects_missing": sum(1 for name in named if name not in sizes),
+                    "dir_objects": found.objects,
+                    "dir_bytes": found.size_bytes,
+                }
+            )
+    table = pa.Table.from_pylist(rows, schema=jobs.CHECKPOINTS) if rows else None
+    return jobs.CHECKPOINTS.empty_table() if table is None else table
+
+
+def inventory_summary(
+    rows: list[dict[str, Any]], checkpoint_rows: list[dict[str, Any]]
+) -> dict[str, Any]:
     logs: dict[tuple[str, int], dict[str, Any]] = {}
     for row in rows:
         log = logs.setdefault(
@@ -683,7 +897,7 @@ def inventory_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
             log["first"] = first if log["first"] is None else min(log["first"], first)
             log["last"] = last if log["last"] is None else max(log["last"], last)
         log["not_clean"] += row["end"] != "clean"
-    return {"logs": [logs[key] for key in sorted(logs)], "checkpoints": []}
+    return {"logs": [logs[key] for key in sorted(logs)], "checkpoints": checkpoint_rows}
 
 
 def inventory_lines(summary: dict[str, Any]) -> list[str]:
@@ -694,5 +908,21 @@ def inventory_lines(summary: dict[str, Any]) -> list[str]:
         + (f", {log['not_clean']} not ending clean" if log["not_clean"] else "")
         for log in summary["logs"]
     ]
-    lines.append("inventory: checkpoints: none (the engine writes none yet: issue 14)")
+    for ckp in summary["checkpoints"]:
+        if ckp["state"] == "complete":
+            lines.append(
+                f"inventory: shard {ckp['shard']} checkpoint ckp_ts {ckp['ckp_ts']} "
+                f"({ckp['kind']}, ckp_dsn {ckp['ckp_dsn']}): {ckp['tables']} table(s), "
+                f"{ckp['blocks']} block(s), {ckp['live_rows']} live rows, {ckp['objects']} "
+                f"object(s) of {ckp['objects_bytes']} bytes"
+                + (f", {ckp['objects_missing']} MISSING" if ckp["objects_missing"] else "")
+            )
+        else:
+            why = f": {ckp['error']}" if ckp["error"] else " (no manifest: ignored)"
+            lines.append(
+                f"inventory: shard {ckp['shard']} checkpoint directory {ckp['directory']} "
+                f"{ckp['state'].upper()}{why}"
+            )
+    if not summary["checkpoints"]:
+        lines.append("inventory: no checkpoint (no objects directory, or none written yet)")
     return lines

@@ -2,7 +2,7 @@
 replay, the catalog as of a timestamp, and the base state replay starts from.
 
 The model is Delta Lake's (spark.md §2): state(T) = base + the log entries with
-base.ckpt_ts < commit_ts <= T. Rows are keyed by (table, block_id, offset): an Append only
+base.ckp_ts < commit_ts <= T. Rows are keyed by (table, block_id, offset): an Append only
 adds keys and a Delete is a tombstone, so "latest wins" is a union plus an anti-join with
 no global order; only the catalog is order-sensitive, and it is small: it is replayed on the
 driver by the engine's own `Catalog`.
@@ -10,27 +10,39 @@ driver by the engine's own `Catalog`.
 **Which records** (`plan_replay`, from the record level of one log: one shard replica, or the
 file WAL). These are tae_driver's replay rules (tae_driver/replay.py), stated over sets:
 
-1. a SKIP record removes the copies it names by (start DSN, LSN);
+1. a record at or below the backend's truncated LSN (a TRUNCATE frame) is gone, as the
+   driver never reads it, whatever bytes are still on disk; a SKIP record removes the
+   copies it names by (start DSN, LSN);
 2. copies of one DSN range must be byte-identical records (the driver's own rule: "same
    DSNs with other bytes" is `ReplayOverlapError`); two copies that differ, or records whose
    DSN ranges overlap without being equal, fail the job (`CopiesDisagree`). The copy with
    the lowest LSN is the one replayed;
-3. the DSNs must run from 1 (the base's truncate DSN + 1, once checkpoints exist) without a
-   gap. A gap at or below the highest safe DSN any record published is lost acknowledged
-   data (`LogHole`); above it, the records after the gap are trailing (a crash mid-window;
-   never acknowledged) and are left out, as the driver leaves them out;
-4. the engine applies an entry only if its commit_ts is above every earlier one (a repeated
-   transaction is ignored: engine.py `_replay_wal`); `repeated_dsns` finds those.
+3. the DSNs must run without a gap from the first one the log still holds, and that first
+   one must be at most the base's `ckp_dsn + 1` (1 with no checkpoint): otherwise the
+   entries in between are gone and the job is refused (`ReplayRefused`), as the engine
+   refuses to open. A gap at or below the highest safe DSN any record published is lost
+   acknowledged data (`LogHole`); above it, the records after the gap are trailing (a crash
+   mid-window; never acknowledged) and are left out, as the driver leaves them out;
+4. an entry with `commit_ts <= ckp_ts` is in the base already and is skipped, whatever its
+   DSN (truncation is never exact); after it, the engine applies an entry only if its
+   commit_ts is above every earlier one (a repeated transaction is ignored: engine.py
+   `_replay_wal`); `repeated_dsns` finds those.
 
-**The base state.** Phase 1 has none (the engine writes no checkpoint yet: issue 14), so the
-base is `EMPTY_BASE`: nothing applied, ckpt_ts 0, truncate DSN 0. A log that was truncated
-(a TRUNCATE at any LSN, or DSNs that do not start at 1) cannot be replayed from the empty
-base: `ReplayRefused`. Issue 14's checkpoint (Parquet objects + a JSON manifest: ckpt_ts, per-
-shard truncate DSN, catalog snapshot, file list) plugs in as another `BaseState`: its catalog
-seeds `replay_catalog`, its rows are unioned with the replayed appends (and anti-joined with
-the replayed deletes) by both engines, and `plan_replay` starts the DSN run at its
-truncate DSN + 1 and filters commit_ts > ckpt_ts; the refusal becomes "T below the oldest
-retained checkpoint".
+**The base state** (`BaseState`, read by spark_jobs/checkpoints.py): the newest complete
+checkpoint with `ckp_ts <= TS`, or nothing (ckp_ts 0, ckp_dsn 0: replay from DSN 1). Its
+catalog seeds `replay_catalog`; its blocks' rows (minus its delta deletes) are unioned with
+the replayed rows by both engines. Refusals: a TS below every retained checkpoint when the
+WAL no longer starts at DSN 1, and a checkpoint whose tail is gone (the WAL's first DSN above
+its `ckp_dsn + 1`).
+
+**The rows at TS** (both engines, as sets keyed by `(table, block_id, offset)`): every block
+alive at TS (in the base and not dropped by a replayed DropBlock, created by a replayed
+CreateBlock and not dropped, or an L0 block receiving replayed Appends) contributes its rows
+(from the Appends, the dump, or the object's row group, offsets 0..rows-1), minus the
+offsets deleted at or before TS (the base's deltas and the replayed Deletes). The commands of
+one entry apply in the order catalog, CreateBlock, Delete, DropBlock, Append
+(engine/FORMAT.md), but as sets of effects at or before TS their order does not matter: a
+Delete may name a block the same entry creates, and a dropped block loses every row.
 """
 
 from __future__ import annotations
@@ -42,20 +54,46 @@ from engine.catalog import Catalog
 from engine.schema import Schema
 from engine.storage import ApplyError
 from engine.wal.entry import CatalogKind, CatalogOp, UpdateCatalog
+from spark_jobs.checkpoints import Checkpoint
 from spark_jobs.errors import CopiesDisagree, LogHole, ReplayFailed, ReplayRefused
 from spark_jobs.schemas import schema_from_json
 
 
 @dataclass(frozen=True, slots=True)
 class BaseState:
-    """What replay starts from: a checkpoint, or nothing (phase 1)."""
+    """What replay starts from: a checkpoint, or nothing."""
 
-    ckpt_ts: int
-    truncate_dsn: int
-    description: str
+    checkpoint: Checkpoint | None = None
+    why_none: str = "there is no checkpoint"
+    """With no checkpoint: why (for the refusal of a truncated WAL)."""
+    ignored: tuple[str, ...] = ()
+    """Checkpoint directories without a manifest (cut by a crash, or retired), ignored."""
+
+    @property
+    def ckp_ts(self) -> int:
+        return 0 if self.checkpoint is None else self.checkpoint.ckp_ts
+
+    @property
+    def ckp_dsn(self) -> int:
+        return 0 if self.checkpoint is None else self.checkpoint.ckp_dsn
+
+    def describe(self) -> dict[str, object]:
+        ignored = list(self.ignored)
+        if self.checkpoint is None:
+            return {"checkpoint": None, "ckp_ts": 0, "ckp_dsn": 0, "ignored": ignored}
+        manifest = self.checkpoint.manifest
+        return {
+            "ignored": ignored,
+            "checkpoint": manifest.name,
+            "kind": manifest.kind,
+            "ckp_ts": manifest.ckp_ts,
+            "ckp_dsn": manifest.ckp_dsn,
+            "blocks": manifest.block_count,
+            "live_rows": manifest.live_rows,
+        }
 
 
-EMPTY_BASE = BaseState(ckpt_ts=0, truncate_dsn=0, description="none (replayed from DSN 1)")
+EMPTY_BASE = BaseState()
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +110,9 @@ class DriverRecord:
 @dataclass(slots=True)
 class ReplayPlan:
     kept_lsns: set[int] = field(default_factory=set)
-    last_dsn: int = 0  # every DSN in [1, last_dsn] is replayed from kept_lsns
+    first_dsn: int = 1
+    last_dsn: int = 0  # every DSN in [first_dsn, last_dsn] is read from kept_lsns
+    truncated_lsns: set[int] = field(default_factory=set)
     duplicate_lsns: set[int] = field(default_factory=set)
     skipped_lsns: set[int] = field(default_factory=set)
     trailing_lsns: set[int] = field(default_factory=set)
@@ -80,15 +120,17 @@ class ReplayPlan:
 
     @property
     def excluded_lsns(self) -> set[int]:
-        return self.duplicate_lsns | self.skipped_lsns | self.trailing_lsns
+        return self.duplicate_lsns | self.skipped_lsns | self.trailing_lsns | self.truncated_lsns
 
     def describe(self) -> dict[str, object]:
         return {
+            "first_dsn": self.first_dsn,
             "last_dsn": self.last_dsn,
             "records_replayed": len(self.kept_lsns),
             "duplicate_copies_ignored": len(self.duplicate_lsns),
             "records_skipped_by_skip_records": len(self.skipped_lsns),
             "trailing_records_ignored": len(self.trailing_lsns),
+            "truncated_records_ignored": len(self.truncated_lsns),
             "safe_dsn": self.safe_dsn,
         }
 
@@ -101,16 +143,13 @@ def plan_replay(
     base: BaseState = EMPTY_BASE,
 ) -> ReplayPlan:
     """Rules 1-3 of the module doc for one log (`where` names it in errors)."""
-    if truncated_lsn > 0 and base is EMPTY_BASE:
-        raise ReplayRefused(
-            f"{where}: the WAL was truncated up to LSN {truncated_lsn}, so the entries before "
-            "it are gone; replay needs the checkpoint that covers them, and phase 1 reads no "
-            "checkpoint (issue 14): no timestamp can be answered from this log alone"
-        )
     plan = ReplayPlan()
     skip_set = set(skips)
     by_range: dict[tuple[int, int], DriverRecord] = {}
     for record in sorted(records, key=lambda r: r.lsn):
+        if record.lsn <= truncated_lsn:
+            plan.truncated_lsns.add(record.lsn)
+            continue
         plan.safe_dsn = max(plan.safe_dsn, record.safe_dsn)
         if record.count == 0:
             continue
@@ -129,9 +168,32 @@ def plan_replay(
             )
         else:
             plan.duplicate_lsns.add(record.lsn)
-    expected = base.truncate_dsn + 1
+    ranges = sorted(by_range.items())
+    needed = base.ckp_dsn + 1
+    first_dsn = ranges[0][0][0] if ranges else None
+    if base.checkpoint is None and truncated_lsn > 0 and first_dsn != 1:
+        raise ReplayRefused(
+            f"{where}: the WAL was truncated up to LSN {truncated_lsn} and "
+            + ("holds no entry" if first_dsn is None else f"starts at DSN {first_dsn}")
+            + f", and {base.why_none} at or below the timestamp: the entries before it are "
+            "gone, so this timestamp cannot be answered"
+        )
+    if first_dsn is not None and first_dsn > needed:
+        if base.checkpoint is None:
+            raise ReplayRefused(
+                f"{where}: the WAL starts at DSN {first_dsn} (DSNs 1-{first_dsn - 1} are gone) "
+                f"and {base.why_none} at or below the timestamp: it cannot be answered"
+            )
+        raise ReplayRefused(
+            f"{where}: checkpoint {base.checkpoint.manifest.name} (ckp_ts {base.ckp_ts}) "
+            f"needs the WAL from DSN {needed}, but the WAL starts at DSN {first_dsn}: the "
+            "entries in between are gone (the WAL was truncated past this checkpoint; a "
+            "newer timestamp, from a newer checkpoint, may still be answered)"
+        )
+    plan.first_dsn = first_dsn or needed
+    expected = plan.first_dsn
     trailing_from: int | None = None
-    for (start, end), record in sorted(by_range.items()):
+    for (start, end), record in ranges:
         if trailing_from is not None:
             plan.trailing_lsns.add(record.lsn)
             continue
@@ -141,11 +203,6 @@ def plan_replay(
                 f"overlap DSNs already held by another record (up to {expected - 1})"
             )
         if start > expected:
-            if expected == base.truncate_dsn + 1 and base is EMPTY_BASE:
-                raise ReplayRefused(
-                    f"{where}: the log starts at DSN {start}: DSNs {expected}-{start - 1} are "
-                    "not in it (truncated); replay needs a checkpoint (phase 1 reads none)"
-                )
             if expected <= plan.safe_dsn:
                 raise LogHole(
                     f"{where}: DSN {expected} is missing but a record says every DSN up to "
@@ -198,10 +255,33 @@ class LiveTable:
     schema: Schema
 
 
-def replay_catalog(commands: Iterable[CatalogCommand], as_of: int, where: str) -> list[LiveTable]:
-    """The tables live at `as_of`, by replaying the catalog commands in DSN order through the
-    engine's own `Catalog`."""
+def replay_catalog(
+    commands: Iterable[CatalogCommand], as_of: int, where: str, base: BaseState = EMPTY_BASE
+) -> list[LiveTable]:
+    """The tables live at `as_of`: the base's catalog (restored as the engine restores a
+    checkpoint's), then the catalog commands in DSN order, through the engine's own
+    `Catalog`."""
     catalog = Catalog()
+    if base.checkpoint is not None:
+        rows = base.checkpoint.catalog
+        for row in rows:
+            if row.kind == "database":
+                if row.db_id in catalog.databases:
+                    raise ReplayFailed(
+                        f"{where}: checkpoint {base.checkpoint.manifest.catalog}: database "
+                        f"{row.db_id} twice"
+                    )
+                catalog.restore_database(row.db_id, row.name, row.create_ts)
+        for row in rows:
+            if row.kind == "table":
+                assert row.schema is not None
+                if row.db_id not in catalog.databases or row.table_id in catalog.tables:
+                    raise ReplayFailed(
+                        f"{where}: checkpoint {base.checkpoint.manifest.catalog}: table "
+                        f"{row.name!r} of an unknown database, or twice"
+                    )
+                catalog.restore_table(row.table_id, row.db_id, row.name, row.schema, row.create_ts)
+        catalog.next_id = max(catalog.next_id, base.checkpoint.manifest.next_id)
     for cmd in sorted(commands, key=lambda c: (c.dsn, c.cmd_index)):
         update = UpdateCatalog(
             CatalogKind.DATABASE if cmd.kind == "database" else CatalogKind.TABLE,

@@ -68,6 +68,28 @@ RECORD = pa.schema(
     ]
 )
 
+# tae_wal level=audit: what lsn_audit and replay's plan read, one row per backend record
+# (not per DSN copy: a driver record holds up to 50 entries): its kind (entry: a record of
+# entries; marker, skip, truncate, corrupt, torn_tail as in the record level), DSN range,
+# safe DSN, record checksum, the checksums of its entries in DSN order (empty for other
+# kinds), a skip record's pairs. The Python Data Source API cannot prune columns, so a
+# narrow level is how Spark reads less; per-DSN rows are made by Spark (posexplode) or numpy.
+AUDIT = pa.schema(
+    [
+        *_LOG,
+        ("lsn", I64),
+        ("kind", STR),
+        ("record_start_dsn", I64),
+        ("record_count", I32),
+        ("safe_dsn", I64),
+        ("record_checksum", I64),
+        ("entry_checksums", pa.list_(I64)),
+        ("skip_dsns", pa.list_(I64)),
+        ("skip_lsns", pa.list_(I64)),
+        ("error", STR),
+    ]
+)
+
 MEMO_ITEM = pa.struct([("db_id", I64), ("table_id", I64), ("block_id", I64)])
 
 # tae_wal level=entry: the record level plus the decoded transaction context.
@@ -91,7 +113,8 @@ ENTRY = pa.schema(
 
 APPEND_INFO = pa.struct([("block_id", I64), ("offset", I64), ("rows", I64)])
 
-# tae_wal level=command: one row per command of every transaction entry.
+# tae_wal level=command: one row per command of every transaction entry. cmd_kind: catalog,
+# append, delete, create_block, drop_block, origin.
 COMMAND = pa.schema(
     [
         *_LOG,
@@ -115,6 +138,14 @@ COMMAND = pa.schema(
         ("batch_ipc", pa.binary()),
         ("del_rows", pa.list_(I64)),
         ("cmd_bytes", I64),
+        # create_block: the persisted block's object, row group and level (1 or 2); its rows
+        # are n_rows. drop_block names only block_id.
+        ("object", STR),
+        ("row_group", I64),
+        ("level", I32),
+        # origin (a compute node's request id, issue 15; changes no data): client id in
+        # `name`, its sequence number here.
+        ("origin_seq", I64),
     ]
 )
 

@@ -6,7 +6,7 @@ reading is spark_jobs.walread's, the same code the local engine runs.
     spark.read.format("logsvc_segments").option("input", "logsvc:n1=/data/n1;n2=/data/n2").load()
 
 Options (strings, as Spark passes them): `input` (spark_jobs/inputs.py), `level`
-(`tae_wal`: segment, record, entry, command, rows; `logsvc_segments`: raft, segment),
+(`tae_wal`: segment, record, audit, entry, command, rows; `logsvc_segments`: raft, segment),
 `verify` (true, false, report), `shards` and `replicas` (comma-separated), for level rows
 `table_id` and `table_schema` (spark_jobs/schemas.py `schema_to_json`), and for level
 command `batches=false` (leave `batch_ipc` and `cmd_bytes` null: no batch re-encoded).
@@ -44,7 +44,7 @@ from spark_jobs.journal import VERIFY_TRUE
 from spark_jobs.schemas import schema_from_json, spark_ddl
 from spark_jobs.walread import LEVEL_ENTRY, LEVEL_RAFT, LEVEL_SEGMENT, ReadOptions, read_unit
 
-TAE_WAL_LEVELS = ("segment", "record", "entry", "command", "rows")
+TAE_WAL_LEVELS = ("segment", "record", "audit", "entry", "command", "rows")
 LOGSVC_SEGMENTS_LEVELS = (LEVEL_RAFT, LEVEL_SEGMENT)
 
 

@@ -4,8 +4,10 @@ Same semantics as spark_jobs/local.py, stated once more in Spark's terms; the pu
 both engines write equal outputs.
 
 Where work lands on the driver (collected, then pure Python): the replay plan (one narrow
-row per driver record: LSN, DSN range, safe DSN, checksum), the catalog commands, the
-DSNs of repeated transactions, and the small summaries. Everything proportional to rows
+row per driver record: LSN, DSN range, safe DSN, checksum), the checkpoint's manifest,
+catalog and block lists and the footers of the objects replay reads (checked there, then
+read by Spark's own Parquet reader), the catalog and block commands, the DSNs of repeated
+transactions, and the small summaries. Everything proportional to rows
 (appends, deletes, anomalies, differences, statistics) stays distributed.
 """
 
@@ -17,7 +19,10 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from spark_jobs import jobs, local, replay
+from engine.checkpoint.layout import LEVEL_L0_DUMP
+from engine.objects.store import LocalDirStore
+from spark_jobs import checkpoints, jobs, local, replay, schemas
+from spark_jobs.errors import BadInput, ObjectsUnreadable
 from spark_jobs.jobs import JobParams, JobResult
 from spark_jobs.journal import VERIFY_REPORT, VERIFY_TRUE
 from spark_jobs.schemas import ROWS_PREFIX, schema_to_json, spark_ddl, spark_type
@@ -83,28 +88,25 @@ def replay_as_of(spark: SparkSession, params: JobParams) -> JobResult:
     for replica, shard in local.logs_of(params):
         where = f"replica {replica} shard {shard}"
         one_shard, one_replica = frozenset({shard}), frozenset({replica})
-        records = read(spark, params, "record", verify, shards=one_shard, replicas=one_replica)
-        narrow = (
-            records.filter(F.col("kind").isin("entry", "marker", "skip", "truncate"))
-            .select(
-                "kind",
-                "lsn",
-                "record_start_dsn",
-                "record_count",
-                "safe_dsn",
-                "record_checksum",
-                "skip_dsn",
-                "skip_lsn",
-            )
-            .distinct()
+        store, base = local.base_of(params, shard, as_of)
+        records = read(spark, params, "audit", verify, shards=one_shard, replicas=one_replica)
+        narrow = records.filter(F.col("kind").isin("entry", "marker", "skip", "truncate")).select(
+            *local.PLAN_COLUMNS
         )
-        plan = local.plan_from_rows((row.asDict() for row in narrow.collect()), where)
+        plan = local.plan_from_rows((row.asDict() for row in narrow.collect()), where, base)
         excluded = sorted(plan.excluded_lsns)
 
         def chosen(
-            frame: DataFrame, plan: replay.ReplayPlan = plan, excluded: list[int] = excluded
+            frame: DataFrame,
+            plan: replay.ReplayPlan = plan,
+            excluded: list[int] = excluded,
+            ckp_ts: int = base.ckp_ts,
         ) -> DataFrame:
-            frame = frame.filter((F.col("commit_ts") <= as_of) & (F.col("dsn") <= plan.last_dsn))
+            frame = frame.filter(
+                (F.col("commit_ts") > ckp_ts)
+                & (F.col("dsn") >= plan.first_dsn)
+                & (F.col("dsn") <= plan.last_dsn)
+            )
             return frame.filter(~F.col("lsn").isin(excluded)) if excluded else frame
 
         commands = chosen(
@@ -117,7 +119,7 @@ def replay_as_of(spark: SparkSession, params: JobParams) -> JobResult:
                 replicas=one_replica,
                 extra={"batches": "false"},
             )
-        ).drop("batch_ipc")
+        ).drop("batch_ipc", "infos")
         commands = commands.persist()
         entries = commands.select("dsn", "commit_ts").distinct()
         before = Window.orderBy("dsn").rowsBetween(Window.unboundedPreceding, -1)
@@ -128,29 +130,66 @@ def replay_as_of(spark: SparkSession, params: JobParams) -> JobResult:
             .select("dsn")
             .collect()
         ]
+        newest = max(base.ckp_ts, commands.agg(F.max("commit_ts")).collect()[0][0] or 0)
+        replayed_commands = commands.filter(F.col("commit_ts") <= as_of)
         if repeated:
-            commands = commands.filter(~F.col("dsn").isin(repeated))
+            replayed_commands = replayed_commands.filter(~F.col("dsn").isin(repeated))
+        small = [
+            row.asDict()
+            for row in replayed_commands.filter(
+                F.col("cmd_kind").isin("catalog", "create_block", "drop_block")
+            )
+            .select(
+                "dsn",
+                "cmd_index",
+                "commit_ts",
+                "cmd_kind",
+                "catalog_kind",
+                "catalog_op",
+                "db_id",
+                "table_id",
+                "name",
+                "schema_json",
+                "block_id",
+                "n_rows",
+                "object",
+                "row_group",
+            )
+            .collect()
+        ]
         catalog = [
             replay.CatalogCommand(
-                r.dsn,
-                r.cmd_index,
-                r.commit_ts,
-                r.catalog_kind,
-                r.catalog_op,
-                r.db_id,
-                r.table_id or 0,
-                r.name,
-                r.schema_json,
+                r["dsn"],
+                r["cmd_index"],
+                r["commit_ts"],
+                r["catalog_kind"],
+                r["catalog_op"],
+                r["db_id"],
+                r["table_id"] or 0,
+                r["name"],
+                r["schema_json"],
             )
-            for r in commands.filter(F.col("cmd_kind") == "catalog").collect()
+            for r in small
+            if r["cmd_kind"] == "catalog"
         ]
-        live = replay.replay_catalog(catalog, as_of, where)
-        newest = commands.agg(F.max("commit_ts")).collect()[0][0] or 0
-        deletes = commands.filter(F.col("cmd_kind") == "delete").select(
+        live = replay.replay_catalog(catalog, as_of, where, base)
+        replayed = replayed_commands.select("dsn").distinct().count()
+        deletes = replayed_commands.filter(F.col("cmd_kind") == "delete").select(
             "table_id", "block_id", F.explode("del_rows").alias("offset")
         )
+        created = [r for r in small if r["cmd_kind"] == "create_block"]
+        if store is None and created:
+            raise BadInput(
+                f"{where}: the WAL names persisted blocks (CreateBlock) but no objects "
+                "directory was given or found: --objects"
+            )
         tables_summary = {}
         for table in live:
+            dropped = sorted(
+                r["block_id"]
+                for r in small
+                if r["cmd_kind"] == "drop_block" and r["table_id"] == table.table_id
+            )
             rows = chosen(
                 read(
                     spark,
@@ -164,27 +203,136 @@ def replay_as_of(spark: SparkSession, params: JobParams) -> JobResult:
                         "table_schema": schema_to_json(table.schema),
                     },
                 )
-            )
+            ).filter(F.col("commit_ts") <= as_of)
             if repeated:
                 rows = rows.filter(~F.col("dsn").isin(repeated))
+            value_names = [c.name for c in table.schema.columns]
+            rows = rows.select("block_id", "offset", *value_names)
             dead = deletes.filter(F.col("table_id") == table.table_id).select("block_id", "offset")
+            if store is not None:
+                mine = [r for r in created if r["table_id"] == table.table_id]
+                persisted, base_dead = _object_rows(spark, store, base, table, mine, dropped)
+                if persisted is not None:
+                    rows = rows.unionByName(persisted)
+                if base_dead is not None:
+                    dead = dead.unionByName(base_dead)
+            if dropped:
+                rows = rows.filter(~F.col("block_id").isin(dropped))
             rows = rows.join(dead, ["block_id", "offset"], "left_anti")
-            ordered = rows.orderBy("block_id", "offset").drop(*(name for name, _ in ROWS_PREFIX))
+            ordered = rows.orderBy("block_id", "offset").drop("block_id", "offset")
             name = f"shard-{shard}/{table.db_name}/{table.name}"
             result.tables[name] = ordered
             tables_summary[f"{table.db_name}.{table.name}"] = name  # row count: after writing
+        commands.unpersist()
         logs_summary.append(
             {
                 "replica": replica,
                 "shard": shard,
+                "base": base.describe(),
                 **plan.describe(),
+                "entries_replayed": replayed,
                 "repeated_transactions_ignored": len(repeated),
-                "newest_commit_ts_replayed": newest,
+                "newest_commit_ts": newest,
                 "tables": tables_summary,
             }
         )
     result.summary = local.replay_summary(as_of, logs_summary)
     return result
+
+
+def _object_rows(
+    spark: SparkSession,
+    store: LocalDirStore,
+    base: replay.BaseState,
+    table: replay.LiveTable,
+    created: list[dict[str, Any]],
+    dropped: list[int],
+) -> tuple[DataFrame | None, DataFrame | None]:
+    """The rows of the table's blocks held in objects (the base's dumps and persisted
+    blocks, the replayed CreateBlocks), not dropped, as (block_id, offset, columns...); and
+    the base's deletes as (block_id, offset). Parquet is read by Spark itself; every object's
+    footer is checked on the driver first (our metadata, row groups, row counts), and a
+    Parquet row index becomes a block offset through the row group's first row."""
+    gone = set(dropped)
+    blocks: list[tuple[str, int, int, int]] = []  # (object, block_id, first row, rows)
+    starts: dict[str, list[int]] = {}
+
+    def persisted(name: str, block_id: int, row_group: int, rows: int) -> None:
+        if name not in starts:
+            starts[name] = checkpoints.row_group_starts(store, name)
+        if not 0 <= row_group < len(starts[name]):
+            raise ObjectsUnreadable(name, f"no row group {row_group}")
+        blocks.append((name, block_id, starts[name][row_group], rows))
+
+    deltas: set[str] = set()
+    checkpoint = base.checkpoint
+    if checkpoint is not None:
+        for row in checkpoint.blocks_of(table.table_id):
+            if row.block_id in gone:
+                continue
+            if row.level == LEVEL_L0_DUMP:
+                checkpoints.check_dump(store, row.object, table.schema, row.rows)
+                blocks.append((row.object, row.block_id, 0, row.rows))
+            else:
+                persisted(row.object, row.block_id, row.row_group, row.rows)
+            if row.delta_object is not None:
+                deltas.add(row.delta_object)
+    for cmd in created:
+        if cmd["block_id"] not in gone:
+            persisted(cmd["object"], cmd["block_id"], cmd["row_group"], cmd["n_rows"])
+    rows_frame: DataFrame | None = None
+    if blocks:
+        directory = spark.createDataFrame(
+            [(_file_key(name), block_id, first, rows) for name, block_id, first, rows in blocks],
+            "file_key STRING, block_id BIGINT, first_row BIGINT, block_rows BIGINT",
+        )
+        names = [c.name for c in table.schema.columns]
+        paths = sorted({store.path_of(name) for name, _, _, _ in blocks})
+        prefix = len(ROWS_PREFIX)
+        wanted = schemas.rows_schema(table.schema, for_spark=True)
+        raw = spark.read.parquet(*paths).select(
+            *names,
+            _key_of(F.col("_metadata.file_path")).alias("file_key"),
+            F.col("_metadata.row_index").alias("row_index"),
+        )
+        joined = raw.join(F.broadcast(directory), "file_key").filter(
+            (F.col("row_index") >= F.col("first_row"))
+            & (F.col("row_index") < F.col("first_row") + F.col("block_rows"))
+        )
+        rows_frame = joined.select(
+            F.col("block_id"),
+            (F.col("row_index") - F.col("first_row")).alias("offset"),
+            *(F.col(f.name).cast(spark_type(f.type)).alias(f.name) for f in list(wanted)[prefix:]),
+        )
+    dead_frame: DataFrame | None = None
+    if deltas and checkpoint is not None:
+        for name in deltas:
+            checkpoints.check_delta(store, name)
+        mine = [r.block_id for r in checkpoint.blocks_of(table.table_id) if r.delta_object]
+        dead_frame = (
+            spark.read.parquet(*sorted(store.path_of(name) for name in deltas))
+            .filter(
+                (F.col("commit_ts") <= F.lit(checkpoint.ckp_ts).cast("decimal(20,0)"))
+                & F.col("block_id").isin(mine)
+            )
+            .select(
+                F.col("block_id").cast("bigint").alias("block_id"),
+                F.col("offset").cast("bigint").alias("offset"),
+            )
+        )
+    return rows_frame, dead_frame
+
+
+def _file_key(name: str) -> str:
+    """The last two components of an object's name ("data/<table>/<hex>.parquet",
+    "ckp/<ts>-<tag>/l0-..."): unique among a store's objects and made only of characters a
+    file URI does not escape, so it matches what Spark's `_metadata.file_path` ends with."""
+    return "/".join(name.split("/")[-2:])
+
+
+def _key_of(path: Any) -> Any:
+    parts = F.split(path, "/")
+    return F.concat_ws("/", F.element_at(parts, -2), F.element_at(parts, -1))
 
 
 def finish_replay(result: JobResult, rows_written: dict[str, int]) -> None:
@@ -207,15 +355,40 @@ def _anomaly(frame: DataFrame, kind: Any, **columns: Any) -> DataFrame:
 
 
 def lsn_audit(spark: SparkSession, params: JobParams) -> JobResult:
-    records = read(spark, params, "record", params.verify or VERIFY_REPORT).persist()
+    records = read(spark, params, "audit", params.verify or VERIFY_REPORT).persist()
     log = ["replica", "shard"]
-    entries = records.filter(F.col("kind") == "entry")
-    skips = records.filter(F.col("kind") == "skip").select(
-        *log, F.col("skip_dsn").alias("record_start_dsn"), F.col("skip_lsn").alias("lsn")
+    # Skip records name record copies by (start DSN, LSN): matched against records (one row
+    # per driver record, not per DSN), the skip pairs broadcast (they are few; a Python
+    # source's size is unknown to Spark, which would otherwise shuffle both sides).
+    pairs = records.filter(F.col("kind") == "skip").select(
+        *log, F.explode(F.arrays_zip("skip_dsns", "skip_lsns")).alias("pair")
+    )
+    skips = F.broadcast(
+        pairs.select(
+            *log,
+            F.col("pair.skip_dsns").alias("record_start_dsn"),
+            F.col("pair.skip_lsns").alias("lsn"),
+        ).distinct()
     )
     skip_keys = [*log, "record_start_dsn", "lsn"]
-    skipped = entries.join(skips, skip_keys, "left_semi")
-    live = entries.join(skips, skip_keys, "left_anti")
+    entry_records = records.filter(F.col("kind") == "entry").join(
+        skips.withColumn("skipped", F.lit(True)), skip_keys, "left"
+    )
+
+    def exploded(frame: DataFrame) -> DataFrame:
+        """One row per DSN copy, exploded in the JVM from one row per driver record."""
+        rows = frame.select(
+            *log,
+            "segment",
+            "offset_bytes",
+            "lsn",
+            "record_start_dsn",
+            F.posexplode("entry_checksums").alias("entry_index", "entry_checksum"),
+        )
+        return rows.withColumn("dsn", F.col("record_start_dsn") + F.col("entry_index"))
+
+    skipped = exploded(entry_records.filter(F.col("skipped").isNotNull()))
+    live = exploded(entry_records.filter(F.col("skipped").isNull()))
     found = [
         _anomaly(
             skipped,
@@ -229,11 +402,14 @@ def lsn_audit(spark: SparkSession, params: JobParams) -> JobResult:
             offset_bytes=F.col("offset_bytes"),
         )
     ]
+    # Copies of a DSN agree when their least and greatest checksums are equal (cheaper than
+    # counting distinct values, which Spark plans as a second aggregation).
     copies = (
         live.groupBy(*log, "dsn")
         .agg(
             F.count("*").alias("n"),
-            F.countDistinct("entry_checksum").alias("distinct"),
+            F.min("entry_checksum").alias("checksum_min"),
+            F.max("entry_checksum").alias("checksum_max"),
             F.min("lsn").alias("lsn_min"),
             F.max("lsn").alias("lsn_max"),
         )
@@ -242,7 +418,9 @@ def lsn_audit(spark: SparkSession, params: JobParams) -> JobResult:
     found.append(
         _anomaly(
             copies.filter(F.col("n") > 1),
-            F.when(F.col("distinct") == 1, "duplicate").otherwise("conflict"),
+            F.when(F.col("checksum_min") == F.col("checksum_max"), "duplicate").otherwise(
+                "conflict"
+            ),
             dsn_lo=F.col("dsn"),
             dsn_hi=F.col("dsn"),
             lsn_lo=F.col("lsn_min"),
@@ -420,9 +598,18 @@ def _first_copy(frame: DataFrame, keys: list[str]) -> DataFrame:
 
 def write_stats(spark: SparkSession, params: JobParams) -> JobResult:
     commands = read(spark, params, "command", params.verify or VERIFY_TRUE).drop("batch_ipc")
-    data = _first_copy(commands, ["shard", "dsn", "cmd_index"]).filter(
-        F.col("cmd_kind").isin("append", "delete")
+    first = _first_copy(commands, ["shard", "dsn", "cmd_index"])
+    # A Delete on a block its own entry creates restates a user's delete on the rewritten
+    # rows (engine/FORMAT.md CreateBlock): not counted again.
+    created = first.filter(F.col("cmd_kind") == "create_block").select(
+        "shard", "dsn", "table_id", "block_id"
     )
+    data = first.filter(F.col("cmd_kind").isin("append", "delete")).join(
+        created.withColumn("carried", F.lit(True)),
+        ["shard", "dsn", "table_id", "block_id"],
+        "left",
+    )
+    data = data.filter(F.col("carried").isNull()).drop("carried")
     physical = F.shiftright(F.col("commit_ts"), jobs.HLC_LOGICAL_BITS)
     data = data.withColumn(
         "bucket_start_ms", F.floor(physical / params.bucket_ms) * params.bucket_ms
@@ -514,7 +701,11 @@ def inventory(spark: SparkSession, params: JobParams) -> JobResult:
         "replica", "shard", "first_position", "segment"
     )
     rows = [row.asDict() for row in segments.collect()]
-    result = JobResult(tables={"segments": segments})
-    result.summary = local.inventory_summary(rows)
+    found = local.checkpoint_inventory(params)
+    frame = spark.createDataFrame(
+        [tuple(row.values()) for row in found.to_pylist()], schema=spark_ddl(jobs.CHECKPOINTS)
+    )
+    result = JobResult(tables={"segments": segments, "checkpoints": frame})
+    result.summary = local.inventory_summary(rows, found.to_pylist())
     result.lines = local.inventory_lines(result.summary)
     return result

@@ -10,7 +10,9 @@ Layers, each decoded by the code that owns the format (never a second parser):
     engine entry     engine.wal.codec.decode_entry  (AC transaction, CKP checkpoint)
 
 Levels: `segment` (inventory, no payload decoded), `raft` (logsvc_segments: Raft entries),
-`record` (per DSN copy, marker, skip pair, truncate, damage; no engine decoding), `entry`
+`record` (per DSN copy, marker, skip pair, truncate, damage; no engine decoding), `audit`
+(one narrow row per backend record: its DSN range and entry checksums; what lsn_audit and
+replay's plan read), `entry`
 (plus the transaction context), `command` (one row per command), `rows` (one table's
 appended rows, typed, with their row ids: option `table_id` and its schema).
 
@@ -24,15 +26,25 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+import numpy as np
 import pyarrow as pa
 import xxhash
 
 from engine.errors import WalCorruption
 from engine.schema import Schema
 from engine.wal.codec import decode_entry, encode_batch
-from engine.wal.entry import Append, CheckpointEntry, Delete, TxnEntry, UpdateCatalog
+from engine.wal.entry import (
+    Append,
+    CheckpointEntry,
+    CreateBlock,
+    Delete,
+    DropBlock,
+    Origin,
+    TxnEntry,
+    UpdateCatalog,
+)
 from spark_jobs import schemas
 from spark_jobs.errors import BadInput, InputCorrupt
 from spark_jobs.filters import Bounds
@@ -57,7 +69,19 @@ LEVEL_RECORD = "record"
 LEVEL_ENTRY = "entry"
 LEVEL_COMMAND = "command"
 LEVEL_ROWS = "rows"
-LEVELS = (LEVEL_SEGMENT, LEVEL_RAFT, LEVEL_RECORD, LEVEL_ENTRY, LEVEL_COMMAND, LEVEL_ROWS)
+LEVEL_AUDIT = "audit"
+LEVELS = (
+    LEVEL_SEGMENT,
+    LEVEL_RAFT,
+    LEVEL_RECORD,
+    LEVEL_AUDIT,
+    LEVEL_ENTRY,
+    LEVEL_COMMAND,
+    LEVEL_ROWS,
+)
+AUDIT_RECORDS_MAX = 1024
+"""Rows (backend records) per batch of level audit: at most 1024 x 50 entry checksums."""
+_TWO_63, _TWO_64 = 1 << 63, 1 << 64  # schemas.signed64, inlined where it runs per entry
 # Rows per Arrow batch handed out: bounds the memory of one batch (a command row may carry
 # an Arrow IPC batch of up to an entry's 2 MiB).
 BATCH_ROWS_MAX = 4096
@@ -91,6 +115,7 @@ class ReadOptions:
             LEVEL_SEGMENT: schemas.SEGMENT,
             LEVEL_RAFT: schemas.RAFT_ENTRY,
             LEVEL_RECORD: schemas.RECORD,
+            LEVEL_AUDIT: schemas.AUDIT,
             LEVEL_ENTRY: schemas.ENTRY,
             LEVEL_COMMAND: schemas.COMMAND,
         }[self.level]
@@ -126,6 +151,10 @@ def read_unit(unit: Unit, options: ReadOptions) -> Iterator[pa.RecordBatch]:
         yield from _emit(options.schema(), _raft_rows(unit, options))
     elif options.level == LEVEL_ROWS:
         yield from _rows_level(unit, options)
+    elif options.level == LEVEL_RECORD:
+        yield from _record_level(unit, options)
+    elif options.level == LEVEL_AUDIT:
+        yield from _audit_level(unit, options)
     else:
         yield from _emit(options.schema(), _wal_rows(unit, options))
 
@@ -512,6 +541,10 @@ def _command_rows(
                 None,
                 None,
                 0,
+                None,
+                None,
+                None,
+                None,
             )
         elif isinstance(cmd, Append):
             ipc = encode_batch(cmd.batch) if batches else None
@@ -534,6 +567,76 @@ def _command_rows(
                 ipc,
                 None,
                 None if ipc is None else len(ipc),
+                None,
+                None,
+                None,
+                None,
+            )
+        elif isinstance(cmd, CreateBlock):
+            yield (
+                *head,
+                index,
+                "create_block",
+                cmd.db_id,
+                cmd.table_id,
+                None,
+                None,
+                None,
+                None,
+                cmd.block_id,
+                cmd.rows,
+                None,
+                None,
+                None,
+                0,
+                cmd.object_name,
+                cmd.row_group,
+                int(cmd.level),
+                None,
+            )
+        elif isinstance(cmd, DropBlock):
+            yield (
+                *head,
+                index,
+                "drop_block",
+                cmd.db_id,
+                cmd.table_id,
+                None,
+                None,
+                None,
+                None,
+                cmd.block_id,
+                None,
+                None,
+                None,
+                None,
+                0,
+                None,
+                None,
+                None,
+                None,
+            )
+        elif isinstance(cmd, Origin):
+            yield (
+                *head,
+                index,
+                "origin",
+                None,
+                None,
+                None,
+                None,
+                cmd.client_id,
+                None,
+                None,
+                None,
+                None,
+                None,
+                None,
+                0,
+                None,
+                None,
+                None,
+                cmd.seq,
             )
         else:
             assert isinstance(cmd, Delete)
@@ -554,7 +657,267 @@ def _command_rows(
                 None,
                 offsets,
                 0,
+                None,
+                None,
+                None,
+                None,
             )
+
+
+# --- level record, columnar ------------------------------------------------------------------
+
+
+class _Columns:
+    """The record-shaped levels built a column at a time: a driver record adds, per column,
+    one value for all its rows (a run) or a list of per-row integers, instead of a tuple per
+    row (phase 1's `_Batcher`, which cost more than the decoding it served). Runs become
+    columns through numpy (`np.repeat`), lists are extended in C. Columns the level's schema
+    does not have are dropped as they come. Batches hold at most BATCH_ROWS_MAX +
+    RECORD_ENTRIES_MAX rows (a record's rows are never split)."""
+
+    def __init__(self, schema: pa.Schema) -> None:
+        self.schema = schema
+        self.names = schema.names
+        self._clear()
+
+    def _clear(self) -> None:
+        self.values: dict[str, list[object]] = {name: [] for name in self.names}
+        self.counts: dict[str, list[int]] = {name: [] for name in self.names}
+        self.rows = 0
+
+    def add(self, count: int, values: dict[str, object], lists: dict[str, list[int]]) -> None:
+        """`count` rows: `lists` give a value per row, `values` one value for all, every
+        other column null. Every run holds at least one row, so a column of as many values as
+        rows is one value a row (`_column`)."""
+        if count == 0:
+            return
+        ones = None
+        for name in self.names:
+            given = lists.get(name)
+            if given is not None:
+                assert len(given) == count
+                if ones is None:
+                    ones = [1] * count
+                self.values[name].extend(given)
+                self.counts[name].extend(ones)
+            else:
+                self.values[name].append(values.get(name))
+                self.counts[name].append(count)
+        self.rows += count
+
+    def take(self) -> pa.RecordBatch | None:
+        if not self.rows:
+            return None
+        arrays = [self._column(f) for f in self.schema]
+        self._clear()
+        return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+
+    def _column(self, field: pa.Field) -> pa.Array:
+        values, counts = self.values[field.name], np.asarray(self.counts[field.name])
+        if len(values) == self.rows:  # one value a row already
+            return pa.array(values, type=field.type)
+        # Runs: the distinct run values once, then indices repeated (strings, bools and
+        # integers alike; a null run repeats a null).
+        run_values = pa.array(values, type=field.type)
+        return run_values.take(pa.array(np.repeat(np.arange(len(values)), counts)))
+
+
+def _record_level(unit: Unit, options: ReadOptions) -> Iterator[pa.RecordBatch]:
+    """Level record (the same rows as `_wal_rows` would give, column by column)."""
+    bounds = options.bounds
+    lsn_range, dsn_range = bounds.range("lsn"), bounds.range("dsn")
+    plain = dsn_range.unbounded and bounds.range("commit_ts").unbounded
+    out = _Columns(options.schema())
+    xxh3 = xxhash.xxh3_64_intdigest
+    for rec in _backend_records(unit, options.verify):
+        if not lsn_range.holds(rec.lsn):
+            continue
+        head: dict[str, object] = {
+            "replica": unit.replica,
+            "shard": unit.shard,
+            "segment": rec.segment,
+            "offset_bytes": rec.offset_bytes,
+            "lsn": rec.lsn,
+            "raft_index": rec.raft_index,
+        }
+        if rec.payload is None:
+            if plain:
+                ok = rec.kind == "truncate"
+                out.add(1, {**head, "kind": rec.kind, "checksum_ok": ok, "error": rec.error}, {})
+        else:
+            try:
+                decoded = decode(rec.payload)
+            except CorruptRecord as exc:
+                reason = f"driver record at LSN {rec.lsn}: {exc}"
+                if options.verify != VERIFY_REPORT:
+                    raise InputCorrupt(unit.path, rec.offset_bytes, reason) from None
+                if plain:
+                    values = {**head, "kind": KIND_CORRUPT, "checksum_ok": False, "error": reason}
+                    out.add(1, values, {})
+                continue
+            head["record_checksum"] = signed64(payload_checksum(rec.payload))
+            head["checksum_ok"] = True
+            if not isinstance(decoded, EntriesRecord):
+                if plain:
+                    pairs = decoded.pairs
+                    head.update(kind="skip", record_start_dsn=0, record_count=len(pairs))
+                    head["safe_dsn"] = 0
+                    lists: dict[str, list[int]] = {
+                        "skip_dsn": [dsn for dsn, _ in pairs],
+                        "skip_lsn": [lsn for _, lsn in pairs],
+                    }
+                    out.add(len(pairs), head, lists)
+            else:
+                head["record_start_dsn"] = decoded.start_dsn
+                head["record_count"] = decoded.count
+                head["safe_dsn"] = decoded.safe_dsn
+                if decoded.count == 0:
+                    if plain:
+                        out.add(1, {**head, "kind": "marker"}, {})
+                else:
+                    head["kind"] = "entry"
+                    first = decoded.start_dsn
+                    payloads = decoded.entries
+                    if dsn_range.unbounded:
+                        out.add(
+                            decoded.count,
+                            head,
+                            {
+                                "dsn": list(range(first, first + decoded.count)),
+                                "entry_index": list(range(decoded.count)),
+                                "entry_bytes": [len(p) for p in payloads],
+                                "entry_checksum": [
+                                    h - _TWO_64 if h >= _TWO_63 else h for h in map(xxh3, payloads)
+                                ],
+                            },
+                        )
+                    else:
+                        kept = [i for i in range(decoded.count) if dsn_range.holds(first + i)]
+                        out.add(
+                            len(kept),
+                            head,
+                            {
+                                "dsn": [first + i for i in kept],
+                                "entry_index": list(kept),
+                                "entry_bytes": [len(payloads[i]) for i in kept],
+                                "entry_checksum": [signed64(xxh3(payloads[i])) for i in kept],
+                            },
+                        )
+        if out.rows >= BATCH_ROWS_MAX:
+            batch = out.take()
+            assert batch is not None
+            yield batch
+    batch = out.take()
+    if batch is not None:
+        yield batch
+
+
+def _audit_level(unit: Unit, options: ReadOptions) -> Iterator[pa.RecordBatch]:
+    """Level audit: one row per backend record (schemas.AUDIT). Bounds: `lsn` only (the
+    level has no dsn or commit_ts column)."""
+    lsn_range = options.bounds.range("lsn")
+    scalars: dict[str, list[object]] = {
+        name: []
+        for name in (
+            "segment",
+            "offset_bytes",
+            "lsn",
+            "kind",
+            "start",
+            "count",
+            "safe",
+            "checksum",
+            "error",
+        )
+    }
+    checksums: list[int] = []
+    checksum_ends: list[int] = [0]
+    skip_dsns: list[int] = []
+    skip_lsns: list[int] = []
+    skip_ends: list[int] = [0]
+    xxh3 = xxhash.xxh3_64_intdigest
+
+    def row(
+        rec: _BackendRecord,
+        kind: str,
+        start: int | None,
+        count: int | None,
+        safe: int | None = None,
+    ) -> None:
+        scalars["safe"].append(safe)
+        checksum = None if rec.payload is None else payload_checksum(rec.payload)
+        scalars["checksum"].append(None if checksum is None else signed64(checksum))
+        scalars["segment"].append(rec.segment)
+        scalars["offset_bytes"].append(rec.offset_bytes)
+        scalars["lsn"].append(rec.lsn)
+        scalars["kind"].append(kind)
+        scalars["start"].append(start)
+        scalars["count"].append(count)
+        scalars["error"].append(rec.error)
+        checksum_ends.append(len(checksums))
+        skip_ends.append(len(skip_dsns))
+
+    def take() -> pa.RecordBatch:
+        rows = len(scalars["lsn"])
+        arrays = [
+            pa.array([unit.replica] * rows, pa.string()),
+            pa.array([unit.shard] * rows, pa.int32()),
+            pa.array(scalars["segment"], pa.string()),
+            pa.array(scalars["offset_bytes"], pa.int64()),
+            pa.array(scalars["lsn"], pa.int64()),
+            pa.array(scalars["kind"], pa.string()),
+            pa.array(scalars["start"], pa.int64()),
+            pa.array(scalars["count"], pa.int32()),
+            pa.array(scalars["safe"], pa.int64()),
+            pa.array(scalars["checksum"], pa.int64()),
+            _lists(checksum_ends, checksums),
+            _lists(skip_ends, skip_dsns),
+            _lists(skip_ends, skip_lsns),
+            pa.array(scalars["error"], pa.string()),
+        ]
+        for column in scalars.values():
+            column.clear()
+        for values in (checksums, skip_dsns, skip_lsns):
+            values.clear()
+        del checksum_ends[1:], skip_ends[1:]
+        return pa.RecordBatch.from_arrays(arrays, schema=schemas.AUDIT)
+
+    for rec in _backend_records(unit, options.verify):
+        if not lsn_range.holds(rec.lsn):
+            continue
+        if rec.payload is None:
+            row(rec, rec.kind, None, None)
+        else:
+            try:
+                decoded = decode(rec.payload)
+            except CorruptRecord as exc:
+                reason = f"driver record at LSN {rec.lsn}: {exc}"
+                if options.verify != VERIFY_REPORT:
+                    raise InputCorrupt(unit.path, rec.offset_bytes, reason) from None
+                damaged = _BackendRecord(
+                    rec.segment, rec.offset_bytes, rec.lsn, rec.raft_index, None, KIND_CORRUPT
+                )
+                row(replace(damaged, error=reason), KIND_CORRUPT, None, None)
+                continue
+            if not isinstance(decoded, EntriesRecord):
+                skip_dsns.extend(dsn for dsn, _ in decoded.pairs)
+                skip_lsns.extend(lsn for _, lsn in decoded.pairs)
+                row(rec, "skip", 0, len(decoded.pairs), 0)
+            elif decoded.count == 0:
+                row(rec, "marker", decoded.start_dsn, 0, decoded.safe_dsn)
+            else:
+                checksums.extend(
+                    h - _TWO_64 if h >= _TWO_63 else h for h in map(xxh3, decoded.entries)
+                )
+                row(rec, "entry", decoded.start_dsn, decoded.count, decoded.safe_dsn)
+        if len(scalars["lsn"]) >= AUDIT_RECORDS_MAX:
+            yield take()
+    if scalars["lsn"]:
+        yield take()
+
+
+def _lists(ends: list[int], values: list[int]) -> pa.Array:
+    return pa.ListArray.from_arrays(pa.array(ends, pa.int32()), pa.array(values, pa.int64()))
 
 
 # --- level rows (one table's appended rows, typed) --------------------------------------------

@@ -23,7 +23,15 @@ from spark_jobs import output
 from spark_jobs.inputs import file_input, logsvc_input
 from spark_jobs.jobs import JobParams
 from spark_jobs.run import run_job
-from tests.unit.spark_jobs.logs import History, LogsvcLogs, engine_history, logsvc_history
+from tests.unit.spark_jobs.logs import (
+    History,
+    LogsvcLogs,
+    StorageHistory,
+    anomalies_log,
+    engine_history,
+    logsvc_history,
+    storage_history,
+)
 
 SPARK_SUBMIT_S_MAX = 240
 
@@ -113,6 +121,58 @@ def test_replay_on_spark_over_logsvc(spark: Any, logsvc_logs: LogsvcLogs, tmp_pa
     run_dir = os.path.join(tmp_path, "spark", "replay_as_of", manifest["run_id"])
     got = {n.split("/", 1)[1].replace("/", "."): r for n, r in read_outputs(run_dir).items()}
     assert got == logsvc_logs.engine.scans[ts]
+
+
+def test_audit_of_every_anomaly_kind_equals_the_local_engine(spark: Any, tmp_path: Path) -> None:
+    wal = str(tmp_path / "wal")
+    anomalies_log(wal)
+    manifest, _ = both_engines(spark, JobParams("lsn_audit", file_input(wal)), tmp_path / "out")
+    [log] = manifest["summary"]["logs"]
+    assert manifest["summary"]["anomalies"] == 5
+    found = (log["duplicates"], log["conflicts"], log["gaps"], log["skipped_copies"])
+    assert found == (2, 1, 1, 1) and log["truncated_lsn"] == 1
+
+
+@pytest.fixture(scope="module")
+def storage(tmp_path_factory: pytest.TempPathFactory) -> StorageHistory:
+    return storage_history(str(tmp_path_factory.mktemp("storage")))
+
+
+def test_replay_on_spark_from_checkpoints_and_objects(
+    spark: Any, storage: StorageHistory, tmp_path: Path
+) -> None:
+    """Block commands (flush, merge) with the WAL whole; then the newest checkpoint (an
+    incremental one with an L0 dump, deltas, L1 and L2 objects) and the WAL after its
+    truncation: both engines write the same tables, equal to the engine's scans."""
+    ckp2 = storage.checkpoints[-1].ckp_ts
+    flushed = max(ts for ts in storage.scans if ts <= storage.visible["flushed"])
+    cases = [
+        (storage.copies["flushed"], flushed),
+        (storage.path, ckp2),
+        (storage.path, storage.visible["final"]),
+    ]
+    for index, (path, ts) in enumerate(cases):
+        params = JobParams("replay_as_of", file_input(path), as_of=ts)
+        manifest, _ = both_engines(spark, params, tmp_path / str(index))
+        run_dir = os.path.join(tmp_path, str(index), "spark", "replay_as_of", manifest["run_id"])
+        got = {
+            name.split("/", 1)[1].replace("/", "."): rows
+            for name, rows in read_outputs(run_dir).items()
+        }
+        assert sorted(got) == sorted(storage.scans[ts]), ts
+        for name, rows in storage.scans[ts].items():
+            key = next(iter(rows[0])) if rows else ""
+            assert sorted(got[name], key=lambda r: r[key]) == sorted(rows, key=lambda r: r[key])
+    [log] = manifest["summary"]["logs"]
+    assert log["base"]["ckp_ts"] == ckp2
+
+
+def test_inventory_on_spark_lists_checkpoints(
+    spark: Any, storage: StorageHistory, tmp_path: Path
+) -> None:
+    manifest, _ = both_engines(spark, JobParams("inventory", file_input(storage.path)), tmp_path)
+    kinds = [c["kind"] for c in manifest["summary"]["checkpoints"] if c["state"] == "complete"]
+    assert kinds == ["incremental", "incremental"]
 
 
 def test_pushed_filters_are_applied_and_rechecked(spark: Any, logsvc_logs: LogsvcLogs) -> None:

@@ -83,14 +83,21 @@ def engine_history(path: str, big_rows: int = 9000, **options: Any) -> History:
     """Run the history on `SyncEngine.open(path, **options)`; record the engine's scans
     before, between and after the transactions."""
     history = History(path, [])
+    # No flush or checkpoint on the engine's own timers: these logs are the L0-only case,
+    # the same bytes at every run (storage_history writes the flush/merge/checkpoint case).
+    options.setdefault("maintenance", False)
     eng = SyncEngine.open(path, **options)
     try:
+        history.scans[0] = snapshot_scans(eng, 0)
 
         def commit(body: Any) -> None:
             with eng.transaction() as txn:
                 body(txn)
             assert txn.commit_ts is not None
             history.timestamps.append(txn.commit_ts)
+            # Scanned now: the engine's maintenance (flushes, checkpoints) may collect older
+            # history at any time, so a snapshot at an old timestamp could be refused later.
+            history.scans[txn.commit_ts] = snapshot_scans(eng, txn.commit_ts)
 
         commit(lambda t: (t.create_database("shop"), t.create_table("shop", "orders", ORDERS)))
         commit(lambda t: t.create_table("shop", "items", ITEMS))
@@ -109,10 +116,12 @@ def engine_history(path: str, big_rows: int = 9000, **options: Any) -> History:
         commit(lambda t: (t.create_database("tmp"), t.create_table("tmp", "t", ITEMS)))
         commit(lambda t: (t.drop_table("tmp", "t"), t.drop_database("tmp")))
         commit(lambda t: t.table("shop", "orders").delete([big_rows + 2]))
-        wanted = {0, *history.timestamps, *(ts + 1 for ts in history.timestamps)}
-        for ts in sorted(wanted):
-            if ts <= eng.visible_ts:
-                history.scans[ts] = snapshot_scans(eng, ts)
+        # One past each commit: the same state, when no commit of the history lies between
+        # (the engine's own flushes may: they change no row).
+        following = [*history.timestamps[1:], None]
+        for ts, after in zip(history.timestamps, following, strict=True):
+            if after is None or ts + 1 < after:
+                history.scans[ts + 1] = history.scans[ts]
     finally:
         eng.close()
     return history
@@ -203,6 +212,32 @@ def records_of(entries: Sequence[bytes], per_record: int = 1, first_dsn: int = 1
         dsn = first_dsn + start
         out.append(encode_record(dsn, dsn - 1, entries[start : start + per_record]))
     return out
+
+
+def anomalies_log(wal_dir: str) -> None:
+    """A file WAL with one of each thing lsn_audit reports (tests/unit/spark_jobs/
+    test_audit.py lists them): overlapping records, a duplicate record, a conflicting copy,
+    a copy discarded by a skip record, a DSN gap, a marker, a truncation."""
+    entries = kv_entries(9)
+    other = kv_entries(9, ts0=7000)
+    write_file_wal(
+        wal_dir,
+        [
+            encode_record(1, 0, entries[0:2]),  # LSN 1: DSNs 1-2
+            encode_record(2, 1, entries[1:2]),  # LSN 2: DSN 2 again, same bytes, another record
+            encode_record(3, 2, entries[2:3]),  # LSN 3: DSN 3
+            encode_record(3, 2, entries[2:3]),  # LSN 4: a duplicate record
+            encode_record(4, 3, entries[3:4]),  # LSN 5: DSN 4
+            encode_record(5, 4, entries[4:5]),  # LSN 6: DSN 5
+            encode_record(5, 4, other[4:5]),  # LSN 7: DSN 5 with other bytes: a conflict
+            encode_record(6, 5, entries[5:6]),  # LSN 8: DSN 6
+            encode_record(6, 5, other[5:6]),  # LSN 9: DSN 6 with other bytes ...
+            encode_skip([(6, 9)]),  # LSN 10: ... discarded
+            encode_record(8, 6, entries[7:8]),  # LSN 11: DSN 8 (7 is missing)
+            encode_record(9, 8, []),  # LSN 12: a safe marker
+        ],
+        truncate_lsn=1,
+    )
 
 
 __all__ = ["encode_record", "encode_skip"]
@@ -315,3 +350,150 @@ def diverge(shard_dir: str) -> int:
         raise AssertionError("no append entry to rewrite")
     finally:
         store.close()
+
+
+# --- an engine that flushes, merges, checkpoints and truncates its WAL ----------------------------
+
+
+@dataclass
+class StorageHistory:
+    """`path`: the engine's directory at the end (WAL truncated at the third checkpoint, the
+    first one retired); `copies`: the directory copied at named moments ("flushed": flushes
+    and a merge, no checkpoint, the WAL whole; "ckp0": after a checkpoint, the WAL still
+    whole; "ckp1": after a second checkpoint (an L0 dump with a delete, persisted blocks with
+    deletes), the WAL truncated a few entries short of it, and more commits); `scans`: ts ->
+    what the engine scanned at ts, taken when ts was the newest commit; `visible`: copy name
+    -> its newest commit_ts."""
+
+    path: str
+    copies: dict[str, str] = field(default_factory=dict)
+    visible: dict[str, int] = field(default_factory=dict)
+    scans: dict[int, Scans] = field(default_factory=dict)
+    checkpoints: list[Any] = field(default_factory=list)  # engine Manifests, oldest first
+
+
+def storage_history(base: str, big_rows: int = 9000) -> StorageHistory:
+    """A real engine (file WAL, objects directory) through flushes of L0 blocks to L1
+    objects, a merge into an L2 segment, deletes on persisted blocks and on L0 blocks, a
+    table dropped and created again, three checkpoints (a global one with the WAL left
+    whole, then two incremental ones: the WAL truncated a few entries short of the second,
+    then exactly at the third, which retires the first)."""
+    import shutil
+
+    from engine import Engine
+    from engine.compaction import Policy
+
+    path = os.path.join(base, "engine")
+    history = StorageHistory(path)
+
+    async def run() -> None:
+        eng = await Engine.open(path, policy=Policy(merge_l1_blocks=2), maintenance=False)
+        maintenance, checkpointer = eng.maintenance, eng.checkpointer
+        assert maintenance is not None and checkpointer is not None
+
+        async def scan() -> None:
+            ts = eng.visible_ts
+            out: Scans = {}
+            async with eng.snapshot(ts) as view:
+                for db in view.databases():
+                    for name in view.tables(db):
+                        out[f"{db}.{name}"] = (await view.table(db, name).scan()).to_pylist()
+            history.scans[ts] = out
+
+        async def commit(body: Any) -> None:
+            async with eng.transaction() as txn:
+                await body(txn)
+            await scan()
+
+        async def settle() -> None:
+            await maintenance.settle(freeze_all=True)
+            await scan()
+
+        async def copy(name: str) -> None:
+            await eng._driver.wait_idle()
+            target = os.path.join(base, name)
+            shutil.copytree(path, target)
+            history.copies[name] = target
+            history.visible[name] = eng.visible_ts
+
+        async def ddl(txn: Any) -> None:
+            await txn.create_database("shop")
+            await txn.create_table("shop", "orders", ORDERS)
+            await txn.create_table("shop", "items", ITEMS)
+
+        def orders(first: int, count: int) -> Any:
+            async def body(txn: Any) -> None:
+                await txn.table("shop", "orders").insert(order_rows(first, count))
+
+            return body
+
+        def delete(keys: list[int]) -> Any:
+            async def body(txn: Any) -> None:
+                await txn.table("shop", "orders").delete(keys)
+
+            return body
+
+        async def items(txn: Any) -> None:
+            await txn.table("shop", "items").insert([{"sku": "a", "price": 1.0}])
+
+        async def update(txn: Any) -> None:
+            await txn.table("shop", "orders").update([10, 8191], {"amount": -1.0})
+
+        async def recreate_items(txn: Any) -> None:
+            await txn.drop_table("shop", "items")
+            await txn.create_table("shop", "items", ITEMS)
+            await txn.table("shop", "items").insert([{"sku": "b", "price": 2.0}])
+
+        async def tmp(txn: Any) -> None:
+            await txn.create_database("tmp")
+            await txn.create_table("tmp", "t", ITEMS)
+
+        try:
+            await scan()
+            await commit(ddl)
+            await commit(orders(0, big_rows))  # a full L0 block and a partial one
+            await commit(items)
+            await commit(delete([1, 2, 3, big_rows - 1]))
+            await commit(update)
+            await settle()  # both L0 blocks flushed to L1, then merged into an L2 segment
+            await commit(delete([20, 30, 8200]))  # deletes on persisted blocks
+            await commit(orders(big_rows, 100))
+            await settle()
+            await commit(delete([big_rows + 5]))
+            await copy("flushed")
+            # A checkpoint with the engine's own WAL reserve (1024 entries): the WAL still
+            # starts at DSN 1, so timestamps before the checkpoint come from the WAL alone.
+            manifest = await eng.checkpoint()
+            assert manifest is not None
+            history.checkpoints.append(manifest)
+            await eng._driver.truncation_settled()
+            await commit(delete([big_rows + 6]))
+            await copy("ckp0")
+            await commit(orders(big_rows + 300, 3))  # an L0 block in the checkpoint (a dump)
+            await commit(delete([big_rows + 301]))  # ... with a delete
+            checkpointer.wal_reserve_entries = 3
+            manifest = await eng.checkpoint()
+            assert manifest is not None
+            history.checkpoints.append(manifest)
+            await eng._driver.truncation_settled()
+            await commit(delete([40]))
+            await commit(orders(big_rows + 100, 10))
+            await commit(recreate_items)
+            await copy("ckp1")
+            await settle()
+            await commit(delete([big_rows + 102]))
+            await commit(orders(big_rows + 400, 4))
+            checkpointer.wal_reserve_entries = 0
+            manifest = await eng.checkpoint()
+            assert manifest is not None
+            history.checkpoints.append(manifest)
+            await eng._driver.truncation_settled()
+            await commit(delete([50, big_rows + 101]))
+            await commit(orders(big_rows + 200, 5))
+            await commit(tmp)
+            history.visible["final"] = eng.visible_ts
+        finally:
+            await eng.close()
+
+    asyncio.run(run())
+    return history

@@ -1,5 +1,6 @@
 """replay_as_of on the local engine equals what the engine itself scans, and its plan follows
-the driver's replay rules.
+the driver's replay rules (the storage cases, checkpoints and block commands, are in
+test_checkpoint_replay.py).
 
 * A real engine's file WAL (tables over two blocks, updates, deletes, a table dropped and
   created again, a database created and dropped): at 0, at every commit_ts and one past
@@ -9,8 +10,10 @@ the driver's replay rules.
   a skip record is dropped and the other kept; two different copies without a skip record
   fail (`CopiesDisagree`); records after a gap above every safe DSN are trailing and left
   out; a gap under a safe DSN is `LogHole`; a truncated WAL or a log that does not start at
-  DSN 1 is refused (`ReplayRefused`: phase 1 has no checkpoint to start from); a repeated
+  DSN 1 is refused when no checkpoint covers what is gone (`ReplayRefused`); a repeated
   transaction (commit_ts not above an earlier one) is ignored as the engine ignores it.
+* An Origin command (a compute node's request id) is read at the command level and changes
+  no row.
 """
 
 from __future__ import annotations
@@ -93,7 +96,7 @@ def test_duplicates_are_replayed_once_and_skips_drop_their_copy(tmp_path: Path) 
     assert kv_rows(wal) == [0, 1, 2]
     assert kv_rows(wal, as_of=1025) == [0]  # commit_ts 1020 is DSN 3, 1030 DSN 4
     plan = local.plan_from_records(
-        local.read_level(JobParams("x", file_input(wal)), ReadOptions("record")), "wal"
+        local.read_level(JobParams("x", file_input(wal)), ReadOptions("audit")), "wal"
     )
     assert (plan.kept_lsns, plan.duplicate_lsns, plan.skipped_lsns) == ({1, 5, 6}, {2}, {3})
     assert plan.last_dsn == 5
@@ -148,3 +151,22 @@ def test_plan_rules_on_values() -> None:
     with pytest.raises(CopiesDisagree, match="overlap"):
         replay.plan_replay(overlapping, [], 0, "log")
     assert replay.repeated_dsns([(1, 10), (2, 20), (3, 15), (4, 30)]) == {3}
+
+
+def test_an_origin_command_is_read_and_changes_no_row(tmp_path: Path) -> None:
+    """A compute node's commit carries an Origin command (who asked, issue 15): the command
+    level shows it; replay applies the rest of its entry and nothing for it."""
+    from engine.wal.codec import decode_entry, encode_entry
+    from engine.wal.entry import Origin, TxnEntry, memo_of
+
+    entries = kv_entries(4)
+    last = decode_entry(entries[-1], 4)
+    assert isinstance(last, TxnEntry)
+    commands = (*last.commands, Origin("cn-1", 7))
+    entries[-1] = encode_entry(TxnEntry(last.start_ts, last.commit_ts, memo_of(commands), commands))
+    wal = str(tmp_path / "wal")
+    write_file_wal(wal, records_of(entries))
+    assert kv_rows(wal) == [0, 1]
+    rows = local.read_level(JobParams("x", file_input(wal)), ReadOptions("command")).to_pylist()
+    [origin] = [r for r in rows if r["cmd_kind"] == "origin"]
+    assert (origin["name"], origin["origin_seq"], origin["dsn"]) == ("cn-1", 7, 4)
