@@ -24,7 +24,7 @@ files of one cluster, every other section must be identical on every node):
     [[shards]]       id, replicas (3 or 5 distinct ids of cluster.nodes)
     [limits.store]   optional, the fields of `StoreLimits` (validated by it)
     [limits.shard]   optional, the fields of `ShardLimits` (identical on every node!)
-    [limits.server]  optional, the fields of `ServerLimits` below
+    [limits.server]  optional, the fields of `ServerLimits` (logsvc/node/limits.py)
     [raft]           optional, election_timeout_ms_min/max, heartbeat_ms,
                      leader_fallback_ms, connection_timeout_ms (`RaftConfig`)
 
@@ -64,7 +64,8 @@ from dataclasses import dataclass, field
 from datetime import date, datetime, time
 from typing import TYPE_CHECKING, Final, TypeVar
 
-from logsvc.shard.limits import DEFAULT_SHARD_LIMITS, ShardLimits
+from logsvc.node.limits import ServerLimits
+from logsvc.shard.limits import ShardLimits
 from logsvc.shard.raft import RaftConfig
 from logsvc.shard.replica import ReplicaConfig
 from logsvc.store.limits import StoreLimits
@@ -139,65 +140,6 @@ def main_config_error(exc: ConfigError) -> int:
 
 # ---------------------------------------------------------------------------- the values
 
-
-@dataclass(frozen=True, slots=True)
-class ServerLimits:
-    """The data plane's limits (issue 4), with units and reasons.
-
-    Defined here until the data-plane server exists; its owner may move the class into the
-    server package's own `limits.py` (the loader only needs the fields and `validate()`).
-    """
-
-    # Client connections served at once; one more is refused with Overloaded.
-    connections_max: int = 1024
-
-    # Requests read from one connection and not yet answered (pipelining). At the limit
-    # the server stops reading that socket, so TCP pushes back on the client.
-    inflight_requests_per_connection_max: int = 256
-
-    # The largest frame body, checked from the header before the body is read. A frame
-    # must be able to carry one record of the largest size a shard accepts.
-    frame_body_bytes_max: int = 16 * MIB
-
-    # Server-side group commit: concurrent appends to one shard are packed into one Raft
-    # entry of at most this many payload bytes (at most the shard's group_bytes_max)...
-    batch_bytes_max: int = 1 * MIB
-    # ...waiting at most this long for more appends once the first one is queued. 0 = no
-    # added wait: appends that arrive while a batch is being proposed form the next one.
-    batch_delay_ms_max: int = 0
-
-    # Appends waiting for their shard's next batch; past it an append gets Overloaded
-    # instead of being buffered.
-    appends_queued_per_shard_max: int = 10_000
-
-    # The longest a tail read (long poll) may wait for new records.
-    tail_wait_ms_max: int = 30_000
-
-    def validate(self, shard_limits: ShardLimits = DEFAULT_SHARD_LIMITS) -> ServerLimits:
-        """Check each value and the relations; raise ValueError naming the field."""
-        for limit in dataclasses.fields(self):
-            value = getattr(self, limit.name)
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise ValueError(f"{limit.name}: must be an integer, got {value!r}")
-            if value < 0 or (value == 0 and limit.name != "batch_delay_ms_max"):
-                raise ValueError(f"{limit.name}: must be positive, got {value}")
-        if self.batch_bytes_max > shard_limits.group_bytes_max:
-            raise ValueError(
-                f"batch_bytes_max: must be at most the shard's group_bytes_max "
-                f"({shard_limits.group_bytes_max}), got {self.batch_bytes_max}"
-            )
-        if self.frame_body_bytes_max < shard_limits.record_bytes_max:
-            raise ValueError(
-                f"frame_body_bytes_max: must be at least the shard's record_bytes_max "
-                f"({shard_limits.record_bytes_max}), so one record of the largest size "
-                f"fits in a frame; got {self.frame_body_bytes_max}"
-            )
-        if self.frame_body_bytes_max >= 2**32:
-            raise ValueError("frame_body_bytes_max: must be below 2**32 (a u32 length)")
-        return self
-
-
-DEFAULT_SERVER_LIMITS = ServerLimits().validate()
 
 RAFT_KEYS: Final = (
     "election_timeout_ms_min",

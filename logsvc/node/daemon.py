@@ -22,8 +22,7 @@ from logsvc.config import ConfigError, NodeConfig, load_node_config, main_config
 from logsvc.node.admin_server import AdminServer
 from logsvc.node.hosting import ShardHosting
 from logsvc.node.node_view import DaemonNodeView
-from logsvc.node.server import DataPlaneServer, ServerLimits
-from logsvc.node.shard_host import ShardHostLimits
+from logsvc.node.server import DataPlaneServer
 from logsvc.shard.replica import ShardReplica
 from logsvc.store.fs import FileSystem
 
@@ -57,29 +56,16 @@ async def _run(config: NodeConfig, file_system: FileSystem | None) -> None:
         loop.add_signal_handler(signum, stop.set)
     reader = ThreadPoolExecutor(READER_THREADS, thread_name_prefix="reader")
     limits = config.server_limits
-    host_limits = ShardHostLimits(
-        appends_queued_max=limits.appends_queued_per_shard_max,
-        group_bytes_max=limits.batch_bytes_max,
-        group_linger_ms_max=float(limits.batch_delay_ms_max),
-        tail_wait_ms_max=limits.tail_wait_ms_max,
-    )
     # The shards hosted: the node's placement file (the config's only at first), and
     # those added or removed at runtime by membership changes (hosting.py).
-    hosting = ShardHosting(config, reader, host_limits, file_system)
+    hosting = ShardHosting(config, reader, limits, file_system)
     loop.add_signal_handler(signal.SIGUSR1, lambda: _log_stats(config, hosting.replicas))
     server: DataPlaneServer | None = None
     admin: AdminServer | None = None
     view: DaemonNodeView | None = None
     try:
         await hosting.open()
-        server = DataPlaneServer(
-            {},
-            config.token,
-            ServerLimits(
-                connections_max=limits.connections_max,
-                requests_inflight_max=limits.inflight_requests_per_connection_max,
-            ),
-        )
+        server = DataPlaneServer({}, config.token, limits)
         host, _, port = config.node.data_address.rpartition(":")
         hosting.attach(server)
         await server.start(host.strip("[]"), int(port))

@@ -33,8 +33,9 @@ from concurrent.futures import Executor
 
 from logsvc.config import NodeConfig
 from logsvc.node import placement as node_placement
+from logsvc.node.limits import ServerLimits
 from logsvc.node.server import DataPlaneServer
-from logsvc.node.shard_host import ShardHost, ShardHostLimits
+from logsvc.node.shard_host import ShardHost
 from logsvc.shard.raft import RaftFatal
 from logsvc.shard.replica import ShardReplica
 from logsvc.shard.small_file import SmallFileCorrupt
@@ -50,7 +51,7 @@ class ShardHosting:
         self,
         config: NodeConfig,
         reader: Executor,
-        limits: ShardHostLimits,
+        limits: ServerLimits,
         file_system: FileSystem | None = None,
     ) -> None:
         """`file_system`: the stores' port (None: the real one), as `serve()` got it."""
