@@ -311,13 +311,12 @@ def _cluster_status(args: argparse.Namespace) -> int:
 
 def _client_command(args: argparse.Namespace) -> int:
     from logsvc.client import LogsvcError, SyncClient
-    from logsvc.config import ConfigError, load_client_config, main_config_error
+    from logsvc.config_files import ConfigError, main_config_error
 
     try:
-        config = load_client_config(args.client_config)
+        client = SyncClient(args.client_config)  # addresses and token from client.toml
     except ConfigError as exc:
         return main_config_error(exc)
-    client = SyncClient(config.addresses, config.token)
     try:
         if args.command == "append":
             lsns = client.append(args.shard, [r.encode() for r in args.records], epoch=args.epoch)

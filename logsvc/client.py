@@ -1,6 +1,9 @@
 """The logsvc client library: async `Client`, and `SyncClient` for scripts.
 
     client = await connect(["127.0.0.1:7101", "127.0.0.1:7102"], token)
+    client = await connect("client.toml")              # or the addresses and token of a
+                                                       # client config (`logsvc dev-cluster
+                                                       # up` writes DIR/client.toml)
     lsns = await client.append(1, [b"a", b"b"])        # -> [first, first + 1]
     producer = Producer(client)                        # optional producer-side batching
     lsn = await producer.send(1, b"c")                 # shares an append with its neighbours
@@ -33,6 +36,7 @@ import asyncio
 import collections
 import contextlib
 import itertools
+import os
 import threading
 import uuid
 from collections.abc import Callable, Coroutine, Iterator, Sequence
@@ -40,6 +44,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from logsvc.client_config import load_client_config
 from logsvc.frame_writer import FrameWriter
 from logsvc.wire import messages as wire
 from logsvc.wire.frames import FrameDecoder, ProtocolError
@@ -635,16 +640,45 @@ def _error(response: wire.ErrorResponse) -> ServerError:
     return _ERRORS.get(response.code, ServerError)(response)
 
 
+# Where a client connects: the data-plane addresses ("host:port", any number of the
+# cluster's nodes), or the path of a client config file holding them and the token.
+Nodes = Sequence[str] | str | os.PathLike[str]
+
+
+def resolve_nodes(nodes: Nodes, token: str | None) -> tuple[tuple[str, ...], str]:
+    """(addresses, token) of `connect`'s arguments. A path (a str or a PathLike) is a client
+    config file (logsvc/client_config.py; a bad one raises `ConfigError` naming the key),
+    given without a token; a sequence of addresses needs the token."""
+    if isinstance(nodes, str | os.PathLike):
+        if token is not None:
+            raise TypeError(
+                "connect(path) reads the token from the client config file; pass a list of "
+                "addresses to give a token"
+            )
+        config = load_client_config(os.fspath(nodes))
+        return config.addresses, config.token
+    if token is None:
+        raise TypeError("connect(addresses, token): the token is required with addresses")
+    addresses = tuple(nodes)
+    if not addresses:
+        raise ValueError("connect: at least one node address")
+    return addresses, token
+
+
 async def connect(
-    addresses: Sequence[str],
-    token: str,
+    nodes: Nodes,
+    token: str | None = None,
     *,
     options: ClientOptions | None = None,
     client_id: str | None = None,
 ) -> Client:
-    """A client for the nodes at `addresses` ("host:port" of their data planes). Each
+    """A client for the cluster: `connect("client.toml")`, or `connect(addresses, token)`
+    with `addresses` the "host:port" of data planes (any of the cluster's nodes). Each
     client has its own id (random unless given): its appends are deduplicated per id."""
-    return Client(addresses, token, options or ClientOptions(), client_id or uuid.uuid4().hex)
+    addresses, resolved_token = resolve_nodes(nodes, token)
+    return Client(
+        addresses, resolved_token, options or ClientOptions(), client_id or uuid.uuid4().hex
+    )
 
 
 class SyncClient:
@@ -652,13 +686,16 @@ class SyncClient:
     private thread; every call is bounded by the request timeout times the attempts."""
 
     def __init__(
-        self, addresses: Sequence[str], token: str, options: ClientOptions | None = None
+        self, nodes: Nodes, token: str | None = None, options: ClientOptions | None = None
     ) -> None:
+        """`nodes`, `token`: as for `connect` (a client config path, or addresses and the
+        token)."""
+        addresses, resolved_token = resolve_nodes(nodes, token)  # errors before a thread
         self._options = options or ClientOptions()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._thread.start()
-        self._client: Client = self._run(connect(addresses, token, options=self._options))
+        self._client: Client = self._run(connect(addresses, resolved_token, options=self._options))
 
     def _run(self, coroutine: Coroutine[Any, Any, T]) -> T:
         future: Future[T] = asyncio.run_coroutine_threadsafe(coroutine, self._loop)

@@ -56,7 +56,6 @@ import math
 import os
 import re
 import stat
-import sys
 import tomllib
 import typing
 from collections.abc import Callable, Mapping, Sequence
@@ -64,6 +63,24 @@ from dataclasses import dataclass, field
 from datetime import date, datetime, time
 from typing import TYPE_CHECKING, Final, TypeVar
 
+from logsvc.client_config import ClientConfig as ClientConfig
+from logsvc.client_config import client_address as client_address
+from logsvc.client_config import load_client_config as load_client_config
+from logsvc.config_files import (
+    CONFIG_FILE_BYTES_MAX,
+    KIB,
+    PORT_DIGITS,
+    SECRET_FILE_MODE_FORBIDDEN,
+    read_private_file,
+    read_secret_file,
+    split_address,
+    toml_error_rule,
+)
+from logsvc.config_files import EXIT_CONFIG_ERROR as EXIT_CONFIG_ERROR
+from logsvc.config_files import PORT_MAX as PORT_MAX
+from logsvc.config_files import SECRET_FILE_BYTES_MAX as SECRET_FILE_BYTES_MAX
+from logsvc.config_files import ConfigError as ConfigError
+from logsvc.config_files import main_config_error as main_config_error
 from logsvc.node.limits import ServerLimits
 from logsvc.shard.limits import ShardLimits
 from logsvc.shard.raft import RaftConfig
@@ -73,23 +90,10 @@ from logsvc.store.limits import StoreLimits
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
-KIB = 1024
-MIB = 1024 * KIB
-
-EXIT_CONFIG_ERROR = 2
-
-# A config file is a few KiB and a secret file a few dozen bytes; every read is bounded.
-CONFIG_FILE_BYTES_MAX = 1 * MIB
-SECRET_FILE_BYTES_MAX = 64 * KIB
-
 # Secrets and tokens: long enough not to be guessed, short enough to be a secret and not
 # a misplaced file. Surrounding whitespace is ignored (a file ends with a newline).
 SECRET_CHARS_MIN = 16
 SECRET_CHARS_MAX = 4096
-
-# Group and others may neither read nor write a file holding a secret: reading leaks it,
-# writing lets someone substitute a secret they know.
-SECRET_FILE_MODE_FORBIDDEN = stat.S_IRGRP | stat.S_IWGRP | stat.S_IROTH | stat.S_IWOTH
 
 LOG_LEVELS: Final = ("debug", "info", "warning", "error")
 # "text" for a terminal; "json" (one object a line, see logsvc/logs.py) for a log pipeline.
@@ -98,8 +102,6 @@ LOG_FORMATS: Final = ("text", "json")
 # An even replica count tolerates no more failures than the odd count below it, and
 # needs a bigger quorum (Raft §5.2), so a shard has 3 or 5 replicas.
 REPLICA_COUNTS: Final = (3, 5)
-
-PORT_MAX = 65535
 
 # Bounds on the config itself, so the port check (nodes x shards ports) stays small.
 NODES_MAX = 128
@@ -114,28 +116,7 @@ _HOSTNAME = re.compile(
     r"(?=.{1,253}\Z)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
     r"(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*"
 )
-_PORT = re.compile(r"[0-9]{1,5}")
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
-_TOML_POSITION = re.compile(r"\s*\(at (line \d+, column \d+|end of document)\)\Z")
-
-
-class ConfigError(Exception):
-    """An invalid node configuration.
-
-    `key` is the key path (`shards[1].replicas`), or the file's path for a problem with a
-    whole file (unreadable, bad TOML, too permissive); `rule` says what is required.
-    """
-
-    def __init__(self, key: str, rule: str) -> None:
-        super().__init__(f"config error: {key}: {rule}")
-        self.key = key
-        self.rule = rule
-
-
-def main_config_error(exc: ConfigError) -> int:
-    """For the CLI: print the message (no traceback) to stderr; return the exit code, 2."""
-    print(exc, file=sys.stderr)
-    return EXIT_CONFIG_ERROR
 
 
 # ---------------------------------------------------------------------------- the values
@@ -310,7 +291,7 @@ SecretReader = Callable[[str, str], str]
 
 def load_node_config(path: str) -> NodeConfig:
     """Read, parse and validate the node configuration at `path`."""
-    data_bytes, mode = _read_private_candidate(path, path, CONFIG_FILE_BYTES_MAX)
+    data_bytes, mode = read_private_file(path, path, CONFIG_FILE_BYTES_MAX)
     try:
         text = data_bytes.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -318,7 +299,7 @@ def load_node_config(path: str) -> NodeConfig:
     try:
         document = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(path, _toml_error_rule(exc)) from None
+        raise ConfigError(path, toml_error_rule(exc)) from None
     inline = _inline_secret_keys(document)
     if inline and mode & SECRET_FILE_MODE_FORBIDDEN:
         raise ConfigError(
@@ -360,68 +341,10 @@ def parse_test_raft_dial(value: str | None, config: NodeConfig) -> tuple[tuple[s
         if canonical not in known:
             raise ConfigError(key, f"{canonical!r} is not the Raft address of any replica")
         host, _, port = dial.rpartition(":") if isinstance(dial, str) else ("", "", "")
-        if not (host and _PORT.fullmatch(port) and 1 <= int(port) <= PORT_MAX):
+        if not (host and PORT_DIGITS.fullmatch(port) and 1 <= int(port) <= PORT_MAX):
             raise ConfigError(key, f'{canonical!r} must map to "host:port" (got {dial!r})')
         overrides.append((canonical, dial))
     return tuple(sorted(overrides))
-
-
-def read_secret_file(path: str, key: str) -> str:
-    """The default `SecretReader`: the file's contents, stripped, from a regular file that
-    group and others can neither read nor write."""
-    data, mode = _read_private_candidate(path, key, SECRET_FILE_BYTES_MAX, label=path)
-    if mode & SECRET_FILE_MODE_FORBIDDEN:
-        raise ConfigError(
-            key,
-            f"{path} is readable or writable by group or others "
-            f"(mode {stat.S_IMODE(mode):04o}); run `chmod 600 {path}`",
-        )
-    try:
-        return data.decode("utf-8").strip()
-    except UnicodeDecodeError:
-        raise ConfigError(key, f"{path} is not UTF-8 text") from None
-
-
-def _read_private_candidate(
-    path: str, key: str, bytes_max: int, *, label: str = ""
-) -> tuple[bytes, int]:
-    """(contents, st_mode) of a regular file of at most `bytes_max` bytes. The mode comes
-    from the open descriptor, so it is the mode of the file actually read."""
-    prefix = f"{label}: " if label else ""
-    try:
-        # O_NONBLOCK: opening a FIFO must not hang the daemon; it is refused just below.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        raise ConfigError(key, f"{prefix}cannot open: {exc.strerror}") from None
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise ConfigError(key, f"{prefix}is not a regular file")
-        chunks: list[bytes] = []
-        size = 0
-        while size <= bytes_max:  # bounded: stops one byte past the limit, or at EOF
-            chunk = os.read(fd, bytes_max + 1 - size)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-    except OSError as exc:
-        raise ConfigError(key, f"{prefix}cannot read: {exc.strerror}") from None
-    finally:
-        os.close(fd)
-    data = b"".join(chunks)
-    if len(data) > bytes_max:
-        raise ConfigError(key, f"{prefix}is larger than {bytes_max} bytes")
-    return data, mode
-
-
-def _toml_error_rule(exc: tomllib.TOMLDecodeError) -> str:
-    # Python 3.11's tomllib puts the position at the end of the message only.
-    message = str(exc)
-    found = _TOML_POSITION.search(message)
-    if found is None:
-        return f"invalid TOML: {message}"
-    return f"invalid TOML at {found.group(1)}: {message[: found.start()]}"
 
 
 def _inline_secret_keys(document: Mapping[str, object]) -> list[str]:
@@ -648,7 +571,7 @@ def _check_ports(
     nodes_key = cluster.key("nodes")
     for index, node in enumerate(nodes):
         for name in ("data_address", "admin_address"):
-            host, port = _split_address(getattr(node, name))
+            host, port = split_address(getattr(node, name))
             claim(host, port, f"{nodes_key}[{index}].{name}", "")
     shard_id_max = max(shard.id for shard in shards)
     for index, node in enumerate(nodes):
@@ -732,7 +655,7 @@ def _config_error_of(path: str, names: Sequence[str], exc: ValueError) -> Config
 def _address(table: _Table, name: str) -> str:
     value = table.string(name)
     try:
-        host, _ = _split_address(value)
+        host, _ = split_address(value)
     except ValueError as exc:
         raise ConfigError(table.key(name), str(exc)) from None
     problem = _host_problem(host)
@@ -757,27 +680,6 @@ def _raft_host(table: _Table, name: str) -> str:
     if problem:
         raise ConfigError(table.key(name), problem)
     return host
-
-
-def _split_address(text: str) -> tuple[str, int]:
-    """ "host:port" or "[v6]:port" -> (host, port); ValueError with the rule."""
-    shape = f'must be "host:port" (got {text!r})'
-    if text.startswith("["):
-        host, sep, port_text = text[1:].partition("]:")
-        if not sep:
-            raise ValueError(shape)
-    else:
-        host, sep, port_text = text.rpartition(":")
-        if not sep:
-            raise ValueError(shape)
-        if ":" in host:
-            raise ValueError(shape + '; write an IPv6 host in brackets: "[::1]:7101"')
-    if not host or not _PORT.fullmatch(port_text):
-        raise ValueError(shape)
-    port = int(port_text)
-    if not 1 <= port <= PORT_MAX:
-        raise ValueError(f"port must be in 1..{PORT_MAX} (got {port})")
-    return host, port
 
 
 def _host_problem(host: str) -> str:
@@ -918,84 +820,3 @@ class _Table:
                 )
             tables.append(_Table(item, f"{self.key(name)}[{index}]", allowed))
         return tables
-
-
-# ------------------------------------------------------------------ client configuration
-
-
-@dataclass(frozen=True, slots=True)
-class ClientConfig:
-    """What `logsvc append/read/tail/truncate/status` need: where the nodes' data planes
-    are and the token. `logsvc dev-cluster up` writes one as DIR/client.toml:
-
-        addresses = ["127.0.0.1:7101", "127.0.0.1:7102", "127.0.0.1:7103"]
-        admin_addresses = ["127.0.0.1:7201", "127.0.0.1:7202", "127.0.0.1:7203"]
-        token_file = "token"          # or token = "..." (then the file must be mode 600)
-
-    `addresses` (required): "host:port" of data planes; the client finds the leaders from
-    any of them. `admin_addresses` (optional, empty when absent): "host:port" of admin
-    APIs, for `logsvc status` without `--shard` (the cluster table); it asks them in
-    order until one answers, and `--admin HOST:PORT` overrides them. The token is the
-    nodes' `token`: it opens both the data plane and the admin API.
-    """
-
-    source: str
-    addresses: tuple[str, ...]
-    token: str = field(repr=False)
-    admin_addresses: tuple[str, ...] = ()
-
-
-def load_client_config(path: str) -> ClientConfig:
-    data_bytes, mode = _read_private_candidate(path, path, CONFIG_FILE_BYTES_MAX)
-    try:
-        document = tomllib.loads(data_bytes.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise ConfigError(path, "is not UTF-8 text") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(path, _toml_error_rule(exc)) from None
-    unknown = sorted(set(document) - {"addresses", "admin_addresses", "token", "token_file"})
-    if unknown:
-        raise ConfigError(
-            unknown[0], "unknown key (expected addresses, admin_addresses, token or token_file)"
-        )
-    addresses = _client_addresses(document.get("addresses"), "addresses")
-    admin_addresses: tuple[str, ...] = ()
-    if "admin_addresses" in document:
-        admin_addresses = _client_addresses(document["admin_addresses"], "admin_addresses")
-    base_dir = os.path.dirname(os.path.abspath(path))
-    if ("token" in document) == ("token_file" in document):
-        raise ConfigError("token", "give exactly one of token and token_file")
-    if "token" in document:
-        token = document["token"]
-        if mode & SECRET_FILE_MODE_FORBIDDEN:
-            raise ConfigError(
-                path, f"holds token but is readable by group or others; run `chmod 600 {path}`"
-            )
-    else:
-        token_file = document["token_file"]
-        if not isinstance(token_file, str):
-            raise ConfigError("token_file", "must be a path string")
-        token = read_secret_file(os.path.join(base_dir, token_file), "token_file")
-    if not isinstance(token, str) or not token:
-        raise ConfigError("token", "must be a non-empty string")
-    return ClientConfig(
-        source=path, addresses=addresses, token=token, admin_addresses=admin_addresses
-    )
-
-
-def _client_addresses(value: object, key: str) -> tuple[str, ...]:
-    if not isinstance(value, list) or not value:
-        raise ConfigError(key, 'must be a non-empty list of "host:port" strings')
-    return tuple(client_address(item, f"{key}[{position}]") for position, item in enumerate(value))
-
-
-def client_address(value: object, key: str) -> str:
-    """A "host:port" (or "[v6]:port") a client connects to; else a ConfigError naming
-    `key` (for the CLI too: `logsvc status --admin`)."""
-    if not isinstance(value, str):
-        raise ConfigError(key, 'must be a "host:port" string')
-    try:
-        _split_address(value)
-    except ValueError as exc:
-        raise ConfigError(key, str(exc)) from None
-    return value
