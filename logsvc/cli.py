@@ -333,10 +333,12 @@ def _client_command(args: argparse.Namespace) -> int:
         elif args.command == "truncate":
             print(client.truncate(args.shard, args.lsn, epoch=args.epoch))
         else:
-            status = client.status(args.shard)
+            # The leader's answer after a barrier through the log, never a follower's view.
+            status = client.leader_status(args.shard)
             print(
                 f"shard {status.shard}: leader {status.leader} term {status.term} "
-                f"lsn [{status.first_lsn}, {status.next_lsn}) commit {status.commit_index}"
+                f"lsn [{status.first_lsn}, {status.next_lsn}) commit {status.commit_index} "
+                "(confirmed by the leader)"
             )
     except LogsvcError as exc:
         print(f"logsvc: error: {exc}", file=sys.stderr)

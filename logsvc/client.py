@@ -444,9 +444,52 @@ class Client:
         return answer
 
     async def status(self, shard: int) -> wire.ShardStatus:
+        """One node's answer (the known leader's if it answers, else any node's):
+        `is_leader` true only if it is the leader's, confirmed by a barrier; otherwise that
+        node's own, possibly stale, view. `leader_status` insists on the leader's."""
         answer = await self._leader_call(shard, wire.Status(shard), require_leader=False)
         assert isinstance(answer, wire.ShardStatus), answer
         return answer
+
+    async def leader_status(self, shard: int) -> wire.ShardStatus:
+        """The shard's status as its leader answers it after a barrier through the log
+        (`is_leader` true: the leader a majority follows, its term, every committed LSN
+        applied). A follower's answer is followed to the leader it names; bounded retries
+        (as every call); `Unavailable` if no leader confirmed itself."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._options.retry_s_max
+        delay = self._options.backoff_s_first
+        candidates = itertools.cycle(self._addresses)
+        last: object = None
+        for _ in range(self._options.attempts_max):
+            address = self._leaders.get(shard) or next(candidates)
+            try:
+                outcome = await self._call(address, wire.Status(shard))
+            except (OSError, ConnectionError, TimeoutError) as exc:
+                outcome = exc
+            if isinstance(outcome, wire.ShardStatus):
+                if outcome.is_leader:
+                    self._leaders[shard] = address
+                    return outcome
+                last = f"{address} is not the leader (it names {outcome.leader})"
+                hint = outcome.leader
+                if hint and hint != address and self._leaders.get(shard) != hint:
+                    self._leaders[shard] = hint
+                    continue  # follow a new hint at once (a stale one gets the back-off)
+                self._leaders.pop(shard, None)
+            elif isinstance(outcome, wire.ErrorResponse):
+                if outcome.code not in _RETRYABLE:
+                    raise _error(outcome)
+                last = _error(outcome)
+                self._leaders.pop(shard, None)
+            else:
+                last = outcome
+                self._leaders.pop(shard, None)
+            if loop.time() > deadline:
+                break
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self._options.backoff_s_max)
+        raise Unavailable(f"shard {shard}: no leader confirmed itself after retries: {last}")
 
     async def close(self) -> None:
         """Close every connection; calls still running fail, and no retry reconnects."""
@@ -719,6 +762,9 @@ class SyncClient:
 
     def status(self, shard: int) -> wire.ShardStatus:
         return self._run(self._client.status(shard))
+
+    def leader_status(self, shard: int) -> wire.ShardStatus:
+        return self._run(self._client.leader_status(shard))
 
     def close(self) -> None:
         self._run(self._client.close())

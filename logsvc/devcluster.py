@@ -220,8 +220,8 @@ def wait_for_leaders(dir_path: str, shards: int, seconds: float = START_WAIT_S_M
         for shard in range(1, shards + 1):
             while True:
                 try:
-                    if client.status(shard).leader:
-                        break
+                    client.leader_status(shard)  # a leader confirmed itself
+                    break
                 except (LogsvcError, OSError, TimeoutError):
                     pass
                 if time.monotonic() > deadline:

@@ -313,17 +313,31 @@ class _Connection:
         if isinstance(request, wire.AcquireLease):
             return _result_response(await host.acquire_lease(request.holder, request.epoch))
         if isinstance(request, wire.Status):
-            status = host.replica.status()
-            return wire.ShardStatus(
-                shard=host.shard_id,
-                leader=host.leader_address(),
-                term=status["term"],
-                first_lsn=status["first_lsn"],
-                next_lsn=status["next_lsn"],
-                commit_index=status["commit_index"],
-                is_leader=status["is_leader"],
-            )
+            return await self._status(host)
         return _error(wire.ErrorCode.UNKNOWN_OP, f"{type(request).__name__} is not served here")
+
+    async def _status(self, host: ShardHost) -> wire.ShardStatus:
+        """On the leader: a barrier through the log first, so the answer (`is_leader`
+        true) comes from a leader a majority still follows, in the term shown, with every
+        committed LSN applied. Elsewhere: this replica's own view, `is_leader` false: its
+        leader, term and LSNs may be stale (FORMAT.md, ShardStatus)."""
+        confirmed = False
+        if host.replica.is_leader:
+            try:
+                await host.barrier()
+                confirmed = True
+            except NotLeader:
+                pass  # it stepped down meanwhile: answer as the follower it now is
+        status = host.replica.status()
+        return wire.ShardStatus(
+            shard=host.shard_id,
+            leader=host.leader_address(),
+            term=status["term"],
+            first_lsn=status["first_lsn"],
+            next_lsn=status["next_lsn"],
+            commit_index=status["commit_index"],
+            is_leader=confirmed and bool(status["is_leader"]),
+        )
 
     def _error_for(self, exc: Exception, host: ShardHost | None = None) -> object:
         if isinstance(exc, NotLeader) and host is not None:
