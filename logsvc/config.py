@@ -26,7 +26,9 @@ files of one cluster, every other section must be identical on every node):
     [limits.shard]   optional, the fields of `ShardLimits` (identical on every node!)
     [limits.server]  optional, the fields of `ServerLimits` (logsvc/node/limits.py)
     [raft]           optional, election_timeout_ms_min/max, heartbeat_ms,
-                     leader_fallback_ms, connection_timeout_ms (`RaftConfig`)
+                     leader_fallback_ms, connection_timeout_ms, quiesce_after_ms
+                     (`RaftConfig`; 0 = never quiesce), threads (the node's Raft
+                     scheduler threads, logsvc/shard/scheduler.py)
 
 Rules beyond each key's own (why, in the comments where they are checked):
 * unknown keys are errors everywhere (pysyncobj silently ignores unknown settings; a typo
@@ -85,6 +87,7 @@ from logsvc.node.limits import ServerLimits
 from logsvc.shard.limits import ShardLimits
 from logsvc.shard.raft import RaftConfig
 from logsvc.shard.replica import ReplicaConfig
+from logsvc.shard.scheduler import WORKERS_DEFAULT, WORKERS_MAX
 from logsvc.store.limits import StoreLimits
 
 if TYPE_CHECKING:
@@ -109,6 +112,9 @@ SHARDS_MAX = 4096
 
 # No Raft timing is sensibly above an hour; a bigger number is a unit mistake.
 RAFT_MS_MAX = 3_600_000
+# The node's Raft scheduler threads ([raft] threads).
+RAFT_THREADS_DEFAULT = WORKERS_DEFAULT
+RAFT_THREADS_MAX = WORKERS_MAX
 
 NODE_ID_CHARS_MAX = 64
 _NODE_ID = re.compile(rf"[A-Za-z0-9][A-Za-z0-9_.-]{{0,{NODE_ID_CHARS_MAX - 1}}}")
@@ -122,19 +128,24 @@ _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 # ---------------------------------------------------------------------------- the values
 
 
-RAFT_KEYS: Final = (
+RAFT_MS_KEYS: Final = (
     "election_timeout_ms_min",
     "election_timeout_ms_max",
     "heartbeat_ms",
     "leader_fallback_ms",
     "connection_timeout_ms",
+    "quiesce_after_ms",
 )
+# The [raft] keys: the timings of every shard's group, and the node's Raft threads.
+RAFT_KEYS: Final = (*RAFT_MS_KEYS, "threads")
+# 0 means "never" for these.
+_RAFT_ZERO_ALLOWED: Final = frozenset({"quiesce_after_ms"})
 _RAFT_DEFAULTS: Final = {
     f.name: f.default
     for f in dataclasses.fields(RaftConfig)
-    if f.name in RAFT_KEYS and isinstance(f.default, int)
+    if f.name in RAFT_MS_KEYS and isinstance(f.default, int)
 }
-assert set(_RAFT_DEFAULTS) == set(RAFT_KEYS), "RaftConfig changed: update RAFT_KEYS"
+assert set(_RAFT_DEFAULTS) == set(RAFT_MS_KEYS), "RaftConfig changed: update RAFT_MS_KEYS"
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +158,10 @@ class RaftTimings:
     heartbeat_ms: int = _RAFT_DEFAULTS["heartbeat_ms"]
     leader_fallback_ms: int = _RAFT_DEFAULTS["leader_fallback_ms"]
     connection_timeout_ms: int = _RAFT_DEFAULTS["connection_timeout_ms"]
+    quiesce_after_ms: int = _RAFT_DEFAULTS["quiesce_after_ms"]
+    # Worker threads of the node's Raft scheduler (logsvc/shard/scheduler.py): every hosted
+    # replica's ticks and socket events run on them, however many shards the node hosts.
+    threads: int = RAFT_THREADS_DEFAULT
 
     def raft_config(
         self, self_address: str, peers: Sequence[str], secret: str, snapshot_path: str
@@ -161,6 +176,7 @@ class RaftTimings:
             heartbeat_ms=self.heartbeat_ms,
             leader_fallback_ms=self.leader_fallback_ms,
             connection_timeout_ms=self.connection_timeout_ms,
+            quiesce_after_ms=self.quiesce_after_ms,
         ).validate()
 
 
@@ -236,6 +252,18 @@ class NodeConfig:
     def raft_address(self, node_id: str, shard_id: int) -> str:
         """The Raft address of `node_id`'s replica of `shard_id`."""
         return self.node_by_id(node_id).raft_address(shard_id)
+
+    def raft_node_of(self) -> Callable[[str], str]:
+        """Raft address of any replica (any node, any shard of the cluster) -> its node's
+        id; an address of no replica maps to itself. Node liveness is kept per node."""
+        nodes = {
+            node.raft_address(shard.id): node.id for node in self.nodes for shard in self.shards
+        }
+
+        def node_of(address: str) -> str:
+            return nodes.get(address, address)
+
+        return node_of
 
     def shard_data_dir(self, shard_id: int) -> str:
         """This node's directory for one shard replica: journal/ and snapshot inside."""
@@ -618,14 +646,22 @@ def _limits(
 def _raft(table: _Table | None, secret: str) -> RaftTimings:
     values: dict[str, int] = {}
     if table is not None:
-        for name in RAFT_KEYS:
+        for name in RAFT_MS_KEYS:
             if name in table:
                 value = table.integer(name)
-                if not 1 <= value <= RAFT_MS_MAX:
+                low = 0 if name in _RAFT_ZERO_ALLOWED else 1
+                if not low <= value <= RAFT_MS_MAX:
                     raise ConfigError(
-                        table.key(name), f"must be in 1..{RAFT_MS_MAX} ms (got {value})"
+                        table.key(name), f"must be in {low}..{RAFT_MS_MAX} ms (got {value})"
                     )
                 values[name] = value
+        if "threads" in table:
+            threads = table.integer("threads")
+            if not 1 <= threads <= RAFT_THREADS_MAX:
+                raise ConfigError(
+                    table.key("threads"), f"must be in 1..{RAFT_THREADS_MAX} (got {threads})"
+                )
+            values["threads"] = threads
     timings = RaftTimings(**values)
     try:
         # RaftConfig holds the rules relating the timings; check them now, not at start.

@@ -38,12 +38,16 @@ from logsvc.node.server import DataPlaneServer
 from logsvc.node.shard_host import ShardHost
 from logsvc.shard.raft import RaftFatal
 from logsvc.shard.replica import ShardReplica
+from logsvc.shard.scheduler import RaftScheduler
 from logsvc.shard.small_file import SmallFileCorrupt
 from logsvc.store import ShardStore, StoreError
 from logsvc.store.fs import FileSystem, OsFileSystem
 from logsvc.store.meta import load_meta
 
 log = logging.getLogger("logsvc.node")
+
+# Replicas opened at once at start (each on the default executor's threads).
+OPENS_AT_ONCE_MAX = 8
 
 
 class ShardHosting:
@@ -53,8 +57,11 @@ class ShardHosting:
         reader: Executor,
         limits: ServerLimits,
         file_system: FileSystem | None = None,
+        raft_scheduler: RaftScheduler | None = None,
     ) -> None:
-        """`file_system`: the stores' port (None: the real one), as `serve()` got it."""
+        """`file_system`: the stores' port (None: the real one), as `serve()` got it.
+        `raft_scheduler`: the node's, ticking every replica (None: each its own)."""
+        self._raft_scheduler = raft_scheduler
         self._config = config
         self._reader = reader
         self._limits = limits
@@ -77,32 +84,43 @@ class ShardHosting:
         guess which shards it hosts."""
         loop = asyncio.get_running_loop()
         self._placement = await loop.run_in_executor(None, self._load_placement)
-        for entry in self._placement.hosted:
-            try:
-                await self._open_replica(entry.shard_id, entry.join_members)
-            except KeyError as exc:
-                # Placed by the config once, and the config no longer places it here: the
-                # replica's members file (if any) knows its peers, but with none there is
-                # nobody to start it with. An operator's edit; say so and serve the rest.
-                log.error("shard %d: not opened: %s", entry.shard_id, exc)
-            except (StoreError, RaftFatal, SmallFileCorrupt) as exc:
-                # A damaged replica (ARCHITECTURE.md §3 rule 5: corruption is reported,
-                # never served, never skipped) must not take the node's other shards down
-                # with it. It serves nothing; its peers keep the shard available; the
-                # operator repairs it by removing this node from the shard and adding it
-                # back (the re-added replica starts empty and catches up from the leader;
-                # the damaged directory is archived, not deleted).
-                self.failed[entry.shard_id] = f"{type(exc).__name__}: {exc}"
-                log.critical(
-                    "shard %d: the replica cannot open and is quarantined (serving the "
-                    "other shards): %s. Repair: DELETE /v1/shards/%d/replicas/%s on the "
-                    "shard's leader, then POST /v1/shards/%d/replicas with this node",
-                    entry.shard_id,
-                    exc,
-                    entry.shard_id,
-                    self._config.node_id,
-                    entry.shard_id,
-                )
+        # Several at once: opening a replica syncs its newest segment and its directory
+        # (recovery), and those waits overlap (a thousand replicas in seconds, not a minute).
+        opening = asyncio.Semaphore(OPENS_AT_ONCE_MAX)
+
+        async def open_one(entry: node_placement.ShardEntry) -> None:
+            async with opening:
+                await self._open_hosted(entry)
+
+        await asyncio.gather(*(open_one(entry) for entry in self._placement.hosted))
+
+    async def _open_hosted(self, entry: node_placement.ShardEntry) -> None:
+        """Open one replica the placement file lists; a failure is logged, not raised."""
+        try:
+            await self._open_replica(entry.shard_id, entry.join_members)
+        except KeyError as exc:
+            # Placed by the config once, and the config no longer places it here: the
+            # replica's members file (if any) knows its peers, but with none there is
+            # nobody to start it with. An operator's edit; say so and serve the rest.
+            log.error("shard %d: not opened: %s", entry.shard_id, exc)
+        except (StoreError, RaftFatal, SmallFileCorrupt) as exc:
+            # A damaged replica (ARCHITECTURE.md §3 rule 5: corruption is reported,
+            # never served, never skipped) must not take the node's other shards down
+            # with it. It serves nothing; its peers keep the shard available; the
+            # operator repairs it by removing this node from the shard and adding it
+            # back (the re-added replica starts empty and catches up from the leader;
+            # the damaged directory is archived, not deleted).
+            self.failed[entry.shard_id] = f"{type(exc).__name__}: {exc}"
+            log.critical(
+                "shard %d: the replica cannot open and is quarantined (serving the "
+                "other shards): %s. Repair: DELETE /v1/shards/%d/replicas/%s on the "
+                "shard's leader, then POST /v1/shards/%d/replicas with this node",
+                entry.shard_id,
+                exc,
+                entry.shard_id,
+                self._config.node_id,
+                entry.shard_id,
+            )
 
     def attach(self, server: DataPlaneServer) -> None:
         """Serve every hosted shard on `server`, and the shards hosted from now on."""
@@ -200,6 +218,7 @@ class ShardHosting:
                 shard_id, join_members, joining=join_members is not None
             ),
             file_system=self._store_fs,
+            raft_scheduler=self._raft_scheduler,
         )
         replica = await loop.run_in_executor(None, ShardReplica, replica_config)
         replica.start()
