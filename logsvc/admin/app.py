@@ -231,6 +231,10 @@ class ShardStatusModel(_Response):
     failed: bool
     replicas: list[ReplicaModel]
     joining: bool = Field(description="Started to join; the entry adding it not received yet.")
+    quiet: bool = Field(
+        description="Quiescent: the shard was idle; no heartbeats, no election timer here "
+        "(docs/decisions/0005-scheduler-quiescence.md)."
+    )
 
 
 class ShardListResponse(_Response):

@@ -125,6 +125,7 @@ class ShardStatus:
     failed: bool  # the replica stopped on a fatal error (serves nothing until restarted)
     replicas: tuple[ReplicaStatus, ...]  # every member (this node too, while it is one)
     joining: bool = False  # started to join; the entry adding it not received yet
+    quiet: bool = False  # quiescent: no heartbeats, no election timer (quiescence.py)
 
     def __post_init__(self) -> None:
         assert self.shard_id >= 1

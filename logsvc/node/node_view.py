@@ -197,6 +197,7 @@ class DaemonNodeView:
             failed=bool(status["failed"]),
             replicas=tuple(replicas),
             joining=node.joining,
+            quiet=node.quiet,
         )
 
     async def truncate(self, shard_id: int, lsn: int, epoch: int) -> int:

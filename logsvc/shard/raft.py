@@ -614,7 +614,10 @@ class _DurableMixin(Transport):  # type: ignore[misc]
 
     def _onNodeDisconnected(self, node: Any) -> None:
         owner: ShardRaft = self._syncObj
-        owner._logsvc_on_connection(node, up=False)
+        # pysyncobj also reports a dial that failed (a peer that is down, every retry):
+        # only a connection that was up is news.
+        if node in owner._SyncObj__connectedNodes:
+            owner._logsvc_on_connection(node, up=False)
         super()._onNodeDisconnected(node)
 
     def held(self) -> list[tuple[Any, dict[str, Any]]]:
@@ -1264,7 +1267,11 @@ class ShardRaft(SyncObj):  # type: ignore[misc]
         elif self._logsvc_follower_q.quiet:
             quiet = True
         else:
-            due_s = min(due_s, float(self._SyncObj__raftElectionDeadline))
+            election_s = float(self._SyncObj__raftElectionDeadline)
+            if election_s > now_s or self._SyncObj__connectedNodes or not self._SyncObj__otherNodes:
+                due_s = min(due_s, election_s)
+            # else: due, but pysyncobj stands only once connected to someone: the redial
+            # below (or the connection's event) is when it can.
         if not quiet:
             connected = self._SyncObj__connectedNodes
             if any(node not in connected for node in self._SyncObj__otherNodes):
@@ -1728,10 +1735,11 @@ class RaftNode:
         raft = self._raft
         transport: _DurableMixin = raft._SyncObj__transport
         self.ticks += 1
-        if self._events is not None and self._events.shard:
+        shard = self._events.shard if self._events is not None else 0
+        if shard:
             # Every line logged during the tick (ours, pysyncobj's, the store's) names the
             # shard: the worker thread ticks many replicas, one after the other.
-            logs.bind_shard(self._events.shard)
+            logs.bind_shard(shard)
         try:
             self._run_tick_calls()
             now_s = pysyncobj_syncobj.monotonicTime()
@@ -1751,6 +1759,9 @@ class RaftNode:
                 "raft tick failed on %s", self._config.self_address, extra={"term": self.term}
             )
             self._die(exc)
+        finally:
+            if shard:
+                logs.bind_shard(None)  # the worker's own lines name no shard
         return self._fatal is None
 
     def _run_tick_calls(self) -> None:

@@ -41,6 +41,7 @@ SHARD_FIELDS = {
     "failed",
     "replicas",
     "joining",
+    "quiet",
 }
 REPLICA_FIELDS = {
     "node_id",
