@@ -270,12 +270,17 @@ class NodeConfig:
         return os.path.join(self.data_dir, "shards", str(shard_id))
 
     def raft_config_for(
-        self, shard_id: int, members: Sequence[str] | None = None, joining: bool = False
+        self,
+        shard_id: int,
+        members: Sequence[str] | None = None,
+        joining: bool = False,
+        learner: bool = False,
     ) -> RaftConfig:
         """The Raft settings of this node's replica of `shard_id` (KeyError if this node
         hosts none): its own address, the other replicas' addresses, the cluster secret.
         `members` (node ids, this node among them) replaces the [[shards]] placement for a
-        replica started at runtime; `joining` marks one that joins a running shard."""
+        replica started at runtime; `joining` marks one that joins a running shard, `learner`
+        one that joins as a non-voting learner first (0005)."""
         shard = self.shard(shard_id)
         replicas = shard.replicas if members is None else tuple(members)
         if self.node_id not in replicas:
@@ -286,8 +291,8 @@ class NodeConfig:
             secret=self.secret,
             snapshot_path=os.path.join(self.shard_data_dir(shard_id), "snapshot"),
         )
-        if joining:
-            config = dataclasses.replace(config, joining=True)
+        if joining or learner:
+            config = dataclasses.replace(config, joining=True, learner=learner)
         if not self.raft_dial:
             return config
         # Every node's address of this shard: a member added later is dialled through
@@ -297,13 +302,17 @@ class NodeConfig:
         return dataclasses.replace(config, dial_overrides=dial).validate()
 
     def replica_config_for(
-        self, shard_id: int, members: Sequence[str] | None = None, joining: bool = False
+        self,
+        shard_id: int,
+        members: Sequence[str] | None = None,
+        joining: bool = False,
+        learner: bool = False,
     ) -> ReplicaConfig:
         """Everything `ShardReplica` needs to open this node's replica of `shard_id`
-        (`members`, `joining`: as for `raft_config_for`)."""
+        (`members`, `joining`, `learner`: as for `raft_config_for`)."""
         return ReplicaConfig(
             data_dir=self.shard_data_dir(shard_id),
-            raft=self.raft_config_for(shard_id, members, joining),
+            raft=self.raft_config_for(shard_id, members, joining, learner),
             store_limits=self.store_limits,
             shard_limits=self.shard_limits,
             node_id=self.node_id,

@@ -118,7 +118,8 @@ _NEVER = 2**62
 _ALIVE = "logsvc_alive"  # node liveness: the sender's node is up (liveness.py)
 _QUIESCE = "logsvc_quiesce"  # leader -> follower: agree to go quiet (quiescence.py)
 _QUIESCE_ACK = "logsvc_quiesce_ack"  # follower -> leader: agreed, or not (`ok`)
-_OWN_MESSAGES = frozenset({_ALIVE, _QUIESCE, _QUIESCE_ACK})
+_LEARNER = "logsvc_learner"  # learner -> member: "this read-only connection is <address>"
+_OWN_MESSAGES = frozenset({_ALIVE, _QUIESCE, _QUIESCE_ACK, _LEARNER})
 # How often a quiescing leader asks again the followers that did not answer.
 QUIESCE_RESEND_S = 0.5
 # How soon a refused or dropped peer connection is dialled again (RaftConfig says why).
@@ -193,6 +194,11 @@ class RaftConfig:
     # members as the leader knew them; elections wait until this replica's own `add` is in
     # its log (membership.py). Only read when the replica has no members file yet.
     joining: bool = False
+    # A non-voting learner (Raft thesis §4.2.1; docs/decisions/0005, "Learners"): it opens
+    # no Raft port and dials the members as pysyncobj's read-only node; the leader
+    # replicates to it but it counts in no majority, never votes and never stands. It is
+    # promoted by being restarted as a joining voter on the same journal. Implies joining.
+    learner: bool = False
 
     def validate(self) -> RaftConfig:
         if not self.secret:
@@ -206,6 +212,8 @@ class RaftConfig:
             raise ValueError("raft: election_timeout_ms_max must exceed the minimum")
         if self.leader_fallback_ms <= self.election_timeout_ms_max:
             raise ValueError("raft: leader_fallback_ms must exceed election_timeout_ms_max")
+        if self.learner and not self.joining:
+            raise ValueError("raft: learner must be joining too (it is no member yet)")
         if self.quiesce_after_ms and self.quiesce_after_ms < 2 * self.heartbeat_ms:
             raise ValueError(
                 "raft: quiesce_after_ms must be 0 (never) or at least 2 x heartbeat_ms"
@@ -612,6 +620,16 @@ class _DurableMixin(Transport):  # type: ignore[misc]
         owner._logsvc_on_connection(node, up=True)
         super()._onNodeConnected(node)
 
+    def _onReadonlyNodeConnected(self, node: Any) -> None:
+        owner: ShardRaft = self._syncObj
+        owner._logsvc_on_connection(node, up=True)  # a learner: a quiet leader wakes
+        super()._onReadonlyNodeConnected(node)
+
+    def _onReadonlyNodeDisconnected(self, node: Any) -> None:
+        owner: ShardRaft = self._syncObj
+        owner._logsvc_learners.pop(node, None)
+        super()._onReadonlyNodeDisconnected(node)
+
     def _onNodeDisconnected(self, node: Any) -> None:
         owner: ShardRaft = self._syncObj
         # pysyncobj also reports a dial that failed (a peer that is down, every retry):
@@ -728,6 +746,11 @@ class ShardRaft(SyncObj):  # type: ignore[misc]
         )
         self._logsvc_leader_q: quiescence.LeaderQuiescence | None = None
         self._logsvc_follower_q = quiescence.FollowerQuiescence()
+        self._logsvc_self_address = config.self_address
+        self._logsvc_learner = config.learner
+        # On a member: the learners connected to it (pysyncobj's read-only node -> the
+        # address the learner announced).
+        self._logsvc_learners: dict[Any, str] = {}
         self._logsvc_fs = file_system if file_system is not None else OsFileSystem()
         self._logsvc_journal = journal
         self._logsvc_handler = handler
@@ -765,7 +788,7 @@ class ShardRaft(SyncObj):  # type: ignore[misc]
             conf.pollerType = poller_key
         try:
             super().__init__(
-                config.self_address,
+                None if config.learner else config.self_address,  # None: read-only
                 [self._logsvc_dial_node(peer) for peer in config.peers],
                 conf,
                 transportClass=(
@@ -861,10 +884,16 @@ class ShardRaft(SyncObj):  # type: ignore[misc]
         self, node: Any, message: dict[str, Any], deliver: Callable[[Any, dict[str, Any]], None]
     ) -> None:
         kind = message.get("type")
+        if kind == _LEARNER:
+            address = message.get("address")
+            if isinstance(address, str) and not isinstance(node, TCPNode):
+                self._logsvc_learners[node] = address
+            return
         if self._logsvc_quiesce_after_s:
             now_s = pysyncobj_syncobj.monotonicTime()
             sender = str(node.id)
-            self._logsvc_liveness.heard(self._logsvc_node_of(sender), now_s)
+            if isinstance(node, TCPNode):  # not a learner's read-only connection (no node)
+                self._logsvc_liveness.heard(self._logsvc_node_of(sender), now_s)
             if kind in _OWN_MESSAGES:
                 self._logsvc_on_own_message(node, sender, kind, message, now_s)
                 return
@@ -1005,6 +1034,12 @@ class ShardRaft(SyncObj):  # type: ignore[misc]
     def _logsvc_on_connection(self, node: Any, up: bool) -> None:
         """A connection to a peer came up or went down (inside a tick)."""
         self._logsvc_messages += 1  # the tick after it acts on it (reconnects, catch-up)
+        if up and self._logsvc_learner:
+            # pysyncobj's read-only node is anonymous: say which replica this is, so the
+            # leader can tell when the learner an admin change started has caught up.
+            self._SyncObj__transport.send(
+                node, {"type": _LEARNER, "address": self._logsvc_self_address}
+            )
         if not self._logsvc_quiesce_after_s:
             return
         now_s = pysyncobj_syncobj.monotonicTime()
@@ -1209,6 +1244,7 @@ class ShardRaft(SyncObj):  # type: ignore[misc]
             self._SyncObj__commandsQueue._FastQueue__queue
             or self._SyncObj__commandsWaitingCommit
             or self._SyncObj__serializer._outgoing
+            or self._SyncObj__readonlyNodes  # a learner catching up: never quiet
         )
         return quiescence.LeaderView(
             term=int(self.raftCurrentTerm),
@@ -1231,8 +1267,8 @@ class ShardRaft(SyncObj):  # type: ignore[misc]
     def _logsvc_send_alive(self, now_s: float) -> None:
         """After a tick: an `alive` message to each connected peer whose node got nothing
         from this node for a heartbeat interval (node liveness, for quiet shards)."""
-        if not self._logsvc_quiesce_after_s:
-            return
+        if not self._logsvc_quiesce_after_s or self._logsvc_learner:
+            return  # (a learner's connections are anonymous: they carry no liveness)
         liveness, node_of = self._logsvc_liveness, self._logsvc_node_of
         connected = self._SyncObj__connectedNodes
         for node in self._SyncObj__otherNodes:
@@ -1266,7 +1302,7 @@ class ShardRaft(SyncObj):  # type: ignore[misc]
                     due_s = min(due_s, check_s)
         elif self._logsvc_follower_q.quiet:
             quiet = True
-        else:
+        elif not self._logsvc_learner:  # a learner never stands: no election timer
             election_s = float(self._SyncObj__raftElectionDeadline)
             if election_s > now_s or self._SyncObj__connectedNodes or not self._SyncObj__otherNodes:
                 due_s = min(due_s, election_s)
@@ -1298,7 +1334,9 @@ class ShardRaft(SyncObj):  # type: ignore[misc]
             return
         journal = self._logsvc_journal
         last, prev = journal.entry(raft_index), journal.entry(raft_index - 1)
-        nodes = self._SyncObj__otherNodes | {self._SyncObj__selfNode}
+        nodes = set(self._SyncObj__otherNodes)
+        if self._SyncObj__selfNode is not None:  # None: a learner
+            nodes.add(self._SyncObj__selfNode)
         cluster = tuple(sorted(node.id for node in nodes))
         if journal.membership is not None:  # the configuration as of the snapshot's entry
             cluster = journal.membership.members_at(raft_index)
@@ -1645,6 +1683,31 @@ class RaftNode:
         """Quiescent: no heartbeats, no election timer (quiescence.py)."""
         return bool(self._raft.logsvc_quiet)
 
+    @property
+    def learner(self) -> bool:
+        """A non-voting learner (RaftConfig.learner)."""
+        return self._config.learner
+
+    def learners(self) -> dict[str, int]:
+        """On the leader: each connected learner's address -> its match index (the last
+        entry it holds, as it acknowledged); empty elsewhere. Any thread: a copy, retried
+        if the tick changed the maps meanwhile."""
+        raft = self._raft
+        if not raft._isLeader():
+            return {}
+        for _ in range(10):
+            try:
+                learners = dict(raft._logsvc_learners)
+                match = dict(raft._SyncObj__raftMatchIndex)
+            except RuntimeError:  # changed size during the copy
+                continue
+            return {address: int(match.get(node, 0)) for node, address in learners.items()}
+        return {}
+
+    @property
+    def last_index(self) -> int:
+        return self._journal.store.last_index
+
     def status(self) -> dict[str, Any]:
         return dict(self._raft.getStatus())
 
@@ -1692,14 +1755,19 @@ class RaftNode:
     # ------------------------------------------------------------------ the scheduler's side
 
     def peer_nodes(self) -> frozenset[str]:
-        """The nodes of this replica's peers (scheduler.Tickable)."""
+        """The nodes of this replica's peers (scheduler.Tickable); none for a learner (its
+        read-only connections carry no node liveness)."""
         assert self._scheduler is not None
+        if self._config.learner:
+            return frozenset()
         node_of = self._scheduler.node_of
         return frozenset(node_of(str(node.id)) for node in self._raft._SyncObj__otherNodes)
 
     def connected_to(self, node: str) -> bool:
         """Whether this replica's connection to its peer on `node` is up."""
         assert self._scheduler is not None
+        if self._config.learner:
+            return False
         node_of = self._scheduler.node_of
         connected = self._raft._SyncObj__connectedNodes
         return any(

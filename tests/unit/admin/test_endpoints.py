@@ -42,6 +42,9 @@ SHARD_FIELDS = {
     "replicas",
     "joining",
     "quiet",
+    "learner",
+    "stage",
+    "learners",
 }
 REPLICA_FIELDS = {
     "node_id",
@@ -253,6 +256,7 @@ def test_openapi_lists_every_endpoint(anon: TestClient) -> None:
         "/v1/shards/{shard_id}/replicas",
         "/v1/shards/{shard_id}/replicas/{node_id}",
         "/v1/internal/shards/{shard_id}/host",
+        "/v1/internal/shards/{shard_id}/promote",
         "/healthz",
         "/readyz",
         "/metrics",
