@@ -109,6 +109,7 @@ async def _run(config: NodeConfig, file_system: FileSystem | None) -> None:
     view: DaemonNodeView | None = None
     try:
         await hosting.open()
+        gc_tuning.freeze_now()  # the replicas' long-lived state: out of the collector's walks
         server = DataPlaneServer({}, config.token, limits)
         host, _, port = config.node.data_address.rpartition(":")
         hosting.attach(server)
