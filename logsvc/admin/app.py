@@ -278,6 +278,11 @@ class HostShardResponse(_Response):
     shard_id: int
     hosted: bool = Field(description="Hosted after the call; for a release: false.")
     replicas: list[str] = Field(description="The members the replica starts with.")
+    stage: str | None = Field(
+        default=None,
+        description='The replica\'s stage after the call ("learner", "joining", "voter"); '
+        "null after a release.",
+    )
 
 
 class HealthResponse(_Response):
@@ -734,7 +739,11 @@ def create_app(
         members = await ask(
             view.host_shard(shard_id, request.members, request.learner), change=True
         )
-        return HostShardResponse(shard_id=shard_id, hosted=True, replicas=list(members))
+        # A retried call finds the replica as it is (it may be promoted already).
+        status = await ask(view.shard_status(shard_id), change=False)
+        return HostShardResponse(
+            shard_id=shard_id, hosted=True, replicas=list(members), stage=status.stage
+        )
 
     @api.post(
         "/v1/internal/shards/{shard_id}/promote",
@@ -747,7 +756,10 @@ def create_app(
         shard_id: ShardIdParam, request: PromoteShardRequest
     ) -> HostShardResponse:
         members = await ask(view.promote_shard(shard_id, request.members), change=True)
-        return HostShardResponse(shard_id=shard_id, hosted=True, replicas=list(members))
+        status = await ask(view.shard_status(shard_id), change=False)
+        return HostShardResponse(
+            shard_id=shard_id, hosted=True, replicas=list(members), stage=status.stage
+        )
 
     @api.delete(
         "/v1/internal/shards/{shard_id}/host",

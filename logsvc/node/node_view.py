@@ -154,6 +154,8 @@ class DaemonNodeView:
         replicas = []
         for address in sorted(node.members, key=lambda a: self._raft_to_node.get(a, a)):
             node_id = self._raft_to_node.get(address, address)
+            if address == node.self_address and node.learner:
+                continue  # a learner is no member (its members file counts it as joining)
             if address == node.self_address:
                 replicas.append(
                     ReplicaStatus(
@@ -269,14 +271,16 @@ class DaemonNodeView:
             # 1. The new node starts a non-voting learner (Raft thesis §4.2.1): it receives
             #    the log from the leader but counts in no majority, so while it copies the
             #    log the members commit as before (0005, "Learners").
-            await self._ask_peer(
+            hosted = await self._ask_peer(
                 node_id,
                 "POST",
                 f"/v1/internal/shards/{shard_id}/host",
                 {"members": members, "learner": True},
             )
             # 2. Promoted only once caught up: its addition then commits with it at once.
-            await self._wait_learner(host, shard_id, node_id)
+            #    (A retried change may find it promoted already: nothing to wait for.)
+            if hosted.body.get("stage") in (None, "learner"):
+                await self._wait_learner(host, shard_id, node_id)
             # 3. The same journal restarted as a joining voter (holds its elections until
             #    its own addition arrives).
             await self._ask_peer(

@@ -123,6 +123,15 @@ class LeaderQuiescence:
         self._request = None
         return True
 
+    def changed(self, fingerprint: tuple[int, int, int, int], now_s: float) -> bool | None:
+        """The cheap first look after a tick: `fingerprint` is (term, last, commit, applied).
+        If it moved, that is activity: returns whether the leader woke (True/False), and
+        `observe` need not run. None: nothing moved, `observe` decides."""
+        if fingerprint == self._fingerprint:
+            return None
+        self._fingerprint = fingerprint
+        return self.wake(now_s)
+
     def observe(self, view: LeaderView, now_s: float) -> tuple[bool, QuiesceRequest | None]:
         """After a tick of the leader: (woke, request to send or None). `woke` is True when
         it was quiescing or quiet and must heartbeat again."""

@@ -322,6 +322,10 @@ class _Worker:
 
     def _take_requests(self) -> bool:
         """Apply what other threads asked; True when the worker must stop."""
+        if not self._signalled:
+            # Nothing was asked since the last look (a request sets the flag under the lock
+            # and wakes the epoll; one that lands just after this read is seen next turn).
+            return False
         with self._lock:
             requests, self._requests = self._requests, _Requests()
             self._signalled = False

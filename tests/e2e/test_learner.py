@@ -160,3 +160,44 @@ def test_a_replica_added_under_load_joins_as_a_learner_and_is_promoted_caught_up
         lambda: len(read_all(addresses[3], token)) >= len(through_leader),
         "n4 to serve the whole log",
     )
+
+
+def test_a_learner_restarted_comes_back_a_learner_and_promotion_survives_a_restart(
+    four_nodes: LocalCluster,
+) -> None:
+    """The stage across restarts (the `learner` marker file): n4 hosting a learner,
+    killed and restarted, is a learner again and catches up; promoted (the internal call a
+    leader makes), killed and restarted, it is a joining voter; once added, a voter."""
+    admin = Admin(four_nodes)
+    client = four_nodes.client()
+    try:
+        lsns = client.append(1, [b"before the learner"])
+        members = {"members": ["n1", "n2", "n3"]}
+        status, answer = admin.call(
+            "n4", "POST", "/v1/internal/shards/1/host", {**members, "learner": True}
+        )
+        assert status == 200, answer
+
+        def n4_stage(stage: str) -> Any:
+            code, view = admin.shard("n4")
+            return view if code == 200 and view["stage"] == stage else None
+
+        poll(lambda: n4_stage("learner"), "n4 hosting a learner")
+        devcluster.kill_node(four_nodes.dir, "n4")
+        devcluster.start_node(four_nodes.dir, "n4")
+        view = poll(lambda: n4_stage("learner"), "n4 a learner again after its restart")
+        poll(lambda: (n4_stage("learner") or {}).get("next_lsn", 0) > lsns[0], "catch-up")
+        assert "n4" not in [r["node_id"] for r in view["replicas"]]
+
+        status, answer = admin.call("n4", "POST", "/v1/internal/shards/1/promote", members)
+        assert status == 200, answer
+        poll(lambda: n4_stage("joining"), "n4 a joining voter")
+        devcluster.kill_node(four_nodes.dir, "n4")
+        devcluster.start_node(four_nodes.dir, "n4")
+        poll(lambda: n4_stage("joining"), "n4 a joining voter after its restart")
+        # The leader adds it (it is no learner now: nothing to wait for).
+        answer = admin.change("POST", "/v1/shards/1/replicas", {"node_id": "n4"})
+        assert sorted(answer["replicas"]) == ["n1", "n2", "n3", "n4"]
+        poll(lambda: n4_stage("voter"), "n4 a voter")
+    finally:
+        client.close()
