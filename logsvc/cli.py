@@ -6,6 +6,7 @@
     logsvc status [--json] [--admin HOST:PORT]... [--client-config client.toml]
     logsvc demo [--dir DIR]
     logsvc doctor --config NODE.toml | --data-dir DIR [--shard N] [--json] [--allow-running]
+    logsvc bench shards [--nodes 3] [--shards 1000] [...]   (python -m logsvc.bench shards)
     logsvc bench store [--modes group,sync_each,nosync] [--writers N] [--record-bytes B]
                        [--seconds S] [--dir DIR]
 
@@ -90,7 +91,7 @@ def _parser() -> argparse.ArgumentParser:
     dev.add_argument("action", choices=("up", "down", "status"))
     dev.add_argument("--dir", required=True, help="where configs, data and logs go")
     dev.add_argument("--nodes", type=_positive_int("--nodes", 7), default=3)
-    dev.add_argument("--shards", type=_positive_int("--shards", 64), default=2)
+    dev.add_argument("--shards", type=_positive_int("--shards", 2000), default=2)  # SHARDS_MAX
 
     for name, text in (
         ("append", "append records (one batch) and print their LSNs"),
@@ -191,6 +192,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     cluster.add_argument("--seconds", type=_seconds("--seconds", 600.0), default=5.0)
     cluster.add_argument("--batch", type=_positive_int("--batch", 65_536), default=1)
+    shards = targets.add_parser(
+        "shards",
+        help="many shards per node: time to all led, idle CPU/RSS/threads, load, failover",
+        add_help=False,  # its own parser (logsvc/bench/shards_bench.py) answers --help
+    )
+    shards.add_argument("args", nargs=argparse.REMAINDER)
     return parser
 
 
@@ -198,8 +205,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not __debug__:
         print("logsvc: refusing to run under python -O: invariants are assertions", file=sys.stderr)
         return EXIT_USAGE
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    if arguments[:2] == ["bench", "shards"]:  # its own parser (and --help)
+        from logsvc.bench import shards_bench
+
+        return shards_bench.main(arguments[2:])
     parser = _parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(arguments)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if args.command == "serve":
         from logsvc.node.daemon import serve
@@ -311,13 +323,12 @@ def _cluster_status(args: argparse.Namespace) -> int:
 
 def _client_command(args: argparse.Namespace) -> int:
     from logsvc.client import LogsvcError, SyncClient
-    from logsvc.config import ConfigError, load_client_config, main_config_error
+    from logsvc.config_files import ConfigError, main_config_error
 
     try:
-        config = load_client_config(args.client_config)
+        client = SyncClient(args.client_config)  # addresses and token from client.toml
     except ConfigError as exc:
         return main_config_error(exc)
-    client = SyncClient(config.addresses, config.token)
     try:
         if args.command == "append":
             lsns = client.append(args.shard, [r.encode() for r in args.records], epoch=args.epoch)
@@ -334,10 +345,12 @@ def _client_command(args: argparse.Namespace) -> int:
         elif args.command == "truncate":
             print(client.truncate(args.shard, args.lsn, epoch=args.epoch))
         else:
-            status = client.status(args.shard)
+            # The leader's answer after a barrier through the log, never a follower's view.
+            status = client.leader_status(args.shard)
             print(
                 f"shard {status.shard}: leader {status.leader} term {status.term} "
-                f"lsn [{status.first_lsn}, {status.next_lsn}) commit {status.commit_index}"
+                f"lsn [{status.first_lsn}, {status.next_lsn}) commit {status.commit_index} "
+                "(confirmed by the leader)"
             )
     except LogsvcError as exc:
         print(f"logsvc: error: {exc}", file=sys.stderr)

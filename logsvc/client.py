@@ -1,6 +1,9 @@
 """The logsvc client library: async `Client`, and `SyncClient` for scripts.
 
     client = await connect(["127.0.0.1:7101", "127.0.0.1:7102"], token)
+    client = await connect("client.toml")              # or the addresses and token of a
+                                                       # client config (`logsvc dev-cluster
+                                                       # up` writes DIR/client.toml)
     lsns = await client.append(1, [b"a", b"b"])        # -> [first, first + 1]
     producer = Producer(client)                        # optional producer-side batching
     lsn = await producer.send(1, b"c")                 # shares an append with its neighbours
@@ -34,6 +37,7 @@ import asyncio
 import collections
 import contextlib
 import itertools
+import os
 import threading
 import uuid
 from collections.abc import Callable, Coroutine, Iterator, Sequence
@@ -41,6 +45,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from logsvc.client_config import load_client_config
 from logsvc.frame_writer import FrameWriter
 from logsvc.wire import messages as wire
 from logsvc.wire.frames import FrameDecoder, ProtocolError
@@ -458,9 +463,52 @@ class Client:
         return answer
 
     async def status(self, shard: int) -> wire.ShardStatus:
+        """One node's answer (the known leader's if it answers, else any node's):
+        `is_leader` true only if it is the leader's, confirmed by a barrier; otherwise that
+        node's own, possibly stale, view. `leader_status` insists on the leader's."""
         answer = await self._leader_call(shard, wire.Status(shard), require_leader=False)
         assert isinstance(answer, wire.ShardStatus), answer
         return answer
+
+    async def leader_status(self, shard: int) -> wire.ShardStatus:
+        """The shard's status as its leader answers it after a barrier through the log
+        (`is_leader` true: the leader a majority follows, its term, every committed LSN
+        applied). A follower's answer is followed to the leader it names; bounded retries
+        (as every call); `Unavailable` if no leader confirmed itself."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._options.retry_s_max
+        delay = self._options.backoff_s_first
+        candidates = itertools.cycle(self._addresses)
+        last: object = None
+        for _ in range(self._options.attempts_max):
+            address = self._leaders.get(shard) or next(candidates)
+            try:
+                outcome = await self._call(address, wire.Status(shard))
+            except (OSError, ConnectionError, TimeoutError) as exc:
+                outcome = exc
+            if isinstance(outcome, wire.ShardStatus):
+                if outcome.is_leader:
+                    self._leaders[shard] = address
+                    return outcome
+                last = f"{address} is not the leader (it names {outcome.leader})"
+                hint = outcome.leader
+                if hint and hint != address and self._leaders.get(shard) != hint:
+                    self._leaders[shard] = hint
+                    continue  # follow a new hint at once (a stale one gets the back-off)
+                self._leaders.pop(shard, None)
+            elif isinstance(outcome, wire.ErrorResponse):
+                if outcome.code not in _RETRYABLE:
+                    raise _error(outcome)
+                last = _error(outcome)
+                self._leaders.pop(shard, None)
+            else:
+                last = outcome
+                self._leaders.pop(shard, None)
+            if loop.time() > deadline:
+                break
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self._options.backoff_s_max)
+        raise Unavailable(f"shard {shard}: no leader confirmed itself after retries: {last}")
 
     async def close(self) -> None:
         """Close every connection; calls still running fail, and no retry reconnects."""
@@ -654,16 +702,45 @@ def _error(response: wire.ErrorResponse) -> ServerError:
     return _ERRORS.get(response.code, ServerError)(response)
 
 
+# Where a client connects: the data-plane addresses ("host:port", any number of the
+# cluster's nodes), or the path of a client config file holding them and the token.
+Nodes = Sequence[str] | str | os.PathLike[str]
+
+
+def resolve_nodes(nodes: Nodes, token: str | None) -> tuple[tuple[str, ...], str]:
+    """(addresses, token) of `connect`'s arguments. A path (a str or a PathLike) is a client
+    config file (logsvc/client_config.py; a bad one raises `ConfigError` naming the key),
+    given without a token; a sequence of addresses needs the token."""
+    if isinstance(nodes, str | os.PathLike):
+        if token is not None:
+            raise TypeError(
+                "connect(path) reads the token from the client config file; pass a list of "
+                "addresses to give a token"
+            )
+        config = load_client_config(os.fspath(nodes))
+        return config.addresses, config.token
+    if token is None:
+        raise TypeError("connect(addresses, token): the token is required with addresses")
+    addresses = tuple(nodes)
+    if not addresses:
+        raise ValueError("connect: at least one node address")
+    return addresses, token
+
+
 async def connect(
-    addresses: Sequence[str],
-    token: str,
+    nodes: Nodes,
+    token: str | None = None,
     *,
     options: ClientOptions | None = None,
     client_id: str | None = None,
 ) -> Client:
-    """A client for the nodes at `addresses` ("host:port" of their data planes). Each
+    """A client for the cluster: `connect("client.toml")`, or `connect(addresses, token)`
+    with `addresses` the "host:port" of data planes (any of the cluster's nodes). Each
     client has its own id (random unless given): its appends are deduplicated per id."""
-    return Client(addresses, token, options or ClientOptions(), client_id or uuid.uuid4().hex)
+    addresses, resolved_token = resolve_nodes(nodes, token)
+    return Client(
+        addresses, resolved_token, options or ClientOptions(), client_id or uuid.uuid4().hex
+    )
 
 
 class SyncClient:
@@ -671,13 +748,16 @@ class SyncClient:
     private thread; every call is bounded by the request timeout times the attempts."""
 
     def __init__(
-        self, addresses: Sequence[str], token: str, options: ClientOptions | None = None
+        self, nodes: Nodes, token: str | None = None, options: ClientOptions | None = None
     ) -> None:
+        """`nodes`, `token`: as for `connect` (a client config path, or addresses and the
+        token)."""
+        addresses, resolved_token = resolve_nodes(nodes, token)  # errors before a thread
         self._options = options or ClientOptions()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._thread.start()
-        self._client: Client = self._run(connect(addresses, token, options=self._options))
+        self._client: Client = self._run(connect(addresses, resolved_token, options=self._options))
 
     def _run(self, coroutine: Coroutine[Any, Any, T]) -> T:
         future: Future[T] = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
@@ -701,6 +781,9 @@ class SyncClient:
 
     def status(self, shard: int) -> wire.ShardStatus:
         return self._run(self._client.status(shard))
+
+    def leader_status(self, shard: int) -> wire.ShardStatus:
+        return self._run(self._client.leader_status(shard))
 
     def close(self) -> None:
         self._run(self._client.close())

@@ -24,9 +24,11 @@ files of one cluster, every other section must be identical on every node):
     [[shards]]       id, replicas (3 or 5 distinct ids of cluster.nodes)
     [limits.store]   optional, the fields of `StoreLimits` (validated by it)
     [limits.shard]   optional, the fields of `ShardLimits` (identical on every node!)
-    [limits.server]  optional, the fields of `ServerLimits` below
+    [limits.server]  optional, the fields of `ServerLimits` (logsvc/node/limits.py)
     [raft]           optional, election_timeout_ms_min/max, heartbeat_ms,
-                     leader_fallback_ms, connection_timeout_ms (`RaftConfig`)
+                     leader_fallback_ms, connection_timeout_ms, quiesce_after_ms
+                     (`RaftConfig`; 0 = never quiesce), threads (the node's Raft
+                     scheduler threads, logsvc/shard/scheduler.py)
 
 Rules beyond each key's own (why, in the comments where they are checked):
 * unknown keys are errors everywhere (pysyncobj silently ignores unknown settings; a typo
@@ -56,7 +58,6 @@ import math
 import os
 import re
 import stat
-import sys
 import tomllib
 import typing
 from collections.abc import Callable, Mapping, Sequence
@@ -64,31 +65,38 @@ from dataclasses import dataclass, field
 from datetime import date, datetime, time
 from typing import TYPE_CHECKING, Final, TypeVar
 
-from logsvc.shard.limits import DEFAULT_SHARD_LIMITS, ShardLimits
+from logsvc.client_config import ClientConfig as ClientConfig
+from logsvc.client_config import client_address as client_address
+from logsvc.client_config import load_client_config as load_client_config
+from logsvc.config_files import (
+    CONFIG_FILE_BYTES_MAX,
+    KIB,
+    PORT_DIGITS,
+    SECRET_FILE_MODE_FORBIDDEN,
+    read_private_file,
+    read_secret_file,
+    split_address,
+    toml_error_rule,
+)
+from logsvc.config_files import EXIT_CONFIG_ERROR as EXIT_CONFIG_ERROR
+from logsvc.config_files import PORT_MAX as PORT_MAX
+from logsvc.config_files import SECRET_FILE_BYTES_MAX as SECRET_FILE_BYTES_MAX
+from logsvc.config_files import ConfigError as ConfigError
+from logsvc.config_files import main_config_error as main_config_error
+from logsvc.node.limits import ServerLimits
+from logsvc.shard.limits import ShardLimits
 from logsvc.shard.raft import RaftConfig
 from logsvc.shard.replica import ReplicaConfig
+from logsvc.shard.scheduler import WORKERS_DEFAULT, WORKERS_MAX
 from logsvc.store.limits import StoreLimits
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
-KIB = 1024
-MIB = 1024 * KIB
-
-EXIT_CONFIG_ERROR = 2
-
-# A config file is a few KiB and a secret file a few dozen bytes; every read is bounded.
-CONFIG_FILE_BYTES_MAX = 1 * MIB
-SECRET_FILE_BYTES_MAX = 64 * KIB
-
 # Secrets and tokens: long enough not to be guessed, short enough to be a secret and not
 # a misplaced file. Surrounding whitespace is ignored (a file ends with a newline).
 SECRET_CHARS_MIN = 16
 SECRET_CHARS_MAX = 4096
-
-# Group and others may neither read nor write a file holding a secret: reading leaks it,
-# writing lets someone substitute a secret they know.
-SECRET_FILE_MODE_FORBIDDEN = stat.S_IRGRP | stat.S_IWGRP | stat.S_IROTH | stat.S_IWOTH
 
 LOG_LEVELS: Final = ("debug", "info", "warning", "error")
 # "text" for a terminal; "json" (one object a line, see logsvc/logs.py) for a log pipeline.
@@ -98,14 +106,15 @@ LOG_FORMATS: Final = ("text", "json")
 # needs a bigger quorum (Raft §5.2), so a shard has 3 or 5 replicas.
 REPLICA_COUNTS: Final = (3, 5)
 
-PORT_MAX = 65535
-
 # Bounds on the config itself, so the port check (nodes x shards ports) stays small.
 NODES_MAX = 128
 SHARDS_MAX = 4096
 
 # No Raft timing is sensibly above an hour; a bigger number is a unit mistake.
 RAFT_MS_MAX = 3_600_000
+# The node's Raft scheduler threads ([raft] threads).
+RAFT_THREADS_DEFAULT = WORKERS_DEFAULT
+RAFT_THREADS_MAX = WORKERS_MAX
 
 NODE_ID_CHARS_MAX = 64
 _NODE_ID = re.compile(rf"[A-Za-z0-9][A-Za-z0-9_.-]{{0,{NODE_ID_CHARS_MAX - 1}}}")
@@ -113,105 +122,30 @@ _HOSTNAME = re.compile(
     r"(?=.{1,253}\Z)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
     r"(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*"
 )
-_PORT = re.compile(r"[0-9]{1,5}")
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
-_TOML_POSITION = re.compile(r"\s*\(at (line \d+, column \d+|end of document)\)\Z")
-
-
-class ConfigError(Exception):
-    """An invalid node configuration.
-
-    `key` is the key path (`shards[1].replicas`), or the file's path for a problem with a
-    whole file (unreadable, bad TOML, too permissive); `rule` says what is required.
-    """
-
-    def __init__(self, key: str, rule: str) -> None:
-        super().__init__(f"config error: {key}: {rule}")
-        self.key = key
-        self.rule = rule
-
-
-def main_config_error(exc: ConfigError) -> int:
-    """For the CLI: print the message (no traceback) to stderr; return the exit code, 2."""
-    print(exc, file=sys.stderr)
-    return EXIT_CONFIG_ERROR
 
 
 # ---------------------------------------------------------------------------- the values
 
 
-@dataclass(frozen=True, slots=True)
-class ServerLimits:
-    """The data plane's limits (issue 4), with units and reasons.
-
-    Defined here until the data-plane server exists; its owner may move the class into the
-    server package's own `limits.py` (the loader only needs the fields and `validate()`).
-    """
-
-    # Client connections served at once; one more is refused with Overloaded.
-    connections_max: int = 1024
-
-    # Requests read from one connection and not yet answered (pipelining). At the limit
-    # the server stops reading that socket, so TCP pushes back on the client.
-    inflight_requests_per_connection_max: int = 256
-
-    # The largest frame body, checked from the header before the body is read. A frame
-    # must be able to carry one record of the largest size a shard accepts.
-    frame_body_bytes_max: int = 16 * MIB
-
-    # Server-side group commit: concurrent appends to one shard are packed into one Raft
-    # entry of at most this many payload bytes (at most the shard's group_bytes_max)...
-    batch_bytes_max: int = 1 * MIB
-    # ...waiting at most this long for more appends once the first one is queued. 0 = no
-    # added wait: appends that arrive while a batch is being proposed form the next one.
-    batch_delay_ms_max: int = 0
-
-    # Appends waiting for their shard's next batch; past it an append gets Overloaded
-    # instead of being buffered.
-    appends_queued_per_shard_max: int = 10_000
-
-    # The longest a tail read (long poll) may wait for new records.
-    tail_wait_ms_max: int = 30_000
-
-    def validate(self, shard_limits: ShardLimits = DEFAULT_SHARD_LIMITS) -> ServerLimits:
-        """Check each value and the relations; raise ValueError naming the field."""
-        for limit in dataclasses.fields(self):
-            value = getattr(self, limit.name)
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise ValueError(f"{limit.name}: must be an integer, got {value!r}")
-            if value < 0 or (value == 0 and limit.name != "batch_delay_ms_max"):
-                raise ValueError(f"{limit.name}: must be positive, got {value}")
-        if self.batch_bytes_max > shard_limits.group_bytes_max:
-            raise ValueError(
-                f"batch_bytes_max: must be at most the shard's group_bytes_max "
-                f"({shard_limits.group_bytes_max}), got {self.batch_bytes_max}"
-            )
-        if self.frame_body_bytes_max < shard_limits.record_bytes_max:
-            raise ValueError(
-                f"frame_body_bytes_max: must be at least the shard's record_bytes_max "
-                f"({shard_limits.record_bytes_max}), so one record of the largest size "
-                f"fits in a frame; got {self.frame_body_bytes_max}"
-            )
-        if self.frame_body_bytes_max >= 2**32:
-            raise ValueError("frame_body_bytes_max: must be below 2**32 (a u32 length)")
-        return self
-
-
-DEFAULT_SERVER_LIMITS = ServerLimits().validate()
-
-RAFT_KEYS: Final = (
+RAFT_MS_KEYS: Final = (
     "election_timeout_ms_min",
     "election_timeout_ms_max",
     "heartbeat_ms",
     "leader_fallback_ms",
     "connection_timeout_ms",
+    "quiesce_after_ms",
 )
+# The [raft] keys: the timings of every shard's group, and the node's Raft threads.
+RAFT_KEYS: Final = (*RAFT_MS_KEYS, "threads")
+# 0 means "never" for these.
+_RAFT_ZERO_ALLOWED: Final = frozenset({"quiesce_after_ms"})
 _RAFT_DEFAULTS: Final = {
     f.name: f.default
     for f in dataclasses.fields(RaftConfig)
-    if f.name in RAFT_KEYS and isinstance(f.default, int)
+    if f.name in RAFT_MS_KEYS and isinstance(f.default, int)
 }
-assert set(_RAFT_DEFAULTS) == set(RAFT_KEYS), "RaftConfig changed: update RAFT_KEYS"
+assert set(_RAFT_DEFAULTS) == set(RAFT_MS_KEYS), "RaftConfig changed: update RAFT_MS_KEYS"
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,6 +158,10 @@ class RaftTimings:
     heartbeat_ms: int = _RAFT_DEFAULTS["heartbeat_ms"]
     leader_fallback_ms: int = _RAFT_DEFAULTS["leader_fallback_ms"]
     connection_timeout_ms: int = _RAFT_DEFAULTS["connection_timeout_ms"]
+    quiesce_after_ms: int = _RAFT_DEFAULTS["quiesce_after_ms"]
+    # Worker threads of the node's Raft scheduler (logsvc/shard/scheduler.py): every hosted
+    # replica's ticks and socket events run on them, however many shards the node hosts.
+    threads: int = RAFT_THREADS_DEFAULT
 
     def raft_config(
         self, self_address: str, peers: Sequence[str], secret: str, snapshot_path: str
@@ -238,6 +176,7 @@ class RaftTimings:
             heartbeat_ms=self.heartbeat_ms,
             leader_fallback_ms=self.leader_fallback_ms,
             connection_timeout_ms=self.connection_timeout_ms,
+            quiesce_after_ms=self.quiesce_after_ms,
         ).validate()
 
 
@@ -314,17 +253,34 @@ class NodeConfig:
         """The Raft address of `node_id`'s replica of `shard_id`."""
         return self.node_by_id(node_id).raft_address(shard_id)
 
+    def raft_node_of(self) -> Callable[[str], str]:
+        """Raft address of any replica (any node, any shard of the cluster) -> its node's
+        id; an address of no replica maps to itself. Node liveness is kept per node."""
+        nodes = {
+            node.raft_address(shard.id): node.id for node in self.nodes for shard in self.shards
+        }
+
+        def node_of(address: str) -> str:
+            return nodes.get(address, address)
+
+        return node_of
+
     def shard_data_dir(self, shard_id: int) -> str:
         """This node's directory for one shard replica: journal/ and snapshot inside."""
         return os.path.join(self.data_dir, "shards", str(shard_id))
 
     def raft_config_for(
-        self, shard_id: int, members: Sequence[str] | None = None, joining: bool = False
+        self,
+        shard_id: int,
+        members: Sequence[str] | None = None,
+        joining: bool = False,
+        learner: bool = False,
     ) -> RaftConfig:
         """The Raft settings of this node's replica of `shard_id` (KeyError if this node
         hosts none): its own address, the other replicas' addresses, the cluster secret.
         `members` (node ids, this node among them) replaces the [[shards]] placement for a
-        replica started at runtime; `joining` marks one that joins a running shard."""
+        replica started at runtime; `joining` marks one that joins a running shard, `learner`
+        one that joins as a non-voting learner first (0005)."""
         shard = self.shard(shard_id)
         replicas = shard.replicas if members is None else tuple(members)
         if self.node_id not in replicas:
@@ -335,8 +291,8 @@ class NodeConfig:
             secret=self.secret,
             snapshot_path=os.path.join(self.shard_data_dir(shard_id), "snapshot"),
         )
-        if joining:
-            config = dataclasses.replace(config, joining=True)
+        if joining or learner:
+            config = dataclasses.replace(config, joining=True, learner=learner)
         if not self.raft_dial:
             return config
         # Every node's address of this shard: a member added later is dialled through
@@ -346,13 +302,17 @@ class NodeConfig:
         return dataclasses.replace(config, dial_overrides=dial).validate()
 
     def replica_config_for(
-        self, shard_id: int, members: Sequence[str] | None = None, joining: bool = False
+        self,
+        shard_id: int,
+        members: Sequence[str] | None = None,
+        joining: bool = False,
+        learner: bool = False,
     ) -> ReplicaConfig:
         """Everything `ShardReplica` needs to open this node's replica of `shard_id`
-        (`members`, `joining`: as for `raft_config_for`)."""
+        (`members`, `joining`, `learner`: as for `raft_config_for`)."""
         return ReplicaConfig(
             data_dir=self.shard_data_dir(shard_id),
-            raft=self.raft_config_for(shard_id, members, joining),
+            raft=self.raft_config_for(shard_id, members, joining, learner),
             store_limits=self.store_limits,
             shard_limits=self.shard_limits,
             node_id=self.node_id,
@@ -368,7 +328,7 @@ SecretReader = Callable[[str, str], str]
 
 def load_node_config(path: str) -> NodeConfig:
     """Read, parse and validate the node configuration at `path`."""
-    data_bytes, mode = _read_private_candidate(path, path, CONFIG_FILE_BYTES_MAX)
+    data_bytes, mode = read_private_file(path, path, CONFIG_FILE_BYTES_MAX)
     try:
         text = data_bytes.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -376,7 +336,7 @@ def load_node_config(path: str) -> NodeConfig:
     try:
         document = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(path, _toml_error_rule(exc)) from None
+        raise ConfigError(path, toml_error_rule(exc)) from None
     inline = _inline_secret_keys(document)
     if inline and mode & SECRET_FILE_MODE_FORBIDDEN:
         raise ConfigError(
@@ -418,68 +378,10 @@ def parse_test_raft_dial(value: str | None, config: NodeConfig) -> tuple[tuple[s
         if canonical not in known:
             raise ConfigError(key, f"{canonical!r} is not the Raft address of any replica")
         host, _, port = dial.rpartition(":") if isinstance(dial, str) else ("", "", "")
-        if not (host and _PORT.fullmatch(port) and 1 <= int(port) <= PORT_MAX):
+        if not (host and PORT_DIGITS.fullmatch(port) and 1 <= int(port) <= PORT_MAX):
             raise ConfigError(key, f'{canonical!r} must map to "host:port" (got {dial!r})')
         overrides.append((canonical, dial))
     return tuple(sorted(overrides))
-
-
-def read_secret_file(path: str, key: str) -> str:
-    """The default `SecretReader`: the file's contents, stripped, from a regular file that
-    group and others can neither read nor write."""
-    data, mode = _read_private_candidate(path, key, SECRET_FILE_BYTES_MAX, label=path)
-    if mode & SECRET_FILE_MODE_FORBIDDEN:
-        raise ConfigError(
-            key,
-            f"{path} is readable or writable by group or others "
-            f"(mode {stat.S_IMODE(mode):04o}); run `chmod 600 {path}`",
-        )
-    try:
-        return data.decode("utf-8").strip()
-    except UnicodeDecodeError:
-        raise ConfigError(key, f"{path} is not UTF-8 text") from None
-
-
-def _read_private_candidate(
-    path: str, key: str, bytes_max: int, *, label: str = ""
-) -> tuple[bytes, int]:
-    """(contents, st_mode) of a regular file of at most `bytes_max` bytes. The mode comes
-    from the open descriptor, so it is the mode of the file actually read."""
-    prefix = f"{label}: " if label else ""
-    try:
-        # O_NONBLOCK: opening a FIFO must not hang the daemon; it is refused just below.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        raise ConfigError(key, f"{prefix}cannot open: {exc.strerror}") from None
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise ConfigError(key, f"{prefix}is not a regular file")
-        chunks: list[bytes] = []
-        size = 0
-        while size <= bytes_max:  # bounded: stops one byte past the limit, or at EOF
-            chunk = os.read(fd, bytes_max + 1 - size)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-    except OSError as exc:
-        raise ConfigError(key, f"{prefix}cannot read: {exc.strerror}") from None
-    finally:
-        os.close(fd)
-    data = b"".join(chunks)
-    if len(data) > bytes_max:
-        raise ConfigError(key, f"{prefix}is larger than {bytes_max} bytes")
-    return data, mode
-
-
-def _toml_error_rule(exc: tomllib.TOMLDecodeError) -> str:
-    # Python 3.11's tomllib puts the position at the end of the message only.
-    message = str(exc)
-    found = _TOML_POSITION.search(message)
-    if found is None:
-        return f"invalid TOML: {message}"
-    return f"invalid TOML at {found.group(1)}: {message[: found.start()]}"
 
 
 def _inline_secret_keys(document: Mapping[str, object]) -> list[str]:
@@ -706,7 +608,7 @@ def _check_ports(
     nodes_key = cluster.key("nodes")
     for index, node in enumerate(nodes):
         for name in ("data_address", "admin_address"):
-            host, port = _split_address(getattr(node, name))
+            host, port = split_address(getattr(node, name))
             claim(host, port, f"{nodes_key}[{index}].{name}", "")
     shard_id_max = max(shard.id for shard in shards)
     for index, node in enumerate(nodes):
@@ -753,14 +655,22 @@ def _limits(
 def _raft(table: _Table | None, secret: str) -> RaftTimings:
     values: dict[str, int] = {}
     if table is not None:
-        for name in RAFT_KEYS:
+        for name in RAFT_MS_KEYS:
             if name in table:
                 value = table.integer(name)
-                if not 1 <= value <= RAFT_MS_MAX:
+                low = 0 if name in _RAFT_ZERO_ALLOWED else 1
+                if not low <= value <= RAFT_MS_MAX:
                     raise ConfigError(
-                        table.key(name), f"must be in 1..{RAFT_MS_MAX} ms (got {value})"
+                        table.key(name), f"must be in {low}..{RAFT_MS_MAX} ms (got {value})"
                     )
                 values[name] = value
+        if "threads" in table:
+            threads = table.integer("threads")
+            if not 1 <= threads <= RAFT_THREADS_MAX:
+                raise ConfigError(
+                    table.key("threads"), f"must be in 1..{RAFT_THREADS_MAX} (got {threads})"
+                )
+            values["threads"] = threads
     timings = RaftTimings(**values)
     try:
         # RaftConfig holds the rules relating the timings; check them now, not at start.
@@ -790,7 +700,7 @@ def _config_error_of(path: str, names: Sequence[str], exc: ValueError) -> Config
 def _address(table: _Table, name: str) -> str:
     value = table.string(name)
     try:
-        host, _ = _split_address(value)
+        host, _ = split_address(value)
     except ValueError as exc:
         raise ConfigError(table.key(name), str(exc)) from None
     problem = _host_problem(host)
@@ -815,27 +725,6 @@ def _raft_host(table: _Table, name: str) -> str:
     if problem:
         raise ConfigError(table.key(name), problem)
     return host
-
-
-def _split_address(text: str) -> tuple[str, int]:
-    """ "host:port" or "[v6]:port" -> (host, port); ValueError with the rule."""
-    shape = f'must be "host:port" (got {text!r})'
-    if text.startswith("["):
-        host, sep, port_text = text[1:].partition("]:")
-        if not sep:
-            raise ValueError(shape)
-    else:
-        host, sep, port_text = text.rpartition(":")
-        if not sep:
-            raise ValueError(shape)
-        if ":" in host:
-            raise ValueError(shape + '; write an IPv6 host in brackets: "[::1]:7101"')
-    if not host or not _PORT.fullmatch(port_text):
-        raise ValueError(shape)
-    port = int(port_text)
-    if not 1 <= port <= PORT_MAX:
-        raise ValueError(f"port must be in 1..{PORT_MAX} (got {port})")
-    return host, port
 
 
 def _host_problem(host: str) -> str:
@@ -976,84 +865,3 @@ class _Table:
                 )
             tables.append(_Table(item, f"{self.key(name)}[{index}]", allowed))
         return tables
-
-
-# ------------------------------------------------------------------ client configuration
-
-
-@dataclass(frozen=True, slots=True)
-class ClientConfig:
-    """What `logsvc append/read/tail/truncate/status` need: where the nodes' data planes
-    are and the token. `logsvc dev-cluster up` writes one as DIR/client.toml:
-
-        addresses = ["127.0.0.1:7101", "127.0.0.1:7102", "127.0.0.1:7103"]
-        admin_addresses = ["127.0.0.1:7201", "127.0.0.1:7202", "127.0.0.1:7203"]
-        token_file = "token"          # or token = "..." (then the file must be mode 600)
-
-    `addresses` (required): "host:port" of data planes; the client finds the leaders from
-    any of them. `admin_addresses` (optional, empty when absent): "host:port" of admin
-    APIs, for `logsvc status` without `--shard` (the cluster table); it asks them in
-    order until one answers, and `--admin HOST:PORT` overrides them. The token is the
-    nodes' `token`: it opens both the data plane and the admin API.
-    """
-
-    source: str
-    addresses: tuple[str, ...]
-    token: str = field(repr=False)
-    admin_addresses: tuple[str, ...] = ()
-
-
-def load_client_config(path: str) -> ClientConfig:
-    data_bytes, mode = _read_private_candidate(path, path, CONFIG_FILE_BYTES_MAX)
-    try:
-        document = tomllib.loads(data_bytes.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise ConfigError(path, "is not UTF-8 text") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(path, _toml_error_rule(exc)) from None
-    unknown = sorted(set(document) - {"addresses", "admin_addresses", "token", "token_file"})
-    if unknown:
-        raise ConfigError(
-            unknown[0], "unknown key (expected addresses, admin_addresses, token or token_file)"
-        )
-    addresses = _client_addresses(document.get("addresses"), "addresses")
-    admin_addresses: tuple[str, ...] = ()
-    if "admin_addresses" in document:
-        admin_addresses = _client_addresses(document["admin_addresses"], "admin_addresses")
-    base_dir = os.path.dirname(os.path.abspath(path))
-    if ("token" in document) == ("token_file" in document):
-        raise ConfigError("token", "give exactly one of token and token_file")
-    if "token" in document:
-        token = document["token"]
-        if mode & SECRET_FILE_MODE_FORBIDDEN:
-            raise ConfigError(
-                path, f"holds token but is readable by group or others; run `chmod 600 {path}`"
-            )
-    else:
-        token_file = document["token_file"]
-        if not isinstance(token_file, str):
-            raise ConfigError("token_file", "must be a path string")
-        token = read_secret_file(os.path.join(base_dir, token_file), "token_file")
-    if not isinstance(token, str) or not token:
-        raise ConfigError("token", "must be a non-empty string")
-    return ClientConfig(
-        source=path, addresses=addresses, token=token, admin_addresses=admin_addresses
-    )
-
-
-def _client_addresses(value: object, key: str) -> tuple[str, ...]:
-    if not isinstance(value, list) or not value:
-        raise ConfigError(key, 'must be a non-empty list of "host:port" strings')
-    return tuple(client_address(item, f"{key}[{position}]") for position, item in enumerate(value))
-
-
-def client_address(value: object, key: str) -> str:
-    """A "host:port" (or "[v6]:port") a client connects to; else a ConfigError naming
-    `key` (for the CLI too: `logsvc status --admin`)."""
-    if not isinstance(value, str):
-        raise ConfigError(key, 'must be a "host:port" string')
-    try:
-        _split_address(value)
-    except ValueError as exc:
-        raise ConfigError(key, str(exc)) from None
-    return value

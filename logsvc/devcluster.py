@@ -10,25 +10,41 @@ after a bounded wait.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
+import random
 import secrets
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from logsvc.client import LogsvcError, SyncClient
+from logsvc.client import ClientOptions, LogsvcError, connect
 from logsvc.config import load_client_config
 
+# One short attempt per probe: a node that does not answer is asked again next round.
+_PROBE_OPTIONS = ClientOptions(
+    request_timeout_s=2.0,
+    retry_s_max=2.0,  # bounds the one attempt's wait (0 would give up before trying)
+    attempts_max=1,
+    backoff_s_first=0.0,
+    connect_timeout_s=2.0,
+)
+
 START_WAIT_S_MAX = 60.0
+START_WAIT_S_PER_SHARD = 0.06  # a thousand shards: two more minutes at most
+# Status probes of `leaders_confirmed`: in flight at once, and the pause between rounds.
+PROBES_AT_ONCE_MAX = 256
+PROBE_ROUND_PAUSE_S = 0.05
 STOP_WAIT_S_MAX = 15.0
 PIDS_FILE = "pids.json"
 NODES_MAX = 7
-SHARDS_MAX = 64
+SHARDS_MAX = 2000
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,34 +64,43 @@ def _port_free(port: int) -> bool:
     return True
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+# Ports of a dev cluster are taken below the kernel's ephemeral range: a node dialling
+# another's Raft port gets its local port from that range, and with a thousand shards a
+# port some node is still to bind would otherwise often be taken by such a connection.
+PORTS_LOW = 10_000
+EPHEMERAL_LOW_DEFAULT = 32_768
 
 
-def _free_raft_base(shards: int, taken: set[int]) -> int:
-    """A base such that base + 1 .. base + shards are all free (shard ids start at 1)."""
-    for _ in range(200):
-        base = _free_port()
-        wanted = range(base + 1, base + shards + 1)
-        if all(p < 65536 and p not in taken and _port_free(p) for p in wanted):
-            return base
-    raise RuntimeError("no free block of raft ports found")
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return EPHEMERAL_LOW_DEFAULT
 
 
 def _allocate(nodes: int, shards: int) -> list[NodePorts]:
-    taken: set[int] = set()
-    result = []
-    for number in range(1, nodes + 1):
-        data, admin = _free_port(), _free_port()
-        while admin == data or admin in taken:
-            admin = _free_port()
-        taken |= {data, admin}
-        base = _free_raft_base(shards, taken)
-        taken |= set(range(base + 1, base + shards + 1))
-        result.append(NodePorts(f"n{number}", data, admin, base))
-    return result
+    """One free block of ports below the ephemeral range for the whole cluster; per node:
+    data, admin, then the Raft ports of shards 1..shards (raft_base + shard id)."""
+    per_node = 2 + 1 + shards  # data, admin, raft_base itself (unused), the shards' ports
+    block = nodes * per_node
+    high = _ephemeral_low()
+    if high - PORTS_LOW < block:
+        raise RuntimeError(f"no room for {block} ports below the ephemeral range ({high})")
+    rng = random.SystemRandom()
+    for _ in range(200):
+        start = rng.randrange(PORTS_LOW, high - block + 1)
+        if all(_port_free(port) for port in range(start, start + block)):
+            return [
+                NodePorts(
+                    f"n{number}",
+                    data=start + (number - 1) * per_node,
+                    admin=start + (number - 1) * per_node + 1,
+                    raft_base=start + (number - 1) * per_node + 2,
+                )
+                for number in range(1, nodes + 1)
+            ]
+    raise RuntimeError(f"no free block of {block} ports found below {high}")
 
 
 def _write_private(path: str, text: str) -> None:
@@ -138,6 +163,14 @@ def _node_config(
 
 
 def up(dir_path: str, nodes: int = 3, shards: int = 2) -> dict[str, int]:
+    """`start` the cluster, then wait until every shard has a leader (bounded)."""
+    pids = start(dir_path, nodes, shards)
+    wait_for_leaders(dir_path, shards, START_WAIT_S_MAX + START_WAIT_S_PER_SHARD * shards)
+    return pids
+
+
+def start(dir_path: str, nodes: int = 3, shards: int = 2) -> dict[str, int]:
+    """Write the configs and client.toml, spawn the nodes; return their PIDs at once."""
     assert 3 <= nodes <= NODES_MAX
     assert 1 <= shards <= SHARDS_MAX
     os.makedirs(dir_path, exist_ok=True)
@@ -160,7 +193,6 @@ def up(dir_path: str, nodes: int = 3, shards: int = 2) -> dict[str, int]:
         f"admin_addresses = {json.dumps(admin_addresses)}\n"
         'token_file = "token"\n',
     )
-    wait_for_leaders(dir_path, shards)
     return pids
 
 
@@ -208,6 +240,8 @@ def start_node(dir_path: str, node_id: str) -> int:
 
 
 def wait_for_leaders(dir_path: str, shards: int, seconds: float = START_WAIT_S_MAX) -> None:
+    """Every node listens, then each shard 1..`shards` has a leader that confirmed itself
+    (`Client.leader_status`: a barrier through the log). Bounded by `seconds`."""
     config = load_client_config(os.path.join(dir_path, "client.toml"))
     deadline = time.monotonic() + seconds
     # A node opens all its replicas before its data plane listens: a leader another node
@@ -215,20 +249,75 @@ def wait_for_leaders(dir_path: str, shards: int, seconds: float = START_WAIT_S_M
     # every shard has a leader.
     for address in config.addresses:
         _wait_listening(address, deadline)
-    client = SyncClient(config.addresses, config.token)
+    missing = asyncio.run(
+        leaders_confirmed(
+            config.addresses, config.token, range(1, shards + 1), deadline - time.monotonic()
+        )
+    )[1]
+    if missing:
+        raise TimeoutError(
+            f"{len(missing)} shards have no leader after {seconds:.0f} s "
+            f"(first: {sorted(missing)[:5]})"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Led:
+    """A shard's leader as it confirmed itself (after a barrier), and when we learned it."""
+
+    shard: int
+    data_address: str
+    term: int
+    at_s: float  # time.monotonic()
+
+
+async def leaders_confirmed(
+    addresses: Sequence[str],
+    token: str,
+    shards: Iterable[int],
+    seconds: float,
+    *,
+    not_at: str | None = None,
+    term_above: Mapping[int, int] | None = None,
+) -> tuple[dict[int, Led], set[int]]:
+    """Ask each node about each shard (its own view: `Status`) until, for every shard, one
+    answers as the confirmed leader; optionally a leader not at `not_at` and in a term
+    above `term_above[shard]`. Rounds over the shards still open, PROBES_AT_ONCE_MAX
+    requests in flight, until `seconds` pass. Returns (shard -> Led, shards without)."""
+    deadline = time.monotonic() + seconds
+    waiting = set(shards)
+    found: dict[int, Led] = {}
+    probes = {
+        address: await connect([address], token, options=_PROBE_OPTIONS)
+        for address in addresses
+        if address != not_at
+    }
+    in_flight = asyncio.Semaphore(PROBES_AT_ONCE_MAX)
+
+    async def ask(address: str, shard: int) -> None:
+        async with in_flight:
+            try:
+                status = await probes[address].status(shard)
+            except (LogsvcError, OSError, TimeoutError):
+                return
+        if not status.is_leader or shard in found:
+            return
+        if term_above is not None and status.term <= term_above.get(shard, -1):
+            return
+        found[shard] = Led(shard, address, status.term, time.monotonic())
+
     try:
-        for shard in range(1, shards + 1):
-            while True:
-                try:
-                    if client.status(shard).leader:
-                        break
-                except (LogsvcError, OSError, TimeoutError):
-                    pass
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"shard {shard} has no leader after {seconds} s")
-                time.sleep(0.1)
+        while waiting and time.monotonic() < deadline:
+            await asyncio.gather(
+                *(ask(address, shard) for shard in sorted(waiting) for address in probes)
+            )
+            waiting -= set(found)
+            if waiting:
+                await asyncio.sleep(PROBE_ROUND_PAUSE_S)
     finally:
-        client.close()
+        for probe in probes.values():
+            await probe.close()
+    return found, waiting
 
 
 def _wait_listening(address: str, deadline: float) -> None:

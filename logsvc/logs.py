@@ -60,8 +60,8 @@ _shard: contextvars.ContextVar[int | None] = contextvars.ContextVar("logsvc_shar
 
 
 def bind_shard(shard: int | None) -> None:
-    """Name `shard` on every later line of this thread (or asyncio task). A replica's
-    dedicated thread calls it once at its start."""
+    """Name `shard` on every later line of this thread (or asyncio task), until bound to
+    another (a Raft scheduler's worker binds each replica's shard for its tick)."""
     _shard.set(shard)
 
 

@@ -10,8 +10,11 @@ serves it with uvicorn on the node's `admin_address`.
     POST   /v1/shards/{shard_id}/transfer-leader   [{"target_node_id": id | null}] -> 202
     POST   /v1/shards/{shard_id}/replicas      {"node_id"} -> 201, the members
     DELETE /v1/shards/{shard_id}/replicas/{node_id}  -> the members
-    POST   /v1/internal/shards/{shard_id}/host  {"members"}: node to node, a leader adding
-                                               this node (docs/decisions/0002-membership.md)
+    POST   /v1/internal/shards/{shard_id}/host  {"members", "learner"}: node to node, a
+                                               leader adding this node (0002-membership.md;
+                                               as a learner first: 0005)
+    POST   /v1/internal/shards/{shard_id}/promote  {"members"}: node to node, the learner
+                                               caught up: restarted as a joining voter
     DELETE /v1/internal/shards/{shard_id}/host  node to node, a leader that removed it
     GET    /healthz                            the process answers (no auth)
     GET    /readyz                             readiness.py's rule: 200 ready, 503 not
@@ -160,7 +163,14 @@ class AddReplicaRequest(_Request):
 
 class HostShardRequest(_Request):
     """Node to node: start a replica of the shard that joins `members` (the shard's
-    members as its leader knows them; this node is added)."""
+    members as its leader knows them; this node is added), a learner if `learner`."""
+
+    members: Annotated[list[NodeId], Field(min_length=1, max_length=changes.MEMBERS_MAX)]
+    learner: bool = False
+
+
+class PromoteShardRequest(_Request):
+    """Node to node: the learner caught up; restart it as a joining voter of `members`."""
 
     members: Annotated[list[NodeId], Field(min_length=1, max_length=changes.MEMBERS_MAX)]
 
@@ -231,6 +241,18 @@ class ShardStatusModel(_Response):
     failed: bool
     replicas: list[ReplicaModel]
     joining: bool = Field(description="Started to join; the entry adding it not received yet.")
+    learner: bool = Field(description="A non-voting learner catching up (not a member yet).")
+    stage: str = Field(
+        description='This replica\'s stage: "learner" (non-voting, catching up), "joining" '
+        '(promoted, its addition not in its log yet) or "voter".'
+    )
+    learners: list[ReplicaModel] = Field(
+        description="On the leader: learners catching up (they count in no majority)."
+    )
+    quiet: bool = Field(
+        description="Quiescent: the shard was idle; no heartbeats, no election timer here "
+        "(docs/decisions/0005-scheduler-quiescence.md)."
+    )
 
 
 class ShardListResponse(_Response):
@@ -256,6 +278,11 @@ class HostShardResponse(_Response):
     shard_id: int
     hosted: bool = Field(description="Hosted after the call; for a release: false.")
     replicas: list[str] = Field(description="The members the replica starts with.")
+    stage: str | None = Field(
+        default=None,
+        description='The replica\'s stage after the call ("learner", "joining", "voter"); '
+        "null after a release.",
+    )
 
 
 class HealthResponse(_Response):
@@ -709,8 +736,30 @@ def create_app(
         summary="Node to node: start hosting a replica that joins the shard",
     )
     async def host_shard(shard_id: ShardIdParam, request: HostShardRequest) -> HostShardResponse:
-        members = await ask(view.host_shard(shard_id, request.members), change=True)
-        return HostShardResponse(shard_id=shard_id, hosted=True, replicas=list(members))
+        members = await ask(
+            view.host_shard(shard_id, request.members, request.learner), change=True
+        )
+        # A retried call finds the replica as it is (it may be promoted already).
+        status = await ask(view.shard_status(shard_id), change=False)
+        return HostShardResponse(
+            shard_id=shard_id, hosted=True, replicas=list(members), stage=status.stage
+        )
+
+    @api.post(
+        "/v1/internal/shards/{shard_id}/promote",
+        response_model=HostShardResponse,
+        responses=_errors(404, 422, *_COMMON_ERRORS),
+        tags=["internal"],
+        summary="Node to node: the learner caught up: restart it as a joining voter",
+    )
+    async def promote_shard(
+        shard_id: ShardIdParam, request: PromoteShardRequest
+    ) -> HostShardResponse:
+        members = await ask(view.promote_shard(shard_id, request.members), change=True)
+        status = await ask(view.shard_status(shard_id), change=False)
+        return HostShardResponse(
+            shard_id=shard_id, hosted=True, replicas=list(members), stage=status.stage
+        )
 
     @api.delete(
         "/v1/internal/shards/{shard_id}/host",

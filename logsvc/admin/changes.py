@@ -56,6 +56,13 @@ def caught_up(
     return lag_entries <= CAUGHT_UP_LAG_ENTRIES_MAX
 
 
+def learner_caught_up(match_index: int, leader_last_index: int) -> bool:
+    """A learner may be promoted (added to the members) once it holds all but a few of the
+    leader's entries: its addition then commits with it at once, and the group never
+    waits for a replica still copying the log (Raft thesis §4.2.1)."""
+    return leader_last_index - match_index <= CAUGHT_UP_LAG_ENTRIES_MAX
+
+
 def check_add(status: ShardStatus, node_id: str, known_node_ids: Collection[str]) -> None:
     if node_id not in known_node_ids:
         raise UnknownNode(node_id)

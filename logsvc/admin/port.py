@@ -125,6 +125,10 @@ class ShardStatus:
     failed: bool  # the replica stopped on a fatal error (serves nothing until restarted)
     replicas: tuple[ReplicaStatus, ...]  # every member (this node too, while it is one)
     joining: bool = False  # started to join; the entry adding it not received yet
+    quiet: bool = False  # quiescent: no heartbeats, no election timer (quiescence.py)
+    learner: bool = False  # a non-voting learner catching up, not a member yet
+    # On the leader: the learners connected to it (not members: they count in no majority).
+    learners: tuple[ReplicaStatus, ...] = ()
 
     def __post_init__(self) -> None:
         assert self.shard_id >= 1
@@ -140,6 +144,14 @@ class ShardStatus:
     @property
     def member_ids(self) -> tuple[str, ...]:
         return tuple(replica.node_id for replica in self.replicas)
+
+    @property
+    def stage(self) -> str:
+        """This replica's stage in the shard: "learner" (non-voting, catching up; Raft thesis
+        §4.2.1), "joining" (promoted, its own addition not in its log yet), "voter"."""
+        if self.learner:
+            return "learner"
+        return "joining" if self.joining else "voter"
 
     @property
     def last_lsn(self) -> int | None:
@@ -197,10 +209,13 @@ class NodeView(Protocol):
 
     async def add_replica(self, shard_id: int, node_id: str) -> tuple[str, ...]:
         """Add `node_id` to the shard's members; return the members once the change is
-        committed. The new replica counts as caught up only once its lag is 0 (it receives
-        every retained record, or the snapshot, from the leader). One change at a time:
-        MembershipChangeInProgress. NotLeader, UnknownNode, AlreadyAReplica, ChangeRefused
-        (`changes.check_add`), UnknownShard, ShardNotHosted, OutcomeUnknown."""
+        committed. The new replica first joins as a non-voting learner and is promoted
+        (added to the members) only once caught up (`changes.learner_caught_up`), so the
+        members' quorum never waits for it; a learner still behind after
+        `LEARNER_CATCH_UP_S_MAX` is left catching up and the call answers Unavailable
+        (call again to promote it). One change at a time: MembershipChangeInProgress.
+        NotLeader, UnknownNode, AlreadyAReplica, ChangeRefused (`changes.check_add`),
+        UnknownShard, ShardNotHosted, OutcomeUnknown."""
         ...
 
     async def remove_replica(self, shard_id: int, node_id: str) -> tuple[str, ...]:
@@ -210,11 +225,21 @@ class NodeView(Protocol):
         UnknownShard, ShardNotHosted, OutcomeUnknown."""
         ...
 
-    async def host_shard(self, shard_id: int, members: Sequence[str]) -> tuple[str, ...]:
+    async def host_shard(
+        self, shard_id: int, members: Sequence[str], learner: bool = False
+    ) -> tuple[str, ...]:
         """Node to node (a leader adding this node): start hosting a replica of the shard
-        that joins `members` (node ids, as the leader knows them; this node is added).
-        Returns the members the replica starts with. Already hosted: the same answer
-        (a retried call). UnknownShard, Unavailable (the replica could not open)."""
+        that joins `members` (node ids, as the leader knows them; this node is added), as
+        a non-voting learner when `learner`. Returns the members the replica starts with.
+        Already hosted: the same answer (a retried call). UnknownShard, Unavailable (the
+        replica could not open)."""
+        ...
+
+    async def promote_shard(self, shard_id: int, members: Sequence[str]) -> tuple[str, ...]:
+        """Node to node (the leader, once this node's learner caught up): restart the
+        learner as a joining voter on the same journal, about to be added to `members`.
+        Already a voter: the same answer (a retried call). UnknownShard, ShardNotHosted,
+        Unavailable."""
         ...
 
     async def release_shard(self, shard_id: int) -> bool:
@@ -375,7 +400,9 @@ class FakeNodeView:
         self._statuses[shard_id] = updated
         return updated.member_ids
 
-    async def host_shard(self, shard_id: int, members: Sequence[str]) -> tuple[str, ...]:
+    async def host_shard(
+        self, shard_id: int, members: Sequence[str], learner: bool = False
+    ) -> tuple[str, ...]:
         await self._enter("host_shard")
         status = self._statuses.get(shard_id)
         if status is not None:
@@ -403,8 +430,15 @@ class FakeNodeView:
             failed=False,
             replicas=tuple(ReplicaStatus(node_id) for node_id in member_ids),
             joining=True,
+            learner=learner,
         )
         return member_ids
+
+    async def promote_shard(self, shard_id: int, members: Sequence[str]) -> tuple[str, ...]:
+        await self._enter("promote_shard")
+        status = self._hosted(shard_id)
+        self._statuses[shard_id] = dataclasses.replace(status, learner=False)
+        return status.member_ids
 
     async def release_shard(self, shard_id: int) -> bool:
         await self._enter("release_shard")

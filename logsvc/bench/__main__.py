@@ -1,4 +1,4 @@
-"""`python -m logsvc.bench store ...`: same as `logsvc bench store ...`."""
+"""`python -m logsvc.bench store|cluster|shards ...`: same as `logsvc bench ...`."""
 
 from __future__ import annotations
 

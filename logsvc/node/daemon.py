@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import resource
 import signal
 from concurrent.futures import ThreadPoolExecutor
 
@@ -22,15 +23,21 @@ from logsvc.config import ConfigError, NodeConfig, load_node_config, main_config
 from logsvc.node.admin_server import AdminServer
 from logsvc.node.hosting import ShardHosting
 from logsvc.node.node_view import DaemonNodeView
-from logsvc.node.server import DataPlaneServer, ServerLimits
-from logsvc.node.shard_host import ShardHostLimits
+from logsvc.node.server import DataPlaneServer
+from logsvc.shard.liveness import NodeLiveness
+from logsvc.shard.raft import CONNECTION_RETRY_MS_DEFAULT, monotonic_s
 from logsvc.shard.replica import ShardReplica
+from logsvc.shard.scheduler import RaftScheduler
 from logsvc.store.fs import FileSystem
 
 log = logging.getLogger("logsvc.node")
 
 READER_THREADS = 4  # cold reads (disk) for all shards of the node
 SHUTDOWN_GRACE_S = 5.0
+# Open descriptors a hosted replica holds: its Raft listening socket, a connection to each
+# of 2 or 4 peers, its store's directory lock and open segment, its snapshot while shipped.
+FDS_PER_REPLICA = 8
+FDS_BASE = 512  # the process itself, client connections beyond that are bounded apart
 
 
 def serve(config_path: str, *, file_system: FileSystem | None = None) -> int:
@@ -45,9 +52,30 @@ def serve(config_path: str, *, file_system: FileSystem | None = None) -> int:
     # [node] log_level and log_format; replaces the CLI's setup made before the config
     # was known. Lines never carry the secret or the token (logsvc/logs.py).
     logs.configure_for_node(config)
+    _raise_open_files_limit(len(config.shards_hosted()))
     gc_tuning.tune_for_latency()
     asyncio.run(_run(config, file_system))
     return 0
+
+
+def _raise_open_files_limit(shards: int) -> None:
+    """A node hosting a thousand shards holds several thousand descriptors (a Raft port and
+    connections per replica, a segment and a lock per store); distributions default the
+    soft limit to 1024. Raise it to the hard limit, and say so if even that is short."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = FDS_BASE + FDS_PER_REPLICA * shards
+    if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        log.info("open files limit (RLIMIT_NOFILE) raised from %d to %s", soft, hard)
+        soft = hard
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        log.warning(
+            "open files limit %d is below the ~%d descriptors %d replicas may need; raise "
+            "the hard limit (LimitNOFILE= in the systemd unit, ulimit -Hn)",
+            soft,
+            wanted,
+            shards,
+        )
 
 
 async def _run(config: NodeConfig, file_system: FileSystem | None) -> None:
@@ -57,29 +85,32 @@ async def _run(config: NodeConfig, file_system: FileSystem | None) -> None:
         loop.add_signal_handler(signum, stop.set)
     reader = ThreadPoolExecutor(READER_THREADS, thread_name_prefix="reader")
     limits = config.server_limits
-    host_limits = ShardHostLimits(
-        appends_queued_max=limits.appends_queued_per_shard_max,
-        group_bytes_max=limits.batch_bytes_max,
-        group_linger_ms_max=float(limits.batch_delay_ms_max),
-        tail_wait_ms_max=limits.tail_wait_ms_max,
-    )
     # The shards hosted: the node's placement file (the config's only at first), and
     # those added or removed at runtime by membership changes (hosting.py).
-    hosting = ShardHosting(config, reader, host_limits, file_system)
+    # One scheduler ticks every replica of the node (logsvc/shard/scheduler.py), on
+    # [raft] threads workers; its liveness table lets idle shards go quiet.
+    raft_scheduler = RaftScheduler(
+        NodeLiveness(
+            config.node_id,
+            interval_s=config.raft.heartbeat_ms / 1000.0,
+            lapse_s=config.raft.election_timeout_ms_min / 1000.0,
+            now_s=monotonic_s(),
+        ),
+        config.raft_node_of(),
+        workers=config.raft.threads,
+        reconnect_s=CONNECTION_RETRY_MS_DEFAULT / 1000.0,
+        clock=monotonic_s,
+    )
+    raft_scheduler.start()
+    hosting = ShardHosting(config, reader, limits, file_system, raft_scheduler)
     loop.add_signal_handler(signal.SIGUSR1, lambda: _log_stats(config, hosting.replicas))
     server: DataPlaneServer | None = None
     admin: AdminServer | None = None
     view: DaemonNodeView | None = None
     try:
         await hosting.open()
-        server = DataPlaneServer(
-            {},
-            config.token,
-            ServerLimits(
-                connections_max=limits.connections_max,
-                requests_inflight_max=limits.inflight_requests_per_connection_max,
-            ),
-        )
+        gc_tuning.freeze_now()  # the replicas' long-lived state: out of the collector's walks
+        server = DataPlaneServer({}, config.token, limits)
         host, _, port = config.node.data_address.rpartition(":")
         hosting.attach(server)
         await server.start(host.strip("[]"), int(port))
@@ -107,6 +138,7 @@ async def _run(config: NodeConfig, file_system: FileSystem | None) -> None:
         if admin is not None:
             await admin.close()
         await hosting.close()
+        raft_scheduler.close()
         reader.shutdown(wait=True)
         log.info("stopped")
 

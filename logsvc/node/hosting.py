@@ -33,10 +33,13 @@ from concurrent.futures import Executor
 
 from logsvc.config import NodeConfig
 from logsvc.node import placement as node_placement
+from logsvc.node.limits import ServerLimits
 from logsvc.node.server import DataPlaneServer
-from logsvc.node.shard_host import ShardHost, ShardHostLimits
+from logsvc.node.shard_host import ShardHost
+from logsvc.shard import small_file
 from logsvc.shard.raft import RaftFatal
 from logsvc.shard.replica import ShardReplica
+from logsvc.shard.scheduler import RaftScheduler
 from logsvc.shard.small_file import SmallFileCorrupt
 from logsvc.store import ShardStore, StoreError
 from logsvc.store.fs import FileSystem, OsFileSystem
@@ -44,16 +47,26 @@ from logsvc.store.meta import load_meta
 
 log = logging.getLogger("logsvc.node")
 
+# Replicas opened at once at start (each on the default executor's threads).
+OPENS_AT_ONCE_MAX = 8
+# A file in a replica's directory while it is a non-voting learner (docs/decisions/0005):
+# written before the placement records the shard, removed (durably) at its promotion.
+LEARNER_MARKER = "learner"
+LEARNER_MARKER_TEXT = b"a non-voting learner: promoted by the leader once caught up\n"
+
 
 class ShardHosting:
     def __init__(
         self,
         config: NodeConfig,
         reader: Executor,
-        limits: ShardHostLimits,
+        limits: ServerLimits,
         file_system: FileSystem | None = None,
+        raft_scheduler: RaftScheduler | None = None,
     ) -> None:
-        """`file_system`: the stores' port (None: the real one), as `serve()` got it."""
+        """`file_system`: the stores' port (None: the real one), as `serve()` got it.
+        `raft_scheduler`: the node's, ticking every replica (None: each its own)."""
+        self._raft_scheduler = raft_scheduler
         self._config = config
         self._reader = reader
         self._limits = limits
@@ -76,32 +89,43 @@ class ShardHosting:
         guess which shards it hosts."""
         loop = asyncio.get_running_loop()
         self._placement = await loop.run_in_executor(None, self._load_placement)
-        for entry in self._placement.hosted:
-            try:
-                await self._open_replica(entry.shard_id, entry.join_members)
-            except KeyError as exc:
-                # Placed by the config once, and the config no longer places it here: the
-                # replica's members file (if any) knows its peers, but with none there is
-                # nobody to start it with. An operator's edit; say so and serve the rest.
-                log.error("shard %d: not opened: %s", entry.shard_id, exc)
-            except (StoreError, RaftFatal, SmallFileCorrupt) as exc:
-                # A damaged replica (ARCHITECTURE.md §3 rule 5: corruption is reported,
-                # never served, never skipped) must not take the node's other shards down
-                # with it. It serves nothing; its peers keep the shard available; the
-                # operator repairs it by removing this node from the shard and adding it
-                # back (the re-added replica starts empty and catches up from the leader;
-                # the damaged directory is archived, not deleted).
-                self.failed[entry.shard_id] = f"{type(exc).__name__}: {exc}"
-                log.critical(
-                    "shard %d: the replica cannot open and is quarantined (serving the "
-                    "other shards): %s. Repair: DELETE /v1/shards/%d/replicas/%s on the "
-                    "shard's leader, then POST /v1/shards/%d/replicas with this node",
-                    entry.shard_id,
-                    exc,
-                    entry.shard_id,
-                    self._config.node_id,
-                    entry.shard_id,
-                )
+        # Several at once: opening a replica syncs its newest segment and its directory
+        # (recovery), and those waits overlap (a thousand replicas in seconds, not a minute).
+        opening = asyncio.Semaphore(OPENS_AT_ONCE_MAX)
+
+        async def open_one(entry: node_placement.ShardEntry) -> None:
+            async with opening:
+                await self._open_hosted(entry)
+
+        await asyncio.gather(*(open_one(entry) for entry in self._placement.hosted))
+
+    async def _open_hosted(self, entry: node_placement.ShardEntry) -> None:
+        """Open one replica the placement file lists; a failure is logged, not raised."""
+        try:
+            await self._open_replica(entry.shard_id, entry.join_members)
+        except KeyError as exc:
+            # Placed by the config once, and the config no longer places it here: the
+            # replica's members file (if any) knows its peers, but with none there is
+            # nobody to start it with. An operator's edit; say so and serve the rest.
+            log.error("shard %d: not opened: %s", entry.shard_id, exc)
+        except (StoreError, RaftFatal, SmallFileCorrupt) as exc:
+            # A damaged replica (ARCHITECTURE.md §3 rule 5: corruption is reported,
+            # never served, never skipped) must not take the node's other shards down
+            # with it. It serves nothing; its peers keep the shard available; the
+            # operator repairs it by removing this node from the shard and adding it
+            # back (the re-added replica starts empty and catches up from the leader;
+            # the damaged directory is archived, not deleted).
+            self.failed[entry.shard_id] = f"{type(exc).__name__}: {exc}"
+            log.critical(
+                "shard %d: the replica cannot open and is quarantined (serving the "
+                "other shards): %s. Repair: DELETE /v1/shards/%d/replicas/%s on the "
+                "shard's leader, then POST /v1/shards/%d/replicas with this node",
+                entry.shard_id,
+                exc,
+                entry.shard_id,
+                self._config.node_id,
+                entry.shard_id,
+            )
 
     def attach(self, server: DataPlaneServer) -> None:
         """Serve every hosted shard on `server`, and the shards hosted from now on."""
@@ -119,9 +143,13 @@ class ShardHosting:
 
     # ------------------------------------------------------------------ runtime changes
 
-    async def host(self, shard_id: int, members: Sequence[str]) -> ShardHost:
+    async def host(
+        self, shard_id: int, members: Sequence[str], *, learner: bool = False
+    ) -> ShardHost:
         """Start hosting `shard_id` to join it; `members` are its members (node ids) as
-        the leader knows them. Already hosted: the running replica (a retried call)."""
+        the leader knows them; a non-voting learner first when `learner` (the marker
+        file in its directory says so across restarts). Already hosted: the running
+        replica (a retried call)."""
         async with self._lock:
             running = self.hosts.get(shard_id)
             if running is not None:
@@ -141,6 +169,8 @@ class ShardHosting:
             if archived is not None:
                 log.warning("shard %d: archived an old replica directory to %s", shard_id, archived)
             self.failed.pop(shard_id, None)
+            if learner:  # before the placement: a crash in between leaves no hosted shard
+                await loop.run_in_executor(None, self._mark_learner, shard_id)
             before = self._require_placement()
             placement = before.host(shard_id, members)
             await loop.run_in_executor(None, self._save_placement, placement)
@@ -153,8 +183,41 @@ class ShardHosting:
             except BaseException:
                 await loop.run_in_executor(None, self._save_placement, before)
                 raise
-            log.info("shard %d: hosting a replica to join members %s", shard_id, list(members))
+            log.info(
+                "shard %d: hosting a %s to join members %s",
+                shard_id,
+                "learner" if learner else "replica",
+                list(members),
+            )
             return host
+
+    async def promote(self, shard_id: int, members: Sequence[str]) -> ShardHost:
+        """The learner of `shard_id` caught up: close it, drop its marker, and reopen the
+        same journal as a joining voter of `members` (the leader then adds it). Not a
+        learner any more: the running replica (a retried call). KeyError: not hosted."""
+        async with self._lock:
+            host = self.hosts.get(shard_id)
+            if host is None:
+                raise KeyError(f"shard {shard_id} is not hosted here")
+            if not host.replica.node.learner:
+                return host
+            loop = asyncio.get_running_loop()
+            if self._server is not None:
+                self._server.remove_host(shard_id)
+            del self.hosts[shard_id]
+            await host.close()
+            replica = self.replicas.pop(shard_id)
+            await loop.run_in_executor(None, replica.close)
+            await loop.run_in_executor(None, self._unmark_learner, shard_id)
+            placement = self._require_placement().host(shard_id, members)
+            await loop.run_in_executor(None, self._save_placement, placement)
+            entry = placement.entry(shard_id)
+            assert entry is not None
+            promoted = await self._open_replica(shard_id, entry.join_members)
+            log.info(
+                "shard %d: the learner caught up: now a voter joining %s", shard_id, list(members)
+            )
+            return promoted
 
     async def release(self, shard_id: int) -> bool:
         """Stop hosting `shard_id` and archive its replica; False if it was not hosted."""
@@ -194,11 +257,13 @@ class ShardHosting:
 
     async def _open_replica(self, shard_id: int, join_members: tuple[str, ...] | None) -> ShardHost:
         loop = asyncio.get_running_loop()
+        learner = join_members is not None and self._fs.exists(self._learner_marker(shard_id))
         replica_config = dataclasses.replace(
             self._config.replica_config_for(
-                shard_id, join_members, joining=join_members is not None
+                shard_id, join_members, joining=join_members is not None, learner=learner
             ),
             file_system=self._store_fs,
+            raft_scheduler=self._raft_scheduler,
         )
         replica = await loop.run_in_executor(None, ShardReplica, replica_config)
         replica.start()
@@ -210,6 +275,21 @@ class ShardHosting:
         if self._server is not None:
             self._server.add_host(host)
         return host
+
+    def _learner_marker(self, shard_id: int) -> str:
+        return os.path.join(self._config.shard_data_dir(shard_id), LEARNER_MARKER)
+
+    def _mark_learner(self, shard_id: int) -> None:
+        shard_dir = self._config.shard_data_dir(shard_id)
+        self._fs.makedirs(shard_dir)
+        small_file.write_durably(self._fs, self._learner_marker(shard_id), LEARNER_MARKER_TEXT)
+
+    def _unmark_learner(self, shard_id: int) -> None:
+        """Durably: a crash after it reopens the replica as the joining voter it became."""
+        path = self._learner_marker(shard_id)
+        if self._fs.exists(path):
+            self._fs.unlink(path)
+            self._fs.fsync_dir(self._config.shard_data_dir(shard_id))
 
     def _journal_dir(self, shard_id: int) -> str:
         return os.path.join(self._config.shard_data_dir(shard_id), "journal")

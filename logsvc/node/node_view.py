@@ -41,6 +41,7 @@ from logsvc.node.server import DataPlaneServer
 from logsvc.node.shard_host import ShardHost
 from logsvc.shard.commands import NotLeaseHolder as ShardNotLeaseHolder
 from logsvc.shard.commands import StaleEpoch, Truncated
+from logsvc.shard.raft import RaftFatal, RaftNode
 from logsvc.shard.replica import (
     MembershipChangeInProgress,
     NotLeader,
@@ -49,6 +50,7 @@ from logsvc.shard.replica import (
     ReplicaFailed,
 )
 from logsvc.shard.small_file import SmallFileCorrupt
+from logsvc.store import StoreError
 
 log = logging.getLogger("logsvc.admin")
 
@@ -57,6 +59,11 @@ STATUS_READ_ATTEMPTS_MAX = 3
 # new node opening its replica, then the change's commit, then telling a removed node.
 PEER_CALL_TIMEOUT_S: Final = 10.0
 MEMBERSHIP_COMMIT_TIMEOUT_S: Final = 20.0
+# How long an admin change waits for its learner to catch up before answering (the learner
+# goes on catching up); with the peer calls and the commit it stays under the admin API's
+# view_call_s_max (60 s).
+LEARNER_CATCH_UP_S_MAX: Final = 15.0
+LEARNER_POLL_S: Final = 0.1
 
 
 class DaemonNodeView:
@@ -147,6 +154,8 @@ class DaemonNodeView:
         replicas = []
         for address in sorted(node.members, key=lambda a: self._raft_to_node.get(a, a)):
             node_id = self._raft_to_node.get(address, address)
+            if address == node.self_address and node.learner:
+                continue  # a learner is no member (its members file counts it as joining)
             if address == node.self_address:
                 replicas.append(
                     ReplicaStatus(
@@ -197,7 +206,25 @@ class DaemonNodeView:
             failed=bool(status["failed"]),
             replicas=tuple(replicas),
             joining=node.joining,
+            quiet=node.quiet,
+            learner=node.learner,
+            learners=self._learners(node, last_index) if leading else (),
         )
+
+    def _learners(self, node: RaftNode, last_index: int) -> tuple[ReplicaStatus, ...]:
+        """The learners connected to this leader, with their progress."""
+        found = []
+        for address, match in sorted(node.learners().items()):
+            found.append(
+                ReplicaStatus(
+                    self._raft_to_node.get(address, address),
+                    match_index=match,
+                    lag_entries=max(0, last_index - match),
+                    connected=True,
+                    caught_up=changes.learner_caught_up(match, last_index),
+                )
+            )
+        return tuple(found)
 
     async def truncate(self, shard_id: int, lsn: int, epoch: int) -> int:
         host = self._host(shard_id)
@@ -241,11 +268,25 @@ class DaemonNodeView:
         changes.check_add(status, node_id, [n.id for n in self._config.nodes])
         async with self._one_change(shard_id):
             members = self._member_ids(host)
-            # 1. The new node starts a replica that joins the members as they are now.
-            await self._ask_peer(
-                node_id, "POST", f"/v1/internal/shards/{shard_id}/host", {"members": members}
+            # 1. The new node starts a non-voting learner (Raft thesis §4.2.1): it receives
+            #    the log from the leader but counts in no majority, so while it copies the
+            #    log the members commit as before (0005, "Learners").
+            hosted = await self._ask_peer(
+                node_id,
+                "POST",
+                f"/v1/internal/shards/{shard_id}/host",
+                {"members": members, "learner": True},
             )
-            # 2. The change itself, through the log (one at a time: the replica's lock).
+            # 2. Promoted only once caught up: its addition then commits with it at once.
+            #    (A retried change may find it promoted already: nothing to wait for.)
+            if hosted.body.get("stage") in (None, "learner"):
+                await self._wait_learner(host, shard_id, node_id)
+            # 3. The same journal restarted as a joining voter (holds its elections until
+            #    its own addition arrives).
+            await self._ask_peer(
+                node_id, "POST", f"/v1/internal/shards/{shard_id}/promote", {"members": members}
+            )
+            # 4. The change itself, through the log (one at a time: the replica's lock).
             try:
                 await self._change(host.replica.add_member, shard_id, node_id)
             except (errors.NotLeader, errors.MembershipChangeInProgress, errors.Unavailable):
@@ -254,6 +295,40 @@ class DaemonNodeView:
                 raise
             log.info("shard %d: added node %s", shard_id, node_id)
             return self._member_ids(host)
+
+    async def _wait_learner(self, host: ShardHost, shard_id: int, node_id: str) -> None:
+        """Until the learner on `node_id` holds all but a few of this leader's entries
+        (`changes.learner_caught_up`), bounded by LEARNER_CATCH_UP_S_MAX: then it is left
+        catching up (Unavailable; the same call again promotes it once caught up). Lost
+        leadership: the learner is released (the new leader knows nothing of it)."""
+        loop = asyncio.get_running_loop()
+        address = self._config.raft_address(node_id, shard_id)
+        deadline = loop.time() + LEARNER_CATCH_UP_S_MAX
+        while True:
+            node = host.replica.node
+            if not node.is_leader:
+                await self._release_on(node_id, shard_id)
+                raise errors.NotLeader(self._ref(self._leader_node(host)))
+            match = node.learners().get(address)
+            last = node.last_index
+            if match is not None and changes.learner_caught_up(match, last):
+                log.info(
+                    "shard %d: the learner on %s caught up (it holds raft index %d of %d): "
+                    "promoting it",
+                    shard_id,
+                    node_id,
+                    match,
+                    last,
+                )
+                return
+            if loop.time() > deadline:
+                behind = "not connected yet" if match is None else f"{last - match} entries behind"
+                raise errors.Unavailable(
+                    f"shard {shard_id}: the learner on node {node_id} is still catching up "
+                    f"({behind} after {LEARNER_CATCH_UP_S_MAX:.0f} s); it goes on: add the "
+                    "node again to promote it once caught up"
+                )
+            await asyncio.sleep(LEARNER_POLL_S)
 
     async def remove_replica(self, shard_id: int, node_id: str) -> tuple[str, ...]:
         host, status = await self._leader_status(shard_id)
@@ -266,16 +341,28 @@ class DaemonNodeView:
             await self._release_on(node_id, shard_id)
             return self._member_ids(host)
 
-    async def host_shard(self, shard_id: int, members: Sequence[str]) -> tuple[str, ...]:
+    async def host_shard(
+        self, shard_id: int, members: Sequence[str], learner: bool = False
+    ) -> tuple[str, ...]:
         self._shard_exists(shard_id)
         known = {n.id for n in self._config.nodes}
         for member in members:
             if member not in known:
                 raise errors.UnknownNode(member)
         try:
-            host = await self._hosting.host(shard_id, members)
+            host = await self._hosting.host(shard_id, members, learner=learner)
         except (OSError, SmallFileCorrupt, ReplicaFailed) as exc:
             raise errors.Unavailable(f"shard {shard_id}: cannot host a replica: {exc}") from None
+        return self._member_ids(host)
+
+    async def promote_shard(self, shard_id: int, members: Sequence[str]) -> tuple[str, ...]:
+        self._shard_exists(shard_id)
+        try:
+            host = await self._hosting.promote(shard_id, members)
+        except KeyError:
+            raise errors.ShardNotHosted(shard_id, self._elsewhere(shard_id)) from None
+        except (OSError, SmallFileCorrupt, ReplicaFailed, StoreError, RaftFatal) as exc:
+            raise errors.Unavailable(f"shard {shard_id}: cannot promote: {exc}") from None
         return self._member_ids(host)
 
     async def release_shard(self, shard_id: int) -> bool:

@@ -1,9 +1,10 @@
 """The data plane: an asyncio TCP server speaking logsvc/wire (FORMAT.md there).
 
 Per connection: a sans-I/O frame decoder, an authentication state, and at most
-`requests_inflight_max` requests being served at once (pipelining; responses carry the
-request id and may come back out of order). Per request: decode, check the token was given,
-find the shard, run the operation, encode the answer. Bad input never takes the server down:
+`inflight_requests_per_connection_max` requests being served at once (pipelining; responses
+carry the request id and may come back out of order). Per request: decode, check the token
+was given, find the shard, run the operation, encode the answer. Bad input never takes the
+server down:
 
 * undecodable framing (bad magic, checksum, oversize length): log, count, close *this*
   connection (the byte stream cannot be resynchronised);
@@ -15,9 +16,9 @@ The server never blocks the event loop on disk or Raft work: `ShardHost` hands t
 
 Appends, the hot path, run without a task of their own: the request goes to its shard's
 group commit with a callback that encodes and writes the answer (`_start_append`). Every
-other request is a task. Both count against `requests_inflight_max`. Back-pressure: while
-more than `write_buffer_bytes_max` of answers wait for a peer that does not read them, the
-connection reads no further requests.
+other request is a task. Both count against that limit. Back-pressure: while more than
+`write_buffer_bytes_max` of answers wait for a peer that does not read them, the connection
+reads no further requests. The limits are the node's `[limits.server]` (logsvc/node/limits.py).
 """
 
 from __future__ import annotations
@@ -29,10 +30,10 @@ import hmac
 import logging
 from collections import Counter
 from collections.abc import Coroutine
-from dataclasses import dataclass
 from typing import Any
 
 from logsvc.frame_writer import FrameWriter
+from logsvc.node.limits import ServerLimits
 from logsvc.node.shard_host import AppendOutcome, ShardHost
 from logsvc.shard.commands import (
     AppendBatch,
@@ -56,14 +57,6 @@ READ_CHUNK_BYTES = 256 * 1024
 CLOSE_FLUSH_S_MAX = 2.0  # how long a connection being closed may finish its last replies
 # A reply carries at most this many records (the wire's limit: see logsvc/wire/limits.py).
 READ_RECORDS_MAX = DEFAULT_WIRE_LIMITS.read_records_max
-
-
-@dataclass(frozen=True, slots=True)
-class ServerLimits:
-    connections_max: int = 1024
-    requests_inflight_max: int = 256  # per connection; more is answered OVERLOADED
-    write_buffer_bytes_max: int = 8 * 1024 * 1024  # per connection, before we wait (drain)
-    read_max_bytes_max: int = 8 * 1024 * 1024  # the most a read may ask for
 
 
 class DataPlaneServer:
@@ -218,7 +211,7 @@ class _Connection:
             )
             return
         inflight = len(self._inflight) + self._appends_inflight
-        if inflight >= self._server._limits.requests_inflight_max:
+        if inflight >= self._server._limits.inflight_requests_per_connection_max:
             counters["overloaded"] += 1
             self._spawn(
                 self._send(
@@ -304,7 +297,7 @@ class _Connection:
     async def _run(self, request: object, host: ShardHost) -> object:
         assert not isinstance(request, wire.Append), "appends are served by _start_append"
         if isinstance(request, wire.Read):
-            max_bytes = min(request.max_bytes, self._server._limits.read_max_bytes_max)
+            max_bytes = min(request.max_bytes, self._server._limits.read_bytes_max)
             result = await host.read(request.from_lsn, max_bytes, READ_RECORDS_MAX)
             return wire.Records(result.records, result.first_lsn, result.next_lsn)
         if isinstance(request, wire.Tail):
@@ -312,7 +305,7 @@ class _Connection:
             if not host.replica.is_leader:
                 return _not_leader(host)
             await host.barrier()
-            max_bytes = min(request.max_bytes, self._server._limits.read_max_bytes_max)
+            max_bytes = min(request.max_bytes, self._server._limits.read_bytes_max)
             result = await host.tail(request.from_lsn, max_bytes, request.wait_ms, READ_RECORDS_MAX)
             return wire.Records(result.records, result.first_lsn, result.next_lsn)
         if isinstance(request, wire.Truncate):
@@ -320,17 +313,31 @@ class _Connection:
         if isinstance(request, wire.AcquireLease):
             return _result_response(await host.acquire_lease(request.holder, request.epoch))
         if isinstance(request, wire.Status):
-            status = host.replica.status()
-            return wire.ShardStatus(
-                shard=host.shard_id,
-                leader=host.leader_address(),
-                term=status["term"],
-                first_lsn=status["first_lsn"],
-                next_lsn=status["next_lsn"],
-                commit_index=status["commit_index"],
-                is_leader=status["is_leader"],
-            )
+            return await self._status(host)
         return _error(wire.ErrorCode.UNKNOWN_OP, f"{type(request).__name__} is not served here")
+
+    async def _status(self, host: ShardHost) -> wire.ShardStatus:
+        """On the leader: a barrier through the log first, so the answer (`is_leader`
+        true) comes from a leader a majority still follows, in the term shown, with every
+        committed LSN applied. Elsewhere: this replica's own view, `is_leader` false: its
+        leader, term and LSNs may be stale (FORMAT.md, ShardStatus)."""
+        confirmed = False
+        if host.replica.is_leader:
+            try:
+                await host.barrier()
+                confirmed = True
+            except NotLeader:
+                pass  # it stepped down meanwhile: answer as the follower it now is
+        status = host.replica.status()
+        return wire.ShardStatus(
+            shard=host.shard_id,
+            leader=host.leader_address(),
+            term=status["term"],
+            first_lsn=status["first_lsn"],
+            next_lsn=status["next_lsn"],
+            commit_index=status["commit_index"],
+            is_leader=confirmed and bool(status["is_leader"]),
+        )
 
     def _error_for(self, exc: Exception, host: ShardHost | None = None) -> object:
         if isinstance(exc, NotLeader) and host is not None:

@@ -10,8 +10,9 @@ Server-side group commit: appends arriving together are packed into one Raft ent
 `AppendGroup`), bounded by bytes and by a short linger, so one Raft round trip and one fsync
 per replica carry many clients' batches.
 
-Every queue is bounded: past `appends_queued_max` / `reads_inflight_max` / `tail_waiters_max`
-the call raises `Overloaded` at once instead of buffering.
+Every queue is bounded: past `appends_queued_per_shard_max` /
+`reads_inflight_per_shard_max` / `tail_waiters_per_shard_max` (logsvc/node/limits.py) the
+call raises `Overloaded` at once instead of buffering.
 
 Appends are the hot path: `submit_append` takes a callback instead of returning an
 awaitable, so the data plane answers each append without a task or a future of its own
@@ -26,8 +27,8 @@ import contextlib
 import logging
 from collections.abc import Callable
 from concurrent.futures import Executor
-from dataclasses import dataclass
 
+from logsvc.node.limits import ServerLimits
 from logsvc.shard.commands import (
     AcquireLease,
     AppendBatch,
@@ -48,57 +49,35 @@ AppendOutcome = Result | ShardError
 AppendCallback = Callable[[AppendOutcome], None]
 
 
-@dataclass(frozen=True, slots=True)
-class ShardHostLimits:
-    appends_queued_max: int = 8192  # appends waiting for the batcher
-    group_batches_max: int = 1024  # AppendBatches per Raft entry
-    group_bytes_max: int = 4 * 1024 * 1024  # record bytes per Raft entry
-    group_linger_ms_max: float = 1.0  # how long the batcher waits for more (0: none)
-    proposals_inflight_max: int = 4  # Raft entries proposed and not yet applied: fewer,
-    # larger entries (each costs a pickle and a seal per follower in pysyncobj)
-    proposal_timeout_s: float = 10.0
-    reads_inflight_max: int = 64
-    tail_waiters_max: int = 4096
-    tail_wait_ms_max: int = 60_000
-
-    def validate(self) -> ShardHostLimits:
-        for name in ("appends_queued_max", "group_batches_max", "group_bytes_max"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}: must be at least 1")
-        if self.group_linger_ms_max < 0:
-            raise ValueError("group_linger_ms_max: must not be negative")
-        return self
-
-
 class ShardHost:
     def __init__(
         self,
         shard_id: int,
         replica: ShardReplica,
         reader: Executor,
-        limits: ShardHostLimits,
+        limits: ServerLimits,
         leader_address: Callable[[str | None], str | None],
     ) -> None:
         self.shard_id = shard_id
         self.replica = replica
         self._reader = reader
-        self._limits = limits.validate()
+        self._limits = limits  # validated with the config (a group also fits the shard's: below)
         self._leader_address = leader_address
         self._loop = asyncio.get_running_loop()
-        # Appends waiting for the batcher, oldest first; at most appends_queued_max. A deque
-        # and one wake-up future, not an asyncio.Queue: the batcher takes a whole burst per
+        # Appends waiting for the batcher, oldest first; at most appends_queued_per_shard_max.
+        # A deque and one wake-up future, not an asyncio.Queue: the batcher takes a whole burst per
         # wake-up instead of paying a queue operation per append.
         self._queued: collections.deque[tuple[AppendBatch, AppendCallback]] = collections.deque()
         self._wakeup: asyncio.Future[None] | None = None  # set while the batcher waits
-        self._proposals = asyncio.Semaphore(limits.proposals_inflight_max)
+        self._proposals = asyncio.Semaphore(limits.proposals_inflight_per_shard_max)
         self._reads_inflight = 0
         self._tail_waiters = 0
         self._applied = asyncio.Event()
         self._wake_pending = False
         # A group must also fit the shard's own limits (its Raft entry is one command).
         shard_limits = replica.shard_limits
-        self._batches_max = min(limits.group_batches_max, shard_limits.group_batches_max)
-        self._bytes_max = min(limits.group_bytes_max, shard_limits.group_bytes_max)
+        self._batches_max = min(limits.batch_appends_max, shard_limits.group_batches_max)
+        self._bytes_max = min(limits.batch_bytes_max, shard_limits.group_bytes_max)
         self._records_max = shard_limits.records_per_batch_max
         self._sending: set[asyncio.Task[None]] = set()
         self._batcher = asyncio.create_task(self._run_batcher(), name=f"batcher:{shard_id}")
@@ -119,8 +98,9 @@ class ShardHost:
     def submit_append(self, batch: AppendBatch, on_outcome: AppendCallback) -> None:
         """Queue `batch` for the next group; `on_outcome(result or typed error)` runs on the
         event loop once, when it is known. `Overloaded` at once (nothing queued) when
-        `appends_queued_max` appends are already waiting. `on_outcome` must not raise."""
-        if len(self._queued) >= self._limits.appends_queued_max:
+        `appends_queued_per_shard_max` appends are already waiting. `on_outcome` must not
+        raise."""
+        if len(self._queued) >= self._limits.appends_queued_per_shard_max:
             raise Overloaded(f"shard {self.shard_id}: append queue full")
         self._queued.append((batch, on_outcome))
         waiter = self._wakeup
@@ -154,9 +134,9 @@ class ShardHost:
         future: asyncio.Future[Result | ShardError] = self._loop.create_future()
         try:
             self.replica.submit(command, lambda outcome: self._resolve(future, outcome))
-            return await asyncio.wait_for(future, self._limits.proposal_timeout_s)
+            return await asyncio.wait_for(future, self._limits.proposal_timeout_ms / 1000.0)
         except TimeoutError:
-            return OutcomeUnknown(f"no answer within {self._limits.proposal_timeout_s} s")
+            return OutcomeUnknown(f"no answer within {self._limits.proposal_timeout_ms} ms")
         except ShardError as exc:  # refused before queueing (NotLeader, ReplicaFailed...)
             return exc
 
@@ -188,7 +168,7 @@ class ShardHost:
                 await self._queued_more(None)
             size = 0
             records = 0
-            deadline = self._loop.time() + limits.group_linger_ms_max / 1000.0
+            deadline = self._loop.time() + limits.batch_delay_ms_max / 1000.0
             while len(pending) < self._batches_max and size < self._bytes_max:
                 if not queued:
                     remaining = deadline - self._loop.time()
@@ -265,7 +245,7 @@ class ShardHost:
     # ------------------------------------------------------------------ reads
 
     async def read(self, from_lsn: int, max_bytes: int, records_max: int) -> ReadResult:
-        if self._reads_inflight >= self._limits.reads_inflight_max:
+        if self._reads_inflight >= self._limits.reads_inflight_per_shard_max:
             raise Overloaded(f"shard {self.shard_id}: too many reads in flight")
         self._reads_inflight += 1
         try:
@@ -287,7 +267,7 @@ class ShardHost:
             remaining = deadline - self._loop.time()
             if result.records or remaining <= 0:
                 return result
-            if self._tail_waiters >= self._limits.tail_waiters_max:
+            if self._tail_waiters >= self._limits.tail_waiters_per_shard_max:
                 raise Overloaded(f"shard {self.shard_id}: too many tail waiters")
             self._tail_waiters += 1
             try:

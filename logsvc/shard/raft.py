@@ -29,7 +29,10 @@ Hole (pysyncobj.md §8.4)                 Fix
                                            refuses to start; the snapshot file is shipped,
                                            received and found through the file-system port
                                            (`_SnapshotTransfer`), a received one durably
-5 state-init race, creator-thread ticks    autoTick off; our own long-lived tick thread
+5 state-init race, creator-thread ticks    autoTick off; ticks driven by the node's
+                                           scheduler (scheduler.py: a few worker threads
+                                           for every shard, pysyncobj's poller replaced
+                                           by the worker's epoll; docs/decisions/0005-...)
 6 in-place compaction, all in RAM          pysyncobj compaction off; compaction only at
                                            snapshot points (docs/decisions/0001-...)
 10 pickle RCE without password            the cluster secret is mandatory; messages are
@@ -38,6 +41,11 @@ Hole (pysyncobj.md §8.4)                 Fix
                                            (docs/decisions/0003-raft-seal.md)
 13 commit index hint                      never persisted: it restarts at the log start and
                                            is relearned from the leader (clamped by design)
+Quiescence (quiescence.py, liveness.py; 0005): an idle shard's leader and followers agree
+to stop heartbeats and election timers; our own messages (`logsvc_quiesce`, its ack,
+`logsvc_alive` for node liveness) ride on the shard's Raft connection and never reach
+pysyncobj; any Raft message, proposal or connection change wakes the shard, and a quiet
+follower whose leader's node lapses times out exactly as an active one would.
 Membership "one change at a time" is serialized by the replica (replica.py).
 Membership across restarts: the log's configuration is kept in a members file and
 pysyncobj's follows it (membership.py; docs/decisions/0002-membership.md).
@@ -48,17 +56,20 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import math
 import os
 import pickle
 import threading
 import time
 import zlib
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import pysyncobj
 import pysyncobj.pickle as pysyncobj_pickle
+import pysyncobj.poller as pysyncobj_poller
 import pysyncobj.syncobj as pysyncobj_syncobj
 import pysyncobj.tcp_connection as pysyncobj_tcp_connection
 import pysyncobj.transport as pysyncobj_transport
@@ -76,7 +87,8 @@ from logsvc.events import enabled as events_enabled
 from logsvc.failpoints import enabled as failpoints_enabled
 from logsvc.failpoints import failpoint
 from logsvc.shard import membership as shard_membership
-from logsvc.shard import small_file, snapshot_file
+from logsvc.shard import quiescence, scheduler, small_file, snapshot_file
+from logsvc.shard.liveness import NodeLiveness
 from logsvc.shard.progress import ProgressView, RaftProgress
 from logsvc.shard.raft_seal import MessageSealer
 from logsvc.store import Entry, ShardStore, StoreError
@@ -103,6 +115,19 @@ READ_CHUNK_BYTES = 1 << 20
 TRANSMISSION_BYTES_MAX = 2 * (256 * 1024 * 1024)
 # pysyncobj's own compaction must never trigger (we compact at snapshot points only).
 _NEVER = 2**62
+
+# logsvc's own messages on a shard's Raft connection, handled before pysyncobj sees any.
+_ALIVE = "logsvc_alive"  # node liveness: the sender's node is up (liveness.py)
+_QUIESCE = "logsvc_quiesce"  # leader -> follower: agree to go quiet (quiescence.py)
+_QUIESCE_ACK = "logsvc_quiesce_ack"  # follower -> leader: agreed, or not (`ok`)
+_LEARNER = "logsvc_learner"  # learner -> member: "this read-only connection is <address>"
+_OWN_MESSAGES = frozenset({_ALIVE, _QUIESCE, _QUIESCE_ACK, _LEARNER})
+# How often a quiescing leader asks again the followers that did not answer.
+QUIESCE_RESEND_S = 0.5
+# How soon a refused or dropped peer connection is dialled again (RaftConfig says why).
+CONNECTION_RETRY_MS_DEFAULT = 1000
+# Calls run on the tick (transfers requested from other threads) waiting at once.
+TICK_CALLS_MAX = 64
 
 _COMMAND_TYPE_REGULAR = 0
 _COMMAND_TYPE_MEMBERSHIP = 2
@@ -157,8 +182,10 @@ class RaftConfig:
     # 5 s default): a replica joining a shard is refused by its peers until the leader adds
     # it, and with 5 s it would wait that long to start catching up; a restarted peer is
     # likewise found sooner. One connection attempt a second to a dead peer costs nothing.
-    connection_retry_ms: int = 1000
-    tick_wait_ms: int = 20  # the poller wakes on any message; this bounds idle waits
+    connection_retry_ms: int = CONNECTION_RETRY_MS_DEFAULT
+    # A leader with nothing new for this long asks its followers to go quiet (quiescence.py:
+    # no heartbeats, no election timers; node liveness stands in). 0 = never quiesce.
+    quiesce_after_ms: int = 1000
     commands_queue_max: int = 10_000
     # Test only (the chaos suite's proxy mesh, tests/chaos/harness/proxy.py): canonical
     # peer address -> "host:port" to dial instead. Peers keep their canonical ids, so the
@@ -169,6 +196,11 @@ class RaftConfig:
     # members as the leader knew them; elections wait until this replica's own `add` is in
     # its log (membership.py). Only read when the replica has no members file yet.
     joining: bool = False
+    # A non-voting learner (Raft thesis §4.2.1; docs/decisions/0005, "Learners"): it opens
+    # no Raft port and dials the members as pysyncobj's read-only node; the leader
+    # replicates to it but it counts in no majority, never votes and never stands. It is
+    # promoted by being restarted as a joining voter on the same journal. Implies joining.
+    learner: bool = False
 
     def validate(self) -> RaftConfig:
         if not self.secret:
@@ -182,6 +214,12 @@ class RaftConfig:
             raise ValueError("raft: election_timeout_ms_max must exceed the minimum")
         if self.leader_fallback_ms <= self.election_timeout_ms_max:
             raise ValueError("raft: leader_fallback_ms must exceed election_timeout_ms_max")
+        if self.learner and not self.joining:
+            raise ValueError("raft: learner must be joining too (it is no member yet)")
+        if self.quiesce_after_ms and self.quiesce_after_ms < 2 * self.heartbeat_ms:
+            raise ValueError(
+                "raft: quiesce_after_ms must be 0 (never) or at least 2 x heartbeat_ms"
+            )
         for canonical, dial in self.dial_overrides:
             host, _, port = dial.rpartition(":")
             if not (host and port.isdigit() and 1 <= int(port) <= 65535):
@@ -491,6 +529,50 @@ class _JournalRegistry:
 _JOURNALS = _JournalRegistry()
 pysyncobj_syncobj.createJournal = _JOURNALS.create
 
+
+class _PollerRegistry:
+    """pysyncobj creates its poller with `createPoller(conf.pollerType)`; a replica driven by
+    a scheduler gets its `ShardPoller` (scheduler.py) instead of a poller of its own."""
+
+    PREFIX = "logsvc-poller:"
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pollers: dict[str, scheduler.ShardPoller] = {}
+        self._counter = 0
+        self._original = pysyncobj_syncobj.createPoller
+
+    def register(self, poller: scheduler.ShardPoller) -> str:
+        with self._lock:
+            self._counter += 1
+            key = f"{self.PREFIX}{self._counter}"
+            self._pollers[key] = poller
+            return key
+
+    def unregister(self, key: str) -> None:
+        with self._lock:
+            self._pollers.pop(key, None)
+
+    def create(self, poller_type: str) -> Any:
+        with self._lock:
+            found = self._pollers.get(poller_type)
+        if found is not None:
+            return found
+        assert not poller_type.startswith(self.PREFIX)
+        return self._original(poller_type)
+
+
+_POLLERS = _PollerRegistry()
+pysyncobj_syncobj.createPoller = _POLLERS.create
+# Our ShardPoller speaks pysyncobj's event bits.
+assert pysyncobj_poller.POLL_EVENT_TYPE.READ == scheduler.POLL_READ
+assert pysyncobj_poller.POLL_EVENT_TYPE.WRITE == scheduler.POLL_WRITE
+assert pysyncobj_poller.POLL_EVENT_TYPE.ERROR == scheduler.POLL_ERROR
+# pysyncobj wakes its own tick thread through a pipe per SyncObj when a command is queued
+# (two descriptors per replica, a write per proposal). Ticks are the scheduler's here:
+# `RaftNode.propose` wakes the replica's worker instead.
+pysyncobj_syncobj.PIPE_NOTIFIER_ENABLED = False
+
 # pysyncobj pickles every message and journal entry with protocol 2, which stores `bytes`
 # as latin-1 text: non-ASCII payloads grow up to 2x on the wire and on disk. Protocol 4
 # stores them raw (pysyncobj.md §3.4: 2.3-4.3x throughput). Unpickling detects the
@@ -510,6 +592,13 @@ setattr(pysyncobj_pickle, "__protocol", PICKLE_PROTOCOL)
 TransportBase = Transport
 
 _HOST_MONOTONIC = (pysyncobj_syncobj.monotonicTime, pysyncobj_transport.monotonicTime)
+
+
+def monotonic_s() -> float:
+    """pysyncobj's clock (CLOCK_MONOTONIC_RAW, not `time.monotonic`'s CLOCK_MONOTONIC: they
+    drift apart by NTP's slewing), or the simulator's: every deadline a replica's tick
+    returns, and every liveness time, is on it; the scheduler sleeps by it."""
+    return float(pysyncobj_syncobj.monotonicTime())
 
 
 def set_monotonic_clock(clock: Callable[[], float] | None) -> None:
@@ -577,12 +666,37 @@ class _DurableMixin(Transport):  # type: ignore[misc]
         super().setOnMessageReceivedCallback(route)
 
     def send(self, node: Any, message: dict[str, Any]) -> bool:
+        owner: ShardRaft = self._syncObj
+        owner._logsvc_note_sent(node)
         if message.get("type") in _AFTER_SYNC:
             self._outbox.append((node, message))
             if len(self._outbox) >= OUTBOX_MESSAGES_MAX:
                 self.flush()
             return True
         return bool(super().send(node, message))
+
+    def _onNodeConnected(self, node: Any) -> None:
+        owner: ShardRaft = self._syncObj
+        owner._logsvc_on_connection(node, up=True)
+        super()._onNodeConnected(node)
+
+    def _onReadonlyNodeConnected(self, node: Any) -> None:
+        owner: ShardRaft = self._syncObj
+        owner._logsvc_on_connection(node, up=True)  # a learner: a quiet leader wakes
+        super()._onReadonlyNodeConnected(node)
+
+    def _onReadonlyNodeDisconnected(self, node: Any) -> None:
+        owner: ShardRaft = self._syncObj
+        owner._logsvc_learners.pop(node, None)
+        super()._onReadonlyNodeDisconnected(node)
+
+    def _onNodeDisconnected(self, node: Any) -> None:
+        owner: ShardRaft = self._syncObj
+        # pysyncobj also reports a dial that failed (a peer that is down, every retry):
+        # only a connection that was up is news.
+        if node in owner._SyncObj__connectedNodes:
+            owner._logsvc_on_connection(node, up=False)
+        super()._onNodeDisconnected(node)
 
     def held(self) -> list[tuple[Any, dict[str, Any]]]:
         return self._outbox
@@ -655,6 +769,8 @@ class ShardRaft(SyncObj):  # type: ignore[misc]
 
     # pysyncobj's private state that the fixes below read and write (0.3.17 names).
     _SyncObj__raftCommitIndex: int
+    _SyncObj__newAppendEntriesTime: float
+    _SyncObj__raftElectionDeadline: float
     _SyncObj__raftLastApplied: int
 
     def __init__(
@@ -664,9 +780,37 @@ class ShardRaft(SyncObj):  # type: ignore[misc]
         handler: RaftHandler,
         file_system: FileSystem | None = None,
         transport_base: type | None = None,
+        *,
+        poller: scheduler.ShardPoller | None = None,
+        liveness: NodeLiveness | None = None,
+        node_of: Callable[[str], str] | None = None,
     ) -> None:
-        """`transport_base`: simulator only (see `TransportBase`); None = TCP."""
+        """`transport_base`: simulator only (see `TransportBase`); None = TCP. `poller`: the
+        replica's poller from its scheduler (None: pysyncobj's own, the simulator's case).
+        `liveness`, `node_of`: the node liveness table and the address -> node map, for
+        quiescence (None: this replica keeps its own, every address a node)."""
         # Everything we use is set before SyncObj.__init__ (pysyncobj.md §1.5 D).
+        self._logsvc_messages = 0  # Raft messages and connection changes seen (all ticks)
+        self._logsvc_quiesce_after_s = config.quiesce_after_ms / 1000.0
+        self._logsvc_election_max_s = config.election_timeout_ms_max / 1000.0
+        self._logsvc_node_of: Callable[[str], str] = node_of if node_of is not None else str
+        self._logsvc_liveness = (
+            liveness
+            if liveness is not None
+            else NodeLiveness(
+                self._logsvc_node_of(config.self_address),
+                interval_s=config.heartbeat_ms / 1000.0,
+                lapse_s=config.election_timeout_ms_min / 1000.0,
+                now_s=pysyncobj_syncobj.monotonicTime(),
+            )
+        )
+        self._logsvc_leader_q: quiescence.LeaderQuiescence | None = None
+        self._logsvc_follower_q = quiescence.FollowerQuiescence()
+        self._logsvc_self_address = config.self_address
+        self._logsvc_learner = config.learner
+        # On a member: the learners connected to it (pysyncobj's read-only node -> the
+        # address the learner announced).
+        self._logsvc_learners: dict[Any, str] = {}
         self._logsvc_fs = file_system if file_system is not None else OsFileSystem()
         self._logsvc_journal = journal
         self._logsvc_handler = handler
@@ -699,9 +843,12 @@ class ShardRaft(SyncObj):  # type: ignore[misc]
         )
         key = _JOURNALS.register(journal)
         conf.journalFile = key
+        poller_key = None if poller is None else _POLLERS.register(poller)
+        if poller_key is not None:
+            conf.pollerType = poller_key
         try:
             super().__init__(
-                config.self_address,
+                None if config.learner else config.self_address,  # None: read-only
                 [self._logsvc_dial_node(peer) for peer in config.peers],
                 conf,
                 transportClass=(
@@ -712,6 +859,8 @@ class ShardRaft(SyncObj):  # type: ignore[misc]
             )
         finally:
             _JOURNALS.unregister(key)
+            if poller_key is not None:
+                _POLLERS.unregister(poller_key)
         # pysyncobj ships, receives and looks for the snapshot file with plain open() and
         # os.path.isfile: route all three through our file-system port instead (the same
         # files in production; the simulator's in-memory file system in tests/chaos/dst/).
@@ -795,6 +944,24 @@ class ShardRaft(SyncObj):  # type: ignore[misc]
         self, node: Any, message: dict[str, Any], deliver: Callable[[Any, dict[str, Any]], None]
     ) -> None:
         kind = message.get("type")
+        if kind == _LEARNER:
+            address = message.get("address")
+            if isinstance(address, str) and not isinstance(node, TCPNode):
+                self._logsvc_learners[node] = address
+            return
+        if self._logsvc_quiesce_after_s:
+            now_s = pysyncobj_syncobj.monotonicTime()
+            sender = str(node.id)
+            if isinstance(node, TCPNode):  # not a learner's read-only connection (no node)
+                self._logsvc_liveness.heard(self._logsvc_node_of(sender), now_s)
+            if kind in _OWN_MESSAGES:
+                self._logsvc_on_own_message(node, sender, kind, message, now_s)
+                return
+            if not (kind == "next_node_idx" and message.get("success")):
+                # Any Raft message ends quiet, on either side, except a follower's answer
+                # to the leader's own AppendEntries (catching up shows in its match index).
+                self._logsvc_wake(now_s)
+        self._logsvc_messages += 1
         if kind == "append_entries" and "prevLogIdx" in message:
             self._logsvc_on_append_entries(node, message, deliver)
             return
@@ -916,6 +1083,313 @@ class ShardRaft(SyncObj):  # type: ignore[misc]
         whole["entries"] = [tuple(entry)]
         return whole
 
+    # -- quiescence (quiescence.py, liveness.py) ---------------------------------------------
+
+    def _logsvc_note_sent(self, node: Any) -> None:
+        if self._logsvc_quiesce_after_s:
+            self._logsvc_liveness.sent(
+                self._logsvc_node_of(str(node.id)), pysyncobj_syncobj.monotonicTime()
+            )
+
+    def _logsvc_on_connection(self, node: Any, up: bool) -> None:
+        """A connection to a peer came up or went down (inside a tick)."""
+        self._logsvc_messages += 1  # the tick after it acts on it (reconnects, catch-up)
+        if up and self._logsvc_learner:
+            # pysyncobj's read-only node is anonymous: say which replica this is, so the
+            # leader can tell when the learner an admin change started has caught up.
+            self._SyncObj__transport.send(
+                node, {"type": _LEARNER, "address": self._logsvc_self_address}
+            )
+        if not self._logsvc_quiesce_after_s:
+            return
+        now_s = pysyncobj_syncobj.monotonicTime()
+        follower = self._logsvc_follower_q
+        if not up and follower.quiet and follower.leader == str(node.id):
+            self._logsvc_lost_leader(now_s, "the connection to the leader closed")
+        self._logsvc_wake(now_s)
+
+    def _logsvc_wake(self, now_s: float) -> None:
+        """Activity: a quiet follower is an ordinary one again; a quiescing or quiet leader
+        heartbeats at once."""
+        if self._logsvc_follower_q.wake():
+            self._logsvc_refresh_connections(now_s)  # it may send on them next (votes...)
+        leader = self._logsvc_leader_q
+        if leader is not None and leader.wake(now_s):
+            self._logsvc_heartbeat_now(now_s)
+
+    def _logsvc_refresh_connections(self, now_s: float, only: Any = None) -> None:
+        """Count the connections to peers on live nodes as just read from.
+
+        pysyncobj drops a connection on which nothing was read for connection_timeout, and
+        checks that when it next sends on it; a quiet shard reads nothing for minutes, so
+        its first message after waking (or a liveness message on a connection that only
+        carries ours) would drop the connection instead of leaving. While the peer's node
+        is live in the liveness table, its connection is as good as heard from; once the
+        node lapses, pysyncobj's own timeout applies again from the last refresh."""
+        connections = getattr(self._SyncObj__transport, "_connections", None)
+        if not connections:
+            return  # the simulator's transport keeps no such clock
+        liveness, node_of = self._logsvc_liveness, self._logsvc_node_of
+        for node, connection in connections.items():
+            if only is not None and node != only:
+                continue
+            if connection.state != pysyncobj_tcp_connection.CONNECTION_STATE.CONNECTED:
+                continue
+            if not liveness.lapsed(node_of(str(node.id)), now_s):
+                connection._TcpConnection__lastReadTime = now_s
+
+    def _logsvc_heartbeat_now(self, now_s: float) -> None:
+        """A leader leaving quiet: AppendEntries on the next tick (which wakes the quiet
+        followers), and its followers' silence counted from now, not from before (the
+        leader-fallback timer did not run while it was quiet)."""
+        self._SyncObj__newAppendEntriesTime = 0
+        self._logsvc_refresh_connections(now_s)
+        last_response = self._SyncObj__lastResponseTime
+        for node in self._SyncObj__otherNodes:
+            if node in last_response:
+                last_response[node] = now_s
+        self._logsvc_messages += 1
+
+    def _logsvc_lost_leader(self, now_s: float, why: str) -> None:
+        """A quiet follower whose leader is gone: an ordinary follower again, whose election
+        timer started when the leader's node was last heard from (as if its heartbeats had
+        stopped then), so a quiet shard fails over like an active one. At least a random
+        part of the timeout is still ahead, so the followers do not all stand at once."""
+        follower = self._logsvc_follower_q
+        leader = follower.leader
+        follower.wake()
+        # Its next messages (a vote request...) go on connections quiet for long.
+        self._logsvc_refresh_connections(now_s)
+        if leader is None:
+            return
+        last_heard_s = self._logsvc_liveness.last_heard(self._logsvc_node_of(leader))
+        timeout_s = float(self._SyncObj__generateRaftTimeout())
+        spread_s = timeout_s - float(self._SyncObj__conf.raftMinTimeout)
+        self._SyncObj__raftElectionDeadline = max(last_heard_s + timeout_s, now_s + spread_s)
+        log.info(
+            "quiet follower woke: %s; election timer from %.2f s ago",
+            why,
+            now_s - last_heard_s,
+            extra={"term": self.raftCurrentTerm},
+        )
+
+    def _logsvc_on_own_message(
+        self, node: Any, sender: str, kind: str, message: dict[str, Any], now_s: float
+    ) -> None:
+        if kind == _ALIVE:
+            return  # liveness noted by the caller
+        try:
+            term, seq = int(message["term"]), int(message["seq"])
+        except (KeyError, TypeError, ValueError):
+            log.warning("ignoring a malformed %s from %s", kind, sender)
+            return
+        if kind == _QUIESCE_ACK:
+            leader = self._logsvc_leader_q
+            if leader is None or not self._isLeader() or term != self.raftCurrentTerm:
+                return
+            if node in self._SyncObj__lastResponseTime:
+                self._SyncObj__lastResponseTime[node] = now_s
+            leader.on_ack(sender, term, seq, bool(message.get("ok")), now_s)
+            if leader.mode is quiescence.Mode.ACTIVE:  # refused: heartbeat and replicate
+                self._logsvc_heartbeat_now(now_s)
+            return
+        assert kind == _QUIESCE
+        try:
+            request = quiescence.QuiesceRequest(
+                term=term,
+                seq=seq,
+                last_index=int(message["last_index"]),
+                last_term=int(message["last_term"]),
+                commit_index=int(message["commit_index"]),
+                targets=(),
+            )
+        except (KeyError, TypeError, ValueError):
+            log.warning("ignoring a malformed %s from %s", kind, sender)
+            return
+        store = self._logsvc_journal.store
+        leader_node = self._getLeader()
+        view = quiescence.FollowerView(
+            term=int(self.raftCurrentTerm),
+            is_follower=self._SyncObj__raftState == pysyncobj_syncobj._RAFT_STATE.FOLLOWER,
+            leader=None if leader_node is None else str(leader_node.id),
+            last_index=store.last_index,
+            last_term=int(self._logsvc_journal.entry(store.last_index)[2]),
+        )
+        agreed = self._logsvc_follower_q.on_request(sender, request, view)
+        if view.is_follower and request.term == view.term and view.leader == sender:
+            # From our leader in our term: it stands for its heartbeat.
+            self._SyncObj__raftElectionDeadline = now_s + self._SyncObj__generateRaftTimeout()
+        if agreed and request.commit_index > self._SyncObj__raftCommitIndex:
+            # The leader vouches for our whole log: it ends where its does (log matching).
+            self._SyncObj__raftCommitIndex = min(request.commit_index, request.last_index)
+            self._logsvc_messages += 1  # apply it on the next tick
+        self._SyncObj__transport.send(
+            node, {"type": _QUIESCE_ACK, "term": request.term, "seq": request.seq, "ok": agreed}
+        )
+
+    def _logsvc_quiesce_before(self, now_s: float) -> None:
+        """Before a tick: keep a quiet follower's election timer and a quiet leader's
+        heartbeat and fallback timers from firing; wake a quiet follower whose leader's
+        node lapsed."""
+        if not self._logsvc_quiesce_after_s:
+            return
+        if self.logsvc_quiet or (
+            self._logsvc_leader_q is not None
+            and self._logsvc_leader_q.mode is quiescence.Mode.QUIESCING
+        ):
+            self._logsvc_refresh_connections(now_s)
+        follower = self._logsvc_follower_q
+        if follower.quiet:
+            leader = self._getLeader()
+            state = self._SyncObj__raftState
+            if (
+                state != pysyncobj_syncobj._RAFT_STATE.FOLLOWER
+                or leader is None
+                or str(leader.id) != follower.leader
+            ):
+                follower.wake()
+            elif self._logsvc_liveness.lapsed(self._logsvc_node_of(follower.leader), now_s):
+                self._logsvc_lost_leader(now_s, "the leader's node lapsed")
+            else:
+                self._SyncObj__raftElectionDeadline = now_s + self._logsvc_election_max_s
+        leader_q = self._logsvc_leader_q
+        if leader_q is not None and leader_q.mode is not quiescence.Mode.ACTIVE:
+            self._SyncObj__newAppendEntriesTime = math.inf
+            if leader_q.quiet:
+                liveness, node_of = self._logsvc_liveness, self._logsvc_node_of
+                last_response = self._SyncObj__lastResponseTime
+                for node in self._SyncObj__otherNodes:
+                    if node in last_response and not liveness.lapsed(node_of(node.id), now_s):
+                        last_response[node] = now_s
+
+    def _logsvc_quiesce_after(self, now_s: float) -> None:
+        """After a tick: the leader's quiescence step (ask, resend, or wake)."""
+        if not self._logsvc_quiesce_after_s:
+            return
+        if not self._isLeader():
+            self._logsvc_leader_q = None
+            if self._SyncObj__raftState == pysyncobj_syncobj._RAFT_STATE.CANDIDATE:
+                self._logsvc_follower_q.wake()
+            return
+        leader_q = self._logsvc_leader_q
+        if leader_q is None:
+            leader_q = quiescence.LeaderQuiescence(self._logsvc_quiesce_after_s, QUIESCE_RESEND_S)
+            self._logsvc_leader_q = leader_q
+        fingerprint = (
+            int(self.raftCurrentTerm),
+            self._logsvc_journal.store.last_index,
+            int(self._SyncObj__raftCommitIndex),
+            int(self._SyncObj__raftLastApplied),
+        )
+        moved = leader_q.changed(fingerprint, now_s)  # under load: every tick, and cheap
+        if moved is None:
+            woke, request = leader_q.observe(self._logsvc_leader_view(now_s), now_s)
+        else:
+            woke, request = moved, None
+        if woke:
+            self._logsvc_heartbeat_now(now_s)
+        if request is not None:
+            targets = set(request.targets)
+            message = {
+                "type": _QUIESCE,
+                "term": request.term,
+                "seq": request.seq,
+                "last_index": request.last_index,
+                "last_term": request.last_term,
+                "commit_index": request.commit_index,
+            }
+            for node in self._SyncObj__otherNodes:
+                if str(node.id) in targets:
+                    self._SyncObj__transport.send(node, dict(message))
+        if leader_q.mode is not quiescence.Mode.ACTIVE:
+            self._SyncObj__newAppendEntriesTime = math.inf
+
+    def _logsvc_leader_view(self, now_s: float) -> quiescence.LeaderView:
+        journal = self._logsvc_journal
+        last_index = journal.store.last_index
+        match_index = self._SyncObj__raftMatchIndex
+        connected = self._SyncObj__connectedNodes
+        liveness, node_of = self._logsvc_liveness, self._logsvc_node_of
+        busy = bool(
+            self._SyncObj__commandsQueue._FastQueue__queue
+            or self._SyncObj__commandsWaitingCommit
+            or self._SyncObj__serializer._outgoing
+            or self._SyncObj__readonlyNodes  # a learner catching up: never quiet
+        )
+        return quiescence.LeaderView(
+            term=int(self.raftCurrentTerm),
+            last_index=last_index,
+            last_term=int(journal.entry(last_index)[2]),
+            commit_index=int(self._SyncObj__raftCommitIndex),
+            last_applied=int(self._SyncObj__raftLastApplied),
+            busy=busy,
+            peers=tuple(
+                quiescence.Peer(
+                    address=str(node.id),
+                    match_index=int(match_index.get(node, 0)),
+                    connected=node in connected,
+                    alive=not liveness.lapsed(node_of(str(node.id)), now_s),
+                )
+                for node in self._SyncObj__otherNodes
+            ),
+        )
+
+    def _logsvc_send_alive(self, now_s: float) -> None:
+        """After a tick: an `alive` message to each connected peer whose node got nothing
+        from this node for a heartbeat interval (node liveness, for quiet shards)."""
+        if not self._logsvc_quiesce_after_s or self._logsvc_learner:
+            return  # (a learner's connections are anonymous: they carry no liveness)
+        liveness, node_of = self._logsvc_liveness, self._logsvc_node_of
+        connected = self._SyncObj__connectedNodes
+        for node in self._SyncObj__otherNodes:
+            if node in connected and liveness.send_due(node_of(str(node.id)), now_s):
+                # It may be the only thing this connection carries: not a timed-out one.
+                self._logsvc_refresh_connections(now_s, only=node)
+                self._SyncObj__transport.send(node, {"type": _ALIVE})
+
+    def _logsvc_next_wakeup_s(self, now_s: float) -> float | None:
+        """When this replica must tick again if nothing happens (None: not until an event:
+        a quiet replica)."""
+        if not self._SyncObj__transport.ready:
+            return now_s + float(self._SyncObj__conf.bindRetryTime)
+        if self._SyncObj__raftCommitIndex > self._SyncObj__raftLastApplied:
+            return now_s
+        if self._SyncObj__commandsQueue._FastQueue__queue and self._SyncObj__raftLeader:
+            return now_s
+        if self._logsvc_snapshot_at_start:
+            return now_s
+        due_s = math.inf
+        quiet = False
+        if self._isLeader():
+            leader_q = self._logsvc_leader_q
+            if leader_q is None or leader_q.mode is quiescence.Mode.ACTIVE:
+                due_s = min(due_s, float(self._SyncObj__newAppendEntriesTime))
+            if leader_q is not None:
+                check_s = leader_q.next_check_s(now_s)
+                if check_s is None:
+                    quiet = True
+                else:
+                    due_s = min(due_s, check_s)
+        elif self._logsvc_follower_q.quiet:
+            quiet = True
+        elif not self._logsvc_learner:  # a learner never stands: no election timer
+            election_s = float(self._SyncObj__raftElectionDeadline)
+            if election_s > now_s or self._SyncObj__connectedNodes or not self._SyncObj__otherNodes:
+                due_s = min(due_s, election_s)
+            # else: due, but pysyncobj stands only once connected to someone: the redial
+            # below (or the connection's event) is when it can.
+        if not quiet:
+            connected = self._SyncObj__connectedNodes
+            if any(node not in connected for node in self._SyncObj__otherNodes):
+                due_s = min(due_s, now_s + float(self._SyncObj__conf.connectionRetryTime))
+        return None if due_s == math.inf else max(due_s, now_s)
+
+    @property
+    def logsvc_quiet(self) -> bool:
+        """Quiet: a leader every follower agreed with, or a follower that agreed."""
+        leader = self._logsvc_leader_q
+        return self._logsvc_follower_q.quiet or (leader is not None and leader.quiet)
+
     # -- hole 6: compaction only at snapshot points ----------------------------------------
 
     def _SyncObj__tryLogCompaction(self) -> None:
@@ -930,7 +1404,9 @@ class ShardRaft(SyncObj):  # type: ignore[misc]
             return
         journal = self._logsvc_journal
         last, prev = journal.entry(raft_index), journal.entry(raft_index - 1)
-        nodes = self._SyncObj__otherNodes | {self._SyncObj__selfNode}
+        nodes = set(self._SyncObj__otherNodes)
+        if self._SyncObj__selfNode is not None:  # None: a learner
+            nodes.add(self._SyncObj__selfNode)
         cluster = tuple(sorted(node.id for node in nodes))
         if journal.membership is not None:  # the configuration as of the snapshot's entry
             cluster = journal.membership.members_at(raft_index)
@@ -1123,7 +1599,8 @@ def _make_durable(fs: FileSystem, path: str) -> None:
 
 
 class RaftNode:
-    """One shard replica's Raft: builds the SyncObj and ticks it on its own thread."""
+    """One shard replica's Raft: builds the SyncObj; the node's `RaftScheduler` ticks it
+    (a private one with a single worker when none is given)."""
 
     def __init__(
         self,
@@ -1133,12 +1610,16 @@ class RaftNode:
         file_system: FileSystem | None = None,
         events: ReplicaEvents | None = None,
         transport_base: type | None = None,
+        raft_scheduler: scheduler.RaftScheduler | None = None,
     ) -> None:
         """`file_system` holds the snapshot file (the store's own port; the real one by
         default). pysyncobj itself writes a received snapshot with plain file calls; we make
         it durable through `file_system` before relying on it. `events` receives term, vote
         and role changes (logsvc/events.py). `transport_base`: simulator only (see
-        `TransportBase`); such a node is never `start()`ed: the simulator calls `tick_once`."""
+        `TransportBase`); such a node is never `start()`ed: the simulator calls
+        `tick_once`. `raft_scheduler`: the node's scheduler (its liveness table and address
+        -> node map serve quiescence); None: a private one, started and closed with this
+        node."""
         config.validate()
         fs = file_system if file_system is not None else OsFileSystem()
         if store.first_index > 1 and not fs.exists(config.snapshot_path):
@@ -1147,32 +1628,81 @@ class RaftNode:
                 f"{config.snapshot_path} is missing: refusing to start with an empty state"
             )
         self._config = config
+        self.label = config.self_address
         self._journal = StoreJournal(store, events)
         self._membership = _open_membership(config, self._journal, fs)
         self._journal.membership = self._membership
         # The peers are the log's latest configuration, not the ones configured at first.
         started = replace(config, peers=self._membership.peers)
-        self._raft = ShardRaft(started, self._journal, handler, fs, transport_base)
+        self._owns_scheduler = raft_scheduler is None and transport_base is None
+        if self._owns_scheduler:
+            now_s = pysyncobj_syncobj.monotonicTime()
+            raft_scheduler = scheduler.RaftScheduler(
+                NodeLiveness(
+                    config.self_address,
+                    interval_s=config.heartbeat_ms / 1000.0,
+                    lapse_s=config.election_timeout_ms_min / 1000.0,
+                    now_s=now_s,
+                ),
+                str,
+                workers=1,
+                reconnect_s=config.connection_retry_ms / 1000.0,
+                clock=monotonic_s,
+            )
+        self._scheduler = raft_scheduler
+        self._poller = None if raft_scheduler is None else raft_scheduler.new_poller()
+        try:
+            self._raft = ShardRaft(
+                started,
+                self._journal,
+                handler,
+                fs,
+                transport_base,
+                poller=self._poller,
+                liveness=None if raft_scheduler is None else raft_scheduler.liveness,
+                node_of=None if raft_scheduler is None else raft_scheduler.node_of,
+            )
+        except BaseException:
+            if raft_scheduler is not None and self._poller is not None:
+                raft_scheduler.release_poller(self._poller)
+            raise
         self._members_version = self._membership.version
         self._progress = RaftProgress()
         self._events = events
         self._leading = False  # as of the last tick (role changes go to the event log)
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._started = False
+        self._stopped = False
         self._fatal: BaseException | None = None
         self._fatal_listeners: list[Callable[[BaseException], None]] = []
+        # Calls from other threads that must run on the tick (leader transfers), bounded.
+        self._tick_calls: deque[Callable[[], None]] = deque()
+        self._tick_calls_lock = threading.Lock()
+        self.ticks = 0  # counted (tests and benchmarks see how often a replica ticks)
 
     def start(self) -> None:
-        assert self._thread is None
-        self._thread = threading.Thread(
-            target=self._run, name=f"raft:{self._config.self_address}", daemon=True
-        )
-        self._thread.start()
+        assert not self._started
+        assert self._scheduler is not None and self._poller is not None, "simulated: tick it"
+        self._started = True
+        if self._owns_scheduler:
+            self._scheduler.start()
+        self._scheduler.add(self, self._poller)
 
     def stop(self) -> None:
-        self._stopping.set()
-        if self._thread is not None:
-            self._thread.join(30)
+        """Stop ticking, then close the Raft connections and the listening socket (on the
+        replica's worker, so no tick runs meanwhile)."""
+        if self._stopped:
+            return
+        self._stopped = True
+        if self._scheduler is not None and self._started:
+            self._scheduler.remove(self, then=self._destroy)
+        else:
+            self._destroy()
+            if self._scheduler is not None and self._poller is not None:
+                self._scheduler.release_poller(self._poller)
+        if self._owns_scheduler and self._scheduler is not None and self._started:
+            self._scheduler.close()
+
+    def _destroy(self) -> None:
         with contextlib.suppress(Exception):
             self._raft.destroy()
 
@@ -1187,6 +1717,11 @@ class RaftNode:
         """Queue one command; `callback(result, fail_reason)` runs on the tick thread once
         it is applied here (FailReason.SUCCESS) or failed."""
         self._raft._logsvc_apply(encoded, callback=callback)
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._scheduler is not None:
+            self._scheduler.wake(self)
 
     @property
     def is_leader(self) -> bool:
@@ -1213,6 +1748,36 @@ class RaftNode:
     def self_address(self) -> str:
         return self._config.self_address
 
+    @property
+    def quiet(self) -> bool:
+        """Quiescent: no heartbeats, no election timer (quiescence.py)."""
+        return bool(self._raft.logsvc_quiet)
+
+    @property
+    def learner(self) -> bool:
+        """A non-voting learner (RaftConfig.learner)."""
+        return self._config.learner
+
+    def learners(self) -> dict[str, int]:
+        """On the leader: each connected learner's address -> its match index (the last
+        entry it holds, as it acknowledged); empty elsewhere. Any thread: a copy, retried
+        if the tick changed the maps meanwhile."""
+        raft = self._raft
+        if not raft._isLeader():
+            return {}
+        for _ in range(10):
+            try:
+                learners = dict(raft._logsvc_learners)
+                match = dict(raft._SyncObj__raftMatchIndex)
+            except RuntimeError:  # changed size during the copy
+                continue
+            return {address: int(match.get(node, 0)) for node, address in learners.items()}
+        return {}
+
+    @property
+    def last_index(self) -> int:
+        return self._journal.store.last_index
+
     def status(self) -> dict[str, Any]:
         return dict(self._raft.getStatus())
 
@@ -1238,33 +1803,99 @@ class RaftNode:
 
     def add_member(self, address: str, callback: Callable[[object, int], None]) -> None:
         self._raft.addNodeToCluster(address, callback=callback)
+        self._wake()
 
     def remove_member(self, address: str, callback: Callable[[object, int], None]) -> None:
         self._raft.removeNodeFromCluster(address, callback=callback)
+        self._wake()
 
     def transfer_leadership(
         self, address: str | None, callback: Callable[[object, int], None]
     ) -> None:
-        self._raft.transferLeadership(address, callback=callback)
+        """Run on the tick (pysyncobj sends TimeoutNow from the calling thread otherwise)."""
+        self._on_tick(lambda: self._raft.transferLeadership(address, callback=callback))
 
-    def _run(self) -> None:
-        if self._events is not None and self._events.shard:
-            # Every line this thread logs (ours, pysyncobj's, the store's) names the shard.
-            logs.bind_shard(self._events.shard)
-        wait_s = self._config.tick_wait_ms / 1000.0
-        while not self._stopping.is_set() and self.tick_once(wait_s):
-            pass
+    def _on_tick(self, call: Callable[[], None]) -> None:
+        with self._tick_calls_lock:
+            if len(self._tick_calls) >= TICK_CALLS_MAX:
+                raise RaftFatal(f"more than {TICK_CALLS_MAX} calls waiting for the tick")
+            self._tick_calls.append(call)
+        self._wake()
+
+    # ------------------------------------------------------------------ the scheduler's side
+
+    def peer_nodes(self) -> frozenset[str]:
+        """The nodes of this replica's peers (scheduler.Tickable); none for a learner (its
+        read-only connections carry no node liveness)."""
+        assert self._scheduler is not None
+        if self._config.learner:
+            return frozenset()
+        node_of = self._scheduler.node_of
+        return frozenset(node_of(str(node.id)) for node in self._raft._SyncObj__otherNodes)
+
+    def connected_to(self, node: str) -> bool:
+        """Whether this replica's connection to its peer on `node` is up."""
+        assert self._scheduler is not None
+        if self._config.learner:
+            return False
+        node_of = self._scheduler.node_of
+        connected = self._raft._SyncObj__connectedNodes
+        return any(
+            peer in connected and node_of(str(peer.id)) == node
+            for peer in self._raft._SyncObj__otherNodes
+        )
+
+    def tick(self) -> float | None:
+        """One tick, on the replica's worker; the next deadline to tick again without an
+        event (monotonic seconds), or None (quiet, or stopped on a fatal error)."""
+        if not self.tick_once(0.0):
+            return None
+        raft = self._raft
+        now_s = float(pysyncobj_syncobj.monotonicTime())
+        if raft._logsvc_messages != self._messages_before:
+            return now_s  # act on what arrived (commit, apply, answer) before anything else
+        due_s: float | None = raft._logsvc_next_wakeup_s(now_s)
+        return due_s
+
+    @property
+    def tick_thread(self) -> threading.Thread | None:
+        """The thread that ticks this replica (its scheduler worker's), once started."""
+        return None if self._scheduler is None else self._scheduler.thread_of(self)
+
+    _messages_before = 0
 
     def tick_once(self, wait_s: float = 0.0) -> bool:
         """One tick: pysyncobj's (waiting up to `wait_s` for messages), then the tick's one
         sync and the held replies. False once the replica has stopped on a fatal error. The
-        tick thread calls it in a loop; the simulator (tests/chaos/dst/) calls it itself."""
+        scheduler calls it through `tick`; the simulator (tests/chaos/dst/) calls it itself."""
         if self._fatal is not None:
             return False
-        transport: _DurableMixin = self._raft._SyncObj__transport
+        raft = self._raft
+        transport: _DurableMixin = raft._SyncObj__transport
+        self.ticks += 1
+        shard = self._events.shard if self._events is not None else 0
+        if shard:
+            # Every line logged during the tick (ours, pysyncobj's, the store's) names the
+            # shard: the worker thread ticks many replicas, one after the other.
+            logs.bind_shard(shard)
         try:
-            self._raft.doTick(wait_s)
+            self._run_tick_calls()
+            if self._poller is not None:
+                # Receive what the worker collected, sync and send the held replies, then
+                # run pysyncobj's tick (timers, commit check, applies) on it: the order of
+                # pysyncobj's own loop (its poll ends one tick, our flush follows, the next
+                # tick acts), in one tick of ours instead of two per event. Every reply
+                # that promises durability still leaves only after the sync.
+                self._poller.poll(0.0)
+                transport.flush()
+            now_s = pysyncobj_syncobj.monotonicTime()
+            self._messages_before = raft._logsvc_messages
+            raft._logsvc_quiesce_before(now_s)
+            raft.doTick(wait_s)
             transport.flush()  # one sync for the tick, then the held replies
+            now_s = pysyncobj_syncobj.monotonicTime()
+            raft._logsvc_quiesce_after(now_s)
+            raft._logsvc_send_alive(now_s)
             self._note_role()
             self._after_tick()
         except (RaftFatal, StoreError) as exc:
@@ -1274,7 +1905,18 @@ class RaftNode:
                 "raft tick failed on %s", self._config.self_address, extra={"term": self.term}
             )
             self._die(exc)
+        finally:
+            if shard:
+                logs.bind_shard(None)  # the worker's own lines name no shard
         return self._fatal is None
+
+    def _run_tick_calls(self) -> None:
+        if not self._tick_calls:
+            return
+        with self._tick_calls_lock:
+            calls, self._tick_calls = self._tick_calls, deque()
+        for call in calls:
+            call()
 
     def _after_tick(self) -> None:
         """Membership and progress bookkeeping: a few comparisons per tick."""
@@ -1283,6 +1925,8 @@ class RaftNode:
         if version != self._members_version:  # e.g. a truncated suffix undid a change
             self._members_version = version
             raft._logsvc_follow_membership()
+            if self._scheduler is not None and self._started:
+                self._scheduler.update_peers(self)
         now_s = pysyncobj_syncobj.monotonicTime()
         if self._membership.joining:
             # Not a member until our `add` arrives: an election now would only raise our
@@ -1323,5 +1967,8 @@ class RaftNode:
             extra={"term": self.term},
         )
         self._fatal = exc
+        # Close its connections: its peers then see it gone at once (a quiet follower of a
+        # replica that stopped would otherwise wait on a node that is still alive).
+        self._destroy()
         for listener in self._fatal_listeners:
             listener(exc)

@@ -45,6 +45,7 @@ from logsvc.shard.errors import (
     ShardError,
 )
 from logsvc.shard.limits import DEFAULT_SHARD_LIMITS, ShardLimits
+from logsvc.shard.scheduler import RaftScheduler
 from logsvc.shard.state_machine import ShardStateMachine
 from logsvc.store import (
     DEFAULT_LIMITS,
@@ -114,6 +115,9 @@ class ReplicaConfig:
     shard: int = 0
     # The deterministic simulator only (tests/chaos/dst/); None in production.
     simulated: SimulatedRuntime | None = None
+    # The node's Raft scheduler (one per node: scheduler.py); None: the replica gets a
+    # private one (tests that run single replicas). Unused by simulated replicas.
+    raft_scheduler: RaftScheduler | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,7 +150,8 @@ class _Waiter:
 
 
 class ShardReplica:
-    """Create, `start()`, use, `close()`. Thread-safe."""
+    """Create, `start()`, use, `close()`. Thread-safe. Its Raft runs on the node's
+    scheduler (`ReplicaConfig.raft_scheduler`), its store syncs on that tick."""
 
     def __init__(self, config: ReplicaConfig) -> None:
         self._config = config
@@ -163,7 +168,9 @@ class ShardReplica:
                 fs=config.file_system,
                 limits=config.store_limits,
                 clock_ms=None if simulated is None else simulated.clock_ms,
-                background_sync=simulated is None,
+                # The Raft tick syncs the store once per tick, on the tick's own thread
+                # (the scheduler's worker): no syncer thread per replica.
+                background_sync=False,
             )
         except Corruption as exc:
             self._events.emit("corruption", detail=str(exc))
@@ -193,6 +200,7 @@ class ShardReplica:
                 config.file_system,
                 self._events,
                 transport_base=None if simulated is None else simulated.transport_base,
+                raft_scheduler=None if simulated is not None else config.raft_scheduler,
             )
         except raft.RaftFatal as exc:
             self._events.emit("corruption", detail=str(exc))

@@ -204,7 +204,12 @@ class LeaseGranted:
 
 @dataclass(frozen=True, slots=True)
 class ShardStatus:
-    """Retained LSNs are `[first_lsn, next_lsn)`; `leader` is None when none is known."""
+    """Retained LSNs are `[first_lsn, next_lsn)`; `leader` is None when none is known.
+
+    `is_leader` true: answered by the shard's leader after a barrier through the log
+    committed in `term` (a majority followed it then; every committed LSN is applied).
+    False: the answering replica's own view, possibly stale (its `leader` and `term` are
+    what it last heard; its LSNs may lag)."""
 
     shard: int
     leader: str | None

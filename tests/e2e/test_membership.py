@@ -137,6 +137,7 @@ class Writer:
     def __init__(self, cluster: LocalCluster) -> None:
         self._client = cluster.client()
         self.acked: dict[int, bytes] = {}
+        self.acked_at: list[float] = []  # time.monotonic() of each acknowledgement
         self.failures: list[str] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="writer", daemon=True)
@@ -152,6 +153,7 @@ class Writer:
             except (LogsvcError, TimeoutError) as exc:  # not acked: may or may not be in
                 self.failures.append(f"{type(exc).__name__}: {exc}")
                 continue
+            self.acked_at.append(time.monotonic())
             for lsn, payload in zip(lsns, payloads, strict=True):
                 assert lsn not in self.acked, f"LSN {lsn} acknowledged twice"
                 self.acked[lsn] = payload

@@ -1,7 +1,8 @@
 """Real `logsvc serve` processes on loopback, driven through the client library, the CLI
 and raw sockets.
 
-Proves: append / read / tail / truncate / status through the client and the CLI; a leader
+Proves: append / read / tail / truncate / status through the client and the CLI (a status
+is the leader's after a barrier, or a replica's view marked as such); a leader
 killed with SIGKILL under concurrent load loses no acknowledged record and duplicates none
 (clients retry with the same (client_id, seq)); a fenced writer's appends and truncates are
 refused across processes; every kind of bad input gets a typed answer or a closed
@@ -30,6 +31,7 @@ from logsvc.client import (
     ProducerOptions,
     ServerError,
     StaleEpoch,
+    SyncClient,
     Truncated,
     connect,
 )
@@ -97,11 +99,48 @@ def test_the_cli_appends_reads_and_reports(cluster: LocalCluster) -> None:
     assert read.stdout.splitlines()[:2] == [f"{first}\talpha", f"{second}\tbeta"]
     status = run_cli(cluster, "status", "--shard", "2")
     assert status.returncode == 0 and "leader 127.0.0.1:" in status.stdout
+    assert "(confirmed by the leader)" in status.stdout
     below = run_cli(cluster, "truncate", "--shard", "2", "--lsn", str(second))
     assert below.returncode == 0
     refused = run_cli(cluster, "read", "--shard", "2", "--lsn", str(first))
     assert refused.returncode == 1 and "TRUNCATED" in refused.stderr
     assert "Traceback" not in refused.stderr
+
+
+def test_status_is_the_leaders_after_a_barrier_or_a_replicas_marked_view(
+    cluster: LocalCluster,
+) -> None:
+    """Each node answers Status about its own replica: only the leader says `is_leader`
+    (after a barrier through the log), the followers' answers are marked as their views;
+    `leader_status` asked at a follower alone follows it to the leader's answer."""
+    addresses = cluster.client_config.addresses
+    token = cluster.client_config.token
+    client = cluster.client()
+    try:
+        client.append(1, [b"status"])
+        answers = {}
+        for address in addresses:
+            single = SyncClient([address], token)
+            try:
+                answers[address] = single.status(1)
+            finally:
+                single.close()
+        leaders = [a for a, status in answers.items() if status.is_leader]
+        assert len(leaders) == 1
+        [leader] = leaders
+        for address, status in answers.items():
+            if address != leader:  # a follower's own view, marked as such
+                assert not status.is_leader and status.term <= answers[leader].term
+        follower = next(a for a in addresses if a != leader)
+        single = SyncClient([follower], token)
+        try:
+            confirmed = single.leader_status(1)
+        finally:
+            single.close()
+        assert confirmed.is_leader and confirmed.leader == leader
+        assert confirmed.term == answers[leader].term
+    finally:
+        client.close()
 
 
 def test_lease_fencing_across_processes(cluster: LocalCluster) -> None:

@@ -5,6 +5,7 @@ fields the issue names; the demo runs to the end. Real subprocesses, short bound
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -75,6 +76,18 @@ def test_demo_runs_to_the_end() -> None:
     assert "lost: 0, duplicated: 0" in done.stdout
     assert "caught up" in done.stdout
     assert "refused" in done.stdout
+    # The failover report is the truth: the killed leader, then another node leading in a
+    # later term, confirmed by a barrier (not a follower's stale view of the old leader).
+    killed = re.search(r"killed (n\d) \(the leader, (\S+), term (\d+)\)", done.stdout)
+    new = re.search(
+        r"the first append sent after the kill was acknowledged ([0-9.]+) s after the kill; "
+        r"new leader (n\d) \((\S+)\), term (\d+) \(confirmed",
+        done.stdout,
+    )
+    assert killed and new, done.stdout
+    assert new.group(2) != killed.group(1) and new.group(3) != killed.group(2)
+    assert int(new.group(4)) > int(killed.group(3))
+    assert float(new.group(1)) > 0.2  # an election, not an acknowledgement already in flight
     engine = done.stdout.split("== the engine:", 1)[1]
     reports = [line for line in engine.splitlines() if line.startswith("reopened")]
     assert len(reports) == 3

@@ -13,12 +13,25 @@ connection (a NOT_LEADER hint followed with the same seq, a final error not sent
 from __future__ import annotations
 
 import asyncio
+import os
 import random
+import threading
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
-from logsvc.client import Client, ClientOptions, StaleEpoch, TooManyInFlight, _Connection, _Lanes
+from logsvc.client import (
+    Client,
+    ClientOptions,
+    StaleEpoch,
+    SyncClient,
+    TooManyInFlight,
+    _Connection,
+    _Lanes,
+    connect,
+)
+from logsvc.config_files import ConfigError
 from logsvc.wire import messages as wire
 from logsvc.wire.frames import FrameDecoder
 
@@ -93,11 +106,14 @@ def test_a_full_set_of_lanes_waits_for_a_release_then_times_out() -> None:
 class _Server:
     """Authenticates, then answers appends with `Appended` unless told to stay silent."""
 
+    tokens: list[str]
+
     def __init__(self, answer: bool, respond: Callable[[object], object] | None = None) -> None:
         self.answer = answer
         self.respond = respond  # the answer to each request instead of `Appended`
         self.requests = 0
         self.seen: list[object] = []
+        self.tokens = []
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         decoder = FrameDecoder()
@@ -107,6 +123,7 @@ class _Server:
             while (frame := decoder.next_frame()) is not None:
                 request = wire.decode_request(frame)
                 if isinstance(request, wire.Authenticate):
+                    self.tokens.append(request.token)
                     writer.write(wire.encode_response(frame.request_id, wire.Authenticated()))
                     continue
                 self.requests += 1
@@ -245,3 +262,59 @@ def test_a_final_error_on_the_known_leader_is_raised_without_sending_again() -> 
         listener.close()
 
     asyncio.run(scenario())
+
+
+def _client_toml(directory: Path, address: str) -> Path:
+    token_file = directory / "token"
+    token_file.write_text(TOKEN + "\n")
+    os.chmod(token_file, 0o600)
+    config = directory / "client.toml"
+    config.write_text(f'addresses = ["{address}"]\ntoken_file = "token"\n')
+    return config
+
+
+def test_connect_takes_a_client_config_path(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        server = _Server(answer=True)
+        address, listener = await _listening(server)
+        config = _client_toml(tmp_path, address)
+        for where in (str(config), config):  # a str or a PathLike
+            client = await connect(where)
+            assert await client.append(1, [b"a"]) in ([1], [2])
+            await client.close()
+        assert server.tokens == [TOKEN, TOKEN]  # the token of the file's token_file
+        with pytest.raises(TypeError, match="reads the token"):
+            await connect(str(config), TOKEN)  # a path and a token: which token?
+        with pytest.raises(TypeError, match="token is required"):
+            await connect([address])
+        (tmp_path / "bad.toml").write_text('addresses = "not a list"\ntoken_file = "token"\n')
+        with pytest.raises(ConfigError) as bad:
+            await connect(str(tmp_path / "bad.toml"))
+        assert bad.value.key == "addresses"
+        listener.close()
+
+    asyncio.run(scenario())
+
+
+def test_sync_client_takes_a_client_config_path(tmp_path: Path) -> None:
+    server = _Server(answer=True)
+    loop = asyncio.new_event_loop()  # the server's, on its own thread (SyncClient blocks)
+
+    async def start() -> tuple[str, asyncio.Server]:
+        return await _listening(server)
+
+    address, listener = loop.run_until_complete(start())
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        client = SyncClient(str(_client_toml(tmp_path, address)))
+        try:
+            assert client.append(1, [b"a"]) == [1]
+        finally:
+            client.close()
+        assert server.tokens == [TOKEN]
+    finally:
+        loop.call_soon_threadsafe(listener.close)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+        loop.close()

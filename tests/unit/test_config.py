@@ -32,12 +32,12 @@ from logsvc.config import (
     ClusterNode,
     ConfigError,
     NodeConfig,
-    ServerLimits,
     load_client_config,
     load_node_config,
     main_config_error,
     parse_node_config,
 )
+from logsvc.node.limits import ServerLimits
 from logsvc.shard.limits import ShardLimits
 from logsvc.shard.raft import RaftConfig
 from logsvc.store.limits import StoreLimits
@@ -456,6 +456,12 @@ BAD: list[tuple[str, list[Edit], str, str]] = [
         [setting("limits.server.batch_bytes_max", 15 * 1024 * 1024)],
         "limits.server.batch_bytes_max",
         "must be at most the shard's group_bytes_max (14680064), got 15728640",
+    ),
+    (
+        "limits: the frame size is the protocol's, not a node setting (the key was removed)",
+        [setting("limits.server.frame_body_bytes_max", 16 * 1024 * 1024)],
+        "limits.server.frame_body_bytes_max",
+        "unknown key...",
     ),
     (
         "raft: a relation between timings",

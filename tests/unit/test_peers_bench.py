@@ -6,6 +6,7 @@ markdown table. Nothing here installs or starts etcd or NATS."""
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -31,6 +32,7 @@ def test_defaults() -> None:
         workdir=None,
         json=False,
         etcd_client="grpc",
+        peers_dir="",
     )
 
 
@@ -50,6 +52,8 @@ def test_all_options() -> None:
             "--json",
             "--etcd-client",
             "http",
+            "--peers-dir",
+            "/tmp/peers",
         ]
     )
     assert opts.seconds == 2.5
@@ -59,6 +63,7 @@ def test_all_options() -> None:
     assert opts.workdir == "/tmp/x"
     assert opts.json is True
     assert opts.etcd_client == "http"
+    assert opts.peers_dir == "/tmp/peers"
 
 
 @pytest.mark.parametrize(
@@ -162,10 +167,23 @@ def test_versions() -> None:
     assert peers.parse_version("no version") is None
 
 
-def test_pip_uses_this_interpreter() -> None:
-    cmd = peers.pip_install_command(["nats-py==2.16.0"])
+def test_pip_uses_this_interpreter_and_installs_into_the_peers_dir(tmp_path: Path) -> None:
+    cmd = peers.pip_install_command(["nats-py==2.16.0"], str(tmp_path))
     assert cmd[:4] == [sys.executable, "-m", "pip", "install"]
+    assert cmd[cmd.index("--target") + 1] == str(tmp_path)  # never the interpreter's env
     assert cmd[-1] == "nats-py==2.16.0"
+    # The default directory is outside any virtualenv (the project's .venv stays exactly
+    # its lock file), and one per Python version.
+    assert not os.path.abspath(peers.PEERS_DIR_DEFAULT).startswith(sys.prefix + os.sep)
+    assert f"py{sys.version_info.major}.{sys.version_info.minor}" in peers.PEERS_DIR_DEFAULT
+    before = list(sys.path)
+    try:
+        where = peers.use_peers_dir(str(tmp_path / "peers"))
+        assert sys.path[0] == where and os.path.isdir(where)
+        peers.use_peers_dir(where)
+        assert sys.path.count(where) == 1
+    finally:
+        sys.path[:] = before
     assert all("==" in pin for pin in (peers.NATS_SERVER_PIN, peers.NATS_PY_PIN, peers.AIOHTTP_PIN))
     assert all("==" in pin for pin in peers.AETCD_PINS)
 

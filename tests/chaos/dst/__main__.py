@@ -47,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
             power_loss=not args.no_power_loss,
             fault_mix=args.fault_mix,
             lying_disk=args.lying_disk,
+            quiesce_after_ms=args.quiesce_after_ms,
         )
         result = run_seed(options)
         summary = result.summary()
@@ -88,6 +89,12 @@ def _parser() -> argparse.ArgumentParser:
         "--lying-disk",
         action="store_true",
         help="negative control: segment fdatasyncs make nothing durable",
+    )
+    parser.add_argument(
+        "--quiesce-after-ms",
+        type=int,
+        default=defaults.quiesce_after_ms,
+        help="idle time after which a leader asks its followers to go quiet (0: never)",
     )
     return parser
 

@@ -36,6 +36,9 @@ class Timing:
     heartbeat_ms: int = 100
     leader_fallback_ms: int = 5000
     connection_timeout_ms: int = 3500
+    # 0: no quiescence (the fixed seeds' runs, as before it existed); else the idle time
+    # after which a leader asks its followers to go quiet (logsvc/shard/quiescence.py).
+    quiesce_after_ms: int = 0
 
 
 # Small segments and buffers so that a short run rolls segments, reads from "disk", and
@@ -98,6 +101,7 @@ class SimNode:
                 heartbeat_ms=timing.heartbeat_ms,
                 leader_fallback_ms=timing.leader_fallback_ms,
                 connection_timeout_ms=timing.connection_timeout_ms,
+                quiesce_after_ms=timing.quiesce_after_ms,
             ),
             store_limits=ONE_SEGMENT_STORE_LIMITS if self._lying_disk else SIM_STORE_LIMITS,
             shard_limits=SIM_SHARD_LIMITS,

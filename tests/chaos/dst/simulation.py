@@ -106,6 +106,9 @@ class SimOptions:
     fault_mix: FaultMix = "mixed"
     # The negative control: segment fdatasyncs return without making anything durable.
     lying_disk: bool = False
+    # 0: the replicas never quiesce (the fixed seeds, as before quiescence existed); else
+    # an idle leader asks its followers to go quiet after this long (quiescence.py).
+    quiesce_after_ms: int = 0
 
     def command_flags(self) -> str:
         """The CLI flags that reproduce these options (besides the seed)."""
@@ -118,6 +121,7 @@ class SimOptions:
             ("faults_per_s", "--faults-per-s"),
             ("bursts_per_s", "--bursts-per-s"),
             ("heal_s_max", "--heal-s-max"),
+            ("quiesce_after_ms", "--quiesce-after-ms"),
         ):
             if getattr(self, name) != getattr(defaults, name):
                 flags.append(f"{flag} {getattr(self, name)}")
@@ -152,6 +156,9 @@ class SeedResult:
     violations: list[str]
     faults: FaultCounts
     leader_elections: int
+    quiet_steps: int  # steps at whose end the leader was quiet (agreed with its followers)
+    quiet_leader_crashes: int  # kills and power losses of a leader that was quiet
+    quiet_partitions: int  # partitions that began while the leader was quiet
     appends_ok: int
     appends_fail: int
     appends_info: int
@@ -181,7 +188,7 @@ class Simulation:
         addresses = {name: f"10.0.0.{i}:7000" for i, name in enumerate(names, 1)}
         offsets = random.Random(f"{seed}:clock")
         self.clock = VirtualClock({n: offsets.randrange(1000 * NS_PER_S) for n in names})
-        timing = Timing()
+        timing = Timing(quiesce_after_ms=options.quiesce_after_ms)
         self.network = SimNetwork(
             random.Random(f"{seed}:network"),
             self.clock,
@@ -211,6 +218,9 @@ class Simulation:
         self._dt_ns = options.dt_ms * NS_PER_MS
         self._hash = hashlib.blake2b(digest_size=16)
         self._steps = 0
+        self._quiet_steps = 0
+        self._quiet_leader_crashes = 0
+        self._quiet_partitions = 0
 
     # -- the run ---------------------------------------------------------------------------
 
@@ -295,6 +305,9 @@ class Simulation:
             violations=violations,
             faults=self.faults,
             leader_elections=self.observer.leader_elections,
+            quiet_steps=self._quiet_steps,
+            quiet_leader_crashes=self._quiet_leader_crashes,
+            quiet_partitions=self._quiet_partitions,
             appends_ok=stats.appends_ok,
             appends_fail=stats.appends_fail,
             appends_info=stats.appends_info,
@@ -332,6 +345,8 @@ class Simulation:
             if not alive:
                 self._on_fatal(node)
         self.workload.expire()
+        if self._leader_is_quiet():
+            self._quiet_steps += 1
         if self._steps % 50 == 0:
             self._hash.update(self._state_line().encode())
 
@@ -391,6 +406,7 @@ class Simulation:
         kind = rng.choices(kinds, [weights[k] for k in kinds])[0]
         up = [n for n in self._names if self.nodes[n].up]
         if kind == "partition":
+            self._quiet_partitions += self._leader_is_quiet()
             spec = rng.choice(PARTITION_SPECS)
             cuts, detail = partition_cuts(spec, self._names, self._leader(), rng)
             reset = rng.random() < 0.5
@@ -441,8 +457,15 @@ class Simulation:
             self.faults.clock_changes += 1
             self._nemesis("info", "clock_rate", (name,), f"x{rate}")
 
+    def _leader_is_quiet(self, name: str | None = None) -> bool:
+        name = self._leader() if name is None else name
+        replica = None if name is None else self.nodes[name].replica
+        return replica is not None and replica.is_leader and replica.node.quiet
+
     def _crash(self, name: str, *, power: bool) -> None:
         node = self.nodes[name]
+        if self._leader_is_quiet(name):
+            self._quiet_leader_crashes += 1
         self._down(name)
         if power:
             rng = self._nemesis_rng

@@ -41,6 +41,10 @@ SHARD_FIELDS = {
     "failed",
     "replicas",
     "joining",
+    "quiet",
+    "learner",
+    "stage",
+    "learners",
 }
 REPLICA_FIELDS = {
     "node_id",
@@ -252,6 +256,7 @@ def test_openapi_lists_every_endpoint(anon: TestClient) -> None:
         "/v1/shards/{shard_id}/replicas",
         "/v1/shards/{shard_id}/replicas/{node_id}",
         "/v1/internal/shards/{shard_id}/host",
+        "/v1/internal/shards/{shard_id}/promote",
         "/healthz",
         "/readyz",
         "/metrics",
@@ -274,6 +279,7 @@ def test_host_then_release_a_shard(client: TestClient) -> None:
         "shard_id": 3,
         "hosted": True,
         "replicas": ["n1", "n2", "n3", "n4"],
+        "stage": "joining",
     }
     shard = get_json(client, "/v1/shards/3")
     assert shard["joining"] is True
@@ -283,9 +289,24 @@ def test_host_then_release_a_shard(client: TestClient) -> None:
 
     response = client.delete("/v1/internal/shards/3/host")
     assert response.status_code == 200
-    assert response.json() == {"shard_id": 3, "hosted": False, "replicas": []}
+    assert response.json() == {"shard_id": 3, "hosted": False, "replicas": [], "stage": None}
     assert client.get("/v1/shards/3").json()["code"] == "shard_not_hosted"
     assert client.delete("/v1/internal/shards/3/host").status_code == 200  # retried
+
+
+def test_host_a_learner_then_promote_it(client: TestClient) -> None:
+    """Node to node: n1 hosts shard 3 as a learner, then the leader promotes it."""
+    members = {"members": ["n2", "n3", "n4"]}
+    response = client.post("/v1/internal/shards/3/host", json={**members, "learner": True})
+    assert response.status_code == 200, response.text
+    assert response.json()["stage"] == "learner"
+    shard = get_json(client, "/v1/shards/3")
+    assert (shard["stage"], shard["learner"], shard["joining"]) == ("learner", True, True)
+    promoted = client.post("/v1/internal/shards/3/promote", json=members)
+    assert promoted.status_code == 200, promoted.text
+    assert promoted.json()["stage"] == "joining"
+    assert get_json(client, "/v1/shards/3")["stage"] == "joining"
+    assert client.post("/v1/internal/shards/2/promote", json=members).json()["stage"] == "voter"
 
 
 @pytest.mark.parametrize(

@@ -91,8 +91,13 @@ class ResettableView:
     async def remove_replica(self, shard_id: int, node_id: str) -> tuple[str, ...]:
         return await self.current.remove_replica(shard_id, node_id)
 
-    async def host_shard(self, shard_id: int, members: Sequence[str]) -> tuple[str, ...]:
-        return await self.current.host_shard(shard_id, members)
+    async def host_shard(
+        self, shard_id: int, members: Sequence[str], learner: bool = False
+    ) -> tuple[str, ...]:
+        return await self.current.host_shard(shard_id, members, learner)
+
+    async def promote_shard(self, shard_id: int, members: Sequence[str]) -> tuple[str, ...]:
+        return await self.current.promote_shard(shard_id, members)
 
     async def release_shard(self, shard_id: int) -> bool:
         return await self.current.release_shard(shard_id)

@@ -19,7 +19,8 @@ from typing import Any, cast
 
 import pytest
 
-from logsvc.node.shard_host import AppendOutcome, ShardHost, ShardHostLimits
+from logsvc.node.limits import ServerLimits
+from logsvc.node.shard_host import AppendOutcome, ShardHost
 from logsvc.shard.commands import AppendBatch, Appended, AppendGroup, Command, GroupAppended
 from logsvc.shard.limits import DEFAULT_SHARD_LIMITS
 from logsvc.shard.replica import NotLeader, OutcomeUnknown, Overloaded, ShardReplica
@@ -57,7 +58,7 @@ def _host(replica: _Replica, **limits: Any) -> ShardHost:
         1,
         cast(ShardReplica, replica),
         ThreadPoolExecutor(1),
-        ShardHostLimits(**limits),
+        ServerLimits(**limits),
         lambda node: node,
     )
 
@@ -104,7 +105,7 @@ def test_every_append_of_a_group_gets_its_own_result() -> None:
 def test_a_full_queue_refuses_at_once() -> None:
     async def scenario() -> None:
         replica = _Replica()
-        host = _host(replica, appends_queued_max=2)
+        host = _host(replica, appends_queued_per_shard_max=2)
         host._batcher.cancel()  # nothing drains the queue
         with contextlib.suppress(asyncio.CancelledError):
             await host._batcher
@@ -119,7 +120,7 @@ def test_a_full_queue_refuses_at_once() -> None:
 def test_queued_and_inflight_appends_are_answered_when_the_host_goes_away() -> None:
     async def scenario() -> None:
         replica = _Replica()
-        host = _host(replica, proposals_inflight_max=1, group_linger_ms_max=0.0)
+        host = _host(replica, proposals_inflight_per_shard_max=1, batch_delay_ms_max=0)
         outcomes: dict[int, AppendOutcome] = {}
 
         def submit(seq: int) -> None:
@@ -153,7 +154,7 @@ def test_groups_stay_within_their_bounds_and_keep_the_order() -> None:
     async def scenario() -> None:
         replica = _Replica()
         # Each test batch counts 2 + 64 bytes: 3 fit in 200 bytes, a 4th does not.
-        host = _host(replica, group_bytes_max=200, group_batches_max=8)
+        host = _host(replica, batch_bytes_max=200, batch_appends_max=8)
         outcomes = _submit_each(host, range(1, 11))
         await _until(lambda: sum(map(len, _proposed_seqs(replica))) == 10)
         assert _proposed_seqs(replica) == [[1, 2, 3], [4, 5, 6], [7, 8, 9], [10]]
@@ -168,7 +169,7 @@ def test_groups_stay_within_their_bounds_and_keep_the_order() -> None:
 def test_a_linger_gathers_appends_that_arrive_while_it_waits() -> None:
     async def scenario() -> None:
         replica = _Replica()
-        host = _host(replica, group_linger_ms_max=200.0)
+        host = _host(replica, batch_delay_ms_max=200)
         host.submit_append(_batch(1), lambda o: None)
         await _until(lambda: not host._queued and host._wakeup is not None)  # took 1, lingers
         assert not replica.proposed
@@ -187,7 +188,7 @@ def test_close_just_as_a_lingering_batcher_is_woken_still_ends_it() -> None:
     # return the wake-up instead of the cancellation, and close() would never return.)
     async def scenario() -> None:
         replica = _Replica()
-        host = _host(replica, group_linger_ms_max=60_000.0)
+        host = _host(replica, batch_delay_ms_max=60_000)
         outcomes: dict[int, AppendOutcome] = {}
         host.submit_append(_batch(1), functools.partial(outcomes.__setitem__, 1))
         await _until(lambda: host._wakeup is not None)  # seq 1 taken, lingering

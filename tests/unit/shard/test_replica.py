@@ -319,7 +319,7 @@ def test_the_leader_applies_the_commands_it_proposed_without_decoding_them(
     results = [appended(leader.append("w", seq, batch(f"s{seq}", 3))) for seq in range(1, 21)]
     assert [r.first_lsn for r in results] == list(range(1, 61, 3))
     shard.converged()
-    leader_thread = id(leader._node._thread)
+    leader_thread = id(leader._node.tick_thread)
     assert leader_thread not in decoded_on  # the leader used what it encoded...
     assert len(decoded_on) >= 40  # ...the followers decoded every entry
     assert not leader._proposed and leader._proposed_bytes == 0  # nothing left behind

@@ -1,0 +1,301 @@
+"""`python -m logsvc.bench shards --nodes 3 --shards 1000`: many shards per node, measured.
+
+Starts a local cluster of real node processes (`logsvc dev-cluster`, every shard with a
+replica on every node when --nodes 3), then, in this order, prints one JSON object with:
+
+1. `all_led_s`: from spawning the nodes until every shard has a leader that confirmed
+   itself (a data-plane Status answered after a barrier through the log); also when the
+   last node listened (`listening_s`).
+2. After `--settle-seconds` (idle shards go quiet), over `--idle-seconds`: the CPU of the
+   node processes (`idle_cpu_cores_total`, and per node), each node's RSS, threads and open
+   descriptors, and RSS per hosted replica (the whole process's RSS divided by its
+   replicas: an upper bound on what an idle replica costs).
+3. `--active-shards` shards chosen at random, driven in closed loop by `--concurrency`
+   appenders (one record of `--record-bytes` each, waiting for the acknowledgement) for
+   `--load-seconds`: `appends_per_s`, p50/p99 latency.
+4. One node (the first) killed with SIGKILL: the shards it led, and for each the time from
+   the kill until another node answered as their confirmed leader in a later term
+   (`failover_s` max/p50/p99, `failed_over`/`led_by_killed`).
+
+Every process is stopped by PID at the end (`dev-cluster down`); every wait is bounded.
+Timings are what this machine did in this run: compare runs of one sitting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import shutil
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+from logsvc import devcluster, gc_tuning
+from logsvc.client import LogsvcError, connect
+from logsvc.config import load_client_config
+
+SHARDS_MAX = devcluster.SHARDS_MAX
+LEADERS_WAIT_S_MAX = 300.0
+FAILOVER_WAIT_S_MAX = 60.0
+CONCURRENCY_MAX = 4096
+SECONDS_MAX = 3600.0
+
+
+@dataclass(frozen=True, slots=True)
+class ShardsBenchConfig:
+    nodes: int = 3
+    shards: int = 1000
+    settle_seconds: float = 5.0
+    idle_seconds: float = 30.0
+    active_shards: int = 100
+    concurrency: int = 256
+    record_bytes: int = 100
+    load_seconds: float = 10.0
+    seed: int = 1
+    dir: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSample:
+    cpu_s: float  # user + system, whole process
+    rss_kb: int
+    threads: int
+    fds: int
+
+
+def sample_node(pid: int) -> NodeSample:
+    """A node process's CPU seconds so far, RSS, threads and open descriptors (/proc)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    cpu_s = (int(fields[11]) + int(fields[12])) / ticks
+    rss_kb = 0
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                rss_kb = int(line.split()[1])
+    return NodeSample(
+        cpu_s=cpu_s,
+        rss_kb=rss_kb,
+        threads=len(os.listdir(f"/proc/{pid}/task")),
+        fds=len(os.listdir(f"/proc/{pid}/fd")),
+    )
+
+
+def percentile(sorted_values: Sequence[float], fraction: float) -> float | None:
+    if not sorted_values:
+        return None
+    index = min(len(sorted_values) - 1, int(fraction * len(sorted_values)))
+    return sorted_values[index]
+
+
+def run(config: ShardsBenchConfig) -> dict[str, object]:
+    assert 3 <= config.nodes <= devcluster.NODES_MAX
+    assert 1 <= config.shards <= SHARDS_MAX
+    assert 1 <= config.active_shards <= config.shards
+    base = config.dir or tempfile.mkdtemp(prefix="logsvc-bench-shards-")
+    result: dict[str, object] = {"bench": "shards", **asdict(config)}
+    try:
+        started_s = time.monotonic()
+        pids = devcluster.start(base, nodes=config.nodes, shards=config.shards)
+        client_config = load_client_config(os.path.join(base, "client.toml"))
+        deadline_s = started_s + LEADERS_WAIT_S_MAX
+        for address in client_config.addresses:
+            devcluster._wait_listening(address, deadline_s)
+        result["listening_s"] = round(time.monotonic() - started_s, 2)
+        led, missing = asyncio.run(
+            devcluster.leaders_confirmed(
+                client_config.addresses,
+                client_config.token,
+                range(1, config.shards + 1),
+                deadline_s - time.monotonic(),
+            )
+        )
+        result["all_led_s"] = None if missing else round(time.monotonic() - started_s, 2)
+        result["shards_without_leader"] = len(missing)
+        if missing:
+            return result
+        result.update(_idle(pids, config))
+        gc_tuning.tune_for_latency()  # the client's own pauses would count as latency
+        result.update(asyncio.run(_load(base, config)))
+        result.update(_failover(base, pids, led, config))
+        return result
+    finally:
+        devcluster.down(base)
+        if config.dir is None:
+            shutil.rmtree(base, ignore_errors=True)
+
+
+def _idle(pids: dict[str, int], config: ShardsBenchConfig) -> dict[str, object]:
+    time.sleep(config.settle_seconds)
+    before = {node: sample_node(pid) for node, pid in pids.items()}
+    began_s = time.monotonic()
+    time.sleep(config.idle_seconds)
+    after = {node: sample_node(pid) for node, pid in pids.items()}
+    elapsed_s = time.monotonic() - began_s
+    replicas = config.shards * min(3 if config.nodes < 5 else 5, config.nodes) / config.nodes
+    per_node = {
+        node: {
+            "idle_cpu_cores": round((after[node].cpu_s - before[node].cpu_s) / elapsed_s, 4),
+            "rss_mb": round(after[node].rss_kb / 1024, 1),
+            "rss_kb_per_replica": round(after[node].rss_kb / replicas, 1),
+            "threads": after[node].threads,
+            "fds": after[node].fds,
+        }
+        for node in pids
+    }
+    total = sum(after[n].cpu_s - before[n].cpu_s for n in pids) / elapsed_s
+    return {
+        "idle_measured_s": round(elapsed_s, 1),
+        "idle_cpu_cores_total": round(total, 4),
+        "replicas_per_node": replicas,
+        "nodes_detail": per_node,
+    }
+
+
+async def _load(base: str, config: ShardsBenchConfig) -> dict[str, object]:
+    client = await connect(os.path.join(base, "client.toml"))
+    rng = random.Random(config.seed)
+    active = rng.sample(range(1, config.shards + 1), config.active_shards)
+    payload = os.urandom(config.record_bytes)
+    latencies_ms: list[float] = []
+    errors = 0
+    stop_at = 0.0
+
+    async def worker(number: int) -> None:
+        nonlocal errors
+        pick = random.Random(config.seed * 1000 + number)
+        while time.monotonic() < stop_at:
+            shard = pick.choice(active)
+            began = time.perf_counter()
+            try:
+                await client.append(shard, [payload])
+            except LogsvcError:
+                errors += 1
+                continue
+            latencies_ms.append((time.perf_counter() - began) * 1000.0)
+
+    try:
+        for shard in active:  # leaders known to the client, shards awake
+            await client.append(shard, [payload])
+        stop_at = time.monotonic() + config.load_seconds
+        began_s = time.monotonic()
+        await asyncio.gather(*(worker(n) for n in range(config.concurrency)))
+        elapsed_s = time.monotonic() - began_s
+    finally:
+        await client.close()
+    latencies_ms.sort()
+    return {
+        "load_active_shards": len(active),
+        "appends_per_s": round(len(latencies_ms) / elapsed_s, 1),
+        "append_p50_ms": _round(percentile(latencies_ms, 0.50)),
+        "append_p99_ms": _round(percentile(latencies_ms, 0.99)),
+        "append_errors": errors,
+    }
+
+
+def _failover(
+    base: str, pids: dict[str, int], led: dict[int, devcluster.Led], config: ShardsBenchConfig
+) -> dict[str, object]:
+    client_config = load_client_config(os.path.join(base, "client.toml"))
+    victim = sorted(pids)[0]
+    victim_address = client_config.addresses[int(victim[1:]) - 1]
+    # Who leads what now (the load may have moved a leader): asked again, quickly.
+    now_led, _ = asyncio.run(
+        devcluster.leaders_confirmed(
+            client_config.addresses, client_config.token, range(1, config.shards + 1), 60.0
+        )
+    )
+    led = {**led, **now_led}
+    theirs = {
+        shard: entry.term for shard, entry in led.items() if entry.data_address == victim_address
+    }
+    killed_s = time.monotonic()
+    devcluster.kill_node(base, victim)
+    found, missing = asyncio.run(
+        devcluster.leaders_confirmed(
+            client_config.addresses,
+            client_config.token,
+            theirs,
+            FAILOVER_WAIT_S_MAX,
+            not_at=victim_address,
+            term_above=theirs,
+        )
+    )
+    times = sorted(entry.at_s - killed_s for entry in found.values())
+    return {
+        "killed": victim,
+        "led_by_killed": len(theirs),
+        "failed_over": len(found),
+        "not_failed_over": sorted(missing)[:20],
+        "failover_s_max": _round(times[-1] if times else None),
+        "failover_s_p50": _round(percentile(times, 0.50)),
+        "failover_s_p99": _round(percentile(times, 0.99)),
+    }
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m logsvc.bench shards",
+        description="Start a local cluster hosting many shards; measure the time until every "
+        "shard has a leader, idle CPU/RSS/threads per node, appends over active shards, and "
+        "the failover of a killed node's shards. Prints one JSON object.",
+    )
+    defaults = ShardsBenchConfig()
+    parser.add_argument("--nodes", type=int, default=defaults.nodes)
+    parser.add_argument("--shards", type=int, default=defaults.shards)
+    parser.add_argument("--settle-seconds", type=float, default=defaults.settle_seconds)
+    parser.add_argument("--idle-seconds", type=float, default=defaults.idle_seconds)
+    parser.add_argument("--active-shards", type=int, default=defaults.active_shards)
+    parser.add_argument("--concurrency", type=int, default=defaults.concurrency)
+    parser.add_argument("--record-bytes", type=int, default=defaults.record_bytes)
+    parser.add_argument("--load-seconds", type=float, default=defaults.load_seconds)
+    parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--dir", default=None, help="kept afterwards (default: a temp dir)")
+    return parser
+
+
+def parse_args(argv: Sequence[str]) -> ShardsBenchConfig:
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    config = ShardsBenchConfig(
+        nodes=ns.nodes,
+        shards=ns.shards,
+        settle_seconds=ns.settle_seconds,
+        idle_seconds=ns.idle_seconds,
+        active_shards=ns.active_shards,
+        concurrency=ns.concurrency,
+        record_bytes=ns.record_bytes,
+        load_seconds=ns.load_seconds,
+        seed=ns.seed,
+        dir=ns.dir,
+    )
+    checks = (
+        ("--nodes", 3 <= config.nodes <= devcluster.NODES_MAX),
+        ("--shards", 1 <= config.shards <= SHARDS_MAX),
+        ("--active-shards", 1 <= config.active_shards <= config.shards),
+        ("--concurrency", 1 <= config.concurrency <= CONCURRENCY_MAX),
+        ("--record-bytes", 1 <= config.record_bytes <= 1 << 20),
+        ("--settle-seconds", 0 <= config.settle_seconds <= SECONDS_MAX),
+        ("--idle-seconds", 0 < config.idle_seconds <= SECONDS_MAX),
+        ("--load-seconds", 0 < config.load_seconds <= SECONDS_MAX),
+    )
+    for flag, ok in checks:
+        if not ok:
+            parser.error(f"{flag}: out of range")
+    return config
+
+
+def main(argv: Sequence[str]) -> int:
+    config = parse_args(argv)
+    result = run(config)
+    print(json.dumps(result), flush=True)
+    return 0 if result.get("all_led_s") is not None else 1

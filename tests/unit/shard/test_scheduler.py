@@ -1,0 +1,187 @@
+"""The node's Raft scheduler (logsvc/shard/scheduler.py) with stand-in replicas.
+
+Proves: the worker threads are a fixed number however many replicas are added; a replica is
+ticked at the deadline its last tick asked for and not in between; `wake` from another
+thread ticks it at once; a socket event of a replica (a real socketpair subscribed through
+its `ShardPoller`) ticks it and is delivered by its `poll`; events of sockets subscribed
+before the replica is added wait for it; `remove` runs its callback on the worker and no
+tick follows; and the liveness duties wake one connected carrier per silent peer node each
+interval, every member of a node that lapses or comes back, and one member per reconnect
+interval of a lapsed node. Real threads and sockets; every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable
+
+from logsvc.shard.liveness import NodeLiveness
+from logsvc.shard.scheduler import POLL_READ, RaftScheduler, ShardPoller
+
+WAIT_S_MAX = 5.0
+
+
+class Fake:
+    """A Tickable that records its ticks; `deadline` says when it wants the next."""
+
+    def __init__(self, label: str, peers: frozenset[str] = frozenset()) -> None:
+        self.label = label
+        self.peers = peers
+        self.connected: set[str] = set(peers)
+        self.ticks: list[tuple[float, str]] = []
+        self.deadline: Callable[[float], float | None] = lambda now: None
+        self.poller: ShardPoller | None = None
+        self.events: list[tuple[int, int]] = []
+        self.lock = threading.Lock()
+
+    def tick(self) -> float | None:
+        now = time.monotonic()
+        with self.lock:
+            self.ticks.append((now, threading.current_thread().name))
+        if self.poller is not None:
+            self.poller.poll(0.0)
+        return self.deadline(now)
+
+    def peer_nodes(self) -> frozenset[str]:
+        return self.peers
+
+    def connected_to(self, node: str) -> bool:
+        return node in self.connected
+
+    def count(self) -> int:
+        with self.lock:
+            return len(self.ticks)
+
+
+def until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + WAIT_S_MAX
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.005)
+
+
+def scheduler(workers: int = 2, interval_s: float = 0.05, lapse_s: float = 0.3) -> RaftScheduler:
+    liveness = NodeLiveness("n1", interval_s, lapse_s, time.monotonic())
+    return RaftScheduler(liveness, lambda address: address, workers=workers, reconnect_s=0.2)
+
+
+def add(sched: RaftScheduler, node: Fake) -> None:
+    poller = sched.new_poller()
+    node.poller = poller
+    sched.add(node, poller)
+
+
+def test_threads_are_the_workers_whatever_the_replica_count() -> None:
+    before = threading.active_count()
+    sched = scheduler(workers=3)
+    sched.start()
+    try:
+        fakes = [Fake(f"r{i}") for i in range(500)]
+        for fake in fakes:
+            add(sched, fake)
+        until(lambda: all(f.count() >= 1 for f in fakes), "every replica's first tick")
+        assert threading.active_count() == before + 3
+        names = {name for f in fakes for _, name in f.ticks}
+        assert names == {"raft-worker-0", "raft-worker-1", "raft-worker-2"}
+    finally:
+        sched.close()
+    until(lambda: threading.active_count() == before, "the workers to end")
+
+
+def test_a_replica_ticks_at_its_deadline_and_on_wake() -> None:
+    sched = scheduler(workers=1)
+    sched.start()
+    fake = Fake("r")
+    try:
+        fake.deadline = lambda now: now + 0.3 if len(fake.ticks) == 1 else None
+        add(sched, fake)
+        until(lambda: fake.count() == 2, "the tick at the deadline")
+        gap = fake.ticks[1][0] - fake.ticks[0][0]
+        assert 0.29 <= gap < 0.3 + 0.25
+        time.sleep(0.2)
+        assert fake.count() == 2  # no deadline asked: no tick
+        woken_at = time.monotonic()
+        sched.wake(fake)
+        until(lambda: fake.count() == 3, "the tick after a wake")
+        assert fake.ticks[2][0] - woken_at < 0.25
+    finally:
+        sched.close()
+
+
+def test_a_socket_event_ticks_its_replica_and_poll_delivers_it() -> None:
+    sched = scheduler(workers=2)
+    sched.start()
+    fake = Fake("r")
+    ours, theirs = socket.socketpair()
+    try:
+        poller = sched.new_poller()
+        fake.poller = poller
+
+        def on_event(descr: int, events: int) -> None:
+            fake.events.append((descr, events))
+            ours.recv(100)
+
+        poller.subscribe(ours.fileno(), on_event, POLL_READ)  # before it is added
+        theirs.send(b"x")
+        time.sleep(0.05)
+        assert fake.count() == 0  # not added: nothing runs for it
+        sched.add(fake, poller)
+        until(lambda: bool(fake.events), "the event delivered")
+        assert fake.events[0] == (ours.fileno(), POLL_READ)
+        ticks = fake.count()
+        theirs.send(b"y")
+        until(lambda: len(fake.events) == 2, "the second event")
+        assert fake.count() > ticks
+    finally:
+        sched.close()
+        ours.close()
+        theirs.close()
+
+
+def test_remove_runs_then_on_the_worker_and_no_tick_follows() -> None:
+    sched = scheduler(workers=1)
+    sched.start()
+    fake = Fake("r")
+    fake.deadline = lambda now: now + 0.01  # would tick on and on
+    ran_on: list[str] = []
+    try:
+        add(sched, fake)
+        until(lambda: fake.count() >= 3, "a few ticks")
+        sched.remove(fake, then=lambda: ran_on.append(threading.current_thread().name))
+        assert ran_on == ["raft-worker-0"]
+        count = fake.count()
+        time.sleep(0.1)
+        assert fake.count() == count
+        sched.wake(fake)  # a wake after removal does nothing
+        time.sleep(0.05)
+        assert fake.count() == count
+    finally:
+        sched.close()
+
+
+def test_liveness_duties_carry_alive_messages_and_wake_on_changes() -> None:
+    sched = scheduler(workers=2, interval_s=0.05, lapse_s=0.3)
+    carrier = Fake("a", frozenset({"n2"}))
+    other = Fake("b", frozenset({"n2"}))
+    other.connected.clear()  # only `carrier` can reach n2
+    sched.start()
+    try:
+        add(sched, carrier)
+        add(sched, other)
+        until(lambda: carrier.count() >= 1 and other.count() >= 1, "the first ticks")
+        # n2 is silent: nothing was sent to it, so `carrier` is woken each interval (its
+        # tick would send the `alive` message); `other` is not.
+        base_c, base_o = carrier.count(), other.count()
+        time.sleep(0.2)
+        assert carrier.count() - base_c >= 2
+        assert other.count() == base_o
+        # Nothing heard from n2 either: after lapse_s it lapses, which wakes both; then
+        # its members are woken one at a time per reconnect interval (0.2 s).
+        until(lambda: other.count() > base_o, "the wake of a lapsed node's members")
+        sched.liveness.heard("n2", time.monotonic())
+        woke_o = other.count()
+        until(lambda: other.count() > woke_o, "the wake when it is back")
+    finally:
+        sched.close()
