@@ -43,22 +43,18 @@ from engine import limits as engine_limits
 from engine.tn import limits
 from engine.tn.limits import ClientOptions
 from engine.tn.watch import WatchPolicy
+from logsvc.client_config import client_address, load_client_config
 
 # Shared with logsvc's node and client configs on purpose (the module docstring); these are
 # logsvc.config's private helpers, used here rather than copied.
-from logsvc.config import (
+from logsvc.config import LOG_FORMATS, LOG_LEVELS, _address, _Table
+from logsvc.config_files import (
     CONFIG_FILE_BYTES_MAX,
-    LOG_FORMATS,
-    LOG_LEVELS,
     SECRET_FILE_MODE_FORBIDDEN,
     ConfigError,
-    _address,
-    _read_private_candidate,
-    _Table,
-    _toml_error_rule,
-    client_address,
-    load_client_config,
+    read_private_file,
     read_secret_file,
+    toml_error_rule,
 )
 
 __all__ = ["CNConfig", "ConfigError", "ObjectsConfig", "S3Config", "TNConfig", "load_cn", "load_tn"]
@@ -229,13 +225,13 @@ def load_cn(path: str) -> CNConfig:
 
 
 def _document(path: str) -> tuple[Mapping[str, object], int]:
-    data, mode = _read_private_candidate(path, path, CONFIG_FILE_BYTES_MAX)
+    data, mode = read_private_file(path, path, CONFIG_FILE_BYTES_MAX)
     try:
         return tomllib.loads(data.decode("utf-8")), mode
     except UnicodeDecodeError:
         raise ConfigError(path, "is not UTF-8 text") from None
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(path, _toml_error_rule(exc)) from None
+        raise ConfigError(path, toml_error_rule(exc)) from None
 
 
 def _path(table: _Table, name: str, base_dir: str) -> str:
