@@ -18,10 +18,7 @@ every wait is bounded.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -36,9 +33,10 @@ from engine.cn.client import NetworkTN
 from engine.cn.node import ComputeNode
 from engine.errors import Fenced, WriteConflict
 from engine.objects.store import LocalDirStore
-from engine.tn import messages
-from engine.tn.channel import Channel, probe
+from engine.tn import local, messages
+from engine.tn.channel import Channel
 from engine.tn.limits import ClientOptions
+from engine.tn.local import TNProcess, stop_all, write_pair
 from engine.writeset import Op, WriteSet
 
 from .conftest import LocalCluster
@@ -55,118 +53,19 @@ CLIENT = ClientOptions(
 )
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def tn_config(base: Path, name: str, listen: str, peer: str, shard: int) -> Path:
-    path = base / f"{name}.toml"
-    path.write_text(
-        f"""\
-[tn]
-data_dir = "{name}"
-listen = "{listen}"
-token_file = "tn.token"
-peers = ["{peer}"]
-log_level = "info"
-
-[wal]
-client_config = "cluster/client.toml"
-shard = {shard}
-
-[objects]
-dir = "objects"
-"""
-    )
-    return path
-
-
-class TNProcess:
-    def __init__(self, config: Path, *, standby: bool = False) -> None:
-        self.log = config.with_suffix(f".{int(time.monotonic() * 1000)}.log")
-        args = [sys.executable, "-m", "engine", "serve", "--config", str(config)]
-        with open(self.log, "wb") as out:
-            self.process = subprocess.Popen(
-                [*args, *(["--standby"] if standby else [])],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-
-    @property
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def wait(self, timeout_s: float) -> int:
-        try:
-            return self.process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            raise AssertionError(f"no exit within {timeout_s} s:\n{self.output}") from None
-
-    def send(self, signum: int) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signum)
-
-    def kill(self, signum: int = signal.SIGKILL) -> None:
-        """Send `signum` (SIGKILL, or SIGTERM for a clean stop) and wait for the exit; a
-        process that does not exit then is SIGKILLed (continued first, if it was stopped)."""
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signum)
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGCONT)
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(10)
-                raise
-
-
-def stop_all(*processes: TNProcess | None) -> None:
-    """SIGKILL every process started (a stopped one is continued first), each whatever
-    happened to the others."""
-    for process in processes:
-        if process is not None:
-            with contextlib.suppress(ProcessLookupError):
-                process.send(signal.SIGCONT)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.kill()
-
-
-async def role_of(address: str) -> str | None:
-    try:
-        channel, reply = await probe(address, TOKEN, ClientOptions(connect_timeout_s=0.5))
-    except (OSError, TimeoutError, ConnectionError):
-        return None
-    channel.abort()
-    return reply.status.role
-
-
-async def wait_role(address: str, role: str, process: TNProcess) -> None:
-    deadline = time.monotonic() + START_WAIT_S_MAX
-    while await role_of(address) != role:
-        assert process.process.poll() is None, f"the TN exited:\n{process.output}"
-        assert time.monotonic() < deadline, f"{address} never {role}:\n{process.output}"
-        await asyncio.sleep(0.1)
-
-
 def tns(cluster: LocalCluster, base: Path, shard: int) -> tuple[Path, str, str]:
     """Two TN configs (each the other's peer) on `shard` of the cluster, sharing one
     object directory."""
-    base.mkdir()
-    (base / "cluster").symlink_to(cluster.dir)
-    token = base / "tn.token"
-    token.write_text(TOKEN + "\n")
-    os.chmod(token, 0o600)
-    a, b = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
-    tn_config(base, "tn-a", a, b, shard)
-    tn_config(base, "tn-b", b, a, shard)
-    (base / "cn.toml").write_text(
-        f'tns = ["{a}", "{b}"]\ntoken_file = "tn.token"\n\n[objects]\ndir = "objects"\n'
-    )
-    return base, a, b
+    pair = write_pair(base, cluster.dir, shard, TOKEN)
+    return pair.base, pair.a, pair.b
+
+
+async def role_of(address: str) -> str | None:
+    return await local.role_of(address, TOKEN)
+
+
+async def wait_role(address: str, role: str, process: TNProcess) -> None:
+    await local.wait_role(address, TOKEN, role, process, START_WAIT_S_MAX)
 
 
 def engine_command(base: Path, *args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
