@@ -154,6 +154,8 @@ class _Story:
         self.client_config = client_config
         self.acked: list[int] = []
         self.acked_at_s: list[float] = []
+        self.sent_at_s: list[float] = []
+        """When each acknowledged commit's first attempt began (parallel to `acked`)."""
         self.stop = asyncio.Event()
         self.tns: list[NetworkTN] = []
         self.cns: list[ComputeNode] = []
@@ -209,6 +211,7 @@ class _Story:
         """One insert, committed; a transaction begun before a failover and committed after
         it may get the retryable "snapshot too old" conflict (decision 0007): then again."""
         rows = pa.table({"id": [key], "cn": [name]}, schema=ROWS.to_arrow())
+        sent_at_s = time.monotonic()
         for _ in range(INSERT_ATTEMPTS_MAX):
             try:
                 async with cn.transaction() as txn:
@@ -219,17 +222,23 @@ class _Story:
                 continue
             self.acked.append(key)
             self.acked_at_s.append(time.monotonic())
+            self.sent_at_s.append(sent_at_s)
             return
         raise RuntimeError(f"key {key} never committed in {INSERT_ATTEMPTS_MAX} attempts")
 
     async def _until_more(self, count: int, writers: list[asyncio.Task[None]]) -> None:
         goal = len(self.acked) + count
+        await self._until(lambda: len(self.acked) >= goal, f"{count} commits", writers)
+
+    async def _until(
+        self, condition: Callable[[], bool], what: str, writers: list[asyncio.Task[None]]
+    ) -> None:
         deadline = time.monotonic() + PROGRESS_WAIT_S_MAX
-        while len(self.acked) < goal:
+        while not condition():
             for done in (w for w in writers if w.done()):
                 done.result()  # a writer that failed: its error
             if time.monotonic() > deadline:
-                raise TimeoutError(f"fewer than {count} commits in {PROGRESS_WAIT_S_MAX} s")
+                raise TimeoutError(f"not {what} in {PROGRESS_WAIT_S_MAX} s")
             await asyncio.sleep(0.01)
 
     async def _count(self, cn: ComputeNode, ts: int | None) -> tuple[int, int]:
@@ -293,18 +302,28 @@ class _Story:
         )
 
     async def _tn_killed(self, writers: list[asyncio.Task[None]]) -> None:
-        before = len(self.acked)
-        killed_at_s = time.monotonic()
-        await asyncio.to_thread(self.active.kill, signal.SIGKILL)
-        await self._until_more(1, writers)
-        first_s = self.acked_at_s[before] - killed_at_s  # the first ack after the kill
+        """The active TN SIGKILLed; the failover as the CNs see it: from the moment the
+        process is gone to the acknowledgement of the first commit begun after that (one
+        acknowledged sooner was answered before the kill)."""
+        await asyncio.to_thread(self.active.kill, signal.SIGKILL)  # returns once it is reaped
+        dead_at_s, before = time.monotonic(), len(self.acked)
+
+        def first_after() -> float | None:
+            sent_after = (i for i, sent in enumerate(self.sent_at_s) if sent > dead_at_s)
+            index = next(sent_after, None)
+            return None if index is None else self.acked_at_s[index] - dead_at_s
+
+        await self._until(lambda: first_after() is not None, "a commit after the kill", writers)
+        first_s = first_after()
+        assert first_s is not None
         role = await role_of(self.pair.b, self.pair.token)
         await self._until_more(ACKS_PER_STEP, writers)
         at = {tn.address for tn in self.tns}
         self.say(
             f"active TN {self.pair.a} killed with SIGKILL after {before} acknowledged commits; "
-            f"the first commit acknowledged after it came {first_s:.2f} s later; TN {self.pair.b} "
-            f"says {role}; both CNs now commit through {', '.join(sorted(str(a) for a in at))}"
+            f"the first commit begun after it was acknowledged {first_s:.2f} s later; TN "
+            f"{self.pair.b} says {role}; both CNs now commit through "
+            f"{', '.join(sorted(str(a) for a in at))}"
         )
 
     async def _read_back(self) -> None:

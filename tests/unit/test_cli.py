@@ -119,11 +119,12 @@ def _assert_the_tn_story(out: str) -> None:
     # The standby took over: it says active, and both CNs commit through it.
     takeover = re.search(
         rf"active TN {re.escape(active)} killed with SIGKILL after (\d+) acknowledged commits; "
-        rf"the first commit acknowledged after it came ([0-9.]+) s later; "
+        rf"the first commit begun after it was acknowledged ([0-9.]+) s later; "
         rf"TN {re.escape(standby)} says active; both CNs now commit through {re.escape(standby)}\n",
         out,
     )
     assert takeover and int(takeover.group(1)) > 0, out
+    assert float(takeover.group(2)) > 0.2  # the standby's watch and promotion, not an old ack
     # The ledger: every acknowledged commit read back once, nothing else; both CNs agree.
     ledger = re.search(
         r"(\d+) of (\d+) acknowledged commits present, 0 lost, 0 duplicated, 0 present but "
