@@ -46,6 +46,10 @@ class Policy:
     l0_bytes_max: int = limits.L0_BYTES_MAX
     merge_l1_blocks: int = limits.MERGE_L1_BLOCKS
     compact_deleted_fraction: float = limits.COMPACT_DELETED_FRACTION
+    checkpoint_interval_ms: int = limits.CKP_INTERVAL_MS
+    """A checkpoint at least this often while commits arrive (a TN's `[checkpoint]`)."""
+    checkpoint_wal_reserve_entries: int = limits.CKP_WAL_RESERVE_ENTRIES
+    """WAL entries kept below a checkpoint when it truncates the WAL."""
 
 
 @dataclass(frozen=True, slots=True)

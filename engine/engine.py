@@ -261,8 +261,8 @@ class Engine:
         the memory WAL and for a caller's LogBackend), "none" (part 1's engine: every row in
         memory, the WAL never truncated), or an `engine.objects` store (S3: `S3ObjectStore`).
         Blocks are read through a cache of `cache_bytes`. `block_store` (tests) replaces the
-        object store with any `maintenance.BlockStore`; `policy` tunes flushes and merges;
-        `maintenance=False` leaves them to the caller (`engine.maintenance.step()`).
+        object store with any `maintenance.BlockStore`; `policy` tunes flushes, merges and
+        checkpoints; `maintenance=False` leaves them to the caller (`engine.maintenance.step()`).
 
         `read_only` replays for reading and refuses commits (and over logsvc takes no
         lease, so it fences nobody; a directory of objects is opened without its lock).
@@ -317,6 +317,7 @@ class Engine:
         self._maintenance = Maintenance(self, store, policy)
         if isinstance(store, ObjectBlockStore):
             self._checkpointer = Checkpointer(self, store)
+            self._checkpointer.wal_reserve_entries = policy.checkpoint_wal_reserve_entries
         self._hook_state()
 
     def _hook_state(self) -> None:

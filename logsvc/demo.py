@@ -1,13 +1,17 @@
 """`logsvc demo`: a local 3-node cluster at work, in well under a minute.
 
-Starts three `logsvc serve` processes on 127.0.0.1 (three shards, three replicas each),
+Starts three `logsvc serve` processes on 127.0.0.1 (four shards, three replicas each),
 then shows what the service promises: appends acknowledged after a majority fsync, reads,
 a long-poll tail, a leader killed with SIGKILL while appends go on (no acknowledged record
 lost, none duplicated), the killed node catching up, a fenced writer refused, and
 truncation. Then the engine on shard 3 (engine/demo.py): an engine process killed with
 SIGKILL under commits and reopened with nothing lost, the shard's leader killed under its
-commits, and a second engine fencing the first. Everything it starts is stopped by PID at
-the end, whatever happens.
+commits, and a second engine fencing the first. Then the engine as a service on shard 4
+(engine/tn/demo.py): an active and a standby TN, two compute nodes committing and querying
+at timestamps, the shard's leader killed under them, a checkpoint truncating the WAL, the
+active TN killed with SIGKILL and the standby taking over with every acknowledged commit
+there once, the old TN fenced. Everything it starts is stopped by PID at the end, whatever
+happens.
 """
 
 from __future__ import annotations
@@ -18,12 +22,15 @@ import tempfile
 import time
 
 from engine import demo as engine_demo
+from engine.tn import demo as tn_demo
 from logsvc import devcluster
 from logsvc.client import Client, LogsvcError, StaleEpoch, Truncated, connect
 from logsvc.config import load_client_config
 
 SHARD = 1
 ENGINE_SHARD = 3  # not 2: _fencing appends raw records there, which no engine can replay
+TN_SHARD = 4  # its own: the TNs' objects directory is not the embedded engine's
+SHARDS = 4
 WRITERS = 8
 CATCH_UP_S_MAX = 30.0
 FAILOVER_S_MAX = 30.0
@@ -36,12 +43,13 @@ def _say(text: str) -> None:
 def run(dir_path: str | None) -> int:
     owned = dir_path is None
     base = tempfile.mkdtemp(prefix="logsvc-demo-") if dir_path is None else dir_path
-    _say(f"== starting a local cluster in {base} (3 nodes, 3 shards, 3 replicas each) ==")
+    _say(f"== starting a local cluster in {base} (3 nodes, {SHARDS} shards, 3 replicas each) ==")
     try:
-        pids = devcluster.up(base, nodes=3, shards=3)
+        pids = devcluster.up(base, nodes=3, shards=SHARDS)
         _say("nodes: " + ", ".join(f"{node} (pid {pid})" for node, pid in pids.items()))
         asyncio.run(_workload(base))
         engine_demo.run(base, ENGINE_SHARD, _say)
+        tn_demo.run(base, TN_SHARD, _say)
     finally:
         devcluster.down(base)
         _say("cluster stopped (every node process ended by PID)")

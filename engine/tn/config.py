@@ -23,6 +23,7 @@ tn.toml:
                scheme = "http", access_key | access_key_file, secret_key | secret_key_file
     [watch]    optional: probe_interval_ms, probe_timeout_ms, failures_to_promote,
                failure_window_ms_max (engine/tn/watch.py)
+    [checkpoint] optional: interval_ms, wal_reserve_entries (engine/limits.py CKP_*)
 
 cn.toml:
 
@@ -57,7 +58,16 @@ from logsvc.config_files import (
     toml_error_rule,
 )
 
-__all__ = ["CNConfig", "ConfigError", "ObjectsConfig", "S3Config", "TNConfig", "load_cn", "load_tn"]
+__all__ = [
+    "CNConfig",
+    "CheckpointPolicy",
+    "ConfigError",
+    "ObjectsConfig",
+    "S3Config",
+    "TNConfig",
+    "load_cn",
+    "load_tn",
+]
 
 CACHE_BYTES_MIN = 1 * limits.MiB
 CACHE_BYTES_MAX = 1024 * 1024 * limits.MiB
@@ -67,6 +77,10 @@ PEERS_MAX = 16
 SHARD_MAX = 2**32 - 1
 TIMEOUT_MS_MAX = 600_000
 """No client wait above ten minutes: a larger number is a unit mistake."""
+CHECKPOINT_INTERVAL_MS_MIN = 100
+CHECKPOINT_INTERVAL_MS_MAX = 24 * 3600 * 1000
+"""A checkpoint more often than every 100 ms, or less than daily, is a unit mistake."""
+WAL_RESERVE_ENTRIES_MAX = 10_000_000
 
 _OBJECT_KEYS = ("dir", "s3")
 _S3_KEYS = (
@@ -115,6 +129,17 @@ class TNConfig:
     shard: int
     objects: ObjectsConfig
     watch: WatchPolicy
+    checkpoint: CheckpointPolicy
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointPolicy:
+    """When the active TN checkpoints and how much WAL it keeps below one (`[checkpoint]`;
+    the defaults are the engine's). A demo or a test sets a short interval to see a
+    checkpoint truncate the WAL within seconds."""
+
+    interval_ms: int = engine_limits.CKP_INTERVAL_MS
+    wal_reserve_entries: int = engine_limits.CKP_WAL_RESERVE_ENTRIES
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,7 +156,7 @@ class CNConfig:
 def load_tn(path: str) -> TNConfig:
     document, mode = _document(path)
     base_dir = os.path.dirname(os.path.abspath(path))
-    root = _Table(document, "", ("tn", "wal", "objects", "watch"))
+    root = _Table(document, "", ("tn", "wal", "objects", "watch", "checkpoint"))
     tn = root.table(
         "tn",
         (
@@ -170,6 +195,9 @@ def load_tn(path: str) -> TNConfig:
         raise ConfigError(wal.key("shard"), f"must be in 1..{SHARD_MAX} (got {shard})")
     objects = _objects(root, base_dir, path, mode)
     watch = _watch(root.optional_table("watch", [f.name for f in dataclasses.fields(WatchPolicy)]))
+    checkpoint = _checkpoint(
+        root.optional_table("checkpoint", ("interval_ms", "wal_reserve_entries"))
+    )
     return TNConfig(
         source=path,
         data_dir=data_dir,
@@ -183,6 +211,7 @@ def load_tn(path: str) -> TNConfig:
         shard=shard,
         objects=objects,
         watch=watch,
+        checkpoint=checkpoint,
     )
 
 
@@ -332,6 +361,28 @@ def _watch(table: _Table | None) -> WatchPolicy:
         name, _, rule = problem.partition(": ")
         raise ConfigError(table.key(name), rule)
     return policy
+
+
+def _checkpoint(table: _Table | None) -> CheckpointPolicy:
+    if table is None:
+        return CheckpointPolicy()
+    default = CheckpointPolicy()
+    interval_ms = default.interval_ms
+    if "interval_ms" in table:
+        interval_ms = table.integer("interval_ms")
+        if not CHECKPOINT_INTERVAL_MS_MIN <= interval_ms <= CHECKPOINT_INTERVAL_MS_MAX:
+            raise ConfigError(
+                table.key("interval_ms"),
+                f"must be in {CHECKPOINT_INTERVAL_MS_MIN}..{CHECKPOINT_INTERVAL_MS_MAX} ms",
+            )
+    reserve = default.wal_reserve_entries
+    if "wal_reserve_entries" in table:
+        reserve = table.integer("wal_reserve_entries")
+        if not 0 <= reserve <= WAL_RESERVE_ENTRIES_MAX:
+            raise ConfigError(
+                table.key("wal_reserve_entries"), f"must be in 0..{WAL_RESERVE_ENTRIES_MAX}"
+            )
+    return CheckpointPolicy(interval_ms, reserve)
 
 
 def _client(table: _Table | None) -> ClientOptions:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.tn.channel import probe
+from engine.tn.config import CheckpointPolicy
 from engine.tn.limits import ClientOptions
 
 START_WAIT_S_MAX = 30.0
@@ -68,9 +69,16 @@ class LocalPair:
         return self.base / "objects"
 
 
-def write_pair(base: Path, cluster_dir: str, shard: int, token: str) -> LocalPair:
+def write_pair(
+    base: Path,
+    cluster_dir: str,
+    shard: int,
+    token: str,
+    checkpoint: CheckpointPolicy | None = None,
+) -> LocalPair:
     """Two TN configs on `shard` of the dev-cluster in `cluster_dir` (client.toml there),
-    each the other's peer, sharing one object directory under `base`; and cn.toml."""
+    each the other's peer, sharing one object directory under `base`; and cn.toml.
+    `checkpoint` (the TNs' `[checkpoint]`): the engine's defaults when None."""
     base.mkdir(parents=True, exist_ok=True)
     link = base / "cluster"
     if not link.exists():
@@ -79,15 +87,23 @@ def write_pair(base: Path, cluster_dir: str, shard: int, token: str) -> LocalPai
     token_path.write_text(token + "\n")
     os.chmod(token_path, TOKEN_FILE_MODE)
     pair = LocalPair(base, token, f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}")
-    _write_tn_config(pair.config_a, "tn-a", pair.a, pair.b, shard)
-    _write_tn_config(pair.config_b, "tn-b", pair.b, pair.a, shard)
+    _write_tn_config(pair.config_a, "tn-a", pair.a, pair.b, shard, checkpoint)
+    _write_tn_config(pair.config_b, "tn-b", pair.b, pair.a, shard, checkpoint)
     pair.cn_config.write_text(
         f'tns = ["{pair.a}", "{pair.b}"]\ntoken_file = "tn.token"\n\n[objects]\ndir = "objects"\n'
     )
     return pair
 
 
-def _write_tn_config(path: Path, name: str, listen: str, peer: str, shard: int) -> None:
+def _write_tn_config(
+    path: Path, name: str, listen: str, peer: str, shard: int, checkpoint: CheckpointPolicy | None
+) -> None:
+    more = ""
+    if checkpoint is not None:
+        more = (
+            f"\n[checkpoint]\ninterval_ms = {checkpoint.interval_ms}\n"
+            f"wal_reserve_entries = {checkpoint.wal_reserve_entries}\n"
+        )
     path.write_text(
         f"""\
 [tn]
@@ -104,6 +120,7 @@ shard = {shard}
 [objects]
 dir = "objects"
 """
+        + more
     )
 
 

@@ -1,18 +1,19 @@
 """TN failover with real processes (issue 15 "Real processes on loopback"): a 3-node logsvc
 dev-cluster, an active TN and a standby TN as `python -m engine serve` processes sharing
-one object directory, and a compute node committing through `NetworkTN`.
+one object directory, and two compute nodes committing through their own `NetworkTN`.
 
-Proves: with writers committing concurrently through one compute node, every commit
-acknowledged before and after the active TN is SIGKILLed under them (commits in flight) is
-there when read back through a fresh compute node, exactly once, and nothing else is (a
-ledger of acknowledged keys: no commit was left in doubt); the
-standby notices on its own (status probes), promotes itself (takes the WAL's lease with a
-higher epoch) and the same NetworkTN continues on it within seconds; the old TN restarted
-on its own config refuses to take the lease back and exits 3 with one clear line; the
-promoted TN stops cleanly on SIGTERM.
+Proves: with writers on two compute nodes committing concurrently, every commit
+acknowledged before and after the active TN is SIGKILLed under them (commits in flight),
+while the logsvc leader of the TN's WAL shard is SIGKILLed at the same moment (the standby
+promotes itself through a shard electing a new leader), is there when read back through a
+fresh compute node, exactly once, and nothing else is (a ledger of acknowledged keys: no
+commit was left in doubt); the standby notices on its own (status probes), promotes itself
+(takes the WAL's lease with a higher epoch) and both NetworkTNs continue on it within
+seconds; the old TN restarted on its own config refuses to take the lease back and exits 3
+with one clear line; the promoted TN stops cleanly on SIGTERM.
 
-Every process is stopped by PID whatever happens (`TNProcess.kill`, `devcluster.down`);
-every wait is bounded.
+Every process is stopped by PID whatever happens (`TNProcess.kill`, `devcluster.down`, the
+killed logsvc node restarted in a `finally`); every wait is bounded.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import pytest
 from engine import Column, Schema
 from engine.cn.client import NetworkTN
 from engine.cn.node import ComputeNode
+from engine.demo import Leader, shard_leader
 from engine.errors import Fenced, WriteConflict
 from engine.objects.store import LocalDirStore
 from engine.tn import local, messages
@@ -38,6 +40,7 @@ from engine.tn.channel import Channel
 from engine.tn.limits import ClientOptions
 from engine.tn.local import TNProcess, stop_all, write_pair
 from engine.writeset import Op, WriteSet
+from logsvc import devcluster
 
 from .conftest import LocalCluster
 
@@ -84,10 +87,13 @@ def rows(*ids: int) -> pa.Table:
     return pa.table({"id": list(ids), "v": [f"v{i}" for i in ids]}, schema=ROWS.to_arrow())
 
 
+SHARD = 1
+
+
 def test_the_standby_takes_over_from_a_killed_tn_and_nothing_acknowledged_is_lost(
     cluster: LocalCluster, tmp_path: Path
 ) -> None:
-    base, a, b = tns(cluster, tmp_path / "tns", shard=1)
+    base, a, b = tns(cluster, tmp_path / "tns", shard=SHARD)
     active = TNProcess(base / "tn-a.toml")
     standby: TNProcess | None = None
     old: TNProcess | None = None
@@ -95,7 +101,7 @@ def test_the_standby_takes_over_from_a_killed_tn_and_nothing_acknowledged_is_los
         asyncio.run(wait_role(a, "active", active))
         standby = TNProcess(base / "tn-b.toml", standby=True)
         asyncio.run(wait_role(b, "standby", standby))
-        rows_acked = asyncio.run(_commits_across_the_kill(base, a, b, active))
+        rows_acked = asyncio.run(_commits_across_the_kill(cluster, base, a, b, active))
         # The old TN comes back on its own config: it must not take the lease back.
         old = TNProcess(base / "tn-a.toml")
         assert old.wait(EXIT_WAIT_S_MAX) == 3, old.output
@@ -128,45 +134,60 @@ def test_the_standby_takes_over_from_a_killed_tn_and_nothing_acknowledged_is_los
         stop_all(active, standby, old)
 
 
-WRITERS = 4
+CNS = ("cn-1", "cn-2")
+WRITERS_PER_CN = 2
 ACKS_BEFORE_KILL = 40
 ACKS_AFTER_KILL = 40
 
 
-async def _commits_across_the_kill(base: Path, a: str, b: str, active: TNProcess) -> int:
-    """Writers commit through one compute node while the active TN is SIGKILLed under
-    them (commits are in flight at that moment); the number of rows acknowledged."""
-    tn = NetworkTN([a, b], TOKEN, CLIENT)
+async def _commits_across_the_kill(
+    cluster: LocalCluster, base: Path, a: str, b: str, active: TNProcess
+) -> int:
+    """Writers on two compute nodes commit while the active TN and the logsvc leader of its
+    WAL shard are SIGKILLed under them (commits are in flight at that moment); the number
+    of rows acknowledged."""
+    tns = [NetworkTN([a, b], TOKEN, CLIENT) for _ in CNS]
     objects = LocalDirStore(str(base / "objects"), read_only=True)
-    cn = ComputeNode(tn, objects, client_id="cn-e2e")
+    cns = [ComputeNode(tn, objects, client_id=name) for tn, name in zip(tns, CNS, strict=True)]
     acked: list[int] = []
     keys = iter(range(10**6))
     stop = asyncio.Event()
 
-    async def writer() -> None:
+    async def writer(cn: ComputeNode) -> None:
         while not stop.is_set():
             await _insert(cn, next(keys), acked)
 
     try:
-        async with cn.transaction() as txn:
+        async with cns[0].transaction() as txn:
             await txn.create_database("d")
             await txn.create_table("d", "t", ROWS)
-        writers = [asyncio.ensure_future(writer()) for _ in range(WRITERS)]
+        writers = [asyncio.ensure_future(writer(cn)) for cn in cns for _ in range(WRITERS_PER_CN)]
+        leader: Leader | None = None
         try:
             await _until(lambda: len(acked) >= ACKS_BEFORE_KILL, writers)
-            assert tn.address == a
-            active.kill(signal.SIGKILL)
+            assert all(tn.address == a for tn in tns)
+            leader = await shard_leader(f"{cluster.dir}/client.toml", SHARD)
+            await asyncio.gather(
+                asyncio.to_thread(devcluster.kill_node, cluster.dir, leader.node),
+                asyncio.to_thread(active.kill, signal.SIGKILL),
+            )
             killed_at, before = time.monotonic(), len(acked)
             await _until(lambda: len(acked) > before, writers)
             first_after = time.monotonic() - killed_at
             await _until(lambda: len(acked) >= before + ACKS_AFTER_KILL, writers)
         finally:
             stop.set()
-            await asyncio.gather(*writers)  # a writer's failure (OutcomeUnknown...) fails here
-        assert tn.address == b
+            try:
+                await asyncio.gather(*writers)  # a writer's failure (OutcomeUnknown...) fails here
+            finally:
+                if leader is not None:
+                    devcluster.start_node(cluster.dir, leader.node)
+        assert all(tn.address == b for tn in tns)
         assert first_after < FAILOVER_S_MAX, first_after
+        after = await shard_leader(f"{cluster.dir}/client.toml", SHARD)
+        assert after.term > leader.term  # the kill did cost the shard its leader
         # Read back through a compute node that starts empty.
-        reader = ComputeNode(tn, objects)
+        reader = ComputeNode(tns[0], objects)
         try:
             async with reader.snapshot() as view:
                 got = (await view.table("d", "t").scan(columns=["id"])).column("id").to_pylist()
@@ -178,8 +199,10 @@ async def _commits_across_the_kill(base: Path, a: str, b: str, active: TNProcess
         assert set(got) == set(acked)  # and nothing unacknowledged: no commit was in doubt
         return len(acked)
     finally:
-        await cn.close()
-        await tn.close()
+        for cn in cns:
+            await cn.close()
+        for tn in tns:
+            await tn.close()
         objects.close()
 
 

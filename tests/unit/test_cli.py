@@ -1,6 +1,8 @@
 """The `logsvc` command: usage errors exit 2 with a message naming the option and no
 traceback; `python -O` is refused; `bench store` prints one JSON object per mode with the
-fields the issue names; the demo runs to the end. Real subprocesses, short bounded runs."""
+fields the issue names; the demo runs to the end and says what it measured (the logsvc
+failover, the embedded engine's reopenings, the TN pair's checkpoint and takeover). Real
+subprocesses, short bounded runs."""
 
 from __future__ import annotations
 
@@ -94,4 +96,41 @@ def test_demo_runs_to_the_end() -> None:
     assert all(", 0 lost;" in line and "every transaction whole" in line for line in reports)
     assert "the next commit was acknowledged" in engine
     assert "A's next commit was refused and A exited with code 3" in engine
+    _assert_the_tn_story(done.stdout.split("== the engine as a service", 1)[1])
     assert done.stdout.rstrip().endswith("demo finished")
+
+
+def _assert_the_tn_story(out: str) -> None:
+    """The TN/CN part (engine/tn/demo.py): what each line measured is what it should be."""
+    pair = re.search(r"TN (\S+) \(pid \d+\) says active, TN (\S+) \(pid \d+\) says standby", out)
+    assert pair, out
+    active, standby = pair.groups()
+    # Both CNs answered a query at one timestamp, the same.
+    queried = re.search(
+        r"cn-1 reads (\d+) orders at ts (\d+), cn-2 reads (\d+) at the same ts", out
+    )
+    assert queried and queried.group(1) == queried.group(3) and int(queried.group(1)) > 0, out
+    assert re.search(r"logsvc leader n\d of shard \d+ \(term \d+\) killed with SIGKILL", out)
+    # The TN's own checkpoint listing, and logsvc no longer holding the log's start.
+    checkpoint = re.search(r"its listing shows (\d+), the newest at ckp_ts (\d+)", out)
+    retained = re.search(r"now retains LSNs \[(\d+), (\d+)\)", out)
+    assert checkpoint and int(checkpoint.group(1)) >= 1, out
+    assert retained and 1 < int(retained.group(1)) < int(retained.group(2)), out
+    # The standby took over: it says active, and both CNs commit through it.
+    takeover = re.search(
+        rf"active TN {re.escape(active)} killed with SIGKILL after (\d+) acknowledged commits; "
+        rf"the first commit begun after it was acknowledged ([0-9.]+) s later; "
+        rf"TN {re.escape(standby)} says active; both CNs now commit through {re.escape(standby)}\n",
+        out,
+    )
+    assert takeover and int(takeover.group(1)) > 0, out
+    assert float(takeover.group(2)) > 0.2  # the standby's watch and promotion, not an old ack
+    # The ledger: every acknowledged commit read back once, nothing else; both CNs agree.
+    ledger = re.search(
+        r"(\d+) of (\d+) acknowledged commits present, 0 lost, 0 duplicated, 0 present but "
+        r"never acknowledged; cn-1 and cn-2 count (\d+) and (\d+) rows at that ts",
+        out,
+    )
+    assert ledger, out
+    assert len(set(ledger.groups())) == 1 and int(ledger.group(1)) > int(takeover.group(1))
+    assert "it exited with code 3: TN fenced" in out

@@ -26,6 +26,7 @@ from engine import Column, Engine, Schema, SnapshotUnavailable, WalCorruption, l
 from engine.checkpoint import layout
 from engine.checkpoint.errors import CheckpointCorrupt
 from engine.checkpoint.layout import Manifest
+from engine.compaction import Policy
 from engine.objects.store import MemoryObjectStore
 from engine.wal.entry import BlockLevel
 from tae_driver.backends.memory import MemoryBackend
@@ -277,5 +278,31 @@ def test_checkpoints_over_a_file_wal_and_a_directory_of_objects(tmp_path: Path) 
             assert again.digest() == digest
         finally:
             await again.close()
+
+    run(main)
+
+
+def test_the_policy_sets_the_checkpoint_interval_and_the_wal_reserve() -> None:
+    """A TN's `[checkpoint]` (engine/tn/config.py) reaches the engine as its `Policy`: the
+    maintenance loop checkpoints by itself within the interval, keeping the reserve."""
+
+    async def main() -> None:
+        policy = Policy(checkpoint_interval_ms=100, checkpoint_wal_reserve_entries=2)
+        eng = await Engine.open(
+            "unused", MemoryBackend(), objects=MemoryObjectStore(), policy=policy
+        )
+        try:
+            assert eng.checkpointer is not None
+            assert eng.checkpointer.wal_reserve_entries == 2
+            async with eng.transaction() as txn:
+                await txn.create_database("d")
+                await txn.create_table("d", "t", ROWS)
+            await insert(eng, range(10))
+            async with asyncio.timeout(10):  # the loop wakes every MAINTENANCE_INTERVAL_MS
+                while eng.checkpointer.newest is None:
+                    await asyncio.sleep(0.05)
+            assert eng.checkpointer.newest.ckp_ts <= eng.visible_ts
+        finally:
+            await eng.close()
 
     run(main)

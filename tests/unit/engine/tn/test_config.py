@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from engine.cli import main
-from engine.tn.config import load_cn, load_tn
+from engine.tn.config import CheckpointPolicy, load_cn, load_tn
 from engine.tn.watch import WatchPolicy
 
 CONFIGS = Path(__file__).resolve().parents[4] / "configs"
@@ -84,9 +84,15 @@ def test_the_examples_load(base: Path) -> None:
     assert tn.objects.dir == str(base / "objects") and tn.data_dir == str(base / "tn1")
     assert tn.client_config == str(base / "cluster" / "client.toml")
     assert tn.watch == WatchPolicy()
+    assert tn.checkpoint == CheckpointPolicy()
     cn = load_cn(str(base / "cn.toml"))
     assert cn.tns == ("127.0.0.1:7901", "127.0.0.1:7902") and cn.token == TOKEN
     assert cn.objects.dir == str(base / "objects")
+
+
+def test_the_checkpoint_policy_loads(base: Path) -> None:
+    (base / "tn.toml").write_text(TN_TOML + "[checkpoint]\ninterval_ms = 2000\n")
+    assert load_tn(str(base / "tn.toml")).checkpoint == CheckpointPolicy(2000, 1024)
 
 
 def test_s3_objects_load(base: Path) -> None:
@@ -163,6 +169,12 @@ TN_CASES: list[tuple[str, Edit, str]] = [
         "watch.failure_window_ms_max",
     ),
     ("watch typo", append("[watch]\nprobe_intervall_ms = 100\n"), "watch.probe_intervall_ms"),
+    ("checkpoint every 1 ms", append("[checkpoint]\ninterval_ms = 1\n"), "checkpoint.interval_ms"),
+    (
+        "a negative reserve",
+        append("[checkpoint]\nwal_reserve_entries = -1\n"),
+        "checkpoint.wal_reserve_entries",
+    ),
 ]
 
 CN_CASES: list[tuple[str, Edit, str]] = [
