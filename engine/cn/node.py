@@ -160,7 +160,7 @@ class ComputeNode:
         self._open_txns: weakref.WeakSet[Transaction] = weakref.WeakSet()
         self._pull_lock = asyncio.Lock()
         self._closed = False
-        self._follow_queue: asyncio.Queue[TailEntry] | None = None
+        self._follow_queue: asyncio.Queue[TailEntry | None] | None = None
         self._follow_task: asyncio.Task[None] | None = None
         self._unsubscribe: Callable[[], None] | None = None
         self.entries_applied = 0
@@ -274,25 +274,34 @@ class ComputeNode:
         self._check_not_closed()
         if self._follow_task is not None:
             return
-        queue: asyncio.Queue[TailEntry] = asyncio.Queue(FOLLOW_QUEUE_MAX)
+        # None in the queue wakes the drain for a pull: the subscription skipped entries.
+        queue: asyncio.Queue[TailEntry | None] = asyncio.Queue(FOLLOW_QUEUE_MAX)
         overflow = asyncio.Event()
 
-        def on_entry(entry: TailEntry) -> None:
+        def on_entry(entry: TailEntry | None) -> None:
             try:
                 queue.put_nowait(entry)
             except asyncio.QueueFull:
                 overflow.set()
 
-        self._unsubscribe = await self._port.subscribe(on_entry)
+        def on_gap() -> None:
+            overflow.set()
+            on_entry(None)
+
+        self._unsubscribe = await self._port.subscribe(on_entry, on_gap=on_gap)
         await self.catch_up()
         self._follow_queue = queue
         self._follow_task = asyncio.get_running_loop().create_task(self._drain(queue, overflow))
 
-    async def _drain(self, queue: asyncio.Queue[TailEntry], overflow: asyncio.Event) -> None:
+    async def _drain(self, queue: asyncio.Queue[TailEntry | None], overflow: asyncio.Event) -> None:
         while True:
             entry = await queue.get()
             async with self._pull_lock:
-                if entry.commit_ts > self.applied_ts and not overflow.is_set():
+                if (
+                    entry is not None
+                    and entry.commit_ts > self.applied_ts
+                    and not overflow.is_set()
+                ):
                     self._apply_entry(entry)
             if overflow.is_set():
                 while not queue.empty():

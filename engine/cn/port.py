@@ -36,8 +36,15 @@ class TNPort(Protocol):
         (WriteConflict, DuplicateKey, ...), or `OutcomeUnknown` when no TN could say."""
         ...
 
-    async def subscribe(self, on_entry: Callable[[TailEntry], None]) -> Callable[[], None]:
-        """Push every entry from now on as it becomes visible; returns unsubscribe."""
+    async def subscribe(
+        self,
+        on_entry: Callable[[TailEntry], None],
+        *,
+        on_gap: Callable[[], None] | None = None,
+    ) -> Callable[[], None]:
+        """Push every entry from now on as it becomes visible; returns unsubscribe. When
+        the pushes cannot go on without skipping entries (after a reconnect, entries only a
+        checkpoint still holds), `on_gap` is called: the consumer must pull."""
         ...
 
 
@@ -65,5 +72,11 @@ class LocalTN:
     async def commit(self, write_set: WriteSet) -> int:
         return await self._engine.execute(write_set)
 
-    async def subscribe(self, on_entry: Callable[[TailEntry], None]) -> Callable[[], None]:
+    async def subscribe(
+        self,
+        on_entry: Callable[[TailEntry], None],
+        *,
+        on_gap: Callable[[], None] | None = None,
+    ) -> Callable[[], None]:
+        del on_gap  # in one process every entry is pushed: there is no gap
         return self._engine.subscribe(on_entry)

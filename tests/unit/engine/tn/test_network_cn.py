@@ -262,6 +262,39 @@ def test_a_lost_subscription_catches_up_from_the_logtail_or_says_it_cannot() -> 
     run(main)
 
 
+def test_a_following_cn_pulls_across_a_gap_its_subscription_cannot_fill() -> None:
+    async def main() -> None:
+        objects = MemoryObjectStore()
+        tn = await TN.start(MemoryBackend(), objects)
+        async with tn.engine.transaction() as txn:
+            await txn.create_database("d")
+            await txn.create_table("d", "t", ROWS)
+        client = NetworkTN([tn.address], TOKEN, FAST)
+        cn = ComputeNode(client, objects)
+        try:
+            await cn.follow()
+            await tn.stop_server()  # the subscription's connection is lost; meanwhile the
+            async with tn.engine.transaction() as txn:  # TN commits and checkpoints, and its
+                await txn.table("d", "t").insert(rows(1, 2))  # logtail no longer holds it
+            manifest = await tn.engine.checkpoint()
+            assert manifest is not None
+            tn.engine._logtail.reset(manifest.ckp_ts)
+            await tn.restart_server()
+            # No read asks the CN to pull: only its follower can bring it up to date.
+            await wait_for(lambda: cn.applied_ts >= tn.engine.visible_ts)
+            async with tn.engine.transaction() as txn:
+                await txn.table("d", "t").insert(rows(3))
+            await wait_for(lambda: cn.applied_ts == tn.engine.visible_ts)
+            async with cn.snapshot(cn.applied_ts) as view:
+                assert [row["id"] for row in await scan(view)] == [1, 2, 3]
+        finally:
+            await cn.close()
+            await client.close()
+            await tn.close()
+
+    run(main)
+
+
 def test_a_commit_no_tn_answers_is_outcome_unknown_then_found_by_its_retry() -> None:
     async def main() -> None:
         wal = MemoryBackend()
