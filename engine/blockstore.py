@@ -127,11 +127,14 @@ class ObjectBlockStore:
         self.objects_written = 0
         self.objects_deleted = 0
 
-    def writable(self) -> None:
+    def writable(self) -> bool:
         """A standby promoted: reopen a read-only directory store for writing (it takes the
-        directory's lock, which the dead writer's process released)."""
+        directory's lock, which the dead writer's process released). True when a store was
+        opened here: the engine owns it from now on and closes it."""
         if isinstance(self.store, LocalDirStore) and self.store.read_only:
             self.store = LocalDirStore(self.store.root)
+            return True
+        return False
 
     def close(self) -> None:
         """Close the object store if it has anything to close (a directory's lock)."""

@@ -91,7 +91,8 @@ async def promote(engine: Engine) -> None:
     engine._pipeline.visible_ts = state.applied_ts
     engine._pipeline.conflicts.floor_ts = state.applied_ts
     if isinstance(engine._block_store, ObjectBlockStore):
-        await asyncio.to_thread(engine._block_store.writable)
+        if await asyncio.to_thread(engine._block_store.writable):
+            engine._owns_objects = True  # its lock is released at close, not at exit
     if engine._checkpointer is not None:
         await engine._checkpointer.collect_orphans()
     if engine._maintenance is not None:

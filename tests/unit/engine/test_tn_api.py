@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -29,8 +30,9 @@ from engine import (
     SnapshotUnavailable,
     WriteConflict,
 )
+from engine.blockstore import ObjectBlockStore
 from engine.logtail import LogtailBuffer, LogtailUnavailable, TailEntry, answer
-from engine.objects.store import MemoryObjectStore
+from engine.objects.store import LocalDirStore, MemoryObjectStore
 from engine.state import EngineState
 from engine.wal.codec import decode_entry
 from engine.wal.entry import TxnEntry
@@ -274,5 +276,28 @@ def test_a_node_behind_the_buffer_starts_from_a_checkpoint() -> None:
         assert tail.checkpoint == manifest.name and tail.checkpoint_ts == manifest.ckp_ts
         assert len(tail.entries) == 1
         await eng.close()
+
+    run(main)
+
+
+def test_a_promoted_standby_closes_the_store_it_opened_for_writing(tmp_path: Path) -> None:
+    async def main() -> None:
+        wal = MemoryBackend()
+        writer_store = LocalDirStore(str(tmp_path))
+        active = await Engine.open("unused", wal, objects=writer_store, maintenance=False)
+        await shop(active)
+        reader_store = LocalDirStore(str(tmp_path), read_only=True)
+        standby = await Engine.open(
+            "unused", wal, objects=reader_store, maintenance=False, standby=True
+        )
+        await active.abort()
+        writer_store.close()  # the caller's store: the caller closes it
+        await standby.promote()
+        assert isinstance(standby._block_store, ObjectBlockStore)
+        promoted = standby._block_store.store
+        assert isinstance(promoted, LocalDirStore) and not promoted.read_only
+        assert promoted._lock is not None  # the directory's lock, taken at promotion
+        await standby.close()
+        assert promoted._lock is None  # released by the engine that opened it
 
     run(main)
