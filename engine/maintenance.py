@@ -212,8 +212,8 @@ class Maintenance:
 
     def _maybe_checkpoint(self, now_ms: int) -> None:
         """Start a checkpoint when the WAL grew by `CKP_WAL_ENTRIES` since the last one, or
-        `CKP_INTERVAL_MS` passed with anything new (issue 14: the WAL stays a bounded
-        window; restart replays a bounded tail)."""
+        the policy's `checkpoint_interval_ms` (default `CKP_INTERVAL_MS`) passed with anything
+        new (issue 14: the WAL stays a bounded window; restart replays a bounded tail)."""
         engine = self._engine
         checkpointer = engine._checkpointer
         if checkpointer is None or self._checkpoint_task is not None:
@@ -221,7 +221,10 @@ class Maintenance:
         entries = engine._visible_dsn - engine._wal_entries_at_ckp
         due = (
             entries >= limits.CKP_WAL_ENTRIES
-            or (entries > 0 and now_ms - self._last_checkpoint_ms >= limits.CKP_INTERVAL_MS)
+            or (
+                entries > 0
+                and now_ms - self._last_checkpoint_ms >= self.policy.checkpoint_interval_ms
+            )
             or (entries > 0 and (self._checkpoint_wanted or engine._logtail.full()))
         )
         self._checkpoint_wanted = False

@@ -23,6 +23,8 @@ tn.toml:
                scheme = "http", access_key | access_key_file, secret_key | secret_key_file
     [watch]    optional: probe_interval_ms, probe_timeout_ms, failures_to_promote,
                failure_window_ms_max (engine/tn/watch.py)
+    [maintenance] optional: flush_age_ms, checkpoint_interval_ms (engine/compaction.py
+               Policy; the defaults are engine/limits.py's)
 
 cn.toml:
 
@@ -40,6 +42,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from engine import limits as engine_limits
+from engine.compaction import Policy
 from engine.tn import limits
 from engine.tn.limits import ClientOptions
 from engine.tn.watch import WatchPolicy
@@ -115,6 +118,7 @@ class TNConfig:
     shard: int
     objects: ObjectsConfig
     watch: WatchPolicy
+    maintenance: Policy = field(default_factory=Policy)
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,7 +135,7 @@ class CNConfig:
 def load_tn(path: str) -> TNConfig:
     document, mode = _document(path)
     base_dir = os.path.dirname(os.path.abspath(path))
-    root = _Table(document, "", ("tn", "wal", "objects", "watch"))
+    root = _Table(document, "", ("tn", "wal", "objects", "watch", "maintenance"))
     tn = root.table(
         "tn",
         (
@@ -170,6 +174,7 @@ def load_tn(path: str) -> TNConfig:
         raise ConfigError(wal.key("shard"), f"must be in 1..{SHARD_MAX} (got {shard})")
     objects = _objects(root, base_dir, path, mode)
     watch = _watch(root.optional_table("watch", [f.name for f in dataclasses.fields(WatchPolicy)]))
+    maintenance = _maintenance(root.optional_table("maintenance", MAINTENANCE_KEYS))
     return TNConfig(
         source=path,
         data_dir=data_dir,
@@ -183,6 +188,7 @@ def load_tn(path: str) -> TNConfig:
         shard=shard,
         objects=objects,
         watch=watch,
+        maintenance=maintenance,
     )
 
 
@@ -332,6 +338,27 @@ def _watch(table: _Table | None) -> WatchPolicy:
         name, _, rule = problem.partition(": ")
         raise ConfigError(table.key(name), rule)
     return policy
+
+
+MAINTENANCE_KEYS = ("flush_age_ms", "checkpoint_interval_ms")
+MAINTENANCE_MS_MIN = 100
+"""Below this the engine would flush or checkpoint at every maintenance round (every
+engine_limits.MAINTENANCE_INTERVAL_MS): surely a typo."""
+MAINTENANCE_MS_MAX = 24 * 3600 * 1000
+
+
+def _maintenance(table: _Table | None) -> Policy:
+    if table is None:
+        return Policy()
+    values: dict[str, int] = {}
+    for name in MAINTENANCE_KEYS:
+        if name in table:
+            value = table.integer(name)
+            if not MAINTENANCE_MS_MIN <= value <= MAINTENANCE_MS_MAX:
+                rule = f"must be in {MAINTENANCE_MS_MIN}..{MAINTENANCE_MS_MAX} ms"
+                raise ConfigError(table.key(name), rule)
+            values[name] = value
+    return Policy(**values)
 
 
 def _client(table: _Table | None) -> ClientOptions:

@@ -156,6 +156,7 @@ class _Daemon:
                 shard=config.shard,
                 objects=store,
                 cache_bytes=config.cache_bytes,
+                policy=config.maintenance,
                 standby=self.standby,
                 holder=f"tn@{config.listen}",
             )
