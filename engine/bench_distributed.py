@@ -1,0 +1,745 @@
+"""`python -m engine.bench distributed`: the engine as a distributed system (issue 15
+"Benchmarks"): compute nodes over a TN process whose WAL is a shard of a 3-node logsvc
+cluster, all real processes on loopback except the compute nodes, which run in the
+benchmark's own process.
+
+    python -m engine.bench distributed --writers 16 --seconds 10 --rows 10000000
+
+Phases, in this order, one JSON line each (then a summary line holding the targets):
+
+1. "sqlite": SQLite in WAL mode, `synchronous=FULL` (engine/bench.py `measure_sqlite`), with
+   as many writer threads as the two compute nodes have writers together, before anything
+   else starts: the durable single-machine baseline.
+2. "commits": a local dev-cluster (engine/bench.py `local_cluster`), an active TN and a
+   standby TN (`python -m engine serve [--standby]`, engine/tn/local.py) on shard 1; two
+   `ComputeNode`s, each over its own `NetworkTN`, each following the TN's pushes
+   (`ComputeNode.follow`) and running `--writers` writer coroutines (closed loop: insert one
+   ~100 B row, commit, again) for `--seconds` after `--warmup`. Commits/s over both, commit
+   latency, and the logtail freshness under that load: for each commit acknowledged at one
+   node, the time until the other node applied it (from its subscription, or from the pull
+   its own next transaction makes: whichever came first; applied before the
+   acknowledgement reached the writer counts as 0).
+3. "freshness": the same, idle: `--probes` single commits one after another at the first
+   node, each waiting until the second node has applied it.
+4. "failover": the first node's writers commit again; the active TN is SIGKILLed; the
+   time from the kill to the first commit acknowledged by the promoted standby (default
+   election settings: the standby's watch, the client's back-off). Then a compute node that
+   starts empty reads the table back: every acknowledged key of phases 2-4 must be there
+   exactly once (`lost`, `duplicates`; keys whose commit failed with an open outcome may be
+   there or not).
+5. "cold_start": the pair is stopped; one TN on shard 2, told by its tn.toml
+   `[maintenance]` to checkpoint every second. `--rows` rows (engine/bench_scan.py's
+   `orders`) are loaded through it in transactions of `--load-batch-rows` rows sent as
+   write sets (the TN spills each one's rows to objects), then the benchmark waits until a
+   checkpoint covers the load. Then a fresh `ComputeNode` (its own `NetworkTN`, an empty
+   cache) is created and answers a first point lookup: the cold start; then a range scan.
+
+Every process is stopped by PID in `finally` blocks (`stop_all`, `devcluster.down`), every
+wait is bounded; timings are reported, never asserted. The compute nodes share the
+benchmark's process (and its one event loop) with each other: on a machine with few cores
+they compete for CPU with the TN and the three logsvc nodes (their CPU is reported).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import shutil
+import signal
+import tempfile
+import time
+from array import array
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from engine import bench_scan
+from engine.bench import Case, _cpu_of, local_cluster, measure_sqlite
+from engine.cn.client import NetworkTN
+from engine.cn.node import ComputeNode
+from engine.errors import EngineError, OutcomeUnknown, WriteConflict
+from engine.logtail import TailEntry
+from engine.objects.store import LocalDirStore
+from engine.schema import Column, Schema
+from engine.tn.local import LocalPair, TNProcess, stop_all, wait_role, write_pair
+from engine.writeset import Op, WriteSet
+
+DB_NAME = "bench"
+SMALL_TABLE = "t"
+BIG_TABLE = "orders"
+SMALL_SCHEMA = Schema([Column("id", "int64"), Column("payload", "string")], primary_key=["id"])
+PAYLOAD = "x" * 92
+"""With the 8-byte key, ~100 B of row data, as `engine.bench commit`."""
+KEY_STRIDE = 10**9
+"""Writer i of node n owns keys from (n * WRITERS_MAX + i) * KEY_STRIDE: unique everywhere."""
+WRITERS_MAX = 256
+ROWS_MAX = 100_000_000
+LOAD_BATCH_ROWS_MAX = 250_000
+"""Rows of one load transaction: its Arrow stream stays below the TN protocol's 8 MiB per
+insert operation (engine/tn/limits.py OP_ROWS_BYTES_MAX; ~30 B a row of `orders`)."""
+LOADS_IN_FLIGHT = 2
+"""Load transactions sent at once: one is encoded while the TN runs the other."""
+PROBES_MAX = 100_000
+SHARDS = 2
+"""Shard 1: the TN pair of phases 2-4; shard 2: the cold start's TN (an empty log)."""
+CHECKPOINT_INTERVAL_MS = 1000
+"""The cold start TN's `[maintenance] checkpoint_interval_ms`."""
+CHECKPOINT_WAIT_S_MAX = 120.0
+"""How long the benchmark waits for a checkpoint that covers the load."""
+APPLY_WAIT_S_MAX = 30.0
+"""How long a node may take to apply what the other acknowledged (else a sample is
+missing, reported as such)."""
+FAILOVER_WAIT_S_MAX = 60.0
+"""How long the failover phase waits for the first commit on the promoted TN."""
+FAILOVER_BEFORE_S = 1.0
+"""Commits before the kill, and after the first commit on the promoted TN."""
+SNAPSHOT_RETRIES_MAX = 5
+"""A transaction begun before the failover may get the retryable "snapshot too old"
+conflict on the new TN (decision 0007): tried again this many times."""
+RANGE_KEYS = 10_000
+
+TARGETS = {
+    "vs_sqlite_full_min": 1.0,
+    "freshness_p99_ms_max": 20.0,
+    "cold_start_s_max": 5.0,
+    "failover_s_max": 3.0,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    writers: int = 16
+    seconds: float = 10.0
+    warmup: float = 1.0
+    rows: int = 10_000_000
+    load_batch_rows: int = 200_000
+    probes: int = 200
+    dir_path: str | None = None
+
+
+def percentile(samples: Sequence[float], fraction: float) -> float | None:
+    if not samples:
+        return None
+    ordered = sorted(samples)
+    return round(ordered[min(len(ordered) - 1, int(fraction * len(ordered)))], 3)
+
+
+def _row(key: int) -> pa.RecordBatch:
+    return pa.RecordBatch.from_arrays(
+        [pa.array([key], pa.int64()), pa.array([PAYLOAD], pa.string())], names=["id", "payload"]
+    )
+
+
+class _TimedNode(ComputeNode):
+    """A compute node that notes when it applied each commit (by `time.perf_counter`):
+    the moment the change became visible to its readers."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.applied_at: dict[int, float] = {}
+        self.progress = asyncio.Event()
+
+    def _apply_entry(self, got: TailEntry) -> None:
+        super()._apply_entry(got)
+        self.applied_at.setdefault(got.commit_ts, time.perf_counter())
+        self.progress.set()
+
+    async def wait_applied(self, ts: int, wait_s: float) -> bool:
+        deadline = time.perf_counter() + wait_s
+        while self.applied_ts < ts:
+            remaining = deadline - time.perf_counter()
+            if remaining <= 0:
+                return False
+            self.progress.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(min(remaining, 0.5)):
+                    await self.progress.wait()
+        return True
+
+
+@dataclass(slots=True)
+class _Ledger:
+    """Keys whose commit was acknowledged, and keys whose commit failed with an open
+    outcome (they may have landed)."""
+
+    acked: array[int] = field(default_factory=lambda: array("q"))
+    in_doubt: set[int] = field(default_factory=set)
+    errors: int = 0
+    first_error: str | None = None
+
+    def error(self, key: int, exc: BaseException) -> None:
+        self.errors += 1
+        if self.first_error is None:
+            self.first_error = f"{type(exc).__name__}: {exc}"
+        if isinstance(exc, OutcomeUnknown):
+            self.in_doubt.add(key)
+
+
+@dataclass(slots=True)
+class _Acks:
+    """One node's acknowledged commits: (commit_ts, when) and latencies."""
+
+    commit_ts: array[int] = field(default_factory=lambda: array("q"))
+    at: array[float] = field(default_factory=lambda: array("d"))
+    latencies_ms: array[float] = field(default_factory=lambda: array("d"))
+    in_window: int = 0
+
+
+async def _commit(cn: ComputeNode, key: int) -> int:
+    """One single-row insert committed; its commit_ts. A "snapshot too old" conflict (a
+    transaction that straddled a failover) is tried again."""
+    for _ in range(SNAPSHOT_RETRIES_MAX):
+        try:
+            async with cn.transaction() as txn:
+                await txn.table(DB_NAME, SMALL_TABLE).insert(_row(key))
+        except WriteConflict as exc:
+            if "snapshot too old" not in str(exc):
+                raise
+            continue
+        assert txn.commit_ts is not None
+        return int(txn.commit_ts)
+    raise WriteConflict(f"key {key}: snapshot too old {SNAPSHOT_RETRIES_MAX} times")
+
+
+class _Keys:
+    def __init__(self, node: int) -> None:
+        self._next = [(node * WRITERS_MAX + i) * KEY_STRIDE for i in range(WRITERS_MAX)]
+
+    def take(self, writer: int) -> int:
+        key = self._next[writer]
+        self._next[writer] += 1
+        return key
+
+
+async def _writers(
+    cn: ComputeNode,
+    keys: _Keys,
+    writers: int,
+    seconds: float,
+    ledger: _Ledger,
+    acks: _Acks | None,
+) -> None:
+    clock = time.perf_counter
+    deadline = clock() + seconds
+
+    async def writer(index: int) -> None:
+        while clock() < deadline:
+            key = keys.take(index)
+            began = clock()
+            try:
+                commit_ts = await _commit(cn, key)
+            except EngineError as exc:
+                ledger.error(key, exc)
+                continue
+            ended = clock()
+            ledger.acked.append(key)
+            if acks is not None:
+                acks.commit_ts.append(commit_ts)
+                acks.at.append(ended)
+                acks.latencies_ms.append((ended - began) * 1000)
+                if ended <= deadline:
+                    acks.in_window += 1
+
+    await asyncio.gather(*(writer(i) for i in range(writers)))
+
+
+async def _freshness_ms(acks: _Acks, other: _TimedNode) -> tuple[list[float], int]:
+    """For each commit in `acks`, how long after its acknowledgement `other` applied it;
+    and how many `other` never applied within APPLY_WAIT_S_MAX."""
+    if acks.commit_ts:
+        await other.wait_applied(max(acks.commit_ts), APPLY_WAIT_S_MAX)
+    samples: list[float] = []
+    missing = 0
+    for ts, at in zip(acks.commit_ts, acks.at, strict=True):
+        seen = other.applied_at.get(ts)
+        if seen is None:
+            missing += 1
+        else:
+            samples.append((seen - at) * 1000)
+    return samples, missing
+
+
+def _freshness(samples: Sequence[float], prefix: str) -> dict[str, Any]:
+    """Percentiles of how long after the acknowledgement the other node saw a commit; one
+    seen first (its push handled before the writer's reply) counts as 0 ms, and how many
+    were is reported."""
+    return {
+        **_latency([max(0.0, x) for x in samples], prefix),
+        f"{prefix}before_ack": sum(1 for x in samples if x <= 0),
+    }
+
+
+def _latency(samples: Sequence[float], prefix: str) -> dict[str, Any]:
+    return {
+        f"{prefix}p50_ms": percentile(samples, 0.50),
+        f"{prefix}p99_ms": percentile(samples, 0.99),
+        f"{prefix}max_ms": round(max(samples), 3) if samples else None,
+    }
+
+
+# --- phases 2-4: two compute nodes over a TN pair ----------------------------------------------
+
+
+async def _on_pair(
+    pair: LocalPair,
+    active: TNProcess,
+    options: Options,
+    pids: dict[str, int],
+    emit: Callable[[dict[str, Any]], None],
+) -> dict[str, Any]:
+    addresses = [pair.a, pair.b]
+    tns = [NetworkTN(addresses, pair.token) for _ in range(2)]
+    stores = [LocalDirStore(str(pair.objects), read_only=True) for _ in range(2)]
+    nodes = [
+        _TimedNode(tn, store, client_id=f"bench-cn{n + 1}")
+        for n, (tn, store) in enumerate(zip(tns, stores, strict=True))
+    ]
+    ledger = _Ledger()
+    keys = [_Keys(0), _Keys(1)]
+    out: dict[str, Any] = {}
+    try:
+        async with nodes[0].transaction() as txn:
+            await txn.create_database(DB_NAME)
+            await txn.create_table(DB_NAME, SMALL_TABLE, SMALL_SCHEMA)
+        for node in nodes:
+            await node.follow()
+        out.update(await _commits(nodes, keys, options, ledger, pids, emit))
+        out.update(await _idle_freshness(nodes, keys[0], options.probes, ledger, emit))
+        out.update(
+            await _failover(nodes[0], tns[0], pair.b, active, keys[0], options, ledger, emit)
+        )
+        out.update(await _read_back(addresses, pair, ledger, emit))
+    finally:
+        for node in nodes:
+            await node.close()
+        for tn in tns:
+            await tn.close()
+        for store in stores:
+            store.close()
+    return out
+
+
+async def _commits(
+    nodes: list[_TimedNode],
+    keys: list[_Keys],
+    options: Options,
+    ledger: _Ledger,
+    pids: dict[str, int],
+    emit: Callable[[dict[str, Any]], None],
+) -> dict[str, Any]:
+    if options.warmup > 0:
+        await asyncio.gather(
+            *(
+                _writers(n, k, options.writers, options.warmup, ledger, None)
+                for n, k in zip(nodes, keys, strict=True)
+            )
+        )
+    acks = [_Acks(), _Acks()]
+    cpu_before, others_before = time.process_time(), _cpu_of(pids)
+    errors_before = ledger.errors
+    started = time.perf_counter()
+    await asyncio.gather(
+        *(
+            _writers(n, k, options.writers, options.seconds, ledger, a)
+            for n, k, a in zip(nodes, keys, acks, strict=True)
+        )
+    )
+    elapsed = time.perf_counter() - started
+    cpu, others_after = time.process_time() - cpu_before, _cpu_of(pids)
+    fresh_1, missing_1 = await _freshness_ms(acks[0], nodes[1])
+    fresh_2, missing_2 = await _freshness_ms(acks[1], nodes[0])
+    fresh = fresh_1 + fresh_2
+    commits = sum(a.in_window for a in acks)
+    latencies = [x for a in acks for x in a.latencies_ms]
+    line = {
+        "bench": "distributed",
+        "figure": "commits",
+        "nodes": len(nodes),
+        "writers_per_node": options.writers,
+        "seconds": options.seconds,
+        "drain_s": round(max(0.0, elapsed - options.seconds), 3),
+        "commits": commits,
+        "commits_per_s": round(commits / options.seconds, 1),
+        "commits_per_s_by_node": [round(a.in_window / options.seconds, 1) for a in acks],
+        **_latency(latencies, ""),
+        "freshness_samples": len(fresh),
+        **_freshness(fresh, "freshness_"),
+        "freshness_missing": missing_1 + missing_2,
+        "cpu_s": {
+            "bench_process": round(cpu, 2),
+            **{
+                name: round(others_after.get(name, 0.0) - before, 2)
+                for name, before in others_before.items()
+            },
+        },
+        "errors": ledger.errors - errors_before,
+        "first_error": ledger.first_error,
+    }
+    emit(line)
+    return {
+        "commits_per_s": line["commits_per_s"],
+        "commit_p99_ms": line["p99_ms"],
+        "freshness_under_load_p50_ms": line["freshness_p50_ms"],
+        "freshness_under_load_p99_ms": line["freshness_p99_ms"],
+    }
+
+
+async def _idle_freshness(
+    nodes: list[_TimedNode],
+    keys: _Keys,
+    probes: int,
+    ledger: _Ledger,
+    emit: Callable[[dict[str, Any]], None],
+) -> dict[str, Any]:
+    writer, reader = nodes
+    samples: list[float] = []
+    missing = 0
+    for _ in range(probes):
+        key = keys.take(0)
+        try:
+            commit_ts = await _commit(writer, key)
+        except EngineError as exc:
+            ledger.error(key, exc)
+            continue
+        acked_at = time.perf_counter()
+        ledger.acked.append(key)
+        if not await reader.wait_applied(commit_ts, APPLY_WAIT_S_MAX):
+            missing += 1
+            continue
+        samples.append((reader.applied_at[commit_ts] - acked_at) * 1000)
+    line = {
+        "bench": "distributed",
+        "figure": "freshness",
+        "load": "idle",
+        "probes": probes,
+        "samples": len(samples),
+        **_freshness(samples, ""),
+        "missing": missing,
+    }
+    emit(line)
+    return {"freshness_p50_ms": line["p50_ms"], "freshness_p99_ms": line["p99_ms"]}
+
+
+async def _failover(
+    cn: ComputeNode,
+    tn: NetworkTN,
+    standby_address: str,
+    active: TNProcess,
+    keys: _Keys,
+    options: Options,
+    ledger: _Ledger,
+    emit: Callable[[dict[str, Any]], None],
+) -> dict[str, Any]:
+    """`options.writers` writers on `cn`; SIGKILL of the active TN under them; the time to
+    the first commit acknowledged while `tn` uses the standby's address."""
+    clock = time.perf_counter
+    stop = asyncio.Event()
+    acks: list[tuple[float, str | None]] = []
+    errors_before = ledger.errors
+    first_after: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+    killed_at = [float("inf")]
+
+    async def writer(index: int) -> None:
+        while not stop.is_set():
+            key = keys.take(index)
+            try:
+                await _commit(cn, key)
+            except EngineError as exc:
+                ledger.error(key, exc)
+                await asyncio.sleep(0.01)  # not a hot loop while no TN answers
+                continue
+            now = clock()
+            ledger.acked.append(key)
+            acks.append((now, tn.address))
+            if now > killed_at[0] and tn.address == standby_address and not first_after.done():
+                first_after.set_result(now)
+
+    tasks = [asyncio.ensure_future(writer(i)) for i in range(options.writers)]
+    try:
+        await asyncio.sleep(FAILOVER_BEFORE_S)
+        before = len(acks)
+        killed_at[0] = clock()
+        active.kill(signal.SIGKILL)
+        try:
+            async with asyncio.timeout(FAILOVER_WAIT_S_MAX):
+                first = await first_after
+            failover_s: float | None = round(first - killed_at[0], 3)
+        except TimeoutError:
+            failover_s = None
+        await asyncio.sleep(FAILOVER_BEFORE_S)
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks)
+    line = {
+        "bench": "distributed",
+        "figure": "failover",
+        "writers": options.writers,
+        "failover_s": failover_s,
+        "commits_before_kill": before,
+        "commits_after_kill": len(acks) - before,
+        "commits_resent": tn.commits_resent,
+        "errors": ledger.errors - errors_before,
+        "first_error": ledger.first_error,
+    }
+    emit(line)
+    return {"failover_s": failover_s}
+
+
+async def _read_back(
+    addresses: list[str],
+    pair: LocalPair,
+    ledger: _Ledger,
+    emit: Callable[[dict[str, Any]], None],
+) -> dict[str, Any]:
+    """Every key acknowledged in the run, read back through a compute node that starts
+    empty (on its own client)."""
+    tn = NetworkTN(addresses, pair.token)
+    store = LocalDirStore(str(pair.objects), read_only=True)
+    cn = ComputeNode(tn, store)
+    try:
+        async with cn.snapshot() as view:
+            got = (await view.table(DB_NAME, SMALL_TABLE).scan(columns=["id"])).column("id")
+    finally:
+        await cn.close()
+        await tn.close()
+        store.close()
+    found = got.to_pylist()
+    found_set = set(found)
+    acked = set(ledger.acked)
+    in_doubt = ledger.in_doubt
+    line = {
+        "bench": "distributed",
+        "figure": "read_back",
+        "acknowledged": len(acked),
+        "found": len(found),
+        "lost": len(acked - found_set),
+        "duplicates": len(found) - len(found_set),
+        "in_doubt": len(in_doubt),
+        "unexplained": len(found_set - acked - in_doubt),
+    }
+    emit(line)
+    return {"acknowledged": line["acknowledged"], "lost": line["lost"]}
+
+
+# --- phase 5: load through a TN, then a compute node's cold start ------------------------------
+
+
+async def _load_and_cold_start(
+    pair: LocalPair, options: Options, emit: Callable[[dict[str, Any]], None]
+) -> dict[str, Any]:
+    addresses = [pair.a]
+    tn = NetworkTN(addresses, pair.token)
+    try:
+        loader = ComputeNode(tn, None, client_id="bench-loader")
+        try:
+            async with loader.transaction() as txn:
+                await txn.create_database(DB_NAME)
+                await txn.create_table(DB_NAME, BIG_TABLE, bench_scan.SCHEMA)
+        finally:
+            await loader.close()
+        load_s, last_ts = await _load(tn, options)
+        emit(
+            {
+                "bench": "distributed",
+                "figure": "load",
+                "rows": options.rows,
+                "rows_per_txn": options.load_batch_rows,
+                "seconds": round(load_s, 2),
+                "rows_per_s": round(options.rows / load_s) if load_s else None,
+            }
+        )
+        started = time.perf_counter()
+        checkpoint_ts = await _checkpoint_covering(tn, last_ts)
+        checkpoint_wait_s = time.perf_counter() - started
+    finally:
+        await tn.close()
+    cold = await _cold_start(addresses, pair, options.rows)
+    line = {
+        "bench": "distributed",
+        "figure": "cold_start",
+        "rows": options.rows,
+        "checkpoint_wait_s": round(checkpoint_wait_s, 2),
+        "checkpoint_covers_load": checkpoint_ts is not None,
+        **cold,
+    }
+    emit(line)
+    return {
+        "load_s": round(load_s, 2),
+        "cold_start_s": line["first_get_s"],
+        "cold_start_scan_s": line["first_scan_s"],
+    }
+
+
+async def _load(tn: NetworkTN, options: Options) -> tuple[float, int]:
+    """`options.rows` rows in write sets of `options.load_batch_rows`, LOADS_IN_FLIGHT at
+    once; the seconds it took and the newest commit_ts."""
+    status = await tn.status()
+    newest = [0]
+    slots = asyncio.Semaphore(LOADS_IN_FLIGHT)
+
+    async def one(seq: int, first: int) -> None:
+        try:
+            count = min(options.load_batch_rows, options.rows - first)
+            rows = pa.Table.from_batches([bench_scan.batch(first, count)])
+            ops = (Op("insert", DB_NAME, BIG_TABLE, rows=rows),)
+            # Disjoint keys: any snapshot will do; the TN checks the keys at commit.
+            commit_ts = await tn.commit(WriteSet(status.visible_ts, ops, "bench-loader", seq))
+            newest[0] = max(newest[0], commit_ts)
+        finally:
+            slots.release()
+
+    started = time.perf_counter()
+    tasks: list[asyncio.Task[None]] = []
+    try:
+        for seq, first in enumerate(range(0, options.rows, options.load_batch_rows), start=1):
+            await slots.acquire()
+            failed = [t for t in tasks if t.done() and t.exception() is not None]
+            if failed:
+                failed[0].result()
+            tasks.append(asyncio.ensure_future(one(seq, first)))
+        await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    return time.perf_counter() - started, newest[0]
+
+
+async def _checkpoint_covering(tn: NetworkTN, ts: int) -> int | None:
+    """Wait until the TN's newest checkpoint is at or past `ts`; its ckp_ts, or None after
+    CHECKPOINT_WAIT_S_MAX."""
+    deadline = time.perf_counter() + CHECKPOINT_WAIT_S_MAX
+    while time.perf_counter() < deadline:
+        status = await tn.status()
+        if status.checkpoint_ts >= ts:
+            return status.checkpoint_ts
+        await asyncio.sleep(0.1)
+    return None
+
+
+async def _cold_start(addresses: list[str], pair: LocalPair, rows: int) -> dict[str, Any]:
+    """A compute node that starts with nothing (its own client, an empty cache): seconds to
+    its first point lookup's answer, then to a range scan's."""
+    started = time.perf_counter()
+    tn = NetworkTN(addresses, pair.token)
+    store = LocalDirStore(str(pair.objects), read_only=True)
+    cn = ComputeNode(tn, store)
+    try:
+        key = rows // 2
+        async with cn.snapshot() as view:
+            row = await view.table(DB_NAME, BIG_TABLE).get(key)
+        first_get_s = time.perf_counter() - started
+        assert row is not None and row["id"] == key, row
+        lo = rows // 3
+        hi = min(rows, lo + RANGE_KEYS)
+        scan_started = time.perf_counter()
+        async with cn.snapshot() as view:
+            got = await view.table(DB_NAME, BIG_TABLE).scan(
+                columns=["id", "amount"],
+                filter=(pc.field("id") >= lo) & (pc.field("id") < hi),
+            )
+        scan_s = time.perf_counter() - scan_started
+        assert got.num_rows == hi - lo, (got.num_rows, lo, hi)
+        return {
+            "first_get_s": round(first_get_s, 3),
+            "first_scan_s": round(first_get_s + scan_s, 3),
+            "range_scan_ms": round(scan_s * 1000, 1),
+            "range_rows": got.num_rows,
+            "checkpoints_loaded": cn.checkpoints_loaded,
+            "entries_applied": cn.entries_applied,
+        }
+    finally:
+        await cn.close()
+        await tn.close()
+        store.close()
+
+
+# --- the command ------------------------------------------------------------------------------
+
+
+def _start_pair(pair: LocalPair, stack: contextlib.ExitStack) -> TNProcess:
+    """The active TN, then the standby; both stopped by PID when `stack` closes."""
+    active = TNProcess(pair.config_a)
+    stack.callback(stop_all, active)
+    asyncio.run(wait_role(pair.a, pair.token, "active", active))
+    standby = TNProcess(pair.config_b, standby=True)
+    stack.callback(stop_all, standby)
+    asyncio.run(wait_role(pair.b, pair.token, "standby", standby))
+    return active
+
+
+def run(options: Options, emit: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    """Every phase (the module docstring); returns the summary line."""
+    started = time.monotonic()
+    sqlite = measure_sqlite(
+        "full",
+        Case(2 * options.writers, 1, options.seconds, options.warmup),
+        dir_path=options.dir_path,
+    )
+    emit({**sqlite, "bench": "distributed", "figure": "sqlite"})
+    found: dict[str, Any] = {}
+    token = secrets.token_hex(16)
+    base = Path(tempfile.mkdtemp(prefix="engine-bench-distributed-", dir=options.dir_path))
+    try:
+        with local_cluster(SHARDS, options.dir_path) as (client_config, cluster_pids):
+            cluster_dir = os.path.dirname(client_config)
+            pair = write_pair(base / "pair", cluster_dir, 1, token)
+            with contextlib.ExitStack() as stack:
+                active = _start_pair(pair, stack)
+                pids = {"tn": active.pid, **cluster_pids}
+                found.update(asyncio.run(_on_pair(pair, active, options, pids, emit)))
+            loading = write_pair(base / "load", cluster_dir, 2, token)
+            with open(loading.config_a, "a") as config:
+                config.write(
+                    f"\n[maintenance]\ncheckpoint_interval_ms = {CHECKPOINT_INTERVAL_MS}\n"
+                )
+            tn = TNProcess(loading.config_a)
+            try:
+                asyncio.run(wait_role(loading.a, token, "active", tn))
+                found.update(asyncio.run(_load_and_cold_start(loading, options, emit)))
+            finally:
+                stop_all(tn)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    baseline = sqlite["commits_per_s"]
+    measured = {
+        "commits_per_s": found["commits_per_s"],
+        "sqlite_full_commits_per_s": baseline,
+        "vs_sqlite_full": round(found["commits_per_s"] / baseline, 2) if baseline else None,
+        **found,
+    }
+    met = {
+        "vs_sqlite_full": _at_least(measured["vs_sqlite_full"], TARGETS["vs_sqlite_full_min"]),
+        "freshness_p99_ms": _at_most(found["freshness_p99_ms"], TARGETS["freshness_p99_ms_max"]),
+        "freshness_under_load_p99_ms": _at_most(
+            found["freshness_under_load_p99_ms"], TARGETS["freshness_p99_ms_max"]
+        ),
+        "cold_start_s": _at_most(found["cold_start_s"], TARGETS["cold_start_s_max"]),
+        "failover_s": _at_most(found["failover_s"], TARGETS["failover_s_max"]),
+    }
+    return {
+        "bench": "distributed",
+        "summary": True,
+        "writers_per_node": options.writers,
+        "seconds": options.seconds,
+        "rows": options.rows,
+        "cpus": os.cpu_count(),
+        **measured,
+        "targets": TARGETS,
+        "met": met,
+        "total_s": round(time.monotonic() - started, 1),
+    }
+
+
+def _at_least(value: float | None, bound: float) -> bool | None:
+    return None if value is None else value >= bound
+
+
+def _at_most(value: float | None, bound: float) -> bool | None:
+    return None if value is None else value <= bound
