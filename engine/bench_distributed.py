@@ -1,53 +1,58 @@
 """`python -m engine.bench distributed`: the engine as a distributed system (issue 15
-"Benchmarks"): compute nodes over a TN process whose WAL is a shard of a 3-node logsvc
-cluster, all real processes on loopback except the compute nodes, which run in the
-benchmark's own process.
+"Benchmarks"): two compute nodes (this process and a child process) over a TN process whose
+WAL is a shard of a 3-node logsvc cluster, all real processes on loopback.
 
     python -m engine.bench distributed --writers 16 --seconds 10 --rows 10000000
 
-Phases, in this order, one JSON line each (then a summary line holding the targets):
+Phases, in this order, one JSON line each (then a summary line with the targets):
 
 1. "sqlite": SQLite in WAL mode, `synchronous=FULL` (engine/bench.py `measure_sqlite`), with
    as many writer threads as the two compute nodes have writers together, before anything
    else starts: the durable single-machine baseline.
 2. "commits": a local dev-cluster (engine/bench.py `local_cluster`), an active TN and a
    standby TN (`python -m engine serve [--standby]`, engine/tn/local.py) on shard 1; two
-   `ComputeNode`s, each over its own `NetworkTN`, each following the TN's pushes
-   (`ComputeNode.follow`) and running `--writers` writer coroutines (closed loop: insert one
-   ~100 B row, commit, again) for `--seconds` after `--warmup`. Commits/s over both, commit
-   latency, and the logtail freshness under that load: for each commit acknowledged at one
-   node, the time until the other node applied it (from its subscription, or from the pull
-   its own next transaction makes: whichever came first; applied before the
-   acknowledgement reached the writer counts as 0).
+   `ComputeNode`s, each over its own `NetworkTN` in its own process (the second one is
+   `python -m engine.bench_distributed`, spoken to in lines of JSON), each following the
+   TN's pushes (`ComputeNode.follow`) and running `--writers` writer coroutines (closed
+   loop: insert one ~100 B row, commit, again) for `--seconds` after `--warmup`. Commits/s
+   over both, commit latency, and the logtail freshness under that load: for each commit
+   acknowledged at one node, the time until the other node applied it (from its
+   subscription, or from the pull its own next transaction makes, whichever came first;
+   by CLOCK_MONOTONIC, which both processes read). One the other node applied before the
+   writer saw its acknowledgement counts as 0 ms (and is counted as `before_ack`).
 3. "freshness": the same, idle: `--probes` single commits one after another at the first
-   node, each waiting until the second node has applied it.
-4. "failover": the first node's writers commit again; the active TN is SIGKILLed; the
-   time from the kill to the first commit acknowledged by the promoted standby (default
+   node, PROBE_GAP_S apart.
+4. "failover": the first node's writers commit again; the active TN is SIGKILLed; the time
+   from the kill to the first commit acknowledged by the promoted standby (default
    election settings: the standby's watch, the client's back-off). Then a compute node that
-   starts empty reads the table back: every acknowledged key of phases 2-4 must be there
+   starts empty reads the table back: every key acknowledged in phases 2-4 must be there
    exactly once (`lost`, `duplicates`; keys whose commit failed with an open outcome may be
    there or not).
-5. "cold_start": the pair is stopped; one TN on shard 2, told by its tn.toml
+5. "load", "cold_start": the pair is stopped; one TN on shard 2, told by its tn.toml
    `[maintenance]` to checkpoint every second. `--rows` rows (engine/bench_scan.py's
-   `orders`) are loaded through it in transactions of `--load-batch-rows` rows sent as
-   write sets (the TN spills each one's rows to objects), then the benchmark waits until a
+   `orders`) are loaded through it in transactions of `--load-batch-rows` rows sent as write
+   sets (the TN spills each one's rows to objects), then the benchmark waits until a
    checkpoint covers the load. Then a fresh `ComputeNode` (its own `NetworkTN`, an empty
    cache) is created and answers a first point lookup: the cold start; then a range scan.
+   Whether its first pull brought the checkpoint or the TN's in-memory logtail (which the
+   TN prefers while it still holds every entry) is reported (`checkpoints_loaded`).
 
-Every process is stopped by PID in `finally` blocks (`stop_all`, `devcluster.down`), every
-wait is bounded; timings are reported, never asserted. The compute nodes share the
-benchmark's process (and its one event loop) with each other: on a machine with few cores
-they compete for CPU with the TN and the three logsvc nodes (their CPU is reported).
+Every process is stopped by PID in `finally` blocks (`stop_all`, `devcluster.down`, the
+child's stdin closed then SIGKILL), every wait is bounded; timings are reported, never
+asserted. On a machine with few cores the compute nodes compete for CPU with the TN and the
+three logsvc nodes: each one's CPU over the commit phase is reported.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import secrets
 import shutil
 import signal
+import sys
 import tempfile
 import time
 from array import array
@@ -103,6 +108,14 @@ SNAPSHOT_RETRIES_MAX = 5
 """A transaction begun before the failover may get the retryable "snapshot too old"
 conflict on the new TN (decision 0007): tried again this many times."""
 RANGE_KEYS = 10_000
+PROBE_GAP_S = 0.02
+"""Between idle freshness probes: the previous probe reached the other node by then."""
+CHILD_WAIT_S_MAX = 60.0
+"""The second compute node's process answers each step within this (plus its writers'
+seconds): it starts, connects and subscribes, or reports."""
+CHILD_LINE_BYTES_MAX = 256 * 2**20
+"""Its longest line: every commit's (commit_ts, time) of a run, as JSON."""
+STOP_WAIT_S = 10.0
 
 TARGETS = {
     "vs_sqlite_full_min": 1.0,
@@ -137,8 +150,9 @@ def _row(key: int) -> pa.RecordBatch:
 
 
 class _TimedNode(ComputeNode):
-    """A compute node that notes when it applied each commit (by `time.perf_counter`):
-    the moment the change became visible to its readers."""
+    """A compute node that notes when it applied each commit: the moment the change became
+    visible to its readers. By `time.monotonic` (CLOCK_MONOTONIC on Linux), which the
+    processes of one machine share: the second node's times compare with the first's."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -147,13 +161,13 @@ class _TimedNode(ComputeNode):
 
     def _apply_entry(self, got: TailEntry) -> None:
         super()._apply_entry(got)
-        self.applied_at.setdefault(got.commit_ts, time.perf_counter())
+        self.applied_at.setdefault(got.commit_ts, time.monotonic())
         self.progress.set()
 
     async def wait_applied(self, ts: int, wait_s: float) -> bool:
-        deadline = time.perf_counter() + wait_s
+        deadline = time.monotonic() + wait_s
         while self.applied_ts < ts:
-            remaining = deadline - time.perf_counter()
+            remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return False
             self.progress.clear()
@@ -225,7 +239,7 @@ async def _writers(
     ledger: _Ledger,
     acks: _Acks | None,
 ) -> None:
-    clock = time.perf_counter
+    clock = time.monotonic
     deadline = clock() + seconds
 
     async def writer(index: int) -> None:
@@ -249,15 +263,13 @@ async def _writers(
     await asyncio.gather(*(writer(i) for i in range(writers)))
 
 
-async def _freshness_ms(acks: _Acks, other: _TimedNode) -> tuple[list[float], int]:
-    """For each commit in `acks`, how long after its acknowledgement `other` applied it;
-    and how many `other` never applied within APPLY_WAIT_S_MAX."""
-    if acks.commit_ts:
-        await other.wait_applied(max(acks.commit_ts), APPLY_WAIT_S_MAX)
+def _freshness_ms(acks: _Acks, applied_at: dict[int, float]) -> tuple[list[float], int]:
+    """For each commit in `acks`, how long after its acknowledgement the other node applied
+    it (`applied_at`, the same clock), and how many it never applied."""
     samples: list[float] = []
     missing = 0
     for ts, at in zip(acks.commit_ts, acks.at, strict=True):
-        seen = other.applied_at.get(ts)
+        seen = applied_at.get(ts)
         if seen is None:
             missing += 1
         else:
@@ -283,6 +295,130 @@ def _latency(samples: Sequence[float], prefix: str) -> dict[str, Any]:
     }
 
 
+# --- the second compute node, a process of its own ---------------------------------------------
+
+
+class ChildFailed(RuntimeError):
+    """The second compute node's process exited or did not answer in time; the message
+    carries its output."""
+
+
+class _Child:
+    """The second compute node's process (`python -m engine.bench_distributed`), spoken to
+    in lines of JSON on its stdin and stdout, stopped by PID."""
+
+    def __init__(self, process: asyncio.subprocess.Process, log_path: Path) -> None:
+        self.process = process
+        self.log_path = log_path
+
+    @classmethod
+    async def start(cls, settings: dict[str, Any], log_path: Path) -> _Child:
+        with open(log_path, "wb") as log:
+            process = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "engine.bench_distributed",
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=log,
+                limit=CHILD_LINE_BYTES_MAX,
+            )
+        child = cls(process, log_path)
+        await child.send(settings)
+        return child
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    async def send(self, message: dict[str, Any]) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(json.dumps(message).encode() + b"\n")
+        await self.process.stdin.drain()
+
+    async def receive(self, wait_s: float) -> dict[str, Any]:
+        assert self.process.stdout is not None
+        try:
+            async with asyncio.timeout(wait_s):
+                line = await self.process.stdout.readline()
+        except TimeoutError:
+            raise ChildFailed(f"no answer within {wait_s} s:\n{self._output()}") from None
+        if not line:
+            raise ChildFailed(f"it exited:\n{self._output()}")
+        found = json.loads(line)
+        assert isinstance(found, dict)
+        return found
+
+    def _output(self) -> str:
+        return self.log_path.read_text(errors="replace")[-4000:]
+
+    async def stop(self) -> None:
+        """Close its stdin (it exits), then SIGKILL it if it has not within STOP_WAIT_S."""
+        if self.process.stdin is not None:
+            self.process.stdin.close()
+        try:
+            async with asyncio.timeout(STOP_WAIT_S):
+                await self.process.wait()
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                self.process.kill()
+            async with asyncio.timeout(STOP_WAIT_S):
+                await self.process.wait()
+
+
+async def _child_main() -> int:
+    """The second compute node: its settings, {"go": true} (run the writers, answer with
+    their acknowledgements), {"report_upto": ts} (answer with when it applied each commit,
+    once it applied `ts`); exits at the end of its input."""
+
+    async def line() -> dict[str, Any] | None:
+        text = await asyncio.to_thread(sys.stdin.readline)
+        return json.loads(text) if text else None
+
+    def say(message: dict[str, Any]) -> None:
+        sys.stdout.write(json.dumps(message) + "\n")
+        sys.stdout.flush()
+
+    settings = await line()
+    if settings is None:
+        return 1
+    tn = NetworkTN(settings["addresses"], settings["token"])
+    store = LocalDirStore(settings["objects"], read_only=True)
+    cn = _TimedNode(tn, store, client_id="bench-cn2")
+    try:
+        await cn.follow()
+        say({"ready": True})
+        if await line() is None:
+            return 1
+        ledger, keys, acks = _Ledger(), _Keys(1), _Acks()
+        writers, warmup = settings["writers"], settings["warmup"]
+        if warmup > 0:
+            await _writers(cn, keys, writers, warmup, ledger, None)
+        await _writers(cn, keys, writers, settings["seconds"], ledger, acks)
+        say(
+            {
+                "commit_ts": list(acks.commit_ts),
+                "at": list(acks.at),
+                "latencies_ms": list(acks.latencies_ms),
+                "in_window": acks.in_window,
+                "acked": list(ledger.acked),
+                "in_doubt": sorted(ledger.in_doubt),
+                "errors": ledger.errors,
+                "first_error": ledger.first_error,
+            }
+        )
+        report = await line()
+        if report is None:
+            return 1
+        await cn.wait_applied(report["report_upto"], APPLY_WAIT_S_MAX)
+        say({"applied_at": list(cn.applied_at.items())})
+    finally:
+        await cn.close()
+        await tn.close()
+        store.close()
+    return 0
+
+
 # --- phases 2-4: two compute nodes over a TN pair ----------------------------------------------
 
 
@@ -294,136 +430,149 @@ async def _on_pair(
     emit: Callable[[dict[str, Any]], None],
 ) -> dict[str, Any]:
     addresses = [pair.a, pair.b]
-    tns = [NetworkTN(addresses, pair.token) for _ in range(2)]
-    stores = [LocalDirStore(str(pair.objects), read_only=True) for _ in range(2)]
-    nodes = [
-        _TimedNode(tn, store, client_id=f"bench-cn{n + 1}")
-        for n, (tn, store) in enumerate(zip(tns, stores, strict=True))
-    ]
+    tn = NetworkTN(addresses, pair.token)
+    store = LocalDirStore(str(pair.objects), read_only=True)
+    cn = _TimedNode(tn, store, client_id="bench-cn1")
     ledger = _Ledger()
-    keys = [_Keys(0), _Keys(1)]
+    keys = _Keys(0)
+    child: _Child | None = None
     out: dict[str, Any] = {}
     try:
-        async with nodes[0].transaction() as txn:
+        async with cn.transaction() as txn:
             await txn.create_database(DB_NAME)
             await txn.create_table(DB_NAME, SMALL_TABLE, SMALL_SCHEMA)
-        for node in nodes:
-            await node.follow()
-        out.update(await _commits(nodes, keys, options, ledger, pids, emit))
-        out.update(await _idle_freshness(nodes, keys[0], options.probes, ledger, emit))
-        out.update(
-            await _failover(nodes[0], tns[0], pair.b, active, keys[0], options, ledger, emit)
-        )
+        await cn.follow()
+        settings = {
+            "addresses": addresses,
+            "token": pair.token,
+            "objects": str(pair.objects),
+            "writers": options.writers,
+            "seconds": options.seconds,
+            "warmup": options.warmup,
+        }
+        child = await _Child.start(settings, pair.base / "cn2.log")
+        await child.receive(CHILD_WAIT_S_MAX)  # ready: following
+        out.update(await _commits(cn, keys, child, options, ledger, pids, emit))
+        await child.stop()
+        out.update(await _failover(cn, tn, pair.b, active, keys, options, ledger, emit))
         out.update(await _read_back(addresses, pair, ledger, emit))
     finally:
-        for node in nodes:
-            await node.close()
-        for tn in tns:
-            await tn.close()
-        for store in stores:
-            store.close()
+        if child is not None:
+            await child.stop()
+        await cn.close()
+        await tn.close()
+        store.close()
     return out
 
 
 async def _commits(
-    nodes: list[_TimedNode],
-    keys: list[_Keys],
+    cn: _TimedNode,
+    keys: _Keys,
+    child: _Child,
     options: Options,
     ledger: _Ledger,
     pids: dict[str, int],
     emit: Callable[[dict[str, Any]], None],
 ) -> dict[str, Any]:
+    """Phases 2 and 3: both nodes' writers at once, then idle probes from this one."""
+    pids = {"cn2": child.pid, **pids}
+    await child.send({"go": True})
     if options.warmup > 0:
-        await asyncio.gather(
-            *(
-                _writers(n, k, options.writers, options.warmup, ledger, None)
-                for n, k in zip(nodes, keys, strict=True)
-            )
-        )
-    acks = [_Acks(), _Acks()]
+        await _writers(cn, keys, options.writers, options.warmup, ledger, None)
+    mine = _Acks()
     cpu_before, others_before = time.process_time(), _cpu_of(pids)
-    errors_before = ledger.errors
-    started = time.perf_counter()
-    await asyncio.gather(
-        *(
-            _writers(n, k, options.writers, options.seconds, ledger, a)
-            for n, k, a in zip(nodes, keys, acks, strict=True)
-        )
-    )
-    elapsed = time.perf_counter() - started
+    started = time.monotonic()
+    await _writers(cn, keys, options.writers, options.seconds, ledger, mine)
+    elapsed = time.monotonic() - started
+    theirs_sent = await child.receive(options.seconds + CHILD_WAIT_S_MAX)
     cpu, others_after = time.process_time() - cpu_before, _cpu_of(pids)
-    fresh_1, missing_1 = await _freshness_ms(acks[0], nodes[1])
-    fresh_2, missing_2 = await _freshness_ms(acks[1], nodes[0])
-    fresh = fresh_1 + fresh_2
-    commits = sum(a.in_window for a in acks)
-    latencies = [x for a in acks for x in a.latencies_ms]
+    theirs = _Acks(
+        array("q", theirs_sent["commit_ts"]),
+        array("d", theirs_sent["at"]),
+        array("d", theirs_sent["latencies_ms"]),
+        theirs_sent["in_window"],
+    )
+    ledger.acked.extend(theirs_sent["acked"])
+    ledger.in_doubt.update(theirs_sent["in_doubt"])
+    errors = ledger.errors + theirs_sent["errors"]
+    first_error = ledger.first_error or theirs_sent["first_error"]
+    if theirs.commit_ts:
+        await cn.wait_applied(max(theirs.commit_ts), APPLY_WAIT_S_MAX)
+    probes = await _probes(cn, keys, options.probes, ledger)
+    upto = max([*mine.commit_ts, *probes.commit_ts, 0])
+    await child.send({"report_upto": upto})
+    reported = await child.receive(APPLY_WAIT_S_MAX + CHILD_WAIT_S_MAX)
+    applied_there = {int(ts): float(at) for ts, at in reported["applied_at"]}
+
+    fresh_mine, missing_mine = _freshness_ms(mine, applied_there)
+    fresh_theirs, missing_theirs = _freshness_ms(theirs, cn.applied_at)
+    fresh = fresh_mine + fresh_theirs
+    commits = mine.in_window + theirs.in_window
     line = {
         "bench": "distributed",
         "figure": "commits",
-        "nodes": len(nodes),
+        "nodes": 2,
         "writers_per_node": options.writers,
         "seconds": options.seconds,
         "drain_s": round(max(0.0, elapsed - options.seconds), 3),
         "commits": commits,
         "commits_per_s": round(commits / options.seconds, 1),
-        "commits_per_s_by_node": [round(a.in_window / options.seconds, 1) for a in acks],
-        **_latency(latencies, ""),
+        "commits_per_s_by_node": [round(a.in_window / options.seconds, 1) for a in (mine, theirs)],
+        **_latency([*mine.latencies_ms, *theirs.latencies_ms], ""),
         "freshness_samples": len(fresh),
         **_freshness(fresh, "freshness_"),
-        "freshness_missing": missing_1 + missing_2,
+        "freshness_missing": missing_mine + missing_theirs,
         "cpu_s": {
-            "bench_process": round(cpu, 2),
+            "cn1": round(cpu, 2),
             **{
                 name: round(others_after.get(name, 0.0) - before, 2)
                 for name, before in others_before.items()
             },
         },
-        "errors": ledger.errors - errors_before,
-        "first_error": ledger.first_error,
+        "errors": errors,
+        "first_error": first_error,
     }
     emit(line)
+    idle, idle_missing = _freshness_ms(probes, applied_there)
+    idle_line = {
+        "bench": "distributed",
+        "figure": "freshness",
+        "load": "idle",
+        "probes": options.probes,
+        "samples": len(idle),
+        **_freshness(idle, ""),
+        "missing": idle_missing,
+    }
+    emit(idle_line)
     return {
         "commits_per_s": line["commits_per_s"],
         "commit_p99_ms": line["p99_ms"],
         "freshness_under_load_p50_ms": line["freshness_p50_ms"],
         "freshness_under_load_p99_ms": line["freshness_p99_ms"],
+        "freshness_p50_ms": idle_line["p50_ms"],
+        "freshness_p99_ms": idle_line["p99_ms"],
     }
 
 
-async def _idle_freshness(
-    nodes: list[_TimedNode],
-    keys: _Keys,
-    probes: int,
-    ledger: _Ledger,
-    emit: Callable[[dict[str, Any]], None],
-) -> dict[str, Any]:
-    writer, reader = nodes
-    samples: list[float] = []
-    missing = 0
+async def _probes(cn: ComputeNode, keys: _Keys, probes: int, ledger: _Ledger) -> _Acks:
+    """`probes` single commits one at a time, PROBE_GAP_S apart (the other node has
+    applied the one before: nothing else is in flight)."""
+    acks = _Acks()
     for _ in range(probes):
         key = keys.take(0)
+        began = time.monotonic()
         try:
-            commit_ts = await _commit(writer, key)
+            commit_ts = await _commit(cn, key)
         except EngineError as exc:
             ledger.error(key, exc)
             continue
-        acked_at = time.perf_counter()
+        acked_at = time.monotonic()
         ledger.acked.append(key)
-        if not await reader.wait_applied(commit_ts, APPLY_WAIT_S_MAX):
-            missing += 1
-            continue
-        samples.append((reader.applied_at[commit_ts] - acked_at) * 1000)
-    line = {
-        "bench": "distributed",
-        "figure": "freshness",
-        "load": "idle",
-        "probes": probes,
-        "samples": len(samples),
-        **_freshness(samples, ""),
-        "missing": missing,
-    }
-    emit(line)
-    return {"freshness_p50_ms": line["p50_ms"], "freshness_p99_ms": line["p99_ms"]}
+        acks.commit_ts.append(commit_ts)
+        acks.at.append(acked_at)
+        acks.latencies_ms.append((acked_at - began) * 1000)
+        await asyncio.sleep(PROBE_GAP_S)
+    return acks
 
 
 async def _failover(
@@ -438,7 +587,7 @@ async def _failover(
 ) -> dict[str, Any]:
     """`options.writers` writers on `cn`; SIGKILL of the active TN under them; the time to
     the first commit acknowledged while `tn` uses the standby's address."""
-    clock = time.perf_counter
+    clock = time.monotonic
     stop = asyncio.Event()
     acks: list[tuple[float, str | None]] = []
     errors_before = ledger.errors
@@ -554,9 +703,9 @@ async def _load_and_cold_start(
                 "rows_per_s": round(options.rows / load_s) if load_s else None,
             }
         )
-        started = time.perf_counter()
+        started = time.monotonic()
         checkpoint_ts = await _checkpoint_covering(tn, last_ts)
-        checkpoint_wait_s = time.perf_counter() - started
+        checkpoint_wait_s = time.monotonic() - started
     finally:
         await tn.close()
     cold = await _cold_start(addresses, pair, options.rows)
@@ -594,7 +743,7 @@ async def _load(tn: NetworkTN, options: Options) -> tuple[float, int]:
         finally:
             slots.release()
 
-    started = time.perf_counter()
+    started = time.monotonic()
     tasks: list[asyncio.Task[None]] = []
     try:
         for seq, first in enumerate(range(0, options.rows, options.load_batch_rows), start=1):
@@ -608,14 +757,14 @@ async def _load(tn: NetworkTN, options: Options) -> tuple[float, int]:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-    return time.perf_counter() - started, newest[0]
+    return time.monotonic() - started, newest[0]
 
 
 async def _checkpoint_covering(tn: NetworkTN, ts: int) -> int | None:
     """Wait until the TN's newest checkpoint is at or past `ts`; its ckp_ts, or None after
     CHECKPOINT_WAIT_S_MAX."""
-    deadline = time.perf_counter() + CHECKPOINT_WAIT_S_MAX
-    while time.perf_counter() < deadline:
+    deadline = time.monotonic() + CHECKPOINT_WAIT_S_MAX
+    while time.monotonic() < deadline:
         status = await tn.status()
         if status.checkpoint_ts >= ts:
             return status.checkpoint_ts
@@ -626,7 +775,7 @@ async def _checkpoint_covering(tn: NetworkTN, ts: int) -> int | None:
 async def _cold_start(addresses: list[str], pair: LocalPair, rows: int) -> dict[str, Any]:
     """A compute node that starts with nothing (its own client, an empty cache): seconds to
     its first point lookup's answer, then to a range scan's."""
-    started = time.perf_counter()
+    started = time.monotonic()
     tn = NetworkTN(addresses, pair.token)
     store = LocalDirStore(str(pair.objects), read_only=True)
     cn = ComputeNode(tn, store)
@@ -634,17 +783,17 @@ async def _cold_start(addresses: list[str], pair: LocalPair, rows: int) -> dict[
         key = rows // 2
         async with cn.snapshot() as view:
             row = await view.table(DB_NAME, BIG_TABLE).get(key)
-        first_get_s = time.perf_counter() - started
+        first_get_s = time.monotonic() - started
         assert row is not None and row["id"] == key, row
         lo = rows // 3
         hi = min(rows, lo + RANGE_KEYS)
-        scan_started = time.perf_counter()
+        scan_started = time.monotonic()
         async with cn.snapshot() as view:
             got = await view.table(DB_NAME, BIG_TABLE).scan(
                 columns=["id", "amount"],
                 filter=(pc.field("id") >= lo) & (pc.field("id") < hi),
             )
-        scan_s = time.perf_counter() - scan_started
+        scan_s = time.monotonic() - scan_started
         assert got.num_rows == hi - lo, (got.num_rows, lo, hi)
         return {
             "first_get_s": round(first_get_s, 3),
@@ -743,3 +892,9 @@ def _at_least(value: float | None, bound: float) -> bool | None:
 
 def _at_most(value: float | None, bound: float) -> bool | None:
     return None if value is None else value <= bound
+
+
+if __name__ == "__main__":
+    if not __debug__:
+        sys.exit("engine.bench_distributed refuses to run under python -O (asserts stay on)")
+    sys.exit(asyncio.run(_child_main()))
