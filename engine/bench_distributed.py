@@ -34,8 +34,11 @@ Phases, in this order, one JSON line each (then a summary line with the targets)
    sets (the TN spills each one's rows to objects), then the benchmark waits until a
    checkpoint covers the load. Then a fresh `ComputeNode` (its own `NetworkTN`, an empty
    cache) is created and answers a first point lookup: the cold start; then a range scan.
-   Whether its first pull brought the checkpoint or the TN's in-memory logtail (which the
-   TN prefers while it still holds every entry) is reported (`checkpoints_loaded`).
+   Twice: once as the TN answers its first pull (a TN this fresh still holds every entry
+   in memory and sends those: metadata naming the spilled objects), once through a port
+   that answers it with the newest checkpoint and the entries after it, as a TN whose
+   logtail has moved on does (`checkpoints_loaded` says which happened). The summary's
+   `cold_start_s` is the slower of the two.
 
 Every process is stopped by PID in `finally` blocks (`stop_all`, `devcluster.down`, the
 child's stdin closed then SIGKILL), every wait is bounded; timings are reported, never
@@ -68,8 +71,9 @@ from engine import bench_scan
 from engine.bench import Case, _cpu_of, local_cluster, measure_sqlite
 from engine.cn.client import NetworkTN
 from engine.cn.node import ComputeNode
+from engine.cn.port import TNStatus
 from engine.errors import EngineError, OutcomeUnknown, WriteConflict
-from engine.logtail import TailEntry
+from engine.logtail import Logtail, TailEntry
 from engine.objects.store import LocalDirStore
 from engine.schema import Column, Schema
 from engine.tn.local import LocalPair, TNProcess, stop_all, wait_role, write_pair
@@ -708,21 +712,55 @@ async def _load_and_cold_start(
         checkpoint_wait_s = time.monotonic() - started
     finally:
         await tn.close()
-    cold = await _cold_start(addresses, pair, options.rows)
-    line = {
-        "bench": "distributed",
-        "figure": "cold_start",
-        "rows": options.rows,
-        "checkpoint_wait_s": round(checkpoint_wait_s, 2),
-        "checkpoint_covers_load": checkpoint_ts is not None,
-        **cold,
-    }
-    emit(line)
-    return {
-        "load_s": round(load_s, 2),
-        "cold_start_s": line["first_get_s"],
-        "cold_start_scan_s": line["first_scan_s"],
-    }
+    found: dict[str, Any] = {"load_s": round(load_s, 2)}
+    for forced in (False, True):
+        cold = await _cold_start(addresses, pair, options.rows, from_checkpoint=forced)
+        emit(
+            {
+                "bench": "distributed",
+                "figure": "cold_start",
+                "rows": options.rows,
+                "from_checkpoint_forced": forced,
+                "checkpoint_wait_s": round(checkpoint_wait_s, 2),
+                "checkpoint_covers_load": checkpoint_ts is not None,
+                **cold,
+            }
+        )
+        name = "checkpoint" if forced else "tn_answer"
+        found[f"cold_start_{name}_s"] = cold["first_get_s"]
+        found[f"cold_start_{name}_scan_s"] = cold["first_scan_s"]
+    found["cold_start_s"] = max(found["cold_start_checkpoint_s"], found["cold_start_tn_answer_s"])
+    return found
+
+
+class _CheckpointFirst:
+    """A `TNPort` over a `NetworkTN` that answers a compute node's first pull (from 0) with
+    the TN's newest checkpoint and the entries after it: what the TN answers by itself once
+    its in-memory logtail no longer reaches back to 0 (a TN that has run for a while, or
+    restarted). A fresh TN still holds every entry and sends those instead."""
+
+    def __init__(self, tn: NetworkTN) -> None:
+        self._tn = tn
+
+    async def status(self) -> TNStatus:
+        return await self._tn.status()
+
+    async def logtail(self, t0: int, t1: int) -> Logtail:
+        if t0 == 0:
+            checkpoints = await self._tn.checkpoints()
+            if checkpoints:
+                ckp_ts, name = checkpoints[-1]
+                after = await self._tn.logtail(ckp_ts, t1)
+                if after.checkpoint is None:
+                    return Logtail(name, ckp_ts, after.entries, after.upto_ts)
+                return after
+        return await self._tn.logtail(t0, t1)
+
+    async def commit(self, write_set: WriteSet) -> int:
+        return await self._tn.commit(write_set)
+
+    async def subscribe(self, on_entry: Callable[[TailEntry], None]) -> Callable[[], None]:
+        return await self._tn.subscribe(on_entry)
 
 
 async def _load(tn: NetworkTN, options: Options) -> tuple[float, int]:
@@ -772,13 +810,15 @@ async def _checkpoint_covering(tn: NetworkTN, ts: int) -> int | None:
     return None
 
 
-async def _cold_start(addresses: list[str], pair: LocalPair, rows: int) -> dict[str, Any]:
+async def _cold_start(
+    addresses: list[str], pair: LocalPair, rows: int, *, from_checkpoint: bool
+) -> dict[str, Any]:
     """A compute node that starts with nothing (its own client, an empty cache): seconds to
     its first point lookup's answer, then to a range scan's."""
     started = time.monotonic()
     tn = NetworkTN(addresses, pair.token)
     store = LocalDirStore(str(pair.objects), read_only=True)
-    cn = ComputeNode(tn, store)
+    cn = ComputeNode(_CheckpointFirst(tn) if from_checkpoint else tn, store)
     try:
         key = rows // 2
         async with cn.snapshot() as view:
