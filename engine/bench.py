@@ -1,5 +1,6 @@
 """`python -m engine.bench commit`: the engine's commit throughput and latency, with SQLite
-measured side by side in the same run.
+measured side by side in the same run. (`scan`: engine/bench_scan.py; `distributed`, compute
+nodes over a TN pair on logsvc: engine/bench_distributed.py.)
 
     python -m engine.bench commit --wal file,memory --writers 1,16,64 --rows 1 --seconds 5
     python -m engine.bench commit --wal logsvc --writers 64 --rows 1,10 --seconds 5
@@ -610,6 +611,16 @@ def build_parser() -> argparse.ArgumentParser:
     scan.add_argument("--cache-mb", type=int, default=256, help="the engine's buffer cache")
     scan.add_argument("--no-duckdb", action="store_true", help="the engine's figures only")
     scan.add_argument("--dir", default=None, help="where temporary directories go")
+    dist = commands.add_parser(
+        "distributed", help="two CNs over a TN pair on logsvc: commits, freshness, failover"
+    )
+    dist.add_argument("--writers", type=int, default=16, help="writer coroutines per CN")
+    dist.add_argument("--seconds", type=float, default=10.0, help="the commit measurement")
+    dist.add_argument("--warmup", type=float, default=1.0, help="uncounted seconds before it")
+    dist.add_argument("--rows", type=int, default=10_000_000, help="the cold start's table")
+    dist.add_argument("--load-batch-rows", type=int, default=200_000, help="rows per load txn")
+    dist.add_argument("--probes", type=int, default=200, help="idle freshness commits")
+    dist.add_argument("--dir", default=None, help="where temporary directories go")
     return parser
 
 
@@ -629,6 +640,32 @@ def main(argv: list[str] | None = None) -> int:
         if not 1 <= args.rows <= 100_000_000 or not 1 <= args.batch_rows <= 100_000:
             parser.error("--rows must be in [1, 1e8] and --batch-rows in [1, 1e5]")
         emit(bench_scan.run(args, emit))
+        return 0
+    if args.command == "distributed":
+        from engine import bench_distributed as dist
+
+        if not 1 <= args.writers <= dist.WRITERS_MAX:
+            parser.error(f"--writers must be in [1, {dist.WRITERS_MAX}]")
+        if not 0 < args.seconds <= SECONDS_MAX or not 0 <= args.warmup <= WARMUP_S_MAX:
+            parser.error(
+                f"--seconds must be in (0, {SECONDS_MAX}], --warmup in [0, {WARMUP_S_MAX}]"
+            )
+        if not 1 <= args.rows <= dist.ROWS_MAX:
+            parser.error(f"--rows must be in [1, {dist.ROWS_MAX}]")
+        if not 1 <= args.load_batch_rows <= dist.LOAD_BATCH_ROWS_MAX:
+            parser.error(f"--load-batch-rows must be in [1, {dist.LOAD_BATCH_ROWS_MAX}]")
+        if not 1 <= args.probes <= dist.PROBES_MAX:
+            parser.error(f"--probes must be in [1, {dist.PROBES_MAX}]")
+        options = dist.Options(
+            writers=args.writers,
+            seconds=args.seconds,
+            warmup=args.warmup,
+            rows=args.rows,
+            load_batch_rows=args.load_batch_rows,
+            probes=args.probes,
+            dir_path=args.dir,
+        )
+        emit(dist.run(options, emit))
         return 0
     if not args.wal and not args.sqlite:
         parser.error("nothing to measure: --wal none and --sqlite none")

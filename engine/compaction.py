@@ -47,7 +47,8 @@ class Policy:
     merge_l1_blocks: int = limits.MERGE_L1_BLOCKS
     compact_deleted_fraction: float = limits.COMPACT_DELETED_FRACTION
     checkpoint_interval_ms: int = limits.CKP_INTERVAL_MS
-    """A checkpoint at least this often while commits arrive (a TN's `[checkpoint]`)."""
+    """A checkpoint at least this often while commits arrive (a TN's `[maintenance]`: the
+    demo and the distributed benchmark shorten it to see a checkpoint within seconds)."""
     checkpoint_wal_reserve_entries: int = limits.CKP_WAL_RESERVE_ENTRIES
     """WAL entries kept below a checkpoint when it truncates the WAL."""
 

@@ -212,8 +212,8 @@ class Maintenance:
 
     def _maybe_checkpoint(self, now_ms: int) -> None:
         """Start a checkpoint when the WAL grew by `CKP_WAL_ENTRIES` since the last one, or
-        the policy's `checkpoint_interval_ms` passed with anything new (issue 14: the WAL
-        stays a bounded window; restart replays a bounded tail)."""
+        the policy's `checkpoint_interval_ms` (default `CKP_INTERVAL_MS`) passed with anything
+        new (issue 14: the WAL stays a bounded window; restart replays a bounded tail)."""
         engine = self._engine
         checkpointer = engine._checkpointer
         if checkpointer is None or self._checkpoint_task is not None:

@@ -90,9 +90,9 @@ async def promote(engine: Engine) -> None:
     engine._clock.observe(state.applied_ts)
     engine._pipeline.visible_ts = state.applied_ts
     engine._pipeline.conflicts.floor_ts = state.applied_ts
-    if isinstance(engine._block_store, ObjectBlockStore):
-        if await asyncio.to_thread(engine._block_store.writable):
-            engine._owns_objects = True  # its lock is released at close, not at exit
+    store = engine._block_store
+    if isinstance(store, ObjectBlockStore) and await asyncio.to_thread(store.writable):
+        engine._owns_objects = True  # its lock is released at close, not at exit
     if engine._checkpointer is not None:
         await engine._checkpointer.collect_orphans()
     if engine._maintenance is not None:

@@ -23,7 +23,9 @@ tn.toml:
                scheme = "http", access_key | access_key_file, secret_key | secret_key_file
     [watch]    optional: probe_interval_ms, probe_timeout_ms, failures_to_promote,
                failure_window_ms_max (engine/tn/watch.py)
-    [checkpoint] optional: interval_ms, wal_reserve_entries (engine/limits.py CKP_*)
+    [maintenance] optional: flush_age_ms, checkpoint_interval_ms,
+               checkpoint_wal_reserve_entries (engine/compaction.py Policy; the defaults
+               are engine/limits.py's)
 
 cn.toml:
 
@@ -41,6 +43,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from engine import limits as engine_limits
+from engine.compaction import Policy
 from engine.tn import limits
 from engine.tn.limits import ClientOptions
 from engine.tn.watch import WatchPolicy
@@ -60,7 +63,6 @@ from logsvc.config_files import (
 
 __all__ = [
     "CNConfig",
-    "CheckpointPolicy",
     "ConfigError",
     "ObjectsConfig",
     "S3Config",
@@ -77,10 +79,6 @@ PEERS_MAX = 16
 SHARD_MAX = 2**32 - 1
 TIMEOUT_MS_MAX = 600_000
 """No client wait above ten minutes: a larger number is a unit mistake."""
-CHECKPOINT_INTERVAL_MS_MIN = 100
-CHECKPOINT_INTERVAL_MS_MAX = 24 * 3600 * 1000
-"""A checkpoint more often than every 100 ms, or less than daily, is a unit mistake."""
-WAL_RESERVE_ENTRIES_MAX = 10_000_000
 
 _OBJECT_KEYS = ("dir", "s3")
 _S3_KEYS = (
@@ -129,17 +127,7 @@ class TNConfig:
     shard: int
     objects: ObjectsConfig
     watch: WatchPolicy
-    checkpoint: CheckpointPolicy
-
-
-@dataclass(frozen=True, slots=True)
-class CheckpointPolicy:
-    """When the active TN checkpoints and how much WAL it keeps below one (`[checkpoint]`;
-    the defaults are the engine's). A demo or a test sets a short interval to see a
-    checkpoint truncate the WAL within seconds."""
-
-    interval_ms: int = engine_limits.CKP_INTERVAL_MS
-    wal_reserve_entries: int = engine_limits.CKP_WAL_RESERVE_ENTRIES
+    maintenance: Policy = field(default_factory=Policy)
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,7 +144,7 @@ class CNConfig:
 def load_tn(path: str) -> TNConfig:
     document, mode = _document(path)
     base_dir = os.path.dirname(os.path.abspath(path))
-    root = _Table(document, "", ("tn", "wal", "objects", "watch", "checkpoint"))
+    root = _Table(document, "", ("tn", "wal", "objects", "watch", "maintenance"))
     tn = root.table(
         "tn",
         (
@@ -195,9 +183,7 @@ def load_tn(path: str) -> TNConfig:
         raise ConfigError(wal.key("shard"), f"must be in 1..{SHARD_MAX} (got {shard})")
     objects = _objects(root, base_dir, path, mode)
     watch = _watch(root.optional_table("watch", [f.name for f in dataclasses.fields(WatchPolicy)]))
-    checkpoint = _checkpoint(
-        root.optional_table("checkpoint", ("interval_ms", "wal_reserve_entries"))
-    )
+    maintenance = _maintenance(root.optional_table("maintenance", MAINTENANCE_KEYS))
     return TNConfig(
         source=path,
         data_dir=data_dir,
@@ -211,7 +197,7 @@ def load_tn(path: str) -> TNConfig:
         shard=shard,
         objects=objects,
         watch=watch,
-        checkpoint=checkpoint,
+        maintenance=maintenance,
     )
 
 
@@ -363,26 +349,31 @@ def _watch(table: _Table | None) -> WatchPolicy:
     return policy
 
 
-def _checkpoint(table: _Table | None) -> CheckpointPolicy:
+MAINTENANCE_KEYS = ("flush_age_ms", "checkpoint_interval_ms", "checkpoint_wal_reserve_entries")
+MAINTENANCE_MS_MIN = 100
+"""Below this the engine would flush or checkpoint at every maintenance round (every
+engine_limits.MAINTENANCE_INTERVAL_MS): surely a typo."""
+MAINTENANCE_MS_MAX = 24 * 3600 * 1000
+WAL_RESERVE_ENTRIES_MAX = 10_000_000
+
+
+def _maintenance(table: _Table | None) -> Policy:
     if table is None:
-        return CheckpointPolicy()
-    default = CheckpointPolicy()
-    interval_ms = default.interval_ms
-    if "interval_ms" in table:
-        interval_ms = table.integer("interval_ms")
-        if not CHECKPOINT_INTERVAL_MS_MIN <= interval_ms <= CHECKPOINT_INTERVAL_MS_MAX:
-            raise ConfigError(
-                table.key("interval_ms"),
-                f"must be in {CHECKPOINT_INTERVAL_MS_MIN}..{CHECKPOINT_INTERVAL_MS_MAX} ms",
+        return Policy()
+    values: dict[str, int] = {}
+    for name in MAINTENANCE_KEYS:
+        if name in table:
+            value = table.integer(name)
+            low, high = (
+                (0, WAL_RESERVE_ENTRIES_MAX)
+                if name == "checkpoint_wal_reserve_entries"
+                else (MAINTENANCE_MS_MIN, MAINTENANCE_MS_MAX)
             )
-    reserve = default.wal_reserve_entries
-    if "wal_reserve_entries" in table:
-        reserve = table.integer("wal_reserve_entries")
-        if not 0 <= reserve <= WAL_RESERVE_ENTRIES_MAX:
-            raise ConfigError(
-                table.key("wal_reserve_entries"), f"must be in 0..{WAL_RESERVE_ENTRIES_MAX}"
-            )
-    return CheckpointPolicy(interval_ms, reserve)
+            if not low <= value <= high:
+                unit = "" if name == "checkpoint_wal_reserve_entries" else " ms"
+                raise ConfigError(table.key(name), f"must be in {low}..{high}{unit}")
+            values[name] = value
+    return Policy(**values)
 
 
 def _client(table: _Table | None) -> ClientOptions:

@@ -31,7 +31,6 @@ import signal
 import sys
 import time
 
-from engine.compaction import Policy
 from engine.engine import Engine
 from engine.errors import EngineError, Fenced, WalFailed
 from engine.objects.store import LocalDirStore, ObjectStore
@@ -157,12 +156,9 @@ class _Daemon:
                 shard=config.shard,
                 objects=store,
                 cache_bytes=config.cache_bytes,
+                policy=config.maintenance,
                 standby=self.standby,
                 holder=f"tn@{config.listen}",
-                policy=Policy(
-                    checkpoint_interval_ms=config.checkpoint.interval_ms,
-                    checkpoint_wal_reserve_entries=config.checkpoint.wal_reserve_entries,
-                ),
             )
         except (EngineError, DriverError, OSError) as exc:
             log.error("cannot open the engine on WAL shard %d: %s", config.shard, exc)

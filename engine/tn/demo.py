@@ -3,7 +3,8 @@
 An active TN and a standby TN (`python -m engine serve`, engine/tn/local.py) on a logsvc
 shard; two compute nodes (engine/cn) commit concurrently through `NetworkTN` and query at
 timestamps; the shard's logsvc leader is SIGKILLed under their commits; the active TN
-checkpoints by itself (a 2 s `[checkpoint] interval_ms` here, so it happens within the demo)
+checkpoints by itself (a 2 s `[maintenance] checkpoint_interval_ms` here, so it happens
+within the demo)
 and truncates the WAL; the active TN is SIGKILLed under commits and the standby takes over;
 every acknowledged commit is read back through a fresh compute node, exactly once (a ledger
 of acknowledged keys); the old TN, restarted, is fenced.
@@ -31,10 +32,10 @@ import pyarrow as pa
 from engine import Column, Schema
 from engine.cn.client import NetworkTN
 from engine.cn.node import ComputeNode
+from engine.compaction import Policy
 from engine.demo import shard_leader
 from engine.errors import WriteConflict
 from engine.objects.store import LocalDirStore
-from engine.tn.config import CheckpointPolicy
 from engine.tn.limits import ClientOptions
 from engine.tn.local import LocalPair, TNProcess, role_of, stop_all, wait_role, write_pair
 from logsvc import devcluster
@@ -45,7 +46,7 @@ PROGRESS_WAIT_S_MAX = 30.0
 """Every "until N more commits are acknowledged" wait gives up after this."""
 CHECKPOINT_WAIT_S_MAX = 20.0
 EXIT_WAIT_S_MAX = 20.0
-CHECKPOINT = CheckpointPolicy(interval_ms=2000, wal_reserve_entries=100)
+CHECKPOINT = Policy(checkpoint_interval_ms=2000, checkpoint_wal_reserve_entries=100)
 """A checkpoint every 2 s while commits arrive (the default is 60 s), keeping 100 WAL entries
 below it: short enough that the demo sees one truncate the WAL."""
 CNS = ("cn-1", "cn-2")
@@ -295,10 +296,12 @@ class _Story:
             await asyncio.sleep(0.2)
         ckp_ts, manifest = listing[-1]
         self.say(
-            f"the active TN checkpointed by itself (interval {CHECKPOINT.interval_ms} ms here): "
+            "the active TN checkpointed by itself "
+            f"(interval {CHECKPOINT.checkpoint_interval_ms} ms here): "
             f"its listing shows {len(listing)}, the newest at ckp_ts {ckp_ts} ({manifest}); "
             f"logsvc shard {self.shard} now retains LSNs [{first}, {next_lsn}): the WAL below "
-            f"it, less a reserve of {CHECKPOINT.wal_reserve_entries} entries, is truncated"
+            f"it, less a reserve of {CHECKPOINT.checkpoint_wal_reserve_entries} entries, "
+            "is truncated"
         )
 
     async def _tn_killed(self, writers: list[asyncio.Task[None]]) -> None:

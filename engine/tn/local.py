@@ -20,8 +20,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.compaction import Policy
 from engine.tn.channel import probe
-from engine.tn.config import CheckpointPolicy
 from engine.tn.limits import ClientOptions
 
 START_WAIT_S_MAX = 30.0
@@ -74,11 +74,11 @@ def write_pair(
     cluster_dir: str,
     shard: int,
     token: str,
-    checkpoint: CheckpointPolicy | None = None,
+    maintenance: Policy | None = None,
 ) -> LocalPair:
     """Two TN configs on `shard` of the dev-cluster in `cluster_dir` (client.toml there),
     each the other's peer, sharing one object directory under `base`; and cn.toml.
-    `checkpoint` (the TNs' `[checkpoint]`): the engine's defaults when None."""
+    `maintenance` (the TNs' `[maintenance]`): the engine's defaults when None."""
     base.mkdir(parents=True, exist_ok=True)
     link = base / "cluster"
     if not link.exists():
@@ -87,8 +87,8 @@ def write_pair(
     token_path.write_text(token + "\n")
     os.chmod(token_path, TOKEN_FILE_MODE)
     pair = LocalPair(base, token, f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}")
-    _write_tn_config(pair.config_a, "tn-a", pair.a, pair.b, shard, checkpoint)
-    _write_tn_config(pair.config_b, "tn-b", pair.b, pair.a, shard, checkpoint)
+    _write_tn_config(pair.config_a, "tn-a", pair.a, pair.b, shard, maintenance)
+    _write_tn_config(pair.config_b, "tn-b", pair.b, pair.a, shard, maintenance)
     pair.cn_config.write_text(
         f'tns = ["{pair.a}", "{pair.b}"]\ntoken_file = "tn.token"\n\n[objects]\ndir = "objects"\n'
     )
@@ -96,13 +96,14 @@ def write_pair(
 
 
 def _write_tn_config(
-    path: Path, name: str, listen: str, peer: str, shard: int, checkpoint: CheckpointPolicy | None
+    path: Path, name: str, listen: str, peer: str, shard: int, maintenance: Policy | None
 ) -> None:
     more = ""
-    if checkpoint is not None:
+    if maintenance is not None:
         more = (
-            f"\n[checkpoint]\ninterval_ms = {checkpoint.interval_ms}\n"
-            f"wal_reserve_entries = {checkpoint.wal_reserve_entries}\n"
+            f"\n[maintenance]\nflush_age_ms = {maintenance.flush_age_ms}\n"
+            f"checkpoint_interval_ms = {maintenance.checkpoint_interval_ms}\n"
+            f"checkpoint_wal_reserve_entries = {maintenance.checkpoint_wal_reserve_entries}\n"
         )
     path.write_text(
         f"""\

@@ -16,6 +16,7 @@ older than the checkpoint a restart began from are refused.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from engine import Column, Engine, Schema, SnapshotUnavailable, WalCorruption, l
 from engine.checkpoint import layout
 from engine.checkpoint.errors import CheckpointCorrupt
 from engine.checkpoint.layout import Manifest
+from engine.clock import wall_ms
 from engine.compaction import Policy
 from engine.objects.store import MemoryObjectStore
 from engine.wal.entry import BlockLevel
@@ -306,3 +308,54 @@ def test_the_policy_sets_the_checkpoint_interval_and_the_wal_reserve() -> None:
             await eng.close()
 
     run(main)
+
+
+class _GatedStore(MemoryObjectStore):
+    """Puts wait (in the checkpoint's worker thread) until `gate` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def put(self, name: str, data: bytes) -> None:
+        assert self.gate.wait(30), "the test never opened the gate"
+        super().put(name, data)
+
+
+def test_commits_made_while_a_checkpoint_is_written_make_the_next_one_due() -> None:
+    """The engine counts WAL entries since the newest checkpoint's ckp_dsn, not since the
+    moment it finished: a commit that lands while a checkpoint is written is not in it, and
+    an engine that then goes idle still takes one that covers it after the interval."""
+
+    async def test() -> None:
+        objects = _GatedStore()
+        eng = await open_engine(MemoryBackend(), objects)
+        async with eng.transaction() as txn:
+            await txn.create_database("d")
+            await txn.create_table("d", "t", ROWS)
+        await insert(eng, range(10))
+        objects.gate.clear()
+        checkpoint = asyncio.ensure_future(eng.checkpoint())
+        try:
+            await asyncio.sleep(0)  # it took its ckp_ts and waits on the store
+            await insert(eng, range(10, 20))
+            late_ts = eng.visible_ts
+        finally:
+            objects.gate.set()
+        first = await checkpoint
+        assert first is not None and first.ckp_ts < late_ts
+        maintenance = eng.maintenance
+        assert maintenance is not None
+        maintenance._maybe_checkpoint(wall_ms() + limits.CKP_INTERVAL_MS)
+        task = maintenance._checkpoint_task
+        assert task is not None, "no checkpoint due for the commit the first one missed"
+        await task
+        checkpointer = eng.checkpointer
+        assert checkpointer is not None and checkpointer.newest is not None
+        assert checkpointer.newest.ckp_ts == late_ts
+        maintenance._maybe_checkpoint(wall_ms() + 2 * limits.CKP_INTERVAL_MS)
+        assert maintenance._checkpoint_task is None  # idle and covered: none due
+        await eng.close()
+
+    run(test)

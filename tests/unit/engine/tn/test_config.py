@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from engine.cli import main
-from engine.tn.config import CheckpointPolicy, load_cn, load_tn
+from engine.compaction import Policy
+from engine.tn.config import load_cn, load_tn
 from engine.tn.watch import WatchPolicy
 
 CONFIGS = Path(__file__).resolve().parents[4] / "configs"
@@ -84,15 +85,18 @@ def test_the_examples_load(base: Path) -> None:
     assert tn.objects.dir == str(base / "objects") and tn.data_dir == str(base / "tn1")
     assert tn.client_config == str(base / "cluster" / "client.toml")
     assert tn.watch == WatchPolicy()
-    assert tn.checkpoint == CheckpointPolicy()
+    assert tn.maintenance == Policy()
     cn = load_cn(str(base / "cn.toml"))
     assert cn.tns == ("127.0.0.1:7901", "127.0.0.1:7902") and cn.token == TOKEN
     assert cn.objects.dir == str(base / "objects")
 
 
-def test_the_checkpoint_policy_loads(base: Path) -> None:
-    (base / "tn.toml").write_text(TN_TOML + "[checkpoint]\ninterval_ms = 2000\n")
-    assert load_tn(str(base / "tn.toml")).checkpoint == CheckpointPolicy(2000, 1024)
+def test_maintenance_overrides_the_engine_defaults(base: Path) -> None:
+    text = TN_TOML + "\n[maintenance]\ncheckpoint_interval_ms = 1000\n"
+    text += "checkpoint_wal_reserve_entries = 7\n"
+    (base / "tn.toml").write_text(text)
+    policy = load_tn(str(base / "tn.toml")).maintenance
+    assert policy == Policy(checkpoint_interval_ms=1000, checkpoint_wal_reserve_entries=7)
 
 
 def test_s3_objects_load(base: Path) -> None:
@@ -169,11 +173,20 @@ TN_CASES: list[tuple[str, Edit, str]] = [
         "watch.failure_window_ms_max",
     ),
     ("watch typo", append("[watch]\nprobe_intervall_ms = 100\n"), "watch.probe_intervall_ms"),
-    ("checkpoint every 1 ms", append("[checkpoint]\ninterval_ms = 1\n"), "checkpoint.interval_ms"),
+    (
+        "checkpoint interval 0",
+        append("[maintenance]\ncheckpoint_interval_ms = 0\n"),
+        "maintenance.checkpoint_interval_ms",
+    ),
+    (
+        "maintenance typo",
+        append("[maintenance]\nflush_age = 1000\n"),
+        "maintenance.flush_age",
+    ),
     (
         "a negative reserve",
-        append("[checkpoint]\nwal_reserve_entries = -1\n"),
-        "checkpoint.wal_reserve_entries",
+        append("[maintenance]\ncheckpoint_wal_reserve_entries = -1\n"),
+        "maintenance.checkpoint_wal_reserve_entries",
     ),
 ]
 
