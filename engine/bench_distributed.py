@@ -690,7 +690,7 @@ async def _load_and_cold_start(
     addresses = [pair.a]
     tn = NetworkTN(addresses, pair.token)
     try:
-        loader = ComputeNode(tn, None, client_id="bench-loader")
+        loader = ComputeNode(tn, None, client_id="bench-ddl")  # not _load's origin
         try:
             async with loader.transaction() as txn:
                 await txn.create_database(DB_NAME)
@@ -841,6 +841,9 @@ async def _cold_start(
             )
         scan_s = time.monotonic() - scan_started
         assert got.num_rows == hi - lo, (got.num_rows, lo, hi)
+        async with cn.snapshot() as view:  # the first and last loaded keys: the whole load
+            table = view.table(DB_NAME, BIG_TABLE)
+            assert await table.get(0) is not None and await table.get(rows - 1) is not None
         return {
             "first_get_s": round(first_get_s, 3),
             "first_scan_s": round(first_get_s + scan_s, 3),

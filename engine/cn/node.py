@@ -159,6 +159,9 @@ class ComputeNode:
         self._history_floor_ts = 0
         self._open_txns: weakref.WeakSet[Transaction] = weakref.WeakSet()
         self._pull_lock = asyncio.Lock()
+        self._newest_pull: asyncio.Future[int] | None = None
+        """A pull to the TN's newest timestamp that has not asked the TN yet (callers join)."""
+        self._pulls: set[asyncio.Task[None]] = set()
         self._closed = False
         self._follow_queue: asyncio.Queue[TailEntry | None] | None = None
         self._follow_task: asyncio.Task[None] | None = None
@@ -222,23 +225,58 @@ class ComputeNode:
         """Pull logtail until the state is at `ts` (default: the TN's visible timestamp, as
         of now). Returns the timestamp reached (at most the TN's visible one)."""
         self._check_not_closed()
-        async with self._pull_lock:
-            if ts is None:
-                ts = (await self._port.status()).visible_ts
-            if ts <= self.applied_ts:
-                return self.applied_ts
-            for _ in range(PULL_ATTEMPTS_MAX):
-                try:
-                    tail = await self._port.logtail(self.applied_ts, ts)
-                    break
-                except LogtailUnavailable:
-                    await asyncio.sleep(PULL_RETRY_S)
-            else:
-                raise SnapshotUnavailable(
-                    f"the TN cannot bring this compute node from {self.applied_ts} to {ts} yet"
-                )
-            await self._apply(tail)
+        if ts is not None:
+            async with self._pull_lock:
+                return await self._pull_to(ts)
+        # Callers that want the TN's newest share one pull that starts after they asked: its
+        # status question is sent after each of them called, so its answer is as new as each
+        # needs. (One pull per caller, one at a time, made 16 writers wait 16 round trips.)
+        shared = self._newest_pull
+        if shared is None:
+            shared = self._newest_pull = asyncio.get_running_loop().create_future()
+            task = asyncio.ensure_future(self._pull_newest(shared))
+            self._pulls.add(task)
+            task.add_done_callback(self._pulls.discard)
+        return await asyncio.shield(shared)
+
+    async def _pull_newest(self, shared: asyncio.Future[int]) -> None:
+        try:
+            async with self._pull_lock:
+                if self._newest_pull is shared:
+                    self._newest_pull = None  # who asks from now on needs a newer answer
+                status = await self._port.status()
+                reached = await self._pull_to(status.visible_ts)
+        except asyncio.CancelledError:  # closing
+            self._forget_pull(shared)
+            shared.cancel()
+            raise
+        except Exception as exc:
+            self._forget_pull(shared)
+            shared.set_exception(exc)
+            shared.exception()  # retrieved: every caller may have gone
+        else:
+            shared.set_result(reached)
+
+    def _forget_pull(self, shared: asyncio.Future[int]) -> None:
+        if self._newest_pull is shared:
+            self._newest_pull = None
+
+    async def _pull_to(self, ts: int) -> int:
+        """`catch_up(ts)` with `_pull_lock` held."""
+        if ts <= self.applied_ts:
             return self.applied_ts
+        for _ in range(PULL_ATTEMPTS_MAX):
+            try:
+                tail = await self._port.logtail(self.applied_ts, ts)
+                break
+            except LogtailUnavailable:
+                await asyncio.sleep(PULL_RETRY_S)
+        else:
+            raise SnapshotUnavailable(
+                f"the TN cannot bring this compute node from {self.applied_ts} to {ts} yet"
+            )
+        await self._apply(tail)
+        return self.applied_ts
 
     async def _apply(self, tail: Logtail) -> None:
         if tail.checkpoint is not None:
@@ -341,6 +379,8 @@ class ComputeNode:
 
     async def close(self) -> None:
         self._closed = True
+        for pull in tuple(self._pulls):
+            pull.cancel()
         if self._unsubscribe is not None:
             self._unsubscribe()
         task, self._follow_task = self._follow_task, None

@@ -267,3 +267,56 @@ def test_scans_with_filters_on_a_compute_node() -> None:
             await tn.close()
 
     run(main)
+
+
+class _CountingTN(LocalTN):
+    """LocalTN whose status answers take a moment to arrive (a network round trip), each
+    counted with the visible timestamp it carries."""
+
+    def __init__(self, engine: Engine) -> None:
+        super().__init__(engine)
+        self.engine = engine
+        self.asked_at: list[int] = []
+
+    async def status(self) -> Any:
+        answer = await super().status()  # the TN answers now; the answer arrives later
+        self.asked_at.append(answer.visible_ts)
+        await asyncio.sleep(0.01)
+        return answer
+
+
+def test_concurrent_transactions_share_one_pull_as_new_as_each_asked() -> None:
+    """Sixteen transactions begun at once ask the TN for its newest state in one or two
+    pulls, not sixteen one after another; and each starts at or after the TN's visible
+    timestamp when it was begun (a shared pull that asked earlier would be too old)."""
+
+    async def main() -> None:
+        eng, objects = await tn_and_store()
+        port = _CountingTN(eng)
+        cn = ComputeNode(port, objects)
+        try:
+            async with eng.transaction() as txn:
+                await txn.create_database("d")
+                await txn.create_table("d", "t", ROWS)
+
+            txns = await asyncio.gather(*(cn.begin() for _ in range(16)))
+            assert len(port.asked_at) <= 2, port.asked_at  # 16 one at a time before
+            assert {txn.start_ts for txn in txns} == {eng.visible_ts}
+            for txn in txns:
+                await txn.rollback()
+            # A begin while a pull's question is on its way does not join it: that answer
+            # may be older than what the TN made visible since.
+            asked = len(port.asked_at)
+            first = asyncio.ensure_future(cn.begin())
+            await asyncio.sleep(0.002)
+            assert len(port.asked_at) == asked + 1  # asked, not answered yet
+            async with eng.transaction() as txn:
+                await txn.table("d", "t").insert(rows(1))
+            visible = eng.visible_ts
+            second = await cn.begin()
+            assert second.start_ts >= visible > (await first).start_ts
+        finally:
+            await cn.close()
+            await eng.close()
+
+    run(main)
