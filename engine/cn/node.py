@@ -33,12 +33,13 @@ from engine import limits
 from engine.blockstore import ObjectBlockStore
 from engine.checkpoint import files
 from engine.cn.port import TNPort
-from engine.errors import EngineClosed, Overloaded, SnapshotUnavailable
+from engine.errors import BadInput, EngineClosed, Overloaded, SnapshotUnavailable
 from engine.logtail import Logtail, LogtailUnavailable, TailEntry
 from engine.objects.store import ObjectStore
 from engine.schema import Schema, to_batch
 from engine.state import ApplyError, EngineState
 from engine.storage import PersistedBlock
+from engine.tn import limits as tn_limits
 from engine.txn import TableHandle, Transaction, TxnState
 from engine.wal.codec import decode_entry
 from engine.wal.entry import TxnEntry
@@ -145,7 +146,13 @@ class ComputeNode:
         client_id: str | None = None,
     ) -> None:
         self._port = port
-        self.client_id = client_id or f"cn-{uuid.uuid4().hex[:12]}"
+        name = client_id or "cn"
+        if not 1 <= len(name.encode()) <= tn_limits.CN_NAME_BYTES_MAX:
+            bound = tn_limits.CN_NAME_BYTES_MAX
+            raise BadInput(f"a compute node's name must be 1 to {bound} bytes")
+        self.client_id = f"{name}-{uuid.uuid4().hex[: tn_limits.INCARNATION_HEX_CHARS]}"
+        """The id in this node's commit origins: its name and this incarnation (a node
+        restarted, or another given the same name, never repeats a `(client_id, seq)`)."""
         self._seq = 0
         self._state = EngineState()
         self._store = ObjectBlockStore(objects, cache_bytes) if objects is not None else None

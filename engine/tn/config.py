@@ -214,9 +214,9 @@ def load_cn(path: str) -> CNConfig:
     client_id = None
     if "client_id" in root:
         client_id = root.string("client_id")
-        if not 1 <= len(client_id.encode()) <= limits.CLIENT_ID_BYTES_MAX:
+        if not 1 <= len(client_id.encode()) <= limits.CN_NAME_BYTES_MAX:
             raise ConfigError(
-                root.key("client_id"), f"must be 1 to {limits.CLIENT_ID_BYTES_MAX} bytes"
+                root.key("client_id"), f"must be 1 to {limits.CN_NAME_BYTES_MAX} bytes"
             )
     cache_bytes = _cache_bytes(root)
     objects = _objects(root, base_dir, path, mode)

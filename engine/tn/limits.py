@@ -57,6 +57,14 @@ NAME_BYTES_MAX = engine_limits.NAME_BYTES_MAX
 CLIENT_ID_BYTES_MAX = 256
 """A compute node's id in its write sets' origins."""
 
+INCARNATION_HEX_CHARS = 12
+"""A compute node's id is its name, "-", then this many random hex digits drawn when it
+starts: two nodes given one name, or one node restarted, never share a `(client_id, seq)`
+(the TN would answer the second as a retry of the first, decision 0007)."""
+
+CN_NAME_BYTES_MAX = CLIENT_ID_BYTES_MAX - 1 - INCARNATION_HEX_CHARS
+"""cn.toml's `client_id`: the name part of a compute node's id."""
+
 SCHEMA_JSON_BYTES_MAX = 1 * MiB
 """A table schema as JSON (engine/checkpoint/layout.py `schema_json`): COLUMNS_MAX columns of
 NAME_BYTES_MAX-byte names and their types fit in under 400 KiB."""

@@ -21,7 +21,15 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from engine import Column, DuplicateKey, Engine, Schema, SnapshotUnavailable, WriteConflict
+from engine import (
+    BadInput,
+    Column,
+    DuplicateKey,
+    Engine,
+    Schema,
+    SnapshotUnavailable,
+    WriteConflict,
+)
 from engine.cn import node
 from engine.cn.node import ComputeNode
 from engine.cn.port import LocalTN
@@ -317,6 +325,32 @@ def test_concurrent_transactions_share_one_pull_as_new_as_each_asked() -> None:
             assert second.start_ts >= visible > (await first).start_ts
         finally:
             await cn.close()
+            await eng.close()
+
+    run(main)
+
+
+def test_compute_nodes_given_one_name_never_answer_each_others_commits() -> None:
+    """Two CNs with the same `client_id` (one cn.toml copied, or a CN restarted) each
+    count their commits from 1: their origins must still differ, or the TN would answer the
+    second commit as a retry of the first and drop its rows while acknowledging them."""
+
+    async def main() -> None:
+        eng, objects = await tn_and_store()
+        try:
+            async with eng.transaction() as txn:
+                await txn.create_database("d")
+                await txn.create_table("d", "t", ROWS)
+            for key in (1, 2):  # the second node: a copy, or the first one restarted
+                cn = ComputeNode(LocalTN(eng), objects, client_id="cn-1")
+                async with cn.transaction() as txn:
+                    await txn.table("d", "t").insert(rows(key))
+                await cn.close()
+            async with eng.snapshot(eng.visible_ts) as view:
+                assert await table_of(view) == [(1, 0), (2, 0)]
+            with pytest.raises(BadInput):
+                ComputeNode(LocalTN(eng), objects, client_id="x" * 250)
+        finally:
             await eng.close()
 
     run(main)
