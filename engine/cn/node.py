@@ -32,6 +32,7 @@ import pyarrow as pa
 from engine import limits
 from engine.blockstore import ObjectBlockStore
 from engine.checkpoint import files
+from engine.clock import TS_MAX
 from engine.cn.port import TNPort
 from engine.errors import BadInput, EngineClosed, Overloaded, SnapshotUnavailable
 from engine.logtail import Logtail, LogtailUnavailable, TailEntry
@@ -251,8 +252,8 @@ class ComputeNode:
             async with self._pull_lock:
                 if self._newest_pull is shared:
                     self._newest_pull = None  # who asks from now on needs a newer answer
-                status = await self._port.status()
-                reached = await self._pull_to(status.visible_ts)
+                # One request: the TN clamps the range to what it has made visible.
+                reached = await self._pull_to(TS_MAX)
         except asyncio.CancelledError:  # closing
             self._forget_pull(shared)
             shared.cancel()
@@ -269,7 +270,7 @@ class ComputeNode:
             self._newest_pull = None
 
     async def _pull_to(self, ts: int) -> int:
-        """`catch_up(ts)` with `_pull_lock` held."""
+        """`catch_up(ts)` with `_pull_lock` held (TS_MAX: as far as the TN can answer)."""
         if ts <= self.applied_ts:
             return self.applied_ts
         for _ in range(PULL_ATTEMPTS_MAX):

@@ -278,17 +278,17 @@ def test_scans_with_filters_on_a_compute_node() -> None:
 
 
 class _CountingTN(LocalTN):
-    """LocalTN whose status answers take a moment to arrive (a network round trip), each
-    counted with the visible timestamp it carries."""
+    """LocalTN whose logtail answers take a moment to arrive (a network round trip), each
+    counted with the timestamp it reaches."""
 
     def __init__(self, engine: Engine) -> None:
         super().__init__(engine)
         self.engine = engine
         self.asked_at: list[int] = []
 
-    async def status(self) -> Any:
-        answer = await super().status()  # the TN answers now; the answer arrives later
-        self.asked_at.append(answer.visible_ts)
+    async def logtail(self, t0: int, t1: int) -> Any:
+        answer = await super().logtail(t0, t1)  # the TN answers now; it arrives later
+        self.asked_at.append(answer.upto_ts)
         await asyncio.sleep(0.01)
         return answer
 
