@@ -112,7 +112,8 @@ class _Recorder:
             self.first_error = f"{type(exc).__name__}: {exc}"
 
 
-def _percentile(sorted_ms: Sequence[float], fraction: float) -> float | None:
+def percentile_of_sorted(sorted_ms: Sequence[float], fraction: float) -> float | None:
+    """The `fraction` quantile of ascending `sorted_ms` (nearest rank), rounded to 3 places."""
     if not sorted_ms:
         return None
     return round(sorted_ms[min(len(sorted_ms) - 1, int(fraction * len(sorted_ms)))], 3)
@@ -142,9 +143,9 @@ def _result(
         "commits": commits,
         "commits_per_s": round(commits / window, 1),
         "rows_per_s": round(commits * case.rows / window, 1),
-        "p50_ms": _percentile(samples, 0.50),
-        "p99_ms": _percentile(samples, 0.99),
-        "p999_ms": _percentile(samples, 0.999),
+        "p50_ms": percentile_of_sorted(samples, 0.50),
+        "p99_ms": percentile_of_sorted(samples, 0.99),
+        "p999_ms": percentile_of_sorted(samples, 0.999),
         "max_ms": round(samples[-1], 3) if samples else None,
         # CPU over the whole measurement (drain included) per commit that returned in it.
         "cpu_us_per_commit": round(cpu_s * 1e6 / len(samples), 1) if samples else None,
@@ -251,7 +252,7 @@ async def measure_engine(
             checkpoints_before = checkpointer.taken if checkpointer is not None else 0
             driver_stats: Callable[[], Any] | None = getattr(eng, "driver_stats", None)
             before = driver_stats() if driver_stats is not None else None
-            cluster_before = _cpu_of(cluster_pids)
+            cluster_before = cpu_of(cluster_pids)
             cpu_before = time.process_time()
             started = clock()
             sampler = asyncio.get_running_loop().create_task(_sample_wal(eng, wal_high))
@@ -261,7 +262,7 @@ async def measure_engine(
                 sampler.cancel()
             elapsed = clock() - started
             cpu = time.process_time() - cpu_before
-            cluster_after = _cpu_of(cluster_pids)
+            cluster_after = cpu_of(cluster_pids)
             after = driver_stats() if driver_stats is not None else None
             checkpoints = (
                 checkpointer.taken if checkpointer is not None else 0
@@ -311,7 +312,7 @@ async def _sample_wal(eng: Any, high: dict[str, Any]) -> None:
         await asyncio.sleep(WAL_SAMPLE_S)
 
 
-def _cpu_of(pids: dict[str, int] | None) -> dict[str, float]:
+def cpu_of(pids: dict[str, int] | None) -> dict[str, float]:
     """CPU seconds (user + system) of each process, from /proc (Linux)."""
     out: dict[str, float] = {}
     for name, pid in (pids or {}).items():

@@ -65,24 +65,20 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from engine import bench_scan
-from engine.bench import Case, _cpu_of, local_cluster, measure_sqlite
+from engine import bench_cold_start as cold_start
+from engine.bench import Case, cpu_of, local_cluster, measure_sqlite, percentile_of_sorted
+from engine.bench_cold_start import DB_NAME
 from engine.cn.client import NetworkTN
 from engine.cn.node import ComputeNode
-from engine.cn.port import TNStatus
 from engine.compaction import Policy
 from engine.errors import EngineError, OutcomeUnknown, WriteConflict
-from engine.logtail import Logtail, TailEntry
+from engine.logtail import TailEntry
 from engine.objects.store import LocalDirStore
 from engine.schema import Column, Schema
 from engine.tn.local import LocalPair, TNProcess, stop_all, wait_role, write_pair
-from engine.writeset import Op, WriteSet
 
-DB_NAME = "bench"
 SMALL_TABLE = "t"
-BIG_TABLE = "orders"
 SMALL_SCHEMA = Schema([Column("id", "int64"), Column("payload", "string")], primary_key=["id"])
 PAYLOAD = "x" * 92
 """With the 8-byte key, ~100 B of row data, as `engine.bench commit`."""
@@ -93,15 +89,9 @@ ROWS_MAX = 100_000_000
 LOAD_BATCH_ROWS_MAX = 250_000
 """Rows of one load transaction: its Arrow stream stays below the TN protocol's 8 MiB per
 insert operation (engine/tn/limits.py OP_ROWS_BYTES_MAX; ~30 B a row of `orders`)."""
-LOADS_IN_FLIGHT = 2
-"""Load transactions sent at once: one is encoded while the TN runs the other."""
 PROBES_MAX = 100_000
 SHARDS = 2
 """Shard 1: the TN pair of phases 2-4; shard 2: the cold start's TN (an empty log)."""
-CHECKPOINT_INTERVAL_MS = 1000
-"""The cold start TN's `[maintenance] checkpoint_interval_ms`."""
-CHECKPOINT_WAIT_S_MAX = 120.0
-"""How long the benchmark waits for a checkpoint that covers the load."""
 APPLY_WAIT_S_MAX = 30.0
 """How long a node may take to apply what the other acknowledged (else a sample is
 missing, reported as such)."""
@@ -112,7 +102,6 @@ FAILOVER_BEFORE_S = 1.0
 SNAPSHOT_RETRIES_MAX = 5
 """A transaction begun before the failover may get the retryable "snapshot too old"
 conflict on the new TN (decision 0007): tried again this many times."""
-RANGE_KEYS = 10_000
 PROBE_GAP_S = 0.02
 """Between idle freshness probes: the previous probe reached the other node by then."""
 CHILD_WAIT_S_MAX = 60.0
@@ -142,10 +131,7 @@ class Options:
 
 
 def percentile(samples: Sequence[float], fraction: float) -> float | None:
-    if not samples:
-        return None
-    ordered = sorted(samples)
-    return round(ordered[min(len(ordered) - 1, int(fraction * len(ordered)))], 3)
+    return percentile_of_sorted(sorted(samples), fraction)
 
 
 def _row(key: int) -> pa.RecordBatch:
@@ -485,12 +471,12 @@ async def _commits(
     if options.warmup > 0:
         await _writers(cn, keys, options.writers, options.warmup, ledger, None)
     mine = _Acks()
-    cpu_before, others_before = time.process_time(), _cpu_of(pids)
+    cpu_before, others_before = time.process_time(), cpu_of(pids)
     started = time.monotonic()
     await _writers(cn, keys, options.writers, options.seconds, ledger, mine)
     elapsed = time.monotonic() - started
     theirs_sent = await child.receive(options.seconds + CHILD_WAIT_S_MAX)
-    cpu, others_after = time.process_time() - cpu_before, _cpu_of(pids)
+    cpu, others_after = time.process_time() - cpu_before, cpu_of(pids)
     theirs = _Acks(
         array("q", theirs_sent["commit_ts"]),
         array("d", theirs_sent["at"]),
@@ -681,183 +667,6 @@ async def _read_back(
     return {"acknowledged": line["acknowledged"], "lost": line["lost"]}
 
 
-# --- phase 5: load through a TN, then a compute node's cold start ------------------------------
-
-
-async def _load_and_cold_start(
-    pair: LocalPair, options: Options, emit: Callable[[dict[str, Any]], None]
-) -> dict[str, Any]:
-    addresses = [pair.a]
-    tn = NetworkTN(addresses, pair.token)
-    try:
-        loader = ComputeNode(tn, None, client_id="bench-ddl")  # not _load's origin
-        try:
-            async with loader.transaction() as txn:
-                await txn.create_database(DB_NAME)
-                await txn.create_table(DB_NAME, BIG_TABLE, bench_scan.SCHEMA)
-        finally:
-            await loader.close()
-        load_s, last_ts = await _load(tn, options)
-        emit(
-            {
-                "bench": "distributed",
-                "figure": "load",
-                "rows": options.rows,
-                "rows_per_txn": options.load_batch_rows,
-                "seconds": round(load_s, 2),
-                "rows_per_s": round(options.rows / load_s) if load_s else None,
-            }
-        )
-        started = time.monotonic()
-        checkpoint_ts = await _checkpoint_covering(tn, last_ts)
-        checkpoint_wait_s = time.monotonic() - started
-    finally:
-        await tn.close()
-    found: dict[str, Any] = {"load_s": round(load_s, 2)}
-    for forced in (False, True):
-        cold = await _cold_start(addresses, pair, options.rows, from_checkpoint=forced)
-        emit(
-            {
-                "bench": "distributed",
-                "figure": "cold_start",
-                "rows": options.rows,
-                "from_checkpoint_forced": forced,
-                "checkpoint_wait_s": round(checkpoint_wait_s, 2),
-                "checkpoint_covers_load": checkpoint_ts is not None,
-                **cold,
-            }
-        )
-        name = "checkpoint" if forced else "tn_answer"
-        found[f"cold_start_{name}_s"] = cold["first_get_s"]
-        found[f"cold_start_{name}_scan_s"] = cold["first_scan_s"]
-    found["cold_start_s"] = max(found["cold_start_checkpoint_s"], found["cold_start_tn_answer_s"])
-    return found
-
-
-class _CheckpointFirst:
-    """A `TNPort` over a `NetworkTN` that answers a compute node's first pull (from 0) with
-    the TN's newest checkpoint and the entries after it: what the TN answers by itself once
-    its in-memory logtail no longer reaches back to 0 (a TN that has run for a while, or
-    restarted). A fresh TN still holds every entry and sends those instead."""
-
-    def __init__(self, tn: NetworkTN) -> None:
-        self._tn = tn
-
-    async def status(self) -> TNStatus:
-        return await self._tn.status()
-
-    async def logtail(self, t0: int, t1: int) -> Logtail:
-        if t0 == 0:
-            checkpoints = await self._tn.checkpoints()
-            if checkpoints:
-                ckp_ts, name = checkpoints[-1]
-                after = await self._tn.logtail(ckp_ts, t1)
-                if after.checkpoint is None:
-                    return Logtail(name, ckp_ts, after.entries, after.upto_ts)
-                return after
-        return await self._tn.logtail(t0, t1)
-
-    async def commit(self, write_set: WriteSet) -> int:
-        return await self._tn.commit(write_set)
-
-    async def subscribe(
-        self,
-        on_entry: Callable[[TailEntry], None],
-        *,
-        on_gap: Callable[[], None] | None = None,
-    ) -> Callable[[], None]:
-        return await self._tn.subscribe(on_entry, on_gap=on_gap)
-
-
-async def _load(tn: NetworkTN, options: Options) -> tuple[float, int]:
-    """`options.rows` rows in write sets of `options.load_batch_rows`, LOADS_IN_FLIGHT at
-    once; the seconds it took and the newest commit_ts."""
-    status = await tn.status()
-    newest = [0]
-    slots = asyncio.Semaphore(LOADS_IN_FLIGHT)
-
-    async def one(seq: int, first: int) -> None:
-        try:
-            count = min(options.load_batch_rows, options.rows - first)
-            rows = pa.Table.from_batches([bench_scan.batch(first, count)])
-            ops = (Op("insert", DB_NAME, BIG_TABLE, rows=rows),)
-            # Disjoint keys: any snapshot will do; the TN checks the keys at commit.
-            commit_ts = await tn.commit(WriteSet(status.visible_ts, ops, "bench-loader", seq))
-            newest[0] = max(newest[0], commit_ts)
-        finally:
-            slots.release()
-
-    started = time.monotonic()
-    tasks: list[asyncio.Task[None]] = []
-    try:
-        for seq, first in enumerate(range(0, options.rows, options.load_batch_rows), start=1):
-            await slots.acquire()
-            failed = [t for t in tasks if t.done() and t.exception() is not None]
-            if failed:
-                failed[0].result()
-            tasks.append(asyncio.ensure_future(one(seq, first)))
-        await asyncio.gather(*tasks)
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-    return time.monotonic() - started, newest[0]
-
-
-async def _checkpoint_covering(tn: NetworkTN, ts: int) -> int | None:
-    """Wait until the TN's newest checkpoint is at or past `ts`; its ckp_ts, or None after
-    CHECKPOINT_WAIT_S_MAX."""
-    deadline = time.monotonic() + CHECKPOINT_WAIT_S_MAX
-    while time.monotonic() < deadline:
-        status = await tn.status()
-        if status.checkpoint_ts >= ts:
-            return status.checkpoint_ts
-        await asyncio.sleep(0.1)
-    return None
-
-
-async def _cold_start(
-    addresses: list[str], pair: LocalPair, rows: int, *, from_checkpoint: bool
-) -> dict[str, Any]:
-    """A compute node that starts with nothing (its own client, an empty cache): seconds to
-    its first point lookup's answer, then to a range scan's."""
-    started = time.monotonic()
-    tn = NetworkTN(addresses, pair.token)
-    store = LocalDirStore(str(pair.objects), read_only=True)
-    cn = ComputeNode(_CheckpointFirst(tn) if from_checkpoint else tn, store)
-    try:
-        key = rows // 2
-        async with cn.snapshot() as view:
-            row = await view.table(DB_NAME, BIG_TABLE).get(key)
-        first_get_s = time.monotonic() - started
-        assert row is not None and row["id"] == key, row
-        lo = rows // 3
-        hi = min(rows, lo + RANGE_KEYS)
-        scan_started = time.monotonic()
-        async with cn.snapshot() as view:
-            got = await view.table(DB_NAME, BIG_TABLE).scan(
-                columns=["id", "amount"],
-                filter=(pc.field("id") >= lo) & (pc.field("id") < hi),
-            )
-        scan_s = time.monotonic() - scan_started
-        assert got.num_rows == hi - lo, (got.num_rows, lo, hi)
-        async with cn.snapshot() as view:  # the first and last loaded keys: the whole load
-            table = view.table(DB_NAME, BIG_TABLE)
-            assert await table.get(0) is not None and await table.get(rows - 1) is not None
-        return {
-            "first_get_s": round(first_get_s, 3),
-            "first_scan_s": round(first_get_s + scan_s, 3),
-            "range_scan_ms": round(scan_s * 1000, 1),
-            "range_rows": got.num_rows,
-            "checkpoints_loaded": cn.checkpoints_loaded,
-            "entries_applied": cn.entries_applied,
-        }
-    finally:
-        await cn.close()
-        await tn.close()
-        store.close()
-
-
 # --- the command ------------------------------------------------------------------------------
 
 
@@ -897,12 +706,18 @@ def run(options: Options, emit: Callable[[dict[str, Any]], None]) -> dict[str, A
                 cluster_dir,
                 2,
                 token,
-                Policy(checkpoint_interval_ms=CHECKPOINT_INTERVAL_MS),
+                Policy(checkpoint_interval_ms=cold_start.CHECKPOINT_INTERVAL_MS),
             )
             tn = TNProcess(loading.config_a)
             try:
                 asyncio.run(wait_role(loading.a, token, "active", tn))
-                found.update(asyncio.run(_load_and_cold_start(loading, options, emit)))
+                found.update(
+                    asyncio.run(
+                        cold_start.load_and_cold_start(
+                            loading, options.rows, options.load_batch_rows, emit
+                        )
+                    )
+                )
             finally:
                 stop_all(tn)
     finally:
