@@ -524,144 +524,84 @@ def _command_rows(
     )
     for index, cmd in enumerate(entry.commands):
         if isinstance(cmd, UpdateCatalog):
-            schema_json = None if cmd.schema is None else schemas.schema_to_json(cmd.schema)
-            yield (
-                *head,
+            yield _command_row(
+                head,
                 index,
                 "catalog",
-                cmd.db_id,
-                cmd.table_id or None,
-                cmd.kind.name.lower(),
-                cmd.op.name.lower(),
-                cmd.name,
-                schema_json,
-                None,
-                None,
-                None,
-                None,
-                None,
-                0,
-                None,
-                None,
-                None,
-                None,
+                db_id=cmd.db_id,
+                table_id=cmd.table_id or None,
+                catalog_kind=cmd.kind.name.lower(),
+                catalog_op=cmd.op.name.lower(),
+                name=cmd.name,
+                schema_json=None if cmd.schema is None else schemas.schema_to_json(cmd.schema),
             )
         elif isinstance(cmd, Append):
             ipc = encode_batch(cmd.batch) if batches else None
             infos = [
                 {"block_id": i.block_id, "offset": i.offset, "rows": i.rows} for i in cmd.infos
             ]
-            yield (
-                *head,
+            yield _command_row(
+                head,
                 index,
                 "append",
-                cmd.db_id,
-                cmd.table_id,
-                None,
-                None,
-                None,
-                None,
-                None,
-                cmd.batch.num_rows,
-                infos,
-                ipc,
-                None,
-                None if ipc is None else len(ipc),
-                None,
-                None,
-                None,
-                None,
+                db_id=cmd.db_id,
+                table_id=cmd.table_id,
+                n_rows=cmd.batch.num_rows,
+                infos=infos,
+                batch_ipc=ipc,
+                cmd_bytes=None if ipc is None else len(ipc),
             )
         elif isinstance(cmd, CreateBlock):
-            yield (
-                *head,
+            yield _command_row(
+                head,
                 index,
                 "create_block",
-                cmd.db_id,
-                cmd.table_id,
-                None,
-                None,
-                None,
-                None,
-                cmd.block_id,
-                cmd.rows,
-                None,
-                None,
-                None,
-                0,
-                cmd.object_name,
-                cmd.row_group,
-                int(cmd.level),
-                None,
+                db_id=cmd.db_id,
+                table_id=cmd.table_id,
+                block_id=cmd.block_id,
+                n_rows=cmd.rows,
+                object=cmd.object_name,
+                row_group=cmd.row_group,
+                level=int(cmd.level),
             )
         elif isinstance(cmd, DropBlock):
-            yield (
-                *head,
+            yield _command_row(
+                head,
                 index,
                 "drop_block",
-                cmd.db_id,
-                cmd.table_id,
-                None,
-                None,
-                None,
-                None,
-                cmd.block_id,
-                None,
-                None,
-                None,
-                None,
-                0,
-                None,
-                None,
-                None,
-                None,
+                db_id=cmd.db_id,
+                table_id=cmd.table_id,
+                block_id=cmd.block_id,
             )
         elif isinstance(cmd, Origin):
-            yield (
-                *head,
-                index,
-                "origin",
-                None,
-                None,
-                None,
-                None,
-                cmd.client_id,
-                None,
-                None,
-                None,
-                None,
-                None,
-                None,
-                0,
-                None,
-                None,
-                None,
-                cmd.seq,
-            )
+            yield _command_row(head, index, "origin", name=cmd.client_id, origin_seq=cmd.seq)
         else:
             assert isinstance(cmd, Delete)
             offsets = list(cmd.rows)
-            yield (
-                *head,
+            yield _command_row(
+                head,
                 index,
                 "delete",
-                cmd.db_id,
-                cmd.table_id,
-                None,
-                None,
-                None,
-                None,
-                cmd.block_id,
-                len(offsets),
-                None,
-                None,
-                offsets,
-                0,
-                None,
-                None,
-                None,
-                None,
+                db_id=cmd.db_id,
+                table_id=cmd.table_id,
+                block_id=cmd.block_id,
+                n_rows=len(offsets),
+                del_rows=offsets,
             )
+
+
+_COMMAND_FIELDS = tuple(schemas.COMMAND.names[schemas.COMMAND.get_field_index("db_id") :])
+"""The command level's columns after cmd_kind, in order: each command fills some."""
+
+
+def _command_row(
+    head: tuple[object, ...], index: int, kind: str, **values: object
+) -> tuple[object, ...]:
+    """A command-level row: `head` (log, position, entry), the command's index and kind, then
+    `values` by column name, None where a kind has nothing (cmd_bytes 0 unless given)."""
+    assert values.keys() <= set(_COMMAND_FIELDS), values.keys()
+    values.setdefault("cmd_bytes", 0)
+    return (*head, index, kind, *(values.get(name) for name in _COMMAND_FIELDS))
 
 
 # --- level record, columnar ------------------------------------------------------------------
