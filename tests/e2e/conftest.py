@@ -46,3 +46,13 @@ def own_cluster(tmp_path: Path) -> Iterator[LocalCluster]:
         yield started
     finally:
         started.close()
+
+
+@pytest.fixture
+def four_nodes(tmp_path: Path) -> Iterator[LocalCluster]:
+    """Four node processes on loopback hosting one shard (membership and learner tests)."""
+    started = LocalCluster(tmp_path, shards=1, nodes=4)
+    try:
+        yield started
+    finally:
+        started.close()

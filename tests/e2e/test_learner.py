@@ -25,11 +25,8 @@ import os
 import re
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from logsvc import devcluster
 from logsvc.admin.changes import CAUGHT_UP_LAG_ENTRIES_MAX
@@ -40,15 +37,6 @@ from .test_membership import Admin, Writer, check_log, poll, read_all
 PRELOAD_APPENDS = 96
 PRELOAD_RECORDS = 64  # per append
 PRELOAD_RECORD_BYTES = 8 * 1024  # 96 x 64 x 8 KiB = 48 MiB to copy to the learner
-
-
-@pytest.fixture
-def four_nodes(tmp_path: Path) -> Iterator[LocalCluster]:
-    started = LocalCluster(tmp_path, shards=1, nodes=4)
-    try:
-        yield started
-    finally:
-        started.close()
 
 
 class Sampler:

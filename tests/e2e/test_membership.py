@@ -29,11 +29,9 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from logsvc import devcluster
 from logsvc.client import LogsvcError, SyncClient, Truncated
@@ -43,15 +41,6 @@ from .conftest import LocalCluster
 
 NODES = ("n1", "n2", "n3", "n4")
 WAIT_S = 60.0
-
-
-@pytest.fixture
-def four_nodes(tmp_path: Path) -> Iterator[LocalCluster]:
-    started = LocalCluster(tmp_path, shards=1, nodes=4)
-    try:
-        yield started
-    finally:
-        started.close()
 
 
 class Admin:

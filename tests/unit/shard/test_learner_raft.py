@@ -13,35 +13,15 @@ How: raft_harness's replicas; the learner is a `RaftNode` with `learner=True`.
 
 from __future__ import annotations
 
-import os
 from functools import partial
 from pathlib import Path
 
-from logsvc.shard.raft import RaftConfig, RaftNode
-from logsvc.store import ShardStore
-
-from .raft_harness import LIMITS, SECRET, Cluster, Replica, wait_until
+from .raft_harness import Cluster, Replica, wait_until
 from .test_membership_raft import change, has_all, start
 
 
 def start_learner(replica: Replica, members: tuple[str, ...]) -> None:
-    replica.store = ShardStore.open(
-        os.path.join(replica.dir_path, "journal"), fs=replica.fs, limits=LIMITS
-    )
-    config = RaftConfig(
-        self_address=replica.address,
-        peers=members,
-        secret=SECRET,
-        snapshot_path=os.path.join(replica.dir_path, "snapshot"),
-        election_timeout_ms_min=400,
-        election_timeout_ms_max=900,
-        heartbeat_ms=50,
-        leader_fallback_ms=2000,
-        joining=True,
-        learner=True,
-    )
-    replica.node = RaftNode(config, replica.store, replica.handler)
-    replica.node.start()
+    start(replica, members, joining=True, learner=True, fresh_handler=False)
 
 
 def test_a_learner_catches_up_without_voting_then_is_promoted(tmp_path: Path) -> None:

@@ -23,8 +23,16 @@ from logsvc.store import ShardStore
 from .raft_harness import LIMITS, SECRET, WAIT_S_MAX, Cluster, RecordingHandler, Replica, wait_until
 
 
-def start(replica: Replica, peers: tuple[str, ...], joining: bool = False) -> None:
-    replica.handler = RecordingHandler()
+def start(
+    replica: Replica,
+    peers: tuple[str, ...],
+    joining: bool = False,
+    *,
+    learner: bool = False,
+    fresh_handler: bool = True,
+) -> None:
+    if fresh_handler:
+        replica.handler = RecordingHandler()
     replica.store = ShardStore.open(
         os.path.join(replica.dir_path, "journal"), fs=replica.fs, limits=LIMITS
     )
@@ -38,6 +46,7 @@ def start(replica: Replica, peers: tuple[str, ...], joining: bool = False) -> No
         heartbeat_ms=50,
         leader_fallback_ms=2000,
         joining=joining,
+        learner=learner,
     )
     replica.node = RaftNode(config, replica.store, replica.handler)
     replica.node.start()
