@@ -18,7 +18,15 @@ import pyarrow.compute as pc
 
 from engine.checkpoint.layout import LEVEL_L0_DUMP
 from engine.objects.store import LocalDirStore
-from engine.wal.entry import Append, CreateBlock, Delete, DropBlock, Origin, UpdateCatalog
+from engine.wal.entry import (
+    Append,
+    CreateBlock,
+    Delete,
+    DropBlock,
+    Origin,
+    TxnEntry,
+    UpdateCatalog,
+)
 from spark_jobs import checkpoints, jobs, plot, replay
 from spark_jobs.errors import BadInput, ReplayFailed
 from spark_jobs.jobs import JobParams, JobResult
@@ -134,10 +142,95 @@ class _TableChanges:
 
     batches: list[pa.RecordBatch] = field(default_factory=list)
     runs: list[tuple[int, int, int]] = field(default_factory=list)
-    """(block_id, first offset, rows) of each Append info, in batch order."""
+    """(block_id, first offset, rows) of each Append info, in batch order, after `run_arrays`."""
+    run_arrays: list[npt.NDArray[np.int64]] = field(default_factory=list)
+    """Earlier runs, packed (n x 3) when the batches were."""
     deleted: list[npt.NDArray[np.uint64]] = field(default_factory=list)  # keys, see _key
     created: list[CreateBlock] = field(default_factory=list)
     dropped: set[int] = field(default_factory=set)
+
+    def append(self, cmd: Append) -> None:
+        self.batches.append(cmd.batch)
+        self.runs.extend((i.block_id, i.offset, i.rows) for i in cmd.infos)
+        if len(self.batches) >= BATCHES_PACKED_AT:
+            self.pack()
+
+    def pack(self) -> None:
+        """The batches so far as one, the runs as one array: a decoded one-row batch costs
+        about 6 KB of objects, and a log of millions of one-row transactions held them all
+        (15 GB at 2.5M entries)."""
+        if len(self.batches) > 1:
+            combined = pa.Table.from_batches(self.batches).combine_chunks()
+            self.batches = combined.to_batches()
+        if self.runs:
+            self.run_arrays.append(np.asarray(self.runs, dtype=np.int64).reshape(-1, 3))
+            self.runs = []
+
+    def all_runs(self) -> npt.NDArray[np.int64]:
+        self.pack()
+        if not self.run_arrays:
+            return np.empty((0, 3), dtype=np.int64)
+        return np.concatenate(self.run_arrays)
+
+
+BATCHES_PACKED_AT = 4096
+"""Append batches of one table kept separate before they are packed into one."""
+
+
+class _Replayed:
+    """Rule 4 and the entries' effects, one entry at a time in DSN order (replay.py), so that
+    a log is not held in memory whole: an entry whose commit_ts is not above every earlier
+    one's is a repeated transaction; one past TS changes nothing."""
+
+    def __init__(self, as_of: int, where: str) -> None:
+        self.as_of = as_of
+        self.where = where
+        self.catalog: list[replay.CatalogCommand] = []
+        self.changes: dict[int, _TableChanges] = defaultdict(_TableChanges)
+        self.replayed = 0
+        self.repeated = 0
+        self._highest = -1
+        self._last_dsn = -1
+
+    def in_order(self, dsn: int) -> bool:
+        return dsn > self._last_dsn
+
+    def add(self, dsn: int, entry: TxnEntry) -> None:
+        assert dsn > self._last_dsn, (dsn, self._last_dsn)
+        self._last_dsn = dsn
+        if entry.commit_ts <= self._highest:
+            self.repeated += 1
+            return
+        self._highest = entry.commit_ts
+        if entry.commit_ts > self.as_of:
+            return
+        self.replayed += 1
+        for index, cmd in enumerate(entry.commands):
+            if isinstance(cmd, UpdateCatalog):
+                self.catalog.append(
+                    replay.CatalogCommand(
+                        dsn,
+                        index,
+                        entry.commit_ts,
+                        cmd.kind.name.lower(),
+                        cmd.op.name.lower(),
+                        cmd.db_id,
+                        cmd.table_id,
+                        cmd.name,
+                        None if cmd.schema is None else schema_to_json(cmd.schema),
+                    )
+                )
+            elif isinstance(cmd, Append):
+                self.changes[cmd.table_id].append(cmd)
+            elif isinstance(cmd, Delete):
+                offsets = np.asarray(cmd.rows.to_array(), dtype=np.uint64)
+                self.changes[cmd.table_id].deleted.append(_key(cmd.block_id, offsets, self.where))
+            elif isinstance(cmd, CreateBlock):
+                self.changes[cmd.table_id].created.append(cmd)
+            elif isinstance(cmd, DropBlock):
+                self.changes[cmd.table_id].dropped.add(cmd.block_id)
+            else:
+                assert isinstance(cmd, Origin)  # who asked (issue 15): no data
 
 
 def replay_as_of(params: JobParams) -> JobResult:
@@ -156,50 +249,9 @@ def replay_as_of(params: JobParams) -> JobResult:
         options = ReadOptions(
             LEVEL_COMMAND, verify, scope.bounds().with_range("commit_ts", lo=base.ckp_ts + 1)
         )
-        chosen = []
-        newest_commit_ts = base.ckp_ts
-        for unit in scope.units():
-            for rec, dsn, entry in txn_entries(unit, options):
-                if rec.lsn not in plan.kept_lsns or not plan.first_dsn <= dsn <= plan.last_dsn:
-                    continue
-                newest_commit_ts = max(newest_commit_ts, entry.commit_ts)
-                chosen.append((dsn, entry))
-        repeated = replay.repeated_dsns((dsn, entry.commit_ts) for dsn, entry in chosen)
-        catalog: list[replay.CatalogCommand] = []
-        changes: dict[int, _TableChanges] = defaultdict(_TableChanges)
-        replayed = 0
-        for dsn, entry in chosen:
-            if dsn in repeated or entry.commit_ts > as_of:
-                continue
-            replayed += 1
-            for index, cmd in enumerate(entry.commands):
-                if isinstance(cmd, UpdateCatalog):
-                    catalog.append(
-                        replay.CatalogCommand(
-                            dsn,
-                            index,
-                            entry.commit_ts,
-                            cmd.kind.name.lower(),
-                            cmd.op.name.lower(),
-                            cmd.db_id,
-                            cmd.table_id,
-                            cmd.name,
-                            None if cmd.schema is None else schema_to_json(cmd.schema),
-                        )
-                    )
-                elif isinstance(cmd, Append):
-                    changed = changes[cmd.table_id]
-                    changed.batches.append(cmd.batch)
-                    changed.runs.extend((i.block_id, i.offset, i.rows) for i in cmd.infos)
-                elif isinstance(cmd, Delete):
-                    offsets = np.asarray(cmd.rows.to_array(), dtype=np.uint64)
-                    changes[cmd.table_id].deleted.append(_key(cmd.block_id, offsets, where))
-                elif isinstance(cmd, CreateBlock):
-                    changes[cmd.table_id].created.append(cmd)
-                elif isinstance(cmd, DropBlock):
-                    changes[cmd.table_id].dropped.add(cmd.block_id)
-                else:
-                    assert isinstance(cmd, Origin)  # who asked (issue 15): no data
+        replayed, newest_commit_ts = _replay_log(scope, options, plan, as_of, where)
+        newest_commit_ts = max(newest_commit_ts, base.ckp_ts)
+        catalog, changes = replayed.catalog, replayed.changes
         live = replay.replay_catalog(catalog, as_of, where, base)
         if store is None and any(t.created for t in changes.values()):
             raise BadInput(
@@ -218,8 +270,8 @@ def replay_as_of(params: JobParams) -> JobResult:
                 "shard": shard,
                 "base": base.describe(),
                 **plan.describe(),
-                "entries_replayed": replayed,
-                "repeated_transactions_ignored": len(repeated),
+                "entries_replayed": replayed.replayed,
+                "repeated_transactions_ignored": replayed.repeated,
                 "newest_commit_ts": newest_commit_ts,
                 "tables": tables_summary,
             }
@@ -227,6 +279,44 @@ def replay_as_of(params: JobParams) -> JobResult:
     result.summary = replay_summary(as_of, logs_summary)
     result.lines = replay_lines(result.summary)
     return result
+
+
+def _replay_log(
+    scope: JobParams, options: ReadOptions, plan: replay.ReplayPlan, as_of: int, where: str
+) -> tuple[_Replayed, int]:
+    """The plan's entries of one log replayed as they are read, and its newest commit_ts. A
+    log not read in DSN order (not seen so far) is read again, held and sorted."""
+    replayed = _Replayed(as_of, where)
+    newest = 0
+    for unit in scope.units():
+        for rec, dsn, entry in txn_entries(unit, options):
+            if rec.lsn not in plan.kept_lsns or not plan.first_dsn <= dsn <= plan.last_dsn:
+                continue
+            if not replayed.in_order(dsn):
+                return _replay_log_sorted(scope, options, plan, as_of, where)
+            newest = max(newest, entry.commit_ts)
+            replayed.add(dsn, entry)
+    return replayed, newest
+
+
+def _replay_log_sorted(
+    scope: JobParams, options: ReadOptions, plan: replay.ReplayPlan, as_of: int, where: str
+) -> tuple[_Replayed, int]:
+    held: list[tuple[int, TxnEntry]] = [
+        (dsn, entry)
+        for unit in scope.units()
+        for rec, dsn, entry in txn_entries(unit, options)
+        if rec.lsn in plan.kept_lsns and plan.first_dsn <= dsn <= plan.last_dsn
+    ]
+    replayed = _Replayed(as_of, where)
+    newest = 0
+    for dsn, entry in sorted(held, key=lambda pair: pair[0]):
+        newest = max(newest, entry.commit_ts)
+        if replayed.in_order(dsn):
+            replayed.add(dsn, entry)
+        else:  # a second copy of a DSN: a repeated transaction (rule 4)
+            replayed.repeated += 1
+    return replayed, newest
 
 
 def replay_summary(as_of: int, logs_summary: list[dict[str, Any]]) -> dict[str, Any]:
@@ -322,7 +412,7 @@ def _live_rows(
         persisted(created.block_id, rows)
     if changes.batches:
         parts.append(pa.Table.from_batches(changes.batches))
-        runs = np.asarray(changes.runs, dtype=np.int64).reshape(-1, 3)
+        runs = changes.all_runs()
         rows_per_run = runs[:, 2]
         block_ids.append(np.repeat(runs[:, 0], rows_per_run))
         starts = np.repeat(np.cumsum(rows_per_run) - rows_per_run, rows_per_run)
