@@ -66,7 +66,7 @@ from engine.pipeline import CommitPipeline, Ticket
 from engine.state import ApplyError, EngineState
 from engine.storage import NOTHING_LOADED, LoadedBlocks, PersistedBlock
 from engine.storage.loader import BlockLoader, PinnedBlocks
-from engine.txn import Transaction, TxnState
+from engine.txn import Transaction, TransactionScope, TxnState
 from engine.waiter import CommitWaiter
 from engine.wal.codec import encode_entry
 from engine.wal.entry import Append, Origin, TxnEntry, memo_of
@@ -94,29 +94,6 @@ class EngineStats:
     replay: ReplaySummary | None
     replay_duplicates: int
     wal: DriverStats
-
-
-class _TransactionScope:
-    """The `async with` of `Engine.transaction()`. A class, not an asynccontextmanager: it
-    runs once per transaction, and a generator-based manager costs several microseconds."""
-
-    __slots__ = ("_engine", "_txn")
-
-    def __init__(self, engine: Engine) -> None:
-        self._engine = engine
-        self._txn: Transaction | None = None
-
-    async def __aenter__(self) -> Transaction:
-        self._txn = await self._engine.begin()
-        return self._txn
-
-    async def __aexit__(self, exc_type: object, exc: object, tb: object) -> None:
-        txn = self._txn
-        assert txn is not None
-        if exc_type is not None:
-            await txn.rollback()
-        elif txn.state is TxnState.OPEN:
-            await txn.commit()
 
 
 class _Loaded:
@@ -479,10 +456,10 @@ class Engine:
         """Run a compute node's transaction (engine/writeset.py); its commit_ts."""
         return await writeset.execute(self, write_set)
 
-    def transaction(self) -> _TransactionScope:
+    def transaction(self) -> TransactionScope[Transaction]:
         """`async with engine.transaction() as txn`: commits on normal exit (unless the
         transaction already ended), rolls back on an exception."""
-        return _TransactionScope(self)
+        return TransactionScope(self.begin)
 
     @contextlib.asynccontextmanager
     async def snapshot(self, ts: int) -> AsyncIterator[Transaction]:

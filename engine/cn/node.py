@@ -41,7 +41,7 @@ from engine.schema import Schema, to_batch
 from engine.state import ApplyError, EngineState
 from engine.storage import PersistedBlock
 from engine.tn import limits as tn_limits
-from engine.txn import TableHandle, Transaction, TxnState
+from engine.txn import TableHandle, Transaction, TransactionScope, TxnState
 from engine.wal.codec import decode_entry
 from engine.wal.entry import TxnEntry
 from engine.writeset import Op, WriteSet
@@ -115,26 +115,6 @@ class CNTransaction(Transaction):
                 Op("update", handle.db, handle.name, keys=tuple(keys), values=dict(values))
             )
         return count
-
-
-class _Scope:
-    __slots__ = ("_node", "_txn")
-
-    def __init__(self, node: ComputeNode) -> None:
-        self._node = node
-        self._txn: CNTransaction | None = None
-
-    async def __aenter__(self) -> CNTransaction:
-        self._txn = await self._node.begin()
-        return self._txn
-
-    async def __aexit__(self, exc_type: object, exc: object, tb: object) -> None:
-        txn = self._txn
-        assert txn is not None
-        if exc_type is not None:
-            await txn.rollback()
-        elif txn.state is TxnState.OPEN:
-            await txn.commit()
 
 
 class ComputeNode:
@@ -382,8 +362,8 @@ class ComputeNode:
         self._open_txns.add(txn)
         return txn
 
-    def transaction(self) -> _Scope:
-        return _Scope(self)
+    def transaction(self) -> TransactionScope[CNTransaction]:
+        return TransactionScope(self.begin)
 
     async def close(self) -> None:
         self._closed = True
