@@ -278,18 +278,22 @@ def test_scans_with_filters_on_a_compute_node() -> None:
 
 
 class _CountingTN(LocalTN):
-    """LocalTN whose logtail answers take a moment to arrive (a network round trip), each
-    counted with the timestamp it reaches."""
+    """LocalTN counting its logtail answers (with the timestamp each reaches); while `gate`
+    is clear an answer is held on its way back (a network round trip), and `asked` says a
+    question arrived."""
 
     def __init__(self, engine: Engine) -> None:
         super().__init__(engine)
-        self.engine = engine
         self.asked_at: list[int] = []
+        self.asked = asyncio.Event()
+        self.gate = asyncio.Event()
+        self.gate.set()
 
     async def logtail(self, t0: int, t1: int) -> Any:
         answer = await super().logtail(t0, t1)  # the TN answers now; it arrives later
         self.asked_at.append(answer.upto_ts)
-        await asyncio.sleep(0.01)
+        self.asked.set()
+        await self.gate.wait()
         return answer
 
 
@@ -315,14 +319,20 @@ def test_concurrent_transactions_share_one_pull_as_new_as_each_asked() -> None:
             # A begin while a pull's question is on its way does not join it: that answer
             # may be older than what the TN made visible since.
             asked = len(port.asked_at)
+            port.gate.clear()
+            port.asked.clear()
             first = asyncio.ensure_future(cn.begin())
-            await asyncio.sleep(0.002)
+            await asyncio.wait_for(port.asked.wait(), 10)
             assert len(port.asked_at) == asked + 1  # asked, not answered yet
             async with eng.transaction() as txn:
                 await txn.table("d", "t").insert(rows(1))
             visible = eng.visible_ts
-            second = await cn.begin()
-            assert second.start_ts >= visible > (await first).start_ts
+            second = asyncio.ensure_future(cn.begin())
+            await asyncio.sleep(0)  # one loop turn: it began, while the first is unanswered
+            port.gate.set()
+            # The first pull's answer is older than what the second begin must see.
+            assert port.asked_at[asked] < visible <= (await second).start_ts
+            await (await first).rollback()
         finally:
             await cn.close()
             await eng.close()

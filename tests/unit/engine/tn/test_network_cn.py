@@ -99,6 +99,21 @@ class TN:
         await self.engine.close()
 
 
+async def create_table(engine: Engine) -> None:
+    """Database d, table t (ROWS), committed on the TN."""
+    async with engine.transaction() as txn:
+        await txn.create_database("d")
+        await txn.create_table("d", "t", ROWS)
+
+
+async def checkpoint_past_the_logtail(engine: Engine) -> None:
+    """A checkpoint, and the TN's logtail buffer emptied up to it: what a TN whose buffer
+    dropped its oldest entries answers a CN behind it (the checkpoint, then the rest)."""
+    manifest = await engine.checkpoint()
+    assert manifest is not None
+    engine._logtail.reset(manifest.ckp_ts)
+
+
 async def scan(view: Any) -> list[dict[str, Any]]:
     table = await view.table("d", "t").scan()
     return sorted(table.to_pylist(), key=lambda row: row["id"])
@@ -137,9 +152,7 @@ def test_a_cn_reads_what_the_tn_reads_at_every_timestamp() -> None:
                     assert await scan(mine) == await scan(theirs), ts
             # A second CN that starts after the TN's buffer lost its oldest entries: it starts
             # from the checkpoint (read from the object store), then the entries after it.
-            manifest = await tn.engine.checkpoint()
-            assert manifest is not None
-            tn.engine._logtail.reset(manifest.ckp_ts)  # as if they had been dropped
+            await checkpoint_past_the_logtail(tn.engine)
             async with tn.engine.transaction() as txn:
                 await txn.table("d", "t").update([101], {"v": "after the checkpoint"})
             late = ComputeNode(client, objects)
@@ -164,9 +177,7 @@ def test_failover_to_a_promoted_standby_keeps_commits_and_the_subscription() -> 
     async def main() -> None:
         wal, objects = MemoryBackend(), MemoryObjectStore()
         active = await TN.start(wal, objects)
-        async with active.engine.transaction() as txn:
-            await txn.create_database("d")
-            await txn.create_table("d", "t", ROWS)
+        await create_table(active.engine)
         standby = await TN.start(wal, objects, standby=True)
         client = NetworkTN([active.address, standby.address], TOKEN, FAST)
         cn = ComputeNode(client, objects, client_id="cn-failover")
@@ -220,9 +231,7 @@ def test_a_lost_subscription_catches_up_from_the_logtail_or_says_it_cannot() -> 
     async def main() -> None:
         objects = MemoryObjectStore()
         tn = await TN.start(MemoryBackend(), objects)
-        async with tn.engine.transaction() as txn:
-            await txn.create_database("d")
-            await txn.create_table("d", "t", ROWS)
+        await create_table(tn.engine)
         client = NetworkTN([tn.address], TOKEN, FAST)
         got: list[TailEntry] = []
         gaps: list[int] = []
@@ -244,9 +253,7 @@ def test_a_lost_subscription_catches_up_from_the_logtail_or_says_it_cannot() -> 
             await tn.stop_server()
             async with tn.engine.transaction() as txn:
                 await txn.table("d", "t").insert(rows(6))
-            manifest = await tn.engine.checkpoint()
-            assert manifest is not None
-            tn.engine._logtail.reset(manifest.ckp_ts)
+            await checkpoint_past_the_logtail(tn.engine)
             await tn.restart_server()
             await wait_for(lambda: bool(gaps))
             assert [e.commit_ts for e in got] == [e.commit_ts for e in got[:5]]  # no skip
@@ -266,9 +273,7 @@ def test_a_following_cn_pulls_across_a_gap_its_subscription_cannot_fill() -> Non
     async def main() -> None:
         objects = MemoryObjectStore()
         tn = await TN.start(MemoryBackend(), objects)
-        async with tn.engine.transaction() as txn:
-            await txn.create_database("d")
-            await txn.create_table("d", "t", ROWS)
+        await create_table(tn.engine)
         client = NetworkTN([tn.address], TOKEN, FAST)
         cn = ComputeNode(client, objects)
         try:
@@ -276,9 +281,7 @@ def test_a_following_cn_pulls_across_a_gap_its_subscription_cannot_fill() -> Non
             await tn.stop_server()  # the subscription's connection is lost; meanwhile the
             async with tn.engine.transaction() as txn:  # TN commits and checkpoints, and its
                 await txn.table("d", "t").insert(rows(1, 2))  # logtail no longer holds it
-            manifest = await tn.engine.checkpoint()
-            assert manifest is not None
-            tn.engine._logtail.reset(manifest.ckp_ts)
+            await checkpoint_past_the_logtail(tn.engine)
             await tn.restart_server()
             # No read asks the CN to pull: only its follower can bring it up to date.
             await wait_for(lambda: cn.applied_ts >= tn.engine.visible_ts)
@@ -299,9 +302,7 @@ def test_a_commit_no_tn_answers_is_outcome_unknown_then_found_by_its_retry() -> 
     async def main() -> None:
         wal = MemoryBackend()
         tn = await TN.start(wal, MemoryObjectStore())
-        async with tn.engine.transaction() as txn:
-            await txn.create_database("d")
-            await txn.create_table("d", "t", ROWS)
+        await create_table(tn.engine)
         impatient = ClientOptions(
             connect_timeout_s=0.3, request_timeout_s=0.3, failover_wait_s_max=0.8
         )
