@@ -280,6 +280,13 @@ class ObjectBlockStore:
 
     # --- garbage -------------------------------------------------------------------------------
 
+    def forget_refs(self) -> None:
+        """A standby's state was replaced by a checkpoint's (engine/standby.py): what the old
+        state held, and what it was waiting to delete, no longer counts."""
+        with self._lock:
+            self.refs = ObjectRefs()
+            self._pending = []
+
     def held(self, table_id: int, block: PersistedBlock) -> None:
         """A block the engine's state now holds (created by a commit, or loaded at open)."""
         with self._lock:

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine import limits, opening, replay, rewrite_commit, spill, writeset
+from engine import standby as standby_tail
 from engine.blockstore import ObjectBlockStore
 from engine.checkpoint.layout import Manifest
 from engine.checkpoint.runner import Checkpointer
@@ -54,6 +55,7 @@ from engine.errors import (
     NotFound,
     Overloaded,
     SnapshotUnavailable,
+    StandbyFailed,
     TxnTooLarge,
     WalFailed,
     WriteConflict,
@@ -184,7 +186,9 @@ class Engine:
         self._subscribers: list[Callable[[TailEntry], None]] = []
         self._origins_running: dict[tuple[str, int], asyncio.Future[int]] = {}
         self.standby = False
-        self._tail_task: asyncio.Task[ReplaySummary] | None = None
+        self._standby_tail: standby_tail.StandbyTail | None = None
+        """A standby's supervised tail of the WAL (engine/standby.py), until promotion."""
+        self._window_records = limits.WAL_WINDOW_RECORDS
         self._pipeline: CommitPipeline[CommitWaiter] = CommitPipeline(
             visible_ts=0,
             queue_max=limits.COMMIT_QUEUE_MAX,
@@ -216,7 +220,7 @@ class Engine:
         shard: int | None = None,
         read_only: bool = False,
         now_ms: Callable[[], int] = wall_ms,
-        window_records: int = 64,
+        window_records: int = limits.WAL_WINDOW_RECORDS,
         holder: str | None = None,
         objects: str | ObjectStore | None = None,
         cache_bytes: int = limits.CACHE_BYTES,
@@ -260,6 +264,7 @@ class Engine:
             driver = open_driver(backend, window=window_records)
             engine = cls(path, backend, owns, driver, HybridClock(now_ms), read_only=read_only)
             engine.standby = standby
+            engine._window_records = window_records
             store = block_store
             if store is None:
                 store = await asyncio.to_thread(
@@ -274,7 +279,10 @@ class Engine:
                 manifest = await asyncio.to_thread(engine._checkpointer.restore)
                 if manifest is not None:
                     engine._restored_from(manifest)
-            await replay.replay_wal(engine, forever=standby)
+            if standby:
+                engine._standby_tail = standby_tail.start(engine)
+            else:
+                await replay.replay_wal(engine)
             if engine._checkpointer is not None and not read_only:
                 await engine._checkpointer.collect_orphans()
             if engine._maintenance is not None and maintenance and not read_only:
@@ -350,8 +358,21 @@ class Engine:
             raise
 
     async def promote(self) -> None:
-        """A standby becomes the writer (TN failover, issue 15; engine/replay.py)."""
-        await replay.promote(self)
+        """A standby becomes the writer (TN failover, issue 15; engine/standby.py)."""
+        await standby_tail.promote(self)
+
+    @property
+    def standby_failure(self) -> str | None:
+        """Why a standby's tail of the WAL is failing now (it retries, or gave up), or None
+        while it follows the WAL (or the engine is no standby)."""
+        tail = self._standby_tail
+        return tail.failure if tail is not None else None
+
+    @property
+    def standby_gave_up(self) -> StandbyFailed | None:
+        """Set when a standby's tail stopped for good: it can neither follow nor take over."""
+        tail = self._standby_tail
+        return tail.gave_up if tail is not None else None
 
     def _check_writable_storage(self) -> None:
         self._check_not_closed()
@@ -704,11 +725,9 @@ class Engine:
         self._close_objects()
 
     async def _stop_tailing(self) -> None:
-        task, self._tail_task = self._tail_task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, driver_errors.DriverError):
-                await task
+        tail, self._standby_tail = self._standby_tail, None
+        if tail is not None:
+            await tail.stop()
 
     def _close_objects(self) -> None:
         if self._owns_objects and isinstance(self._block_store, ObjectBlockStore):

@@ -22,7 +22,8 @@ The tree::
     ├── OutcomeUnknown              a compute node's commit: no TN could say whether it landed
     ├── WalFailed                   the WAL refused or lost an append: the engine is read-only
     │   └── Fenced                  a newer engine took the log's lease: this one is stale
-    └── WalCorruption               a WAL entry failed to decode or apply (names the DSN)
+    ├── WalCorruption               a WAL entry failed to decode or apply (names the DSN)
+    └── StandbyFailed               a standby's tail of the WAL gave up: it cannot take over
 """
 
 from __future__ import annotations
@@ -123,6 +124,12 @@ class WalCorruption(EngineError):
         self.dsn = dsn
         self.reason = reason
         self.offset_bytes = offset_bytes
+
+
+class StandbyFailed(EngineError):
+    """A standby's tail of the WAL failed again and again without progress (engine/standby.py):
+    it no longer follows the writer and cannot be promoted. Restart it (it opens from the
+    newest checkpoint)."""
 
 
 class OutcomeUnknown(EngineError):

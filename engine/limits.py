@@ -124,6 +124,21 @@ objects of older ones can go; the others are incremental."""
 
 # --- Compute nodes and the TN (issue 15) -------------------------------------------------------
 
+WAL_WINDOW_RECORDS = 64
+"""Driver records in flight to the WAL at once (tae_driver's window; `Engine.open`'s
+`window_records`)."""
+
+STANDBY_TAIL_ATTEMPTS_MAX = 6
+"""A standby's tail that fails this many times in a row without progress gives up
+(`StandbyFailed`; the TN daemon exits non-zero so a supervisor restarts it). Falling behind
+the WAL's truncation is no failure: it catches up from a checkpoint (issue 25)."""
+
+STANDBY_TAIL_RETRY_MS_MIN = 200
+STANDBY_TAIL_RETRY_MS_MAX = 5_000
+"""The back-off between a standby's tail attempts doubles from the first to the second:
+about 11 s from the first failure to giving up, several times the log client's own bound
+on finding a new leader (a shard's failover is seconds)."""
+
 ORIGIN_CLIENTS_MAX = 10_000
 """Compute nodes whose recent commits the engine remembers by `(client_id, seq)`, so that a
 commit retried after a TN failover finds its outcome instead of running twice."""
@@ -157,3 +172,6 @@ assert COMMIT_QUEUE_MAX <= driver_limits.INTAKE_ENTRIES_MAX
 assert TXN_DELETES_MAX <= CONFLICT_KEYS_MAX
 assert BLOCK_ROWS_MAX < 2**32
 assert L0_BYTES_HARD_MAX > L0_BYTES_MAX
+
+assert 1 <= STANDBY_TAIL_RETRY_MS_MIN <= STANDBY_TAIL_RETRY_MS_MAX
+assert STANDBY_TAIL_ATTEMPTS_MAX >= 1

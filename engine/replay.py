@@ -1,36 +1,36 @@
-"""Reading the WAL into the engine's state: the replay at open, the standby's endless tail,
-and the standby's promotion to writer (issue 15).
+"""Reading the WAL into the engine's state: the replay at open, and the handler a standby's
+endless tail (engine/standby.py) runs too.
 
-Why one module: all three run the same handler over the driver's replay (decode, skip what
-the checkpoint holds, apply through `EngineState.apply`, make visible, feed the logtail), so
-a standby's state is exactly what a restart would build.
+Why one handler: the replay at open and the standby's tail apply entries the same way
+(decode, skip what the checkpoint holds, apply through `EngineState.apply`, make visible,
+feed the logtail), so a standby's state is exactly what a restart would build.
 """
 
 from __future__ import annotations
 
-import asyncio
 from typing import TYPE_CHECKING
 
-from engine.blockstore import ObjectBlockStore
-from engine.errors import BadInput, WalCorruption
+from engine.errors import WalCorruption
 from engine.logtail import TailEntry
 from engine.state import ApplyError
 from engine.wal.codec import decode_entry
 from engine.wal.entry import TxnEntry
 from tae_driver import ReplayDecision, ReplayMode
 from tae_driver import errors as driver_errors
+from tae_driver.driver import ReplayHandle
 
 if TYPE_CHECKING:
     from engine.engine import Engine
 
 
-async def replay_wal(engine: Engine, *, forever: bool = False) -> None:
-    """Replay the WAL into the state (restart); with `forever` (a standby) keep tailing
-    it in a background task until `promote()`."""
-    state = engine._state
+def handler(engine: Engine) -> ReplayHandle:
+    """The driver's replay handle for `engine`: decode each entry, skip what the checkpoint
+    holds, apply it through `EngineState.apply`, make it visible, feed the logtail. A new
+    one per replay (it checks that the first entry follows the state's DSN)."""
     first_dsn: list[int] = []
 
     def handle(dsn: int, payload: bytes) -> ReplayDecision:
+        state = engine._state  # looked up each time: a standby's catch-up replaces it
         if not first_dsn:
             first_dsn.append(dsn)
             if dsn > engine._visible_dsn + 1:
@@ -52,51 +52,31 @@ async def replay_wal(engine: Engine, *, forever: bool = False) -> None:
         engine._became_visible(TailEntry(entry.commit_ts, dsn, bytes(payload)))
         return ReplayDecision.APPLY
 
-    if forever:
-        engine._tail_task = asyncio.get_running_loop().create_task(
-            engine._driver.replay(handle, ReplayMode.FOREVER)
-        )
-        return
+    return handle
+
+
+async def replay_wal(engine: Engine) -> None:
+    """Replay the WAL into the state (restart, or a read-only open). A standby's endless
+    tail is engine/standby.py's, over the same handler."""
     mode = ReplayMode.FOR_READ if engine.read_only else ReplayMode.FOR_WRITE
     try:
-        engine._replay = await engine._driver.replay(handle, mode)
+        engine._replay = await engine._driver.replay(handler(engine), mode)
     except driver_errors.ReplayCorruptionError as exc:
         # A record the driver cannot decode (not a WAL driver record at all, say): the
         # log is not an engine's WAL, or it is damaged. Typed as the engine promises.
         raise WalCorruption(engine._driver.dsn() + 1, f"undecodable log record: {exc}") from exc
-    if not first_dsn and engine._driver.dsn() > engine._visible_dsn:
+    if engine._replay.entries_handled == 0 and engine._driver.dsn() > engine._visible_dsn:
         raise WalCorruption(engine._driver.dsn(), gap(engine, engine._driver.dsn()))
-    engine._clock.observe(state.applied_ts)
-    engine._pipeline.visible_ts = state.applied_ts
-    engine._pipeline.conflicts.floor_ts = state.applied_ts
+    settle(engine)
 
 
-async def promote(engine: Engine) -> None:
-    """A standby becomes the writer (TN failover, issue 15): take the WAL's lease with a
-    new epoch (the old writer's next append is fenced), read the WAL to its end, then
-    serve commits, flushes and checkpoints."""
-    if not engine.standby:
-        raise BadInput("only a standby engine can be promoted")
-    assert engine._tail_task is not None
-    acquire = getattr(engine._backend, "acquire_lease", None)
-    if acquire is not None:
-        await acquire()
-    engine._driver.stop_tailing(ReplayMode.FOR_WRITE)
-    engine._replay = await engine._tail_task
-    engine._tail_task = None
-    engine.standby = False
-    engine.read_only = False
+def settle(engine: Engine) -> None:
+    """After a replay that finished: the clock, the visible timestamp and the conflict
+    index's floor stand at the last applied commit."""
     state = engine._state
     engine._clock.observe(state.applied_ts)
     engine._pipeline.visible_ts = state.applied_ts
     engine._pipeline.conflicts.floor_ts = state.applied_ts
-    store = engine._block_store
-    if isinstance(store, ObjectBlockStore) and await asyncio.to_thread(store.writable):
-        engine._owns_objects = True  # its lock is released at close, not at exit
-    if engine._checkpointer is not None:
-        await engine._checkpointer.collect_orphans()
-    if engine._maintenance is not None:
-        engine._maintenance.start()
 
 
 def gap(engine: Engine, dsn: int) -> str:

@@ -13,7 +13,9 @@ The contract the engine sees (reference/matrixone-wal.md §1 `driver.Driver`, §
 
 * `await replay(handle, mode)` first. `handle(dsn, entry) -> ReplayDecision` is called in
   strictly increasing DSN order. FOR_WRITE makes the driver writable; FOR_READ leaves it
-  read-only; FOREVER tails until `stop_tailing(mode)` (promotion, scenario 28). A second
+  read-only; FOREVER tails until `stop_tailing(mode)` (promotion, scenario 28), and raises
+  `TailTruncated` when the log was truncated past the next record it had to read (the
+  reader catches up from a checkpoint; it never skips over the hole). A second
   replay, concurrent or later, raises `ReplayStateError`.
 * `await append(entry) -> dsn` completes in DSN order whatever order the backend finishes in
   (scenario 11). It waits while the intake is full (back-pressure from the window);
@@ -49,6 +51,7 @@ from tae_driver.errors import (
     OutOfRange,
     Overloaded,
     ReplayStateError,
+    TailTruncated,
 )
 from tae_driver.pipeline import Dispatch, WritePipeline
 from tae_driver.record import encode_skip
@@ -184,6 +187,9 @@ class Driver:
         self._intent_dsn = 0
         self._truncated_lsn = 0
         self._tail_target = ReplayMode.FOREVER
+        self._tailing = False
+        self._tail_reads = 0
+        """This replay began as FOREVER (a standby's tail), whatever it finishes in."""
         self._tail_wake = asyncio.Event()
         self._activity = _Activity()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -220,6 +226,12 @@ class Driver:
     @property
     def writable(self) -> bool:
         return self._state is _State.WRITABLE
+
+    @property
+    def tail_reads(self) -> int:
+        """Reads of the log this driver's replay has made (a standby's health: a tail that
+        reads is a tail that works)."""
+        return self._tail_reads
 
     def truncate_intent(self) -> int:
         return self._intent_dsn
@@ -263,6 +275,7 @@ class Driver:
         if self._state is not _State.NEW:
             raise ReplayStateError(f"replay already done (driver is {self._state.value})")
         self._state = _State.REPLAYING
+        self._tailing = mode is ReplayMode.FOREVER
         if mode is not ReplayMode.FOREVER or self._tail_target is ReplayMode.FOREVER:
             self._tail_target = mode
         try:
@@ -293,12 +306,18 @@ class Driver:
             self._check_open_during_replay()
             try:
                 records, resume_lsn = await backend.read(next_lsn, self._config.read_batch_bytes)
+                self._tail_reads += 1
             except OutOfRange:
-                # Truncated under us (a lagging tail): resume above the new truncation point;
-                # what is missing is judged by the replay rules like any other gap.
                 truncated = await backend.truncated()
                 if truncated < next_lsn:
                     raise
+                if self._tailing:
+                    # A tail that fell behind the writer's truncation (issue 25): the records
+                    # it never read are gone. Resuming above them would leave a hole behind
+                    # applied entries; the reader must catch up from a checkpoint instead.
+                    raise TailTruncated(next_lsn, truncated, replayer.last_dsn) from None
+                # Truncated under a one-shot replay: resume above the new truncation point;
+                # what is missing is judged by the replay rules like any other gap.
                 replayer.note_truncated(truncated)
                 next_lsn = truncated + 1
                 continue

@@ -16,6 +16,7 @@ The tree::
     ├── ReplayError                replay cannot produce a gap-free sequence
     │   ├── ReplayStateError       concurrent replay, or replay after replay finished
     │   ├── ReplayHoleError        a DSN at or below the safe DSN is missing after an applied one
+    │   ├── TailTruncated          a tailing reader's next record was truncated away unread
     │   ├── ReplayOverlapError     two different records claim the same DSN (partial overlap)
     │   ├── ReplayCorruptionError  a user record does not decode, or the backend misbehaved
     │   └── ReplayTooManyPending   more out-of-order records than a legal log can hold
@@ -73,6 +74,22 @@ class ReplayError(DriverError):
 
 class ReplayStateError(ReplayError):
     """`replay` called while another replay runs, or after one finished."""
+
+
+class TailTruncated(ReplayError):
+    """A FOREVER replay (a standby's tail) found that the log was truncated past the next
+    record it had to read: records `next_lsn`..`truncated_lsn` are gone unread. Skipping them
+    would apply later entries over a hole (issue 25), so the tail stops here; the reader
+    catches up from a checkpoint that covers the gap and tails on from there."""
+
+    def __init__(self, next_lsn: int, truncated_lsn: int, last_dsn: int) -> None:
+        super().__init__(
+            f"the tail's next record, LSN {next_lsn}, was truncated away (the log now starts "
+            f"after LSN {truncated_lsn}; last DSN read {last_dsn}): catch up from a checkpoint"
+        )
+        self.next_lsn = next_lsn
+        self.truncated_lsn = truncated_lsn
+        self.last_dsn = last_dsn
 
 
 class ReplayHoleError(ReplayError):

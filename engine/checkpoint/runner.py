@@ -25,6 +25,7 @@ from engine.checkpoint.layout import Manifest
 from engine.clock import wall_ms
 from engine.objects.errors import ObjectsError
 from engine.objects.store import ObjectStore
+from engine.state import EngineState
 from engine.storage import PersistedBlock
 from engine.txn import Transaction
 from engine.wal.codec import encode_entry
@@ -85,10 +86,7 @@ class Checkpointer:
                 first_error = first_error or exc
                 continue
             engine._adopt_state(state)
-            for table in state.catalog.tables.values():
-                for block in table.data.blocks.values():
-                    if isinstance(block, PersistedBlock):
-                        self._blocks.held(table.table_id, block)
+            self._hold_blocks(state)
             older = names[max(0, position - limits.CKP_RETAINED + 1) : position]
             for name in older:
                 with contextlib.suppress(CheckpointCorrupt, ObjectsError):
@@ -100,6 +98,43 @@ class Checkpointer:
             # if the WAL no longer starts at the beginning.
             log.error("no checkpoint can be read; replaying the whole WAL: %s", first_error)
         return None
+
+    def read_newest(self, applied_dsn: int) -> tuple[Manifest, EngineState, list[Manifest]] | None:
+        """For a standby that fell behind the WAL's truncation (engine/standby.py; blocking,
+        and touching nothing of the engine): the newest checkpoint, its state and the
+        retained ones before it, when it is ahead of `applied_dsn` (else None: it has
+        nothing the standby lacks). The newest, not an older readable one: the WAL was
+        truncated below the newest, so only it is sure to cover the gap; one that cannot be
+        read raises (CheckpointCorrupt, ObjectsError) and the standby retries later."""
+        names = files.manifests(self._store)
+        if not names:
+            return None
+        newest = files.read_manifest(self._store, names[-1])
+        if newest.ckp_dsn <= applied_dsn:
+            return None
+        state = files.read(self._store, newest, self._blocks.meta)
+        older: list[Manifest] = []
+        for name in names[max(0, len(names) - limits.CKP_RETAINED) : -1]:
+            with contextlib.suppress(CheckpointCorrupt, ObjectsError):
+                older.append(files.read_manifest(self._store, name))
+        return newest, state, older
+
+    def adopt(self, newest: Manifest, state: EngineState, older: list[Manifest]) -> None:
+        """Make what `read_newest` read the engine's state (on the event loop): the
+        references the old state held are forgotten, the new state's taken."""
+        self._blocks.forget_refs()
+        self.retained = []
+        self._engine._adopt_state(state)
+        self._hold_blocks(state)
+        for manifest in older:
+            self._retain(manifest)
+        self._retain(newest)
+
+    def _hold_blocks(self, state: EngineState) -> None:
+        for table in state.catalog.tables.values():
+            for block in table.data.blocks.values():
+                if isinstance(block, PersistedBlock):
+                    self._blocks.held(table.table_id, block)
 
     def _retain(self, manifest: Manifest) -> None:
         for name in manifest.objects:

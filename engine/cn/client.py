@@ -257,7 +257,7 @@ async def _find(
                     continue
                 if reply.status.role == "active":
                     return channel, "active"
-                last = NotActive(f"{address} is a standby")
+                last = NotActive(f"{address} is a {reply.status.role}")
                 if standby is None:
                     standby = channel
                 else:

@@ -18,7 +18,9 @@ Stop: SIGTERM or SIGINT: stop accepting, let requests in flight finish (bounded)
 engine (commits in flight complete), exit 0. A commit that finds this TN fenced (a newer TN
 holds the lease) logs one line naming the new holder and exits 3; any other WAL failure
 exits 4: this engine will never acknowledge another commit, so it stops serving rather
-than answer errors forever. Exit 1: the engine could not be opened or served.
+than answer errors forever. Exit 1: the engine could not be opened or served, or a standby's
+tail of the WAL gave up after its bounded retries (`StandbyFailed`, engine/standby.py): a
+supervisor restarts it, and the fresh open starts from the newest checkpoint.
 """
 
 from __future__ import annotations
@@ -219,7 +221,7 @@ class _Daemon:
 
     async def _watch_failure(self, engine: Engine) -> None:
         while True:
-            failed = engine.failed
+            failed: BaseException | None = engine.failed or engine.standby_gave_up
             if failed is not None:
                 self._on_fatal(failed)
                 return

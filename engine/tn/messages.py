@@ -88,7 +88,8 @@ __all__ = [
     "request_decoder",
 ]
 
-ROLES = ("active", "standby")
+ROLES = ("active", "standby", "failed")
+"""`failed`: a standby whose tail of the WAL is failing (decision 0008); it cannot take over."""
 
 # --- Requests -------------------------------------------------------------------------------------
 

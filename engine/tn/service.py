@@ -4,7 +4,9 @@ engine/tn/server.py decodes, calls these, encodes).
 Roles (decision 0007): an engine opened with `standby=True` is a standby: it serves status,
 logtail, subscriptions and checkpoint listings as it tails the WAL, and refuses commits with
 `NotActive` until it is promoted (by the watch in the daemon, or an operator's `Promote`);
-then it is active. `status()` says which, and the visible and checkpoint timestamps, as the
+then it is active. A standby whose tail of the WAL is failing says `failed` (decision 0008):
+it retries, and until its tail works again it must not be taken for a standby that could
+take over. `status()` says which, and the visible and checkpoint timestamps, as the
 engine has them at that moment.
 
 A commit that fails because the WAL failed (`WalFailed`; `Fenced` when a newer TN took the
@@ -50,7 +52,12 @@ class TNService:
 
     @property
     def role(self) -> str:
-        return "standby" if self.engine.standby or self._promoting else "active"
+        """ "active", "standby", or "failed": a standby whose tail of the WAL is failing
+        (it retries, or gave up) and so could not take over now (issue 25)."""
+        engine = self.engine
+        if engine.standby and engine.standby_failure is not None:
+            return "failed"
+        return "standby" if engine.standby or self._promoting else "active"
 
     def status(self) -> TNStatus:
         engine = self.engine

@@ -34,6 +34,7 @@ from tae_driver.errors import (
     NeedReplayForWrite,
     Overloaded,
     ReplayStateError,
+    TailTruncated,
 )
 from tae_driver.record import EntriesRecord, decode
 from tae_driver.truncation import TruncationPlanner
@@ -358,6 +359,44 @@ def test_scenario_27_tailing_reader_with_concurrent_truncation() -> None:
         tailing.cancel()
         with pytest.raises(asyncio.CancelledError):
             await tailing
+        await producer.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_tail_whose_next_record_was_truncated_away_stops_with_tail_truncated() -> None:
+    """Issue 25: a tailing reader that fell behind the writer's truncation must not resume
+    above it (the entries in between would be a hole behind applied ones): it stops with
+    `TailTruncated`, naming where it was, and its reader catches up from a checkpoint."""
+
+    async def scenario() -> None:
+        backend = MemoryBackend()
+        producer = await writer(backend, window=16)
+        goal = [10]
+        tail = Recorder()
+        reached, tail.on_dsn = reach(tail, goal)
+        consumer = open_driver(backend, read_batch_bytes=64)
+        tailing = asyncio.ensure_future(consumer.replay(tail, mode=ReplayMode.FOREVER))
+        await asyncio.gather(*(producer.append(b"e%d" % i) for i in range(1, 11)))
+        await reached.wait()
+        hold = asyncio.Event()
+        read = backend.read
+
+        async def held_read(first_lsn: int, max_bytes: int) -> tuple[list[Record], int]:
+            await hold.wait()  # the reader is paused
+            return await read(first_lsn, max_bytes)
+
+        backend.read = held_read  # type: ignore[method-assign]
+        await asyncio.gather(*(producer.append(b"e%d" % i) for i in range(11, 101)))
+        producer.truncate(90)
+        truncated_lsn = await producer.truncation_settled()
+        hold.set()
+        with pytest.raises(TailTruncated) as caught:
+            await tailing
+        assert caught.value.truncated_lsn == truncated_lsn
+        assert caught.value.next_lsn <= truncated_lsn
+        assert caught.value.last_dsn == 10
+        assert tail.handled == list(range(1, 11))  # nothing applied past the hole
         await producer.close()
 
     asyncio.run(scenario())
