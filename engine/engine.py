@@ -96,6 +96,12 @@ class EngineStats:
     replay: ReplaySummary | None
     replay_duplicates: int
     wal: DriverStats
+    standby_failure: str | None = None
+    """Why a standby's tail of the WAL is failing now (None: it follows, or no standby)."""
+    standby_catchups: int = 0
+    """Times a standby fell behind the WAL's truncation and caught up from a checkpoint."""
+    standby_tail_failures: int = 0
+    """Failed attempts of a standby's tail (each retried, or the last one given up)."""
 
 
 class _Loaded:
@@ -366,13 +372,13 @@ class Engine:
         """Why a standby's tail of the WAL is failing now (it retries, or gave up), or None
         while it follows the WAL (or the engine is no standby)."""
         tail = self._standby_tail
-        return tail.failure if tail is not None else None
+        return tail.failure if tail is not None and self.standby else None
 
     @property
     def standby_gave_up(self) -> StandbyFailed | None:
         """Set when a standby's tail stopped for good: it can neither follow nor take over."""
         tail = self._standby_tail
-        return tail.gave_up if tail is not None else None
+        return tail.gave_up if tail is not None and self.standby else None
 
     def _check_writable_storage(self) -> None:
         self._check_not_closed()
@@ -431,6 +437,7 @@ class Engine:
         databases = catalog.databases_at(ts)
         tables = [t for d in databases for t in catalog.tables_at(d.db_id, ts)]
         pipeline = self._pipeline
+        tail = self._standby_tail
         return EngineStats(
             visible_ts=ts,
             read_only=self.read_only,
@@ -446,6 +453,9 @@ class Engine:
             replay=self._replay,
             replay_duplicates=self._replay_duplicates,
             wal=self._driver.stats(),
+            standby_failure=self.standby_failure,
+            standby_catchups=tail.catchups if tail is not None else 0,
+            standby_tail_failures=tail.failures if tail is not None else 0,
         )
 
     # --- transactions -----------------------------------------------------------------------

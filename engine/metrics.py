@@ -315,6 +315,21 @@ class _EngineCollector(Collector):
         yield gauge("live_rows", "Rows visible now, over every table.", stats.live_rows)
         yield gauge("read_only", "1 when the engine refuses commits.", int(stats.read_only))
         yield gauge("wal_failed", "1 when the WAL failed (read-only).", int(bool(stats.failed)))
+        yield gauge(
+            "standby_tail_failed",
+            "1 while a standby's tail of the WAL is failing (it cannot take over).",
+            int(stats.standby_failure is not None),
+        )
+        yield counter(
+            "standby_catchups",
+            "Times a standby fell behind the WAL's truncation and caught up from a checkpoint.",
+            stats.standby_catchups,
+        )
+        yield counter(
+            "standby_tail_failures",
+            "Failed attempts of a standby's tail of the WAL (each logged and retried).",
+            stats.standby_tail_failures,
+        )
         blocks = GaugeMetricFamily(
             "engine_blocks", "Live blocks by level (l0 in memory).", labels=["level"]
         )

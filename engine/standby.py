@@ -239,8 +239,7 @@ async def promote(engine: Engine) -> None:
     if acquire is not None:
         await acquire()
     engine._replay = await tail.promote()
-    engine._standby_tail = None
-    engine.standby = False
+    engine.standby = False  # the tail object stays for its counters (stats, metrics)
     engine.read_only = False
     replay.settle(engine)
     store = engine._block_store

@@ -22,7 +22,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from engine import Column, Engine, Schema, StandbyFailed
+from engine import Column, Engine, Schema, StandbyFailed, metrics
 from engine import standby as standby_module
 from engine.objects.store import MemoryObjectStore
 from engine.standby import TailRetries
@@ -109,7 +109,7 @@ async def ids_of(eng: Engine) -> list[int]:
 
 def test_a_standby_behind_the_truncation_catches_up_from_the_checkpoint_and_takes_over() -> None:
     async def main() -> None:
-        wal, _objects, active, reads, standby = await pair()
+        _wal, _objects, active, reads, standby = await pair()
         try:
             reads.gate.clear()  # the standby is paused: it reads nothing
             await commit_rows(active, range(1000, 1001))
@@ -130,6 +130,7 @@ def test_a_standby_behind_the_truncation_catches_up_from_the_checkpoint_and_take
             assert standby.standby_failure is None
             assert standby.digest() == active.digest()
             assert TNService(standby).role == "standby"
+            assert "engine_standby_catchups_total 1.0" in metrics.render(standby)
             expected = await ids_of(active)
             await active.abort()  # the writer dies; the standby takes over
             await standby.promote()
@@ -138,7 +139,6 @@ def test_a_standby_behind_the_truncation_catches_up_from_the_checkpoint_and_take
         finally:
             await standby.close()
             await active.close()
-        del wal
 
     run(main)
 
@@ -156,11 +156,13 @@ def test_a_failing_tail_says_failed_at_once_retries_and_recovers(
             await commit_rows(active, range(5))
             await until(lambda: service.role == "failed", "the failure to show")
             assert "BackendUnavailable" in (standby.standby_failure or "")
+            assert "engine_standby_tail_failed 1.0" in metrics.render(standby)
             await until(lambda: standby.visible_ts == active.visible_ts, "the retry")
             await until(lambda: service.role == "standby", "the recovery to show")
             tail = standby._standby_tail
             assert tail is not None and tail.failures == 2 and tail.gave_up is None
             assert standby.digest() == active.digest()
+            assert "engine_standby_tail_failed 0.0" in metrics.render(standby)
         finally:
             await standby.close()
             await active.close()
