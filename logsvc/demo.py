@@ -44,17 +44,21 @@ def run(dir_path: str | None) -> int:
     owned = dir_path is None
     base = tempfile.mkdtemp(prefix="logsvc-demo-") if dir_path is None else dir_path
     _say(f"== starting a local cluster in {base} (3 nodes, {SHARDS} shards, 3 replicas each) ==")
+    finished = False
     try:
         pids = devcluster.up(base, nodes=3, shards=SHARDS)
         _say("nodes: " + ", ".join(f"{node} (pid {pid})" for node, pid in pids.items()))
         asyncio.run(_workload(base))
         engine_demo.run(base, ENGINE_SHARD, _say)
         tn_demo.run(base, TN_SHARD, _say)
+        finished = True
     finally:
         devcluster.down(base)
         _say("cluster stopped (every node process ended by PID)")
-        if owned:
+        if owned and finished:
             shutil.rmtree(base, ignore_errors=True)
+        elif owned:
+            _say(f"the demo failed: its directory, with every node's and TN's log, is kept: {base}")
     _say("\ndemo finished")
     return 0
 

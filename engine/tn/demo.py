@@ -99,6 +99,10 @@ def check_ledger(acked: Iterable[int], read_back: Iterable[int]) -> LedgerCheck:
     )
 
 
+LOG_LINES_SHOWN = 60
+"""Lines of each TN's log the demo prints when it fails (the whole logs stay in its
+directory)."""
+
 # --- logsvc ---------------------------------------------------------------------------------
 
 
@@ -140,6 +144,14 @@ def run(base: str, shard: int, say: Say) -> None:
         fenced = [line for line in old.output.splitlines() if "TN fenced" in line]
         said = fenced[0].split("TN fenced", 1)[1] if fenced else old.output.strip()[-200:]
         say(f"it exited with code {code}: TN fenced{said}")
+    except BaseException:
+        # The next failure must explain itself (issue 25): what each TN logged.
+        for name, process in (("A", active), ("B", standby), ("A restarted", old)):
+            if process is not None:
+                lines = process.output.splitlines()[-LOG_LINES_SHOWN:]
+                say(f"\n-- TN {name} (pid {process.pid}), the end of {process.log} --")
+                say("\n".join(lines))
+        raise
     finally:
         stop_all(active, standby, old)
     say("TN processes stopped by PID")

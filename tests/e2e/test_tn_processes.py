@@ -12,6 +12,10 @@ commit was left in doubt); the standby notices on its own (status probes), promo
 seconds; the old TN restarted on its own config refuses to take the lease back and exits 3
 with one clear line; the promoted TN stops cleanly on SIGTERM.
 
+And (issue 25) a standby SIGSTOPped while the active TN checkpoints and truncates the WAL
+past its position several times catches up from the newest checkpoint once resumed, and
+takes over with nothing lost.
+
 Every process is stopped by PID whatever happens (`TNProcess.kill`, `devcluster.down`, the
 killed logsvc node restarted in a `finally`); every wait is bounded.
 """
@@ -23,7 +27,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -32,11 +36,13 @@ import pytest
 from engine import Column, Schema
 from engine.cn.client import NetworkTN
 from engine.cn.node import ComputeNode
+from engine.cn.port import TNStatus
+from engine.compaction import Policy
 from engine.demo import Leader, shard_leader
 from engine.errors import Fenced, WriteConflict
 from engine.objects.store import LocalDirStore
 from engine.tn import local, messages
-from engine.tn.channel import Channel
+from engine.tn.channel import Channel, probe
 from engine.tn.limits import ClientOptions
 from engine.tn.local import TNProcess, stop_all, write_pair
 from engine.writeset import Op, WriteSet
@@ -54,6 +60,16 @@ EXIT_WAIT_S_MAX = 20.0
 CLIENT = ClientOptions(
     connect_timeout_s=1.0, request_timeout_s=5.0, failover_wait_s_max=FAILOVER_S_MAX
 )
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """Three shards: each test's TN pair has a WAL of its own."""
+    started = LocalCluster(tmp_path_factory.mktemp("cluster"), shards=3)
+    try:
+        yield started
+    finally:
+        started.close()
 
 
 def tns(cluster: LocalCluster, base: Path, shard: int) -> tuple[Path, str, str]:
@@ -265,3 +281,97 @@ async def _commit_on(address: str) -> None:
         await channel.call(messages.Commit(WriteSet(status.status.visible_ts, ops, "old", 1)))
     finally:
         await channel.close()
+
+
+PAUSE_CHECKPOINTS = 3
+"""Checkpoints the active TN takes (each truncating the WAL) while the standby is stopped."""
+FAST_CHECKPOINTS = Policy(checkpoint_interval_ms=300, checkpoint_wal_reserve_entries=0)
+
+
+def test_a_standby_paused_past_several_truncations_catches_up_and_takes_over(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """Issue 25: the standby is SIGSTOPped while the active TN checkpoints and truncates the
+    WAL past its read position several times; resumed, it catches up from the newest
+    checkpoint (it never skips an entry), says `standby`, and when the active TN is
+    SIGKILLed it takes over with every acknowledged commit there exactly once."""
+    pair = write_pair(tmp_path / "tns", cluster.dir, 3, TOKEN, FAST_CHECKPOINTS)
+    active = TNProcess(pair.config_a)
+    standby: TNProcess | None = None
+    try:
+        asyncio.run(wait_role(pair.a, "active", active))
+        standby = TNProcess(pair.config_b, standby=True)
+        asyncio.run(wait_role(pair.b, "standby", standby))
+        asyncio.run(
+            _pause_past_truncations_then_fail_over(pair.base, pair.a, pair.b, active, standby)
+        )
+        assert "caught up from checkpoint" in standby.output, standby.output
+        assert "standby tail failed" not in standby.output, standby.output
+    finally:
+        stop_all(active, standby)
+
+
+async def _pause_past_truncations_then_fail_over(
+    base: Path, a: str, b: str, active: TNProcess, standby: TNProcess
+) -> None:
+    tn = NetworkTN([a, b], TOKEN, CLIENT)
+    objects = LocalDirStore(str(base / "objects"), read_only=True)
+    cn = ComputeNode(tn, objects, client_id="cn-pause")
+    acked: list[int] = []
+    keys = iter(range(10**6))
+    stop = asyncio.Event()
+
+    async def writer() -> None:
+        while not stop.is_set():
+            await _insert(cn, next(keys), acked)
+
+    try:
+        async with cn.transaction() as txn:
+            await txn.create_database("d")
+            await txn.create_table("d", "t", ROWS)
+        writers = [asyncio.ensure_future(writer()) for _ in range(WRITERS_PER_CN)]
+        try:
+            await _until(lambda: len(acked) >= ACKS_BEFORE_KILL, writers)
+            standby.send(signal.SIGSTOP)
+            seen: set[int] = set()
+            while len(seen) <= PAUSE_CHECKPOINTS:  # the first one seen may predate the stop
+                seen.add((await _status_of(a)).checkpoint_ts)
+                for done in (w for w in writers if w.done()):
+                    done.result()
+                await asyncio.sleep(0.05)
+            standby.send(signal.SIGCONT)
+            target = (await _status_of(a)).visible_ts
+            deadline = time.monotonic() + FAILOVER_S_MAX
+            while True:  # caught up: a standby at (or past) the active's visible_ts of then
+                status = await _status_of(b)
+                if status.role == "standby" and status.visible_ts >= target:
+                    break
+                assert status.role != "failed", standby.output
+                assert time.monotonic() < deadline, f"no catch-up: {status}\n{standby.output}"
+                await asyncio.sleep(0.05)
+            active.kill(signal.SIGKILL)
+            before = len(acked)
+            await _until(lambda: len(acked) >= before + ACKS_AFTER_KILL, writers)
+        finally:
+            stop.set()
+            await asyncio.gather(*writers)
+        assert tn.address == b
+        reader = ComputeNode(tn, objects)
+        try:
+            async with reader.snapshot() as view:
+                got = (await view.table("d", "t").scan(columns=["id"])).column("id").to_pylist()
+        finally:
+            await reader.close()
+        assert len(got) == len(set(got))  # nothing twice
+        assert not sorted(set(acked) - set(got)), "acknowledged and lost"
+        assert set(got) == set(acked)
+    finally:
+        await cn.close()
+        await tn.close()
+        objects.close()
+
+
+async def _status_of(address: str) -> TNStatus:
+    channel, reply = await probe(address, TOKEN, CLIENT)
+    channel.abort()
+    return reply.status

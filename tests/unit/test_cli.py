@@ -74,7 +74,8 @@ def test_bench_store_prints_one_json_object_per_mode(tmp_path: object) -> None:
 
 def test_demo_runs_to_the_end() -> None:
     done = logsvc("demo")
-    assert done.returncode == 0, done.stderr
+    # On a failure the demo prints the end of each TN's log (and keeps its directory).
+    assert done.returncode == 0, f"{done.stdout[-20000:]}\n{done.stderr}"
     assert "lost: 0, duplicated: 0" in done.stdout
     assert "caught up" in done.stdout
     assert "refused" in done.stdout
