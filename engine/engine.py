@@ -367,6 +367,22 @@ class Engine:
         """A standby becomes the writer (TN failover, issue 15; engine/standby.py)."""
         await standby_tail.promote(self)
 
+    async def confirm_lease(self) -> bool:
+        """A writer over a leased log (logsvc) asks whether it still holds the lease; False,
+        and the engine fails with `Fenced` (read-only, as after a fenced append), when a
+        newer writer took it. An idle writer learns of a fencing only this way: the TN asks
+        when a peer says it is active too (issue 20: a fenced TN said "active" for 19 s)."""
+        self._check_not_closed()
+        confirm = getattr(self._backend, "confirm_lease", None)
+        if confirm is None or self.read_only or self._failure is not None:
+            return self._failure is None
+        try:
+            await confirm()
+        except driver_errors.BackendFenced as exc:
+            self._fail(exc)
+            return False
+        return True
+
     @property
     def standby_failure(self) -> str | None:
         """Why a standby's tail of the WAL is failing now (it retries, or gave up), or None
@@ -688,6 +704,7 @@ class Engine:
                 self._failure = Fenced(
                     f"fenced: a newer engine holds the WAL's lease ({_root(exc)})"
                 )
+                self._failure.__cause__ = exc  # who fenced it, for the TN's one line
             else:
                 self._failure = WalFailed(
                     f"the WAL failed, the engine is read-only: {_root(exc)!r}"

@@ -187,11 +187,10 @@ class _Daemon:
                 status.checkpoint_ts,
             )
             tasks.append(asyncio.ensure_future(self._watch_failure(engine)))
-            if self.standby:
-                if config.peers:
-                    tasks.append(asyncio.ensure_future(self._watch_active(service)))
-                else:
-                    log.info("no peers configured: promotion by `engine promote` only")
+            if config.peers:
+                tasks.append(asyncio.ensure_future(self._watch_peers(service)))
+            elif self.standby:
+                log.info("no peers configured: promotion by `engine promote` only")
             await self._wake.wait()
             fatal = self._fatal
             if fatal is None:
@@ -227,9 +226,12 @@ class _Daemon:
                 return
             await asyncio.sleep(FAILURE_POLL_S)
 
-    async def _watch_active(self, service: TNService) -> None:
-        """The standby's watch: probe the peers every interval; promote when the rule says
-        so (engine/tn/watch.py)."""
+    async def _watch_peers(self, service: TNService) -> None:
+        """Probe the peers every interval. As a standby: promote when the rule says so
+        (engine/tn/watch.py). As the active TN (from the start, or once promoted): a peer
+        that says it is active too means one of the two was fenced; this one asks the log
+        whether it still holds the lease, and if not fails as fenced at once (it exits 3)
+        instead of answering "active" until its next append is refused."""
         policy = self.config.watch
         watch = Watch(policy)
         timeout_s = policy.probe_timeout_ms / 1000
@@ -237,23 +239,37 @@ class _Daemon:
         channels: dict[str, Channel] = {}
         token, peers = self.config.token, self.config.peers
         try:
-            while service.engine.standby:
+            while True:
                 answers = await asyncio.gather(
                     *(_status(channels, peer, token, options) for peer in peers)
                 )
-                seen = _seen(self.config.listen, dict(zip(peers, answers, strict=True)))
-                if watch.observe(_now_ms(), seen) is Decision.PROMOTE:
+                roles = dict(zip(peers, answers, strict=True))
+                engine = service.engine
+                if not engine.standby:
+                    if "active" in roles.values() and not await _holds_lease(engine):
+                        log.warning("a peer TN is active and this one no longer holds the lease")
+                        return  # the failure watch reports the fencing
+                elif watch.observe(_now_ms(), _seen(self.config.listen, roles)) is Decision.PROMOTE:
                     log.warning(
                         "no active TN among %s for %d probe rounds: promoting this standby",
                         ", ".join(self.config.peers),
                         watch.failures,
                     )
                     await service.promote()
-                    return
                 await asyncio.sleep(policy.probe_interval_ms / 1000)
         finally:
             for channel in channels.values():
                 channel.abort()
+
+
+async def _holds_lease(engine: Engine) -> bool:
+    """The engine's `confirm_lease`; True when the log cannot say now (asked again at the
+    next probe round)."""
+    try:
+        return await engine.confirm_lease()
+    except DriverError as exc:
+        log.warning("cannot confirm this TN's lease on the WAL now: %s", exc)
+        return True
 
 
 def _seen(listen: str, roles: dict[str, str]) -> Seen:

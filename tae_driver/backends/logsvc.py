@@ -243,6 +243,18 @@ class LogsvcBackend:
             current_epoch=wanted - 1,
         )
 
+    async def confirm_lease(self) -> None:
+        """Ask the shard whether this writer still holds its lease (an idempotent
+        AcquireLease at its own epoch): `BackendFenced` when a newer writer took it. A writer
+        that appends nothing learns of a fencing only this way."""
+        if self._epoch == 0:
+            return
+        try:
+            await self.acquire_lease(self._epoch)
+        except BackendFenced as exc:
+            self._fenced = exc
+            raise
+
     # --- LogBackend -----------------------------------------------------------------------
 
     async def append(self, payload: bytes) -> int:

@@ -64,8 +64,8 @@ CLIENT = ClientOptions(
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    """Three shards: each test's TN pair has a WAL of its own."""
-    started = LocalCluster(tmp_path_factory.mktemp("cluster"), shards=3)
+    """Four shards: each test's TN pair has a WAL of its own."""
+    started = LocalCluster(tmp_path_factory.mktemp("cluster"), shards=4)
     try:
         yield started
     finally:
@@ -375,3 +375,29 @@ async def _status_of(address: str) -> TNStatus:
     channel, reply = await probe(address, TOKEN, CLIENT)
     channel.abort()
     return reply.status
+
+
+def test_an_idle_tn_fenced_by_a_promotion_stops_saying_active_and_exits(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """Issue 20 item 8: `engine promote` on the standby while the active TN is alive and
+    idle (no commit to be refused): the old TN sees a second active peer, asks the log for
+    its lease, finds itself fenced, and exits 3 with its one line, within seconds rather
+    than at its next append."""
+    pair = write_pair(tmp_path / "tns", cluster.dir, 4, TOKEN)
+    active = TNProcess(pair.config_a)
+    standby: TNProcess | None = None
+    try:
+        asyncio.run(wait_role(pair.a, "active", active))
+        standby = TNProcess(pair.config_b, standby=True)
+        asyncio.run(wait_role(pair.b, "standby", standby))
+        promote = engine_command(pair.base, "promote", "--config", str(pair.config_b))
+        assert promote.returncode == 0, promote.stderr
+        assert active.wait(EXIT_WAIT_S_MAX) == 3, active.output
+        fenced = [line for line in active.output.splitlines() if "TN fenced" in line]
+        assert len(fenced) == 1 and f"holder tn@{pair.b}" in fenced[0], active.output
+        # Found by asking the log, not by an append refused later:
+        assert "this one no longer holds the lease" in active.output, active.output
+        assert asyncio.run(role_of(pair.b)) == "active"
+    finally:
+        stop_all(active, standby)
