@@ -259,7 +259,10 @@ def test_a_tn_that_was_paused_while_the_standby_took_over_is_fenced_on_its_first
         active.send(signal.SIGSTOP)  # alive, but it answers nothing: probes time out
         asyncio.run(wait_role(b, "active", standby))
         active.send(signal.SIGCONT)
-        with pytest.raises(Fenced):
+        # Resumed, it is refused its next commit as fenced, or it already found itself
+        # fenced by asking the log (it saw the other TN active) and is exiting or gone:
+        # either way it acknowledges nothing.
+        with pytest.raises((Fenced, OSError)):  # ConnectionError is an OSError
             asyncio.run(_commit_on(a))
         assert active.wait(EXIT_WAIT_S_MAX) == 3, active.output
         fenced = [line for line in active.output.splitlines() if "TN fenced" in line]
