@@ -23,6 +23,7 @@ killed logsvc node restarted in a `finally`); every wait is bounded.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import subprocess
 import sys
@@ -44,7 +45,7 @@ from engine.objects.store import LocalDirStore
 from engine.tn import local, messages
 from engine.tn.channel import Channel, probe
 from engine.tn.limits import ClientOptions
-from engine.tn.local import TNProcess, stop_all, write_pair
+from engine.tn.local import LocalPair, TNProcess, stop_all, write_pair
 from engine.writeset import Op, WriteSet
 from logsvc import devcluster
 
@@ -291,6 +292,23 @@ PAUSE_CHECKPOINTS = 3
 FAST_CHECKPOINTS = Policy(checkpoint_interval_ms=300, checkpoint_wal_reserve_entries=0)
 
 
+@contextlib.contextmanager
+def running_pair(
+    cluster: LocalCluster, base: Path, shard: int, maintenance: Policy | None = None
+) -> Iterator[tuple[LocalPair, TNProcess, TNProcess]]:
+    """An active TN, then a standby, on `shard`; both stopped by PID at the end."""
+    pair = write_pair(base, cluster.dir, shard, TOKEN, maintenance)
+    active = TNProcess(pair.config_a)
+    standby: TNProcess | None = None
+    try:
+        asyncio.run(wait_role(pair.a, "active", active))
+        standby = TNProcess(pair.config_b, standby=True)
+        asyncio.run(wait_role(pair.b, "standby", standby))
+        yield pair, active, standby
+    finally:
+        stop_all(active, standby)
+
+
 def test_a_standby_paused_past_several_truncations_catches_up_and_takes_over(
     cluster: LocalCluster, tmp_path: Path
 ) -> None:
@@ -298,20 +316,12 @@ def test_a_standby_paused_past_several_truncations_catches_up_and_takes_over(
     WAL past its read position several times; resumed, it catches up from the newest
     checkpoint (it never skips an entry), says `standby`, and when the active TN is
     SIGKILLed it takes over with every acknowledged commit there exactly once."""
-    pair = write_pair(tmp_path / "tns", cluster.dir, 3, TOKEN, FAST_CHECKPOINTS)
-    active = TNProcess(pair.config_a)
-    standby: TNProcess | None = None
-    try:
-        asyncio.run(wait_role(pair.a, "active", active))
-        standby = TNProcess(pair.config_b, standby=True)
-        asyncio.run(wait_role(pair.b, "standby", standby))
+    with running_pair(cluster, tmp_path / "tns", 3, FAST_CHECKPOINTS) as (pair, active, standby):
         asyncio.run(
             _pause_past_truncations_then_fail_over(pair.base, pair.a, pair.b, active, standby)
         )
         assert "caught up from checkpoint" in standby.output, standby.output
         assert "standby tail failed" not in standby.output, standby.output
-    finally:
-        stop_all(active, standby)
 
 
 async def _pause_past_truncations_then_fail_over(
@@ -387,13 +397,7 @@ def test_an_idle_tn_fenced_by_a_promotion_stops_saying_active_and_exits(
     idle (no commit to be refused): the old TN sees a second active peer, asks the log for
     its lease, finds itself fenced, and exits 3 with its one line, within seconds rather
     than at its next append."""
-    pair = write_pair(tmp_path / "tns", cluster.dir, 4, TOKEN)
-    active = TNProcess(pair.config_a)
-    standby: TNProcess | None = None
-    try:
-        asyncio.run(wait_role(pair.a, "active", active))
-        standby = TNProcess(pair.config_b, standby=True)
-        asyncio.run(wait_role(pair.b, "standby", standby))
+    with running_pair(cluster, tmp_path / "tns", 4) as (pair, active, _standby):
         promote = engine_command(pair.base, "promote", "--config", str(pair.config_b))
         assert promote.returncode == 0, promote.stderr
         assert active.wait(EXIT_WAIT_S_MAX) == 3, active.output
@@ -402,5 +406,3 @@ def test_an_idle_tn_fenced_by_a_promotion_stops_saying_active_and_exits(
         # Found by asking the log, not by an append refused later:
         assert "this one no longer holds the lease" in active.output, active.output
         assert asyncio.run(role_of(pair.b)) == "active"
-    finally:
-        stop_all(active, standby)
