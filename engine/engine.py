@@ -399,7 +399,7 @@ class Engine:
     def _check_writable_storage(self) -> None:
         self._check_not_closed()
         if self._failure is not None:
-            raise type(self._failure)(str(self._failure))
+            raise self._failure_again()
         if self.read_only:
             raise BadInput("the engine was opened read-only")
 
@@ -571,7 +571,7 @@ class Engine:
             return
         if self._failure is not None:
             txn._end(TxnState.ROLLED_BACK)
-            raise type(self._failure)(str(self._failure))
+            raise self._failure_again()
         if self.read_only:
             txn._end(TxnState.ROLLED_BACK)
             raise BadInput("the engine was opened read-only")
@@ -634,7 +634,7 @@ class Engine:
             if isinstance(exc, (driver_errors.DriverFailed, driver_errors.DriverClosed)):
                 self._fail(exc)
                 assert self._failure is not None
-                raise type(self._failure)(str(self._failure)) from exc
+                raise self._failure_again() from exc
             raise
         commit.entry = txn_entry
         commit.payload = payload
@@ -697,6 +697,13 @@ class Engine:
             # A full block may be flushed now, not at the next interval: a bulk load fills
             # blocks faster than MAINTENANCE_INTERVAL_MS.
             self._maintenance.poke()
+
+    def _failure_again(self) -> WalFailed:
+        """A fresh copy of the engine's failure to raise, with its cause (who fenced it)."""
+        assert self._failure is not None
+        error = type(self._failure)(str(self._failure))
+        error.__cause__ = self._failure.__cause__
+        return error
 
     def _fail(self, exc: BaseException) -> None:
         if self._failure is None:
