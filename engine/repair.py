@@ -30,6 +30,7 @@ from engine.errors import WalCorruption
 from engine.opening import WAL_DIR_NAME
 from engine.wal.codec import decode_entry
 from engine.wal.entry import TxnEntry
+from logsvc.quarantine import QUARANTINE_PREFIX
 from tae_driver import record as driver_record
 from tae_driver.backends import repair as wal_repair
 from tae_driver.backends import segment
@@ -223,7 +224,7 @@ def run(engine_dir: str, yes: bool) -> int:
     if not yes:
         print(
             "nothing changed: pass --yes to move the damaged suffix aside "
-            f"(into {wal_dir}/{wal_repair.QUARANTINE_PREFIX}*; nothing is deleted)",
+            f"(into {wal_dir}/{QUARANTINE_PREFIX}*; nothing is deleted)",
             file=sys.stderr,
         )
         return EXIT_DAMAGE_NOT_REPAIRED

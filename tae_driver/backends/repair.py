@@ -15,12 +15,10 @@ tool, in two steps:
   directory `quarantine-<UTC time>-lsn-<lo>/` inside the WAL directory, never deleted; the
   backend's open ignores that directory (it only reads `wal-*.seg` names at the top level).
 
-Crash safety of `quarantine` (each step durable before the next): (1) the quarantine
-directory is created and the WAL directory fsynced; (2) the damaged segment's suffix is
-copied into it and fsynced; (3) later segments are renamed into it, both directories
-fsynced; (4) the damaged segment is cut at the bad frame and fsynced. A crash before (4)
-leaves the damage in place, so the open still refuses and `inspect` plans again; the copy
-made in (2) is kept. After (4) the log ends at the last LSN before the damage.
+The move itself is `logsvc/quarantine.py` (shared with `logsvc doctor --repair`), each
+step durable before the next: a crash before the final cut leaves the damage in place, so
+the open still refuses and `inspect` plans again; nothing already copied is lost. After it
+the log ends at the last LSN before the damage.
 """
 
 from __future__ import annotations
@@ -29,17 +27,15 @@ import contextlib
 import fcntl
 import os
 import struct
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from logsvc.quarantine import move_aside
 from tae_driver import limits
 from tae_driver.backends import segment
 from tae_driver.backends.segment import FrameType
 from tae_driver.errors import BackendFailed, StorageCorruption
 
-QUARANTINE_PREFIX = "quarantine-"
-REPORT_FILE_NAME = "REPAIR.txt"
 LOCK_FILE_NAME = "LOCK"  # the file backend's lock (file.LOCK_FILE_NAME; no import cycle)
 
 
@@ -233,30 +229,15 @@ def quarantine(plan: RepairPlan, *, now_s: float | None = None) -> str:
             plan.moved_paths,
         ):
             raise BackendFailed(f"{plan.dir_path} changed since it was inspected; inspect again")
-        stamp = time.strftime(
-            "%Y%m%dT%H%M%SZ", time.gmtime(time.time() if now_s is None else now_s)
+        return move_aside(
+            plan.dir_path,
+            label=f"lsn-{plan.lsn_lo}",
+            report=describe(plan),
+            cut_path=plan.cut_path,
+            cut_offset_bytes=plan.offset_bytes,
+            moved_paths=plan.moved_paths,
+            now_s=now_s,
         )
-        target = os.path.join(plan.dir_path, f"{QUARANTINE_PREFIX}{stamp}-lsn-{plan.lsn_lo}")
-        os.mkdir(target)  # fails if it exists: never mix two repairs
-        _fsync_dir(plan.dir_path)
-        _write_durably(os.path.join(target, REPORT_FILE_NAME), describe(plan).encode())
-        if plan.cut_path is not None:
-            data = _read(plan.cut_path)
-            name = f"{os.path.basename(plan.cut_path)}.from-{plan.offset_bytes}"
-            _write_durably(os.path.join(target, name), data[plan.offset_bytes :])
-        _fsync_dir(target)
-        for path in plan.moved_paths:
-            os.rename(path, os.path.join(target, os.path.basename(path)))
-        _fsync_dir(target)
-        _fsync_dir(plan.dir_path)
-        if plan.cut_path is not None:
-            fd = os.open(plan.cut_path, os.O_WRONLY)
-            try:
-                os.ftruncate(fd, plan.offset_bytes)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        return target
 
 
 def describe(plan: RepairPlan) -> str:
@@ -273,22 +254,3 @@ def describe(plan: RepairPlan) -> str:
         f"frames in the moved bytes: {whole} whole, {len(plan.lost_frames) - whole} damaged"
     )
     return "\n".join(lines) + "\n"
-
-
-def _write_durably(path: str, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(dir_path: str) -> None:
-    fd = os.open(dir_path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
