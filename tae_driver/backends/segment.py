@@ -134,8 +134,11 @@ def decode_frame(data: bytes | memoryview, offset: int, *, verify_checksum: bool
 
 # How far past a bad frame to look for a later valid RECORD (its LSN within this many of the
 # next expected one), and how many candidate positions to try before deciding conservatively
-# (corruption). The same bounds as the shard store's recovery (logsvc/store/records.py).
-RESYNC_LSNS_AHEAD = 8
+# (corruption). The shard store looks 8 indexes ahead (logsvc/store/records.py); here more,
+# because a damaged span with no valid frame found after it may be cut: 128 frames is more
+# than a 4 KiB page of the smallest frames (a 24-byte header and a ~40-byte driver record).
+# The search runs only when a frame is bad: at most 128 `find`s over the last 6 MiB.
+RESYNC_LSNS_AHEAD = 128
 RESYNC_CANDIDATES_MAX = 4096
 
 

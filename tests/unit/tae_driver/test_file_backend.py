@@ -271,6 +271,53 @@ def test_a_zeroed_sector_followed_by_valid_frames_is_corruption(tmp_path: Path) 
     asyncio.run(scenario())
 
 
+def test_garbage_over_a_page_of_small_frames_followed_by_valid_ones_is_corruption(
+    tmp_path: Path,
+) -> None:
+    """A damaged 4 KiB page holds ~120 frames of 10-byte payloads: the search for a valid
+    frame after the damage must look far enough ahead to find the ones that follow it."""
+
+    async def scenario() -> None:
+        await (await filled(tmp_path, 400, size=10)).close()
+        (path,) = segment_files(tmp_path)
+        data = bytearray(path.read_bytes())
+        data[4096:8192] = bytes((i * 7 + 1) % 251 for i in range(4096))
+        path.write_bytes(bytes(data))
+        with pytest.raises(StorageCorruption) as info:
+            await FileBackend.open(str(tmp_path))
+        assert "valid frames follow" in info.value.reason
+        assert path.read_bytes() == bytes(data)
+
+    asyncio.run(scenario())
+
+
+def test_repair_plan_and_quarantine_of_a_bad_segment_header(tmp_path: Path) -> None:
+    """A bad header moves the whole file aside (with every later one); the log then ends
+    before it. A log missing its first segment cannot be repaired by moving files."""
+    from tae_driver.backends import repair
+
+    async def scenario() -> None:
+        await (await filled(tmp_path, 40, segment_bytes_max=1024)).close()
+        files = segment_files(tmp_path)
+        flip(files[2], 3)  # the magic of the third segment
+        plan = repair.inspect(str(tmp_path))
+        assert plan is not None and plan.repairable
+        assert (plan.cut_path, plan.moved_paths) == (None, tuple(str(f) for f in files[2:]))
+        first_lost = segment.parse_segment_file_name(files[2].name)
+        assert plan.lsn_lo == first_lost
+        target = repair.quarantine(plan)
+        assert sorted(os.listdir(target)) == sorted(["REPAIR.txt", *(f.name for f in files[2:])])
+        reopened = await FileBackend.open(str(tmp_path))
+        assert await reopened.latest() == (first_lost or 0) - 1
+        await reopened.close()
+        assert repair.inspect(str(tmp_path)) is None
+        segment_files(tmp_path)[0].unlink()
+        missing = repair.inspect(str(tmp_path))
+        assert missing is not None and not missing.repairable
+
+    asyncio.run(scenario())
+
+
 def test_damage_in_an_older_segment_is_corruption(tmp_path: Path) -> None:
     async def scenario() -> None:
         backend = await filled(tmp_path, 40, segment_bytes_max=1024)
