@@ -40,7 +40,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from engine import limits, metrics, repair
+from engine import limits, metrics
 from engine.clock import ts_physical_ms
 from engine.engine import Engine
 from engine.errors import EngineError
@@ -76,6 +76,8 @@ def _parser() -> argparse.ArgumentParser:
     cn = sub.add_parser("cn", help="a compute node reader: status, tables, scan")
     cn.add_argument("--config", required=True, help="the compute node's cn.toml")
     cn.add_argument("words", nargs=argparse.REMAINDER, help="one command (else: stdin)")
+    from engine import repair
+
     repair.add_parser(sub)
     return parser
 
@@ -155,6 +157,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return reader.main(args.config, list(args.words))
     if args.command == "repair":
+        from engine import repair
+
         return repair.run(args.dir, args.yes)
     problem = wal_options_error(args) or objects_options_error(args)
     if problem is not None:
