@@ -5,10 +5,10 @@ How: a real engine on its file WAL (objects "none", so every committed row lives
 and nothing truncates it) commits transactions of 100 rows; the test closes it, edits the
 WAL's bytes and opens it again:
 
-* the issue's reproduction: one byte flipped at offset 20,000 of the one 136 KB segment.
-  Before the fix `Engine.open` returned 200 rows and cut the file to 13,879 bytes; now it
-  raises `WalCorruption` naming the file, the byte and the DSNs, and every byte of the
-  directory is as it was;
+* the issue's reproduction: one byte flipped at offset 20,000 of the one ~140 KB segment.
+  In the issue `Engine.open` returned 200 rows and cut the file to 13,879 bytes, silently
+  (here the old code also raised nothing); now it raises `WalCorruption` naming the file,
+  the byte and the DSNs, and every byte of the directory is as it was;
 * a sweep over a multi-segment WAL: a byte flipped in every region of frames throughout it
   (segment header, frame checksum, length, type, reserved, LSN, payload start, middle and
   end), one at a time. Each open either has every committed transaction or raises
