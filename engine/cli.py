@@ -10,6 +10,8 @@ compute node reader (issue 15).
     python -m engine serve --config tn.toml [--standby]    the TN daemon (engine/tn/daemon.py)
     python -m engine promote --config tn.toml              make that standby TN active now
     python -m engine cn --config cn.toml [COMMAND...]      a compute node reader (tn/reader.py)
+    python -m engine repair DIR [--yes]     a corrupt file WAL: say what is lost; with --yes
+                                            move the damaged suffix aside (engine/repair.py)
 
 `tables`, `scan` and `stats` open the engine read-only (replay FOR_READ: nothing is written,
 and over logsvc no lease is taken, so a running engine is not fenced), print, and close.
@@ -23,7 +25,8 @@ an engine of part 1 (every row in the WAL).
 
 Exit codes: 0 done, 1 the engine could not be opened or read, 2 bad arguments. `serve`,
 `promote` and `cn` say theirs in their modules (a config error is 2, naming the key; a
-fenced TN exits 3).
+fenced TN exits 3; `repair`: 0 nothing to repair or repaired, 1 damage found and nothing
+changed (pass --yes), 2 bad arguments or no WAL, 3 not repairable or the WAL is locked).
 """
 
 from __future__ import annotations
@@ -73,6 +76,9 @@ def _parser() -> argparse.ArgumentParser:
     cn = sub.add_parser("cn", help="a compute node reader: status, tables, scan")
     cn.add_argument("--config", required=True, help="the compute node's cn.toml")
     cn.add_argument("words", nargs=argparse.REMAINDER, help="one command (else: stdin)")
+    from engine import repair
+
+    repair.add_parser(sub)
     return parser
 
 
@@ -150,6 +156,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from engine.tn import reader
 
         return reader.main(args.config, list(args.words))
+    if args.command == "repair":
+        from engine import repair
+
+        return repair.run(args.dir, args.yes)
     problem = wal_options_error(args) or objects_options_error(args)
     if problem is not None:
         print(f"error: {problem}", file=sys.stderr)

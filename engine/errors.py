@@ -116,14 +116,27 @@ class Fenced(WalFailed):
 
 class WalCorruption(EngineError):
     """WAL entry `dsn` cannot be decoded or applied. `reason` names the check that failed and
-    `offset_bytes` where in the entry, when known."""
+    `offset_bytes` where in the entry, when known. A WAL whose storage is corrupt (the file
+    backend's `StorageCorruption`, raised by `Engine.open`) also names the file (`path`,
+    `offset_bytes` then in that file) and the DSNs it makes unreadable, `[dsn, dsn_hi)`
+    (`dsn` 0 and `dsn_hi` None when they could not be read)."""
 
-    def __init__(self, dsn: int, reason: str, offset_bytes: int | None = None) -> None:
+    def __init__(
+        self,
+        dsn: int,
+        reason: str,
+        offset_bytes: int | None = None,
+        *,
+        dsn_hi: int | None = None,
+        path: str | None = None,
+    ) -> None:
         where = f" at byte {offset_bytes}" if offset_bytes is not None else ""
         super().__init__(f"WAL entry at DSN {dsn}: {reason}{where}")
         self.dsn = dsn
         self.reason = reason
         self.offset_bytes = offset_bytes
+        self.dsn_hi = dsn_hi
+        self.path = path
 
 
 class StandbyFailed(EngineError):

@@ -7,6 +7,7 @@ an S3 bucket); the engine's shell then only sees the ports (`LogBackend`, `Block
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 
@@ -67,8 +68,16 @@ async def open_backend(
         return wal, False
     if wal == "file":
         from tae_driver.backends.file import FileBackend
+        from tae_driver.errors import StorageCorruption
 
-        return await FileBackend.open(os.path.join(path, WAL_DIR_NAME)), True
+        wal_dir = os.path.join(path, WAL_DIR_NAME)
+        try:
+            return await FileBackend.open(wal_dir), True
+        except StorageCorruption as exc:
+            # Refused and unchanged (ARCHITECTURE.md §11): say which DSNs and how to repair.
+            from engine import repair
+
+            raise await asyncio.to_thread(repair.wal_corruption, wal_dir, exc) from exc
     if wal == "memory":
         from tae_driver.backends.memory import MemoryBackend
 

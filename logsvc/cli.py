@@ -159,6 +159,13 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="check even if the node is running (otherwise exit 3); results may be inconsistent",
     )
+    doctor.add_argument(
+        "--repair",
+        action="store_true",
+        help="with --shard: say how a corrupt journal would be repaired (exit 1), changing "
+        "nothing; with --yes, move its damaged suffix into journal/quarantine-*/",
+    )
+    doctor.add_argument("--yes", action="store_true", help="with --repair: act")
 
     demo = commands.add_parser("demo", help="a local 3-node cluster at work")
     demo.add_argument("--dir", help="directory for the demo cluster (default: a temp dir)")
@@ -228,12 +235,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "doctor":
         from logsvc import doctor
 
+        if args.repair and args.shard is None:
+            print("error: --repair needs --shard N (one journal at a time)", file=sys.stderr)
+            return 2
+        if args.yes and not args.repair:
+            print("error: --yes goes with --repair", file=sys.stderr)
+            return 2
+
         return doctor.main(
             config_path=args.config,
             data_dir=args.data_dir,
             shard=args.shard,
             json_output=args.json,
             allow_running=args.allow_running,
+            repair=args.repair,
+            yes=args.yes,
         )
     if args.command == "demo":
         from logsvc import demo

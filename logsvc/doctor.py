@@ -37,7 +37,23 @@ name rule): `recover()` itself deletes and truncates files, so it is never calle
 tests/unit/test_doctor.py opens a copy of each damaged directory with the real store and
 checks that the store agrees with the doctor.
 
-Read-only: files are opened O_RDONLY; nothing is created, renamed, truncated or deleted.
+Read-only: files are opened O_RDONLY; nothing is created, renamed, truncated or deleted,
+except by `--repair --yes` (below).
+
+Repair, on request only (ARCHITECTURE.md §11; issue 20):
+
+    logsvc doctor --data-dir DIR --shard N --repair [--yes]
+
+For a journal that recovery would refuse because a segment is corrupt (an error
+`segment_corrupt`), `--repair` prints what a repair would do: move the damaged suffix (from
+the first bad record to the end of its segment, and every later segment) into
+`journal/quarantine-<UTC>-index-<lo>/` (logsvc/quarantine.py: copied and renamed durably,
+never deleted; recovery ignores that directory), and which Raft indexes the replica then no
+longer has. It changes nothing and exits 1. With `--yes` it does it (the node must be
+stopped: it takes the journal's lock), checks again, and exits as the check does. The
+replica then starts with a shorter log: Raft counted on it holding entries it acknowledged,
+so repair one replica only while the others are healthy, or rather remove the replica and
+add it back (it catches up from the leader).
 
 A running node: an open store holds an exclusive flock on journal/LOCK. The doctor tries a
 *shared* flock on an existing LOCK, non-blocking, and drops it at once. If it is held, the
@@ -55,6 +71,8 @@ Severities and exit codes:
              a node running during the check                             -> exit 0
     info     leftovers the node removes by itself                        -> exit 0
     exit 2   config or usage error (as every logsvc command); exit 3 refused: node running
+    --repair: exit 1 damage found and nothing changed (pass --yes); exit 3 node running or
+             nothing a repair can move; with --yes the exit of the check after it
 """
 
 from __future__ import annotations
@@ -64,11 +82,13 @@ import json
 import os
 import re
 import stat
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
 from logsvc.node import placement
+from logsvc.quarantine import is_quarantine_name, move_aside
 from logsvc.shard import membership, small_file, snapshot_file
 from logsvc.shard.errors import SnapshotCorrupt
 from logsvc.shard.limits import DEFAULT_SHARD_LIMITS, ShardLimits
@@ -550,6 +570,16 @@ def check_journal(
                     "last good value)",
                 )
             )
+        elif is_quarantine_name(name):
+            findings.append(
+                Finding(
+                    "info",
+                    "quarantine_kept",
+                    os.path.join(journal_dir, name),
+                    "a damaged suffix moved aside by `doctor --repair --yes` (ignored by "
+                    "recovery; delete it once it is no longer needed)",
+                )
+            )
         elif name not in (META_FILE_NAME, LOCK_FILE_NAME):
             findings.append(
                 _unexpected(os.path.join(journal_dir, name), "file in the journal (ignored)")
@@ -882,6 +912,135 @@ def check_snapshot_matches(
     return []
 
 
+# ------------------------------------------------------------------------- repair
+
+
+@dataclass(frozen=True, slots=True)
+class JournalRepair:
+    """What `--repair --yes` would move out of a journal (module doc). The journal keeps
+    indexes below `index_lo`; `[index_lo, index_hi)` are the ones found in the moved bytes
+    (`index_hi` == `index_lo` when none is whole there)."""
+
+    journal_dir: str
+    damaged_path: str
+    offset_bytes: int
+    reason: str
+    index_lo: int
+    index_hi: int
+    cut_path: str | None  # None: the damaged file moves whole (its header is bad)
+    moved_paths: tuple[str, ...]
+
+    def describe(self) -> str:
+        lines = [
+            f"damage: {self.damaged_path} at byte {self.offset_bytes}: {self.reason}",
+            f"the journal keeps Raft indexes below {self.index_lo}; indexes "
+            f"[{self.index_lo}, {self.index_hi}) are found in the moved bytes and lost",
+        ]
+        if self.cut_path is not None:
+            lines.append(f"cut: {self.cut_path} at byte {self.offset_bytes} (the rest moved)")
+        lines.extend(f"move: {path}" for path in self.moved_paths)
+        return "\n".join(lines) + "\n"
+
+
+def plan_journal_repair(journal_dir: str, payload_bytes_max: int) -> JournalRepair | None:
+    """The first corrupt segment of a journal, decided by recovery's own scan, and the
+    suffix a repair would move aside; None when no segment is corrupt. Reads only."""
+    segments = sorted(
+        (int(match.group(1)), os.path.join(journal_dir, name))
+        for name in os.listdir(journal_dir)
+        if (match := SEGMENT_NAME.match(name))
+    )
+    for position, (first_index, path) in enumerate(segments):
+        with open(path, "rb") as handle:
+            data = handle.read()
+        newest = position == len(segments) - 1
+        found = records.read_segment_records(
+            data, first_index, newest=newest, payload_bytes_max=payload_bytes_max
+        )
+        if found.end != records.END_CORRUPT:
+            continue
+        later = tuple(p for _, p in segments[position + 1 :])
+        index_lo = found.records[-1].index + 1 if found.records else first_index
+        index_hi = index_lo
+        for later_first, later_path in segments[position + 1 :]:
+            with open(later_path, "rb") as handle:
+                walked = records.read_segment_records(
+                    handle.read(), later_first, newest=False, verify=False
+                )
+            if walked.records:
+                index_hi = max(index_hi, walked.records[-1].index + 1)
+        whole = found.end_offset_bytes < records.SEGMENT_HEADER_BYTES
+        return JournalRepair(
+            journal_dir,
+            path,
+            0 if whole else found.end_offset_bytes,
+            found.end_reason or "corrupt",
+            index_lo,
+            index_hi,
+            None if whole else path,
+            (path, *later) if whole else later,
+        )
+    return None
+
+
+def repair_journal(plan: JournalRepair) -> str:
+    """Move the plan's suffix aside under the journal's lock; the quarantine directory.
+    Raises BlockingIOError if the node holds the lock."""
+    fd = os.open(os.path.join(plan.journal_dir, LOCK_FILE_NAME), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        again = plan_journal_repair(plan.journal_dir, records.PAYLOAD_BYTES_LIMIT)
+        assert again is not None and again.offset_bytes == plan.offset_bytes
+        return move_aside(
+            plan.journal_dir,
+            label=f"index-{plan.index_lo}",
+            report=plan.describe(),
+            cut_path=plan.cut_path,
+            cut_offset_bytes=plan.offset_bytes,
+            moved_paths=plan.moved_paths,
+        )
+    finally:
+        os.close(fd)
+
+
+def _repair(options: DoctorOptions, yes: bool) -> int:
+    assert options.only_shard is not None
+    shard_dir = os.path.join(options.data_dir, "shards", str(options.only_shard))
+    journal_dir = _journal_of(shard_dir)
+    if not os.path.isdir(journal_dir):
+        print(f"error: no journal at {journal_dir}", file=sys.stderr)
+        return EXIT_RUNNING
+    if journal_locked(journal_dir):
+        print(
+            f"error: the node is running ({journal_dir} is locked): stop it first", file=sys.stderr
+        )
+        return EXIT_RUNNING
+    plan = plan_journal_repair(journal_dir, options.payload_bytes_max)
+    if plan is None:
+        print(f"{journal_dir}: no corrupt segment; nothing a repair would move")
+        report = examine(options)
+        print(format_text(report))
+        return EXIT_RUNNING if report.exit_code != EXIT_HEALTHY else EXIT_HEALTHY
+    print(plan.describe().rstrip("\n"))
+    print(
+        "warning: the replica will start without these entries; Raft counted on it holding "
+        "the ones it acknowledged. Repair one replica only while the others are healthy, or "
+        "remove it from the shard and add it back instead."
+    )
+    if not yes:
+        print("nothing changed: pass --yes to move the damaged suffix aside", file=sys.stderr)
+        return EXIT_PROBLEMS
+    try:
+        target = repair_journal(plan)
+    except BlockingIOError:
+        print(f"error: the node is running ({journal_dir} is locked)", file=sys.stderr)
+        return EXIT_RUNNING
+    print(f"repaired: the damaged suffix is in {target}")
+    report = examine(options)
+    print(format_text(report))
+    return report.exit_code
+
+
 # ------------------------------------------------------------------------- the output
 
 
@@ -963,6 +1122,8 @@ def main(
     shard: int | None,
     json_output: bool,
     allow_running: bool,
+    repair: bool = False,
+    yes: bool = False,
 ) -> int:
     """`logsvc doctor`: print the report, return the exit code (module docstring)."""
     from logsvc.config import ConfigError, load_node_config, main_config_error
@@ -987,6 +1148,8 @@ def main(
         options = DoctorOptions(
             data_dir=os.path.abspath(data_dir), only_shard=shard, allow_running=allow_running
         )
+    if repair:
+        return _repair(options, yes)
     report = examine(options)
     if json_output:
         print(json.dumps(report.to_json(), indent=2))

@@ -170,11 +170,29 @@ class BackendFailed(BackendError):
 
 
 class StorageCorruption(BackendError):
-    def __init__(self, path: str, offset_bytes: int, reason: str) -> None:
-        super().__init__(f"{path} at byte {offset_bytes}: {reason}")
+    """Bad bytes at `offset_bytes` of `path` that are not a torn tail (ARCHITECTURE.md §11).
+    `lsn_lo`/`lsn_hi`, when known, are the LSNs the damage makes unreadable, `[lsn_lo,
+    lsn_hi)`: from the first LSN at or after the damage to past the last one found whole
+    after it (so a repair that moves the damaged suffix aside loses exactly these)."""
+
+    def __init__(
+        self,
+        path: str,
+        offset_bytes: int,
+        reason: str,
+        *,
+        lsn_lo: int | None = None,
+        lsn_hi: int | None = None,
+    ) -> None:
+        lsns = ""
+        if lsn_lo is not None:
+            lsns = f" (LSNs [{lsn_lo}, {lsn_hi if lsn_hi is not None else '?'}) affected)"
+        super().__init__(f"{path} at byte {offset_bytes}: {reason}{lsns}")
         self.path = path
         self.offset_bytes = offset_bytes
         self.reason = reason
+        self.lsn_lo = lsn_lo
+        self.lsn_hi = lsn_hi
 
 
 class BackendFenced(BackendError):

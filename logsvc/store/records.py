@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 
 import xxhash
 
+from logsvc.torn import has_zero_sector
+
 SEGMENT_MAGIC = b"LOGSVSEG"
 SEGMENT_VERSION = 1
 SEGMENT_HEADER = struct.Struct("<8sHHIQ")  # magic, version, header_bytes, flags, first_index
@@ -48,8 +50,6 @@ SEGMENT_BYTES_LIMIT = 2**32 - 1  # offsets are kept in 32-bit arrays
 # positions to try before deciding conservatively (see scan_segment).
 RESYNC_INDEXES_AHEAD = 8
 RESYNC_CANDIDATES_MAX = 4096
-SECTOR_BYTES = 512  # the unit in which a disk tears a write; a zeroed sector = power loss
-_ZERO_SECTOR = bytes(SECTOR_BYTES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,7 +274,7 @@ def _classify_bad_tail(
             bad_offset,
             f"{reason}; a later record says entries up to {chain_hint} were durable",
         )
-    if not _has_zero_sector(data, bad_offset, later.offset_bytes):
+    if not has_zero_sector(data, bad_offset, later.offset_bytes):
         raise ScanCorruption(bad_offset, f"{reason}; valid records follow the damaged bytes")
     scan.torn_reason = f"{reason} (unsynced pages lost; later unsynced records dropped)"
     scan.torn_records_dropped = chain_count
@@ -320,16 +320,6 @@ def _follow_chain(data: bytes, first: RecordView, payload_bytes_max: int) -> tup
         count += 1
         record = following
     return hint, count
-
-
-def _has_zero_sector(data: bytes, lo_bytes: int, hi_bytes: int) -> bool:
-    """Whether [lo, hi) contains a whole, sector-aligned run of zero bytes."""
-    sector = -(-lo_bytes // SECTOR_BYTES) * SECTOR_BYTES
-    while sector + SECTOR_BYTES <= hi_bytes:
-        if data[sector : sector + SECTOR_BYTES] == _ZERO_SECTOR:
-            return True
-        sector += SECTOR_BYTES
-    return False
 
 
 def read_records(

@@ -19,7 +19,9 @@ local backend, for an engine that runs without a log service and for benchmarks.
   that holds the newest TRUNCATE frame, and fsyncs the directory. Whole files only.
 * **Open** scans every segment: the truncated LSN is the highest TRUNCATE frame; segments
   wholly below it are deleted (finishing an interrupted truncation); the newest segment's torn
-  tail is cut back and fsynced; any other damage raises `StorageCorruption`.
+  tail (only bytes that could never have been acknowledged: `segment.classify_bad_frame`,
+  FORMAT.md) is cut back and fsynced; any other damage raises `StorageCorruption` before
+  anything is changed (issue 20). `repair.py` moves a damaged suffix aside on request.
 * **Failure**: a failed write or fsync leaves the file in an unknown state (fsyncgate), so
   the backend fails every pending and later call with `BackendFailed` until reopened; the
   reopen's scan decides what survived.
@@ -28,7 +30,8 @@ Crash cases (power loss may drop unsynced bytes and tear the last write):
 
 | crash during              | found on open                        | action                       |
 |---------------------------|--------------------------------------|------------------------------|
-| a group write / fsync     | torn or missing frames at the tail   | cut back; none was acked     |
+| a group write / fsync     | ends inside a frame; zero-filled end | cut back; none was acked     |
+| (none: disk damage)       | bad frame + valid ones; whole bad end| refuse; change nothing       |
 | segment creation          | a `*.tmp` file, or nothing           | delete the tmp               |
 | rename / dir fsync        | new segment with no frames, or none  | keep it / use the old one    |
 | truncate frame write      | old truncated LSN                    | truncate was not acked       |
@@ -183,13 +186,10 @@ class FileBackend:
     def _recover(
         cls, dir_path: str, lock_fd: int, segment_bytes_max: int, fsync: Fsync
     ) -> FileBackend:
-        dir_syncs = 0
-        deleted = 0
+        # Everything is checked before anything is changed: a refused open (corruption)
+        # leaves every byte and every name of the directory as it was (issue 20).
         names = sorted(os.listdir(dir_path))
-        for name in names:
-            if name.endswith(_TMP_SUFFIX):
-                os.unlink(os.path.join(dir_path, name))  # an unfinished segment creation
-                deleted += 1
+        tmp_names = [name for name in names if name.endswith(_TMP_SUFFIX)]
         bases = sorted(
             base for name in names if (base := segment.parse_segment_file_name(name)) is not None
         )
@@ -202,16 +202,6 @@ class FileBackend:
             if scan.base_lsn != base:
                 raise StorageCorruption(path, 16, f"header base LSN {scan.base_lsn} != name")
             scans.append((path, scan))
-        torn_bytes_cut = 0
-        if scans and scans[-1][1].torn_offset is not None:
-            path, scan = scans[-1]
-            torn_bytes_cut = os.path.getsize(path) - scan.valid_bytes
-            fd = os.open(path, os.O_WRONLY)
-            try:
-                os.ftruncate(fd, scan.valid_bytes)
-                fsync(fd)
-            finally:
-                os.close(fd)
         truncated_lsn = max((scan.truncate_lsn_max for _, scan in scans), default=0)
         # Finish an interrupted truncation: drop leading segments wholly at or below the
         # truncated LSN, never the newest one nor the one holding the newest TRUNCATE frame.
@@ -221,13 +211,8 @@ class FileBackend:
             if scan.last_lsn > truncated_lsn or scan.truncate_lsn_max == truncated_lsn > 0:
                 break
             keep_from += 1
-        for path, _ in scans[:keep_from]:
-            os.unlink(path)
-            deleted += 1
+        doomed = [path for path, _ in scans[:keep_from]]
         scans = scans[keep_from:]
-        if deleted:
-            _fsync_dir(dir_path)
-            dir_syncs += 1
         segments = [
             _Segment(
                 path,
@@ -242,12 +227,37 @@ class FileBackend:
         for previous, current in itertools.pairwise(segments):
             if current.base_lsn != previous.last_lsn + 1:
                 raise StorageCorruption(
-                    current.path, 16, f"base LSN {current.base_lsn} after {previous.last_lsn}"
+                    current.path,
+                    16,
+                    f"base LSN {current.base_lsn} after {previous.last_lsn}",
+                    lsn_lo=previous.last_lsn + 1,
                 )
         if segments and segments[0].base_lsn > truncated_lsn + 1:
             raise StorageCorruption(
                 segments[0].path, 16, f"LSNs {truncated_lsn + 1}.. are missing below this segment"
             )
+        # Nothing refused: now repair what crashes leave.
+        dir_syncs = 0
+        deleted = 0
+        for name in tmp_names:
+            os.unlink(os.path.join(dir_path, name))  # an unfinished segment creation
+            deleted += 1
+        torn_bytes_cut = 0
+        if scans and scans[-1][1].torn_offset is not None:
+            path, scan = scans[-1]
+            torn_bytes_cut = os.path.getsize(path) - scan.valid_bytes
+            fd = os.open(path, os.O_WRONLY)
+            try:
+                os.ftruncate(fd, scan.valid_bytes)
+                fsync(fd)
+            finally:
+                os.close(fd)
+        for path in doomed:
+            os.unlink(path)
+            deleted += 1
+        if deleted:
+            _fsync_dir(dir_path)
+            dir_syncs += 1
         if not segments:
             path, fd = _create_segment(dir_path, truncated_lsn + 1)
             dir_syncs += 1

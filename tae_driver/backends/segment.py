@@ -6,14 +6,16 @@ invalid, so zero-filled space never parses) and an XXH3 checksum over everything
 checksum. A frame is either a RECORD (one appended payload at a dense LSN) or a TRUNCATE
 marker (the truncated LSN, so the truncation point survives a restart without a second file).
 
-`scan_segment` decides what a damaged file means:
-
-* a bad frame in the newest segment within `FILE_TORN_TAIL_BYTES_MAX` of its end is a torn
-  tail (the last group write never finished its fsync, so nothing in it was acknowledged):
-  the scan stops there and the caller cuts the file back;
-* any other bad frame, any bad header, and any frame whose checksum is right but whose
-  content is wrong (an LSN out of sequence) is `StorageCorruption(path, offset, reason)`:
-  reported, never skipped.
+`classify_bad_frame` decides what a damaged file means (ARCHITECTURE.md §11; the shared
+power-loss model is `logsvc/torn.py`; the table is in FORMAT.md). Only bytes that could never
+have been acknowledged are a torn tail, cut on open: the first bad frame lies in the newest
+segment, within one group write (`FILE_TORN_TAIL_BYTES_MAX`) of its end, no valid frame
+follows it, and the damage has the shape a power loss leaves (the file ends inside a frame,
+or the tail is zero-filled). Everything else is `StorageCorruption(path, offset, reason,
+lsn_lo, lsn_hi)`: reported, never skipped, nothing changed. In particular a bad frame
+followed by valid frames is corruption (v1 frames carry no durable-LSN hint, so nothing
+proves the later frames were not acknowledged), and so is a frame that is whole to the end
+of the file with non-zero damage (a flipped byte; it may have been acknowledged).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import struct
 from array import array
 from dataclasses import dataclass, field
 
+from logsvc.torn import is_zero_filled_tail
 from tae_driver import limits
 from tae_driver.checksum import xxh3_64
 from tae_driver.errors import StorageCorruption
@@ -81,8 +84,9 @@ class Frame:
     size_bytes: int
 
 
-class _BadFrame(Exception):
-    """Internal: structurally bad bytes at an offset (may be a torn write)."""
+class BadFrame(Exception):
+    """Structurally bad bytes at an offset (a torn write or corruption: `classify_bad_frame`
+    decides). Raised by `decode_frame`; never leaves this package."""
 
     def __init__(self, offset: int, reason: str) -> None:
         super().__init__(reason)
@@ -107,25 +111,163 @@ def decode_segment_header(data: bytes, path: str) -> int:
 
 
 def decode_frame(data: bytes | memoryview, offset: int, *, verify_checksum: bool = True) -> Frame:
-    """The frame at `offset`; raises `_BadFrame` when the bytes there are not a whole frame.
+    """The frame at `offset`; raises `BadFrame` when the bytes there are not a whole frame.
     `verify_checksum=False` (offline listings only) trusts the checksum without computing it."""
     remaining = len(data) - offset
     if remaining < limits.FILE_FRAME_HEADER_BYTES:
-        raise _BadFrame(offset, "short frame header")
+        raise BadFrame(offset, "short frame header")
     checksum, body_bytes, raw_type, reserved, lsn = _FRAME_HEADER.unpack_from(data, offset)
     if body_bytes > FRAME_BODY_BYTES_MAX:
-        raise _BadFrame(offset, f"frame length {body_bytes} too large")
+        raise BadFrame(offset, f"frame length {body_bytes} too large")
     end = offset + limits.FILE_FRAME_HEADER_BYTES + body_bytes
     if end > len(data):
-        raise _BadFrame(offset, "frame runs past the end of the file")
+        raise BadFrame(offset, "frame runs past the end of the file")
     if verify_checksum and checksum != xxh3_64(memoryview(data)[offset + 8 : end]):
-        raise _BadFrame(offset, "frame checksum mismatch")
+        raise BadFrame(offset, "frame checksum mismatch")
     if raw_type not in (FrameType.RECORD, FrameType.TRUNCATE):
-        raise _BadFrame(offset, f"invalid frame type {raw_type}")
+        raise BadFrame(offset, f"invalid frame type {raw_type}")
     if reserved != b"\0\0\0":
-        raise _BadFrame(offset, "reserved frame bytes are not zero")
+        raise BadFrame(offset, "reserved frame bytes are not zero")
     body = bytes(data[offset + limits.FILE_FRAME_HEADER_BYTES : end])
     return Frame(FrameType(raw_type), int(lsn), body, end - offset)
+
+
+# How far past a bad frame to look for a later valid RECORD (its LSN within this many of the
+# next expected one), and how many candidate positions to try before deciding conservatively
+# (corruption). The shard store looks 8 indexes ahead (logsvc/store/records.py); here more,
+# because a damaged span with no valid frame found after it may be cut: 128 frames is more
+# than a 4 KiB page of the smallest frames (a 24-byte header and a ~40-byte driver record).
+# The search runs only when a frame is bad: at most 128 `find`s over the last 6 MiB.
+RESYNC_LSNS_AHEAD = 128
+RESYNC_CANDIDATES_MAX = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class BadFrameVerdict:
+    """What the first bad frame of a segment means. `torn`: cut the file at `offset`.
+    Otherwise corruption, and `lsn_found_max` is the highest LSN found whole after the
+    damage in this file (`expected_lsn - 1` when none was found)."""
+
+    offset: int
+    torn: bool
+    reason: str
+    expected_lsn: int
+    lsn_found_max: int
+
+
+class Undecided:
+    pass
+
+
+_UNDECIDED = Undecided()
+
+
+def find_later_record(
+    data: bytes, bad_offset: int, expected_lsn: int
+) -> tuple[int, Frame] | Undecided | None:
+    """A valid RECORD after `bad_offset` with an LSN in [expected, expected + 8), found by
+    searching for the packed LSN field (frame offset 16); bounded in candidates tried."""
+    tried = 0
+    for lsn in range(expected_lsn, expected_lsn + RESYNC_LSNS_AHEAD):
+        needle = struct.pack("<Q", lsn)
+        position = data.find(needle, bad_offset + 1 + 16)
+        while position != -1:
+            tried += 1
+            if tried > RESYNC_CANDIDATES_MAX:
+                return _UNDECIDED
+            try:
+                frame = decode_frame(data, position - 16)
+            except BadFrame:
+                pass
+            else:
+                if frame.frame_type is FrameType.RECORD and frame.lsn == lsn:
+                    return position - 16, frame
+            position = data.find(needle, position + 1)
+    return None
+
+
+def _last_chained_lsn(data: bytes, offset: int, frame: Frame) -> int:
+    """The LSN of the last RECORD in the run of valid frames starting with `frame`."""
+    lsn = frame.lsn
+    offset += frame.size_bytes
+    while offset < len(data):
+        try:
+            following = decode_frame(data, offset)
+        except BadFrame:
+            break
+        if following.frame_type is FrameType.RECORD:
+            if following.lsn != lsn + 1:
+                break
+            lsn = following.lsn
+        offset += following.size_bytes
+    return lsn
+
+
+def _whole_with_bad_length(data: bytes, offset: int) -> bool:
+    """Whether the frame at `offset` is whole to the end of the file with only its length
+    field damaged: the checksum holds once the length is set to what is left."""
+    body_bytes = len(data) - offset - limits.FILE_FRAME_HEADER_BYTES
+    if not 0 <= body_bytes <= FRAME_BODY_BYTES_MAX:
+        return False
+    (checksum,) = struct.unpack_from("<Q", data, offset)
+    fixed = struct.pack("<I", body_bytes) + data[offset + 12 :]
+    return bool(checksum == xxh3_64(fixed))
+
+
+def _ends_inside_a_frame(data: bytes, offset: int) -> bool:
+    """Walking frame lengths from `offset` (no checksums), whether the file ends inside a
+    frame (a group write cut short) rather than exactly at a frame's end."""
+    while offset < len(data):
+        if len(data) - offset < limits.FILE_FRAME_HEADER_BYTES:
+            return True
+        (body_bytes,) = struct.unpack_from("<I", data, offset + 8)
+        end = offset + limits.FILE_FRAME_HEADER_BYTES + body_bytes
+        if body_bytes > FRAME_BODY_BYTES_MAX or end > len(data):
+            return True
+        offset = end
+    return False
+
+
+def classify_bad_frame(
+    data: bytes, bad_offset: int, reason: str, expected_lsn: int, *, newest: bool
+) -> BadFrameVerdict:
+    """Torn tail or corruption: the first bad frame of a segment is at `bad_offset`, the
+    next RECORD expected there has `expected_lsn`. The rule is in the module doc."""
+
+    def corrupt(why: str, lsn_found_max: int = expected_lsn - 1) -> BadFrameVerdict:
+        return BadFrameVerdict(bad_offset, False, f"{reason}; {why}", expected_lsn, lsn_found_max)
+
+    def torn(why: str) -> BadFrameVerdict:
+        return BadFrameVerdict(
+            bad_offset, True, f"{reason} ({why})", expected_lsn, expected_lsn - 1
+        )
+
+    later = find_later_record(data, bad_offset, expected_lsn)
+    if isinstance(later, Undecided):
+        return corrupt("too many candidates to rule out valid frames after it")
+    if later is not None:
+        later_offset, frame = later
+        return corrupt(
+            f"valid frames follow it (LSN {frame.lsn} at byte {later_offset}): they were or "
+            "may have been acknowledged",
+            _last_chained_lsn(data, later_offset, frame),
+        )
+    if not newest:
+        return corrupt("in a sealed segment (synced before the next one was created)")
+    if len(data) - bad_offset > limits.FILE_TORN_TAIL_BYTES_MAX:
+        return corrupt("further from the end than one group write")
+    if len(data) - bad_offset < limits.FILE_FRAME_HEADER_BYTES:
+        return torn("the file ends inside a frame header: a group write cut short")
+    if _whole_with_bad_length(data, bad_offset):
+        return corrupt("a whole frame to the end of the file with a damaged length")
+    if _ends_inside_a_frame(data, bad_offset):
+        return torn("the file ends inside a frame: a group write cut short")
+    if is_zero_filled_tail(data, bad_offset):
+        return torn("a zero-filled tail: space a power loss left unwritten")
+    return corrupt(
+        "the frames to the end of the file are whole, so they were written in full and may "
+        "have been acknowledged"
+    )
 
 
 @dataclass(slots=True)
@@ -157,16 +299,27 @@ def scan_segment(data: bytes, path: str, *, newest: bool) -> SegmentScan:
     while offset < len(data):
         try:
             frame = decode_frame(data, offset)
-        except _BadFrame as bad:
-            if newest and len(data) - bad.offset <= limits.FILE_TORN_TAIL_BYTES_MAX:
+        except BadFrame as bad:
+            verdict = classify_bad_frame(data, bad.offset, bad.reason, next_lsn, newest=newest)
+            if verdict.torn:
                 scan.torn_offset = bad.offset
-                scan.torn_reason = bad.reason
+                scan.torn_reason = verdict.reason
                 break
-            raise StorageCorruption(path, bad.offset, bad.reason) from None
+            raise StorageCorruption(
+                path,
+                bad.offset,
+                verdict.reason,
+                lsn_lo=next_lsn,
+                lsn_hi=max(next_lsn, verdict.lsn_found_max) + 1,
+            ) from None
         if frame.frame_type is FrameType.RECORD:
             if frame.lsn != next_lsn:
                 raise StorageCorruption(
-                    path, offset, f"record LSN {frame.lsn}, expected {next_lsn}"
+                    path,
+                    offset,
+                    f"record LSN {frame.lsn}, expected {next_lsn}",
+                    lsn_lo=next_lsn,
+                    lsn_hi=max(next_lsn, frame.lsn) + 1,
                 )
             scan.record_offsets.append(offset)
             scan.record_frame_bytes.append(frame.size_bytes)
@@ -192,7 +345,7 @@ def decode_records_in(
     while len(out) < count:
         try:
             frame = decode_frame(data, offset)
-        except _BadFrame as bad:
+        except BadFrame as bad:
             raise StorageCorruption(path, file_offset + bad.offset, bad.reason) from None
         if frame.frame_type is FrameType.RECORD:
             if frame.lsn != expected:
@@ -249,10 +402,14 @@ def read_segment_frames(
     while offset < len(data):
         try:
             frame = decode_frame(data, offset, verify_checksum=verify)
-        except _BadFrame as bad:
-            torn = newest and len(data) - bad.offset <= limits.FILE_TORN_TAIL_BYTES_MAX
-            end = END_TORN if torn else END_CORRUPT
-            return SegmentFrames(base_lsn, tuple(frames), end, bad.offset, bad.reason)
+        except BadFrame as bad:
+            if not verify:  # a listing: no checksums, so no verdict either
+                torn = newest and len(data) - bad.offset <= limits.FILE_TORN_TAIL_BYTES_MAX
+                end = END_TORN if torn else END_CORRUPT
+                return SegmentFrames(base_lsn, tuple(frames), end, bad.offset, bad.reason)
+            verdict = classify_bad_frame(data, bad.offset, bad.reason, next_lsn, newest=newest)
+            end = END_TORN if verdict.torn else END_CORRUPT
+            return SegmentFrames(base_lsn, tuple(frames), end, bad.offset, verdict.reason)
         if frame.frame_type is FrameType.RECORD:
             if frame.lsn != next_lsn:
                 reason = f"record LSN {frame.lsn}, expected {next_lsn}"

@@ -14,8 +14,10 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pytest
 
 from spark_jobs import local
+from spark_jobs.errors import InputCorrupt
 from spark_jobs.inputs import file_input, list_units
 from spark_jobs.jobs import JobParams
 from spark_jobs.walread import ReadOptions, read_unit
@@ -73,14 +75,50 @@ def test_damage_is_an_anomaly_in_report_mode(tmp_path: Path) -> None:
     wal = tmp_path / "wal"
     write_file_wal(str(wal), [encode_record(1, 0, kv_entries(3)[0:3])] * 2)
     [segment] = [p for p in wal.iterdir() if p.name.endswith(".seg")]
-    data = bytearray(segment.read_bytes())
-    data[-5] ^= 0xFF  # inside the last frame: the newest segment's last frame, a torn tail
+    whole = segment.read_bytes()
+    data = bytearray(whole)
+    data[-5] ^= 0xFF  # inside the last frame, which is whole: it may have been acknowledged
     segment.write_bytes(bytes(data))
     result = local.run(JobParams("lsn_audit", file_input(str(wal))))
     kinds = [a["kind"] for a in result.tables["anomalies"].to_pylist()]
-    assert kinds == ["torn_tail"]
+    assert kinds == ["corrupt"]
     [log] = result.summary["logs"]
     assert log["damaged"] == 1 and log["entry_copies"] == 3
+    segment.write_bytes(whole[:-5])  # a group write cut short: a torn tail
+    result = local.run(JobParams("lsn_audit", file_input(str(wal))))
+    assert [a["kind"] for a in result.tables["anomalies"].to_pylist()] == ["torn_tail"]
+
+
+def test_a_flipped_byte_followed_by_valid_frames_is_corruption_not_a_torn_tail(
+    tmp_path: Path,
+) -> None:
+    """Issue 20: a byte flipped in the first of four records of the newest (only) segment
+    was reported as a torn tail by lsn_audit, and replay_as_of replayed nothing and exited 0.
+    The frames after it are whole, so it is corruption: a problem for the audit, a typed
+    error for the replay (the file backend's open refuses the same bytes)."""
+    wal = tmp_path / "wal"
+    entries = kv_entries(6)
+    write_file_wal(
+        str(wal),
+        [
+            encode_record(1, 0, entries[0:2]),
+            encode_record(3, 2, entries[2:4]),
+            encode_record(5, 4, entries[4:6]),
+        ],
+    )
+    [segment] = [p for p in wal.iterdir() if p.name.endswith(".seg")]
+    data = bytearray(segment.read_bytes())
+    data[32 + 24 + 10] ^= 0x10  # the payload of the first frame
+    segment.write_bytes(bytes(data))
+    result = local.run(JobParams("lsn_audit", file_input(str(wal))))
+    anomalies = result.tables["anomalies"].to_pylist()
+    assert [a["kind"] for a in anomalies] == ["corrupt"]
+    assert anomalies[0]["offset_bytes"] == 32
+    assert "valid frames follow" in anomalies[0]["detail"]
+    assert "PROBLEMS" in "\n".join(local.audit_lines(result.summary))
+    with pytest.raises(InputCorrupt) as info:
+        local.run(JobParams("replay_as_of", file_input(str(wal)), as_of=10**15))
+    assert info.value.offset_bytes == 32
 
 
 def test_the_record_level_under_a_dsn_bound_keeps_rows_aligned(tmp_path: Path) -> None:

@@ -82,7 +82,11 @@ def test_file_frames_clean_torn_corrupt(tmp_path: Path) -> None:
     corrupt = file_segment.read_segment_frames(bytes(damaged), path, newest=False)
     assert corrupt.end == file_segment.END_CORRUPT
     assert corrupt.frames == () and corrupt.end_offset == clean.frames[0].offset
-    assert corrupt.end_reason == "frame checksum mismatch"
+    assert corrupt.end_reason is not None
+    assert corrupt.end_reason.startswith("frame checksum mismatch; valid frames follow it")
+    # The same flip in the newest segment: frames follow it, so it is corruption there too.
+    newest = file_segment.read_segment_frames(bytes(damaged), path, newest=True)
+    assert newest.end == file_segment.END_CORRUPT
 
 
 def test_offline_unwrapping_refuses_globals() -> None:

@@ -1,13 +1,16 @@
 """The file backend's format, crash recovery, group fsync and truncation (backends/FORMAT.md).
 
 How: real files in a temporary directory. Golden bytes pin the segment format. Damage is
-made by editing the files between a close and an open: a cut, garbage, zeros, a flipped byte
-in a length, a checksum or a payload at the tail of the newest segment must be cut back as a
-torn write (nothing there was acknowledged); the same damage anywhere else, a bad header, a
-well-checksummed frame with a wrong LSN or a missing segment must raise
-`StorageCorruption(path, offset)`. Group commit is observed through an `fsync` wrapper that
-logs each sync next to each acknowledgement. Scenario 30 (local backend restart and
-truncate) runs the driver over 3 KiB segments.
+made by editing the files between a close and an open: what a power loss leaves at the tail
+of the newest segment (a cut inside a frame, a partial frame of garbage, a zero-filled tail)
+must be cut back as a torn write (nothing there was acknowledged); a flipped byte in a
+length, a checksum or a payload of a frame that is whole (even the last one: it may have
+been acknowledged), any bad frame followed by valid ones, damage in a sealed segment, a bad
+header, a well-checksummed frame with a wrong LSN or a missing segment must raise
+`StorageCorruption(path, offset)` and leave every byte as it was (ARCHITECTURE.md §11).
+Group commit is observed through an `fsync` wrapper that logs each sync next to each
+acknowledgement. Scenario 30 (local backend restart and truncate) runs the driver over 3 KiB
+segments.
 """
 
 from __future__ import annotations
@@ -146,15 +149,28 @@ def damage_payload(path: Path) -> None:
     flip(path, last_frame_offset(path) + FRAME + 3)
 
 
+def damage_zero_tail_sector(path: Path) -> None:
+    """The size reached the disk, the last sector of the data did not (the file is padded
+    with one more zeroed sector, as a committed size with unwritten blocks reads)."""
+    with path.open("ab") as handle:
+        handle.write(bytes(512 + 17))
+
+
+def damage_partial_frame(path: Path) -> None:
+    """A group write cut short: the next frame's header and half of its body."""
+    frame = segment.encode_frame(FrameType.RECORD, 11, b"x" * 100)
+    with path.open("ab") as handle:
+        handle.write(frame[:60])
+
+
 @pytest.mark.parametrize(
     ("damage", "survivors"),
     [
         (damage_cut, 9),
         (damage_garbage, 10),
         (damage_zeros, 9),
-        (damage_checksum, 9),
-        (damage_length, 9),
-        (damage_payload, 9),
+        (damage_zero_tail_sector, 10),
+        (damage_partial_frame, 10),
     ],
 )
 def test_a_torn_tail_is_cut_back(tmp_path: Path, damage: object, survivors: int) -> None:
@@ -175,6 +191,129 @@ def test_a_torn_tail_is_cut_back(tmp_path: Path, damage: object, survivors: int)
         assert again.stats().torn_bytes_cut == 0
         assert await again.latest() == survivors + 1
         await again.close()
+
+    asyncio.run(scenario())
+
+
+def tree_bytes(dir_path: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(dir_path)): p.read_bytes()
+        for p in sorted(dir_path.rglob("*"))
+        if p.is_file()
+    }
+
+
+@pytest.mark.parametrize("damage", [damage_checksum, damage_length, damage_payload])
+def test_a_flipped_byte_in_the_last_whole_frame_is_corruption_and_changes_nothing(
+    tmp_path: Path, damage: object
+) -> None:
+    """The last frame was written whole and acknowledged: a flipped byte in it is not what a
+    power loss does, so the open refuses instead of cutting an acknowledged record."""
+
+    async def scenario() -> None:
+        await (await filled(tmp_path, 10)).close()
+        (path,) = segment_files(tmp_path)
+        offset = last_frame_offset(path)
+        assert callable(damage)
+        damage(path)
+        before = tree_bytes(tmp_path)
+        with pytest.raises(StorageCorruption) as info:
+            await FileBackend.open(str(tmp_path))
+        assert (info.value.path, info.value.offset_bytes) == (str(path), offset)
+        assert (info.value.lsn_lo, info.value.lsn_hi) == (10, 11)
+        assert tree_bytes(tmp_path) == before
+
+    asyncio.run(scenario())
+
+
+def test_a_bad_frame_followed_by_valid_frames_is_corruption_even_near_the_end(
+    tmp_path: Path,
+) -> None:
+    """Issue 20's data loss in little: a byte flipped in frame 5 of 10, all within one group
+    write of the end. Frames 6..10 follow it whole, so they may have been acknowledged."""
+
+    async def scenario() -> None:
+        await (await filled(tmp_path, 10)).close()
+        (path,) = segment_files(tmp_path)
+        scan = segment.scan_segment(path.read_bytes(), str(path), newest=True)
+        for region in (2, 9, 12, 16, FRAME + 50):  # checksum, length, type, LSN, payload
+            data = path.read_bytes()
+            flip(path, scan.record_offsets[4] + region)
+            before = tree_bytes(tmp_path)
+            with pytest.raises(StorageCorruption) as info:
+                await FileBackend.open(str(tmp_path))
+            assert info.value.offset_bytes == scan.record_offsets[4], region
+            assert (info.value.lsn_lo, info.value.lsn_hi) == (5, 11), region
+            assert tree_bytes(tmp_path) == before
+            path.write_bytes(data)
+        reopened = await FileBackend.open(str(tmp_path))
+        assert await reopened.latest() == 10
+        await reopened.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_zeroed_sector_followed_by_valid_frames_is_corruption(tmp_path: Path) -> None:
+    """A hole of zeros with whole frames after it: without a durable-LSN hint in the v1
+    frame nothing proves the later frames were never acknowledged, so the open refuses."""
+
+    async def scenario() -> None:
+        await (await filled(tmp_path, 20, size=300)).close()
+        (path,) = segment_files(tmp_path)
+        data = bytearray(path.read_bytes())
+        data[1024:1536] = bytes(512)
+        path.write_bytes(bytes(data))
+        with pytest.raises(StorageCorruption) as info:
+            await FileBackend.open(str(tmp_path))
+        assert "valid frames follow" in info.value.reason
+        assert path.read_bytes() == bytes(data)
+
+    asyncio.run(scenario())
+
+
+def test_garbage_over_a_page_of_small_frames_followed_by_valid_ones_is_corruption(
+    tmp_path: Path,
+) -> None:
+    """A damaged 4 KiB page holds ~120 frames of 10-byte payloads: the search for a valid
+    frame after the damage must look far enough ahead to find the ones that follow it."""
+
+    async def scenario() -> None:
+        await (await filled(tmp_path, 400, size=10)).close()
+        (path,) = segment_files(tmp_path)
+        data = bytearray(path.read_bytes())
+        data[4096:8192] = bytes((i * 7 + 1) % 251 for i in range(4096))
+        path.write_bytes(bytes(data))
+        with pytest.raises(StorageCorruption) as info:
+            await FileBackend.open(str(tmp_path))
+        assert "valid frames follow" in info.value.reason
+        assert path.read_bytes() == bytes(data)
+
+    asyncio.run(scenario())
+
+
+def test_repair_plan_and_quarantine_of_a_bad_segment_header(tmp_path: Path) -> None:
+    """A bad header moves the whole file aside (with every later one); the log then ends
+    before it. A log missing its first segment cannot be repaired by moving files."""
+    from tae_driver.backends import repair
+
+    async def scenario() -> None:
+        await (await filled(tmp_path, 40, segment_bytes_max=1024)).close()
+        files = segment_files(tmp_path)
+        flip(files[2], 3)  # the magic of the third segment
+        plan = repair.inspect(str(tmp_path))
+        assert plan is not None and plan.repairable
+        assert (plan.cut_path, plan.moved_paths) == (None, tuple(str(f) for f in files[2:]))
+        first_lost = segment.parse_segment_file_name(files[2].name)
+        assert plan.lsn_lo == first_lost
+        target = repair.quarantine(plan)
+        assert sorted(os.listdir(target)) == sorted(["REPAIR.txt", *(f.name for f in files[2:])])
+        reopened = await FileBackend.open(str(tmp_path))
+        assert await reopened.latest() == (first_lost or 0) - 1
+        await reopened.close()
+        assert repair.inspect(str(tmp_path)) is None
+        segment_files(tmp_path)[0].unlink()
+        missing = repair.inspect(str(tmp_path))
+        assert missing is not None and not missing.repairable
 
     asyncio.run(scenario())
 
