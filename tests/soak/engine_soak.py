@@ -500,6 +500,10 @@ class Soak:
     # --- kills -------------------------------------------------------------------------------
 
     async def kill_one(self) -> None:
+        """One kill, its restart, the wait for commits and the checks. Survived: no problem
+        on the way (everything came back, commits went on, the fresh compute node could
+        read) and the checks found nothing lost, duplicated or torn."""
+        problems_before = len(self.problems)
         if not self.kind_queue:  # every kind once per round, in a random order
             self.kind_queue = list(self.args.kinds)
             self.rng.shuffle(self.kind_queue)
@@ -515,8 +519,10 @@ class Soak:
         else:
             await self._kill_embedded()
         live = tuple(slot for slot in CN_SLOTS if self.workers[slot].alive())
-        went_on = await self._progress(PROGRESS_WAIT_S_MAX, f"after the {kind} kill", live)
-        if went_on and await self.check_cns():
+        if await self._progress(PROGRESS_WAIT_S_MAX, f"after the {kind} kill", live):
+            await self.check_cns()
+        damage = sum(t.lost + t.duplicated + t.partial for t in self.totals.values())
+        if len(self.problems) == problems_before and damage == 0:
             self.survived[kind] += 1
 
     async def _kill_logsvc(self) -> None:
@@ -631,20 +637,34 @@ class Soak:
     # --- checks ------------------------------------------------------------------------------
 
     async def check_cns(self) -> bool:
-        """The compute nodes' writes, read back through a fresh compute node; False (and a
-        problem) when the read failed."""
+        """The compute nodes' writes, read back through a fresh compute node; when that read
+        fails (a problem), from the TNs' WAL reopened read-only instead, so that the ledger
+        is still checked. False when the fresh compute node could not read."""
         with self.lock:
             mark = self.ledgers["cn"].mark()
         try:
             ids, values = await asyncio.wait_for(self._read_through_cn(), CHECK_WAIT_S_MAX)
         except Exception as exc:  # a read that fails is the system's problem, not ours
             self.problem(f"reading back through a fresh compute node failed: {exc!r}")
+            assert self.pair is not None
+            got = await self._reopened(
+                "tn",
+                ["--client-config", self.client_config, "--shard", str(SHARD)],
+                ["--objects", str(self.pair.objects), "--dir", str(self.out / "reader")],
+            )
+            if got is None:
+                with self.lock:
+                    self.ledgers["cn"].unmark()
+                return False
+            ids, values = got
+            say("checking the compute nodes' writes from the TNs' WAL reopened instead")
             with self.lock:
-                self.ledgers["cn"].unmark()
+                result = self.ledgers["cn"].check(mark, ids, values)
+            self._record("cn (TNs' WAL reopened)", result, "cn")
             return False
         with self.lock:
             result = self.ledgers["cn"].check(mark, ids, values)
-        self._record("cn", result)
+        self._record("cn", result, "cn")
         return True
 
     async def _read_through_cn(self) -> tuple[np.ndarray, np.ndarray]:
@@ -661,37 +681,46 @@ class Soak:
             store.close()
         return _arrays(table)
 
-    async def check_embedded(self) -> None:
-        """The embedded engine's writes, from its reopened state (it is not running)."""
-        assert all(p.slot != EMBEDDED or not p.alive() for p in self.workers.values())
-        rows = self.out / "embedded-rows.arrow"
+    async def _reopened(self, mode: str, *more: list[str]) -> tuple[np.ndarray, np.ndarray] | None:
+        """The rows of an engine reopened read-only in a child process (worker.py
+        --verify); None, and a problem, when that fails."""
+        rows = self.out / f"{mode}-rows.arrow"
         command = [
-            sys.executable, "-m", "tests.soak.worker", "--mode", "embedded",
-            "--dir", str(self.embedded_dir), "--verify", "--out", str(rows),
+            sys.executable, "-m", "tests.soak.worker", "--mode", mode, "--verify",
+            "--out", str(rows), *(arg for args in more for arg in args),
         ]  # fmt: skip
+        what = "the embedded engine" if mode == EMBEDDED else "the TNs' WAL"
         try:
             done = await asyncio.to_thread(
                 subprocess.run, command, capture_output=True, text=True, timeout=VERIFY_WAIT_S_MAX
             )
         except subprocess.TimeoutExpired:
-            self.problem(f"reopening the embedded engine took over {VERIFY_WAIT_S_MAX:.0f} s")
-            return
+            self.problem(f"reopening {what} took over {VERIFY_WAIT_S_MAX:.0f} s")
+            return None
         if done.returncode != 0:
-            self.problem(
-                f"reopening the embedded engine failed ({done.returncode}):\n{done.stderr[-3000:]}"
-            )
-            return
+            last = (done.stderr.strip().splitlines() or ["(nothing on stderr)"])[-1]
+            self.problem(f"reopening {what} failed ({done.returncode}): {last}\n{done.stderr}")
+            return None
+        return _arrays(feather.read_table(str(rows)))
+
+    async def check_embedded(self) -> None:
+        """The embedded engine's writes, from its reopened state (it is not running)."""
+        assert all(p.slot != EMBEDDED or not p.alive() for p in self.workers.values())
         with self.lock:
             mark = self.ledgers[EMBEDDED].mark()
-        ids, values = _arrays(feather.read_table(str(rows)))
+        got = await self._reopened(EMBEDDED, ["--dir", str(self.embedded_dir)])
+        if got is None:
+            with self.lock:
+                self.ledgers[EMBEDDED].unmark()
+            return
         with self.lock:
-            result = self.ledgers[EMBEDDED].check(mark, ids, values)
-        self._record(EMBEDDED, result)
+            result = self.ledgers[EMBEDDED].check(mark, *got)
+        self._record(EMBEDDED, result, EMBEDDED)
 
-    def _record(self, domain: str, result: CheckResult) -> None:
+    def _record(self, what: str, result: CheckResult, domain: str) -> None:
         self.totals[domain].add(result)
         say(
-            f"check {domain}: {result.keys_checked} keys and {result.chunks_checked} chunks, "
+            f"check {what}: {result.keys_checked} keys and {result.chunks_checked} chunks, "
             f"lost {result.lost}, duplicated {result.duplicated}, in doubt resolved "
             f"{result.resolved_applied} applied / {result.resolved_not_applied} not, "
             f"torn {result.partial}, phantom {result.phantom}"

@@ -6,6 +6,8 @@ workload into `soak.kv (id int64 primary key, v int64)` until it is killed.
         --tns 127.0.0.1:7301,127.0.0.1:7302 --token-file tn.token --objects DIR/objects
     python -m tests.soak.worker --mode embedded --name embedded --key-base ... --dir D
     python -m tests.soak.worker --mode embedded --dir D --verify --out rows.arrow
+    python -m tests.soak.worker --mode tn --dir SCRATCH --client-config client.toml \\
+        --shard 1 --objects DIR/objects --verify --out rows.arrow   # the TNs' WAL, no lease
 
 Writers (`--writers`) each own a pool of keys (`--pool`) in [key_base, key_base + 10**12)
 and, one transaction after another, insert 1-5 absent keys, update 1-3 present ones, or
@@ -347,7 +349,24 @@ async def _run(args: argparse.Namespace) -> int:
 
 
 async def _verify(args: argparse.Namespace) -> dict[str, object]:
-    engine = await Engine.open(args.dir, read_only=True)
+    """The state as an engine reopening its WAL reads it: the embedded engine's own
+    directory, or (`--mode tn`) the TNs' WAL on logsvc with their objects, read-only and
+    without a lease (the active TN is not fenced)."""
+    if args.mode == "tn":
+        from engine.objects.store import LocalDirStore
+
+        store = LocalDirStore(args.objects, read_only=True)
+        engine = await Engine.open(
+            args.dir,
+            wal="logsvc",
+            client_config=args.client_config,
+            shard=args.shard,
+            read_only=True,
+            objects=store,
+            maintenance=False,
+        )
+    else:
+        engine = await Engine.open(args.dir, read_only=True)
     try:
         async with engine.snapshot(engine.visible_ts) as view:
             if DB in view.databases() and TABLE in view.tables(DB):
@@ -362,13 +381,15 @@ async def _verify(args: argparse.Namespace) -> dict[str, object]:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m tests.soak.worker", description=__doc__)
-    parser.add_argument("--mode", choices=["cn", "embedded"], required=True)
+    parser.add_argument("--mode", choices=["cn", "embedded", "tn"], required=True)
     parser.add_argument("--name", default="worker")
     parser.add_argument("--key-base", type=int, default=KEY_SPACE)
     parser.add_argument("--dir", help="the embedded engine's directory")
     parser.add_argument("--tns", help="the TNs' addresses, comma separated (cn)")
     parser.add_argument("--token-file", help="the TNs' token (cn)")
-    parser.add_argument("--objects", help="the TNs' object directory (cn)")
+    parser.add_argument("--objects", help="the TNs' object directory (cn, tn)")
+    parser.add_argument("--client-config", help="--mode tn: the logsvc cluster's client.toml")
+    parser.add_argument("--shard", type=int, default=1, help="--mode tn: the TNs' WAL shard")
     parser.add_argument("--writers", type=int, default=2)
     parser.add_argument("--pool", type=int, default=500)
     parser.add_argument("--pace-s", type=float, default=0.05)
@@ -387,6 +408,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.mode == "embedded" and not args.dir:
         print("error: --mode embedded needs --dir", file=sys.stderr)
         return 2
+    if args.mode == "tn" and not (args.verify and args.client_config and args.objects):
+        print("error: --mode tn is --verify only, with --client-config and --objects")
+        return 2
     if args.mode == "cn" and not (args.tns and args.token_file and args.objects):
         print("error: --mode cn needs --tns, --token-file and --objects", file=sys.stderr)
         return 2
@@ -394,8 +418,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("error: --key-base must be a multiple of 10**12, --pool in [1, 10**8]")
         return 2
     if args.verify:
-        if args.mode != "embedded" or not args.out:
-            print("error: --verify needs --mode embedded and --out", file=sys.stderr)
+        if args.mode == "cn" or not args.out or not args.dir:
+            print("error: --verify needs --mode embedded or tn, --dir and --out", file=sys.stderr)
             return 2
         print(json.dumps(asyncio.run(_verify(args))), flush=True)
         return 0
