@@ -793,14 +793,19 @@ class Soak:
         try:
             deadline = self.started_s + self.args.minutes * 60
             next_kill = time.monotonic() + self._interval()
-            while time.monotonic() < deadline:
-                if sampler.done():
-                    sampler.result()
-                await self.watch()
-                if time.monotonic() >= next_kill:
-                    await self.kill_one()
-                    next_kill = time.monotonic() + self._interval()
-                await asyncio.sleep(1.0)
+            try:
+                while time.monotonic() < deadline:
+                    if sampler.done():
+                        sampler.result()
+                    await self.watch()
+                    if time.monotonic() >= next_kill:
+                        await self.kill_one()
+                        next_kill = time.monotonic() + self._interval()
+                    await asyncio.sleep(1.0)
+            except RunEnded:
+                say("the run cannot go on: the final checks (no active TN: the WAL reopened)")
+                await self.finish()
+                raise
             say("time is up: the final checks")
             await self.finish()
         finally:
