@@ -207,6 +207,8 @@ class Engine:
         self._open_views: weakref.WeakSet[Transaction] = weakref.WeakSet()
         """Read-only views of `snapshot()` still open (they pin blocks like transactions)."""
         self._history_floor_ts = 0
+        self._objects_floor_ts = 0
+        """Objects of blocks dropped at or before this were deleted (engine/logtail.py)."""
         """The oldest timestamp still readable: blocks dropped at or before it are gone."""
         self._since_prune = 0
         self._closed = False
@@ -357,7 +359,9 @@ class Engine:
             else []
         )
         try:
-            return logtail_answer(self._logtail, t0, t1, self.visible_ts, checkpoints)
+            return logtail_answer(
+                self._logtail, t0, t1, self.visible_ts, checkpoints, self._objects_floor_ts
+            )
         except LogtailUnavailable:
             if self._maintenance is not None:
                 self._maintenance.want_checkpoint()

@@ -111,16 +111,24 @@ def answer(
     t1: int,
     visible_ts: int,
     checkpoints: Iterable[tuple[int, str]],
+    objects_floor_ts: int = 0,
 ) -> Logtail:
     """What a CN at `t0` asking up to `t1` gets: entries when the buffer covers t0, else the
     newest checkpoint (ckp_ts, manifest name) the buffer continues, and the entries after it.
-    Raises `LogtailUnavailable` when neither works."""
+    Raises `LogtailUnavailable` when neither works.
+
+    `objects_floor_ts`: the engine deleted objects whose blocks were dropped at or before it
+    (a checkpoint covered their drop). Entries from below it may create such a block, and a
+    CN applying them would look for an object that is gone (a fresh CN pulling from 0 found
+    the soak run's ObjectNotFound): a CN below it starts from a checkpoint at or above it."""
     t1 = min(t1, visible_ts)
     if t1 <= t0:
         return Logtail(None, 0, (), t0)
-    if buffer.covers(t0):
+    if buffer.covers(t0) and t0 >= objects_floor_ts:
         return Logtail(None, 0, buffer.between(t0, t1), t1)
-    usable = [(ts, name) for ts, name in checkpoints if buffer.covers(ts) and ts <= t1]
+    usable = [
+        (ts, name) for ts, name in checkpoints if buffer.covers(ts) and objects_floor_ts <= ts <= t1
+    ]
     if not usable:
         raise LogtailUnavailable(
             f"changes after {t0} are no longer in memory (kept from {buffer.base_ts}) and no "

@@ -199,15 +199,22 @@ class Checkpointer:
             engine._driver.truncate(truncate_dsn)
         self._previous = plan.previous_for_next()
         self._since_global = 0 if globally else self._since_global + 1
-        await self._retire_old()
-        await asyncio.to_thread(self._blocks.covered, ckp_ts)
+        retired = await self._retire_old()
+        deleted = await asyncio.to_thread(self._blocks.covered, ckp_ts)
+        if retired or deleted:
+            # Entries below ckp_ts may create blocks whose objects are now gone: a compute
+            # node behind it starts from this checkpoint (engine/logtail.py).
+            engine._objects_floor_ts = max(engine._objects_floor_ts, ckp_ts)
         self.taken += 1
         self.last_duration_ms = (asyncio.get_running_loop().time() - started) * 1000
         self.last_bytes = sum(t.nbytes for t in plan.dumps.values())
         engine._checkpoint_taken(manifest)
         return manifest
 
-    async def _retire_old(self) -> None:
+    async def _retire_old(self) -> int:
+        """Retire checkpoints beyond the retained ones; how many objects other than their
+        manifests were deleted with them (block objects among them)."""
+        deleted = 0
         while len(self.retained) > limits.CKP_RETAINED:
             old = self.retained.pop(0)
             garbage = [
@@ -216,3 +223,5 @@ class Checkpointer:
             self.objects_retired += await asyncio.to_thread(
                 files.retire, self._store, old.name, garbage
             )
+            deleted += len(garbage)
+        return deleted

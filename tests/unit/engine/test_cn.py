@@ -142,6 +142,44 @@ def test_a_late_compute_node_starts_from_a_checkpoint_and_a_follower_keeps_up() 
     run(main)
 
 
+def test_a_fresh_compute_node_never_replays_a_block_whose_object_was_collected() -> None:
+    """The soak run's ObjectNotFound: a CN starting empty pulled every entry from ts 0 while
+    the TN still had them in memory, and applying an old CreateBlock looked for an object
+    that a checkpoint had already let the TN delete (its block was compacted away). A CN
+    below the objects' floor starts from a checkpoint instead."""
+
+    async def main() -> None:
+        tn, objects = await tn_and_store()
+        async with tn.transaction() as txn:
+            await txn.create_database("d")
+            await txn.create_table("d", "t", ROWS)
+            await txn.table("d", "t").insert(rows(*range(90)))
+        assert tn.maintenance is not None
+        await tn.maintenance.settle(freeze_all=True)  # the rows in an object
+        first_objects = {info.name for info in objects.list("data/")}
+        assert first_objects
+        async with tn.transaction() as txn:
+            await txn.table("d", "t").delete(list(range(60)))  # two thirds dead: compacted
+        await tn.maintenance.settle()
+        for _ in range(3):  # checkpoints cover the drop; the old object is deleted
+            async with tn.transaction() as txn:
+                await txn.table("d", "t").insert(rows(1000 + _))
+            assert await tn.checkpoint() is not None
+        assert not first_objects & {info.name for info in objects.list("data/")}
+        assert tn._logtail.covers(0)  # the TN still holds every entry from the start
+        fresh = ComputeNode(LocalTN(tn), objects)
+        try:
+            async with fresh.snapshot() as view:
+                got = await table_of(view)
+            assert [key for key, _v in got] == [*range(60, 90), 1000, 1001, 1002]
+            assert fresh.checkpoints_loaded == 1
+        finally:
+            await fresh.close()
+            await tn.close()
+
+    run(main)
+
+
 STEPS = st.lists(
     st.tuples(
         st.sampled_from(["insert", "insert", "delete", "update", "flush", "ckp", "trim", "pull"]),
@@ -232,14 +270,16 @@ def test_a_compute_node_reads_what_the_tn_reads_at_any_timestamp(
 
 def _reachable(tn: Engine, cn: ComputeNode, ts: int) -> bool:
     """Whether the CN can read at `ts`: it holds it, or can pull forward to it from where it
-    is, through the TN's memory or a checkpoint at or below `ts` that memory continues."""
+    is, through the TN's memory (when no entry after its position can name an object the TN
+    already collected) or a checkpoint at or below `ts` that memory continues."""
     if ts <= cn.applied_ts:
         return ts >= cn._history_floor_ts
     buffer = tn._logtail
-    if buffer.covers(cn.applied_ts):
+    floor = tn._objects_floor_ts  # entries from below it may name collected objects
+    if buffer.covers(cn.applied_ts) and cn.applied_ts >= floor:
         return True
     retained = tn.checkpointer.retained if tn.checkpointer is not None else []
-    return any(buffer.covers(m.ckp_ts) and m.ckp_ts <= ts for m in retained)
+    return any(buffer.covers(m.ckp_ts) and floor <= m.ckp_ts <= ts for m in retained)
 
 
 def _rebuilt(tn: Engine, ckp_ts: int) -> Any:
