@@ -11,10 +11,12 @@ compute node reader (issue 15).
     python -m engine promote --config tn.toml              make that standby TN active now
     python -m engine cn --config cn.toml [COMMAND...]      a compute node reader (tn/reader.py)
 
-`tables`, `scan` and `stats` open the engine read-only (replay FOR_READ: nothing is written,
-and over logsvc no lease is taken, so a running engine is not fenced), print, and close.
-`--wal logsvc --client-config client.toml --shard N` reads an engine whose WAL is on logsvc.
-A file WAL is locked by a running engine: stop it first (the command says so).
+`tables`, `scan` and `stats` open the engine read-only and write nothing (issue 20): replay
+FOR_READ in memory; a file WAL is read without its lock (beside a running engine, showing what
+it had written when the command looked) and a torn tail is not read, never cut; the objects
+directory gets no lock and no temporary files; over logsvc no lease is taken, so a running
+engine is not fenced. They print, and close. `--wal logsvc --client-config client.toml
+--shard N` reads an engine whose WAL is on logsvc.
 
 Objects: in `DIR/objects` by default; `--objects s3 --s3-endpoint HOST:PORT --s3-bucket B
 [--s3-prefix P] [--s3-region R] [--s3-scheme http|https]` for an engine whose objects are in

@@ -254,7 +254,7 @@ class Engine:
             raise NotFound(f"no engine here: {os.path.join(path, WAL_DIR_NAME)} does not exist")
         os.makedirs(path, exist_ok=True)
         backend, owns = await opening.open_backend(
-            path, wal, client_config, shard, read_only, holder
+            path, wal, client_config, shard, read_only, holder, standby=standby
         )
         try:
             driver = open_driver(backend, window=window_records)

@@ -62,13 +62,19 @@ async def open_backend(
     shard: int | None,
     read_only: bool,
     holder: str | None,
+    *,
+    standby: bool = False,
 ) -> tuple[LogBackend, bool]:
+    """The WAL backend and whether the engine owns it. A read-only file WAL is opened
+    without its lock and changes nothing (a tool may look beside the running engine, issue
+    20); a standby's keeps the lock, since `promote()` makes it the writer."""
     if not isinstance(wal, str):
         return wal, False
     if wal == "file":
         from tae_driver.backends.file import FileBackend
 
-        return await FileBackend.open(os.path.join(path, WAL_DIR_NAME)), True
+        wal_dir = os.path.join(path, WAL_DIR_NAME)
+        return await FileBackend.open(wal_dir, read_only=read_only and not standby), True
     if wal == "memory":
         from tae_driver.backends.memory import MemoryBackend
 
