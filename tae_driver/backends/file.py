@@ -4,7 +4,8 @@ Why (reference/matrixone-wal.md §2.6 `batchstoredriver`, ARCHITECTURE.md §3, �
 local backend, for an engine that runs without a log service and for benchmarks.
 
 * **Layout**: a directory of segments `wal-<base_lsn:020d>.seg` (format in FORMAT.md here,
-  codec in segment.py) and a `LOCK` file held with `flock` while open. LSNs are dense from 1.
+  codec in segment.py) and a `LOCK` file held with `flock` while open (holding the holder's
+  pid). LSNs are dense from 1.
   A segment is created as `*.tmp`, given its header, fsynced, renamed, and the directory
   fsynced, so a segment with its final name always has a whole header.
 * **Group commit**: appends queue (bounded: `FILE_PENDING_APPENDS_MAX`, then `Overloaded`);
@@ -57,6 +58,7 @@ from tae_driver.errors import (
     AlreadyTruncated,
     BackendClosed,
     BackendFailed,
+    BackendLocked,
     OutOfRange,
     Overloaded,
     StorageCorruption,
@@ -182,7 +184,8 @@ class FileBackend:
             try:
                 fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                raise BackendFailed(f"{dir_path} is locked by another process") from None
+                raise BackendLocked(dir_path, _lock_holder(lock_fd)) from None
+            _note_lock_holder(lock_fd)
             return cls._recover(dir_path, lock_fd, segment_bytes_max, fsync)
         except BaseException:
             os.close(lock_fd)
@@ -693,3 +696,16 @@ def _read_all(fd: int) -> bytes:
 
 def _refuse_fsync(fd: int) -> None:
     raise AssertionError("a read-only FileBackend never syncs")
+
+
+def _note_lock_holder(lock_fd: int) -> None:
+    """Write this process's pid into the lock file it holds, so that a second process can
+    say who holds it (issue 20). Not synced: it only matters while this process lives."""
+    os.ftruncate(lock_fd, 0)
+    os.pwrite(lock_fd, f"{os.getpid()}\n".encode(), 0)
+
+
+def _lock_holder(lock_fd: int) -> int | None:
+    """The pid the lock's holder wrote, or None (none written yet, or an older version)."""
+    text = os.pread(lock_fd, 32, 0).decode("ascii", "replace").strip()
+    return int(text) if text.isdigit() else None
