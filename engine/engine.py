@@ -35,7 +35,7 @@ import asyncio
 import contextlib
 import os
 import weakref
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,8 +50,10 @@ from engine.errors import (
     BadInput,
     DuplicateKey,
     EngineClosed,
+    EngineLocked,
     Fenced,
     NotFound,
+    OpenFailed,
     Overloaded,
     SnapshotUnavailable,
     TxnTooLarge,
@@ -224,6 +226,7 @@ class Engine:
         policy: Policy | None = None,
         maintenance: bool = True,
         standby: bool = False,
+        create: bool = True,
     ) -> Engine:
         """Open (creating if needed) the engine whose WAL is `wal`:
 
@@ -244,7 +247,13 @@ class Engine:
         `read_only` replays for reading and refuses commits (and over logsvc takes no
         lease, so it fences nobody; a directory of objects is opened without its lock).
         `standby` is read-only too and keeps tailing the WAL (a standby TN, issue 15): its
-        state follows the writer's commits until `promote()` makes it the writer."""
+        state follows the writer's commits until `promote()` makes it the writer.
+
+        `path` must be an engine's directory, or missing or empty (then it becomes one,
+        unless `create=False`: `NotFound`); a file or a directory of other things is
+        `NotAnEngine` (`opening.check_engine_dir`). Every failure is an `EngineError`: a file
+        WAL another process has open is `EngineLocked` (naming its pid), a WAL that cannot be
+        opened or read is `OpenFailed` with the backend's error as its cause."""
         if not __debug__:
             raise RuntimeError("the engine refuses to run with assertions disabled (python -O)")
         path = os.fspath(path)
@@ -252,10 +261,49 @@ class Engine:
         if read_only and wal == "file" and not os.path.isdir(os.path.join(path, WAL_DIR_NAME)):
             # Looking must not create: a read-only open of a missing engine is an error.
             raise NotFound(f"no engine here: {os.path.join(path, WAL_DIR_NAME)} does not exist")
-        os.makedirs(path, exist_ok=True)
-        backend, owns = await opening.open_backend(
-            path, wal, client_config, shard, read_only, holder, standby=standby
-        )
+        with _typed_open_errors(path):
+            if opening.uses_directory(wal, objects):
+                opening.check_engine_dir(path, wal, create=create or read_only)
+            if not read_only:
+                os.makedirs(path, exist_ok=True)
+            backend, owns = await opening.open_backend(
+                path, wal, client_config, shard, read_only, holder, standby=standby
+            )
+            return await cls._open_on(
+                path,
+                backend,
+                owns,
+                wal,
+                read_only=read_only,
+                standby=standby,
+                now_ms=now_ms,
+                window_records=window_records,
+                objects=objects,
+                cache_bytes=cache_bytes,
+                block_store=block_store,
+                policy=policy,
+                maintenance=maintenance,
+            )
+
+    @classmethod
+    async def _open_on(
+        cls,
+        path: str,
+        backend: LogBackend,
+        owns: bool,
+        wal: str | LogBackend,
+        *,
+        read_only: bool,
+        standby: bool,
+        now_ms: Callable[[], int],
+        window_records: int,
+        objects: str | ObjectStore | None,
+        cache_bytes: int,
+        block_store: BlockStore | None,
+        policy: Policy | None,
+        maintenance: bool,
+    ) -> Engine:
+        """`open`'s second half: the engine on an opened backend."""
         try:
             driver = open_driver(backend, window=window_records)
             engine = cls(path, backend, owns, driver, HybridClock(now_ms), read_only=read_only)
@@ -732,6 +780,22 @@ class Engine:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+@contextlib.contextmanager
+def _typed_open_errors(path: str) -> Iterator[None]:
+    """`Engine.open` raises only `EngineError`s (issue 20: a second process got tae_driver's
+    `BackendFailed`, which `except EngineError` missed): the driver's, its backends' and the
+    file system's errors become `OpenFailed` (the lock: `EngineLocked`; a refused lease:
+    `Fenced`), the cause kept."""
+    try:
+        yield
+    except driver_errors.BackendLocked as exc:
+        raise EngineLocked(path, exc.holder_pid) from exc
+    except driver_errors.BackendFenced as exc:  # the log's lease was refused: a newer writer
+        raise Fenced(f"fenced at open: a newer engine holds the WAL's lease ({exc})") from exc
+    except (driver_errors.DriverError, OSError) as exc:
+        raise OpenFailed(f"engine {path} could not be opened: {exc}") from exc
 
 
 def _conflict_error(
