@@ -22,6 +22,7 @@ The tree::
     │   └── EngineLocked            another process has the engine's file WAL open (its pid)
     ├── Overloaded                  a bounded queue is full; retry later
     ├── SnapshotUnavailable         a snapshot timestamp the engine cannot serve
+    ├── LogtailUnavailable          (engine/logtail.py) neither memory nor a checkpoint answers
     ├── OutcomeUnknown              a compute node's commit: no TN could say whether it landed
     ├── WalFailed                   the WAL refused or lost an append: the engine is read-only
     │   └── Fenced                  a newer engine took the log's lease: this one is stale

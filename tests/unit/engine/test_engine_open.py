@@ -158,3 +158,37 @@ def test_a_damaged_wal_and_a_bad_client_config_are_engine_errors(tmp_path: Path)
                 tmp_path / "remote", wal="logsvc", client_config=str(tmp_path / "no.toml"), shard=1
             )
         )
+
+
+NOT_RAISED_TO_CALLERS = {
+    # Each with why it never reaches a caller of the engine's API:
+    "engine.storage.table.ApplyError",  # replay makes it WalCorruption, a commit AssertionError
+    "engine.tn.channel.ChannelClosed",  # the CN client's transport: it moves to another TN
+    "engine.tn.channel.ConnectionLost",  # likewise
+    "engine.tn.local.LocalTNError",  # the harness that runs TN processes for tests and demos
+    "engine.bench_distributed.ChildFailed",  # a benchmark's child process
+}
+
+
+def test_every_error_class_the_engine_defines_is_an_engine_error() -> None:
+    import importlib
+    import inspect
+    import pkgutil
+
+    import engine
+
+    outside = []
+    for info in pkgutil.walk_packages(engine.__path__, "engine."):
+        if info.name.endswith("__main__"):
+            continue
+        module = importlib.import_module(info.name)
+        for name, obj in vars(module).items():
+            if (
+                inspect.isclass(obj)
+                and issubclass(obj, BaseException)
+                and obj.__module__ == info.name
+                and not name.startswith("_")
+                and not issubclass(obj, EngineError)
+            ):
+                outside.append(f"{info.name}.{name}")
+    assert sorted(outside) == sorted(NOT_RAISED_TO_CALLERS)
