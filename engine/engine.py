@@ -556,6 +556,9 @@ class Engine:
     # --- commit -------------------------------------------------------------------------------
 
     async def _commit(self, txn: Transaction) -> None:
+        if self._closed:  # not WalFailed from the closed driver: the caller closed it
+            txn._end(TxnState.ROLLED_BACK)
+            raise EngineClosed("engine is closed")
         maintenance = self._maintenance
         if (
             maintenance is not None
