@@ -23,7 +23,8 @@ Objects: in `DIR/objects` by default; `--objects s3 --s3-endpoint HOST:PORT --s3
 S3, with the credentials in AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY; `--objects none` for
 an engine of part 1 (every row in the WAL).
 
-Exit codes: 0 done, 1 the engine could not be opened or read, 2 bad arguments. `serve`,
+Exit codes: 0 done, 1 the engine could not be opened or read (or the output's reader went
+away: `... | head` ends quietly), 2 bad arguments. `serve`,
 `promote` and `cn` say theirs in their modules (a config error is 2, naming the key; a
 fenced TN exits 3).
 """
@@ -36,7 +37,7 @@ import dataclasses
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from engine import limits, metrics
@@ -136,6 +137,25 @@ def objects_from_args(args: argparse.Namespace) -> str | ObjectStore | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    return _quiet_on_broken_pipe(lambda: _main(argv))
+
+
+def _quiet_on_broken_pipe(run: Callable[[], int]) -> int:
+    """`run()`, then flush stdout; a reader that went away (`... | head`) ends the command
+    quietly instead of with a BrokenPipeError traceback (issue 20). Python's own recipe
+    (docs of the signal module, "Note on SIGPIPE"): point stdout at /dev/null so the flush
+    at exit fails no more, and exit 1."""
+    try:
+        code = run()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+    return code
+
+
+def _main(argv: Sequence[str] | None) -> int:
     if not __debug__:
         print("error: the engine refuses to run under python -O", file=sys.stderr)
         return 2
