@@ -33,7 +33,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
+import io
 import json
 import os
 import sys
@@ -44,6 +46,7 @@ from engine import limits, metrics
 from engine.clock import ts_physical_ms
 from engine.engine import Engine
 from engine.errors import EngineError
+from engine.objects.errors import ObjectNotFound
 from engine.objects.store import ObjectStore
 from tae_driver.errors import DriverError
 
@@ -187,6 +190,24 @@ def _main(argv: Sequence[str] | None) -> int:
 
 
 async def _run(args: argparse.Namespace) -> int:
+    """Look, printing only a whole answer: beside a running engine, an object the look needs
+    may be deleted by the writer meanwhile (`limits.READ_ONLY_LOOK_ATTEMPTS_MAX`); then the
+    look starts again from the writer's newer state."""
+    for attempt in range(1, limits.READ_ONLY_LOOK_ATTEMPTS_MAX + 1):
+        output = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(output):
+                await _look(args)
+        except ObjectNotFound:
+            if attempt == limits.READ_ONLY_LOOK_ATTEMPTS_MAX:
+                raise
+            continue
+        sys.stdout.write(output.getvalue())
+        break
+    return 0
+
+
+async def _look(args: argparse.Namespace) -> None:
     engine = await Engine.open(
         args.dir,
         wal=args.wal,
@@ -205,7 +226,6 @@ async def _run(args: argparse.Namespace) -> int:
             _stats(engine, audit, args.json)
     finally:
         await engine.close()
-    return 0
 
 
 async def _tables(engine: Engine) -> None:
