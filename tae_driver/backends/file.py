@@ -21,11 +21,11 @@ local backend, for an engine that runs without a log service and for benchmarks.
 * **Open** scans every segment: the truncated LSN is the highest TRUNCATE frame; segments
   wholly below it are deleted (finishing an interrupted truncation); the newest segment's torn
   tail is cut back and fsynced; any other damage raises `StorageCorruption`.
-* **Read-only** (`open(dir, read_only=True)`, issue 20): a tool's look at a log, maybe beside
-  a running writer: no lock, and nothing created, cut, deleted or synced; `_open_read_only`.
 * **Failure**: a failed write or fsync leaves the file in an unknown state (fsyncgate), so
   the backend fails every pending and later call with `BackendFailed` until reopened; the
   reopen's scan decides what survived.
+* **Read-only** (`open(dir, read_only=True)`, issue 20): a tool's look at a log, maybe beside
+  a running writer: no lock, and nothing created, cut, deleted or synced; `_open_read_only`.
 
 Crash cases (power loss may drop unsynced bytes and tear the last write):
 
