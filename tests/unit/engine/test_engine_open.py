@@ -149,9 +149,14 @@ def test_a_damaged_wal_and_a_bad_client_config_are_engine_errors(tmp_path: Path)
     damaged = tmp_path / "damaged"
     (damaged / "wal").mkdir(parents=True)
     (damaged / "wal" / segment.segment_file_name(1)).write_bytes(b"\x00" * 64)
-    with pytest.raises(OpenFailed) as failed:
+    with pytest.raises(EngineError) as failed:  # OpenFailed, or WalCorruption naming DSNs
         run(open_close(damaged))
     assert isinstance(failed.value.__cause__, StorageCorruption)
+    unreadable = tmp_path / "unreadable"
+    (unreadable / "wal" / segment.segment_file_name(1)).mkdir(parents=True)  # the OS refuses
+    with pytest.raises(OpenFailed) as refused:
+        run(open_close(unreadable))
+    assert isinstance(refused.value.__cause__, IsADirectoryError)
     with pytest.raises(BadInput, match="client_config"):
         run(
             open_close(
