@@ -244,10 +244,12 @@ class Engine:
         object store with any `maintenance.BlockStore`; `policy` tunes flushes, merges and
         checkpoints; `maintenance=False` leaves them to the caller (`engine.maintenance.step()`).
 
-        `read_only` replays for reading and refuses commits (and over logsvc takes no
-        lease, so it fences nobody; a directory of objects is opened without its lock).
-        `standby` is read-only too and keeps tailing the WAL (a standby TN, issue 15): its
-        state follows the writer's commits until `promote()` makes it the writer.
+        `read_only` replays for reading and refuses commits, and writes nothing (issue 20):
+        a file WAL and a directory of objects are read without their locks, beside a running
+        writer (the WAL as it was at open; a torn tail is not read, never cut), and over
+        logsvc no lease is taken, so it fences nobody. `standby` is read-only too (but holds
+        a file WAL's lock) and keeps tailing the WAL (a standby TN, issue 15): its state
+        follows the writer's commits until `promote()` makes it the writer.
 
         `path` must be an engine's directory, or missing or empty (then it becomes one,
         unless `create=False`: `NotFound`); a file or a directory of other things is
