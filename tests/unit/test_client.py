@@ -18,6 +18,8 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -369,3 +371,34 @@ def test_a_node_without_the_shard_is_passed_over_for_one_that_has_it() -> None:
             listener.close()
 
     asyncio.run(scenario())
+
+
+def test_logsvc_status_on_a_shard_no_node_hosts_says_so_and_exits_1(tmp_path: Path) -> None:
+    server = _Server(answer=True, respond=_unknown_shard)
+    loop = asyncio.new_event_loop()  # the server's, on its own thread (the CLI is a process)
+
+    async def start() -> tuple[str, asyncio.Server]:
+        return await _listening(server)
+
+    address, listener = loop.run_until_complete(start())
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        config = str(_client_toml(tmp_path, address))
+        command = [sys.executable, "-m", "logsvc.cli", "status", "--shard", "7"]
+        result = subprocess.run(
+            [*command, "--client-config", config],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert result.returncode == 1, result.stderr
+        assert "shard 7 is not hosted by any node" in result.stderr
+        assert "Traceback" not in result.stderr
+        assert server.requests == 1  # asked once: not retried like a transient error
+    finally:
+        loop.call_soon_threadsafe(listener.close)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+        loop.close()
