@@ -50,6 +50,7 @@ from engine.errors import (
     BadInput,
     DuplicateKey,
     EngineClosed,
+    EngineError,
     EngineLocked,
     Fenced,
     NotFound,
@@ -217,6 +218,7 @@ class Engine:
         client_config: str | None = None,
         shard: int | None = None,
         read_only: bool = False,
+        create: bool = True,
         now_ms: Callable[[], int] = wall_ms,
         window_records: int = 64,
         holder: str | None = None,
@@ -226,7 +228,6 @@ class Engine:
         policy: Policy | None = None,
         maintenance: bool = True,
         standby: bool = False,
-        create: bool = True,
     ) -> Engine:
         """Open (creating if needed) the engine whose WAL is `wal`:
 
@@ -236,6 +237,15 @@ class Engine:
         * "memory": an in-memory log that dies with the engine (tests, benchmarks);
         * a `tae_driver.LogBackend` the caller owns (tests: reopen on the same backend).
 
+        `path` must be an engine's directory, or missing or empty (then it becomes one,
+        unless `create=False`: `NotFound`); a file or a directory of other things is
+        `NotAnEngine` (`opening.check_engine_dir`). Every failure is an `EngineError`: a file
+        WAL another process has open is `EngineLocked` (naming its pid), a WAL that cannot be
+        opened or read is `OpenFailed` with the backend's error as its cause. A read-only
+        open writes nothing (issue 20): a file WAL is read without its lock (a standby's
+        excepted), beside a running writer, as it was at open; a torn tail is not read,
+        never cut.
+
         Table data outlives memory in `objects` (decision 0006): "dir" (the default for the
         file and logsvc WALs: a durable directory `path/objects`), "memory" (the default for
         the memory WAL and for a caller's LogBackend), "none" (part 1's engine: every row in
@@ -244,18 +254,10 @@ class Engine:
         object store with any `maintenance.BlockStore`; `policy` tunes flushes, merges and
         checkpoints; `maintenance=False` leaves them to the caller (`engine.maintenance.step()`).
 
-        `read_only` replays for reading and refuses commits, and writes nothing (issue 20):
-        a file WAL and a directory of objects are read without their locks, beside a running
-        writer (the WAL as it was at open; a torn tail is not read, never cut), and over
-        logsvc no lease is taken, so it fences nobody. `standby` is read-only too (but holds
-        a file WAL's lock) and keeps tailing the WAL (a standby TN, issue 15): its state
-        follows the writer's commits until `promote()` makes it the writer.
-
-        `path` must be an engine's directory, or missing or empty (then it becomes one,
-        unless `create=False`: `NotFound`); a file or a directory of other things is
-        `NotAnEngine` (`opening.check_engine_dir`). Every failure is an `EngineError`: a file
-        WAL another process has open is `EngineLocked` (naming its pid), a WAL that cannot be
-        opened or read is `OpenFailed` with the backend's error as its cause."""
+        `read_only` replays for reading and refuses commits (and over logsvc takes no
+        lease, so it fences nobody; a directory of objects is opened without its lock).
+        `standby` is read-only too and keeps tailing the WAL (a standby TN, issue 15): its
+        state follows the writer's commits until `promote()` makes it the writer."""
         if not __debug__:
             raise RuntimeError("the engine refuses to run with assertions disabled (python -O)")
         path = os.fspath(path)
@@ -271,41 +273,6 @@ class Engine:
             backend, owns = await opening.open_backend(
                 path, wal, client_config, shard, read_only, holder, standby=standby
             )
-            return await cls._open_on(
-                path,
-                backend,
-                owns,
-                wal,
-                read_only=read_only,
-                standby=standby,
-                now_ms=now_ms,
-                window_records=window_records,
-                objects=objects,
-                cache_bytes=cache_bytes,
-                block_store=block_store,
-                policy=policy,
-                maintenance=maintenance,
-            )
-
-    @classmethod
-    async def _open_on(
-        cls,
-        path: str,
-        backend: LogBackend,
-        owns: bool,
-        wal: str | LogBackend,
-        *,
-        read_only: bool,
-        standby: bool,
-        now_ms: Callable[[], int],
-        window_records: int,
-        objects: str | ObjectStore | None,
-        cache_bytes: int,
-        block_store: BlockStore | None,
-        policy: Policy | None,
-        maintenance: bool,
-    ) -> Engine:
-        """`open`'s second half: the engine on an opened backend."""
         try:
             driver = open_driver(backend, window=window_records)
             engine = cls(path, backend, owns, driver, HybridClock(now_ms), read_only=read_only)
@@ -329,13 +296,16 @@ class Engine:
                 await engine._checkpointer.collect_orphans()
             if engine._maintenance is not None and maintenance and not read_only:
                 engine._maintenance.start()
-        except BaseException:
+        except BaseException as exc:
             if owns:
                 with contextlib.suppress(Exception):
                     await backend.close()
             if "engine" in locals():
                 engine._close_objects()
-            raise
+            typed = _typed_open_error(path, exc)
+            if typed is None:
+                raise
+            raise typed from exc
         return engine
 
     def _attach(self, store: BlockStore, policy: Policy) -> None:
@@ -787,20 +757,31 @@ class Engine:
         await self.close()
 
 
+def _typed_open_error(path: str, exc: BaseException) -> EngineError | None:
+    """What `Engine.open` raises for `exc`, or None to raise it as it is: only `EngineError`s
+    leave it (issue 20: a second process got tae_driver's `BackendFailed`, which `except
+    EngineError` missed). The driver's, its backends' and the file system's errors become
+    `OpenFailed` (the lock: `EngineLocked`; a refused lease: `Fenced`); the caller keeps
+    `exc` as the cause."""
+    if isinstance(exc, driver_errors.BackendLocked):
+        return EngineLocked(path, exc.holder_pid)
+    if isinstance(exc, driver_errors.BackendFenced):  # the log's lease went to a newer writer
+        return Fenced(f"fenced at open: a newer engine holds the WAL's lease ({exc})")
+    if isinstance(exc, (driver_errors.DriverError, OSError)):
+        return OpenFailed(f"engine {path} could not be opened: {exc}")
+    return None
+
+
 @contextlib.contextmanager
 def _typed_open_errors(path: str) -> Iterator[None]:
-    """`Engine.open` raises only `EngineError`s (issue 20: a second process got tae_driver's
-    `BackendFailed`, which `except EngineError` missed): the driver's, its backends' and the
-    file system's errors become `OpenFailed` (the lock: `EngineLocked`; a refused lease:
-    `Fenced`), the cause kept."""
+    """`_typed_open_error` around a block."""
     try:
         yield
-    except driver_errors.BackendLocked as exc:
-        raise EngineLocked(path, exc.holder_pid) from exc
-    except driver_errors.BackendFenced as exc:  # the log's lease was refused: a newer writer
-        raise Fenced(f"fenced at open: a newer engine holds the WAL's lease ({exc})") from exc
-    except (driver_errors.DriverError, OSError) as exc:
-        raise OpenFailed(f"engine {path} could not be opened: {exc}") from exc
+    except BaseException as exc:
+        typed = _typed_open_error(path, exc)
+        if typed is None:
+            raise
+        raise typed from exc
 
 
 def _conflict_error(
