@@ -13,17 +13,20 @@ compute node reader (issue 15).
     python -m engine repair DIR [--yes]     a corrupt file WAL: say what is lost; with --yes
                                             move the damaged suffix aside (engine/repair.py)
 
-`tables`, `scan` and `stats` open the engine read-only (replay FOR_READ: nothing is written,
-and over logsvc no lease is taken, so a running engine is not fenced), print, and close.
-`--wal logsvc --client-config client.toml --shard N` reads an engine whose WAL is on logsvc.
-A file WAL is locked by a running engine: stop it first (the command says so).
+`tables`, `scan` and `stats` open the engine read-only and write nothing (issue 20): replay
+FOR_READ in memory; a file WAL is read without its lock (beside a running engine, showing what
+it had written when the command looked) and a torn tail is not read, never cut; the objects
+directory gets no lock and no temporary files; over logsvc no lease is taken, so a running
+engine is not fenced. They print, and close. `--wal logsvc --client-config client.toml
+--shard N` reads an engine whose WAL is on logsvc.
 
 Objects: in `DIR/objects` by default; `--objects s3 --s3-endpoint HOST:PORT --s3-bucket B
 [--s3-prefix P] [--s3-region R] [--s3-scheme http|https]` for an engine whose objects are in
 S3, with the credentials in AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY; `--objects none` for
 an engine of part 1 (every row in the WAL).
 
-Exit codes: 0 done, 1 the engine could not be opened or read, 2 bad arguments. `serve`,
+Exit codes: 0 done, 1 the engine could not be opened or read (or the output's reader went
+away: `... | head` ends quietly), 2 bad arguments. `serve`,
 `promote` and `cn` say theirs in their modules (a config error is 2, naming the key; a
 fenced TN exits 3; `repair`: 0 nothing to repair or repaired, 1 damage found and nothing
 changed (pass --yes), 2 bad arguments or no WAL, 3 not repairable or the WAL is locked).
@@ -33,17 +36,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
+import io
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from engine import limits, metrics
 from engine.clock import ts_physical_ms
 from engine.engine import Engine
 from engine.errors import EngineError
+from engine.objects.errors import ObjectNotFound
 from engine.objects.store import ObjectStore
 from tae_driver.errors import DriverError
 
@@ -140,6 +146,25 @@ def objects_from_args(args: argparse.Namespace) -> str | ObjectStore | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    return _quiet_on_broken_pipe(lambda: _main(argv))
+
+
+def _quiet_on_broken_pipe(run: Callable[[], int]) -> int:
+    """`run()`, then flush stdout; a reader that went away (`... | head`) ends the command
+    quietly instead of with a BrokenPipeError traceback (issue 20). Python's own recipe
+    (docs of the signal module, "Note on SIGPIPE"): point stdout at /dev/null so the flush
+    at exit fails no more, and exit 1."""
+    try:
+        code = run()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+    return code
+
+
+def _main(argv: Sequence[str] | None) -> int:
     if not __debug__:
         print("error: the engine refuses to run under python -O", file=sys.stderr)
         return 2
@@ -175,6 +200,24 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 async def _run(args: argparse.Namespace) -> int:
+    """Look, printing only a whole answer: beside a running engine, an object the look needs
+    may be deleted by the writer meanwhile (`limits.READ_ONLY_LOOK_ATTEMPTS_MAX`); then the
+    look starts again from the writer's newer state."""
+    for attempt in range(1, limits.READ_ONLY_LOOK_ATTEMPTS_MAX + 1):
+        output = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(output):
+                await _look(args)
+        except ObjectNotFound:
+            if attempt == limits.READ_ONLY_LOOK_ATTEMPTS_MAX:
+                raise
+            continue
+        sys.stdout.write(output.getvalue())
+        break
+    return 0
+
+
+async def _look(args: argparse.Namespace) -> None:
     engine = await Engine.open(
         args.dir,
         wal=args.wal,
@@ -193,7 +236,6 @@ async def _run(args: argparse.Namespace) -> int:
             _stats(engine, audit, args.json)
     finally:
         await engine.close()
-    return 0
 
 
 async def _tables(engine: Engine) -> None:

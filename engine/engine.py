@@ -35,7 +35,7 @@ import asyncio
 import contextlib
 import os
 import weakref
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,8 +51,11 @@ from engine.errors import (
     BadInput,
     DuplicateKey,
     EngineClosed,
+    EngineError,
+    EngineLocked,
     Fenced,
     NotFound,
+    OpenFailed,
     Overloaded,
     SnapshotUnavailable,
     StandbyFailed,
@@ -227,6 +230,7 @@ class Engine:
         client_config: str | None = None,
         shard: int | None = None,
         read_only: bool = False,
+        create: bool = True,
         now_ms: Callable[[], int] = wall_ms,
         window_records: int = limits.WAL_WINDOW_RECORDS,
         holder: str | None = None,
@@ -244,6 +248,15 @@ class Engine:
           the engine takes the shard's lease, fencing any older engine on it;
         * "memory": an in-memory log that dies with the engine (tests, benchmarks);
         * a `tae_driver.LogBackend` the caller owns (tests: reopen on the same backend).
+
+        `path` must be an engine's directory, or missing or empty (then it becomes one,
+        unless `create=False`: `NotFound`); a file or a directory of other things is
+        `NotAnEngine` (`opening.check_engine_dir`). Every failure is an `EngineError`: a file
+        WAL another process has open is `EngineLocked` (naming its pid), a WAL that cannot be
+        opened or read is `OpenFailed` with the backend's error as its cause. A read-only
+        open writes nothing (issue 20): a file WAL is read without its lock (a standby's
+        excepted), beside a running writer, as it was at open; a torn tail is not read,
+        never cut.
 
         Table data outlives memory in `objects` (decision 0006): "dir" (the default for the
         file and logsvc WALs: a durable directory `path/objects`), "memory" (the default for
@@ -264,10 +277,14 @@ class Engine:
         if read_only and wal == "file" and not os.path.isdir(os.path.join(path, WAL_DIR_NAME)):
             # Looking must not create: a read-only open of a missing engine is an error.
             raise NotFound(f"no engine here: {os.path.join(path, WAL_DIR_NAME)} does not exist")
-        os.makedirs(path, exist_ok=True)
-        backend, owns = await opening.open_backend(
-            path, wal, client_config, shard, read_only, holder
-        )
+        with _typed_open_errors(path):
+            if opening.uses_directory(wal, objects):
+                opening.check_engine_dir(path, wal, create=create or read_only)
+            if not read_only:
+                os.makedirs(path, exist_ok=True)
+            backend, owns = await opening.open_backend(
+                path, wal, client_config, shard, read_only, holder, standby=standby
+            )
         try:
             driver = open_driver(backend, window=window_records)
             engine = cls(path, backend, owns, driver, HybridClock(now_ms), read_only=read_only)
@@ -295,13 +312,16 @@ class Engine:
                 await engine._checkpointer.collect_orphans()
             if engine._maintenance is not None and maintenance and not read_only:
                 engine._maintenance.start()
-        except BaseException:
+        except BaseException as exc:
             if owns:
                 with contextlib.suppress(Exception):
                     await backend.close()
             if "engine" in locals():
                 engine._close_objects()
-            raise
+            typed = _typed_open_error(path, exc)
+            if typed is None:
+                raise
+            raise typed from exc
         return engine
 
     def _attach(self, store: BlockStore, policy: Policy) -> None:
@@ -559,6 +579,9 @@ class Engine:
     # --- commit -------------------------------------------------------------------------------
 
     async def _commit(self, txn: Transaction) -> None:
+        if self._closed:  # not WalFailed from the closed driver: the caller closed it
+            txn._end(TxnState.ROLLED_BACK)
+            raise EngineClosed("engine is closed")
         maintenance = self._maintenance
         if (
             maintenance is not None
@@ -789,6 +812,33 @@ class Engine:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+def _typed_open_error(path: str, exc: BaseException) -> EngineError | None:
+    """What `Engine.open` raises for `exc`, or None to raise it as it is: only `EngineError`s
+    leave it (issue 20: a second process got tae_driver's `BackendFailed`, which `except
+    EngineError` missed). The driver's, its backends' and the file system's errors become
+    `OpenFailed` (the lock: `EngineLocked`; a refused lease: `Fenced`); the caller keeps
+    `exc` as the cause."""
+    if isinstance(exc, driver_errors.BackendLocked):
+        return EngineLocked(path, exc.holder_pid)
+    if isinstance(exc, driver_errors.BackendFenced):  # the log's lease went to a newer writer
+        return Fenced(f"fenced at open: a newer engine holds the WAL's lease ({exc})")
+    if isinstance(exc, (driver_errors.DriverError, OSError)):
+        return OpenFailed(f"engine {path} could not be opened: {exc}")
+    return None
+
+
+@contextlib.contextmanager
+def _typed_open_errors(path: str) -> Iterator[None]:
+    """`_typed_open_error` around a block."""
+    try:
+        yield
+    except BaseException as exc:
+        typed = _typed_open_error(path, exc)
+        if typed is None:
+            raise
+        raise typed from exc
 
 
 def _conflict_error(

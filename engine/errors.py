@@ -13,12 +13,16 @@ The tree::
     │   └── TxnTooLarge            the txn's WAL entry or workspace passes a named limit
     ├── BadInput                    the request itself is wrong; nothing was logged
     │   ├── SchemaError             unknown column, wrong type, null in a key or non-null column
-    │   ├── NotFound                unknown database or table (at the txn's snapshot)
-    │   └── AlreadyExists           a database or table of that name is already visible
+    │   ├── NotFound                unknown database or table (at the txn's snapshot), no engine
+    │   ├── AlreadyExists           a database or table of that name is already visible
+    │   └── NotAnEngine             Engine.open's path is a file, or a directory of other things
     ├── TxnClosed                   the transaction already committed or rolled back
     ├── EngineClosed                use after `close()`
+    ├── OpenFailed                  Engine.open could not open or read the WAL (the cause kept)
+    │   └── EngineLocked            another process has the engine's file WAL open (its pid)
     ├── Overloaded                  a bounded queue is full; retry later
     ├── SnapshotUnavailable         a snapshot timestamp the engine cannot serve
+    ├── LogtailUnavailable          (engine/logtail.py) neither memory nor a checkpoint answers
     ├── OutcomeUnknown              a compute node's commit: no TN could say whether it landed
     ├── WalFailed                   the WAL refused or lost an append: the engine is read-only
     │   └── Fenced                  a newer engine took the log's lease: this one is stale
@@ -82,12 +86,40 @@ class AlreadyExists(BadInput):
     pass
 
 
+class NotAnEngine(BadInput):
+    """`Engine.open(path)` refused `path`: it is a file, or a directory holding things that
+    are not an engine's (issue 20: `Engine.open("/etc")` made `/etc/wal`). `found` names
+    what was there."""
+
+    def __init__(self, path: str, found: str) -> None:
+        super().__init__(f"{path} is not an engine's directory: {found}")
+        self.path = path
+        self.found = found
+
+
 class TxnClosed(EngineError):
     """The transaction is over (committed, rolled back, or failed)."""
 
 
 class EngineClosed(EngineError):
     pass
+
+
+class OpenFailed(EngineError):
+    """`Engine.open` could not open or read the WAL: the backend's or the file system's
+    error is the `__cause__` (a corrupt segment, an unreachable log service, a permission)."""
+
+
+class EngineLocked(OpenFailed):
+    """Another process has the engine's file WAL open (one writer per directory): stop it,
+    or look with `read_only=True` (which takes no lock). `holder_pid` is the pid it recorded
+    in the lock file (None: not recorded, an older version)."""
+
+    def __init__(self, path: str, holder_pid: int | None) -> None:
+        holder = f"process {holder_pid}" if holder_pid is not None else "another process"
+        super().__init__(f"engine {path} is open in {holder} (its WAL is locked)")
+        self.path = path
+        self.holder_pid = holder_pid
 
 
 class Overloaded(EngineError):

@@ -164,6 +164,12 @@ COLUMNS_MAX = 1024
 SCAN_ROWS_DEFAULT_LIMIT = 20
 """Rows the `engine scan` CLI prints unless told otherwise."""
 
+READ_ONLY_LOOK_ATTEMPTS_MAX = 4
+"""`engine tables|scan|stats` beside a running engine: an object it needs was deleted by the
+writer meanwhile (two newer checkpoints made it garbage while the look was reading an older
+state), so it opens again and reads the newer state, at most this many times. A writer
+checkpoints once a minute by default: one retry almost always suffices."""
+
 # --- Relations ----------------------------------------------------------------------------------
 
 assert TXN_WORKSPACE_BYTES_MAX < TXN_ENTRY_BYTES_MAX

@@ -23,6 +23,8 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from engine.errors import EngineError
+
 
 @dataclass(frozen=True, slots=True)
 class TailEntry:
@@ -43,8 +45,9 @@ class Logtail:
     upto_ts: int
 
 
-class LogtailUnavailable(Exception):
-    """The buffer no longer holds what t0 needs and no checkpoint covers the gap yet."""
+class LogtailUnavailable(EngineError):
+    """The buffer no longer holds what t0 needs and no checkpoint covers the gap yet. An
+    `EngineError` like everything the engine raises (issue 20)."""
 
 
 class LogtailBuffer:

@@ -12,12 +12,68 @@ import os
 import socket
 
 from engine.blockstore import ObjectBlockStore
-from engine.errors import BadInput
+from engine.errors import BadInput, NotAnEngine, NotFound
 from engine.objects.store import LocalDirStore, MemoryObjectStore, ObjectStore
 from tae_driver import LogBackend
 
 WAL_DIR_NAME = "wal"
 OBJECTS_DIR_NAME = "objects"
+WAL_QUARANTINE_PREFIX = "quarantine"
+"""What the file backend may set aside in `wal/` (damaged segments kept for a repair)."""
+NAMES_SHOWN_MAX = 5
+
+
+def uses_directory(wal: object, objects: object) -> bool:
+    """Whether `Engine.open(path, wal, objects=...)` keeps anything in `path`: a file WAL
+    in `path/wal`, or objects in `path/objects` (the default for the file and logsvc WALs)."""
+    if objects is None:
+        objects = "dir" if wal in ("file", "logsvc") else "memory"
+    return wal == "file" or objects == "dir"
+
+
+def check_engine_dir(path: str, wal: object, *, create: bool) -> None:
+    """Refuse a `path` that is not an engine's before anything is made in it (issue 20:
+    `Engine.open("/etc")` created `/etc/wal`). An engine's directory is one holding `wal/` or
+    `objects/` (every version wrote one of them at its first open); anything else may be
+    in it too (a TN's config, logs). A missing or empty directory becomes an engine unless
+    `create` is false. In `wal/` a file WAL has only its segments (and `*.tmp` ones being
+    created), its `LOCK` and `quarantine*` entries: anything else is not an engine's WAL.
+    Reads directory listings only."""
+    if os.path.lexists(path) and not os.path.isdir(path):
+        raise NotAnEngine(path, "it is a file, not a directory")
+    entries = sorted(os.listdir(path)) if os.path.isdir(path) else []
+    if not any(name in (WAL_DIR_NAME, OBJECTS_DIR_NAME) for name in entries):
+        if not create:
+            raise NotFound(
+                f"no engine here: {path} holds no {WAL_DIR_NAME}/ or {OBJECTS_DIR_NAME}/"
+            )
+        if entries:
+            raise NotAnEngine(path, f"it holds {_names(entries)} and no {WAL_DIR_NAME}/")
+        return
+    for name in (WAL_DIR_NAME, OBJECTS_DIR_NAME):
+        part = os.path.join(path, name)
+        if os.path.lexists(part) and not os.path.isdir(part):
+            raise NotAnEngine(path, f"{name} is a file, not a directory")
+    wal_dir = os.path.join(path, WAL_DIR_NAME)
+    if wal == "file" and os.path.isdir(wal_dir):
+        from tae_driver.backends.file import LOCK_FILE_NAME
+        from tae_driver.backends.segment import parse_segment_file_name
+
+        junk = [
+            name
+            for name in sorted(os.listdir(wal_dir))
+            if name != LOCK_FILE_NAME
+            and not name.startswith(WAL_QUARANTINE_PREFIX)
+            and parse_segment_file_name(name.removesuffix(".tmp")) is None
+        ]
+        if junk:
+            raise NotAnEngine(path, f"{WAL_DIR_NAME}/ holds {_names(junk)}, not WAL segments")
+
+
+def _names(names: list[str]) -> str:
+    shown = ", ".join(names[:NAMES_SHOWN_MAX])
+    more = len(names) - NAMES_SHOWN_MAX
+    return shown + (f" and {more} more" if more > 0 else "")
 
 
 def open_block_store(
@@ -63,7 +119,12 @@ async def open_backend(
     shard: int | None,
     read_only: bool,
     holder: str | None,
+    *,
+    standby: bool = False,
 ) -> tuple[LogBackend, bool]:
+    """The WAL backend and whether the engine owns it. A read-only file WAL is opened
+    without its lock and changes nothing (a tool may look beside the running engine, issue
+    20); a standby's keeps the lock, since `promote()` makes it the writer."""
     if not isinstance(wal, str):
         return wal, False
     if wal == "file":
@@ -72,7 +133,7 @@ async def open_backend(
 
         wal_dir = os.path.join(path, WAL_DIR_NAME)
         try:
-            return await FileBackend.open(wal_dir), True
+            return await FileBackend.open(wal_dir, read_only=read_only and not standby), True
         except StorageCorruption as exc:
             # Refused and unchanged (ARCHITECTURE.md §11): say which DSNs and how to repair.
             from engine import repair
@@ -88,7 +149,12 @@ async def open_backend(
 
         if client_config is None or shard is None:
             raise BadInput("wal='logsvc' needs client_config (a client.toml path) and shard")
-        config = load_client_config(client_config)
+        from logsvc.config_files import ConfigError
+
+        try:
+            config = load_client_config(client_config)
+        except ConfigError as exc:
+            raise BadInput(f"client_config {client_config}: {exc}") from exc
         return (
             await LogsvcBackend.open(
                 config.addresses,

@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from engine.engine import Engine, EngineStats
+from engine.errors import EngineClosed
 from engine.schema import Schema
 from engine.txn import TableHandle, Transaction, TxnState
 
@@ -42,8 +43,14 @@ class _Loop:
             target=self.loop.run_forever, name="engine-loop", daemon=True
         )
         self.thread.start()
+        self.closed = False
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        if self.closed:
+            # Closed, not run: no "coroutine was never awaited" warning, and the typed error
+            # every engine call gives after close (issue 20: this was "Event loop is closed").
+            coro.close()
+            raise EngineClosed("engine is closed")
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(self.timeout_s)
 
     def call(self, fn: Callable[..., T], *args: Any) -> T:
@@ -53,6 +60,10 @@ class _Loop:
         return self.run(invoke())
 
     def stop(self) -> None:
+        """Stop and close the loop; later calls are no-ops."""
+        if self.closed:
+            return
+        self.closed = True
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(self.timeout_s)
         self.loop.close()
@@ -184,6 +195,10 @@ class SyncEngine:
             self._loop.run(manager.__aexit__(None, None, None))
 
     def close(self) -> None:
+        """Close the engine and stop its thread. A second call does nothing; any other call
+        after it raises `EngineClosed`."""
+        if self._loop.closed:
+            return
         try:
             self._loop.run(self._engine.close())
         finally:

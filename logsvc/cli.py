@@ -14,7 +14,11 @@
 leader, term, LSNs and replica lag) from the nodes' admin APIs (logsvc/admin_client.py):
 exit 1 when no admin API answers or the token is refused, 2 on a config error.
 
-Usage errors exit 2 with a message naming the option, never a traceback. Refuses to run
+Usage errors exit 2 with a message naming the option, never a traceback. Output cut short by
+its reader (`logsvc status --json | head`) ends quietly, exit 1.
+
+`status --shard N` on a shard that no node of the client config hosts fails at once (every
+node answered UNKNOWN_SHARD), exit 1; it is not retried like a transient error. Refuses to run
 under `python -O`: the store's invariants are assertions and must stay on.
 """
 
@@ -23,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -209,6 +214,25 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    return _quiet_on_broken_pipe(lambda: _main(argv))
+
+
+def _quiet_on_broken_pipe(run: Callable[[], int]) -> int:
+    """`run()`, then flush stdout; a reader that went away (`... | head`) ends the command
+    quietly instead of with a BrokenPipeError traceback (issue 20). Python's own recipe
+    (docs of the signal module, "Note on SIGPIPE"): point stdout at /dev/null so the flush
+    at exit fails no more, and exit 1."""
+    try:
+        code = run()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+    return code
+
+
+def _main(argv: Sequence[str] | None) -> int:
     if not __debug__:
         print("logsvc: refusing to run under python -O: invariants are assertions", file=sys.stderr)
         return EXIT_USAGE

@@ -94,6 +94,21 @@ class Unauthenticated(ServerError):
     pass
 
 
+class UnknownShard(LogsvcError):
+    """Every node of the client's addresses answered UNKNOWN_SHARD within one call: no
+    node hosts the shard (a wrong shard id, or one never created), which retrying cannot
+    change (issue 20: `logsvc status --shard 7` retried for 16 s). One node's answer alone is
+    retried, since membership changes move a shard's replicas between nodes."""
+
+    def __init__(self, shard: int, addresses: Sequence[str]) -> None:
+        super().__init__(
+            f"shard {shard} is not hosted by any node of the cluster "
+            f"({', '.join(addresses)} each answered UNKNOWN_SHARD)"
+        )
+        self.shard = shard
+        self.addresses = tuple(addresses)
+
+
 class Unavailable(LogsvcError):
     """No node answered usefully within the attempts allowed."""
 
@@ -113,7 +128,8 @@ _ERRORS: dict[wire.ErrorCode, type[ServerError]] = {
 }
 # Answers after which the same request may be sent again (to the same or another node).
 # UNKNOWN_SHARD: the client's addresses are the cluster's nodes, and membership changes
-# move a shard's replicas between them; the node asked does not (or no longer) host it.
+# move a shard's replicas between them; the node asked does not (or no longer) host it. Once
+# every address has answered it in one call, no node hosts the shard: `UnknownShard`.
 _RETRYABLE = {
     wire.ErrorCode.NOT_LEADER,
     wire.ErrorCode.OVERLOADED,
@@ -480,6 +496,7 @@ class Client:
         delay = self._options.backoff_s_first
         candidates = itertools.cycle(self._addresses)
         last: object = None
+        unhosted: set[str] = set()
         for _ in range(self._options.attempts_max):
             address = self._leaders.get(shard) or next(candidates)
             try:
@@ -499,6 +516,7 @@ class Client:
             elif isinstance(outcome, wire.ErrorResponse):
                 if outcome.code not in _RETRYABLE:
                     raise _error(outcome)
+                self._check_hosted(shard, address, outcome, unhosted)
                 last = _error(outcome)
                 self._leaders.pop(shard, None)
             else:
@@ -553,6 +571,7 @@ class Client:
         delay = self._options.backoff_s_first
         last: BaseException | None = None
         candidates: Iterator[str] | None = None
+        unhosted: set[str] = set()
         for _ in range(self._options.attempts_max):
             if first is not None:
                 (address, outcome), first = first, None
@@ -579,6 +598,7 @@ class Client:
             else:
                 if outcome.code not in _RETRYABLE:
                     raise _error(outcome)
+                self._check_hosted(shard, address, outcome, unhosted)
                 last = _error(outcome)
                 hint = outcome.leader_hint
                 if outcome.code == wire.ErrorCode.NOT_LEADER and hint and hint != address:
@@ -588,6 +608,17 @@ class Client:
             await asyncio.sleep(delay)
             delay = min(delay * 2, self._options.backoff_s_max)
         raise Unavailable(f"shard {shard}: no usable answer after retries: {last}") from last
+
+    def _check_hosted(
+        self, shard: int, address: str, answer: wire.ErrorResponse, unhosted: set[str]
+    ) -> None:
+        """Note `address`'s UNKNOWN_SHARD in `unhosted` (this call's); `UnknownShard` once
+        every address has said so."""
+        if answer.code != wire.ErrorCode.UNKNOWN_SHARD:
+            return
+        unhosted.add(address)
+        if unhosted.issuperset(self._addresses):
+            raise UnknownShard(shard, self._addresses)
 
     async def _any_call(self, shard: int, request: object) -> object:
         """Committed reads: any replica may answer; prefer the leader we know."""

@@ -26,6 +26,7 @@ The tree::
         ├── OutOfRange             read below the truncation point, or truncate past latest()
         ├── BackendClosed          the backend was closed
         ├── BackendFailed          an earlier I/O error left the backend unusable; reopen it
+        │   └── BackendLocked      another process has the file log open (names its pid)
         ├── StorageCorruption      bad bytes on disk (path, offset_bytes, reason)
         ├── BackendFenced          a newer writer took the log's lease: this instance is stale
         └── BackendUnavailable     the log service gave no usable answer within the bounds
@@ -167,6 +168,18 @@ class BackendClosed(BackendError):
 class BackendFailed(BackendError):
     """An earlier write or fsync failed; after a failed fsync the file's state is unknown
     (fsyncgate), so the backend refuses everything until it is reopened."""
+
+
+class BackendLocked(BackendFailed):
+    """Another process holds the file log's lock. `holder_pid` is the pid it wrote in the
+    lock file, or None when it wrote none (a version before the pid, or it is still writing
+    it)."""
+
+    def __init__(self, dir_path: str, holder_pid: int | None) -> None:
+        holder = f"process {holder_pid}" if holder_pid is not None else "another process"
+        super().__init__(f"{dir_path} is locked by {holder}")
+        self.dir_path = dir_path
+        self.holder_pid = holder_pid
 
 
 class StorageCorruption(BackendError):

@@ -90,6 +90,11 @@ FILE_TORN_TAIL_BYTES_MAX = FILE_SYNC_BATCH_BYTES_MAX + FILE_FRAME_HEADER_BYTES +
 """A power loss can only tear the last unsynced batch, so a bad frame further than this from the
 end of the newest segment cannot be a torn write: it is reported as corruption, never cut."""
 
+FILE_READ_ONLY_OPEN_ATTEMPTS_MAX = 8
+"""A read-only open lists the segments again when one vanished before it was opened (a
+running writer truncated it away); a writer truncates at most once per checkpoint, so a
+few attempts always meet a quiet moment. Bounded so a broken directory cannot spin."""
+
 FILE_PENDING_APPENDS_MAX = 16384
 """Appends waiting for the file backend's next group write; beyond it `append` raises
 `Overloaded`. The driver's window keeps one driver far below it."""

@@ -412,7 +412,8 @@ class LocalDirStore:
                 self._fs.listdir(path)
             except NotADirectoryError:
                 if name.startswith(prefix) and _SEGMENT.match(entry):
-                    found.append(ObjectInfo(name, self._fs.file_size(path)))
+                    with contextlib.suppress(FileNotFoundError):  # deleted while we walked
+                        found.append(ObjectInfo(name, self._fs.file_size(path)))
                 continue
             except FileNotFoundError:
                 continue  # deleted while we walked

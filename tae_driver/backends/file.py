@@ -4,7 +4,8 @@ Why (reference/matrixone-wal.md §2.6 `batchstoredriver`, ARCHITECTURE.md §3, �
 local backend, for an engine that runs without a log service and for benchmarks.
 
 * **Layout**: a directory of segments `wal-<base_lsn:020d>.seg` (format in FORMAT.md here,
-  codec in segment.py) and a `LOCK` file held with `flock` while open. LSNs are dense from 1.
+  codec in segment.py) and a `LOCK` file held with `flock` while open (holding the holder's
+  pid). LSNs are dense from 1.
   A segment is created as `*.tmp`, given its header, fsynced, renamed, and the directory
   fsynced, so a segment with its final name always has a whole header.
 * **Group commit**: appends queue (bounded: `FILE_PENDING_APPENDS_MAX`, then `Overloaded`);
@@ -25,6 +26,8 @@ local backend, for an engine that runs without a log service and for benchmarks.
 * **Failure**: a failed write or fsync leaves the file in an unknown state (fsyncgate), so
   the backend fails every pending and later call with `BackendFailed` until reopened; the
   reopen's scan decides what survived.
+* **Read-only** (`open(dir, read_only=True)`, issue 20): a tool's look at a log, maybe beside
+  a running writer: no lock, and nothing created, cut, deleted or synced; `_open_read_only`.
 
 Crash cases (power loss may drop unsynced bytes and tear the last write):
 
@@ -58,6 +61,7 @@ from tae_driver.errors import (
     AlreadyTruncated,
     BackendClosed,
     BackendFailed,
+    BackendLocked,
     OutOfRange,
     Overloaded,
     StorageCorruption,
@@ -151,6 +155,9 @@ class FileBackend:
         self._frames_written = 0
         self._segments_deleted = segments_deleted
         self._torn_bytes_cut = torn_bytes_cut
+        self._read_only = False
+        self._read_fds: dict[str, int] = {}
+        """Read-only: a descriptor per segment, opened at open, read through until close."""
 
     # --- opening --------------------------------------------------------------------------
 
@@ -161,11 +168,15 @@ class FileBackend:
         *,
         segment_bytes_max: int = limits.FILE_SEGMENT_BYTES_DEFAULT,
         fsync: Fsync = os.fdatasync,
+        read_only: bool = False,
     ) -> FileBackend:
         """Open (creating if needed) the log in `dir_path`. `fsync` makes a file's data
-        durable; tests may wrap it to observe the order of syncs and acknowledgements."""
+        durable; tests may wrap it to observe the order of syncs and acknowledgements.
+        `read_only`: the log as it is now, changing nothing (`_open_read_only`)."""
         if segment_bytes_max < limits.FILE_SEGMENT_BYTES_MIN:
             raise ValueError(f"segment_bytes_max={segment_bytes_max} is below the minimum")
+        if read_only:
+            return await asyncio.to_thread(cls._open_read_only, dir_path, segment_bytes_max)
         return await asyncio.to_thread(cls._open_sync, dir_path, segment_bytes_max, fsync)
 
     @classmethod
@@ -176,7 +187,8 @@ class FileBackend:
             try:
                 fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                raise BackendFailed(f"{dir_path} is locked by another process") from None
+                raise BackendLocked(dir_path, _lock_holder(lock_fd)) from None
+            _note_lock_holder(lock_fd)
             return cls._recover(dir_path, lock_fd, segment_bytes_max, fsync)
         except BaseException:
             os.close(lock_fd)
@@ -277,6 +289,91 @@ class FileBackend:
             segments_deleted=deleted,
         )
 
+    @classmethod
+    def _open_read_only(cls, dir_path: str, segment_bytes_max: int) -> FileBackend:
+        """The log as it is now, for tools that must write nothing (issue 20: `python -m
+        engine tables` cut a WAL and could not look at a running engine), beside a writer
+        that may hold the lock and append. `_recover`'s decisions, made in memory only: the
+        newest segment's torn tail (or a writer's half-written batch) is not read, never cut;
+        `*.tmp` files and segments wholly below the truncation point are passed over, never
+        deleted; an empty log gets no segment. Each segment is opened once and read through
+        that descriptor until `close`, so a truncation by the writer meanwhile does not delete
+        the log under a replay; later appends are not seen (open again to see them). A
+        segment gone between the listing and its opening was truncated away: list again."""
+        for _ in range(limits.FILE_READ_ONLY_OPEN_ATTEMPTS_MAX):
+            fds: dict[str, int] = {}
+            try:
+                return cls._scan_read_only(dir_path, segment_bytes_max, fds)
+            except FileNotFoundError:
+                _close_fds(list(fds.values()))
+                if not os.path.isdir(dir_path):
+                    raise BackendFailed(f"no log in {dir_path}: it does not exist") from None
+            except BaseException:
+                _close_fds(list(fds.values()))
+                raise
+        raise BackendFailed(
+            f"{dir_path}: segments deleted under every one of "
+            f"{limits.FILE_READ_ONLY_OPEN_ATTEMPTS_MAX} read-only scans"
+        )
+
+    @classmethod
+    def _scan_read_only(
+        cls, dir_path: str, segment_bytes_max: int, fds: dict[str, int]
+    ) -> FileBackend:
+        bases = sorted(
+            base
+            for name in os.listdir(dir_path)
+            if (base := segment.parse_segment_file_name(name)) is not None
+        )
+        scans: list[tuple[str, SegmentScan]] = []
+        for index, base in enumerate(bases):
+            path = os.path.join(dir_path, segment.segment_file_name(base))
+            fds[path] = fd = os.open(path, os.O_RDONLY)
+            scan = segment.scan_segment(_read_all(fd), path, newest=index == len(bases) - 1)
+            if scan.base_lsn != base:
+                raise StorageCorruption(path, 16, f"header base LSN {scan.base_lsn} != name")
+            scans.append((path, scan))
+        truncated_lsn = max((scan.truncate_lsn_max for _, scan in scans), default=0)
+        keep_from = 0  # as `_recover`, without the deletion
+        while keep_from < len(scans) - 1:
+            scan = scans[keep_from][1]
+            if scan.last_lsn > truncated_lsn or scan.truncate_lsn_max == truncated_lsn > 0:
+                break
+            keep_from += 1
+        for path, _ in scans[:keep_from]:
+            os.close(fds.pop(path))
+        segments = [
+            _Segment(path, s.base_lsn, s.record_offsets, s.record_frame_bytes, s.valid_bytes)
+            for path, s in scans[keep_from:]
+        ]
+        for previous, current in itertools.pairwise(segments):
+            if current.base_lsn != previous.last_lsn + 1:
+                raise StorageCorruption(
+                    current.path, 16, f"base LSN {current.base_lsn} after {previous.last_lsn}"
+                )
+        if segments and segments[0].base_lsn > truncated_lsn + 1:
+            raise StorageCorruption(
+                segments[0].path, 16, f"LSNs {truncated_lsn + 1}.. are missing below this segment"
+            )
+        if not segments:  # a stand-in that is never read: `_durable_lsn` is `truncated_lsn`
+            path = os.path.join(dir_path, segment.segment_file_name(truncated_lsn + 1))
+            segments = [_Segment(path, truncated_lsn + 1, array("Q"), array("Q"), _header_bytes())]
+        backend = cls(
+            dir_path,
+            -1,
+            segments,
+            -1,
+            truncated_lsn,
+            segment_bytes_max=segment_bytes_max,
+            fsync=_refuse_fsync,
+            torn_bytes_cut=0,
+            dir_syncs=0,
+            segments_deleted=0,
+        )
+        backend._read_only = True
+        backend._read_fds = fds
+        return backend
+
     # --- observations ---------------------------------------------------------------------
 
     @property
@@ -306,6 +403,7 @@ class FileBackend:
 
     async def append(self, payload: bytes) -> int:
         self._check_usable()
+        assert not self._read_only, "append on a read-only FileBackend"
         assert len(payload) <= limits.BACKEND_PAYLOAD_BYTES_MAX
         if len(self._pending) >= limits.FILE_PENDING_APPENDS_MAX:
             raise Overloaded("file backend appends", limits.FILE_PENDING_APPENDS_MAX)
@@ -325,7 +423,7 @@ class FileBackend:
             return [], first_lsn
         plan = self._plan_read(first_lsn, max_bytes)
         try:
-            pairs = await asyncio.to_thread(_read_sync, plan)
+            pairs = await asyncio.to_thread(_read_sync, plan, self._read_fds)
         except FileNotFoundError:
             # The segment was deleted by a truncation that overtook this read.
             raise OutOfRange(first_lsn, self._truncated_lsn, self._durable_lsn) from None
@@ -334,6 +432,7 @@ class FileBackend:
 
     async def truncate(self, lsn: int) -> None:
         self._check_usable()
+        assert not self._read_only, "truncate on a read-only FileBackend"
         async with self._truncate_lock:
             if lsn <= self._truncated_lsn:
                 raise AlreadyTruncated(lsn, self._truncated_lsn)
@@ -381,7 +480,8 @@ class FileBackend:
         if self._flusher is not None:
             self._flusher.cancel()
             await asyncio.gather(self._flusher, return_exceptions=True)
-        await asyncio.to_thread(_close_fds, [self._active_fd, self._lock_fd])
+        fds = [self._active_fd, self._lock_fd, *self._read_fds.values()]
+        await asyncio.to_thread(_close_fds, [fd for fd in fds if fd >= 0])
 
     # --- the flusher ----------------------------------------------------------------------
 
@@ -575,15 +675,47 @@ def _close_fds(fds: list[int]) -> None:
             os.close(fd)
 
 
-def _read_sync(plan: list[tuple[str, int, int, int, int]]) -> list[tuple[int, bytes]]:
+def _read_sync(
+    plan: list[tuple[str, int, int, int, int]], open_fds: dict[str, int]
+) -> list[tuple[int, bytes]]:
+    """`open_fds`: a read-only backend's descriptors by path (else each file is opened)."""
     out: list[tuple[int, bytes]] = []
     for path, offset, size_bytes, first_lsn, count in plan:
-        fd = os.open(path, os.O_RDONLY)
+        held = open_fds.get(path)
+        fd = os.open(path, os.O_RDONLY) if held is None else held
         try:
             data = os.pread(fd, size_bytes, offset)
         finally:
-            os.close(fd)
+            if held is None:
+                os.close(fd)
         if len(data) != size_bytes:
             raise StorageCorruption(path, offset + len(data), "segment shorter than its index")
         out.extend(segment.decode_records_in(data, path, offset, first_lsn, count))
     return out
+
+
+def _read_all(fd: int) -> bytes:
+    """A whole file from its start (the file may be growing: what is there now)."""
+    chunks = []
+    offset = 0
+    while chunk := os.pread(fd, limits.FILE_SYNC_BATCH_BYTES_MAX, offset):
+        chunks.append(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)
+
+
+def _refuse_fsync(fd: int) -> None:
+    raise AssertionError("a read-only FileBackend never syncs")
+
+
+def _note_lock_holder(lock_fd: int) -> None:
+    """Write this process's pid into the lock file it holds, so that a second process can
+    say who holds it (issue 20). Not synced: it only matters while this process lives."""
+    os.ftruncate(lock_fd, 0)
+    os.pwrite(lock_fd, f"{os.getpid()}\n".encode(), 0)
+
+
+def _lock_holder(lock_fd: int) -> int | None:
+    """The pid the lock's holder wrote, or None (none written yet, or an older version)."""
+    text = os.pread(lock_fd, 32, 0).decode("ascii", "replace").strip()
+    return int(text) if text.isdigit() else None

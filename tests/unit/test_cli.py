@@ -1,15 +1,20 @@
 """The `logsvc` command: usage errors exit 2 with a message naming the option and no
 traceback; `python -O` is refused; `bench store` prints one JSON object per mode with the
 fields the issue names; the demo runs to the end and says what it measured (the logsvc
-failover, the embedded engine's reopenings, the TN pair's checkpoint and takeover). Real
-subprocesses, short bounded runs."""
+failover, the embedded engine's reopenings, the TN pair's checkpoint and takeover); output
+whose reader has gone (`| head`) ends quietly, for `logsvc` and `python -m engine`, with no
+BrokenPipeError traceback (issue 20: the read end of the pipe is closed before the command
+writes). Real subprocesses, short bounded runs."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -135,3 +140,46 @@ def _assert_the_tn_story(out: str) -> None:
     assert ledger, out
     assert len(set(ledger.groups())) == 1 and int(ledger.group(1)) > int(takeover.group(1))
     assert "it exited with code 3: TN fenced" in out
+
+
+def into_a_closed_pipe(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run `args` with stdout into a pipe nobody reads any more (`... | head` once head has
+    exited)."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        return subprocess.run(
+            [sys.executable, *args],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+
+
+def test_output_into_a_closed_pipe_ends_without_a_traceback(tmp_path: Path) -> None:
+    from engine import Column, Engine, Schema
+
+    async def fill() -> None:
+        eng = await Engine.open(str(tmp_path / "engine"))
+        async with eng.transaction() as txn:
+            await txn.create_database("db")
+            await txn.create_table("db", "t", Schema([Column("k", "int64")], ["k"]))
+            await txn.table("db", "t").insert([{"k": k} for k in range(5000)])
+        await eng.close()
+
+    asyncio.run(fill())
+    for args in (
+        ["-m", "logsvc.cli", "dev-cluster", "status", "--dir", str(tmp_path)],
+        ["-m", "engine", "tables", str(tmp_path / "engine")],
+        ["-m", "engine", "scan", str(tmp_path / "engine"), "db.t", "--limit", "5000"],
+    ):
+        result = into_a_closed_pipe(*args)
+        assert "Traceback" not in result.stderr and "BrokenPipe" not in result.stderr, (
+            args,
+            result.stderr,
+        )
+        assert result.returncode == 1, (args, result.returncode)

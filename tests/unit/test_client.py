@@ -7,7 +7,10 @@ bounds after every step, and a full client waiting for a release or timing out);
 (authenticates, then answers appends or stays silent), for the request timeout, the wait
 for a pipelining slot, and the size of the timeout FIFO after many answered requests; a
 `Client` over two such servers for what follows an answer on the known leader's open
-connection (a NOT_LEADER hint followed with the same seq, a final error not sent again).
+connection (a NOT_LEADER hint followed with the same seq, a final error not sent again), and
+for a shard no node hosts (every node answers UNKNOWN_SHARD: `UnknownShard` after one
+question to each, where it used to retry for `retry_s_max`; one node's answer alone is still
+retried on the others).
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -27,6 +32,7 @@ from logsvc.client import (
     StaleEpoch,
     SyncClient,
     TooManyInFlight,
+    UnknownShard,
     _Connection,
     _Lanes,
     connect,
@@ -313,6 +319,84 @@ def test_sync_client_takes_a_client_config_path(tmp_path: Path) -> None:
         finally:
             client.close()
         assert server.tokens == [TOKEN]
+    finally:
+        loop.call_soon_threadsafe(listener.close)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+        loop.close()
+
+
+def _unknown_shard(request: object) -> object:
+    return wire.ErrorResponse(wire.ErrorCode.UNKNOWN_SHARD, "shard 7 is not hosted here")
+
+
+def test_a_shard_no_node_hosts_fails_at_once_with_unknown_shard() -> None:
+    async def scenario() -> None:
+        servers = [_Server(answer=True, respond=_unknown_shard) for _ in range(3)]
+        listening = [await _listening(server) for server in servers]
+        addresses = [address for address, _ in listening]
+        client = Client(addresses, TOKEN, ClientOptions(retry_s_max=3600.0), "c")
+        for call in (
+            lambda: client.leader_status(7),
+            lambda: client.status(7),
+            lambda: client.read(7, 1, 1024),
+            lambda: client.append(7, [b"a"]),
+        ):
+            before = [server.requests for server in servers]
+            with pytest.raises(UnknownShard) as unknown:
+                await call()
+            assert unknown.value.shard == 7 and set(unknown.value.addresses) == set(addresses)
+            assert "shard 7 is not hosted by any node" in str(unknown.value)
+            # One question to each node, not retries until retry_s_max (an hour here).
+            assert [s.requests - b for s, b in zip(servers, before, strict=True)] == [1, 1, 1]
+        await client.close()
+        for _, listener in listening:
+            listener.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_node_without_the_shard_is_passed_over_for_one_that_has_it() -> None:
+    status = wire.ShardStatus(7, None, 3, 1, 1, 0, True)
+
+    async def scenario() -> None:
+        without = _Server(answer=True, respond=_unknown_shard)
+        hosting = _Server(answer=True, respond=lambda _request: status)
+        listening = [await _listening(server) for server in (without, hosting)]
+        client = Client([a for a, _ in listening], TOKEN, ClientOptions(), "c")
+        assert await client.leader_status(7) == status
+        assert await client.status(7) == status
+        await client.close()
+        for _, listener in listening:
+            listener.close()
+
+    asyncio.run(scenario())
+
+
+def test_logsvc_status_on_a_shard_no_node_hosts_says_so_and_exits_1(tmp_path: Path) -> None:
+    server = _Server(answer=True, respond=_unknown_shard)
+    loop = asyncio.new_event_loop()  # the server's, on its own thread (the CLI is a process)
+
+    async def start() -> tuple[str, asyncio.Server]:
+        return await _listening(server)
+
+    address, listener = loop.run_until_complete(start())
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        config = str(_client_toml(tmp_path, address))
+        command = [sys.executable, "-m", "logsvc.cli", "status", "--shard", "7"]
+        result = subprocess.run(
+            [*command, "--client-config", config],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert result.returncode == 1, result.stderr
+        assert "shard 7 is not hosted by any node" in result.stderr
+        assert "Traceback" not in result.stderr
+        assert server.requests == 1  # asked once: not retried like a transient error
     finally:
         loop.call_soon_threadsafe(listener.close)
         loop.call_soon_threadsafe(loop.stop)
