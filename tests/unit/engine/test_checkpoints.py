@@ -278,8 +278,11 @@ def test_checkpoints_over_a_file_wal_and_a_directory_of_objects(tmp_path: Path) 
         again = await Engine.open(str(tmp_path))
         try:
             assert again.digest() == digest
+            assert len(list((tmp_path / "objects" / ".tmp").iterdir())) == 1  # its own
         finally:
             await again.close()
+        # Issue 20: each open left its `objects/.tmp/<uuid>/` behind.
+        assert list((tmp_path / "objects" / ".tmp").iterdir()) == []
 
     run(main)
 
