@@ -23,6 +23,7 @@ Table data lives in memory until issue 14 (column blocks on an object store, che
 restart rebuilds it by replaying the whole WAL, which is never truncated yet.
 """
 
+from engine.checkpoint.errors import CheckpointDamaged
 from engine.engine import Engine, EngineStats
 from engine.errors import (
     AlreadyExists,
@@ -43,6 +44,7 @@ from engine.errors import (
     WalFailed,
     WriteConflict,
 )
+from engine.limits import TxnLimits
 from engine.schema import Column, Schema
 from engine.sync import SyncEngine
 from engine.txn import TableHandle, Transaction, TxnState
@@ -50,6 +52,7 @@ from engine.txn import TableHandle, Transaction, TxnState
 __all__ = [
     "AlreadyExists",
     "BadInput",
+    "CheckpointDamaged",
     "Column",
     "DuplicateKey",
     "Engine",
@@ -68,6 +71,7 @@ __all__ = [
     "Transaction",
     "TxnClosed",
     "TxnError",
+    "TxnLimits",
     "TxnState",
     "TxnTooLarge",
     "WalCorruption",

@@ -184,6 +184,8 @@ class Engine:
         self._subscribers: list[Callable[[TailEntry], None]] = []
         self._origins_running: dict[tuple[str, int], asyncio.Future[int]] = {}
         self.standby = False
+        self.txn_limits = limits.TxnLimits()
+        """Per-transaction limits (`Engine.open(..., txn_limits=...)`)."""
         self._tail_task: asyncio.Task[ReplaySummary] | None = None
         self._pipeline: CommitPipeline[CommitWaiter] = CommitPipeline(
             visible_ts=0,
@@ -224,6 +226,7 @@ class Engine:
         policy: Policy | None = None,
         maintenance: bool = True,
         standby: bool = False,
+        txn_limits: limits.TxnLimits | None = None,
     ) -> Engine:
         """Open (creating if needed) the engine whose WAL is `wal`:
 
@@ -244,11 +247,17 @@ class Engine:
         `read_only` replays for reading and refuses commits (and over logsvc takes no
         lease, so it fences nobody; a directory of objects is opened without its lock).
         `standby` is read-only too and keeps tailing the WAL (a standby TN, issue 15): its
-        state follows the writer's commits until `promote()` makes it the writer."""
+        state follows the writer's commits until `promote()` makes it the writer.
+
+        `txn_limits` (`engine.TxnLimits`) raises or lowers the per-transaction limits: rows
+        inserted or updated, rows deleted, workspace bytes (engine/limits.py)."""
         if not __debug__:
             raise RuntimeError("the engine refuses to run with assertions disabled (python -O)")
         path = os.fspath(path)
         read_only = read_only or standby
+        txn_limits = txn_limits or limits.TxnLimits()
+        if (problem := txn_limits.problem()) is not None:
+            raise BadInput(problem)
         if read_only and wal == "file" and not os.path.isdir(os.path.join(path, WAL_DIR_NAME)):
             # Looking must not create: a read-only open of a missing engine is an error.
             raise NotFound(f"no engine here: {os.path.join(path, WAL_DIR_NAME)} does not exist")
@@ -260,6 +269,7 @@ class Engine:
             driver = open_driver(backend, window=window_records)
             engine = cls(path, backend, owns, driver, HybridClock(now_ms), read_only=read_only)
             engine.standby = standby
+            engine.txn_limits = txn_limits
             store = block_store
             if store is None:
                 store = await asyncio.to_thread(
@@ -539,7 +549,7 @@ class Engine:
                 plan.marks,
                 self._clock.next,
                 commit,
-                [spilled.keys for _, spilled in plan.spills],
+                [*plan.bulk, *(spilled.keys for _, spilled in plan.spills)],
             )
         except Overloaded:
             txn._end(TxnState.ROLLED_BACK)
