@@ -285,6 +285,8 @@ class Engine:
                 if manifest is not None:
                     engine._restored_from(manifest)
             await replay.replay_wal(engine, forever=standby)
+            if engine._checkpointer is not None:
+                engine._checkpointer.fell_back()
             if engine._checkpointer is not None and not read_only:
                 await engine._checkpointer.collect_orphans()
             if engine._maintenance is not None and maintenance and not read_only:

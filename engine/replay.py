@@ -100,6 +100,8 @@ async def promote(engine: Engine) -> None:
 
 
 def gap(engine: Engine, dsn: int) -> str:
+    if engine._checkpointer is not None:
+        engine._checkpointer.refuse_fallback(dsn)  # a damaged checkpoint: CheckpointDamaged
     newest = engine._checkpointer.newest if engine._checkpointer is not None else None
     if newest is None:
         return f"the WAL starts at DSN {dsn} and there is no checkpoint before it"

@@ -20,7 +20,7 @@ from engine import limits
 from engine.blockstore import DATA_PREFIX, ObjectBlockStore
 from engine.checkpoint import files, layout
 from engine.checkpoint import plan as checkpoint_plan
-from engine.checkpoint.errors import CheckpointCorrupt
+from engine.checkpoint.errors import CheckpointCorrupt, CheckpointDamaged
 from engine.checkpoint.layout import Manifest
 from engine.clock import wall_ms
 from engine.objects.errors import ObjectsError
@@ -48,6 +48,11 @@ class Checkpointer:
         self.taken = 0
         self.objects_retired = 0
         self.orphans_deleted = 0
+        self.skipped: list[tuple[str, CheckpointCorrupt]] = []
+        """Newer checkpoints `restore` could not read (manifest name, the error), newest
+        first: the engine opens from an older one only if the WAL still covers them."""
+        self.fallbacks = 0
+        """Opens from an older checkpoint than the newest (`engine_checkpoint_fallbacks_total`)."""
         self.last_duration_ms = 0.0
         self.last_bytes = 0
         self.wal_reserve_entries = limits.CKP_WAL_RESERVE_ENTRIES
@@ -69,20 +74,28 @@ class Checkpointer:
         becomes the engine's, and the retained checkpoints' objects are referenced.
 
         A newest checkpoint that cannot be read (its manifest damaged, an object it names
-        missing: a writer that died, a zombie that wrote after this engine cleaned up) gives
-        way to the one before it, with a warning (and when none can be read, to none);
-        whether the WAL still holds everything after it is the replay's gap check to
-        decide."""
+        missing or damaged) is remembered in `skipped` and gives way to the one before it
+        (and when none can be read, to none). That older state is only a candidate: the
+        WAL's first DSN is known once the replay reads it, and its gap check
+        (`refuse_fallback`) then raises `CheckpointDamaged` naming the damaged object unless
+        the WAL still holds everything after the older checkpoint; the open then counts the
+        fallback (`fell_back`, a warning and a metric). Issue 20: a damaged checkpoint was
+        skipped with a log line, then the open failed on "missing WAL entries"."""
         engine = self._engine
         names = files.manifests(self._store)
-        first_error: Exception | None = None
+        self.skipped = []
         for position in range(len(names) - 1, -1, -1):
             try:
                 newest = files.read_manifest(self._store, names[position])
                 state = files.read(self._store, newest, self._blocks.meta)
             except (CheckpointCorrupt, ObjectsError) as exc:
+                if isinstance(exc, CheckpointCorrupt):
+                    damage = exc
+                else:  # the store failed reading the manifest itself
+                    damage = CheckpointCorrupt(names[position], str(exc))
+                    damage.__cause__ = exc
                 log.warning("checkpoint %s cannot be read: %s", names[position], exc)
-                first_error = first_error or exc
+                self.skipped.append((names[position], damage))
                 continue
             engine._adopt_state(state)
             for table in state.catalog.tables.values():
@@ -95,11 +108,45 @@ class Checkpointer:
                     self._retain(files.read_manifest(self._store, name))
             self._retain(newest)
             return newest
-        if first_error is not None:
+        if self.skipped:
             # Not one readable: start from nothing; the replay's gap check refuses to open
             # if the WAL no longer starts at the beginning.
-            log.error("no checkpoint can be read; replaying the whole WAL: %s", first_error)
+            log.error("no checkpoint can be read; replaying the whole WAL: %s", self.skipped[0])
         return None
+
+    def refuse_fallback(self, wal_first_dsn: int) -> None:
+        """The replay found the WAL starting at `wal_first_dsn`, past what the restored
+        state needs. When that state is an older checkpoint (or none) because a newer one
+        was damaged, the damage is the reason: raise `CheckpointDamaged` naming the newest
+        damaged checkpoint and its object (the read's error as the cause)."""
+        if not self.skipped:
+            return
+        name, damage = self.skipped[0]
+        restored = self.newest
+        older = (
+            f"the WAL starts at DSN {wal_first_dsn}, past the older checkpoint's DSN "
+            f"{restored.ckp_dsn} ({restored.name})"
+            if restored is not None
+            else f"the WAL starts at DSN {wal_first_dsn} and no older checkpoint can be read"
+        )
+        raise CheckpointDamaged(
+            name, damage.name, damage.reason, f"{older}: it cannot stand in"
+        ) from damage
+
+    def fell_back(self) -> None:
+        """The open completed from an older checkpoint than the newest (the WAL covered the
+        damaged one's range): say so once, loudly, and count it."""
+        if not self.skipped:
+            return
+        name, damage = self.skipped[0]
+        restored = self.newest
+        self.fallbacks += 1
+        log.warning(
+            "checkpoint %s is damaged (%s); opened from %s and the WAL after it instead",
+            name,
+            damage,
+            restored.name if restored is not None else "the whole WAL",
+        )
 
     def _retain(self, manifest: Manifest) -> None:
         for name in manifest.objects:

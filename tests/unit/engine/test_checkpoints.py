@@ -16,14 +16,25 @@ older than the checkpoint a restart began from are refused.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
-from engine import Column, Engine, Schema, SnapshotUnavailable, WalCorruption, limits
+from engine import (
+    CheckpointDamaged,
+    Column,
+    Engine,
+    Schema,
+    SnapshotUnavailable,
+    WalCorruption,
+    limits,
+    metrics,
+)
 from engine.checkpoint import layout
 from engine.checkpoint.errors import CheckpointCorrupt
 from engine.checkpoint.layout import Manifest
@@ -222,7 +233,7 @@ def test_an_unreadable_checkpoint_gives_way_to_the_wal_only_while_the_wal_is_who
         # The WAL was truncated below the checkpoint: without it there is a hole, and the
         # engine refuses to open rather than replay what is left.
         await eng._driver.truncation_settled()
-        with pytest.raises(WalCorruption, match="no checkpoint before it"):
+        with pytest.raises(CheckpointDamaged, match="no older checkpoint can be read"):
             await open_engine(wal, objects)
         objects.delete(name)
         objects.put(name, good)
@@ -256,6 +267,94 @@ def test_an_unreadable_checkpoint_gives_way_to_the_wal_only_while_the_wal_is_who
         await eng.close()
         with pytest.raises(WalCorruption, match="past the newest checkpoint"):
             await open_engine(wal, objects)
+
+    run(main)
+
+
+async def two_checkpoints(
+    wal: MemoryBackend, objects: MemoryObjectStore, reserve: int
+) -> tuple[Manifest, Manifest, str]:
+    """An engine with two checkpoints and a tail after each, closed; the WAL truncated
+    below each with `reserve` entries kept. Returns both and the final digest."""
+    eng = await populated(wal, objects)
+    assert eng.checkpointer is not None
+    eng.checkpointer.wal_reserve_entries = reserve
+    older = await eng.checkpoint()
+    await insert(eng, range(BLOCK + 500, BLOCK + 520))
+    await delete(eng, [BLOCK + 501])
+    newer = await eng.checkpoint()
+    await insert(eng, range(BLOCK + 520, BLOCK + 530))
+    assert older is not None and newer is not None
+    await eng._driver.truncation_settled()
+    digest = eng.digest()
+    await eng.close()
+    return older, newer, digest
+
+
+def damage(objects: MemoryObjectStore, name: str) -> None:
+    good = objects.get(name)
+    objects.delete(name)
+    objects.put(name, good[: len(good) // 2] + b"\xff" * 16 + good[len(good) // 2 + 16 :])
+
+
+def fallbacks(eng: Engine) -> float:
+    for family in text_string_to_metric_families(metrics.render(eng)):
+        for sample in family.samples:
+            if sample.name == "engine_checkpoint_fallbacks_total":
+                return sample.value
+    raise AssertionError("no engine_checkpoint_fallbacks_total")
+
+
+@pytest.mark.parametrize("which", ["blocks", "manifest"])
+def test_a_damaged_checkpoint_is_named_when_the_wal_cannot_stand_in(which: str) -> None:
+    """Issue 20: the newest checkpoint's object (or manifest) damaged and the WAL truncated
+    past the older checkpoint: the open fails with `CheckpointDamaged` naming the object and
+    the checkpoint (it used to be a `WalCorruption` about missing entries)."""
+
+    async def main() -> None:
+        wal, objects = MemoryBackend(), MemoryObjectStore()
+        older, newer, _ = await two_checkpoints(wal, objects, reserve=0)
+        broken = newer.blocks if which == "blocks" else newer.name
+        damage(objects, broken)
+        with pytest.raises(CheckpointDamaged) as caught:
+            await open_engine(wal, objects)
+        error = caught.value
+        assert error.checkpoint == newer.name and error.object == broken
+        assert broken in str(error) and older.name in str(error)
+        assert isinstance(error.__cause__, CheckpointCorrupt)
+        assert {i.name for i in objects.list(layout.PREFIX)} >= {older.name, newer.name}
+
+    run(main)
+
+
+@pytest.mark.parametrize("which", ["blocks", "manifest"])
+def test_a_damaged_checkpoint_gives_way_to_an_older_one_while_the_wal_covers_it(
+    which: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The same damage with the WAL still holding everything after the older checkpoint:
+    the engine opens from it with every row, a warning and `engine_checkpoint_fallbacks`."""
+
+    async def main() -> None:
+        wal, objects = MemoryBackend(), MemoryObjectStore()
+        older, newer, digest = await two_checkpoints(wal, objects, reserve=10_000)
+        broken = newer.blocks if which == "blocks" else newer.name
+        damage(objects, broken)
+        with caplog.at_level(logging.WARNING, logger="engine.checkpoint"):
+            again = await open_engine(wal, objects)
+        try:
+            assert again.digest() == digest
+            async with again.snapshot(again.visible_ts) as view:
+                got = await view.table("d", "t").scan(columns=["id"])
+            assert got.num_rows == BLOCK + 530 - 4
+            assert again.checkpointer is not None
+            assert again.checkpointer.newest is not None
+            assert again.checkpointer.newest.name == older.name
+            assert fallbacks(again) == 1
+            opened = [r for r in caplog.records if "opened from" in r.getMessage()]
+            assert len(opened) == 1 and opened[0].levelno == logging.WARNING
+            assert newer.name in opened[0].getMessage()
+        finally:
+            await again.close()
 
     run(main)
 
