@@ -58,6 +58,27 @@ class KeySet:
                 return True
         return False
 
+    def contains_many(self, keys: list[Key]) -> list[bool]:
+        """`[key in self for key in keys]`, one numpy pass per array when the keys are
+        int64s (an update's insert asks this of every key it deleted)."""
+        if not self._arrays or not keys:
+            recent = self._recent
+            return [key in recent for key in keys]
+        try:
+            probe = np.fromiter(keys, dtype=np.int64, count=len(keys))
+        except (TypeError, ValueError, OverflowError):
+            return [key in self for key in keys]
+        if any(type(key) is not int for key in keys):  # floats, bools convert too
+            return [key in self for key in keys]
+        found = np.zeros(len(keys), dtype=bool)
+        for array in self._arrays:
+            found |= np.isin(probe, array, assume_unique=False)
+        if self._recent:
+            recent = self._recent
+            return [bool(hit) or key in recent for hit, key in zip(found, keys, strict=True)]
+        out: list[bool] = found.tolist()
+        return out
+
     def add_new(self, keys: Iterable[Key]) -> None:
         """Add keys the set does not hold (the caller checked each; a programmer error
         otherwise, caught by the size assertion at the next merge)."""

@@ -470,13 +470,14 @@ class Transaction:
         seen: set[Key] = set()
         outside: list[Key] = []
         spills = writes.spills if writes is not None else []
-        for key in keys:
+        deleted = writes.deleted.contains_many(keys) if writes is not None else None
+        for at, key in enumerate(keys):
             if key in seen or (writes is not None and key in writes.inserted):
                 raise DuplicateKey(handle.qualified, key)
             if spills and writes is not None and writes.spilled(key) is not None:
                 raise DuplicateKey(handle.qualified, key)
             seen.add(key)
-            if writes is None or key not in writes.deleted:
+            if deleted is None or not deleted[at]:
                 outside.append(key)
         self._check_insert_size(batch.num_rows, batch.get_total_buffer_size())
         size = batch.get_total_buffer_size()
@@ -567,14 +568,18 @@ class Transaction:
         its own inserts, its spills, or the snapshot (keys live nowhere are left out)."""
         writes = self._writes.get(entry.table_id)
         found = _Live()
-        outside: list[Key] = []
-        for key in keys:
-            if writes is not None and key in writes.inserted:
-                found.own.append(key)
-            elif writes is not None and writes.spills and (place := writes.spilled(key)):
-                found.spilled.append((key, *place))
-            elif writes is None or key not in writes.deleted:
-                outside.append(key)
+        if writes is None:
+            outside = keys
+        else:
+            outside = []
+            deleted = writes.deleted.contains_many(keys)
+            for at, key in enumerate(keys):
+                if key in writes.inserted:
+                    found.own.append(key)
+                elif writes.spills and (place := writes.spilled(key)):
+                    found.spilled.append((key, *place))
+                elif not deleted[at]:
+                    outside.append(key)
         versions = await self._snapshot_versions(entry, outside)
         for key, version in zip(outside, versions, strict=True):
             if version is not None:

@@ -37,6 +37,9 @@ def test_a_keyset_agrees_with_a_set(kind: str) -> None:
         assert len(keys) == len(model)
         for probe in rng.sample(sorted(model, key=str), min(50, len(model))):
             assert probe in keys
+        probes: list[object] = [*rng.sample(sorted(model, key=str), min(50, len(model)))]
+        probes += [10**13, -(10**13), 7, "absent"] if kind == "strings" else [10**13, 7]
+        assert keys.contains_many(probes) == [p in model for p in probes]
         assert 10**13 not in keys and "absent" not in keys and -1.5 not in keys
     assert sorted(keys, key=str) == sorted(model, key=str)
     ordered = keys.sorted_keys()
