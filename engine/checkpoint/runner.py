@@ -29,6 +29,7 @@ from engine.storage import PersistedBlock
 from engine.txn import Transaction
 from engine.wal.codec import encode_entry
 from engine.wal.entry import CheckpointEntry
+from tae_driver import errors as driver_errors
 
 if TYPE_CHECKING:
     from engine.engine import Engine
@@ -206,7 +207,15 @@ class Checkpointer:
         self._retain(manifest)
         truncate_dsn = max(0, ckp_dsn - self.wal_reserve_entries)
         entry = CheckpointEntry(ckp_ts, truncate_dsn, manifest.name)
-        await engine._driver.append(encode_entry(entry))
+        try:
+            await engine._driver.append(encode_entry(entry))
+        except driver_errors.DriverError as exc:
+            # Typed as a commit's failure is (`Fenced` when a newer writer took the lease;
+            # it used to escape as the driver's DriverFailed). The manifest stays: the new
+            # writer retires it (`_retire_strays`), or the next open collects it.
+            engine._fail(exc)
+            assert engine._failure is not None
+            raise type(engine._failure)(str(engine._failure)) from exc
         if truncate_dsn:
             engine._driver.truncate(truncate_dsn)
         self._previous = plan.previous_for_next()
@@ -228,3 +237,32 @@ class Checkpointer:
             self.objects_retired += await asyncio.to_thread(
                 files.retire, self._store, old.name, garbage
             )
+        newest = self.newest
+        if newest is not None:
+            # What is in use is read here, on the loop that changes it; the store in a thread.
+            used = self._blocks.refs.names() | {m.name for m in self.retained}
+            await asyncio.to_thread(self._retire_strays, newest.ckp_ts, used)
+
+    def _retire_strays(self, newest_ts: int, used: set[str]) -> None:
+        """Retire checkpoints this engine does not retain, older than its newest: those a
+        fenced writer wrote after this engine took over (its CKP entry was refused, so no
+        WAL names it, and its retirement never ran). Issue 20: a TN fenced by a promotion
+        left a third checkpoint behind, kept until the next open and then retained in place
+        of this engine's own older one, while nothing protected the objects it names.
+
+        Called after this engine's CKP entry is durable: it holds the WAL's lease, so a
+        writer still writing a checkpoint is fenced and will never log it. A stray's
+        objects that a retained checkpoint or a block still uses stay (`used`)."""
+        strays = [
+            name
+            for name in files.manifests(self._store)
+            if name not in used and (layout.ckp_ts_of(name) or 0) <= newest_ts
+        ]
+        for name in strays:
+            try:
+                names = files.read_manifest(self._store, name).objects
+            except (CheckpointCorrupt, ObjectsError):
+                names = ()  # its objects go with the next open's orphans
+            garbage = [o for o in names if o not in used]
+            log.warning("retiring checkpoint %s: no WAL entry names it (a fenced writer's)", name)
+            self.objects_retired += files.retire(self._store, name, garbage)

@@ -29,6 +29,7 @@ from engine import (
     CheckpointDamaged,
     Column,
     Engine,
+    Fenced,
     Schema,
     SnapshotUnavailable,
     WalCorruption,
@@ -43,6 +44,7 @@ from engine.compaction import Policy
 from engine.objects.store import MemoryObjectStore
 from engine.wal.entry import BlockLevel
 from tae_driver.backends.memory import MemoryBackend
+from tae_driver.errors import BackendFenced
 
 ROWS = Schema(
     [Column("id", "int64"), Column("v", "string"), Column("n", "int32", nullable=True)],
@@ -353,6 +355,111 @@ def test_a_damaged_checkpoint_gives_way_to_an_older_one_while_the_wal_covers_it(
             opened = [r for r in caplog.records if "opened from" in r.getMessage()]
             assert len(opened) == 1 and opened[0].levelno == logging.WARNING
             assert newer.name in opened[0].getMessage()
+        finally:
+            await again.close()
+
+    run(main)
+
+
+class Lease:
+    """The log's lease, shared by the engines on one log: the newest epoch may write."""
+
+    def __init__(self) -> None:
+        self.epoch = 1
+
+
+class LeasedBackend:
+    """A `LogBackend` test double over a shared `MemoryBackend`: appends and truncations of
+    an engine whose epoch is older than the lease's fail with `BackendFenced`, as logsvc's
+    do; `acquire_lease` (what `promote()` calls) takes a new epoch."""
+
+    def __init__(self, log: MemoryBackend, lease: Lease) -> None:
+        self._log = log
+        self._lease = lease
+        self.epoch = lease.epoch
+
+    async def acquire_lease(self) -> None:
+        self._lease.epoch += 1
+        self.epoch = self._lease.epoch
+
+    def _check(self, what: str) -> None:
+        if self.epoch != self._lease.epoch:
+            raise BackendFenced(
+                what,
+                holder="old",
+                epoch=self.epoch,
+                current_holder="new",
+                current_epoch=self._lease.epoch,
+            )
+
+    async def append(self, payload: bytes) -> int:
+        self._check("append")
+        return await self._log.append(payload)
+
+    async def truncate(self, lsn: int) -> None:
+        self._check("truncate")
+        await self._log.truncate(lsn)
+
+    async def close(self) -> None:
+        return None  # the shared log outlives each engine
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._log, name)
+
+
+def test_a_writer_fenced_while_it_checkpoints_leaves_no_third_checkpoint() -> None:
+    """Issue 20: the old TN, fenced by a promotion, writes a checkpoint's objects and
+    manifest and is then refused its CKP entry. The new writer's next checkpoint retires
+    that stray along with its own oldest: two checkpoints are kept (CKP_RETAINED), and a
+    reopen rebuilds the state from them."""
+
+    async def main() -> None:
+        log, objects, lease = MemoryBackend(), MemoryObjectStore(), Lease()
+        old = await open_engine(LeasedBackend(log, lease), objects)  # type: ignore[arg-type]
+        assert old.checkpointer is not None
+        old.checkpointer.wal_reserve_entries = 0
+        async with old.transaction() as txn:
+            await txn.create_database("d")
+            await txn.create_table("d", "t", ROWS)
+        await insert(old, range(0, 100))
+        await old.checkpoint()
+        await insert(old, range(100, 200))
+        await old.checkpoint()
+        new = await Engine.open(
+            "unused",
+            LeasedBackend(log, lease),
+            objects=objects,
+            maintenance=False,
+            standby=True,
+        )
+        try:
+            await insert(old, range(200, 300))
+            for _ in range(10_000):  # the standby follows the writer
+                if new.visible_ts == old.visible_ts:
+                    break
+                await asyncio.sleep(0.001)
+            assert new.visible_ts == old.visible_ts
+            await new.promote()  # fences the old writer
+            with pytest.raises(Fenced):
+                await old.checkpoint()  # objects and manifest written, CKP entry refused
+            await old.abort()
+            manifests = {i.name for i in objects.list(layout.PREFIX) if "manifest" in i.name}
+            assert len(manifests) == 3  # the stray is there
+            assert new.checkpointer is not None
+            new.checkpointer.wal_reserve_entries = 0
+            await insert(new, range(300, 400))
+            mine = await new.checkpoint()
+            assert mine is not None
+            manifests = {i.name for i in objects.list(layout.PREFIX) if "manifest" in i.name}
+            assert len(manifests) == limits.CKP_RETAINED
+            assert mine.name in manifests
+            digest = new.digest()
+        finally:
+            await new.close()
+        again = await open_engine(LeasedBackend(log, lease), objects)  # type: ignore[arg-type]
+        try:
+            assert again.digest() == digest
+            assert len(again.checkpointer.retained) == limits.CKP_RETAINED  # type: ignore[union-attr]
         finally:
             await again.close()
 
