@@ -149,6 +149,35 @@ class Checkpointer:
             restored.name if restored is not None else "the whole WAL",
         )
 
+    async def _catch_up(self) -> None:
+        """Retain the checkpoints other writers took since this engine's restore, up to its
+        state: a standby restored at its open and then followed the writer's WAL, whose CKP
+        entries it skips, so at its promotion `retained` named checkpoints the writer had
+        long retired, and the orphan collection deleted the writer's two newest (issue 20:
+        a promoted standby that crashed before its own first checkpoint could not reopen,
+        its WAL truncated past every checkpoint left)."""
+        newest = self.newest
+        newest_ts = newest.ckp_ts if newest is not None else -1
+        visible_ts = self._engine.visible_ts
+        damaged = {name for name, _ in self.skipped}
+
+        def newer() -> list[Manifest]:
+            found = []
+            for name in files.manifests(self._store):
+                ckp_ts = layout.ckp_ts_of(name)
+                if ckp_ts is None or not newest_ts < ckp_ts <= visible_ts or name in damaged:
+                    continue
+                with contextlib.suppress(CheckpointCorrupt, ObjectsError):
+                    found.append(files.read_manifest(self._store, name))
+            return found
+
+        for manifest in await asyncio.to_thread(newer):
+            self._retain(manifest)
+        while len(self.retained) > limits.CKP_RETAINED:
+            old = self.retained.pop(0)
+            for name in old.objects:
+                self._blocks.refs.drop(name, ("ckp", old.ckp_ts))  # the orphans go below
+
     def _retain(self, manifest: Manifest) -> None:
         for name in manifest.objects:
             self._blocks.refs.add(name, ("ckp", manifest.ckp_ts))
@@ -156,7 +185,9 @@ class Checkpointer:
 
     async def collect_orphans(self) -> int:
         """Delete objects nothing refers to: checkpoints beyond the retained ones, and
-        objects of rewrites or checkpoints a crash interrupted. At open, after the replay."""
+        objects of rewrites or checkpoints a crash interrupted. At open, after the replay,
+        and when a standby is promoted."""
+        await self._catch_up()
         retained = {m.name for m in self.retained}
         referenced = self._blocks.refs.names() | retained
         orphans = await asyncio.to_thread(

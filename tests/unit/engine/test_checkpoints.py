@@ -466,6 +466,55 @@ def test_a_writer_fenced_while_it_checkpoints_leaves_no_third_checkpoint() -> No
     run(main)
 
 
+def test_a_promoted_standby_keeps_the_checkpoints_the_writer_took_after_it_opened() -> None:
+    """A standby restores at its open, then follows the WAL (skipping its CKP entries). The
+    writer meanwhile takes checkpoints, retires the one the standby restored from, and
+    truncates its WAL. At promotion the standby adopts the writer's retained checkpoints
+    instead of collecting them as orphans (it deleted every checkpoint, and a crash before
+    its own first checkpoint left an engine that could not reopen)."""
+
+    async def main() -> None:
+        log, objects, lease = MemoryBackend(), MemoryObjectStore(), Lease()
+        writer = await open_engine(LeasedBackend(log, lease), objects)  # type: ignore[arg-type]
+        assert writer.checkpointer is not None
+        writer.checkpointer.wal_reserve_entries = 0
+        async with writer.transaction() as txn:
+            await txn.create_database("d")
+            await txn.create_table("d", "t", ROWS)
+        await insert(writer, range(0, 100))
+        await writer.checkpoint()
+        standby = await Engine.open(
+            "unused",
+            LeasedBackend(log, lease),
+            objects=objects,
+            maintenance=False,
+            standby=True,
+        )
+        for first in (100, 200):
+            await insert(writer, range(first, first + 100))
+            await writer.checkpoint()
+        await writer._driver.truncation_settled()
+        kept = {m.name for m in writer.checkpointer.retained}
+        for _ in range(10_000):
+            if standby.visible_ts == writer.visible_ts:
+                break
+            await asyncio.sleep(0.001)
+        assert standby.visible_ts == writer.visible_ts
+        await writer.abort()
+        await standby.promote()
+        manifests = {i.name for i in objects.list(layout.PREFIX) if "manifest" in i.name}
+        assert manifests == kept
+        digest = standby.digest()
+        await standby.abort()  # a crash before its own first checkpoint
+        again = await open_engine(LeasedBackend(log, lease), objects)  # type: ignore[arg-type]
+        try:
+            assert again.digest() == digest
+        finally:
+            await again.close()
+
+    run(main)
+
+
 def test_checkpoints_over_a_file_wal_and_a_directory_of_objects(tmp_path: Path) -> None:
     async def main() -> None:
         eng = await Engine.open(str(tmp_path), maintenance=False)
