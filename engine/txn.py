@@ -465,6 +465,7 @@ class Transaction:
         batch = to_batch(entry.schema, data.arrow_schema, rows, handle.qualified)
         if batch.num_rows == 0:
             return 0
+        self._check_insert_size(batch.num_rows, batch.get_total_buffer_size())
         keys = batch_keys(entry.schema, batch)
         writes = self._writes.get(entry.table_id)
         seen: set[Key] = set()
@@ -479,7 +480,6 @@ class Transaction:
             seen.add(key)
             if deleted is None or not deleted[at]:
                 outside.append(key)
-        self._check_insert_size(batch.num_rows, batch.get_total_buffer_size())
         size = batch.get_total_buffer_size()
         spilling = self._engine._block_store is not None
         for key, version in zip(
@@ -750,8 +750,9 @@ class Transaction:
             guards.add(conflicts.catalog_table_drop(table_id))
             guards.add(conflicts.catalog_db_drop(entry.db_id))
             marks.add(conflicts.catalog_table_rows(table_id))
-            for key in writes.inserted:
-                rows.append(RowWrite((table_id, key), key not in writes.deleted, True))
+            inserted = list(writes.inserted)
+            for key, deleted in zip(inserted, writes.deleted.contains_many(inserted), strict=True):
+                rows.append(RowWrite((table_id, key), not deleted, True))
             if bulk_deleted:
                 keys = writes.deleted.sorted_keys()
                 bulk.append(BulkInsert(table_id, keys, live_after=False))
