@@ -23,6 +23,7 @@ Table data lives in memory until issue 14 (column blocks on an object store, che
 restart rebuilds it by replaying the whole WAL, which is never truncated yet.
 """
 
+from engine.checkpoint.errors import CheckpointDamaged
 from engine.engine import Engine, EngineStats
 from engine.errors import (
     AlreadyExists,
@@ -47,6 +48,7 @@ from engine.errors import (
     WalFailed,
     WriteConflict,
 )
+from engine.limits import TxnLimits
 from engine.schema import Column, Schema
 from engine.sync import SyncEngine
 from engine.txn import TableHandle, Transaction, TxnState
@@ -54,6 +56,7 @@ from engine.txn import TableHandle, Transaction, TxnState
 __all__ = [
     "AlreadyExists",
     "BadInput",
+    "CheckpointDamaged",
     "Column",
     "DuplicateKey",
     "Engine",
@@ -76,6 +79,7 @@ __all__ = [
     "Transaction",
     "TxnClosed",
     "TxnError",
+    "TxnLimits",
     "TxnState",
     "TxnTooLarge",
     "WalCorruption",

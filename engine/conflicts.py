@@ -72,10 +72,15 @@ class BulkInsert:
     by binary search instead of a dict entry per key (millions of keys would cost the index
     a hundred bytes each)."""
 
-    __slots__ = ("_array", "_list", "table_id")
+    __slots__ = ("_array", "_list", "live_after", "table_id")
 
-    def __init__(self, table_id: int, keys: np.ndarray | list[object]) -> None:
+    def __init__(
+        self, table_id: int, keys: np.ndarray | list[object], *, live_after: bool = True
+    ) -> None:
         self.table_id = table_id
+        self.live_after = live_after
+        """True for inserted keys (insert-only, live after the commit); False for the keys
+        a large transaction deleted (issue 20: deletes as large as inserts)."""
         self._array: np.ndarray | None = keys if isinstance(keys, np.ndarray) else None
         self._list: list[object] | None = None if isinstance(keys, np.ndarray) else keys
 
@@ -160,13 +165,15 @@ class ConflictIndex:
                 row_key: Any = row.key
                 for ts, written in recent_bulk:
                     if written.table_id == row_key[0] and row_key[1] in written:
-                        return KeyConflict(row.key, ts, duplicate=row.insert_only)
+                        duplicate = row.insert_only and written.live_after
+                        return KeyConflict(row.key, ts, duplicate=duplicate)
         for mine in bulk:
             for ts, written in recent_bulk:
                 if written.table_id == mine.table_id:
                     common = mine.first_common(written)
                     if common is not None:
-                        return KeyConflict((mine.table_id, common), ts, duplicate=True)
+                        duplicate = mine.live_after and written.live_after
+                        return KeyConflict((mine.table_id, common), ts, duplicate=duplicate)
             for key, seen in last.items():
                 if (
                     seen[0] > start_ts
@@ -175,7 +182,7 @@ class ConflictIndex:
                     and key[0] == mine.table_id
                     and key[1] in mine
                 ):
-                    return KeyConflict(key, seen[0], duplicate=seen[1])
+                    return KeyConflict(key, seen[0], duplicate=mine.live_after and seen[1])
         for key in guards:
             seen = last.get(key)
             if seen is not None and seen[0] > start_ts:

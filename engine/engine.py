@@ -198,6 +198,8 @@ class Engine:
         self._standby_tail: standby_tail.StandbyTail | None = None
         """A standby's supervised tail of the WAL (engine/standby.py), until promotion."""
         self._window_records = limits.WAL_WINDOW_RECORDS
+        self.txn_limits = limits.TxnLimits()
+        """Per-transaction limits (`Engine.open(..., txn_limits=...)`)."""
         self._pipeline: CommitPipeline[CommitWaiter] = CommitPipeline(
             visible_ts=0,
             queue_max=limits.COMMIT_QUEUE_MAX,
@@ -240,6 +242,7 @@ class Engine:
         policy: Policy | None = None,
         maintenance: bool = True,
         standby: bool = False,
+        txn_limits: limits.TxnLimits | None = None,
     ) -> Engine:
         """Open (creating if needed) the engine whose WAL is `wal`:
 
@@ -269,11 +272,17 @@ class Engine:
         `read_only` replays for reading and refuses commits (and over logsvc takes no
         lease, so it fences nobody; a directory of objects is opened without its lock).
         `standby` is read-only too and keeps tailing the WAL (a standby TN, issue 15): its
-        state follows the writer's commits until `promote()` makes it the writer."""
+        state follows the writer's commits until `promote()` makes it the writer.
+
+        `txn_limits` (`engine.TxnLimits`) raises or lowers the per-transaction limits: rows
+        inserted or updated, rows deleted, workspace bytes (engine/limits.py)."""
         if not __debug__:
             raise RuntimeError("the engine refuses to run with assertions disabled (python -O)")
         path = os.fspath(path)
         read_only = read_only or standby
+        txn_limits = txn_limits or limits.TxnLimits()
+        if (problem := txn_limits.problem()) is not None:
+            raise BadInput(problem)
         if read_only and wal == "file" and not os.path.isdir(os.path.join(path, WAL_DIR_NAME)):
             # Looking must not create: a read-only open of a missing engine is an error.
             raise NotFound(f"no engine here: {os.path.join(path, WAL_DIR_NAME)} does not exist")
@@ -290,6 +299,7 @@ class Engine:
             engine = cls(path, backend, owns, driver, HybridClock(now_ms), read_only=read_only)
             engine.standby = standby
             engine._window_records = window_records
+            engine.txn_limits = txn_limits
             store = block_store
             if store is None:
                 store = await asyncio.to_thread(
@@ -308,6 +318,8 @@ class Engine:
                 engine._standby_tail = standby_tail.start(engine)
             else:
                 await replay.replay_wal(engine)
+            if engine._checkpointer is not None:
+                engine._checkpointer.fell_back()
             if engine._checkpointer is not None and not read_only:
                 await engine._checkpointer.collect_orphans()
             if engine._maintenance is not None and maintenance and not read_only:
@@ -613,7 +625,7 @@ class Engine:
                 plan.marks,
                 self._clock.next,
                 commit,
-                [spilled.keys for _, spilled in plan.spills],
+                [*plan.bulk, *(spilled.keys for _, spilled in plan.spills)],
             )
         except Overloaded:
             txn._end(TxnState.ROLLED_BACK)

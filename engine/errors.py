@@ -61,13 +61,33 @@ class DuplicateKey(TxnError):
 
 
 class TxnTooLarge(TxnError):
-    """The transaction passes `limit` (a name from engine/limits.py) of `size_max` units."""
+    """The transaction passes `limit` (a name from engine/limits.py) of `size_max` units.
+    The message says how to split it, and which `TxnLimits` field raises the limit."""
 
     def __init__(self, limit: str, size: int, size_max: int) -> None:
-        super().__init__(f"transaction too large: {limit} {size} > {size_max}")
+        super().__init__(f"transaction too large: {limit} {size} > {size_max}; {_split(limit)}")
         self.limit = limit
         self.size = size
         self.size_max = size_max
+
+
+_SPLIT = {
+    "txn_deletes_max": ("rows deleted or updated", "deletes_max"),
+    "txn_spill_rows_max": ("rows inserted or updated", "rows_max"),
+    "txn_workspace_bytes_max": ("bytes of rows inserted or updated", "workspace_bytes_max"),
+}
+
+
+def _split(limit: str) -> str:
+    """What to do about a `TxnTooLarge` (issue 20: the error did not say)."""
+    known = _SPLIT.get(limit)
+    if known is None:
+        return "split it into smaller transactions"
+    what, field = known
+    return (
+        f"split it into transactions of fewer {what} (commit every N keys or rows), or "
+        f"raise the limit: Engine.open(..., txn_limits=TxnLimits({field}=...))"
+    )
 
 
 class BadInput(EngineError):

@@ -6,6 +6,8 @@ and every workspace, stated once; relations between limits asserted at import.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from tae_driver import limits as driver_limits
 
 KiB = 1024
@@ -36,8 +38,61 @@ TXN_ENTRY_BYTES_MAX = driver_limits.ENTRY_BYTES_MAX
 """Largest encoded WAL entry: one driver entry (tae_driver/limits.py ENTRY_BYTES_MAX). A
 transaction whose entry would be larger fails with `TxnTooLarge("txn_entry_bytes_max")`."""
 
-TXN_DELETES_MAX = 100_000
-"""Rows one transaction may delete. Each costs a conflict-index key and a bitmap bit."""
+TXN_DELETES_MAX = TXN_SPILL_ROWS_MAX
+"""Rows one transaction may delete (an update deletes the rows it rewrites). A delete costs a
+bit in a block's mask in the WAL entry; its key is kept in a sorted array (8 bytes for an
+integer key; a Python object for other keys, engine/keyset.py) and, past
+`TXN_BULK_KEYS_MIN`, checked against concurrent commits by binary search instead of one
+conflict-index entry per key. So deletes go as far as inserts do (issue 20: it was 100,000,
+a conflict-index entry each)."""
+
+TXN_BULK_KEYS_MIN = 4096
+"""A transaction that deleted more rows of one table than this hands their keys to the
+conflict index as one sorted array (`conflicts.BulkInsert`), as a large insert does."""
+
+CN_OP_KEYS_MAX = 100_000
+"""Keys of one delete or update of a compute node's write set (it travels in one request,
+engine/tn/limits.py): a compute node's transaction deletes at most this many rows."""
+
+
+@dataclass(frozen=True, slots=True)
+class TxnLimits:
+    """The per-transaction limits an engine enforces, raisable at `Engine.open(...,
+    txn_limits=TxnLimits(...))` (issue 20). Every field defaults to the constant above:
+
+    * `workspace_bytes_max` (`TXN_WORKSPACE_BYTES_MAX`): bytes of rows held before commit by
+      an engine without an object store (they all ride in the commit's one WAL entry, so at
+      most `TXN_ENTRY_BYTES_MAX`);
+    * `spill_bytes` (`TXN_SPILL_BYTES`): with an object store, a table's inserted rows are
+      written to an object past this many bytes (below `TXN_ENTRY_BYTES_MAX`);
+    * `rows_max` (`TXN_SPILL_ROWS_MAX`): rows inserted, an update's new versions included;
+    * `deletes_max` (`TXN_DELETES_MAX`): rows deleted, an update's old versions included.
+
+    A transaction past one of them fails with `TxnTooLarge` naming it, before the work: the
+    size is checked from the rows or keys it is given."""
+
+    workspace_bytes_max: int = TXN_WORKSPACE_BYTES_MAX
+    spill_bytes: int = TXN_SPILL_BYTES
+    rows_max: int = TXN_SPILL_ROWS_MAX
+    deletes_max: int = TXN_DELETES_MAX
+
+    def problem(self) -> str | None:
+        """What is wrong with these limits (for `Engine.open` to refuse), or None."""
+        for name in ("workspace_bytes_max", "spill_bytes", "rows_max", "deletes_max"):
+            value = getattr(self, name)
+            if type(value) is not int or value <= 0:
+                return f"TxnLimits.{name} must be a positive int, not {value!r}"
+        if self.workspace_bytes_max >= TXN_ENTRY_BYTES_MAX:
+            return (
+                f"TxnLimits.workspace_bytes_max must be below the WAL entry's "
+                f"{TXN_ENTRY_BYTES_MAX} bytes (the rows ride in one entry)"
+            )
+        if self.spill_bytes >= TXN_ENTRY_BYTES_MAX:
+            return (
+                f"TxnLimits.spill_bytes must be below the WAL entry's {TXN_ENTRY_BYTES_MAX} bytes"
+            )
+        return None
+
 
 # --- The commit pipeline ------------------------------------------------------------------------
 
@@ -175,7 +230,8 @@ checkpoints once a minute by default: one retry almost always suffices."""
 assert TXN_WORKSPACE_BYTES_MAX < TXN_ENTRY_BYTES_MAX
 assert TXN_SPILL_BYTES < TXN_ENTRY_BYTES_MAX
 assert COMMIT_QUEUE_MAX <= driver_limits.INTAKE_ENTRIES_MAX
-assert TXN_DELETES_MAX <= CONFLICT_KEYS_MAX
+assert CN_OP_KEYS_MAX <= CONFLICT_KEYS_MAX
+assert TXN_BULK_KEYS_MIN < CN_OP_KEYS_MAX <= TXN_DELETES_MAX
 assert BLOCK_ROWS_MAX < 2**32
 assert L0_BYTES_HARD_MAX > L0_BYTES_MAX
 

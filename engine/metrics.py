@@ -92,6 +92,8 @@ class StorageStats:
     checkpoint_objects_retired: int
     orphans_deleted: int
     """Objects deleted at open because nothing referred to them (a crash's leftovers)."""
+    checkpoint_fallbacks: int
+    """Opens from an older checkpoint because the newest was damaged (the WAL covered it)."""
     wal_entries_retained: int
     """Entries the WAL still holds above its truncation point."""
     wal_entries_since_checkpoint: int
@@ -181,6 +183,7 @@ def storage_stats(engine: Engine, now_ms: int | None = None) -> StorageStats:
         checkpoint_last_bytes=checkpointer.last_bytes if checkpointer is not None else 0,
         checkpoint_objects_retired=checkpointer.objects_retired if checkpointer else 0,
         orphans_deleted=checkpointer.orphans_deleted if checkpointer is not None else 0,
+        checkpoint_fallbacks=checkpointer.fallbacks if checkpointer is not None else 0,
         wal_entries_retained=wal_entries_retained(engine),
         wal_entries_since_checkpoint=max(
             0, engine._driver.committed_dsn() - (newest.ckp_dsn if newest is not None else 0)
@@ -383,6 +386,11 @@ class _EngineCollector(Collector):
             "orphan_objects_deleted",
             "Objects a crash left behind, deleted at open.",
             figures.orphans_deleted,
+        )
+        yield counter(
+            "checkpoint_fallbacks",
+            "Opens from an older checkpoint because the newest was damaged.",
+            figures.checkpoint_fallbacks,
         )
         done = CounterMetricFamily(
             "engine_rewrites", "Flushes, merges, compactions committed.", labels=["kind"]

@@ -80,6 +80,8 @@ def settle(engine: Engine) -> None:
 
 
 def gap(engine: Engine, dsn: int) -> str:
+    if engine._checkpointer is not None:
+        engine._checkpointer.refuse_fallback(dsn)  # a damaged checkpoint: CheckpointDamaged
     newest = engine._checkpointer.newest if engine._checkpointer is not None else None
     if newest is None:
         return f"the WAL starts at DSN {dsn} and there is no checkpoint before it"

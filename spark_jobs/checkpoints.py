@@ -16,8 +16,10 @@ engine's restart takes the newest. A directory without a manifest is a checkpoin
 before it finished: it does not exist and is ignored (listed by the inventory as
 incomplete). A manifest that fails `Manifest.decode` (checksum, version, fields, a ckp_ts
 other than its directory's) is refused when it is the one chosen, not skipped for an older
-one: the WAL may already be truncated past the older ones (the engine's rule, files.py
-`newest`). With no checkpoint at or below TS the base is empty (replay from DSN 1).
+one: the WAL may already be truncated past the older ones. (The engine refuses it too, with
+`CheckpointDamaged`, and falls back only once its replay has seen that the WAL covers the
+older one; this job does not.) With no checkpoint at or below TS the base is empty (replay
+from DSN 1).
 
 **The base rows of a table** (FORMAT.md "Reading a checkpoint"): for every block row of the
 table, rows `[0, rows)` of `object` (row group `row_group`; a dump is read whole), keyed by

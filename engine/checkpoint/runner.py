@@ -20,7 +20,7 @@ from engine import limits
 from engine.blockstore import DATA_PREFIX, ObjectBlockStore
 from engine.checkpoint import files, layout
 from engine.checkpoint import plan as checkpoint_plan
-from engine.checkpoint.errors import CheckpointCorrupt
+from engine.checkpoint.errors import CheckpointCorrupt, CheckpointDamaged
 from engine.checkpoint.layout import Manifest
 from engine.clock import wall_ms
 from engine.objects.errors import ObjectsError
@@ -30,6 +30,7 @@ from engine.storage import PersistedBlock
 from engine.txn import Transaction
 from engine.wal.codec import encode_entry
 from engine.wal.entry import CheckpointEntry
+from tae_driver import errors as driver_errors
 
 if TYPE_CHECKING:
     from engine.engine import Engine
@@ -49,6 +50,11 @@ class Checkpointer:
         self.taken = 0
         self.objects_retired = 0
         self.orphans_deleted = 0
+        self.skipped: list[tuple[str, CheckpointCorrupt]] = []
+        """Newer checkpoints `restore` could not read (manifest name, the error), newest
+        first: the engine opens from an older one only if the WAL still covers them."""
+        self.fallbacks = 0
+        """Opens from an older checkpoint than the newest (`engine_checkpoint_fallbacks_total`)."""
         self.last_duration_ms = 0.0
         self.last_bytes = 0
         self.wal_reserve_entries = limits.CKP_WAL_RESERVE_ENTRIES
@@ -70,20 +76,28 @@ class Checkpointer:
         becomes the engine's, and the retained checkpoints' objects are referenced.
 
         A newest checkpoint that cannot be read (its manifest damaged, an object it names
-        missing: a writer that died, a zombie that wrote after this engine cleaned up) gives
-        way to the one before it, with a warning (and when none can be read, to none);
-        whether the WAL still holds everything after it is the replay's gap check to
-        decide."""
+        missing or damaged) is remembered in `skipped` and gives way to the one before it
+        (and when none can be read, to none). That older state is only a candidate: the
+        WAL's first DSN is known once the replay reads it, and its gap check
+        (`refuse_fallback`) then raises `CheckpointDamaged` naming the damaged object unless
+        the WAL still holds everything after the older checkpoint; the open then counts the
+        fallback (`fell_back`, a warning and a metric). Issue 20: a damaged checkpoint was
+        skipped with a log line, then the open failed on "missing WAL entries"."""
         engine = self._engine
         names = files.manifests(self._store)
-        first_error: Exception | None = None
+        self.skipped = []
         for position in range(len(names) - 1, -1, -1):
             try:
                 newest = files.read_manifest(self._store, names[position])
                 state = files.read(self._store, newest, self._blocks.meta)
             except (CheckpointCorrupt, ObjectsError) as exc:
+                if isinstance(exc, CheckpointCorrupt):
+                    damage = exc
+                else:  # the store failed reading the manifest itself
+                    damage = CheckpointCorrupt(names[position], str(exc))
+                    damage.__cause__ = exc
                 log.warning("checkpoint %s cannot be read: %s", names[position], exc)
-                first_error = first_error or exc
+                self.skipped.append((names[position], damage))
                 continue
             engine._adopt_state(state)
             self._hold_blocks(state)
@@ -93,10 +107,10 @@ class Checkpointer:
                     self._retain(files.read_manifest(self._store, name))
             self._retain(newest)
             return newest
-        if first_error is not None:
+        if self.skipped:
             # Not one readable: start from nothing; the replay's gap check refuses to open
             # if the WAL no longer starts at the beginning.
-            log.error("no checkpoint can be read; replaying the whole WAL: %s", first_error)
+            log.error("no checkpoint can be read; replaying the whole WAL: %s", self.skipped[0])
         return None
 
     def read_newest(self, applied_dsn: int) -> tuple[Manifest, EngineState, list[Manifest]] | None:
@@ -124,6 +138,7 @@ class Checkpointer:
         references the old state held are forgotten, the new state's taken."""
         self._blocks.forget_refs()
         self.retained = []
+        self.skipped = []  # what the open could not read is no longer the state's source
         self._engine._adopt_state(state)
         self._hold_blocks(state)
         for manifest in older:
@@ -136,6 +151,69 @@ class Checkpointer:
                 if isinstance(block, PersistedBlock):
                     self._blocks.held(table.table_id, block)
 
+    def refuse_fallback(self, wal_first_dsn: int) -> None:
+        """The replay found the WAL starting at `wal_first_dsn`, past what the restored
+        state needs. When that state is an older checkpoint (or none) because a newer one
+        was damaged, the damage is the reason: raise `CheckpointDamaged` naming the newest
+        damaged checkpoint and its object (the read's error as the cause)."""
+        if not self.skipped:
+            return
+        name, damage = self.skipped[0]
+        restored = self.newest
+        older = (
+            f"the WAL starts at DSN {wal_first_dsn}, past the older checkpoint's DSN "
+            f"{restored.ckp_dsn} ({restored.name})"
+            if restored is not None
+            else f"the WAL starts at DSN {wal_first_dsn} and no older checkpoint can be read"
+        )
+        raise CheckpointDamaged(
+            name, damage.name, damage.reason, f"{older}: it cannot stand in"
+        ) from damage
+
+    def fell_back(self) -> None:
+        """The open completed from an older checkpoint than the newest (the WAL covered the
+        damaged one's range): say so once, loudly, and count it."""
+        if not self.skipped:
+            return
+        name, damage = self.skipped[0]
+        restored = self.newest
+        self.fallbacks += 1
+        log.warning(
+            "checkpoint %s is damaged (%s); opened from %s and the WAL after it instead",
+            name,
+            damage,
+            restored.name if restored is not None else "the whole WAL",
+        )
+
+    async def _catch_up(self) -> None:
+        """Retain the checkpoints other writers took since this engine's restore, up to its
+        state: a standby restored at its open and then followed the writer's WAL, whose CKP
+        entries it skips, so at its promotion `retained` named checkpoints the writer had
+        long retired, and the orphan collection deleted the writer's two newest (issue 20:
+        a promoted standby that crashed before its own first checkpoint could not reopen,
+        its WAL truncated past every checkpoint left)."""
+        newest = self.newest
+        newest_ts = newest.ckp_ts if newest is not None else -1
+        visible_ts = self._engine.visible_ts
+        damaged = {name for name, _ in self.skipped}
+
+        def newer() -> list[Manifest]:
+            found = []
+            for name in files.manifests(self._store):
+                ckp_ts = layout.ckp_ts_of(name)
+                if ckp_ts is None or not newest_ts < ckp_ts <= visible_ts or name in damaged:
+                    continue
+                with contextlib.suppress(CheckpointCorrupt, ObjectsError):
+                    found.append(files.read_manifest(self._store, name))
+            return found
+
+        for manifest in await asyncio.to_thread(newer):
+            self._retain(manifest)
+        while len(self.retained) > limits.CKP_RETAINED:
+            old = self.retained.pop(0)
+            for name in old.objects:
+                self._blocks.refs.drop(name, ("ckp", old.ckp_ts))  # the orphans go below
+
     def _retain(self, manifest: Manifest) -> None:
         for name in manifest.objects:
             self._blocks.refs.add(name, ("ckp", manifest.ckp_ts))
@@ -143,7 +221,9 @@ class Checkpointer:
 
     async def collect_orphans(self) -> int:
         """Delete objects nothing refers to: checkpoints beyond the retained ones, and
-        objects of rewrites or checkpoints a crash interrupted. At open, after the replay."""
+        objects of rewrites or checkpoints a crash interrupted. At open, after the replay,
+        and when a standby is promoted."""
+        await self._catch_up()
         retained = {m.name for m in self.retained}
         referenced = self._blocks.refs.names() | retained
         orphans = await asyncio.to_thread(
@@ -194,7 +274,15 @@ class Checkpointer:
         self._retain(manifest)
         truncate_dsn = max(0, ckp_dsn - self.wal_reserve_entries)
         entry = CheckpointEntry(ckp_ts, truncate_dsn, manifest.name)
-        await engine._driver.append(encode_entry(entry))
+        try:
+            await engine._driver.append(encode_entry(entry))
+        except driver_errors.DriverError as exc:
+            # Typed as a commit's failure is (`Fenced` when a newer writer took the lease;
+            # it used to escape as the driver's DriverFailed). The manifest stays: the new
+            # writer retires it (`_retire_strays`), or the next open collects it.
+            engine._fail(exc)
+            assert engine._failure is not None
+            raise type(engine._failure)(str(engine._failure)) from exc
         if truncate_dsn:
             engine._driver.truncate(truncate_dsn)
         self._previous = plan.previous_for_next()
@@ -223,5 +311,37 @@ class Checkpointer:
             self.objects_retired += await asyncio.to_thread(
                 files.retire, self._store, old.name, garbage
             )
+            deleted += len(garbage)
+        newest = self.newest
+        if newest is not None:
+            # What is in use is read here, on the loop that changes it; the store in a thread.
+            used = self._blocks.refs.names() | {m.name for m in self.retained}
+            deleted += await asyncio.to_thread(self._retire_strays, newest.ckp_ts, used)
+        return deleted
+
+    def _retire_strays(self, newest_ts: int, used: set[str]) -> int:
+        """Retire checkpoints this engine does not retain, older than its newest: those a
+        fenced writer wrote after this engine took over (its CKP entry was refused, so no
+        WAL names it, and its retirement never ran). Issue 20: a TN fenced by a promotion
+        left a third checkpoint behind, kept until the next open and then retained in place
+        of this engine's own older one, while nothing protected the objects it names.
+
+        Called after this engine's CKP entry is durable: it holds the WAL's lease, so a
+        writer still writing a checkpoint is fenced and will never log it. A stray's
+        objects that a retained checkpoint or a block still uses stay (`used`)."""
+        strays = [
+            name
+            for name in files.manifests(self._store)
+            if name not in used and (layout.ckp_ts_of(name) or 0) <= newest_ts
+        ]
+        deleted = 0
+        for name in strays:
+            try:
+                names = files.read_manifest(self._store, name).objects
+            except (CheckpointCorrupt, ObjectsError):
+                names = ()  # its objects go with the next open's orphans
+            garbage = [o for o in names if o not in used]
+            log.warning("retiring checkpoint %s: no WAL entry names it (a fenced writer's)", name)
+            self.objects_retired += files.retire(self._store, name, garbage)
             deleted += len(garbage)
         return deleted

@@ -139,6 +139,8 @@ class ComputeNode:
         self._store = ObjectBlockStore(objects, cache_bytes) if objects is not None else None
         self._loader = self._store
         self._block_store = None
+        self.txn_limits = limits.TxnLimits(deletes_max=limits.CN_OP_KEYS_MAX)
+        """A compute node's transactions never spill, and a delete travels in one request."""
         """Transactions here never spill: the TN replays their operations (engine/txn.py
         looks for this attribute)."""
         self._hook_state()

@@ -57,7 +57,7 @@ from engine.objects.errors import (
     ObjectStoreFull,
     ObjectStoreUnavailable,
 )
-from logsvc.store.fs import FileSystem, OsFileSystem, ReadableFile
+from logsvc.store.fs import LOCK_FILE_NAME, FileSystem, OsFileSystem, ReadableFile
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,21 +223,44 @@ class LocalDirStore:
             return
         try:
             for leftover in self._fs.listdir(path):
-                if leftover != "LOCK":
+                if leftover != LOCK_FILE_NAME:
                     self._fs.unlink(posixpath.join(path, leftover))
             self._fs.fsync_dir(path)
+            self._remove_temp_dir(path)
         finally:
             lock.release()
+
+    def _remove_temp_dir(self, path: str) -> None:
+        """Remove an emptied temporary directory whose lock this store holds: its LOCK file
+        first (still locked through the open descriptor), then the directory. A store that
+        opens meanwhile and creates a new LOCK in it makes the `rmdir` fail: the directory
+        then stays, empty, and the next open removes it. (Every open used to leave its
+        directory behind, issue 20: `.tmp/` grew by one per engine open.)"""
+        rmdir = getattr(self._fs, "rmdir", None)
+        if rmdir is None:
+            return  # a FileSystem port without directory removal (test doubles)
+        with contextlib.suppress(FileNotFoundError):
+            self._fs.unlink(posixpath.join(path, LOCK_FILE_NAME))
+        with contextlib.suppress(OSError):
+            rmdir(path)
 
     @property
     def read_only(self) -> bool:
         return self._read_only
 
     def close(self) -> None:
-        """Release the lock. Further calls are a programmer error."""
+        """Remove this store's temporary directory and release its lock. Puts after this
+        are a programmer error."""
         if self._lock is not None:
             lock, self._lock = self._lock, None
-            lock.release()
+            try:
+                with contextlib.suppress(OSError):
+                    for leftover in self._fs.listdir(self._temp_dir):
+                        if leftover != LOCK_FILE_NAME:
+                            self._fs.unlink(posixpath.join(self._temp_dir, leftover))
+                    self._remove_temp_dir(self._temp_dir)
+            finally:
+                lock.release()
 
     def __enter__(self) -> LocalDirStore:
         return self

@@ -28,7 +28,7 @@ they can change without touching logsvc's frame version."""
 REQUEST_BODY_BYTES_MAX = 16 * MiB
 """The largest request body the server buffers (checked from the frame header, before the
 body is read: an oversized frame costs 32 bytes). A compute node's write set is bounded by
-its workspace (TXN_WORKSPACE_BYTES_MAX of rows) and TXN_DELETES_MAX keys, which fit with room
+its workspace (TXN_WORKSPACE_BYTES_MAX of rows) and CN_OP_KEYS_MAX keys, which fit with room
 for long string keys."""
 
 REPLY_BODY_BYTES_MAX = 32 * MiB
@@ -75,8 +75,9 @@ MANIFEST_NAME_BYTES_MAX = 1 * KiB
 COMMIT_OPS_MAX = 4096
 """Operations in one write set: DDL and per-table inserts, deletes and updates."""
 
-OP_KEYS_MAX = engine_limits.TXN_DELETES_MAX
-"""Keys of one delete or update: a transaction deletes at most TXN_DELETES_MAX rows."""
+OP_KEYS_MAX = engine_limits.CN_OP_KEYS_MAX
+"""Keys of one delete or update: a compute node's transaction deletes at most CN_OP_KEYS_MAX
+rows."""
 
 OP_VALUES_MAX = engine_limits.COLUMNS_MAX
 """Columns one update sets."""

@@ -211,6 +211,11 @@ class OsFileSystem:
     def unlink(self, path: str) -> None:
         os.unlink(path)
 
+    def rmdir(self, dir_path: str) -> None:
+        """Remove an empty directory (not part of the `FileSystem` port: only the engine's
+        object store uses it, for its own temporary directory, engine/objects/store.py)."""
+        os.rmdir(dir_path)
+
     def fsync_dir(self, dir_path: str) -> None:
         fd = os.open(dir_path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:

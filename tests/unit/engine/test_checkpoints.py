@@ -16,14 +16,26 @@ older than the checkpoint a restart began from are refused.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
-from engine import Column, Engine, Schema, SnapshotUnavailable, WalCorruption, limits
+from engine import (
+    CheckpointDamaged,
+    Column,
+    Engine,
+    Fenced,
+    Schema,
+    SnapshotUnavailable,
+    WalCorruption,
+    limits,
+    metrics,
+)
 from engine.checkpoint import layout
 from engine.checkpoint.errors import CheckpointCorrupt
 from engine.checkpoint.layout import Manifest
@@ -32,6 +44,7 @@ from engine.compaction import Policy
 from engine.objects.store import MemoryObjectStore
 from engine.wal.entry import BlockLevel
 from tae_driver.backends.memory import MemoryBackend
+from tae_driver.errors import BackendFenced
 
 ROWS = Schema(
     [Column("id", "int64"), Column("v", "string"), Column("n", "int32", nullable=True)],
@@ -222,7 +235,7 @@ def test_an_unreadable_checkpoint_gives_way_to_the_wal_only_while_the_wal_is_who
         # The WAL was truncated below the checkpoint: without it there is a hole, and the
         # engine refuses to open rather than replay what is left.
         await eng._driver.truncation_settled()
-        with pytest.raises(WalCorruption, match="no checkpoint before it"):
+        with pytest.raises(CheckpointDamaged, match="no older checkpoint can be read"):
             await open_engine(wal, objects)
         objects.delete(name)
         objects.put(name, good)
@@ -260,6 +273,248 @@ def test_an_unreadable_checkpoint_gives_way_to_the_wal_only_while_the_wal_is_who
     run(main)
 
 
+async def two_checkpoints(
+    wal: MemoryBackend, objects: MemoryObjectStore, reserve: int
+) -> tuple[Manifest, Manifest, str]:
+    """An engine with two checkpoints and a tail after each, closed; the WAL truncated
+    below each with `reserve` entries kept. Returns both and the final digest."""
+    eng = await populated(wal, objects)
+    assert eng.checkpointer is not None
+    eng.checkpointer.wal_reserve_entries = reserve
+    older = await eng.checkpoint()
+    await insert(eng, range(BLOCK + 500, BLOCK + 520))
+    await delete(eng, [BLOCK + 501])
+    newer = await eng.checkpoint()
+    await insert(eng, range(BLOCK + 520, BLOCK + 530))
+    assert older is not None and newer is not None
+    await eng._driver.truncation_settled()
+    digest = eng.digest()
+    await eng.close()
+    return older, newer, digest
+
+
+def damage(objects: MemoryObjectStore, name: str) -> None:
+    good = objects.get(name)
+    objects.delete(name)
+    objects.put(name, good[: len(good) // 2] + b"\xff" * 16 + good[len(good) // 2 + 16 :])
+
+
+def fallbacks(eng: Engine) -> float:
+    for family in text_string_to_metric_families(metrics.render(eng)):
+        for sample in family.samples:
+            if sample.name == "engine_checkpoint_fallbacks_total":
+                return sample.value
+    raise AssertionError("no engine_checkpoint_fallbacks_total")
+
+
+@pytest.mark.parametrize("which", ["blocks", "manifest"])
+def test_a_damaged_checkpoint_is_named_when_the_wal_cannot_stand_in(which: str) -> None:
+    """Issue 20: the newest checkpoint's object (or manifest) damaged and the WAL truncated
+    past the older checkpoint: the open fails with `CheckpointDamaged` naming the object and
+    the checkpoint (it used to be a `WalCorruption` about missing entries)."""
+
+    async def main() -> None:
+        wal, objects = MemoryBackend(), MemoryObjectStore()
+        older, newer, _ = await two_checkpoints(wal, objects, reserve=0)
+        broken = newer.blocks if which == "blocks" else newer.name
+        damage(objects, broken)
+        with pytest.raises(CheckpointDamaged) as caught:
+            await open_engine(wal, objects)
+        error = caught.value
+        assert error.checkpoint == newer.name and error.object == broken
+        assert broken in str(error) and older.name in str(error)
+        assert isinstance(error.__cause__, CheckpointCorrupt)
+        assert {i.name for i in objects.list(layout.PREFIX)} >= {older.name, newer.name}
+
+    run(main)
+
+
+@pytest.mark.parametrize("which", ["blocks", "manifest"])
+def test_a_damaged_checkpoint_gives_way_to_an_older_one_while_the_wal_covers_it(
+    which: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The same damage with the WAL still holding everything after the older checkpoint:
+    the engine opens from it with every row, a warning and `engine_checkpoint_fallbacks`."""
+
+    async def main() -> None:
+        wal, objects = MemoryBackend(), MemoryObjectStore()
+        older, newer, digest = await two_checkpoints(wal, objects, reserve=10_000)
+        broken = newer.blocks if which == "blocks" else newer.name
+        damage(objects, broken)
+        with caplog.at_level(logging.WARNING, logger="engine.checkpoint"):
+            again = await open_engine(wal, objects)
+        try:
+            assert again.digest() == digest
+            async with again.snapshot(again.visible_ts) as view:
+                got = await view.table("d", "t").scan(columns=["id"])
+            assert got.num_rows == BLOCK + 530 - 4
+            assert again.checkpointer is not None
+            assert again.checkpointer.newest is not None
+            assert again.checkpointer.newest.name == older.name
+            assert fallbacks(again) == 1
+            opened = [r for r in caplog.records if "opened from" in r.getMessage()]
+            assert len(opened) == 1 and opened[0].levelno == logging.WARNING
+            assert newer.name in opened[0].getMessage()
+        finally:
+            await again.close()
+
+    run(main)
+
+
+class Lease:
+    """The log's lease, shared by the engines on one log: the newest epoch may write."""
+
+    def __init__(self) -> None:
+        self.epoch = 1
+
+
+class LeasedBackend:
+    """A `LogBackend` test double over a shared `MemoryBackend`: appends and truncations of
+    an engine whose epoch is older than the lease's fail with `BackendFenced`, as logsvc's
+    do; `acquire_lease` (what `promote()` calls) takes a new epoch."""
+
+    def __init__(self, log: MemoryBackend, lease: Lease) -> None:
+        self._log = log
+        self._lease = lease
+        self.epoch = lease.epoch
+
+    async def acquire_lease(self) -> None:
+        self._lease.epoch += 1
+        self.epoch = self._lease.epoch
+
+    def _check(self, what: str) -> None:
+        if self.epoch != self._lease.epoch:
+            raise BackendFenced(
+                what,
+                holder="old",
+                epoch=self.epoch,
+                current_holder="new",
+                current_epoch=self._lease.epoch,
+            )
+
+    async def append(self, payload: bytes) -> int:
+        self._check("append")
+        return await self._log.append(payload)
+
+    async def truncate(self, lsn: int) -> None:
+        self._check("truncate")
+        await self._log.truncate(lsn)
+
+    async def close(self) -> None:
+        return None  # the shared log outlives each engine
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._log, name)
+
+
+def test_a_writer_fenced_while_it_checkpoints_leaves_no_third_checkpoint() -> None:
+    """Issue 20: the old TN, fenced by a promotion, writes a checkpoint's objects and
+    manifest and is then refused its CKP entry. The new writer's next checkpoint retires
+    that stray along with its own oldest: two checkpoints are kept (CKP_RETAINED), and a
+    reopen rebuilds the state from them."""
+
+    async def main() -> None:
+        log, objects, lease = MemoryBackend(), MemoryObjectStore(), Lease()
+        old = await open_engine(LeasedBackend(log, lease), objects)  # type: ignore[arg-type]
+        assert old.checkpointer is not None
+        old.checkpointer.wal_reserve_entries = 0
+        async with old.transaction() as txn:
+            await txn.create_database("d")
+            await txn.create_table("d", "t", ROWS)
+        await insert(old, range(0, 100))
+        await old.checkpoint()
+        await insert(old, range(100, 200))
+        await old.checkpoint()
+        new = await Engine.open(
+            "unused",
+            LeasedBackend(log, lease),
+            objects=objects,
+            maintenance=False,
+            standby=True,
+        )
+        try:
+            await insert(old, range(200, 300))
+            for _ in range(10_000):  # the standby follows the writer
+                if new.visible_ts == old.visible_ts:
+                    break
+                await asyncio.sleep(0.001)
+            assert new.visible_ts == old.visible_ts
+            await new.promote()  # fences the old writer
+            with pytest.raises(Fenced):
+                await old.checkpoint()  # objects and manifest written, CKP entry refused
+            await old.abort()
+            manifests = {i.name for i in objects.list(layout.PREFIX) if "manifest" in i.name}
+            assert len(manifests) == 3  # the stray is there
+            assert new.checkpointer is not None
+            new.checkpointer.wal_reserve_entries = 0
+            await insert(new, range(300, 400))
+            mine = await new.checkpoint()
+            assert mine is not None
+            manifests = {i.name for i in objects.list(layout.PREFIX) if "manifest" in i.name}
+            assert len(manifests) == limits.CKP_RETAINED
+            assert mine.name in manifests
+            digest = new.digest()
+        finally:
+            await new.close()
+        again = await open_engine(LeasedBackend(log, lease), objects)  # type: ignore[arg-type]
+        try:
+            assert again.digest() == digest
+            assert len(again.checkpointer.retained) == limits.CKP_RETAINED  # type: ignore[union-attr]
+        finally:
+            await again.close()
+
+    run(main)
+
+
+def test_a_promoted_standby_keeps_the_checkpoints_the_writer_took_after_it_opened() -> None:
+    """A standby restores at its open, then follows the WAL (skipping its CKP entries). The
+    writer meanwhile takes checkpoints, retires the one the standby restored from, and
+    truncates its WAL. At promotion the standby adopts the writer's retained checkpoints
+    instead of collecting them as orphans (it deleted every checkpoint, and a crash before
+    its own first checkpoint left an engine that could not reopen)."""
+
+    async def main() -> None:
+        log, objects, lease = MemoryBackend(), MemoryObjectStore(), Lease()
+        writer = await open_engine(LeasedBackend(log, lease), objects)  # type: ignore[arg-type]
+        assert writer.checkpointer is not None
+        writer.checkpointer.wal_reserve_entries = 0
+        async with writer.transaction() as txn:
+            await txn.create_database("d")
+            await txn.create_table("d", "t", ROWS)
+        await insert(writer, range(0, 100))
+        await writer.checkpoint()
+        standby = await Engine.open(
+            "unused",
+            LeasedBackend(log, lease),
+            objects=objects,
+            maintenance=False,
+            standby=True,
+        )
+        for first in (100, 200):
+            await insert(writer, range(first, first + 100))
+            await writer.checkpoint()
+        await writer._driver.truncation_settled()
+        kept = {m.name for m in writer.checkpointer.retained}
+        for _ in range(10_000):
+            if standby.visible_ts == writer.visible_ts:
+                break
+            await asyncio.sleep(0.001)
+        assert standby.visible_ts == writer.visible_ts
+        await writer.abort()
+        await standby.promote()
+        manifests = {i.name for i in objects.list(layout.PREFIX) if "manifest" in i.name}
+        assert manifests == kept
+        digest = standby.digest()
+        await standby.abort()  # a crash before its own first checkpoint
+        again = await open_engine(LeasedBackend(log, lease), objects)  # type: ignore[arg-type]
+        try:
+            assert again.digest() == digest
+        finally:
+            await again.close()
+
+    run(main)
+
+
 def test_checkpoints_over_a_file_wal_and_a_directory_of_objects(tmp_path: Path) -> None:
     async def main() -> None:
         eng = await Engine.open(str(tmp_path), maintenance=False)
@@ -278,8 +533,11 @@ def test_checkpoints_over_a_file_wal_and_a_directory_of_objects(tmp_path: Path) 
         again = await Engine.open(str(tmp_path))
         try:
             assert again.digest() == digest
+            assert len(list((tmp_path / "objects" / ".tmp").iterdir())) == 1  # its own
         finally:
             await again.close()
+        # Issue 20: each open left its `objects/.tmp/<uuid>/` behind.
+        assert list((tmp_path / "objects" / ".tmp").iterdir()) == []
 
     run(main)
 

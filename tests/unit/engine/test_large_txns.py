@@ -21,7 +21,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from engine import Column, DuplicateKey, Engine, Schema, TxnTooLarge, limits
+from engine import (
+    BadInput,
+    Column,
+    DuplicateKey,
+    Engine,
+    Schema,
+    Transaction,
+    TxnLimits,
+    TxnTooLarge,
+    WriteConflict,
+)
 from engine.objects.store import MemoryObjectStore
 from engine.wal.codec import decode_entry
 from engine.wal.entry import CreateBlock, TxnEntry
@@ -43,8 +53,12 @@ def run(test: Callable[[], Coroutine[Any, Any, None]]) -> None:
     asyncio.run(test())
 
 
-async def fresh(wal: MemoryBackend, objects: MemoryObjectStore) -> Engine:
-    eng = await Engine.open("unused", wal, objects=objects, maintenance=False)
+async def fresh(
+    wal: MemoryBackend, objects: MemoryObjectStore, txn_limits: TxnLimits | None = None
+) -> Engine:
+    eng = await Engine.open(
+        "unused", wal, objects=objects, maintenance=False, txn_limits=txn_limits
+    )
     async with eng.transaction() as txn:
         await txn.create_database("d")
         await txn.create_table("d", "t", ROWS)
@@ -155,17 +169,200 @@ def test_a_rolled_back_or_crashed_large_transaction_leaves_no_object_behind() ->
     run(main)
 
 
-def test_the_spill_limit_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(limits, "TXN_SPILL_ROWS_MAX", 50_000)
-
+def test_the_spill_limit_is_named_and_raisable_at_open() -> None:
     async def main() -> None:
-        eng = await fresh(MemoryBackend(), MemoryObjectStore())
+        low = TxnLimits(rows_max=50_000)
+        eng = await fresh(MemoryBackend(), MemoryObjectStore(), txn_limits=low)
         try:
             async with eng.transaction() as txn:
                 await txn.table("d", "t").insert(batch(0, 40_000))
                 with pytest.raises(TxnTooLarge) as caught:
                     await txn.table("d", "t").insert(batch(40_000, 20_000))
                 assert caught.value.limit == "txn_spill_rows_max"
+                assert "TxnLimits(rows_max=" in str(caught.value)
+        finally:
+            await eng.close()
+        with pytest.raises(BadInput, match="spill_bytes"):
+            await Engine.open("unused", MemoryBackend(), txn_limits=TxnLimits(spill_bytes=0))
+
+    run(main)
+
+
+# --- Large updates and deletes (issue 20) -------------------------------------------------------
+
+WIDE = Schema(
+    [Column("id", "int64"), *(Column(f"c{i}", "string") for i in range(40))],
+    primary_key=["id"],
+)
+
+
+async def loaded(eng: Engine, count: int, step: int = 50_000) -> None:
+    """Table d.t holds ids [0, count), committed in transactions of `step` rows."""
+    for first in range(0, count, step):
+        async with eng.transaction() as txn:
+            await txn.table("d", "t").insert(batch(first, min(step, count - first)))
+
+
+def test_an_update_of_many_rows_commits_in_one_transaction_and_survives_a_reopen() -> None:
+    """An update is a delete and an insert of new versions: the new versions spill like a
+    large insert's rows (it failed at the 1 MiB workspace), the old ones are masks. The
+    rows come from L0 blocks, flushed blocks and the transaction's own spill."""
+
+    async def main() -> None:
+        wal, objects = MemoryBackend(), MemoryObjectStore()
+        eng = await fresh(wal, objects)
+        count = 60_000
+        await loaded(eng, count)
+        assert eng.maintenance is not None
+        await eng.maintenance.settle()  # most rows in flushed L1 blocks, the tail in L0
+        async with eng.transaction() as txn:
+            table = txn.table("d", "t")
+            await table.insert(batch(count, 40_000))  # spilled in this transaction
+            assert await table.update(list(range(count + 40_000)), {"v": "new"}) == 100_000
+            assert await table.update([5, count + 5, 10**9], {"v": "twice"}) == 2
+            assert await table.get(7) == {"id": 7, "v": "new"}
+        async with eng.snapshot(eng.visible_ts) as view:
+            got = await view.table("d", "t").scan()
+        assert got.num_rows == 100_000
+        values = got.column("v").to_pylist()
+        assert values.count("new") == 99_998 and values.count("twice") == 2
+        digest = eng.digest()
+        await eng.close()
+        again = await Engine.open("unused", wal, objects=objects, maintenance=False)
+        try:
+            assert again.digest() == digest
+        finally:
+            await again.close()
+
+    run(main)
+
+
+def test_a_delete_of_150k_keys_commits_in_one_transaction() -> None:
+    async def main() -> None:
+        wal, objects = MemoryBackend(), MemoryObjectStore()
+        eng = await fresh(wal, objects)
+        await loaded(eng, 160_000, step=80_000)
+        async with eng.transaction() as txn:
+            table = txn.table("d", "t")
+            assert await table.delete(range(150_000)) == 150_000
+            assert await table.get(149_999) is None
+            await table.insert(batch(3, 1, "back"))  # deleted here: may come back
+        async with eng.snapshot(eng.visible_ts) as view:
+            ids = (await view.table("d", "t").scan(columns=["id"])).column("id").to_pylist()
+        assert sorted(ids) == [3, *range(150_000, 160_000)]
+        digest = eng.digest()
+        await eng.close()
+        again = await Engine.open("unused", wal, objects=objects, maintenance=False)
+        try:
+            assert again.digest() == digest
+        finally:
+            await again.close()
+
+    run(main)
+
+
+def test_a_large_delete_still_conflicts_with_a_concurrent_write_of_one_of_its_keys() -> None:
+    """Past TXN_BULK_KEYS_MIN deleted rows a table's deleted keys reach the conflict index
+    as one sorted array: checked both ways, first committer wins, other keys pass."""
+
+    async def main() -> None:
+        eng = await fresh(MemoryBackend(), MemoryObjectStore())
+        try:
+            await loaded(eng, 30_000)
+            big = await eng.begin()
+            await big.table("d", "t").delete(range(10_000))
+            async with eng.transaction() as other:  # commits first, on one of its keys
+                await other.table("d", "t").update([9_999], {"v": "first"})
+            with pytest.raises(WriteConflict):
+                await big.commit()
+
+            small = await eng.begin()
+            big = await eng.begin()
+            await big.table("d", "t").delete(range(10_000, 20_000))
+            async with eng.transaction() as other:  # not one of its keys
+                await other.table("d", "t").update([0], {"v": "after"})
+            await big.commit()  # the large delete commits first...
+            await small.table("d", "t").update([15_000], {"v": "late"})
+            with pytest.raises(WriteConflict):
+                await small.commit()  # ...and a concurrent write of one of its keys loses
+
+            async with eng.snapshot(eng.visible_ts) as view:
+                ids = (await view.table("d", "t").scan(columns=["id"])).column("id")
+            assert sorted(ids.to_pylist()) == [*range(10_000), *range(20_000, 30_000)]
+        finally:
+            await eng.close()
+
+    run(main)
+
+
+def test_updating_one_column_of_5000_wide_rows() -> None:
+    async def main() -> None:
+        wal, objects = MemoryBackend(), MemoryObjectStore()
+        eng = await Engine.open("unused", wal, objects=objects, maintenance=False)
+        async with eng.transaction() as txn:
+            await txn.create_database("d")
+            await txn.create_table("d", "w", WIDE)
+        wide_rows = [
+            {"id": i, **{f"c{c}": f"{c}-{i:06d}" * 4 for c in range(40)}} for i in range(5_000)
+        ]
+        async with eng.transaction() as txn:
+            await txn.table("d", "w").insert(wide_rows)  # ~8 MiB: spilled
+        async with eng.transaction() as txn:
+            assert await txn.table("d", "w").update(range(5_000), {"c7": "x"}) == 5_000
+        async with eng.snapshot(eng.visible_ts) as view:
+            got = await view.table("d", "w").scan(columns=["c7", "c8"])
+        assert set(got.column("c7").to_pylist()) == {"x"}
+        assert got.column("c8").to_pylist()[:1] != ["x"]
+        await eng.close()
+
+    run(main)
+
+
+def test_a_too_large_delete_or_update_is_refused_before_any_work() -> None:
+    """The sizes are checked from the keys given, before any row is looked up; the message
+    names the limit and says how to split the transaction; raising the limit at open lets
+    the same transaction through."""
+
+    async def main() -> None:
+        low = TxnLimits(deletes_max=5_000, rows_max=5_000)
+        eng = await fresh(MemoryBackend(), MemoryObjectStore(), txn_limits=low)
+        try:
+            await loaded(eng, 8_000, step=4_000)
+            lookups = 0
+            original = Transaction._find_live
+
+            async def counting(self: Transaction, *args: Any) -> Any:
+                nonlocal lookups
+                lookups += 1
+                return await original(self, *args)
+
+            Transaction._find_live = counting  # type: ignore[method-assign,assignment]
+            try:
+                async with eng.transaction() as txn:
+                    table = txn.table("d", "t")
+                    with pytest.raises(TxnTooLarge) as caught:
+                        await table.delete(range(6_000))
+                    assert caught.value.limit == "txn_deletes_max"
+                    message = str(caught.value)
+                    assert "6000 > 5000" in message and "split it into transactions" in message
+                    assert "TxnLimits(deletes_max=" in message
+                    with pytest.raises(TxnTooLarge, match="txn_deletes_max"):
+                        await table.update(range(6_000), {"v": "x"})
+                    assert lookups == 0  # refused before any lookup
+                    assert await table.delete(range(3_000)) == 3_000  # the transaction goes on
+                    with pytest.raises(TxnTooLarge, match="txn_deletes_max 6000 > 5000"):
+                        await table.update(range(3_000, 6_000), {"v": "x"})
+                    assert lookups == 1
+            finally:
+                Transaction._find_live = original  # type: ignore[method-assign]
+        finally:
+            await eng.close()
+        high = TxnLimits(deletes_max=10_000, rows_max=10_000)
+        eng = await fresh(MemoryBackend(), MemoryObjectStore(), txn_limits=high)
+        try:
+            await loaded(eng, 8_000)
+            async with eng.transaction() as txn:
+                assert await txn.table("d", "t").update(range(6_000), {"v": "x"}) == 6_000
         finally:
             await eng.close()
 

@@ -241,13 +241,25 @@ def test_local_files_are_the_objects_and_sit_where_tools_find_them(tmp_path: Pat
 
 def test_local_store_removes_leftover_temporary_files_at_open(tmp_path: Path) -> None:
     root = tmp_path / "objects"
-    LocalDirStore(str(root)).close()  # its directory is left behind, unlocked: a dead store's
-    (dead,) = os.listdir(root / TEMP_DIR_NAME)
-    (root / TEMP_DIR_NAME / dead / "0123abcd").write_bytes(b"half an object")
+    dead = root / TEMP_DIR_NAME / ("d" * 32)  # a killed store's directory: LOCK not held
+    dead.mkdir(parents=True)
+    (dead / "LOCK").write_bytes(b"")
+    (dead / "0123abcd").write_bytes(b"half an object")
     (root / TEMP_DIR_NAME / "loose").write_bytes(b"an earlier layout's temporary file")
     with LocalDirStore(str(root)) as store:
         assert temporaries(os_listdir, str(root)) == []
         assert store.list() == []
+        assert len(os.listdir(root / TEMP_DIR_NAME)) == 1  # its own; the dead one is gone
+
+
+def test_local_store_removes_its_temporary_directory_at_close(tmp_path: Path) -> None:
+    """Issue 20: every open left `.tmp/<uuid>/` behind, one more per engine open."""
+    root = tmp_path / "objects"
+    for _ in range(3):
+        with LocalDirStore(str(root)) as store:
+            store.put("x", b"1")
+            assert len(os.listdir(root / TEMP_DIR_NAME)) == 1
+    assert os.listdir(root / TEMP_DIR_NAME) == []
 
 
 def test_writers_share_a_root_each_with_its_own_temporaries(tmp_path: Path) -> None:
@@ -270,8 +282,10 @@ def test_writers_share_a_root_each_with_its_own_temporaries(tmp_path: Path) -> N
             reader.put("z", b"3")
         with pytest.raises(ObjectStoreFailed, match="read-only"):
             reader.delete("x")
-    LocalDirStore(root).close()  # the first is gone now: its leftovers go
+        assert os.path.isdir(os.path.dirname(in_flight))  # nor its directory, at close
+    LocalDirStore(root).close()  # every store closed: no temporary directory is left
     assert not os.path.exists(in_flight)
+    assert os.listdir(os.path.join(root, TEMP_DIR_NAME)) == []
 
 
 @pytest.mark.parametrize(
