@@ -280,6 +280,12 @@ class ObjectBlockStore:
 
     # --- garbage -------------------------------------------------------------------------------
 
+    def pending_names(self) -> set[str]:
+        """Objects whose blocks were all dropped, waiting for a checkpoint to cover the drop:
+        not garbage yet (a restart may replay their creation)."""
+        with self._lock:
+            return {name for _dropped, name in self._pending}
+
     def forget_refs(self) -> None:
         """A standby's state was replaced by a checkpoint's (engine/standby.py): what the old
         state held, and what it was waiting to delete, no longer counts."""

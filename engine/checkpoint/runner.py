@@ -225,7 +225,10 @@ class Checkpointer:
         and when a standby is promoted."""
         await self._catch_up()
         retained = {m.name for m in self.retained}
-        referenced = self._blocks.refs.names() | retained
+        # Objects waiting for a checkpoint to cover their drop are not orphans: the WAL after
+        # the newest checkpoint may create their blocks again at the next restart (a standby
+        # promoted after following flushes and merges deleted them, and its restart failed).
+        referenced = self._blocks.refs.names() | retained | self._blocks.pending_names()
         orphans = await asyncio.to_thread(
             files.orphans, self._store, referenced, (DATA_PREFIX, layout.PREFIX)
         )
