@@ -558,10 +558,15 @@ def verify(args: Sequence[str], env: Mapping[str, str] | None = None) -> Verifie
         capture_output=True,
         text=True,
         timeout=120,
-        check=True,
         env=env,
     )
+    if done.returncode != 0:  # say why: the child's own words, not only its exit status
+        raise VerifyFailed(f"--verify exited {done.returncode}: {done.stderr.strip()[-4000:]}")
     return Verified(**json.loads(done.stdout))
+
+
+class VerifyFailed(Exception):
+    """The `--verify` child could not read the engine back."""
 
 
 if __name__ == "__main__":
