@@ -27,6 +27,16 @@ SECTOR_BYTES = 512
 space, where a few zero bytes may be just data."""
 _ZERO_SECTOR = bytes(SECTOR_BYTES)
 
+PAGE_BYTES = 4096
+"""The unit in which the page cache writes a file back: a page of an unsynced write that
+never reached the disk reads as zeros from a page boundary (to the next one, or to the end
+of the file when the size was committed)."""
+
+ZERO_RUN_BYTES_MIN = 8
+"""The shortest zero run taken for unwritten space when it is not a whole sector: a flipped
+byte cannot zero 8 bytes, and a record or frame begins with an 8-byte checksum that is all
+zero with probability 2^-64."""
+
 
 def has_zero_sector(data: bytes | memoryview, lo_bytes: int, hi_bytes: int) -> bool:
     """Whether `data[lo_bytes:hi_bytes]` contains a whole, sector-aligned run of zero bytes."""
@@ -44,6 +54,22 @@ def zero_tail_start(data: bytes | memoryview, lo_bytes: int) -> int:
     zero (`len(data)` when the last byte is not zero)."""
     assert 0 <= lo_bytes <= len(data)
     return lo_bytes + len(bytes(data[lo_bytes:]).rstrip(b"\0"))
+
+
+def is_lost_page_tail(data: bytes | memoryview, lo_bytes: int) -> bool:
+    """Whether the file ends in the zeroed rest of a page that never reached the disk: every
+    byte from a page boundary at or after `lo_bytes` to the end is zero, at least
+    `ZERO_RUN_BYTES_MIN` of them (shorter than a sector, so `is_zero_filled_tail` misses it)."""
+    start = zero_tail_start(data, lo_bytes)
+    boundary = -(-start // PAGE_BYTES) * PAGE_BYTES
+    return boundary + ZERO_RUN_BYTES_MIN <= len(data)
+
+
+def starts_with_zero_run(data: bytes | memoryview, lo_bytes: int) -> bool:
+    """Whether `data` holds at least `ZERO_RUN_BYTES_MIN` zero bytes from `lo_bytes` on: a
+    record or frame header that was never written (its checksum cannot be zero)."""
+    hi_bytes = lo_bytes + ZERO_RUN_BYTES_MIN
+    return hi_bytes <= len(data) and not any(data[lo_bytes:hi_bytes])
 
 
 def is_zero_filled_tail(data: bytes | memoryview, lo_bytes: int) -> bool:
