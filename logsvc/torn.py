@@ -13,8 +13,8 @@ written read as zeros (the size was committed, the data blocks were not). Anythi
 flipped byte in a record that is whole, garbage followed by valid records) is not what a
 power loss does, so it is corruption; and a bad record after which valid records follow is
 corruption unless something proves those records were never acknowledged either (the shard
-store's per-record durable-index hints; the file backend's v1 frames carry no such hint,
-so there it always is).
+store's per-record durable-index hints, the file backend's v2 frames' durable-LSN hints;
+its v1 frames carry none, so there it always is).
 
 This module holds the sector arithmetic both readers use; each reader applies it to its own
 record format.
