@@ -288,10 +288,30 @@ class FileBackend:
         if segments and segments[-1].version != segment.SEGMENT_VERSION:
             # Never append frames of one version to a segment of another: roll to a new one.
             os.close(fd)
-            base_lsn = max(segments[-1].last_lsn, truncated_lsn) + 1
-            path, fd = _create_segment(dir_path, base_lsn)
+            old = segments[-1]
+            base_lsn = max(old.last_lsn, truncated_lsn) + 1
+            if base_lsn > old.base_lsn:
+                path, fd = _create_segment(dir_path, base_lsn)
+                segments.append(_Segment(path, base_lsn, array("Q"), array("Q"), _header_bytes()))
+            else:
+                # It holds no record, so the new segment has its name: replace it (one
+                # rename), keeping the truncation mark it may hold (without it, the LSNs
+                # below would look missing).
+                mark = b""
+                if old.truncate_lsn_max:
+                    mark = segment.encode_frame(
+                        FrameType.TRUNCATE, old.truncate_lsn_max, b"", durable_lsn=base_lsn - 1
+                    )
+                path, fd = _create_segment(dir_path, base_lsn, mark)
+                segments[-1] = _Segment(
+                    path,
+                    base_lsn,
+                    array("Q"),
+                    array("Q"),
+                    _header_bytes() + len(mark),
+                    old.truncate_lsn_max,
+                )
             dir_syncs += 1
-            segments.append(_Segment(path, base_lsn, array("Q"), array("Q"), _header_bytes()))
         if not segments:
             path, fd = _create_segment(dir_path, truncated_lsn + 1)
             dir_syncs += 1
@@ -573,14 +593,15 @@ def _header_bytes() -> int:
     return limits.FILE_SEGMENT_HEADER_BYTES
 
 
-def _create_segment(dir_path: str, base_lsn: int) -> tuple[str, int]:
-    """Create a segment durably (tmp, header, fsync, rename, dir fsync); return path and an
-    append fd."""
+def _create_segment(dir_path: str, base_lsn: int, first_frames: bytes = b"") -> tuple[str, int]:
+    """Create a segment durably (tmp, header and `first_frames`, fsync, rename, dir fsync);
+    return path and an append fd. The rename replaces a file of the same name atomically
+    (a version 1 segment with no records, rolled to version 2 on open)."""
     path = os.path.join(dir_path, segment.segment_file_name(base_lsn))
     tmp_path = path + _TMP_SUFFIX
     fd = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
     try:
-        header = segment.encode_segment_header(base_lsn)
+        header = segment.encode_segment_header(base_lsn) + first_frames
         if os.write(fd, header) != len(header):
             raise OSError("short write of a segment header")
         os.fsync(fd)

@@ -243,6 +243,33 @@ def test_a_v1_directory_opens_and_the_next_appends_go_to_a_new_v2_segment(
     asyncio.run(scenario())
 
 
+def test_a_v1_newest_segment_with_no_record_is_replaced_keeping_its_truncation_mark(
+    tmp_path: Path,
+) -> None:
+    """A v1 segment made by rotation that holds only a TRUNCATE frame: the v2 segment at the
+    next LSN has its name, so it replaces it, and the truncated LSN survives."""
+    write_wal(tmp_path, v1_segment(1, range(1, 6)), 1)
+    mark = segment.encode_frame_v1(FrameType.TRUNCATE, 5)
+    write_wal(tmp_path, segment.encode_segment_header(6, version=1) + mark, 6)
+
+    async def scenario() -> None:
+        backend = await FileBackend.open(str(tmp_path))
+        assert (await backend.truncated(), await backend.latest()) == (5, 5)
+        assert [Path(p).name for p in backend.segment_paths()] == [segment.segment_file_name(6)]
+        assert await backend.append(b"six") == 6
+        await backend.close()
+        assert sorted(p.name for p in tmp_path.glob("wal-*")) == [segment.segment_file_name(6)]
+        again = await FileBackend.open(str(tmp_path))
+        assert (await again.truncated(), await again.latest()) == (5, 6)
+        records, _ = await again.read(6, 1 << 20)
+        assert [r.payload for r in records] == [b"six"]
+        await again.close()
+        data = (tmp_path / segment.segment_file_name(6)).read_bytes()
+        assert segment.decode_segment_header(data, "p").version == 2
+
+    asyncio.run(scenario())
+
+
 def test_a_v1_zero_hole_followed_by_frames_is_still_corruption(tmp_path: Path) -> None:
     """v1 frames carry no hint: nothing proves the later frames were not acknowledged."""
     data = v1_segment(1, range(1, 40))
