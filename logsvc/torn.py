@@ -49,6 +49,19 @@ def has_zero_sector(data: bytes | memoryview, lo_bytes: int, hi_bytes: int) -> b
     return False
 
 
+def has_zero_page(data: bytes | memoryview, lo_bytes: int, hi_bytes: int) -> bool:
+    """Whether `data[lo_bytes:hi_bytes]` contains a whole, page-aligned run of zero bytes:
+    a page of a write that never reached the disk, and far less likely than a zero sector to
+    be a record's own data."""
+    assert 0 <= lo_bytes <= hi_bytes <= len(data)
+    page = -(-lo_bytes // PAGE_BYTES) * PAGE_BYTES
+    while page + PAGE_BYTES <= hi_bytes:
+        if not any(data[page : page + PAGE_BYTES]):
+            return True
+        page += PAGE_BYTES
+    return False
+
+
 def zero_tail_start(data: bytes | memoryview, lo_bytes: int) -> int:
     """The offset, at or after `lo_bytes`, from which every byte to the end of `data` is
     zero (`len(data)` when the last byte is not zero)."""

@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from logsvc.torn import (
-    has_zero_sector,
+    has_zero_page,
     is_lost_page_tail,
     is_zero_filled_tail,
     starts_with_zero_run,
@@ -401,7 +401,7 @@ def _classify_v2_holes(
     """Version 2, newest segment, valid frames after the bad one: torn only if every one of
     them says LSN `expected_lsn` was not yet durable when it was written (so all of them and
     the damage belong to one group write, the last, which was never synced), each damaged
-    span between them is unwritten space (a whole zero sector, or a zeroed frame start), and
+    span between them is unwritten space (a whole zeroed page, or a zeroed frame start), and
     the file ends as a power loss leaves it."""
     hole_offset = bad_offset
     lsn_found_max = expected_lsn - 1
@@ -416,13 +416,16 @@ def _classify_v2_holes(
                 f"durable: LSN {expected_lsn} had been synced and may have been acknowledged",
                 lsn_found_max,
             )
+        # A lost page, not a zero sector: the span may be one frame whose own data holds a
+        # sector of zeros next to a flipped byte (a page of zeros is far rarer); a zeroed
+        # frame start is never data (a checksum is not zero).
         if not (
             starts_with_zero_run(data, hole_offset)
-            or has_zero_sector(data, hole_offset, later_offset)
+            or has_zero_page(data, hole_offset, later_offset)
         ):
             return corrupt(
                 f"valid frames follow it (LSN {frame.lsn} at byte {later_offset}) after damage "
-                f"at byte {hole_offset} that is not unwritten space (no zeroed sector or "
+                f"at byte {hole_offset} that is not unwritten space (no zeroed 4 KiB page or "
                 "frame start): not what a power loss does to an unsynced write",
                 lsn_found_max,
             )

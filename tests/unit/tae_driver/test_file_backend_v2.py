@@ -9,8 +9,10 @@ offline reader (`read_segment_frames`, the Spark jobs' path) must agree. What it
 * unwritten space (a zeroed sector, or a zeroed frame start) followed by frames whose hints
   all say the damaged LSN was not yet durable is the last group write, never synced: cut;
 * the same hole followed by a frame whose hint says the damaged LSN was durable, or garbage
-  (not zeros) followed by frames of the same group, or a whole last frame with non-zero
-  damage: `StorageCorruption`, the directory unchanged;
+  (not zeros; a flipped byte in a frame whose own data holds a zero sector) followed by
+  frames of the same group, or a whole last frame with non-zero damage, or a flipped byte
+  anywhere in a WAL the backend wrote in multi-frame group writes: `StorageCorruption`,
+  the directory unchanged;
 * a whole last frame zeroed from a page boundary to the end (shorter than a sector): cut;
 * hints that go backwards: corruption;
 * a version 1 directory opens with the v1 rule, its records read back, and the next
@@ -158,6 +160,22 @@ def test_garbage_then_frames_of_the_same_group_is_corruption(tmp_path: Path) -> 
     assert_refused(tmp_path, "not unwritten space")
 
 
+def test_a_flipped_byte_in_a_frame_holding_a_zero_sector_is_corruption(tmp_path: Path) -> None:
+    """A frame of the last group write whose own payload holds 1,100 zero bytes (a whole
+    aligned sector), with a byte flipped elsewhere in it, then frames of the same group: a
+    zero sector is not taken for a lost page in the middle of the file, so it is refused."""
+    data = bytearray(segment.encode_segment_header(1))
+    offsets: dict[int, int] = {}
+    for lsn in range(1, 12):
+        body = payload(lsn) + (bytes(1100) if lsn == 4 else b"") + payload(lsn)
+        offsets[lsn] = len(data)
+        data += segment.encode_frame(FrameType.RECORD, lsn, body, durable_lsn=0 if lsn < 2 else 1)
+    data[offsets[4] + FRAME + 10] ^= 0x5A
+    assert offline_end(bytes(data)) == segment.END_CORRUPT
+    write_wal(tmp_path, bytes(data))
+    assert_refused(tmp_path, "not unwritten space")
+
+
 @pytest.mark.parametrize("where", [2, 12, 20, FRAME + 150, -1])
 def test_a_whole_last_frame_with_non_zero_damage_is_corruption(tmp_path: Path, where: int) -> None:
     """The last frame of the last group write, whole, with a flipped byte (checksum, length,
@@ -298,3 +316,37 @@ def test_the_open_syncs_the_newest_segment_before_serving_it(tmp_path: Path) -> 
         assert frames[-1].frame.durable_lsn == 2
 
     asyncio.run(scenario())
+
+
+def test_a_flipped_byte_anywhere_in_multi_frame_group_writes_is_refused(tmp_path: Path) -> None:
+    """A WAL written by the backend in group writes of several frames (so later frames of
+    the same group say the damaged LSN was not yet durable), closed cleanly: everything in
+    it was acknowledged, so a flipped byte at any offset of any frame is refused, never cut."""
+    live = tmp_path / "live"
+
+    async def fill() -> None:
+        backend = await FileBackend.open(str(live), segment_bytes_max=2048)
+        for round_ in range(12):
+            width = 1 + round_ % 6
+            await asyncio.gather(
+                *(backend.append(payload(round_ * 7 + i, 90)) for i in range(width))
+            )
+        await backend.close()
+
+    asyncio.run(fill())
+    files = sorted(live.glob("wal-*.seg"))
+    assert len(files) >= 2
+    for path in files:  # group writes of several frames: several frames share one hint
+        frames = segment.read_segment_frames(path.read_bytes(), "f", newest=False).frames
+        assert len({f.frame.durable_lsn for f in frames}) < len(frames) or len(frames) <= 1
+    assert any(
+        len(segment.read_segment_frames(p.read_bytes(), "f", newest=False).frames) > 2
+        for p in files
+    )
+    for path in files:
+        data = path.read_bytes()
+        for offset in range(HEADER, len(data)):
+            damaged = bytearray(data)
+            damaged[offset] ^= 0x5A
+            found = segment.read_segment_frames(bytes(damaged), str(path), newest=path == files[-1])
+            assert found.end == segment.END_CORRUPT, (path.name, offset, found.end_reason)
