@@ -5,7 +5,9 @@ made by editing the files between a close and an open: what a power loss leaves 
 of the newest segment (a cut inside a frame, a partial frame of garbage, a zero-filled tail)
 must be cut back as a torn write (nothing there was acknowledged); a flipped byte in a
 length, a checksum or a payload of a frame that is whole (even the last one: it may have
-been acknowledged), any bad frame followed by valid ones, damage in a sealed segment, a bad
+been acknowledged), any bad frame followed by valid ones (written one frame per group write,
+so their durable-LSN hints say the bad one was durable; the v2 cases where they do not are in
+test_file_backend_v2.py), damage in a sealed segment, a bad
 header, a well-checksummed frame with a wrong LSN or a missing segment must raise
 `StorageCorruption(path, offset)` and leave every byte as it was (ARCHITECTURE.md §11).
 Group commit is observed through an `fsync` wrapper that logs each sync next to each
