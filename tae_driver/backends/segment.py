@@ -268,6 +268,34 @@ def find_later_record(
     return None
 
 
+# A TRUNCATE frame's header after its checksum: body_bytes 0, type 2, reserved zero. Eight
+# fixed bytes, so the search for one (whatever its LSNs) finds few false candidates, and none
+# in zeroed space.
+_TRUNCATE_NEEDLE = struct.pack("<IB3s", 0, FrameType.TRUNCATE, b"\0\0\0")
+
+
+def _later_truncate_hint(data: bytes, bad_offset: int) -> int | Undecided:
+    """The highest durable hint of a valid v2 TRUNCATE frame after `bad_offset` (-1 when
+    there is none). `find_later_record` finds RECORDs by their LSN; a TRUNCATE frame names
+    an older LSN, so it is found by its fixed header bytes instead."""
+    hint = -1
+    tried = 0
+    position = data.find(_TRUNCATE_NEEDLE, bad_offset + 1 + 8)
+    while position != -1:
+        tried += 1
+        if tried > RESYNC_CANDIDATES_MAX:
+            return _UNDECIDED
+        try:
+            frame = decode_frame(data, position - 8, version=SEGMENT_VERSION_2)
+        except BadFrame:
+            pass
+        else:
+            assert frame.durable_lsn is not None
+            hint = max(hint, frame.durable_lsn)
+        position = data.find(_TRUNCATE_NEEDLE, position + 1)
+    return hint
+
+
 @dataclass(frozen=True, slots=True)
 class _Chain:
     """A run of valid frames: where it ends, its last RECORD's LSN, its highest durable
@@ -374,6 +402,15 @@ def classify_bad_frame(
     if not newest:
         return corrupt("in a sealed segment (synced before the next one was created)")
     far = len(data) - bad_offset > limits.FILE_TORN_TAIL_BYTES_MAX
+    if version >= SEGMENT_VERSION_2 and not far:
+        truncate_hint = _later_truncate_hint(data, bad_offset)
+        if isinstance(truncate_hint, Undecided):
+            return corrupt("too many candidates to rule out valid frames after it")
+        if truncate_hint >= expected_lsn:
+            return corrupt(
+                f"a valid TRUNCATE frame follows it, written when LSNs up to {truncate_hint} "
+                f"were durable: LSN {expected_lsn} had been synced and may have been acknowledged"
+            )
     if later is not None:
         verdict = _classify_v2_holes(data, bad_offset, expected_lsn, later, corrupt, torn)
         if verdict.torn and far:

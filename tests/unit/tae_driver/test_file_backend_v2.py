@@ -148,6 +148,20 @@ def test_a_zero_hole_then_a_frame_that_says_it_was_durable_is_corruption(tmp_pat
     assert (error.lsn_lo, error.lsn_hi) == (5, LAST + 1)
 
 
+def test_a_zero_hole_then_only_a_truncate_frame_that_says_it_was_durable_is_corruption(
+    tmp_path: Path,
+) -> None:
+    """The only frame after the zeros is a TRUNCATE (the RECORD search, by LSN, cannot find
+    it): its hint still proves the zeroed LSN had been synced."""
+    data, offsets = build([[1, 2, 3], [4, 5, 6]])
+    truncate_offset = len(data)
+    data += segment.encode_frame(FrameType.TRUNCATE, 2, b"", durable_lsn=6)
+    damaged = zero(data, offsets[5], truncate_offset)  # LSNs 5 and 6 read as zeros
+    assert offline_end(damaged) == segment.END_CORRUPT
+    write_wal(tmp_path, damaged)
+    assert_refused(tmp_path, "TRUNCATE frame follows it")
+
+
 def test_garbage_then_frames_of_the_same_group_is_corruption(tmp_path: Path) -> None:
     """Frames of one group after non-zero damage: the hint allows a cut, the shape does not
     (a power loss leaves zeros, not garbage, in the middle of a write; a flipped byte in a
