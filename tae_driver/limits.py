@@ -74,7 +74,11 @@ TAIL_POLL_DELAY_MS_MAX = 128
 BACKEND_PAYLOAD_BYTES_MAX = RECORD_BYTES_MAX
 """Largest payload a local backend accepts: one driver record."""
 
-FILE_FRAME_HEADER_BYTES = 24
+FILE_FRAME_HEADER_BYTES = 32
+"""Frame header of segment format version 2 (the one written): v1's 24 bytes plus the 8-byte
+durable-LSN hint that tells a torn tail from corruption (backends/FORMAT.md)."""
+FILE_FRAME_HEADER_BYTES_V1 = 24
+"""Frame header of segment format version 1 (still read, never written)."""
 FILE_SEGMENT_HEADER_BYTES = 32
 
 FILE_SEGMENT_BYTES_DEFAULT = 64 * MiB
@@ -113,4 +117,6 @@ assert TAIL_POLL_DELAY_MS_MIN <= TAIL_POLL_DELAY_MS_MAX
 # The largest frame fits in one sync batch, so the torn-tail bound covers it.
 assert FILE_FRAME_HEADER_BYTES + BACKEND_PAYLOAD_BYTES_MAX <= FILE_SYNC_BATCH_BYTES_MAX
 assert FILE_SEGMENT_BYTES_MIN > FILE_SEGMENT_HEADER_BYTES
+# The torn-tail bound is computed with the larger (v2) header, so it covers v1 frames too.
+assert FILE_FRAME_HEADER_BYTES_V1 <= FILE_FRAME_HEADER_BYTES
 assert FILE_PENDING_APPENDS_MAX >= WINDOW_RECORDS_MAX

@@ -9,7 +9,8 @@ local backend, for an engine that runs without a log service and for benchmarks.
   A segment is created as `*.tmp`, given its header, fsynced, renamed, and the directory
   fsynced, so a segment with its final name always has a whole header.
 * **Group commit**: appends queue (bounded: `FILE_PENDING_APPENDS_MAX`, then `Overloaded`);
-  one flusher task takes everything queued (bounded by `FILE_SYNC_BATCH_*`), writes it with
+  one flusher task takes everything queued (bounded by `FILE_SYNC_BATCH_*`), encodes it with
+  the durable LSN as of this group write in every frame (format v2's hint), writes it with
   one `write` and makes it durable with **one fdatasync** in a worker thread, then completes
   every append of the batch. No append completes before its fsync; nothing syncs per append.
 * **Off the loop**: every blocking disk call (open scan, write, fsync, read, unlink, rename)
@@ -21,8 +22,11 @@ local backend, for an engine that runs without a log service and for benchmarks.
 * **Open** scans every segment: the truncated LSN is the highest TRUNCATE frame; segments
   wholly below it are deleted (finishing an interrupted truncation); the newest segment's torn
   tail (only bytes that could never have been acknowledged: `segment.classify_bad_frame`,
-  FORMAT.md) is cut back and fsynced; any other damage raises `StorageCorruption` before
-  anything is changed (issue 20). `repair.py` moves a damaged suffix aside on request.
+  FORMAT.md) is cut back; any other damage raises `StorageCorruption` before anything is
+  changed (issue 20). The newest segment is then fdatasynced (a process crash may have left
+  its frames in the page cache only: nothing unsynced is served or counted in a hint), and
+  if it is a version 1 segment a new version 2 one is rolled (frames of one version never
+  go into a file of another). `repair.py` moves a damaged suffix aside on request.
 * **Failure**: a failed write or fsync leaves the file in an unknown state (fsyncgate), so
   the backend fails every pending and later call with `BackendFailed` until reopened; the
   reopen's scan decides what survived.
@@ -34,7 +38,10 @@ Crash cases (power loss may drop unsynced bytes and tear the last write):
 | crash during              | found on open                        | action                       |
 |---------------------------|--------------------------------------|------------------------------|
 | a group write / fsync     | ends inside a frame; zero-filled end | cut back; none was acked     |
-| (none: disk damage)       | bad frame + valid ones; whole bad end| refuse; change nothing       |
+| a group write / fsync     | zeros, then frames whose hints say   | cut back (v2); none was acked|
+|                           | the zeroed LSN was not yet durable   |                              |
+| (none: disk damage)       | bad frame + valid ones that were     | refuse; change nothing       |
+|                           | durable or no zeros; whole bad end   |                              |
 | segment creation          | a `*.tmp` file, or nothing           | delete the tmp               |
 | rename / dir fsync        | new segment with no frames, or none  | keep it / use the old one    |
 | truncate frame write      | old truncated LSN                    | truncate was not acked       |
@@ -71,6 +78,8 @@ LOCK_FILE_NAME = "LOCK"
 _TMP_SUFFIX = ".tmp"
 
 Fsync = Callable[[int], None]
+_ReadStep = tuple[str, int, int, int, int, int]
+"""(path, file offset, byte count, first LSN, record count, segment version)."""
 
 
 @dataclass(slots=True)
@@ -81,6 +90,7 @@ class _Segment:
     record_frame_bytes: array[int]
     size_bytes: int
     truncate_lsn_max: int = 0
+    version: int = segment.SEGMENT_VERSION
 
     @property
     def last_lsn(self) -> int:
@@ -89,10 +99,17 @@ class _Segment:
 
 @dataclass(slots=True)
 class _Pending:
+    """An append or truncate waiting for a group write. Its frame is encoded only when the
+    batch is written, because the frame carries the durable LSN as of that write."""
+
     frame_type: FrameType
     lsn: int
-    frame: bytes
+    body: bytes
     future: asyncio.Future[int]
+
+    @property
+    def frame_bytes(self) -> int:
+        return limits.FILE_FRAME_HEADER_BYTES + len(self.body)
 
 
 @dataclass(slots=True)
@@ -233,6 +250,7 @@ class FileBackend:
                 scan.record_frame_bytes,
                 scan.valid_bytes,
                 scan.truncate_lsn_max,
+                scan.version,
             )
             for path, scan in scans
         ]
@@ -270,12 +288,46 @@ class FileBackend:
         if deleted:
             _fsync_dir(dir_path)
             dir_syncs += 1
+        if segments:
+            # What the newest segment holds may be in the page cache only (a process crash):
+            # sync it before anything is served or stamped durable in a frame's hint.
+            fd = os.open(segments[-1].path, os.O_WRONLY | os.O_APPEND)
+            try:
+                fsync(fd)
+            except BaseException:
+                os.close(fd)
+                raise
+        if segments and segments[-1].version != segment.SEGMENT_VERSION:
+            # Never append frames of one version to a segment of another: roll to a new one.
+            os.close(fd)
+            old = segments[-1]
+            base_lsn = max(old.last_lsn, truncated_lsn) + 1
+            if base_lsn > old.base_lsn:
+                path, fd = _create_segment(dir_path, base_lsn)
+                segments.append(_Segment(path, base_lsn, array("Q"), array("Q"), _header_bytes()))
+            else:
+                # It holds no record, so the new segment has its name: replace it (one
+                # rename), keeping the truncation mark it may hold (without it, the LSNs
+                # below would look missing).
+                mark = b""
+                if old.truncate_lsn_max:
+                    mark = segment.encode_frame(
+                        FrameType.TRUNCATE, old.truncate_lsn_max, b"", durable_lsn=base_lsn - 1
+                    )
+                path, fd = _create_segment(dir_path, base_lsn, mark)
+                segments[-1] = _Segment(
+                    path,
+                    base_lsn,
+                    array("Q"),
+                    array("Q"),
+                    _header_bytes() + len(mark),
+                    old.truncate_lsn_max,
+                )
+            dir_syncs += 1
         if not segments:
             path, fd = _create_segment(dir_path, truncated_lsn + 1)
             dir_syncs += 1
             segments = [_Segment(path, truncated_lsn + 1, array("Q"), array("Q"), _header_bytes())]
-        else:
-            fd = os.open(segments[-1].path, os.O_WRONLY | os.O_APPEND)
         return cls(
             dir_path,
             lock_fd,
@@ -343,7 +395,15 @@ class FileBackend:
         for path, _ in scans[:keep_from]:
             os.close(fds.pop(path))
         segments = [
-            _Segment(path, s.base_lsn, s.record_offsets, s.record_frame_bytes, s.valid_bytes)
+            _Segment(
+                path,
+                s.base_lsn,
+                s.record_offsets,
+                s.record_frame_bytes,
+                s.valid_bytes,
+                s.truncate_lsn_max,
+                s.version,
+            )
             for path, s in scans[keep_from:]
         ]
         for previous, current in itertools.pairwise(segments):
@@ -409,9 +469,7 @@ class FileBackend:
             raise Overloaded("file backend appends", limits.FILE_PENDING_APPENDS_MAX)
         lsn = self._next_lsn
         self._next_lsn += 1
-        return await self._enqueue(
-            FrameType.RECORD, lsn, segment.encode_frame(FrameType.RECORD, lsn, bytes(payload))
-        )
+        return await self._enqueue(FrameType.RECORD, lsn, bytes(payload))
 
     async def read(self, first_lsn: int, max_bytes: int) -> tuple[list[Record], int]:
         self._check_usable()
@@ -438,9 +496,7 @@ class FileBackend:
                 raise AlreadyTruncated(lsn, self._truncated_lsn)
             if lsn > self._durable_lsn:
                 raise OutOfRange(lsn, self._truncated_lsn, self._durable_lsn)
-            await self._enqueue(
-                FrameType.TRUNCATE, lsn, segment.encode_frame(FrameType.TRUNCATE, lsn)
-            )
+            await self._enqueue(FrameType.TRUNCATE, lsn, b"")
             self._truncated_lsn = max(self._truncated_lsn, lsn)
             holder = max(
                 (i for i, s in enumerate(self._segments) if s.truncate_lsn_max >= lsn),
@@ -491,9 +547,9 @@ class FileBackend:
         if self._failure is not None:
             raise BackendFailed(f"{self._dir_path} failed: {self._failure!r}") from self._failure
 
-    async def _enqueue(self, frame_type: FrameType, lsn: int, frame: bytes) -> int:
+    async def _enqueue(self, frame_type: FrameType, lsn: int, body: bytes) -> int:
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self._pending.append(_Pending(frame_type, lsn, frame, future))
+        self._pending.append(_Pending(frame_type, lsn, body, future))
         self._idle.clear()
         if self._flusher is None:
             self._flusher = asyncio.get_running_loop().create_task(self._flush_loop())
@@ -518,11 +574,11 @@ class FileBackend:
         count = 0
         for item in self._pending:
             if count and (
-                size_bytes + len(item.frame) > limits.FILE_SYNC_BATCH_BYTES_MAX
+                size_bytes + item.frame_bytes > limits.FILE_SYNC_BATCH_BYTES_MAX
                 or count >= limits.FILE_SYNC_BATCH_FRAMES_MAX
             ):
                 break
-            size_bytes += len(item.frame)
+            size_bytes += item.frame_bytes
             count += 1
         batch = self._pending[:count]
         del self._pending[:count]
@@ -530,7 +586,17 @@ class FileBackend:
 
     async def _write_batch(self, batch: list[_Pending]) -> None:
         active = self._segments[-1]
-        data = b"".join(item.frame for item in batch)
+        assert active.version == segment.SEGMENT_VERSION
+        # Every frame of the batch carries the durable LSN as of this group write: the
+        # previous batch's fsync returned before this one starts, so everything written
+        # before is synced (FORMAT.md: what the hint proves on recovery).
+        assert self._written_lsn == self._durable_lsn
+        durable_lsn = self._durable_lsn
+        encode = segment.encode_frame
+        frames = [
+            encode(item.frame_type, item.lsn, item.body, durable_lsn=durable_lsn) for item in batch
+        ]
+        data = b"".join(frames)
         record_lsns = [item.lsn for item in batch if item.frame_type is FrameType.RECORD]
         last_lsn = record_lsns[-1] if record_lsns else self._durable_lsn
         rotate = active.size_bytes + len(data) >= self._segment_bytes_max
@@ -546,14 +612,14 @@ class FileBackend:
         self._batches_written += 1
         self._frames_written += len(batch)
         offset = active.size_bytes
-        for item in batch:
+        for item, frame in zip(batch, frames, strict=True):
             if item.frame_type is FrameType.RECORD:
                 assert item.lsn == active.last_lsn + 1
                 active.record_offsets.append(offset)
-                active.record_frame_bytes.append(len(item.frame))
+                active.record_frame_bytes.append(len(frame))
             else:
                 active.truncate_lsn_max = max(active.truncate_lsn_max, item.lsn)
-            offset += len(item.frame)
+            offset += len(frame)
         active.size_bytes = offset
         self._durable_lsn = max(self._durable_lsn, last_lsn)
         if result.rotated_to is not None:
@@ -598,21 +664,22 @@ class FileBackend:
         self._idle.set()
         self._grown.set()
 
-    def _plan_read(self, first_lsn: int, max_bytes: int) -> list[tuple[str, int, int, int, int]]:
-        """(path, file offset, byte count, first LSN, record count) per segment to read."""
+    def _plan_read(self, first_lsn: int, max_bytes: int) -> list[_ReadStep]:
+        """(path, file offset, byte count, first LSN, record count, version) per segment."""
         bases = [s.base_lsn for s in self._segments]
         index = bisect.bisect_right(bases, first_lsn) - 1
         assert index >= 0
-        plan: list[tuple[str, int, int, int, int]] = []
+        plan: list[_ReadStep] = []
         budget_bytes = max_bytes
         lsn = first_lsn
         while index < len(self._segments) and lsn <= self._durable_lsn:
             seg = self._segments[index]
+            header_bytes = segment.frame_header_bytes(seg.version)
             position = lsn - seg.base_lsn
             count = 0
             while position + count < len(seg.record_offsets) and lsn + count <= self._durable_lsn:
                 frame_bytes = seg.record_frame_bytes[position + count]
-                payload_bytes = frame_bytes - limits.FILE_FRAME_HEADER_BYTES
+                payload_bytes = frame_bytes - header_bytes
                 if (plan or count) and payload_bytes > budget_bytes:
                     break
                 budget_bytes -= payload_bytes
@@ -621,7 +688,7 @@ class FileBackend:
                 start = seg.record_offsets[position]
                 last = position + count - 1
                 end = seg.record_offsets[last] + seg.record_frame_bytes[last]
-                plan.append((seg.path, start, end - start, lsn, count))
+                plan.append((seg.path, start, end - start, lsn, count, seg.version))
                 lsn += count
             if position + count < len(seg.record_offsets) or budget_bytes <= 0:
                 break
@@ -634,14 +701,15 @@ def _header_bytes() -> int:
     return limits.FILE_SEGMENT_HEADER_BYTES
 
 
-def _create_segment(dir_path: str, base_lsn: int) -> tuple[str, int]:
-    """Create a segment durably (tmp, header, fsync, rename, dir fsync); return path and an
-    append fd."""
+def _create_segment(dir_path: str, base_lsn: int, first_frames: bytes = b"") -> tuple[str, int]:
+    """Create a segment durably (tmp, header and `first_frames`, fsync, rename, dir fsync);
+    return path and an append fd. The rename replaces a file of the same name atomically
+    (a version 1 segment with no records, rolled to version 2 on open)."""
     path = os.path.join(dir_path, segment.segment_file_name(base_lsn))
     tmp_path = path + _TMP_SUFFIX
     fd = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
     try:
-        header = segment.encode_segment_header(base_lsn)
+        header = segment.encode_segment_header(base_lsn) + first_frames
         if os.write(fd, header) != len(header):
             raise OSError("short write of a segment header")
         os.fsync(fd)
@@ -675,12 +743,10 @@ def _close_fds(fds: list[int]) -> None:
             os.close(fd)
 
 
-def _read_sync(
-    plan: list[tuple[str, int, int, int, int]], open_fds: dict[str, int]
-) -> list[tuple[int, bytes]]:
+def _read_sync(plan: list[_ReadStep], open_fds: dict[str, int]) -> list[tuple[int, bytes]]:
     """`open_fds`: a read-only backend's descriptors by path (else each file is opened)."""
     out: list[tuple[int, bytes]] = []
-    for path, offset, size_bytes, first_lsn, count in plan:
+    for path, offset, size_bytes, first_lsn, count, version in plan:
         held = open_fds.get(path)
         fd = os.open(path, os.O_RDONLY) if held is None else held
         try:
@@ -690,7 +756,7 @@ def _read_sync(
                 os.close(fd)
         if len(data) != size_bytes:
             raise StorageCorruption(path, offset + len(data), "segment shorter than its index")
-        out.extend(segment.decode_records_in(data, path, offset, first_lsn, count))
+        out.extend(segment.decode_records_in(data, path, offset, first_lsn, count, version=version))
     return out
 
 

@@ -172,17 +172,22 @@ def _plan(
 
 
 def _frames_from(path: str, data: bytes, offset: int, expected_lsn: int) -> Iterator[LostFrame]:
-    """Every frame in `data[offset:]`: whole ones in order, and at each damaged spot one
-    best-effort frame read from its header, then a search for the next whole RECORD."""
-    frames_max = len(data) // limits.FILE_FRAME_HEADER_BYTES + 1  # a bound on the loop
+    """Every frame in `data[offset:]` (`data` is the whole file): whole ones in order, and at
+    each damaged spot one best-effort frame read from its header, then a search for the next
+    whole RECORD."""
+    try:
+        version = segment.decode_segment_header(data, path).version
+    except StorageCorruption:
+        version = segment.SEGMENT_VERSION  # a bad header: read the frames as the current ones
+    frames_max = len(data) // limits.FILE_FRAME_HEADER_BYTES_V1 + 1  # a bound on the loop
     for _ in range(frames_max):
         if offset >= len(data):
             return
         try:
-            frame = segment.decode_frame(data, offset)
+            frame = segment.decode_frame(data, offset, version=version)
         except segment.BadFrame:
-            yield _damaged_frame(path, data, offset)
-            later = segment.find_later_record(data, offset, expected_lsn)
+            yield _damaged_frame(path, data, offset, version)
+            later = segment.find_later_record(data, offset, expected_lsn, version=version)
             if later is None or isinstance(later, segment.Undecided):
                 return
             offset, frame = later
@@ -192,13 +197,14 @@ def _frames_from(path: str, data: bytes, offset: int, expected_lsn: int) -> Iter
         offset += frame.size_bytes
 
 
-def _damaged_frame(path: str, data: bytes, offset: int) -> LostFrame:
-    if len(data) - offset < limits.FILE_FRAME_HEADER_BYTES:
+def _damaged_frame(path: str, data: bytes, offset: int, version: int) -> LostFrame:
+    header_bytes = segment.frame_header_bytes(version)
+    if len(data) - offset < header_bytes:
         return LostFrame(path, offset, None, None, bytes(data[offset:]), False)
     body_bytes, raw_type, lsn = struct.unpack_from("<IB3xQ", data, offset + 8)
-    end = min(len(data), offset + limits.FILE_FRAME_HEADER_BYTES + body_bytes)
+    end = min(len(data), offset + header_bytes + body_bytes)
     frame_type = FrameType(raw_type) if raw_type in (1, 2) else None
-    body = bytes(data[offset + limits.FILE_FRAME_HEADER_BYTES : end])
+    body = bytes(data[offset + header_bytes : end])
     return LostFrame(path, offset, frame_type, int(lsn), body, False)
 
 

@@ -5,17 +5,23 @@ every file starts with a magic number and a version; every frame has a length, a
 invalid, so zero-filled space never parses) and an XXH3 checksum over everything after the
 checksum. A frame is either a RECORD (one appended payload at a dense LSN) or a TRUNCATE
 marker (the truncated LSN, so the truncation point survives a restart without a second file).
+Version 2 frames also carry `durable_lsn`: the highest LSN the writer knew to be fsynced
+before the group write the frame belongs to (the shard store's durable-index hint,
+`logsvc/store/records.py`). Version 1 segments are still read; new ones are version 2.
 
 `classify_bad_frame` decides what a damaged file means (ARCHITECTURE.md §11; the shared
 power-loss model is `logsvc/torn.py`; the table is in FORMAT.md). Only bytes that could never
 have been acknowledged are a torn tail, cut on open: the first bad frame lies in the newest
-segment, within one group write (`FILE_TORN_TAIL_BYTES_MAX`) of its end, no valid frame
-follows it, and the damage has the shape a power loss leaves (the file ends inside a frame,
-or the tail is zero-filled). Everything else is `StorageCorruption(path, offset, reason,
-lsn_lo, lsn_hi)`: reported, never skipped, nothing changed. In particular a bad frame
-followed by valid frames is corruption (v1 frames carry no durable-LSN hint, so nothing
-proves the later frames were not acknowledged), and so is a frame that is whole to the end
-of the file with non-zero damage (a flipped byte; it may have been acknowledged).
+segment, within one group write (`FILE_TORN_TAIL_BYTES_MAX`) of its end, and the damage has
+the shape a power loss leaves (the file ends inside a frame, or in zero-filled space).
+Valid frames after the bad one make it corruption in version 1 (nothing proves they were not
+acknowledged); in version 2 they are cut with it only if every one of them says the bad
+frame's LSN was not yet durable when it was written (so they and the damage are one group
+write, the last, never synced) and each damaged span is unwritten space (zeros). A frame
+that is whole to the end of the file with non-zero damage is corruption in both versions: a
+flipped byte in an acknowledged last frame looks exactly the same. Everything else is
+`StorageCorruption(path, offset, reason, lsn_lo, lsn_hi)`: reported, never skipped, nothing
+changed.
 """
 
 from __future__ import annotations
@@ -23,20 +29,45 @@ from __future__ import annotations
 import enum
 import struct
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from logsvc.torn import is_zero_filled_tail
+from logsvc.torn import (
+    has_zero_page,
+    is_lost_page_tail,
+    is_zero_filled_tail,
+    starts_with_zero_run,
+)
 from tae_driver import limits
 from tae_driver.checksum import xxh3_64
 from tae_driver.errors import StorageCorruption
 
 SEGMENT_MAGIC = b"TDWALSEG"
-SEGMENT_VERSION = 1
+SEGMENT_VERSION_1 = 1
+SEGMENT_VERSION_2 = 2
+SEGMENT_VERSION = SEGMENT_VERSION_2
+"""The version new segments are written in. Version 1 segments are still read (and their
+frames keep the version 1 torn-tail rule); the backend never appends to one (it rolls)."""
+SEGMENT_VERSIONS_READ = (SEGMENT_VERSION_1, SEGMENT_VERSION_2)
 
 _SEGMENT_HEADER = struct.Struct("<8sHHIQQ")
 assert _SEGMENT_HEADER.size == limits.FILE_SEGMENT_HEADER_BYTES
-_FRAME_HEADER = struct.Struct("<QIB3sQ")
-assert _FRAME_HEADER.size == limits.FILE_FRAME_HEADER_BYTES
+# checksum, body_bytes, type, reserved, lsn (v1) + durable_lsn (v2). The LSN stays at frame
+# offset 16 in both, so the resync search (`find_later_record`) reads either version.
+_FRAME_HEADER_V1 = struct.Struct("<QIB3sQ")
+assert _FRAME_HEADER_V1.size == limits.FILE_FRAME_HEADER_BYTES_V1
+_FRAME_HEADER_V2 = struct.Struct("<QIB3sQQ")
+assert _FRAME_HEADER_V2.size == limits.FILE_FRAME_HEADER_BYTES
+_FRAME_LSN_OFFSET = 16
+
+
+def frame_header_bytes(version: int) -> int:
+    """The frame header size of a segment of `version`."""
+    assert version in SEGMENT_VERSIONS_READ
+    if version == SEGMENT_VERSION_1:
+        return limits.FILE_FRAME_HEADER_BYTES_V1
+    return limits.FILE_FRAME_HEADER_BYTES
+
 
 FRAME_BODY_BYTES_MAX = limits.BACKEND_PAYLOAD_BYTES_MAX
 
@@ -61,18 +92,40 @@ def parse_segment_file_name(name: str) -> int | None:
     return int(digits)
 
 
-def encode_segment_header(base_lsn: int) -> bytes:
+def encode_segment_header(base_lsn: int, version: int = SEGMENT_VERSION) -> bytes:
+    """A segment header. `version` other than the current one is for tests and golden
+    vectors (a version 1 directory, to prove it is still read)."""
     assert base_lsn >= 1
-    unsealed = _SEGMENT_HEADER.pack(SEGMENT_MAGIC, SEGMENT_VERSION, 0, 0, base_lsn, 0)[:24]
+    assert version in SEGMENT_VERSIONS_READ
+    unsealed = _SEGMENT_HEADER.pack(SEGMENT_MAGIC, version, 0, 0, base_lsn, 0)[:24]
     return unsealed + struct.pack("<Q", xxh3_64(unsealed))
 
 
-def encode_frame(frame_type: FrameType, lsn: int, body: bytes = b"") -> bytes:
+def _check_frame_fields(frame_type: FrameType, lsn: int, body: bytes) -> None:
     assert frame_type in (FrameType.RECORD, FrameType.TRUNCATE)
     assert lsn >= 1
     assert len(body) <= FRAME_BODY_BYTES_MAX
     assert frame_type is FrameType.RECORD or not body
-    unsealed = _FRAME_HEADER.pack(0, len(body), frame_type, b"\0\0\0", lsn)[8:] + body
+
+
+def encode_frame(frame_type: FrameType, lsn: int, body: bytes, *, durable_lsn: int) -> bytes:
+    """A version 2 frame. `durable_lsn`: the highest LSN the writer knew to be fsynced when
+    it wrote this frame, i.e. before the group write the frame belongs to (FORMAT.md)."""
+    _check_frame_fields(frame_type, lsn, body)
+    assert durable_lsn >= 0
+    # A RECORD is never durable before it is written; a TRUNCATE names a durable LSN.
+    assert durable_lsn < lsn if frame_type is FrameType.RECORD else durable_lsn >= lsn
+    unsealed = (
+        _FRAME_HEADER_V2.pack(0, len(body), frame_type, b"\0\0\0", lsn, durable_lsn)[8:] + body
+    )
+    return struct.pack("<Q", xxh3_64(unsealed)) + unsealed
+
+
+def encode_frame_v1(frame_type: FrameType, lsn: int, body: bytes = b"") -> bytes:
+    """A version 1 frame (no durable hint): only for tests and golden vectors; the backend
+    writes version 2."""
+    _check_frame_fields(frame_type, lsn, body)
+    unsealed = _FRAME_HEADER_V1.pack(0, len(body), frame_type, b"\0\0\0", lsn)[8:] + body
     return struct.pack("<Q", xxh3_64(unsealed)) + unsealed
 
 
@@ -82,6 +135,18 @@ class Frame:
     lsn: int
     body: bytes
     size_bytes: int
+    durable_lsn: int | None = None
+    """Version 2: the writer's durable LSN before this frame's group write; None in v1."""
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentHeader:
+    base_lsn: int
+    version: int
+
+    @property
+    def frame_header_bytes(self) -> int:
+        return frame_header_bytes(self.version)
 
 
 class BadFrame(Exception):
@@ -94,8 +159,8 @@ class BadFrame(Exception):
         self.reason = reason
 
 
-def decode_segment_header(data: bytes, path: str) -> int:
-    """The base LSN of a segment whose first bytes are `data`."""
+def decode_segment_header(data: bytes, path: str) -> SegmentHeader:
+    """The header (base LSN, version) of a segment whose first bytes are `data`."""
     if len(data) < limits.FILE_SEGMENT_HEADER_BYTES:
         raise StorageCorruption(path, 0, "segment header is short")
     magic, version, flags, reserved, base_lsn, checksum = _SEGMENT_HEADER.unpack_from(data, 0)
@@ -103,23 +168,33 @@ def decode_segment_header(data: bytes, path: str) -> int:
         raise StorageCorruption(path, 24, "segment header checksum mismatch")
     if magic != SEGMENT_MAGIC:
         raise StorageCorruption(path, 0, "not a segment file (bad magic)")
-    if version != SEGMENT_VERSION:
+    if version not in SEGMENT_VERSIONS_READ:
         raise StorageCorruption(path, 8, f"unknown segment version {version}")
     if flags != 0 or reserved != 0 or base_lsn < 1:
         raise StorageCorruption(path, 10, "bad segment header fields")
-    return int(base_lsn)
+    return SegmentHeader(int(base_lsn), int(version))
 
 
-def decode_frame(data: bytes | memoryview, offset: int, *, verify_checksum: bool = True) -> Frame:
-    """The frame at `offset`; raises `BadFrame` when the bytes there are not a whole frame.
-    `verify_checksum=False` (offline listings only) trusts the checksum without computing it."""
+def decode_frame(
+    data: bytes | memoryview, offset: int, *, version: int, verify_checksum: bool = True
+) -> Frame:
+    """The frame at `offset` of a segment of `version`; raises `BadFrame` when the bytes
+    there are not a whole frame. `verify_checksum=False` (offline listings only) trusts the
+    checksum without computing it."""
+    header_bytes = frame_header_bytes(version)
     remaining = len(data) - offset
-    if remaining < limits.FILE_FRAME_HEADER_BYTES:
+    if remaining < header_bytes:
         raise BadFrame(offset, "short frame header")
-    checksum, body_bytes, raw_type, reserved, lsn = _FRAME_HEADER.unpack_from(data, offset)
+    durable_lsn: int | None = None
+    if version == SEGMENT_VERSION_1:
+        checksum, body_bytes, raw_type, reserved, lsn = _FRAME_HEADER_V1.unpack_from(data, offset)
+    else:
+        checksum, body_bytes, raw_type, reserved, lsn, durable_lsn = _FRAME_HEADER_V2.unpack_from(
+            data, offset
+        )
     if body_bytes > FRAME_BODY_BYTES_MAX:
         raise BadFrame(offset, f"frame length {body_bytes} too large")
-    end = offset + limits.FILE_FRAME_HEADER_BYTES + body_bytes
+    end = offset + header_bytes + body_bytes
     if end > len(data):
         raise BadFrame(offset, "frame runs past the end of the file")
     if verify_checksum and checksum != xxh3_64(memoryview(data)[offset + 8 : end]):
@@ -128,8 +203,12 @@ def decode_frame(data: bytes | memoryview, offset: int, *, verify_checksum: bool
         raise BadFrame(offset, f"invalid frame type {raw_type}")
     if reserved != b"\0\0\0":
         raise BadFrame(offset, "reserved frame bytes are not zero")
-    body = bytes(data[offset + limits.FILE_FRAME_HEADER_BYTES : end])
-    return Frame(FrameType(raw_type), int(lsn), body, end - offset)
+    if durable_lsn is not None and (
+        durable_lsn >= lsn if raw_type == FrameType.RECORD else durable_lsn < lsn
+    ):
+        raise BadFrame(offset, f"frame durable LSN {durable_lsn} impossible for LSN {lsn}")
+    body = bytes(data[offset + header_bytes : end])
+    return Frame(FrameType(raw_type), int(lsn), body, end - offset, durable_lsn)
 
 
 # How far past a bad frame to look for a later valid RECORD (its LSN within this many of the
@@ -140,6 +219,9 @@ def decode_frame(data: bytes | memoryview, offset: int, *, verify_checksum: bool
 # The search runs only when a frame is bad: at most 128 `find`s over the last 6 MiB.
 RESYNC_LSNS_AHEAD = 128
 RESYNC_CANDIDATES_MAX = 4096
+# Version 2 walks the whole damaged tail (hole, frames, hole, frames...): at most this many
+# holes before it decides conservatively. A 4 MiB group write has 1,024 pages.
+RESYNC_HOLES_MAX = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,50 +245,92 @@ _UNDECIDED = Undecided()
 
 
 def find_later_record(
-    data: bytes, bad_offset: int, expected_lsn: int
+    data: bytes, bad_offset: int, expected_lsn: int, *, version: int
 ) -> tuple[int, Frame] | Undecided | None:
-    """A valid RECORD after `bad_offset` with an LSN in [expected, expected + 8), found by
+    """A valid RECORD after `bad_offset` with an LSN in [expected, expected + 128), found by
     searching for the packed LSN field (frame offset 16); bounded in candidates tried."""
     tried = 0
     for lsn in range(expected_lsn, expected_lsn + RESYNC_LSNS_AHEAD):
         needle = struct.pack("<Q", lsn)
-        position = data.find(needle, bad_offset + 1 + 16)
+        position = data.find(needle, bad_offset + 1 + _FRAME_LSN_OFFSET)
         while position != -1:
             tried += 1
             if tried > RESYNC_CANDIDATES_MAX:
                 return _UNDECIDED
             try:
-                frame = decode_frame(data, position - 16)
+                frame = decode_frame(data, position - _FRAME_LSN_OFFSET, version=version)
             except BadFrame:
                 pass
             else:
                 if frame.frame_type is FrameType.RECORD and frame.lsn == lsn:
-                    return position - 16, frame
+                    return position - _FRAME_LSN_OFFSET, frame
             position = data.find(needle, position + 1)
     return None
 
 
-def _last_chained_lsn(data: bytes, offset: int, frame: Frame) -> int:
-    """The LSN of the last RECORD in the run of valid frames starting with `frame`."""
+# A TRUNCATE frame's header after its checksum: body_bytes 0, type 2, reserved zero. Eight
+# fixed bytes, so the search for one (whatever its LSNs) finds few false candidates, and none
+# in zeroed space.
+_TRUNCATE_NEEDLE = struct.pack("<IB3s", 0, FrameType.TRUNCATE, b"\0\0\0")
+
+
+def _later_truncate_hint(data: bytes, bad_offset: int) -> int | Undecided:
+    """The highest durable hint of a valid v2 TRUNCATE frame after `bad_offset` (-1 when
+    there is none). `find_later_record` finds RECORDs by their LSN; a TRUNCATE frame names
+    an older LSN, so it is found by its fixed header bytes instead."""
+    hint = -1
+    tried = 0
+    position = data.find(_TRUNCATE_NEEDLE, bad_offset + 1 + 8)
+    while position != -1:
+        tried += 1
+        if tried > RESYNC_CANDIDATES_MAX:
+            return _UNDECIDED
+        try:
+            frame = decode_frame(data, position - 8, version=SEGMENT_VERSION_2)
+        except BadFrame:
+            pass
+        else:
+            assert frame.durable_lsn is not None
+            hint = max(hint, frame.durable_lsn)
+        position = data.find(_TRUNCATE_NEEDLE, position + 1)
+    return hint
+
+
+@dataclass(frozen=True, slots=True)
+class _Chain:
+    """A run of valid frames: where it ends, its last RECORD's LSN, its highest durable
+    hint (-1 in v1), and whether it broke on a frame with a good checksum and a wrong LSN."""
+
+    end_offset: int
+    lsn_last: int
+    durable_lsn_max: int
+    out_of_sequence: bool
+
+
+def _follow_chain(data: bytes, offset: int, frame: Frame, version: int) -> _Chain:
+    """The run of valid frames starting with `frame` at `offset`."""
     lsn = frame.lsn
+    durable_lsn_max = -1 if frame.durable_lsn is None else frame.durable_lsn
     offset += frame.size_bytes
     while offset < len(data):
         try:
-            following = decode_frame(data, offset)
+            following = decode_frame(data, offset, version=version)
         except BadFrame:
             break
         if following.frame_type is FrameType.RECORD:
             if following.lsn != lsn + 1:
-                break
+                return _Chain(offset, lsn, durable_lsn_max, True)
             lsn = following.lsn
+        if following.durable_lsn is not None:
+            durable_lsn_max = max(durable_lsn_max, following.durable_lsn)
         offset += following.size_bytes
-    return lsn
+    return _Chain(offset, lsn, durable_lsn_max, False)
 
 
-def _whole_with_bad_length(data: bytes, offset: int) -> bool:
+def _whole_with_bad_length(data: bytes, offset: int, version: int) -> bool:
     """Whether the frame at `offset` is whole to the end of the file with only its length
     field damaged: the checksum holds once the length is set to what is left."""
-    body_bytes = len(data) - offset - limits.FILE_FRAME_HEADER_BYTES
+    body_bytes = len(data) - offset - frame_header_bytes(version)
     if not 0 <= body_bytes <= FRAME_BODY_BYTES_MAX:
         return False
     (checksum,) = struct.unpack_from("<Q", data, offset)
@@ -214,25 +338,46 @@ def _whole_with_bad_length(data: bytes, offset: int) -> bool:
     return bool(checksum == xxh3_64(fixed))
 
 
-def _ends_inside_a_frame(data: bytes, offset: int) -> bool:
+def _ends_inside_a_frame(data: bytes, offset: int, version: int) -> bool:
     """Walking frame lengths from `offset` (no checksums), whether the file ends inside a
     frame (a group write cut short) rather than exactly at a frame's end."""
+    header_bytes = frame_header_bytes(version)
     while offset < len(data):
-        if len(data) - offset < limits.FILE_FRAME_HEADER_BYTES:
+        if len(data) - offset < header_bytes:
             return True
         (body_bytes,) = struct.unpack_from("<I", data, offset + 8)
-        end = offset + limits.FILE_FRAME_HEADER_BYTES + body_bytes
+        end = offset + header_bytes + body_bytes
         if body_bytes > FRAME_BODY_BYTES_MAX or end > len(data):
             return True
         offset = end
     return False
 
 
+def _torn_end(data: bytes, offset: int, version: int) -> str | None:
+    """Why the bytes from `offset` (a bad frame, no valid frame after it) to the end of the
+    newest segment are what a power loss leaves of an unsynced write, or None when they are
+    not (a whole frame with non-zero damage: it may have been written, synced, acknowledged
+    and then damaged, which a power loss does not do)."""
+    if len(data) - offset < frame_header_bytes(version):
+        return "the file ends inside a frame header: a group write cut short"
+    if _whole_with_bad_length(data, offset, version):
+        return None
+    if _ends_inside_a_frame(data, offset, version):
+        return "the file ends inside a frame: a group write cut short"
+    if is_zero_filled_tail(data, offset):
+        return "a zero-filled tail: space a power loss left unwritten"
+    if version >= SEGMENT_VERSION_2 and is_lost_page_tail(data, offset):
+        return "a zeroed tail from a page boundary: the last page of a write never reached disk"
+    return None
+
+
 def classify_bad_frame(
-    data: bytes, bad_offset: int, reason: str, expected_lsn: int, *, newest: bool
+    data: bytes, bad_offset: int, reason: str, expected_lsn: int, *, newest: bool, version: int
 ) -> BadFrameVerdict:
-    """Torn tail or corruption: the first bad frame of a segment is at `bad_offset`, the
-    next RECORD expected there has `expected_lsn`. The rule is in the module doc."""
+    """Torn tail or corruption: the first bad frame of a segment of `version` is at
+    `bad_offset`, the next RECORD expected there has `expected_lsn`. The rules are in the
+    module doc and FORMAT.md; version 1 frames carry no durable hint, so any valid frame
+    after the damage makes it corruption."""
 
     def corrupt(why: str, lsn_found_max: int = expected_lsn - 1) -> BadFrameVerdict:
         return BadFrameVerdict(bad_offset, False, f"{reason}; {why}", expected_lsn, lsn_found_max)
@@ -242,37 +387,113 @@ def classify_bad_frame(
             bad_offset, True, f"{reason} ({why})", expected_lsn, expected_lsn - 1
         )
 
-    later = find_later_record(data, bad_offset, expected_lsn)
+    later = find_later_record(data, bad_offset, expected_lsn, version=version)
     if isinstance(later, Undecided):
         return corrupt("too many candidates to rule out valid frames after it")
-    if later is not None:
+    if later is not None and (version == SEGMENT_VERSION_1 or not newest):
         later_offset, frame = later
+        chain = _follow_chain(data, later_offset, frame, version)
+        why = "sealed segment" if newest is False else "v1 frames carry no durable hint"
         return corrupt(
             f"valid frames follow it (LSN {frame.lsn} at byte {later_offset}): they were or "
-            "may have been acknowledged",
-            _last_chained_lsn(data, later_offset, frame),
+            f"may have been acknowledged ({why})",
+            chain.lsn_last,
         )
     if not newest:
         return corrupt("in a sealed segment (synced before the next one was created)")
-    if len(data) - bad_offset > limits.FILE_TORN_TAIL_BYTES_MAX:
+    far = len(data) - bad_offset > limits.FILE_TORN_TAIL_BYTES_MAX
+    if version >= SEGMENT_VERSION_2 and not far:
+        truncate_hint = _later_truncate_hint(data, bad_offset)
+        if isinstance(truncate_hint, Undecided):
+            return corrupt("too many candidates to rule out valid frames after it")
+        if truncate_hint >= expected_lsn:
+            return corrupt(
+                f"a valid TRUNCATE frame follows it, written when LSNs up to {truncate_hint} "
+                f"were durable: LSN {expected_lsn} had been synced and may have been acknowledged"
+            )
+    if later is not None:
+        verdict = _classify_v2_holes(data, bad_offset, expected_lsn, later, corrupt, torn)
+        if verdict.torn and far:
+            return corrupt("further from the end than one group write", verdict.lsn_found_max)
+        return verdict
+    if far:
         return corrupt("further from the end than one group write")
-    if len(data) - bad_offset < limits.FILE_FRAME_HEADER_BYTES:
-        return torn("the file ends inside a frame header: a group write cut short")
-    if _whole_with_bad_length(data, bad_offset):
-        return corrupt("a whole frame to the end of the file with a damaged length")
-    if _ends_inside_a_frame(data, bad_offset):
-        return torn("the file ends inside a frame: a group write cut short")
-    if is_zero_filled_tail(data, bad_offset):
-        return torn("a zero-filled tail: space a power loss left unwritten")
-    return corrupt(
-        "the frames to the end of the file are whole, so they were written in full and may "
-        "have been acknowledged"
-    )
+    why_torn = _torn_end(data, bad_offset, version)
+    if why_torn is None:
+        return corrupt(
+            "the frames to the end of the file are whole, so they were written in full "
+            "and may have been acknowledged"
+        )
+    return torn(why_torn)
+
+
+def _classify_v2_holes(
+    data: bytes,
+    bad_offset: int,
+    expected_lsn: int,
+    later: tuple[int, Frame],
+    corrupt: Callable[[str, int], BadFrameVerdict],
+    torn: Callable[[str], BadFrameVerdict],
+) -> BadFrameVerdict:
+    """Version 2, newest segment, valid frames after the bad one: torn only if every one of
+    them says LSN `expected_lsn` was not yet durable when it was written (so all of them and
+    the damage belong to one group write, the last, which was never synced), each damaged
+    span between them is unwritten space (a whole zeroed page, or a zeroed frame start), and
+    the file ends as a power loss leaves it."""
+    hole_offset = bad_offset
+    lsn_found_max = expected_lsn - 1
+    for _ in range(RESYNC_HOLES_MAX):
+        later_offset, frame = later
+        chain = _follow_chain(data, later_offset, frame, SEGMENT_VERSION_2)
+        lsn_found_max = chain.lsn_last
+        if chain.durable_lsn_max >= expected_lsn:
+            return corrupt(
+                f"valid frames follow it (LSNs {frame.lsn}..{chain.lsn_last} from byte "
+                f"{later_offset}), written when LSNs up to {chain.durable_lsn_max} were "
+                f"durable: LSN {expected_lsn} had been synced and may have been acknowledged",
+                lsn_found_max,
+            )
+        # A lost page, not a zero sector: the span may be one frame whose own data holds a
+        # sector of zeros next to a flipped byte (a page of zeros is far rarer); a zeroed
+        # frame start is never data (a checksum is not zero).
+        if not (
+            starts_with_zero_run(data, hole_offset)
+            or has_zero_page(data, hole_offset, later_offset)
+        ):
+            return corrupt(
+                f"valid frames follow it (LSN {frame.lsn} at byte {later_offset}) after damage "
+                f"at byte {hole_offset} that is not unwritten space (no zeroed 4 KiB page or "
+                "frame start): not what a power loss does to an unsynced write",
+                lsn_found_max,
+            )
+        if chain.out_of_sequence:
+            return corrupt(f"a frame out of sequence after LSN {chain.lsn_last}", lsn_found_max)
+        if chain.end_offset == len(data):
+            return torn(
+                "unwritten space, then frames all written before it was durable: pages of the "
+                "last, unsynced group write lost out of order"
+            )
+        hole_offset = chain.end_offset
+        found = find_later_record(data, hole_offset, chain.lsn_last + 1, version=SEGMENT_VERSION_2)
+        if isinstance(found, Undecided):
+            return corrupt("too many candidates to rule out valid frames after it", lsn_found_max)
+        if found is None:
+            why_torn = _torn_end(data, hole_offset, SEGMENT_VERSION_2)
+            if why_torn is None:
+                return corrupt(
+                    f"the frame at byte {hole_offset} is whole to the end of the file with "
+                    "non-zero damage: it may have been acknowledged",
+                    lsn_found_max,
+                )
+            return torn(f"frames lost out of order, then {why_torn}")
+        later = found
+    return corrupt("too many damaged spans after it", lsn_found_max)
 
 
 @dataclass(slots=True)
 class SegmentScan:
     base_lsn: int
+    version: int = SEGMENT_VERSION
     record_offsets: array[int] = field(default_factory=lambda: array("Q"))
     record_frame_bytes: array[int] = field(default_factory=lambda: array("Q"))
     truncate_lsn_max: int = 0
@@ -290,17 +511,30 @@ class SegmentScan:
         return self.base_lsn + len(self.record_offsets) - 1
 
 
+def _hint_error(frame: Frame, durable_lsn_max: int) -> str | None:
+    """Why a whole frame's durable hint cannot be right after the frames before it (hints
+    never go down, and never pass the last record written before the frame), or None."""
+    if frame.durable_lsn is None:
+        return None
+    if frame.durable_lsn < durable_lsn_max:
+        return f"durable LSN {frame.durable_lsn} below an earlier frame's {durable_lsn_max}"
+    return None
+
+
 def scan_segment(data: bytes, path: str, *, newest: bool) -> SegmentScan:
     """Index a whole segment file. See the module doc for what damage means."""
-    base_lsn = decode_segment_header(data, path)
-    scan = SegmentScan(base_lsn)
+    header = decode_segment_header(data, path)
+    scan = SegmentScan(header.base_lsn, header.version)
     offset = limits.FILE_SEGMENT_HEADER_BYTES
-    next_lsn = base_lsn
+    next_lsn = header.base_lsn
+    durable_lsn_max = 0
     while offset < len(data):
         try:
-            frame = decode_frame(data, offset)
+            frame = decode_frame(data, offset, version=header.version)
         except BadFrame as bad:
-            verdict = classify_bad_frame(data, bad.offset, bad.reason, next_lsn, newest=newest)
+            verdict = classify_bad_frame(
+                data, bad.offset, bad.reason, next_lsn, newest=newest, version=header.version
+            )
             if verdict.torn:
                 scan.torn_offset = bad.offset
                 scan.torn_reason = verdict.reason
@@ -312,6 +546,11 @@ def scan_segment(data: bytes, path: str, *, newest: bool) -> SegmentScan:
                 lsn_lo=next_lsn,
                 lsn_hi=max(next_lsn, verdict.lsn_found_max) + 1,
             ) from None
+        hint_error = _hint_error(frame, durable_lsn_max)
+        if hint_error is not None:
+            raise StorageCorruption(
+                path, offset, hint_error, lsn_lo=next_lsn, lsn_hi=max(next_lsn, frame.lsn) + 1
+            )
         if frame.frame_type is FrameType.RECORD:
             if frame.lsn != next_lsn:
                 raise StorageCorruption(
@@ -328,23 +567,26 @@ def scan_segment(data: bytes, path: str, *, newest: bool) -> SegmentScan:
             if frame.lsn >= next_lsn:
                 raise StorageCorruption(path, offset, f"truncate at {frame.lsn} past the log")
             scan.truncate_lsn_max = max(scan.truncate_lsn_max, frame.lsn)
+        if frame.durable_lsn is not None:
+            durable_lsn_max = frame.durable_lsn
         offset += frame.size_bytes
     scan.valid_bytes = offset if scan.torn_offset is None else scan.torn_offset
     return scan
 
 
 def decode_records_in(
-    data: bytes, path: str, file_offset: int, first_lsn: int, count: int
+    data: bytes, path: str, file_offset: int, first_lsn: int, count: int, *, version: int
 ) -> list[tuple[int, bytes]]:
     """Decode `count` RECORD frames starting at LSN `first_lsn` from `data`, which holds the
-    file's bytes from `file_offset` on; TRUNCATE frames between them are skipped. Any damage
-    here is corruption: these bytes were durable and checked when the file was opened."""
+    bytes from `file_offset` on of a segment of `version`; TRUNCATE frames between them are
+    skipped. Any damage here is corruption: these bytes were durable and checked when the
+    file was opened."""
     out: list[tuple[int, bytes]] = []
     offset = 0
     expected = first_lsn
     while len(out) < count:
         try:
-            frame = decode_frame(data, offset)
+            frame = decode_frame(data, offset, version=version)
         except BadFrame as bad:
             raise StorageCorruption(path, file_offset + bad.offset, bad.reason) from None
         if frame.frame_type is FrameType.RECORD:
@@ -385,40 +627,51 @@ class SegmentFrames:
     end: str
     end_offset: int
     end_reason: str | None
+    version: int = SEGMENT_VERSION
 
 
 def read_segment_frames(
     data: bytes, path: str, *, newest: bool, verify: bool = True
 ) -> SegmentFrames:
-    """The frames of a segment file's bytes, read-only and without raising on damage after
-    the header (a bad header still raises `StorageCorruption`): readers outside the backend
-    (the Spark jobs, issue 16) use it instead of opening a `FileBackend`, which locks the
-    directory and cuts torn tails. The rules are `scan_segment`'s; `verify=False` skips the
-    frame checksums (a listing), so damage then shows only as a frame that cannot parse."""
-    base_lsn = decode_segment_header(data, path)
+    """The frames of a segment file's bytes (either version), read-only and without raising
+    on damage after the header (a bad header still raises `StorageCorruption`): readers
+    outside the backend (the Spark jobs, issue 16) use it instead of opening a `FileBackend`,
+    which locks the directory and cuts torn tails. The rules are `scan_segment`'s;
+    `verify=False` skips the frame checksums (a listing), so damage then shows only as a
+    frame that cannot parse."""
+    header = decode_segment_header(data, path)
+    version = header.version
     frames: list[FrameAt] = []
     offset = limits.FILE_SEGMENT_HEADER_BYTES
-    next_lsn = base_lsn
+    next_lsn = header.base_lsn
+    durable_lsn_max = 0
+
+    def ended(end: str, at: int, reason: str | None) -> SegmentFrames:
+        return SegmentFrames(header.base_lsn, tuple(frames), end, at, reason, version)
+
     while offset < len(data):
         try:
-            frame = decode_frame(data, offset, verify_checksum=verify)
+            frame = decode_frame(data, offset, version=version, verify_checksum=verify)
         except BadFrame as bad:
             if not verify:  # a listing: no checksums, so no verdict either
                 torn = newest and len(data) - bad.offset <= limits.FILE_TORN_TAIL_BYTES_MAX
-                end = END_TORN if torn else END_CORRUPT
-                return SegmentFrames(base_lsn, tuple(frames), end, bad.offset, bad.reason)
-            verdict = classify_bad_frame(data, bad.offset, bad.reason, next_lsn, newest=newest)
-            end = END_TORN if verdict.torn else END_CORRUPT
-            return SegmentFrames(base_lsn, tuple(frames), end, bad.offset, verdict.reason)
+                return ended(END_TORN if torn else END_CORRUPT, bad.offset, bad.reason)
+            verdict = classify_bad_frame(
+                data, bad.offset, bad.reason, next_lsn, newest=newest, version=version
+            )
+            return ended(END_TORN if verdict.torn else END_CORRUPT, bad.offset, verdict.reason)
+        hint_error = _hint_error(frame, durable_lsn_max)
+        if hint_error is not None:
+            return ended(END_CORRUPT, offset, hint_error)
         if frame.frame_type is FrameType.RECORD:
             if frame.lsn != next_lsn:
-                reason = f"record LSN {frame.lsn}, expected {next_lsn}"
-                return SegmentFrames(base_lsn, tuple(frames), END_CORRUPT, offset, reason)
+                return ended(END_CORRUPT, offset, f"record LSN {frame.lsn}, expected {next_lsn}")
             next_lsn += 1
         elif frame.lsn >= next_lsn:
-            reason = f"truncate at {frame.lsn} past the log"
-            return SegmentFrames(base_lsn, tuple(frames), END_CORRUPT, offset, reason)
+            return ended(END_CORRUPT, offset, f"truncate at {frame.lsn} past the log")
+        if frame.durable_lsn is not None:
+            durable_lsn_max = frame.durable_lsn
         (checksum,) = struct.unpack_from("<Q", data, offset)
         frames.append(FrameAt(offset, frame, checksum))
         offset += frame.size_bytes
-    return SegmentFrames(base_lsn, tuple(frames), END_CLEAN, offset, None)
+    return ended(END_CLEAN, offset, None)

@@ -148,6 +148,7 @@ def test_flips_anywhere_in_a_multi_segment_wal_never_lose_rows_in_silence(
             start, size = frames[index]
             body = size - frame_header
             regions = [0, 7, 8, 10, 11, 12, 13, 16, 23]  # checksum, length, type, res, LSN
+            regions += [24, 31]  # the v2 durable-LSN hint
             regions += [frame_header, frame_header + body // 2, size - 1]  # payload
             targets.extend((seg, start + r) for r in regions if r < size)
     assert all(offset >= 0 for _, offset in targets)

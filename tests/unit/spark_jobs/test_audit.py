@@ -21,6 +21,7 @@ from spark_jobs.errors import InputCorrupt
 from spark_jobs.inputs import file_input, list_units
 from spark_jobs.jobs import JobParams
 from spark_jobs.walread import ReadOptions, read_unit
+from tae_driver import limits as driver_limits
 from tests.unit.spark_jobs.logs import anomalies_log, encode_record, kv_entries, write_file_wal
 
 
@@ -108,7 +109,7 @@ def test_a_flipped_byte_followed_by_valid_frames_is_corruption_not_a_torn_tail(
     )
     [segment] = [p for p in wal.iterdir() if p.name.endswith(".seg")]
     data = bytearray(segment.read_bytes())
-    data[32 + 24 + 10] ^= 0x10  # the payload of the first frame
+    data[32 + driver_limits.FILE_FRAME_HEADER_BYTES + 10] ^= 0x10  # the first frame's payload
     segment.write_bytes(bytes(data))
     result = local.run(JobParams("lsn_audit", file_input(str(wal))))
     anomalies = result.tables["anomalies"].to_pylist()

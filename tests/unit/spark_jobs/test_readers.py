@@ -26,6 +26,7 @@ from spark_jobs.filters import Bounds
 from spark_jobs.inputs import file_input, list_units
 from spark_jobs.schemas import schema_from_json, signed64
 from spark_jobs.walread import ReadOptions, read_unit
+from tae_driver import limits as driver_limits
 from tests.unit.spark_jobs.logs import (
     encode_record,
     encode_skip,
@@ -104,7 +105,8 @@ def test_bad_checksum_is_an_error_or_a_row(tmp_path: Path) -> None:
     write_file_wal(wal, records_of(kv_entries(6), per_record=2))
     [unit] = list_units(file_input(wal))
     data = bytearray(Path(unit.path).read_bytes())
-    second_frame = 32 + 24 + int.from_bytes(data[32 + 8 : 32 + 12], "little")
+    frame_header = driver_limits.FILE_FRAME_HEADER_BYTES  # segment format v2
+    second_frame = 32 + frame_header + int.from_bytes(data[32 + 8 : 32 + 12], "little")
     data[second_frame + 40] ^= 0x10  # inside the second frame's body
     data += b"\0" * 8 * 1024 * 1024  # far from the end: not a torn tail
     Path(unit.path).write_bytes(bytes(data))

@@ -5,7 +5,9 @@ made by editing the files between a close and an open: what a power loss leaves 
 of the newest segment (a cut inside a frame, a partial frame of garbage, a zero-filled tail)
 must be cut back as a torn write (nothing there was acknowledged); a flipped byte in a
 length, a checksum or a payload of a frame that is whole (even the last one: it may have
-been acknowledged), any bad frame followed by valid ones, damage in a sealed segment, a bad
+been acknowledged), any bad frame followed by valid ones (written one frame per group write,
+so their durable-LSN hints say the bad one was durable; the v2 cases where they do not are in
+test_file_backend_v2.py), damage in a sealed segment, a bad
 header, a well-checksummed frame with a wrong LSN or a missing segment must raise
 `StorageCorruption(path, offset)` and leave every byte as it was (ARCHITECTURE.md §11).
 Group commit is observed through an `fsync` wrapper that logs each sync next to each
@@ -38,21 +40,55 @@ def golden(name: str) -> bytes:
     return bytes.fromhex((GOLDEN / name).read_text().strip())
 
 
-def test_segment_vector_encodes_exactly_and_scans_back() -> None:
+def test_segment_v1_vector_encodes_exactly_and_scans_back() -> None:
     encoded = (
-        segment.encode_segment_header(7)
-        + segment.encode_frame(FrameType.RECORD, 7, b"hello")
-        + segment.encode_frame(FrameType.TRUNCATE, 7)
-        + segment.encode_frame(FrameType.RECORD, 8, b"")
+        segment.encode_segment_header(7, version=1)
+        + segment.encode_frame_v1(FrameType.RECORD, 7, b"hello")
+        + segment.encode_frame_v1(FrameType.TRUNCATE, 7)
+        + segment.encode_frame_v1(FrameType.RECORD, 8, b"")
     )
     assert encoded == golden("segment_v1.hex")
     scan = segment.scan_segment(encoded, "golden", newest=False)
     assert (scan.base_lsn, scan.last_lsn, scan.truncate_lsn_max) == (7, 8, 7)
+    assert scan.version == 1
     assert list(scan.record_offsets) == [32, 32 + 29 + 24]
     assert scan.valid_bytes == len(encoded) == 109
 
 
-def test_segment_fields_are_where_format_md_says() -> None:
+def test_segment_v2_vector_encodes_exactly_and_scans_back() -> None:
+    encoded = (
+        segment.encode_segment_header(7)
+        + segment.encode_frame(FrameType.RECORD, 7, b"hello", durable_lsn=6)
+        + segment.encode_frame(FrameType.TRUNCATE, 7, b"", durable_lsn=7)
+        + segment.encode_frame(FrameType.RECORD, 8, b"", durable_lsn=7)
+    )
+    assert encoded == golden("segment_v2.hex")
+    scan = segment.scan_segment(encoded, "golden", newest=False)
+    assert (scan.base_lsn, scan.last_lsn, scan.truncate_lsn_max) == (7, 8, 7)
+    assert scan.version == segment.SEGMENT_VERSION == 2
+    assert list(scan.record_offsets) == [32, 32 + 37 + 32]
+    assert scan.valid_bytes == len(encoded) == 133
+    frames = segment.read_segment_frames(encoded, "golden", newest=True).frames
+    assert [f.frame.durable_lsn for f in frames] == [6, 7, 7]
+
+
+def test_segment_v2_fields_are_where_format_md_says() -> None:
+    data = golden("segment_v2.hex")
+    assert data[0:8] == b"TDWALSEG"
+    assert int.from_bytes(data[8:10], "little") == 2
+    assert int.from_bytes(data[16:24], "little") == 7
+    assert int.from_bytes(data[24:32], "little") == xxh3_64(data[0:24])
+    frame = data[32:69]
+    assert int.from_bytes(frame[0:8], "little") == xxh3_64(frame[8:])
+    assert int.from_bytes(frame[8:12], "little") == 5
+    assert frame[12] == FrameType.RECORD
+    assert frame[13:16] == b"\0\0\0"
+    assert int.from_bytes(frame[16:24], "little") == 7
+    assert int.from_bytes(frame[24:32], "little") == 6  # durable_lsn
+    assert frame[32:] == b"hello"
+
+
+def test_segment_v1_fields_are_where_format_md_says() -> None:
     data = golden("segment_v1.hex")
     assert data[0:8] == b"TDWALSEG"
     assert int.from_bytes(data[8:10], "little") == 1
@@ -158,7 +194,7 @@ def damage_zero_tail_sector(path: Path) -> None:
 
 def damage_partial_frame(path: Path) -> None:
     """A group write cut short: the next frame's header and half of its body."""
-    frame = segment.encode_frame(FrameType.RECORD, 11, b"x" * 100)
+    frame = segment.encode_frame(FrameType.RECORD, 11, b"x" * 100, durable_lsn=10)
     with path.open("ab") as handle:
         handle.write(frame[:60])
 
@@ -254,8 +290,9 @@ def test_a_bad_frame_followed_by_valid_frames_is_corruption_even_near_the_end(
 
 
 def test_a_zeroed_sector_followed_by_valid_frames_is_corruption(tmp_path: Path) -> None:
-    """A hole of zeros with whole frames after it: without a durable-LSN hint in the v1
-    frame nothing proves the later frames were never acknowledged, so the open refuses."""
+    """A hole of zeros with whole frames after it, written one group write per frame: the
+    later frames' durable-LSN hints say the damaged LSN had been synced before they were
+    written (it may have been acknowledged), so the open refuses."""
 
     async def scenario() -> None:
         await (await filled(tmp_path, 20, size=300)).close()
@@ -265,7 +302,7 @@ def test_a_zeroed_sector_followed_by_valid_frames_is_corruption(tmp_path: Path) 
         path.write_bytes(bytes(data))
         with pytest.raises(StorageCorruption) as info:
             await FileBackend.open(str(tmp_path))
-        assert "valid frames follow" in info.value.reason
+        assert "LSN 3 had been synced" in info.value.reason
         assert path.read_bytes() == bytes(data)
 
     asyncio.run(scenario())
@@ -285,7 +322,7 @@ def test_garbage_over_a_page_of_small_frames_followed_by_valid_ones_is_corruptio
         path.write_bytes(bytes(data))
         with pytest.raises(StorageCorruption) as info:
             await FileBackend.open(str(tmp_path))
-        assert "valid frames follow" in info.value.reason
+        assert "had been synced" in info.value.reason  # a later frame's hint says so
         assert path.read_bytes() == bytes(data)
 
     asyncio.run(scenario())
@@ -364,7 +401,9 @@ def test_a_well_formed_frame_with_the_wrong_lsn_is_corruption_even_at_the_tail(
         await (await filled(tmp_path, 3)).close()
         (path,) = segment_files(tmp_path)
         with path.open("ab") as handle:
-            handle.write(segment.encode_frame(FrameType.RECORD, 9, b"out of sequence"))
+            handle.write(
+                segment.encode_frame(FrameType.RECORD, 9, b"out of sequence", durable_lsn=3)
+            )
         with pytest.raises(StorageCorruption) as info:
             await FileBackend.open(str(tmp_path))
         assert "expected 4" in info.value.reason
