@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from engine.errors import DuplicateKey, WriteConflict
 
 ConflictKey = Hashable
 
@@ -254,3 +256,23 @@ class ConflictIndex:
             self._size -= len(written)
             if commit_ts > oldest_snapshot_ts:
                 self.floor_ts = max(self.floor_ts, commit_ts)
+
+
+def conflict_error(
+    conflict: KeyConflict | SnapshotTooOld, table_name: Callable[[int], str]
+) -> Exception:
+    """The engine's error for a conflict the index found (`table_name` names a table id)."""
+    if isinstance(conflict, SnapshotTooOld):
+        return WriteConflict(
+            f"snapshot too old: start_ts {conflict.start_ts} is below the conflict index's "
+            f"floor {conflict.floor_ts}"
+        )
+    key = conflict.key
+    if isinstance(key, tuple) and len(key) == 2 and isinstance(key[0], int):
+        if conflict.duplicate:
+            return DuplicateKey(table_name(key[0]), key[1])
+        return WriteConflict(
+            f"key {key[1]!r} of {table_name(key[0])} was written by a commit at "
+            f"{conflict.commit_ts}"
+        )
+    return WriteConflict(f"{key} changed by a commit at {conflict.commit_ts}")

@@ -35,7 +35,7 @@ import asyncio
 import contextlib
 import os
 import weakref
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,16 +46,12 @@ from engine.checkpoint.layout import Manifest
 from engine.checkpoint.runner import Checkpointer
 from engine.clock import HybridClock, wall_ms
 from engine.compaction import Policy
-from engine.conflicts import ConflictIndex, KeyConflict, SnapshotTooOld
+from engine.conflicts import ConflictIndex, conflict_error
 from engine.errors import (
     BadInput,
-    DuplicateKey,
     EngineClosed,
-    EngineError,
-    EngineLocked,
     Fenced,
     NotFound,
-    OpenFailed,
     Overloaded,
     SnapshotUnavailable,
     StandbyFailed,
@@ -286,7 +282,7 @@ class Engine:
         if read_only and wal == "file" and not os.path.isdir(os.path.join(path, WAL_DIR_NAME)):
             # Looking must not create: a read-only open of a missing engine is an error.
             raise NotFound(f"no engine here: {os.path.join(path, WAL_DIR_NAME)} does not exist")
-        with _typed_open_errors(path):
+        with opening.typed_open_errors(path):
             if opening.uses_directory(wal, objects):
                 opening.check_engine_dir(path, wal, create=create or read_only)
             if not read_only:
@@ -330,7 +326,7 @@ class Engine:
                     await backend.close()
             if "engine" in locals():
                 engine._close_objects()
-            typed = _typed_open_error(path, exc)
+            typed = opening.typed_open_error(path, exc)
             if typed is None:
                 raise
             raise typed from exc
@@ -632,7 +628,7 @@ class Engine:
             raise
         if not isinstance(prepared, Ticket):
             txn._end(TxnState.ROLLED_BACK)
-            raise _conflict_error(prepared, self._table_name)
+            raise conflict_error(prepared, self._table_name)
         ticket = prepared
         deletes = rewrite_commit.resolve_moved(self, plan.deletes)
         if deletes is None:
@@ -824,52 +820,6 @@ class Engine:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
-
-
-def _typed_open_error(path: str, exc: BaseException) -> EngineError | None:
-    """What `Engine.open` raises for `exc`, or None to raise it as it is: only `EngineError`s
-    leave it (issue 20: a second process got tae_driver's `BackendFailed`, which `except
-    EngineError` missed). The driver's, its backends' and the file system's errors become
-    `OpenFailed` (the lock: `EngineLocked`; a refused lease: `Fenced`); the caller keeps
-    `exc` as the cause."""
-    if isinstance(exc, driver_errors.BackendLocked):
-        return EngineLocked(path, exc.holder_pid)
-    if isinstance(exc, driver_errors.BackendFenced):  # the log's lease went to a newer writer
-        return Fenced(f"fenced at open: a newer engine holds the WAL's lease ({exc})")
-    if isinstance(exc, (driver_errors.DriverError, OSError)):
-        return OpenFailed(f"engine {path} could not be opened: {exc}")
-    return None
-
-
-@contextlib.contextmanager
-def _typed_open_errors(path: str) -> Iterator[None]:
-    """`_typed_open_error` around a block."""
-    try:
-        yield
-    except BaseException as exc:
-        typed = _typed_open_error(path, exc)
-        if typed is None:
-            raise
-        raise typed from exc
-
-
-def _conflict_error(
-    conflict: KeyConflict | SnapshotTooOld, table_name: Callable[[int], str]
-) -> Exception:
-    if isinstance(conflict, SnapshotTooOld):
-        return WriteConflict(
-            f"snapshot too old: start_ts {conflict.start_ts} is below the conflict index's "
-            f"floor {conflict.floor_ts}"
-        )
-    key = conflict.key
-    if isinstance(key, tuple) and len(key) == 2 and isinstance(key[0], int):
-        if conflict.duplicate:
-            return DuplicateKey(table_name(key[0]), key[1])
-        return WriteConflict(
-            f"key {key[1]!r} of {table_name(key[0])} was written by a commit at "
-            f"{conflict.commit_ts}"
-        )
-    return WriteConflict(f"{key} changed by a commit at {conflict.commit_ts}")
 
 
 def _fills_a_block(entry: TxnEntry) -> bool:

@@ -8,13 +8,24 @@ an S3 bucket); the engine's shell then only sees the ports (`LogBackend`, `Block
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
+from collections.abc import Iterator
 
 from engine.blockstore import ObjectBlockStore
-from engine.errors import BadInput, NotAnEngine, NotFound
+from engine.errors import (
+    BadInput,
+    EngineError,
+    EngineLocked,
+    Fenced,
+    NotAnEngine,
+    NotFound,
+    OpenFailed,
+)
 from engine.objects.store import LocalDirStore, MemoryObjectStore, ObjectStore
 from tae_driver import LogBackend
+from tae_driver import errors as driver_errors
 
 WAL_DIR_NAME = "wal"
 OBJECTS_DIR_NAME = "objects"
@@ -166,3 +177,30 @@ async def open_backend(
             True,
         )
     raise BadInput(f"wal must be 'file', 'logsvc', 'memory' or a LogBackend, not {wal!r}")
+
+
+def typed_open_error(path: str, exc: BaseException) -> EngineError | None:
+    """What `Engine.open` raises for `exc`, or None to raise it as it is: only `EngineError`s
+    leave it (issue 20: a second process got tae_driver's `BackendFailed`, which `except
+    EngineError` missed). The driver's, its backends' and the file system's errors become
+    `OpenFailed` (the lock: `EngineLocked`; a refused lease: `Fenced`); the caller keeps
+    `exc` as the cause."""
+    if isinstance(exc, driver_errors.BackendLocked):
+        return EngineLocked(path, exc.holder_pid)
+    if isinstance(exc, driver_errors.BackendFenced):  # the log's lease went to a newer writer
+        return Fenced(f"fenced at open: a newer engine holds the WAL's lease ({exc})")
+    if isinstance(exc, (driver_errors.DriverError, OSError)):
+        return OpenFailed(f"engine {path} could not be opened: {exc}")
+    return None
+
+
+@contextlib.contextmanager
+def typed_open_errors(path: str) -> Iterator[None]:
+    """`typed_open_error` around a block."""
+    try:
+        yield
+    except BaseException as exc:
+        typed = typed_open_error(path, exc)
+        if typed is None:
+            raise
+        raise typed from exc
