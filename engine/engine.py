@@ -32,6 +32,7 @@ Single event loop; not thread-safe (`engine.SyncEngine` runs one on a thread for
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import os
 import weakref
@@ -210,6 +211,11 @@ class Engine:
         self._history_floor_ts = 0
         self._objects_floor_ts = 0
         """Objects of blocks dropped at or before this were deleted (engine/logtail.py)."""
+        self._logged_checkpoints: collections.deque[tuple[int, str]] = collections.deque(
+            maxlen=limits.CKP_RETAINED
+        )
+        """A standby's view of the writer's newest checkpoints (ckp_ts, manifest name), from
+        the CKP entries it tails: its own `retained` is what it restored at open."""
         """The oldest timestamp still readable: blocks dropped at or before it are gone."""
         self._since_prune = 0
         self._closed = False
@@ -386,6 +392,7 @@ class Engine:
             if self._checkpointer is not None
             else []
         )
+        checkpoints += self._logged_checkpoints
         try:
             return logtail_answer(
                 self._logtail, t0, t1, self.visible_ts, checkpoints, self._objects_floor_ts
@@ -398,6 +405,13 @@ class Engine:
     async def promote(self) -> None:
         """A standby becomes the writer (TN failover, issue 15; engine/standby.py)."""
         await standby_tail.promote(self)
+
+    def _checkpoint_logged(self, ckp_ts: int, name: str) -> None:
+        """A standby tailed the writer's CKP entry: compute nodes behind it may be sent that
+        checkpoint, and, since the writer may have deleted objects whose drop it covers, no
+        entries from below it (engine/logtail.py)."""
+        self._logged_checkpoints.append((ckp_ts, name))
+        self._objects_floor_ts = max(self._objects_floor_ts, ckp_ts)
 
     async def confirm_lease(self) -> bool:
         """A writer over a leased log (logsvc) asks whether it still holds the lease; False,

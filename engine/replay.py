@@ -37,6 +37,8 @@ def handler(engine: Engine) -> ReplayHandle:
                 raise WalCorruption(dsn, gap(engine, dsn))
         entry = decode_entry(payload, dsn)
         if not isinstance(entry, TxnEntry):
+            if engine.standby:  # a writer's checkpoint, as a standby sees it go by
+                engine._checkpoint_logged(entry.ckp_ts, entry.location)
             return ReplayDecision.INTERNAL  # CKP: the checkpoint itself was read first
         engine._visible_dsn = max(engine._visible_dsn, dsn)
         if entry.commit_ts <= state.applied_ts:

@@ -246,6 +246,7 @@ async def promote(engine: Engine) -> None:
     if isinstance(store, ObjectBlockStore) and await asyncio.to_thread(store.writable):
         engine._owns_objects = True  # its lock is released at close, not at exit
     if engine._checkpointer is not None:
-        await engine._checkpointer.collect_orphans()
+        await engine._checkpointer.collect_orphans()  # adopts the writer's newer checkpoints
+    engine._logged_checkpoints.clear()  # from now on its own retained ones say it
     if engine._maintenance is not None:
         engine._maintenance.start()

@@ -32,10 +32,13 @@ import pyarrow as pa
 from engine import limits
 from engine.blockstore import ObjectBlockStore
 from engine.checkpoint import files
+from engine.checkpoint.errors import CheckpointCorrupt
+from engine.checkpoint.layout import Manifest
 from engine.clock import TS_MAX
 from engine.cn.port import TNPort
 from engine.errors import BadInput, EngineClosed, Overloaded, SnapshotUnavailable
-from engine.logtail import Logtail, LogtailUnavailable, TailEntry
+from engine.logtail import LogtailUnavailable, TailEntry
+from engine.objects.errors import ObjectNotFound
 from engine.objects.store import ObjectStore
 from engine.schema import Schema, to_batch
 from engine.state import ApplyError, EngineState
@@ -115,6 +118,11 @@ class CNTransaction(Transaction):
                 Op("update", handle.db, handle.name, keys=tuple(keys), values=dict(values))
             )
         return count
+
+
+class CheckpointRetired(Exception):
+    """The checkpoint a logtail answer named is gone from the object store: its TN retired it
+    (a newer one exists). The pull asks again; never leaves `_pull_to`."""
 
 
 class ComputeNode:
@@ -258,23 +266,20 @@ class ComputeNode:
         for _ in range(PULL_ATTEMPTS_MAX):
             try:
                 tail = await self._port.logtail(self.applied_ts, ts)
+                loaded = await self._load_checkpoint(tail.checkpoint)
                 break
             except LogtailUnavailable:
                 await asyncio.sleep(PULL_RETRY_S)
+            except CheckpointRetired:
+                # The TN took newer checkpoints and retired the one it named while this node
+                # read it (a cold start slower than two checkpoint intervals): ask again.
+                continue
         else:
             raise SnapshotUnavailable(
                 f"the TN cannot bring this compute node from {self.applied_ts} to {ts} yet"
             )
-        await self._apply(tail)
-        return self.applied_ts
-
-    async def _apply(self, tail: Logtail) -> None:
-        if tail.checkpoint is not None:
-            if self._store is None:
-                raise SnapshotUnavailable("the TN answered with a checkpoint: needs objects")
-            store = self._store
-            manifest = await asyncio.to_thread(files.read_manifest, store.store, tail.checkpoint)
-            state = await asyncio.to_thread(files.read, store.store, manifest, store.meta)
+        if loaded is not None:
+            manifest, state = loaded
             self._state = state
             self._hook_state()
             self.applied_ts = manifest.ckp_ts
@@ -283,6 +288,30 @@ class ComputeNode:
         for got in tail.entries:
             self._apply_entry(got)
         self.applied_ts = max(self.applied_ts, tail.upto_ts)
+        return self.applied_ts
+
+    async def _load_checkpoint(self, name: str | None) -> tuple[Manifest, EngineState] | None:
+        """The checkpoint a logtail answer names, read (nothing of this node changes), or
+        None when it names none. `CheckpointRetired` when it was deleted meanwhile; any
+        other failure to read it is the checkpoint's damage, raised."""
+        if name is None:
+            return None
+        if self._store is None:
+            raise SnapshotUnavailable("the TN answered with a checkpoint: needs objects")
+        store = self._store
+
+        def read() -> tuple[Manifest, EngineState]:
+            try:
+                manifest = files.read_manifest(store.store, name)
+                return manifest, files.read(store.store, manifest, store.meta)
+            except (ObjectNotFound, CheckpointCorrupt):
+                try:
+                    store.store.size(name)
+                except ObjectNotFound:
+                    raise CheckpointRetired(name) from None
+                raise
+
+        return await asyncio.to_thread(read)
 
     def _apply_entry(self, got: TailEntry) -> None:
         if got.commit_ts <= self._state.applied_ts:

@@ -180,6 +180,92 @@ def test_a_fresh_compute_node_never_replays_a_block_whose_object_was_collected()
     run(main)
 
 
+def test_a_compute_node_asks_again_when_the_checkpoint_it_was_sent_is_retired() -> None:
+    """The soak run's second ObjectNotFound: a cold start read a checkpoint the TN retired
+    meanwhile (it took two newer ones). The CN asks again and loads the newer one."""
+
+    async def main() -> None:
+        tn, objects = await tn_and_store()
+        async with tn.transaction() as txn:
+            await txn.create_database("d")
+            await txn.create_table("d", "t", ROWS)
+            await txn.table("d", "t").insert(rows(*range(10)))
+        assert await tn.checkpoint() is not None
+        tn._logtail.reset(tn.visible_ts)  # a CN from 0 is sent the checkpoint
+        port = LocalTN(tn)
+        answers: list[str | None] = []
+        ask = port.logtail
+
+        async def logtail_then_retire(t0: int, t1: int) -> Any:
+            tail = await ask(t0, t1)
+            answers.append(tail.checkpoint)
+            if len(answers) == 1:  # two newer checkpoints retire the one just named
+                for key in (100, 101):
+                    async with tn.transaction() as txn:
+                        await txn.table("d", "t").insert(rows(key))
+                    assert await tn.checkpoint() is not None
+                tn._logtail.reset(tn.visible_ts)
+            return tail
+
+        port.logtail = logtail_then_retire  # type: ignore[method-assign]
+        cn = ComputeNode(port, objects)
+        try:
+            async with cn.snapshot() as view:
+                assert [key for key, _v in await table_of(view)] == [*range(10), 100, 101]
+            assert len(answers) == 2 and answers[0] != answers[1]
+            assert cn.checkpoints_loaded == 1
+        finally:
+            await cn.close()
+            await tn.close()
+
+    run(main)
+
+
+def test_a_fresh_compute_node_reads_through_a_standby_after_the_writer_collected() -> None:
+    """A standby tailing the writer learns its checkpoints from the CKP entries: a CN that
+    starts on the standby is sent the writer's newest checkpoint, never entries naming
+    objects the writer already deleted, nor a checkpoint from the standby's own open that
+    the writer retired since."""
+
+    async def main() -> None:
+        tn, objects = await tn_and_store()
+        standby = await Engine.open(
+            "unused", tn._backend, objects=objects, maintenance=False, standby=True
+        )
+        async with tn.transaction() as txn:
+            await txn.create_database("d")
+            await txn.create_table("d", "t", ROWS)
+            await txn.table("d", "t").insert(rows(*range(90)))
+        assert tn.maintenance is not None
+        await tn.maintenance.settle(freeze_all=True)
+        first_objects = {info.name for info in objects.list("data/")}
+        async with tn.transaction() as txn:
+            await txn.table("d", "t").delete(list(range(60)))
+        await tn.maintenance.settle()
+        for key in range(1000, 1003):
+            async with tn.transaction() as txn:
+                await txn.table("d", "t").insert(rows(key))
+            assert await tn.checkpoint() is not None
+        assert not first_objects & {info.name for info in objects.list("data/")}
+        for _ in range(500):
+            if standby.visible_ts == tn.visible_ts:
+                break
+            await asyncio.sleep(0.01)
+        assert standby.visible_ts == tn.visible_ts
+        fresh = ComputeNode(LocalTN(standby), objects)
+        try:
+            async with fresh.snapshot() as view:
+                got = await table_of(view)
+            assert [key for key, _v in got] == [*range(60, 90), 1000, 1001, 1002]
+            assert fresh.checkpoints_loaded == 1
+        finally:
+            await fresh.close()
+            await standby.close()
+            await tn.close()
+
+    run(main)
+
+
 STEPS = st.lists(
     st.tuples(
         st.sampled_from(["insert", "insert", "delete", "update", "flush", "ckp", "trim", "pull"]),
