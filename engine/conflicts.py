@@ -11,10 +11,12 @@ Keys are tuples: `(table_id, primary_key)` for a row, and tagged tuples for the 
 (`catalog_*` below).
 
 Bounded: writes at or below the oldest open snapshot are forgotten (`prune`); and when more
-than `keys_max` keys are remembered, the oldest changes are forgotten anyway and `floor_ts`
-rises past them, so a transaction whose snapshot is below `floor_ts` cannot be checked and
-is refused with `SnapshotTooOld` (a WriteConflict for the caller): memory stays bounded
-however long a transaction stays open.
+than `keys_max` keys are remembered, the oldest visible changes are forgotten anyway and
+`floor_ts` rises past them, so a transaction whose snapshot is below `floor_ts` cannot be
+checked and is refused with `SnapshotTooOld` (a WriteConflict for the caller): memory stays
+bounded however long a transaction stays open. The floor never passes the visible
+timestamp, so only a transaction that stayed open while `keys_max` keys were committed can
+be refused this way, never one begun now.
 """
 
 from __future__ import annotations
@@ -237,25 +239,50 @@ class ConflictIndex:
             else:
                 self._last[key] = previous
 
-    def prune(self, oldest_snapshot_ts: int) -> None:
+    def prune(self, oldest_snapshot_ts: int, visible_ts: int) -> None:
         """Forget changes no open or future transaction can conflict with (commit_ts <=
-        the oldest open snapshot), and the oldest ones beyond `keys_max`."""
-        log, last = self._log, self._last
-        while log and (log[0][0] <= oldest_snapshot_ts or self._size > self.keys_max):
-            commit_ts, keys = log.popleft()
-            self._size -= len(keys)
-            for key in keys:
-                seen = last.get(key)
-                if seen is not None and seen[0] == commit_ts:
-                    del last[key]
-            if commit_ts > oldest_snapshot_ts:
-                self.floor_ts = max(self.floor_ts, commit_ts)
-        bulk = self._bulk
-        while bulk and (bulk[0][0] <= oldest_snapshot_ts or self._size > self.keys_max):
-            commit_ts, written = bulk.popleft()
-            self._size -= len(written)
-            if commit_ts > oldest_snapshot_ts:
-                self.floor_ts = max(self.floor_ts, commit_ts)
+        the oldest open snapshot), then, while more than `keys_max` keys are remembered, the
+        oldest ones (raising `floor_ts` past them), but never a change above `visible_ts`.
+
+        Why in this order (issue 21's cliff: 64 writers after a 1.5M-row load got practically
+        nothing but "snapshot too old"): the size test once ran over the row log before the
+        stale bulk inserts were forgotten by age, so it dropped every recent row key, commits
+        still in flight among them, and raised the floor above the visible timestamp: every
+        new transaction starts at `visible_ts` and was refused until those commits landed,
+        while the writers' retries spun the event loop. Now what age forgets goes first, and
+        the floor never passes `visible_ts` (in-flight commits are few: the commit queue is
+        bounded), so a transaction begun now is never refused for the index's bookkeeping."""
+        assert oldest_snapshot_ts <= visible_ts
+        log, bulk = self._log, self._bulk
+        while log and log[0][0] <= oldest_snapshot_ts:
+            self._forget_row_keys()
+        while bulk and bulk[0][0] <= oldest_snapshot_ts:
+            self._size -= len(bulk.popleft()[1])
+        while self._size > self.keys_max:
+            row_ts = log[0][0] if log else None
+            bulk_ts = bulk[0][0] if bulk else None
+            if bulk_ts is not None and (row_ts is None or bulk_ts <= row_ts):
+                if bulk_ts > visible_ts:
+                    break
+                self._size -= len(bulk.popleft()[1])
+                self.floor_ts = max(self.floor_ts, bulk_ts)
+            elif row_ts is not None:
+                if row_ts > visible_ts:
+                    break
+                self._forget_row_keys()
+                self.floor_ts = max(self.floor_ts, row_ts)
+            else:
+                break
+
+    def _forget_row_keys(self) -> None:
+        """Forget the oldest commit's row and catalog keys (unless rewritten since)."""
+        commit_ts, keys = self._log.popleft()
+        self._size -= len(keys)
+        last = self._last
+        for key in keys:
+            seen = last.get(key)
+            if seen is not None and seen[0] == commit_ts:
+                del last[key]
 
 
 def conflict_error(

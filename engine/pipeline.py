@@ -136,4 +136,4 @@ class CommitPipeline(Generic[T]):
         return failed
 
     def prune(self, oldest_snapshot_ts: int) -> None:
-        self.conflicts.prune(min(oldest_snapshot_ts, self.visible_ts))
+        self.conflicts.prune(min(oldest_snapshot_ts, self.visible_ts), self.visible_ts)

@@ -17,6 +17,8 @@ from collections.abc import Iterable
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from engine.clock import HybridClock, make_ts, ts_logical, ts_physical_ms
 from engine.conflicts import ConflictIndex, ConflictKey, KeyConflict, RowWrite, SnapshotTooOld
@@ -176,6 +178,58 @@ def test_a_full_index_refuses_old_snapshots_instead_of_missing_conflicts() -> No
     assert isinstance(prepare(p, p.visible_ts, [upd("new")], ts), Ticket)
 
 
+STEPS_OF_WRITERS = st.lists(
+    st.tuples(st.sampled_from(("begin", "commit", "durable", "prune")), st.integers(0, 7))
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.integers(1, 120), min_size=1, max_size=4),
+    st.lists(
+        st.tuples(st.sampled_from(["begin", "commit", "durable", "prune"]), st.integers(0, 7))
+    ),
+)
+def test_disjoint_inserts_after_a_bulk_load_are_never_refused_for_bookkeeping(
+    loads: list[int], steps: list[tuple[str, int]]
+) -> None:
+    """Issue 21's cliff, as a model: bulk loads past `keys_max`, then eight writers inserting
+    keys nobody else writes. No commit may conflict; one may be refused as too old only if
+    more than `keys_max` keys became visible while it was open (the index's real bound)."""
+    from engine.conflicts import BulkInsert
+
+    keys_max = 50
+    p, ts = pipeline(queue_max=64, keys_max=keys_max), counter()
+    next_key = itertools.count(10**6)
+    for size in loads:
+        load = BulkInsert(1, np.arange(next(next_key) * 1000, next(next_key) * 1000 + size))
+        ticket = p.prepare(p.visible_ts, [], (), (), ts.__next__, "load", bulk=[load])
+        assert isinstance(ticket, Ticket)
+        p.durable(ticket)
+    visible_keys: list[tuple[int, int]] = []  # (commit_ts, keys) of writers' visible commits
+    open_at: dict[int, int] = {}  # writer -> its transaction's start_ts
+    in_flight: list[Ticket[str]] = []
+    for op, writer in steps:
+        if op == "begin":
+            open_at.setdefault(writer, p.visible_ts)
+        elif op == "commit" and writer in open_at:
+            start_ts = open_at.pop(writer)
+            got = prepare(p, start_ts, [ins(next(next_key))], ts)
+            since = sum(n for commit_ts, n in visible_keys if commit_ts > start_ts)
+            if isinstance(got, SnapshotTooOld):
+                assert since > keys_max, (start_ts, got, since)
+            else:
+                assert isinstance(got, Ticket), got  # disjoint keys: never a conflict
+                in_flight.append(got)
+        elif op == "durable" and in_flight:
+            done = in_flight.pop(0)
+            p.durable(done)
+            visible_keys.append((done.commit_ts, 1))
+        elif op == "prune":
+            p.prune(min(open_at.values(), default=p.visible_ts))
+        assert p.conflicts.floor_ts <= p.visible_ts
+
+
 def test_clock_is_strictly_increasing_and_honours_observed_timestamps() -> None:
     now = [1000]
     clock = HybridClock(lambda: now[0])
@@ -230,8 +284,14 @@ def test_bulk_inserts_are_undone_pruned_and_bounded() -> None:
     cancelled = p.prepare(0, [], (), (), ts.__next__, "big", bulk=[keys])
     assert isinstance(cancelled, Ticket)
     p.cancel(cancelled)
-    assert isinstance(prepare(p, 0, [ins(2)], ts), Ticket)  # the undone bulk is forgotten
+    small = prepare(p, 0, [ins(2)], ts)
+    assert isinstance(small, Ticket)  # the undone bulk is forgotten
     big = p.prepare(0, [], (), (), ts.__next__, "big", bulk=[BulkInsert(1, np.arange(20, 40))])
     assert isinstance(big, Ticket)
-    p.prune(0)  # over keys_max: the oldest changes go and the floor rises past them
+    p.prune(0)  # over keys_max, but nothing is visible yet: commits in flight stay
+    assert p.conflicts.floor_ts == 0
+    p.durable(small)
+    p.durable(big)
+    p.prune(0)  # over keys_max: the oldest visible changes go and the floor rises past them
+    assert p.conflicts.floor_ts == big.commit_ts == p.visible_ts
     assert isinstance(prepare(p, 0, [ins(25)], ts), SnapshotTooOld)
