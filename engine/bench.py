@@ -51,6 +51,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 WALS = ("file", "logsvc", "memory")
@@ -92,22 +93,36 @@ class Case:
     seconds: float
     warmup: float = WARMUP_S_DEFAULT
     input: str = "arrow"
+    preload_rows: int = 0
+    """Rows with random keys (disjoint from the writers') committed before the measurement,
+    `PRELOAD_TXN_ROWS` a transaction: a table that already holds data in blocks whose key
+    ranges overlap (issue 21's cliff and its "flat" target)."""
+
+
+PRELOAD_TXN_ROWS = 100_000
+PRELOAD_ROWS_MAX = 50_000_000
+"""A preload is held in memory one transaction at a time; this bounds the run's length."""
 
 
 class _Recorder:
     """Latencies and errors of one measurement phase."""
 
-    __slots__ = ("errors", "first_error", "in_window", "latencies_ms")
+    __slots__ = ("conflicts", "errors", "first_error", "in_window", "latencies_ms")
 
     def __init__(self) -> None:
         self.latencies_ms = array("d")
         self.in_window = 0
         """Commits that returned before the deadline: the throughput counts only these."""
         self.errors = 0
+        self.conflicts = 0
+        """WriteConflicts: the writers' keys are disjoint, so each one is a spurious refusal."""
         self.first_error: str | None = None
 
     def error(self, exc: BaseException) -> None:
+        from engine import WriteConflict
+
         self.errors += 1
+        self.conflicts += isinstance(exc, WriteConflict)
         if self.first_error is None:
             self.first_error = f"{type(exc).__name__}: {exc}"
 
@@ -152,7 +167,9 @@ def _result(
         "cpu_scope": cpu_scope,
         "durable": _DURABLE[system],
         "errors": recorder.errors,
+        "write_conflicts": recorder.conflicts,
         "first_error": recorder.first_error,
+        "preload_rows": case.preload_rows,
     }
 
 
@@ -217,6 +234,7 @@ async def measure_engine(
                         [Column("id", "int64"), Column("payload", "string")], primary_key=["id"]
                     ),
                 )
+            await _preload(eng, case.preload_rows)
             rows = _Rows(case.rows, case.input)
             next_key = [i * KEY_STRIDE for i in range(case.writers)]
             clock = time.perf_counter
@@ -295,6 +313,24 @@ async def measure_engine(
     return result
 
 
+async def _preload(eng: Any, rows: int) -> None:
+    """`rows` rows with random negative keys (the writers' are non-negative), in
+    transactions of `PRELOAD_TXN_ROWS`, then the maintenance settled (flushed, merged)."""
+    generator = np.random.default_rng(21)
+    payload = "x" * PAYLOAD_CHARS
+    for first in range(0, rows, PRELOAD_TXN_ROWS):
+        count = min(PRELOAD_TXN_ROWS, rows - first)
+        keys = -generator.choice(2**62, size=count, replace=False) - 1
+        batch = pa.RecordBatch.from_arrays(
+            [pa.array(keys, type=pa.int64()), pa.array([payload] * count, type=pa.string())],
+            names=["id", "payload"],
+        )
+        async with eng.transaction() as txn:
+            await txn.table(DB_NAME, TABLE_NAME).insert(batch)
+    if rows and eng.maintenance is not None:
+        await eng.maintenance.settle()
+
+
 WAL_SAMPLE_S = 1.0
 """How often a commit measurement samples what the WAL retains."""
 
@@ -334,9 +370,11 @@ def measure_sqlite(mode: str, case: Case, *, dir_path: str | None = None) -> dic
     assert mode in SQLITE_MODES
     base = tempfile.mkdtemp(prefix=f"engine-bench-sqlite-{mode}-", dir=dir_path)
     try:
-        return _drive_sqlite(mode, case, os.path.join(base, "bench.db"))
+        result = _drive_sqlite(mode, case, os.path.join(base, "bench.db"))
     finally:
         shutil.rmtree(base, ignore_errors=True)
+    result["preload_rows"] = 0  # the empty-table peer: only the engine's table is preloaded
+    return result
 
 
 def _connect(path: str, mode: str) -> sqlite3.Connection:
@@ -475,10 +513,17 @@ def run(
     input_kind: str = "arrow",
     dir_path: str | None = None,
     emit: Callable[[dict[str, Any]], None] | None = None,
+    preload_rows: Sequence[int] = (0,),
 ) -> list[dict[str, Any]]:
-    """Every (rows, writers) case on every system, in that order, so the systems' lines of one
-    case are adjacent. Returns the measurement lines (each also passed to `emit`)."""
-    cases = [Case(w, r, seconds, warmup, input_kind) for r in rows for w in writers]
+    """Every (preload, rows, writers) case on every system, in that order, so the systems'
+    lines of one case are adjacent. Returns the measurement lines (each also passed to
+    `emit`). SQLite's tables are not preloaded: its figure is the empty-table peer."""
+    cases = [
+        Case(w, r, seconds, warmup, input_kind, preload)
+        for preload in preload_rows
+        for r in rows
+        for w in writers
+    ]
     results: list[dict[str, Any]] = []
 
     def record(result: dict[str, Any]) -> None:
@@ -602,6 +647,13 @@ def build_parser() -> argparse.ArgumentParser:
         default="default",
         help="'tuned': logsvc.gc_tuning.tune_for_latency() first (as `logsvc bench cluster`)",
     )
+    commit.add_argument(
+        "--preload-rows",
+        type=_csv(int),
+        default=[0],
+        help="rows with random keys in the engine's table before each measurement, a comma "
+        "list (issue 21: the rate must stay flat as the table grows; default 0)",
+    )
     commit.add_argument("--dir", default=None, help="where temporary directories go")
     scan = commands.add_parser("scan", help="reads over checkpointed blocks vs DuckDB")
     scan.add_argument("--rows", type=int, default=1_000_000)
@@ -678,10 +730,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--seconds must be in (0, {SECONDS_MAX}]")
     if not 0 <= args.warmup <= WARMUP_S_MAX:
         parser.error(f"--warmup must be in [0, {WARMUP_S_MAX}]")
+    if any(not 0 <= n <= PRELOAD_ROWS_MAX for n in args.preload_rows):
+        parser.error(f"--preload-rows must be in [0, {PRELOAD_ROWS_MAX}]")
     if "logsvc" in args.wal:
         from logsvc.devcluster import SHARDS_MAX
 
-        if len(args.writers) * len(args.rows) > SHARDS_MAX:
+        if len(args.writers) * len(args.rows) * len(args.preload_rows) > SHARDS_MAX:
             parser.error(f"--wal logsvc takes at most {SHARDS_MAX} (writers, rows) cases")
     if args.gc == "tuned":
         from logsvc import gc_tuning
@@ -699,6 +753,7 @@ def main(argv: list[str] | None = None) -> int:
         input_kind=args.input,
         dir_path=args.dir,
         emit=emit,
+        preload_rows=args.preload_rows,
     )
     emit(
         summary(
