@@ -42,7 +42,7 @@ import io
 import json
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from engine import limits, metrics
@@ -51,6 +51,7 @@ from engine.engine import Engine
 from engine.errors import EngineError
 from engine.objects.errors import ObjectNotFound
 from engine.objects.store import ObjectStore
+from logsvc.pipes import quiet_on_broken_pipe
 from tae_driver.errors import DriverError
 
 S3_ACCESS_KEY_ENV = "AWS_ACCESS_KEY_ID"
@@ -146,22 +147,7 @@ def objects_from_args(args: argparse.Namespace) -> str | ObjectStore | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return _quiet_on_broken_pipe(lambda: _main(argv))
-
-
-def _quiet_on_broken_pipe(run: Callable[[], int]) -> int:
-    """`run()`, then flush stdout; a reader that went away (`... | head`) ends the command
-    quietly instead of with a BrokenPipeError traceback (issue 20). Python's own recipe
-    (docs of the signal module, "Note on SIGPIPE"): point stdout at /dev/null so the flush
-    at exit fails no more, and exit 1."""
-    try:
-        code = run()
-        sys.stdout.flush()
-    except BrokenPipeError:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return 1
-    return code
+    return quiet_on_broken_pipe(lambda: _main(argv))
 
 
 def _main(argv: Sequence[str] | None) -> int:

@@ -27,11 +27,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 from collections.abc import Callable, Sequence
 
 from logsvc import __version__
+from logsvc.pipes import quiet_on_broken_pipe
 
 EXIT_USAGE = 2
 
@@ -214,22 +214,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return _quiet_on_broken_pipe(lambda: _main(argv))
-
-
-def _quiet_on_broken_pipe(run: Callable[[], int]) -> int:
-    """`run()`, then flush stdout; a reader that went away (`... | head`) ends the command
-    quietly instead of with a BrokenPipeError traceback (issue 20). Python's own recipe
-    (docs of the signal module, "Note on SIGPIPE"): point stdout at /dev/null so the flush
-    at exit fails no more, and exit 1."""
-    try:
-        code = run()
-        sys.stdout.flush()
-    except BrokenPipeError:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return 1
-    return code
+    return quiet_on_broken_pipe(lambda: _main(argv))
 
 
 def _main(argv: Sequence[str] | None) -> int:

@@ -142,6 +142,39 @@ def test_a_late_compute_node_starts_from_a_checkpoint_and_a_follower_keeps_up() 
     run(main)
 
 
+async def collected_first_object(tn: Engine, objects: MemoryObjectStore) -> None:
+    """90 rows flushed into an object, two thirds of them deleted (the block compacted away),
+    then three checkpoints: the first object is deleted while the TN's memory still holds
+    the entries that created it. The table then holds keys 60..89 and 1000..1002."""
+    async with tn.transaction() as txn:
+        await txn.create_database("d")
+        await txn.create_table("d", "t", ROWS)
+        await txn.table("d", "t").insert(rows(*range(90)))
+    assert tn.maintenance is not None
+    await tn.maintenance.settle(freeze_all=True)  # the rows in an object
+    first_objects = {info.name for info in objects.list("data/")}
+    assert first_objects
+    async with tn.transaction() as txn:
+        await txn.table("d", "t").delete(list(range(60)))  # two thirds dead: compacted
+    await tn.maintenance.settle()
+    for key in range(1000, 1003):  # checkpoints cover the drop; the old object is deleted
+        async with tn.transaction() as txn:
+            await txn.table("d", "t").insert(rows(key))
+        assert await tn.checkpoint() is not None
+    assert not first_objects & {info.name for info in objects.list("data/")}
+
+
+async def assert_a_fresh_node_reads_it(port: LocalTN, objects: MemoryObjectStore) -> None:
+    fresh = ComputeNode(port, objects)
+    try:
+        async with fresh.snapshot() as view:
+            got = await table_of(view)
+        assert [key for key, _v in got] == [*range(60, 90), 1000, 1001, 1002]
+        assert fresh.checkpoints_loaded == 1
+    finally:
+        await fresh.close()
+
+
 def test_a_fresh_compute_node_never_replays_a_block_whose_object_was_collected() -> None:
     """The soak run's ObjectNotFound: a CN starting empty pulled every entry from ts 0 while
     the TN still had them in memory, and applying an old CreateBlock looked for an object
@@ -150,31 +183,11 @@ def test_a_fresh_compute_node_never_replays_a_block_whose_object_was_collected()
 
     async def main() -> None:
         tn, objects = await tn_and_store()
-        async with tn.transaction() as txn:
-            await txn.create_database("d")
-            await txn.create_table("d", "t", ROWS)
-            await txn.table("d", "t").insert(rows(*range(90)))
-        assert tn.maintenance is not None
-        await tn.maintenance.settle(freeze_all=True)  # the rows in an object
-        first_objects = {info.name for info in objects.list("data/")}
-        assert first_objects
-        async with tn.transaction() as txn:
-            await txn.table("d", "t").delete(list(range(60)))  # two thirds dead: compacted
-        await tn.maintenance.settle()
-        for _ in range(3):  # checkpoints cover the drop; the old object is deleted
-            async with tn.transaction() as txn:
-                await txn.table("d", "t").insert(rows(1000 + _))
-            assert await tn.checkpoint() is not None
-        assert not first_objects & {info.name for info in objects.list("data/")}
-        assert tn._logtail.covers(0)  # the TN still holds every entry from the start
-        fresh = ComputeNode(LocalTN(tn), objects)
         try:
-            async with fresh.snapshot() as view:
-                got = await table_of(view)
-            assert [key for key, _v in got] == [*range(60, 90), 1000, 1001, 1002]
-            assert fresh.checkpoints_loaded == 1
+            await collected_first_object(tn, objects)
+            assert tn._logtail.covers(0)  # the TN still holds every entry from the start
+            await assert_a_fresh_node_reads_it(LocalTN(tn), objects)
         finally:
-            await fresh.close()
             await tn.close()
 
     run(main)
@@ -232,34 +245,15 @@ def test_a_fresh_compute_node_reads_through_a_standby_after_the_writer_collected
         standby = await Engine.open(
             "unused", tn._backend, objects=objects, maintenance=False, standby=True
         )
-        async with tn.transaction() as txn:
-            await txn.create_database("d")
-            await txn.create_table("d", "t", ROWS)
-            await txn.table("d", "t").insert(rows(*range(90)))
-        assert tn.maintenance is not None
-        await tn.maintenance.settle(freeze_all=True)
-        first_objects = {info.name for info in objects.list("data/")}
-        async with tn.transaction() as txn:
-            await txn.table("d", "t").delete(list(range(60)))
-        await tn.maintenance.settle()
-        for key in range(1000, 1003):
-            async with tn.transaction() as txn:
-                await txn.table("d", "t").insert(rows(key))
-            assert await tn.checkpoint() is not None
-        assert not first_objects & {info.name for info in objects.list("data/")}
-        for _ in range(500):
-            if standby.visible_ts == tn.visible_ts:
-                break
-            await asyncio.sleep(0.01)
-        assert standby.visible_ts == tn.visible_ts
-        fresh = ComputeNode(LocalTN(standby), objects)
         try:
-            async with fresh.snapshot() as view:
-                got = await table_of(view)
-            assert [key for key, _v in got] == [*range(60, 90), 1000, 1001, 1002]
-            assert fresh.checkpoints_loaded == 1
+            await collected_first_object(tn, objects)
+            for _ in range(500):
+                if standby.visible_ts == tn.visible_ts:
+                    break
+                await asyncio.sleep(0.01)
+            assert standby.visible_ts == tn.visible_ts
+            await assert_a_fresh_node_reads_it(LocalTN(standby), objects)
         finally:
-            await fresh.close()
             await standby.close()
             await tn.close()
 
