@@ -173,6 +173,7 @@ NOT_RAISED_TO_CALLERS = {
     "engine.tn.local.LocalTNError",  # the harness that runs TN processes for tests and demos
     "engine.bench_distributed.ChildFailed",  # a benchmark's child process
     "engine.workload.VerifyFailed",  # the crash-test workload's read-back child process
+    "engine.cn.node.CheckpointRetired",  # caught inside the pull: the CN asks again
 }
 
 
