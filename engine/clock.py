@@ -11,6 +11,7 @@ the integers orders the timestamps. Time is an input (`now_ms`), so tests drive 
 
 from __future__ import annotations
 
+import datetime
 import time
 from collections.abc import Callable
 
@@ -63,3 +64,73 @@ class HybridClock:
         assert ts <= TS_MAX
         self._last = ts
         return ts
+
+
+# --- wall time (issue 24) ---------------------------------------------------------------------
+#
+# A commit timestamp's physical part is the wall clock's milliseconds since the Unix epoch (UTC)
+# when it was issued, or later when the clock went back (above). So "the state as of a wall time
+# T" is the snapshot at the last timestamp of T's millisecond: every commit issued at or before T
+# is in it. A wall time is always a time-zone-aware datetime: a naive one would be read in
+# whatever zone the reader assumed.
+
+
+def ts_at_wall_ms(epoch_ms: int) -> int:
+    """The last commit timestamp of millisecond `epoch_ms` (its snapshot holds every commit
+    issued in or before that millisecond)."""
+    if epoch_ms < 0 or epoch_ms > ts_physical_ms(TS_MAX):
+        raise ValueError(f"wall time {epoch_ms} ms is out of range")
+    return make_ts(epoch_ms, LOGICAL_MAX)
+
+
+def ts_at_datetime(at: datetime.datetime) -> int:
+    """The snapshot timestamp of wall time `at` (time-zone aware), as `ts_at_wall_ms`."""
+    if at.tzinfo is None or at.utcoffset() is None:
+        raise ValueError(f"{at.isoformat()}: a wall time needs a time zone (Z or +HH:MM)")
+    return ts_at_wall_ms(_epoch_ms(at))
+
+
+def ts_datetime(ts: int) -> datetime.datetime:
+    """The wall time (UTC, millisecond precision) a commit timestamp was issued at."""
+    return _EPOCH + datetime.timedelta(milliseconds=ts_physical_ms(ts))
+
+
+def ts_isoformat(ts: int) -> str:
+    """`ts_datetime(ts)` as ISO-8601 with milliseconds and Z: 2026-11-26T12:00:00.000Z."""
+    return ts_datetime(ts).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def parse_at(text: str) -> int | datetime.datetime:
+    """What a user typed for "as of": a commit timestamp (digits: 117...), epoch milliseconds
+    (digits then `ms`: 1795694400000ms), or an ISO-8601 date-time with a time zone
+    (2026-11-26T12:00:00Z, 2026-11-26T13:00:00+01:00). Returns the commit timestamp as an int,
+    or the wall time as an aware datetime (resolved against an engine by `snapshot(at=...)`).
+    ValueError says what it accepts."""
+    text = text.strip()
+    try:
+        if text.isdigit():
+            ts = int(text)
+            if ts > TS_MAX:
+                raise ValueError(f"{text}: above the largest commit timestamp")
+            return ts
+        if text.endswith("ms") and text[:-2].isdigit():
+            epoch_ms = int(text[:-2])
+            ts_at_wall_ms(epoch_ms)  # range check
+            return _EPOCH + datetime.timedelta(milliseconds=epoch_ms)
+        at = datetime.datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
+        ts_at_datetime(at)  # time zone and range checks
+        return at
+    except (ValueError, OverflowError) as exc:
+        raise ValueError(
+            f"{text!r} is not a time: give a commit timestamp (digits), epoch milliseconds "
+            f"(digits then 'ms') or an ISO-8601 date-time with a time zone "
+            f"(2026-11-26T12:00:00Z) ({exc})"
+        ) from None
+
+
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+
+
+def _epoch_ms(at: datetime.datetime) -> int:
+    delta = at - _EPOCH
+    return (delta.days * 86_400 + delta.seconds) * 1000 + delta.microseconds // 1000
