@@ -29,6 +29,7 @@ from pyroaring import FrozenBitMap
 from engine import limits
 from engine.errors import SchemaError, WalCorruption
 from engine.schema import TYPES, Column, Schema, check_name
+from engine.wal.columns import ColumnsDamaged, decode_columns, encode_columns
 from engine.wal.entry import (
     Append,
     AppendInfo,
@@ -48,7 +49,11 @@ from engine.wal.entry import (
 )
 
 MAGIC = b"TE"
-VERSION = 1
+VERSION = 2
+"""What `encode_entry` writes by default. Version 2 adds the AppendColumns command (a small
+append's columns, bare: engine/wal/columns.py); the other bytes are version 1's, and version 1
+entries still read."""
+VERSIONS = frozenset({1, 2})
 
 _HEADER = struct.Struct("<2sBBIIQ")
 """magic, version, entry type, reserved (0), body length, checksum."""
@@ -70,6 +75,7 @@ CMD_DELETE = 3
 CMD_CREATE_BLOCK = 4
 CMD_DROP_BLOCK = 5
 CMD_ORIGIN = 6
+CMD_APPEND_COLUMNS = 7
 
 CLIENT_ID_BYTES_MAX = 255
 """Longest client id of an Origin command (UTF-8 bytes)."""
@@ -118,6 +124,7 @@ REASON_NAME = "bad name"
 REASON_SCHEMA = "bad schema"
 REASON_INFOS = "append infos do not cover the batch"
 REASON_ARROW = "Arrow IPC batch does not decode"
+REASON_COLUMNS = "AppendColumns does not decode"
 REASON_BITMAP = "delete mask does not decode"
 REASON_EMPTY = "a transaction entry without commands"
 REASON_BLOCK = "bad block command"
@@ -168,14 +175,28 @@ def _encode_schema(schema: Schema) -> bytes:
     return b"".join(parts)
 
 
-def _encode_command(cmd: Command, parts: list[bytes | pa.Buffer]) -> None:
+def _encode_command(cmd: Command, parts: list[bytes | pa.Buffer], version: int) -> int:
     """Append the command's bytes to `parts` (one join for the whole entry: the Arrow
-    buffers are copied once, into the entry)."""
+    buffers are copied once, into the entry); the entry version the command needs."""
     if type(cmd) is Append:
         infos = cmd.infos
         assert infos
         assert all(info.rows > 0 for info in infos)
         assert sum(info.rows for info in infos) == cmd.batch.num_rows
+        columns = encode_columns(cmd.batch) if version >= 2 else None
+        if columns is not None:
+            size = (
+                _APPEND_HEAD.size
+                - _CMD_HEAD.size
+                + _INFO.size * len(infos)
+                + sum(len(part) for part in columns)
+            )
+            parts.append(
+                _APPEND_HEAD.pack(CMD_APPEND_COLUMNS, size, cmd.db_id, cmd.table_id, len(infos))
+            )
+            parts.extend(_INFO.pack(i.block_id, i.offset, i.rows) for i in infos)
+            parts += columns
+            return 2
         message, batch = _stream_parts(cmd.batch)
         stream_bytes = len(message) + batch.size + len(_IPC_EOS)
         size = _APPEND_HEAD.size - _CMD_HEAD.size + _INFO.size * len(infos) + 4 + stream_bytes
@@ -227,12 +248,15 @@ def _encode_command(cmd: Command, parts: list[bytes | pa.Buffer]) -> None:
             )
         )
         parts += (_CMD_HEAD.pack(CMD_UPDATE_CATALOG, len(body)), body)
+    return 1
 
 
-def encode_entry(entry: TxnEntry | CheckpointEntry) -> bytes:
-    """The entry's bytes (engine/FORMAT.md). The caller checks the size against
-    `limits.TXN_ENTRY_BYTES_MAX` (the engine raises `TxnTooLarge`); everything else the
+def encode_entry(entry: TxnEntry | CheckpointEntry, *, version: int = VERSION) -> bytes:
+    """The entry's bytes (engine/FORMAT.md) in `version` (1: every append as Arrow IPC; the
+    golden vectors of version 1 and tests of old logs write it). The caller checks the size
+    against `limits.TXN_ENTRY_BYTES_MAX` (the engine raises `TxnTooLarge`); everything else the
     decoder would refuse is an assertion here."""
+    assert version in VERSIONS
     parts: list[bytes | pa.Buffer]
     if type(entry) is TxnEntry:
         assert entry.commit_ts > entry.start_ts
@@ -242,8 +266,11 @@ def encode_entry(entry: TxnEntry | CheckpointEntry) -> bytes:
         parts = [_TXN_HEAD.pack(entry.start_ts, entry.commit_ts, len(memo))]
         parts.extend(_MEMO.pack(m.db_id, m.table_id, m.block_id) for m in memo)
         parts.append(_U32.pack(len(entry.commands)))
+        # An entry with nothing of version 2 in it is written as version 1: the same bytes
+        # as before, readable by older builds.
+        needs = 1
         for cmd in entry.commands:
-            _encode_command(cmd, parts)
+            needs = max(needs, _encode_command(cmd, parts, version))
         entry_type = EntryType.AC
     else:
         assert isinstance(entry, CheckpointEntry)
@@ -251,8 +278,9 @@ def encode_entry(entry: TxnEntry | CheckpointEntry) -> bytes:
         assert len(location) <= 0xFFFF
         parts = [_CKP_HEAD.pack(entry.ckp_ts, entry.truncate_dsn, len(location)), location]
         entry_type = EntryType.CKP
+        needs = 1
     body = b"".join(parts)
-    head = _CHECKED_HEAD.pack(MAGIC, VERSION, entry_type, 0, len(body))
+    head = _CHECKED_HEAD.pack(MAGIC, needs, entry_type, 0, len(body))
     hasher = xxhash.xxh3_64(head)
     hasher.update(body)
     return b"".join((head, _U64.pack(hasher.intdigest()), body))
@@ -353,7 +381,7 @@ def decode_entry(payload: bytes | memoryview, dsn: int) -> TxnEntry | Checkpoint
     magic, version, entry_type, reserved, body_bytes, checksum = _HEADER.unpack_from(data)
     if magic != MAGIC:
         raise WalCorruption(dsn, REASON_MAGIC, OFFSET_MAGIC)
-    if version != VERSION:
+    if version not in VERSIONS:
         raise WalCorruption(dsn, REASON_VERSION, OFFSET_VERSION)
     if body_bytes != size - HEADER_BYTES:
         raise WalCorruption(dsn, REASON_LENGTH, OFFSET_BODY_LEN)
@@ -371,7 +399,7 @@ def decode_entry(payload: bytes | memoryview, dsn: int) -> TxnEntry | Checkpoint
     reader = _Reader(data[HEADER_BYTES:], dsn, HEADER_BYTES)
     entry: TxnEntry | CheckpointEntry
     if entry_type == EntryType.AC:
-        entry = _decode_txn(reader)
+        entry = _decode_txn(reader, version)
     else:
         ckp_ts, truncate_dsn, location_bytes = reader.unpack(_CKP_HEAD)
         at = reader.pos - 2
@@ -382,7 +410,7 @@ def decode_entry(payload: bytes | memoryview, dsn: int) -> TxnEntry | Checkpoint
     return entry
 
 
-def _decode_txn(reader: _Reader) -> TxnEntry:
+def _decode_txn(reader: _Reader, version: int) -> TxnEntry:
     start_ts, commit_ts = reader.unpack(_TIMESTAMPS)
     if commit_ts <= start_ts:
         # A read-only transaction never logs, so a logged one has commit_ts > start_ts.
@@ -400,7 +428,7 @@ def _decode_txn(reader: _Reader) -> TxnEntry:
         at = reader.pos
         kind, size = reader.unpack(_CMD_HEAD)
         decode = _COMMANDS.get(kind)
-        if decode is None:
+        if decode is None or (kind == CMD_APPEND_COLUMNS and version < 2):
             raise reader.fail(REASON_COMMAND, at)
         start = reader.base + reader.pos
         body = _Reader(reader.take(size, at + 1), reader.dsn, start)
@@ -533,6 +561,20 @@ def _flatbuffer_field(buffer: bytes, table: int, field: int) -> int:
     return table + offset if offset else 0
 
 
+def _decode_append_columns(reader: _Reader) -> Append:
+    db_id, table_id = reader.unpack(_TABLE_REF)
+    infos_at = reader.pos
+    infos = tuple(AppendInfo(*reader.unpack(_INFO)) for _ in range(reader.count(_INFO.size)))
+    at = reader.pos
+    try:
+        batch = decode_columns(reader.take(len(reader.data) - at))
+    except ColumnsDamaged as exc:
+        raise reader.fail(REASON_COLUMNS + ": " + exc.reason, at + exc.offset) from None
+    if not infos or any(i.rows == 0 for i in infos) or sum(i.rows for i in infos) != batch.num_rows:
+        raise reader.fail(REASON_INFOS, infos_at)
+    return Append(db_id, table_id, infos, batch)
+
+
 def _decode_delete(reader: _Reader) -> Delete:
     db_id, table_id, block_id = reader.unpack(_BLOCK_REF)
     at = reader.pos
@@ -590,4 +632,5 @@ _COMMANDS: dict[int, Callable[[_Reader], Command]] = {
     CMD_CREATE_BLOCK: _decode_create_block,
     CMD_DROP_BLOCK: _decode_drop_block,
     CMD_ORIGIN: _decode_origin,
+    CMD_APPEND_COLUMNS: _decode_append_columns,
 }

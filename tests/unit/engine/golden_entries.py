@@ -148,13 +148,49 @@ ENTRIES: dict[str, TxnEntry | CheckpointEntry] = {
         commands=(Delete(1, 2, 4, FrozenBitMap([3])), Origin("cn-a", 7)),
     ),
     "ckp_v1": CheckpointEntry(ckp_ts=500, truncate_dsn=42, location="ckp/0000000500.parquet"),
+    # Version 2 (issue 21): small appends as AppendColumns. Every column type, nulls, two
+    # infos; and the common case, a one-row insert.
+    "ac_append_columns_v2": TxnEntry(
+        start_ts=800,
+        commit_ts=801,
+        memo=(MemoItem(1, 3, 1), MemoItem(1, 3, 2)),
+        commands=(
+            Append(
+                1,
+                3,
+                (AppendInfo(1, 8190, 2), AppendInfo(2, 0, 1)),
+                pa.RecordBatch.from_pylist(ALL_TYPES_ROWS, schema=ALL_TYPES.to_arrow()),
+            ),
+        ),
+    ),
+    "ac_insert_one_v2": TxnEntry(
+        start_ts=900,
+        commit_ts=901,
+        memo=(MemoItem(1, 2, 1),),
+        commands=(
+            Append(
+                1,
+                2,
+                (AppendInfo(1, 5, 1),),
+                pa.RecordBatch.from_pylist(
+                    [{"id": 42, "customer": 7, "note": "hi"}], schema=ORDERS.to_arrow()
+                ),
+            ),
+        ),
+    ),
 }
+
+
+def version_of(name: str) -> int:
+    """The entry version a vector is written in: its name's `_vN` suffix."""
+    return int(name.rsplit("_v", 1)[1])
 
 
 def main() -> None:
     GOLDEN.mkdir(exist_ok=True)
     for name, entry in ENTRIES.items():
-        (GOLDEN / f"{name}.hex").write_text(encode_entry(entry).hex() + "\n")
+        encoded = encode_entry(entry, version=version_of(name))
+        (GOLDEN / f"{name}.hex").write_text(encoded.hex() + "\n")
 
 
 if __name__ == "__main__":

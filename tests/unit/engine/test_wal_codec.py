@@ -39,8 +39,9 @@ from pyroaring import BitMap, FrozenBitMap
 from engine import limits
 from engine.errors import WalCorruption
 from engine.schema import KEY_TYPES, TYPES, Column, Schema
-from engine.wal import codec
+from engine.wal import codec, columns
 from engine.wal.codec import decode_entry, encode_batch, encode_entry
+from engine.wal.columns import APPEND_COLUMNS_ROWS_MAX
 from engine.wal.entry import (
     Append,
     AppendInfo,
@@ -57,7 +58,7 @@ from engine.wal.entry import (
     TxnEntry,
     UpdateCatalog,
 )
-from tests.unit.engine.golden_entries import ENTRIES, GOLDEN
+from tests.unit.engine.golden_entries import ENTRIES, GOLDEN, version_of
 
 DSN = 77
 
@@ -109,10 +110,12 @@ def seal(body: bytes, entry_type: int = 0x10, version: int = 1, reserved: int = 
     return head + struct.pack("<Q", xxhash.xxh3_64_intdigest(head + body)) + body
 
 
-def txn_entry(*commands: bytes, memo: tuple[tuple[int, int, int], ...] = ((1, 2, 1),)) -> bytes:
+def txn_entry(
+    *commands: bytes, memo: tuple[tuple[int, int, int], ...] = ((1, 2, 1),), version: int = 1
+) -> bytes:
     """An AC entry (start_ts 1, commit_ts 2) of already encoded commands (type, len, body)."""
     head = struct.pack("<QQI", 1, 2, len(memo)) + b"".join(struct.pack("<QQQ", *m) for m in memo)
-    return seal(head + struct.pack("<I", len(commands)) + b"".join(commands))
+    return seal(head + struct.pack("<I", len(commands)) + b"".join(commands), version=version)
 
 
 def command(cmd_type: int, body: bytes) -> bytes:
@@ -123,6 +126,13 @@ def append_entry(stream: bytes, infos: tuple[tuple[int, int, int], ...] = ((1, 0
     body = struct.pack("<QQI", 1, 2, len(infos))
     body += b"".join(struct.pack("<QII", *info) for info in infos)
     return txn_entry(command(2, body + struct.pack("<I", len(stream)) + stream))
+
+
+def columns_entry(columns: bytes, infos: tuple[tuple[int, int, int], ...] = ((1, 0, 1),)) -> bytes:
+    """A version 2 entry of one AppendColumns command (type 7) of table 2 in database 1."""
+    body = struct.pack("<QQI", 1, 2, len(infos))
+    body += b"".join(struct.pack("<QII", *info) for info in infos)
+    return txn_entry(command(7, body + columns), version=2)
 
 
 def delete_entry(mask: bytes) -> bytes:
@@ -159,6 +169,12 @@ def test_the_second_encoder_agrees_with_the_codec() -> None:
     )
     append = Append(1, 2, (AppendInfo(1, 0, 1),), BATCH)
     assert append_entry(encode_batch(BATCH)) == encode_entry(
+        TxnEntry(1, 2, (MemoItem(1, 2, 1),), (append,)), version=1
+    )
+    # version 2: rows 1, one column; its definition (str16 name, str8 type, nullable 1 as
+    # BATCH's field is, has_validity 0), then the int64 value
+    one_id = struct.pack("<IH", 1, 1) + str16(b"id") + b"\x05int64" + b"\x01\x00"
+    assert columns_entry(one_id + struct.pack("<q", 1)) == encode_entry(
         TxnEntry(1, 2, (MemoItem(1, 2, 1),), (append,))
     )
     delete = Delete(1, 2, 1, FrozenBitMap([3]))
@@ -175,8 +191,9 @@ def test_the_second_encoder_agrees_with_the_codec() -> None:
 
 @pytest.mark.parametrize("name", sorted(ENTRIES))
 def test_golden_vector_encodes_exactly_and_decodes_back(name: str) -> None:
-    encoded = encode_entry(ENTRIES[name])
+    encoded = encode_entry(ENTRIES[name], version=version_of(name))
     assert encoded == golden(name)
+    assert encoded[codec.OFFSET_VERSION] == version_of(name)
     assert_same(decode_entry(encoded, DSN), ENTRIES[name])
     assert_same(decode_entry(memoryview(bytearray(encoded)), DSN), ENTRIES[name])
 
@@ -187,7 +204,8 @@ def test_the_vectors_cover_every_entry_command_and_column_type() -> None:
     column_types: set[str] = set()
     key_sizes = {0}
     batch_types: set[pa.DataType] = set()
-    for entry in ENTRIES.values():
+    appends_by_version: dict[int, set[pa.DataType]] = {}
+    for name, entry in ENTRIES.items():
         entry_types.add(type(entry))
         for cmd in entry.commands if isinstance(entry, TxnEntry) else ():
             if isinstance(cmd, UpdateCatalog):
@@ -198,10 +216,12 @@ def test_the_vectors_cover_every_entry_command_and_column_type() -> None:
                     assert any(c.nullable for c in cmd.schema.columns)
             else:
                 commands.add(type(cmd))
-            if isinstance(cmd, Append):
-                assert len(cmd.infos) == 2
+            if isinstance(cmd, Append) and len(cmd.infos) == 2:
                 batch_types |= {field.type for field in cmd.batch.schema}
                 assert any(column.null_count for column in cmd.batch.columns)
+                appends_by_version.setdefault(version_of(name), set()).update(
+                    field.type for field in cmd.batch.schema
+                )
     assert entry_types == {TxnEntry, CheckpointEntry}
     assert commands == {
         (CatalogKind.DATABASE, CatalogOp.CREATE),
@@ -217,6 +237,8 @@ def test_the_vectors_cover_every_entry_command_and_column_type() -> None:
     assert column_types == set(TYPES)
     assert max(key_sizes) >= 2  # a compound key
     assert batch_types == set(TYPES.values())
+    # every column type, with nulls and two infos, as Arrow IPC (1) and as AppendColumns (2)
+    assert appends_by_version == {1: set(TYPES.values()), 2: set(TYPES.values())}
 
 
 def test_header_fields_sit_where_format_md_says() -> None:
@@ -326,7 +348,8 @@ def test_zeroed_extended_and_versioned_entries_are_refused() -> None:
     assert reason_of(bytes(len(entry))) == codec.REASON_MAGIC
     assert reason_of(entry[:20] + bytes(len(entry) - 20)) == codec.REASON_CHECKSUM
     assert reason_of(entry + b"\x00") == codec.REASON_LENGTH
-    assert reason_of(entry[:2] + b"\x02" + entry[3:]) == codec.REASON_VERSION
+    assert reason_of(entry[:2] + b"\x03" + entry[3:]) == codec.REASON_VERSION
+    assert reason_of(reseal(entry[:2] + b"\x03" + entry[3:])) == codec.REASON_VERSION
     assert reason_of(reseal(entry[:2] + b"\x00" + entry[3:])) == codec.REASON_VERSION
     assert reason_of(bytes(limits.TXN_ENTRY_BYTES_MAX + 1)) == codec.REASON_TOO_LARGE
 
@@ -596,8 +619,8 @@ def test_an_oversized_count_or_length_is_refused_without_allocating(
 
 
 def _arrow_range(entry: Entry, data: bytes) -> range:
-    if not isinstance(entry, TxnEntry):
-        return range(0)
+    if not isinstance(entry, TxnEntry) or data[codec.OFFSET_VERSION] == 2:
+        return range(0)  # version 2's small appends are AppendColumns: no byte is ignored
     for cmd in entry.commands:
         if isinstance(cmd, Append):
             stream = encode_batch(cmd.batch)
@@ -610,7 +633,8 @@ def _arrow_range(entry: Entry, data: bytes) -> range:
 def test_random_resealed_damage_raises_only_wal_corruption(name: str) -> None:
     """Behind a valid checksum, a random byte at every offset of the body either is refused
     with `WalCorruption` or decodes; outside the Arrow stream a decoded entry re-encodes to
-    exactly the damaged bytes (the format has no ignored bytes or bits)."""
+    exactly the damaged bytes (the format has no ignored bytes or bits; AppendColumns none at
+    all, the value bytes under a null included)."""
     rng = random.Random(f"resealed {name}")
     entry = golden(name)
     arrow = _arrow_range(ENTRIES[name], entry)
@@ -626,7 +650,7 @@ def test_random_resealed_damage_raises_only_wal_corruption(name: str) -> None:
             assert 0 <= exc.offset_bytes <= len(entry)
             continue
         if offset not in arrow:
-            assert encode_entry(decoded) == sealed, offset
+            assert encode_entry(decoded, version=version_of(name)) == sealed, offset
 
 
 # --- round trip -----------------------------------------------------------------------------
@@ -747,3 +771,91 @@ def test_random_entries_round_trip(entry: Entry) -> None:
     decoded = decode_entry(encoded, DSN)
     assert_same(decoded, entry)
     assert encode_entry(decoded) == encoded
+
+
+# --- AppendColumns (version 2) --------------------------------------------------------------
+
+_VALUES: dict[str, st.SearchStrategy[object]] = {
+    "int8": st.integers(-(1 << 7), (1 << 7) - 1),
+    "int16": st.integers(-(1 << 15), (1 << 15) - 1),
+    "int32": st.integers(-(1 << 31), (1 << 31) - 1),
+    "int64": st.integers(-(1 << 63), (1 << 63) - 1),
+    "uint8": st.integers(0, (1 << 8) - 1),
+    "uint16": st.integers(0, (1 << 16) - 1),
+    "uint32": st.integers(0, (1 << 32) - 1),
+    "uint64": st.integers(0, (1 << 64) - 1),
+    "float32": st.floats(width=32, allow_nan=False),
+    "float64": st.floats(allow_nan=False),
+    "bool": st.booleans(),
+    "string": st.text(max_size=8),
+    "binary": st.binary(max_size=8),
+    "date32": st.dates(),
+    "timestamp[us]": st.datetimes(),
+}
+
+
+@given(st.data())
+@settings(max_examples=60, deadline=None)
+def test_append_columns_round_trip_every_type_and_size(data: st.DataObject) -> None:
+    """A batch of any engine types, with or without nulls, of 1 row to past the compact limit,
+    sliced or not, decodes to the same batch; small unsliced batches travel as AppendColumns
+    (version 2), the others as Arrow IPC (an entry of version 1)."""
+    type_names = data.draw(st.lists(st.sampled_from(sorted(TYPES)), min_size=1, max_size=5))
+    rows = data.draw(st.sampled_from([1, 2, 7, 8, 9, 63, APPEND_COLUMNS_ROWS_MAX, 300]))
+    fields = []
+    columns = []
+    for index, type_name in enumerate(type_names):
+        nullable = data.draw(st.booleans())
+        values = st.none() | _VALUES[type_name] if nullable else _VALUES[type_name]
+        column = data.draw(st.lists(values, min_size=rows + 1, max_size=rows + 1))
+        fields.append(pa.field(f"c{index}", TYPES[type_name], nullable=nullable))
+        columns.append(pa.array(column, type=TYPES[type_name]))
+    whole = pa.RecordBatch.from_arrays(columns, schema=pa.schema(fields))
+    sliced = data.draw(st.booleans())
+    batch = whole.slice(1, rows) if sliced else whole.slice(0, rows)
+    entry = TxnEntry(1, 2, (MemoItem(1, 2, 1),), (Append(1, 2, (AppendInfo(1, 0, rows),), batch),))
+    encoded = encode_entry(entry)
+    compact = not sliced and rows <= APPEND_COLUMNS_ROWS_MAX
+    assert encoded[codec.OFFSET_VERSION] == (2 if compact else 1)
+    decoded = decode_entry(encoded, DSN)
+    assert isinstance(decoded, TxnEntry)
+    (append,) = decoded.commands
+    assert isinstance(append, Append)
+    assert append.batch.equals(batch)
+    assert append.batch.schema.equals(batch.schema, check_metadata=True)
+    assert_same(decode_entry(encode_entry(entry, version=1), DSN), decoded)
+
+
+def test_append_columns_refuses_what_version_1_and_the_grammar_do_not_allow() -> None:
+    head = struct.pack("<IH", 1, 1)
+    one_id = head + str16(b"id") + b"\x05int64"
+    value = struct.pack("<q", 1)
+    ok = columns_entry(one_id + b"\x00\x00" + value)
+    assert isinstance(decode_entry(ok, DSN), TxnEntry)
+    as_v1 = ok[:2] + b"\x01" + ok[3:]
+    assert reason_of(reseal(as_v1)) == codec.REASON_COMMAND  # command 7 is version 2's
+
+    def reason(columns: bytes) -> str:
+        return reason_of(columns_entry(columns))
+
+    assert reason(one_id + b"\x00\x00" + value + b"\x00").endswith(columns.REASON_SIZE)
+    assert reason(one_id + b"\x00\x00" + value[:7]).endswith(columns.REASON_TRUNCATED)
+    assert reason(one_id + b"\x02\x00" + value).endswith(columns.REASON_DEFINITION)
+    # validity on a non-nullable column, and validity bits that say "no nulls"
+    assert reason(one_id + b"\x00\x01\x00" + value).endswith(columns.REASON_VALIDITY)
+    assert reason(one_id + b"\x01\x01\x01" + value).endswith(columns.REASON_VALIDITY)
+    assert reason(one_id + b"\x01\x01\x02" + value).endswith(columns.REASON_PADDING)
+    assert reason(struct.pack("<IH", 0, 1) + one_id[6:] + b"\x00\x00").endswith(
+        columns.REASON_DEFINITION
+    )
+    text = head + str16(b"s") + b"\x06string" + b"\x00\x00"
+    assert isinstance(
+        decode_entry(columns_entry(text + struct.pack("<II", 0, 2) + b"hi"), DSN), TxnEntry
+    )
+    assert reason(text + struct.pack("<II", 1, 2) + b"hi").endswith(columns.REASON_VALUES)
+    assert reason(text + struct.pack("<II", 0, 2) + b"\xff\xfe").endswith(columns.REASON_VALUES)
+    bools = head + str16(b"b") + b"\x04bool" + b"\x00\x00"
+    assert reason(bools + b"\x03").endswith(columns.REASON_PADDING)
+    assert reason(
+        struct.pack("<IH", 1, 2) + (str16(b"d") + b"\x04bool\x00\x00") * 2 + b"\x01\x01"
+    ).endswith(columns.REASON_DEFINITION)  # two columns of one name

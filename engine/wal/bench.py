@@ -1,0 +1,45 @@
+"""`python -m engine.wal.bench`: the WAL entry codec's cost per entry, version 1 (every append
+as Arrow IPC) against version 2 (small appends as AppendColumns), for appends of 1, 10 and 100
+rows of (int64 key, 100-character string). Prints one JSON object: per case, microseconds to
+encode and to decode one entry, and its bytes."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from engine.schema import Column, Schema, to_batch
+from engine.wal.codec import decode_entry, encode_entry
+from engine.wal.entry import Append, AppendInfo, MemoItem, TxnEntry
+
+LOOPS = 20_000
+
+
+def main() -> None:
+    schema = Schema([Column("id", "int64"), Column("payload", "string")], primary_key=["id"])
+    arrow = schema.to_arrow()
+    out: dict[str, dict[str, float]] = {}
+    for rows in (1, 10, 100):
+        dicts = [{"id": i, "payload": "x" * 100} for i in range(rows)]
+        batch = to_batch(schema, arrow, dicts, "bench.t")
+        append = Append(1, 2, (AppendInfo(1, 0, rows),), batch)
+        entry = TxnEntry(1, 2, (MemoItem(1, 2, 1),), (append,))
+        for version in (1, 2):
+            started = time.perf_counter()
+            for _ in range(LOOPS):
+                data = encode_entry(entry, version=version)
+            encode_us = (time.perf_counter() - started) / LOOPS * 1e6
+            started = time.perf_counter()
+            for _ in range(LOOPS):
+                decode_entry(data, 1)
+            decode_us = (time.perf_counter() - started) / LOOPS * 1e6
+            out[f"rows{rows}_v{version}"] = {
+                "encode_us": round(encode_us, 2),
+                "decode_us": round(decode_us, 2),
+                "bytes": len(data),
+            }
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
