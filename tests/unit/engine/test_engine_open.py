@@ -174,6 +174,7 @@ NOT_RAISED_TO_CALLERS = {
     "engine.bench_distributed.ChildFailed",  # a benchmark's child process
     "engine.workload.VerifyFailed",  # the crash-test workload's read-back child process
     "engine.cn.node.CheckpointRetired",  # caught inside the pull: the CN asks again
+    "engine.wal.columns.ColumnsDamaged",  # the entry codec makes it WalCorruption (its DSN)
 }
 
 
