@@ -6,6 +6,10 @@ compute node reader (issue 15).
     python -m engine stats DIR [--json]             commit timestamp, counts, WAL position,
                                                     storage: blocks per level, the newest
                                                     checkpoint, WAL retained, the objects
+    python -m engine history DIR [--table db.t] [--since AT] [--until AT] [--limit N]
+                                 [--maintenance] [--json]
+                                                    the commits in the retained WAL
+                                                    (engine/history_cli.py)
 
     python -m engine serve --config tn.toml [--standby]    the TN daemon (engine/tn/daemon.py)
     python -m engine promote --config tn.toml              make that standby TN active now
@@ -14,10 +18,11 @@ compute node reader (issue 15).
                                             move the damaged suffix aside (engine/repair.py)
 
 `tables`, `scan` and `stats` open the engine read-only and write nothing (issue 20): replay
-FOR_READ in memory; a file WAL is read without its lock (beside a running engine, showing what
-it had written when the command looked) and a torn tail is not read, never cut; the objects
-directory gets no lock and no temporary files; over logsvc no lease is taken, so a running
-engine is not fenced. They print, and close. `--wal logsvc --client-config client.toml
+FOR_READ in memory (`history` reads the WAL the same way, streaming it instead); a file WAL
+is read without its lock (beside a running engine, showing what it had written when the
+command looked) and a torn tail is not read, never cut; the objects directory gets no lock
+and no temporary files; over logsvc no lease is taken, so a running engine is not fenced.
+They print, and close. `--wal logsvc --client-config client.toml
 --shard N` reads an engine whose WAL is on logsvc.
 
 Objects: in `DIR/objects` by default; `--objects s3 --s3-endpoint HOST:PORT --s3-bucket B
@@ -45,7 +50,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from engine import limits, metrics
+from engine import history_cli, limits, metrics
 from engine.clock import ts_physical_ms
 from engine.engine import Engine
 from engine.errors import EngineError
@@ -75,6 +80,7 @@ def _parser() -> argparse.ArgumentParser:
     scan.add_argument("--limit", type=int, default=limits.SCAN_ROWS_DEFAULT_LIMIT)
     stats = add("stats", "commit timestamp, counts, WAL position, storage")
     stats.add_argument("--json", action="store_true")
+    history_cli.add_arguments(add("history", "the commits in the retained WAL (history_cli.py)"))
     serve = sub.add_parser("serve", help="run a TN daemon (issue 15)")
     serve.add_argument("--config", required=True, help="the TN's tn.toml")
     serve.add_argument("--standby", action="store_true", help="tail the WAL; take over later")
@@ -175,6 +181,8 @@ def _main(argv: Sequence[str] | None) -> int:
     if problem is not None:
         print(f"error: {problem}", file=sys.stderr)
         return 2
+    if args.command == "history":
+        return history_cli.run(args, objects_from_args(args))
     if args.command == "scan" and (args.limit < 0 or "." not in args.table):
         print("error: scan needs db.table and a --limit >= 0", file=sys.stderr)
         return 2

@@ -225,6 +225,15 @@ writer meanwhile (two newer checkpoints made it garbage while the look was readi
 state), so it opens again and reads the newer state, at most this many times. A writer
 checkpoints once a minute by default: one retry almost always suffices."""
 
+HISTORY_LIMIT_ROWS_MAX = 100_000
+"""`engine history --limit N` keeps the newest N rows it has read until the WAL ends (a few
+hundred bytes each): at most this many, so the command stays within tens of MiB. Without
+`--limit` rows are printed as they are read and nothing is kept."""
+
+HISTORY_CACHE_BYTES = 8 * MiB
+"""The block cache `engine history` opens its object store with: it reads only the newest
+checkpoint's catalog and block list, never a block."""
+
 # --- Relations ----------------------------------------------------------------------------------
 
 assert TXN_WORKSPACE_BYTES_MAX < TXN_ENTRY_BYTES_MAX
