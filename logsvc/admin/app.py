@@ -19,7 +19,9 @@ serves it with uvicorn on the node's `admin_address`.
     GET    /healthz                            the process answers (no auth)
     GET    /readyz                             readiness.py's rule: 200 ready, 503 not
     GET    /metrics                            Prometheus text format 0.0.4
-    GET    /docs, /openapi.json                the OpenAPI description (no auth, see below)
+    GET    /docs, /openapi.json                the OpenAPI description (no auth, see below);
+                                               Swagger UI's assets from the node itself
+                                               (/docs/assets/..., docs_page.py: no CDN)
     GET    /                                   the dashboard page (no auth, no data: below)
 
 Every request passes `_Gate` first, before routing and before its body is parsed:
@@ -61,6 +63,7 @@ from typing import Annotated, Any, Final, TypeVar
 from fastapi import APIRouter, Depends, FastAPI, Request, Response
 from fastapi import Path as PathParam
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.docs import get_swagger_ui_oauth2_redirect_html
 from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPBearer
@@ -68,7 +71,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from logsvc.admin import changes, readiness
+from logsvc.admin import changes, docs_page, readiness
 from logsvc.admin.errors import (
     AdminError,
     Conflict,
@@ -99,7 +102,19 @@ T = TypeVar("T")
 HEALTH_PATH: Final = "/healthz"
 DASHBOARD_PATH: Final = "/"
 DASHBOARD_FILE: Final = "dashboard.html"  # package data of logsvc.admin
-DOCS_PATHS: Final = ("/docs", "/docs/oauth2-redirect", "/openapi.json")
+DOCS_PAGE_PATH: Final = "/docs"
+DOCS_OAUTH2_REDIRECT_PATH: Final = "/docs/oauth2-redirect"
+DOCS_PATHS: Final = (
+    DOCS_PAGE_PATH,
+    DOCS_OAUTH2_REDIRECT_PATH,
+    "/openapi.json",
+    *(docs_page.asset_path(name) for name in docs_page.ASSETS),
+)
+
+ASSET_HEADERS: Final = {
+    "Cache-Control": "public, max-age=86400",  # versioned by the pinned package
+    "X-Content-Type-Options": "nosniff",
+}
 
 # A validation error's message names at most this many fields: bounded, and enough to fix
 # a request by hand.
@@ -613,6 +628,7 @@ def create_app(
         title="logsvc admin API",
         version="1",
         description=API_DESCRIPTION,
+        docs_url=None,  # served below from the installed assets, not a CDN (docs_page.py)
         redoc_url=None,  # /docs is the one OpenAPI page
     )
     public = {HEALTH_PATH, DASHBOARD_PATH, *(DOCS_PATHS if docs_public else ())}
@@ -823,6 +839,31 @@ def create_app(
     async def dashboard() -> HTMLResponse:
         return HTMLResponse(dashboard_html, headers=dashboard_headers)
 
+    _add_docs(public_api, app.title)
     app.include_router(api)
     app.include_router(public_api)
     return app
+
+
+def _add_docs(router: APIRouter, title: str) -> None:
+    """/docs: Swagger UI with its assets from the installed package (docs_page.py), so the
+    page works on a node without internet access and makes no request elsewhere."""
+    assets = docs_page.load_assets()
+    page, page_headers = docs_page.docs_page(title, "/openapi.json", DOCS_OAUTH2_REDIRECT_PATH)
+
+    @router.get(DOCS_PAGE_PATH, response_class=HTMLResponse, include_in_schema=False)
+    async def docs() -> HTMLResponse:
+        return HTMLResponse(page, headers=page_headers)
+
+    @router.get(DOCS_OAUTH2_REDIRECT_PATH, response_class=HTMLResponse, include_in_schema=False)
+    async def docs_oauth2_redirect() -> HTMLResponse:
+        return get_swagger_ui_oauth2_redirect_html()
+
+    def serve(asset: docs_page.Asset) -> Callable[[], Awaitable[Response]]:
+        async def asset_response() -> Response:
+            return Response(asset.body, media_type=asset.media_type, headers=ASSET_HEADERS)
+
+        return asset_response
+
+    for path, asset in assets.items():
+        router.add_api_route(path, serve(asset), methods=["GET"], include_in_schema=False)

@@ -15,16 +15,22 @@ cannot mix two polls.
   range that grows, an append rate above zero, replica lag cells for the shard the page's
   node leads, every shard ready.
 
+* The admin API's /docs page (Swagger UI) renders every operation with no request leaving
+  loopback (Chromium's performance log lists every request the page made).
+
 Skips only when no Chromium or chromedriver can be found; waits are bounded
 (WebDriverWait), the driver is quit and the appender stopped whatever happens.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 import socket
 import threading
 import time
+import urllib.parse
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -98,6 +104,8 @@ def browser() -> Iterator[WebDriver]:
         "--window-size=1400,1000",
     ):
         options.add_argument(argument)
+    # Every request the browser makes, read back by `requested_urls` (the /docs test).
+    options.set_capability("goog:loggingPrefs", {"performance": "ALL"})
     # Explicit paths: selenium then never tries to download a browser or a driver.
     driver = webdriver.Chrome(options=options, service=Service(executable_path=driver_path))
     try:
@@ -246,6 +254,53 @@ def test_the_dashboard_shows_the_example_cluster(
         assert lag[2, "n3"]["lag-entries"]["text"] == "—"  # a follower cannot tell
     finally:
         browser.save_screenshot(str(tmp_path / "dashboard-example.png"))
+
+
+# ------------------------------------------------------------------ the /docs page
+
+
+def requested_urls(driver: WebDriver) -> list[str]:
+    """The URL of every request the browser started since the last call (Chromium's
+    performance log, which reading empties)."""
+    urls = []
+    for entry in driver.get_log("performance"):
+        message = json.loads(entry["message"])["message"]
+        if message["method"] == "Network.requestWillBeSent":
+            urls.append(message["params"]["request"]["url"])
+    return urls
+
+
+def test_the_docs_page_renders_every_operation_from_the_node_alone(
+    browser: WebDriver, fake_admin: str, tmp_path: Path
+) -> None:
+    """Issue 24 item 6: /docs loads Swagger UI from the node (no CDN), shows one block per
+    operation of the OpenAPI description, and no request leaves loopback."""
+    with urllib.request.urlopen(f"http://{fake_admin}/openapi.json", timeout=WAIT_S_MAX) as got:
+        spec = json.load(got)
+    operations = sum(len(methods) for methods in spec["paths"].values())
+    requested_urls(browser)  # forget what earlier tests loaded
+    browser.get(f"http://{fake_admin}/docs")
+    try:
+        wait_for(
+            browser,
+            "every operation",
+            lambda d: len(d.find_elements(By.CSS_SELECTOR, ".opblock")) == operations,
+        )
+        title = browser.find_element(By.CSS_SELECTOR, ".info .title").text
+        assert title.startswith("logsvc admin API"), title
+        paths = [e.text for e in browser.find_elements(By.CSS_SELECTOR, ".opblock-summary-path")]
+        assert "/v1/shards/{shard_id}/truncate" in [p.replace("\u200b", "") for p in paths]
+        urls = requested_urls(browser)
+        assert f"http://{fake_admin}/docs/assets/swagger-ui-bundle.js" in urls
+        assert f"http://{fake_admin}/openapi.json" in urls
+        elsewhere = [
+            url
+            for url in urls
+            if urllib.parse.urlsplit(url).hostname != "127.0.0.1" and not url.startswith("data:")
+        ]
+        assert elsewhere == []
+    finally:
+        browser.save_screenshot(str(tmp_path / "docs.png"))
 
 
 # -------------------------------------------------------------------- a real cluster
