@@ -263,7 +263,7 @@ def requested_urls(driver: WebDriver) -> list[str]:
     """The URL of every request the browser started since the last call (Chromium's
     performance log, which reading empties)."""
     urls = []
-    for entry in driver.get_log("performance"):
+    for entry in driver.get_log("performance"):  # type: ignore[attr-defined]  # Chromium only
         message = json.loads(entry["message"])["message"]
         if message["method"] == "Network.requestWillBeSent":
             urls.append(message["params"]["request"]["url"])
