@@ -17,10 +17,13 @@ Modules, by the noun each holds: `engine` (the asyncio shell), `txn` (transactio
 workspace), `pipeline` (the commit pipeline core), `conflicts` (the conflict index),
 `catalog`, `storage` (a table's blocks and versions), `state` (applying committed entries),
 `clock` (hybrid logical clock), `schema`, `wal/` (entries and their codec, FORMAT.md),
-`sync` (SyncEngine), `cli` (`python -m engine`), `bench`, `limits`, `errors`.
+`sync` (SyncEngine), `cli` (`python -m engine`), `history` (commits from the WAL), `bench`,
+`limits`, `errors`.
 
-Table data lives in memory until issue 14 (column blocks on an object store, checkpoints): a
-restart rebuilds it by replaying the whole WAL, which is never truncated yet.
+New rows live in L0 blocks in memory; full or old blocks are flushed to objects (a directory
+beside the WAL, or S3), merged and compacted by background transactions, and checkpoints write
+the state to objects and truncate the WAL below them (decision 0006). A restart reads the
+newest checkpoint, then replays the WAL after it.
 """
 
 from engine.checkpoint.errors import CheckpointDamaged

@@ -556,8 +556,10 @@ class Engine:
 
     @contextlib.asynccontextmanager
     async def snapshot(self, ts: int) -> AsyncIterator[Transaction]:
-        """A read-only view of the committed state at `ts` (any commit timestamp up to
-        `visible_ts`; every version stays in memory until issue 14 adds compaction)."""
+        """A read-only view of the committed state at `ts`: a commit timestamp up to
+        `visible_ts` and not below the oldest version still kept (older ones go once no
+        reader needs them; a restart keeps none before its checkpoint): else
+        `SnapshotUnavailable`."""
         self._check_not_closed()
         floor = self._history_floor_ts
         if not isinstance(ts, int) or not floor <= ts <= self.visible_ts:

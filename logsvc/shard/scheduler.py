@@ -21,9 +21,10 @@ and ~3 ms of CPU a second per idle replica). Here instead (docs/decisions/0005-.
   every replica with a member on them; and a lapsed node's replicas are woken one at a time
   per reconnect interval, so a quiet node still redials a peer that restarts.
 
-Threads per node: `workers` (2 by default), independent of the shard count. Every queue is
-bounded by the number of hosted replicas (a replica is in a worker's runnable set at most
-once; timers are one per replica, stale entries dropped as they surface).
+Threads per node: `workers` (`WORKERS_DEFAULT`, 4; the config's `[raft] threads`),
+independent of the shard count. Every queue is bounded by the number of hosted replicas (a
+replica is in a worker's runnable set at most once; timers are one per replica, stale
+entries dropped as they surface).
 """
 
 from __future__ import annotations
