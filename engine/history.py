@@ -357,8 +357,15 @@ def retained_text(retained: Retained, cut: str | None, shown: int | None = None)
         )
         span = (
             f"the retained WAL holds DSN {retained.first_dsn}..{retained.last_dsn}: "
-            f"{retained.commits} commits and {retained.maintenance + retained.checkpoints} "
-            f"maintenance entries, history from {start}"
+            f"{_count(retained.commits, 'commit')} and "
+            f"{_count(retained.maintenance + retained.checkpoints, 'maintenance entry')}, "
+            f"history from {start}"
         )
     listed = f"{retained.listed} listed" if shown is None else f"{shown} shown of {retained.listed}"
     return f"({listed}; {span}{'; ' + cut if cut else ''})"
+
+
+def _count(count: int, noun: str) -> str:
+    if count == 1:
+        return f"1 {noun}"
+    return f"{count} {noun[:-1] + 'ies' if noun.endswith('y') else noun + 's'}"
