@@ -147,6 +147,11 @@ class History:
         self.filter = row_filter
         self.retained = Retained()
 
+    @property
+    def blocks_tracked(self) -> int:
+        """Blocks whose level is remembered: the live tables' live blocks, never more."""
+        return sum(len(levels) for levels in self._levels.values())
+
     def feed(self, dsn: int, entry: TxnEntry | CheckpointEntry) -> HistoryRow | None:
         retained = self.retained
         if retained.first_dsn == 0:

@@ -189,3 +189,18 @@ def test_the_filter_keeps_a_closed_time_range_and_one_table() -> None:
     assert core.retained.listed == 2 and core.retained.commits == 5
     assert (core.retained.first_dsn, core.retained.last_dsn) == (1, 5)
     assert core.retained.first_commit_ts == 100
+
+
+def test_a_dropped_table_keeps_its_name_and_forgets_its_blocks() -> None:
+    core = History(row_filter=Filter(maintenance=True))
+    core.feed(1, CREATE)
+    core.feed(2, entry(200, append(ITEMS, 1, 3)))
+    assert core.blocks_tracked == 1
+    drop = UpdateCatalog(CatalogKind.TABLE, CatalogOp.DROP, DB, ITEMS, "items", None)
+    row = core.feed(3, entry(300, drop))
+    assert row is not None
+    assert row.changes == (TableChange("shop.items", ITEMS, catalog="drop table"),)
+    assert row_text(row).endswith("commit      drop table shop.items")
+    assert core.blocks_tracked == 0  # memory follows live tables only
+    late = core.feed(4, entry(400, delete(ITEMS, 1, 0)))  # a name still known by id
+    assert late is not None and late.changes[0].table == "shop.items"
