@@ -1,0 +1,439 @@
+"""SQL over one snapshot of the engine (issue 24 item 1): DuckDB runs the query, and every
+table it names is a stream out of the engine's own scan at that snapshot, with the query's
+columns and filters pushed into the scan. The one module that imports DuckDB (an optional
+extra: `pip install 'logsvc[sql]'`; without it `sql()` raises `SqlUnavailable`).
+
+How the pushdown works. DuckDB's Python client scans a pyarrow `Dataset` by calling
+`type(dataset).scanner(dataset, columns=[...], filter=<pyarrow Expression>)` with the columns
+the query reads and the predicates it can hand over exactly (comparisons, IN, IS [NOT] NULL,
+and AND/OR/NOT of those, of a column with constants; not those a NaN could change), and
+drops those predicates from its own plan (duckdb/_sources/pyarrow.py, `PyArrowDatasetSource`
+and `DatasetSource.stream`). `EngineTable` is such a dataset: an `InMemoryDataset` of the
+table's empty schema whose `scanner` is the engine's `scan_stream(columns, filter)` on the
+query's snapshot. So zonemaps prune persisted blocks by the very filter the engine's scan
+then applies exactly (the same code and MVCC visibility as `TableHandle.scan`), only the
+named columns are loaded, and rows stream one group of objects at a time
+(`limits.SCAN_GROUP_ROWS`): a query that reads one column of 10M rows holds one group of
+that column, never the table. `EXPLAIN` shows it: `Filters:` and `Projections:` under the
+"Python Arrow Scan". Other routes were weaker: a RecordBatchReader or an object exporting
+`__arrow_c_stream__` gets neither columns nor filters; parsing DuckDB's plan ourselves would
+re-derive what its binder already hands the Dataset. `engine.bench scan` measures the result
+against DuckDB's native table in the same run (README, "Scan benchmark").
+
+Threads. DuckDB pulls a stream from its own threads. Each pull hands one step of the async
+scan to the engine's event loop (`run_coroutine_threadsafe`) and waits for it (at most
+`SQL_PULL_WAIT_S_MAX`), so the engine's state is still touched only on its loop. The query
+itself runs on a thread of its own, not the loop's default executor: the engine's object
+reads run there, and a query holding an executor thread while waiting for a read queued
+behind it would deadlock.
+
+One snapshot. The caller opens one read-only snapshot and holds it until DuckDB is done;
+every table of the query (twice, for a self-join) is read at it.
+
+Read-only and contained. Exactly one SELECT statement is run (DDL, DML, COPY, ATTACH, SET,
+PRAGMA, EXPLAIN... are refused with `SqlError`). DuckDB is opened with file system access and
+extension loading off and its configuration locked, so a query reads the snapshot's tables
+and nothing else (`read_csv('/etc/passwd')` is a `SqlError`).
+
+Names. A table is `db.table` (a DuckDB schema per database, a view per table) and also its
+bare name when no other database has a table of that name (compared case-insensitively, as
+DuckDB compares names). Only the tables whose names the query mentions are set up.
+
+Connections. Opening a DuckDB database costs ~15 ms, more than a range query, so a pool
+keeps up to `SQL_QUERIES_MAX` in-memory databases for the process, one per running query
+(so two queries at different snapshots never share a catalog). A query's schemas and views
+are made in a transaction rolled back after it: the next query finds an empty catalog.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import datetime
+import threading
+from collections.abc import Coroutine, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+
+from engine import limits
+from engine.clock import ts_at_datetime, ts_physical_ms
+from engine.errors import BadInput, Overloaded, SnapshotUnavailable, SqlError, SqlUnavailable
+from engine.scan import ScanCounts, scan_stream
+
+if TYPE_CHECKING:
+    from engine.txn import TableHandle, Transaction
+
+T = TypeVar("T")
+
+RESULT_BATCH_ROWS = 65_536
+"""Rows per Arrow batch of a result as DuckDB hands it over (the byte limit is checked
+after each)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ScanReport:
+    """One table scan a query made: what DuckDB pushed into it and what it read."""
+
+    table: str
+    columns: list[str] | None
+    filter: str | None
+    blocks_visible: int
+    blocks_read: int
+    rows_out: int
+
+
+def snapshot_ts(at: int | datetime.datetime | None, visible_ts: int, now_ms: int) -> int:
+    """The snapshot a query `at` reads: None is `visible_ts`; an int is that commit timestamp;
+    an aware datetime is the snapshot of that wall time (engine.clock `ts_at_datetime`),
+    clamped to `visible_ts` when the time is not in the future (nothing committed since).
+    A time past `now_ms` is `SnapshotUnavailable`: its state is not known yet."""
+    if at is None:
+        return visible_ts
+    if isinstance(at, bool) or not isinstance(at, (int, datetime.datetime)):
+        raise BadInput(f"at must be a commit timestamp (int) or a datetime, not {at!r}")
+    if isinstance(at, int):
+        return at
+    try:
+        ts = ts_at_datetime(at)
+    except ValueError as exc:
+        raise BadInput(str(exc)) from None
+    if ts <= visible_ts:
+        return ts
+    if ts_physical_ms(ts) <= max(now_ms, ts_physical_ms(visible_ts)):
+        return visible_ts
+    raise SnapshotUnavailable(f"{at.isoformat()} is in the future (now {now_ms} ms)")
+
+
+async def run(view: Transaction, query: str, *, scans: list[ScanReport] | None = None) -> pa.Table:
+    """`query` (one SELECT) over the snapshot `view`, as one Arrow table. `scans`, when given,
+    receives a `ScanReport` per table stream the query read."""
+    if not isinstance(query, str):
+        raise SqlError(f"a query is a string, not {type(query).__name__}")
+    if len(query) > limits.SQL_QUERY_CHARS_MAX:
+        raise SqlError(f"a query is at most {limits.SQL_QUERY_CHARS_MAX} characters")
+    duckdb = _duckdb()
+    loop = asyncio.get_running_loop()
+    con = _POOL.take(duckdb)
+    state = _Query(loop, view, scans)
+    done: asyncio.Future[pa.Table] = loop.create_future()
+
+    def settle(result: pa.Table | None, error: BaseException | None) -> None:
+        if done.cancelled():
+            return
+        if error is not None:
+            done.set_exception(error)
+        else:
+            done.set_result(result)
+
+    finished = threading.Event()
+
+    def work() -> None:
+        try:
+            result = _execute(duckdb, con, state, query)
+        except BaseException as exc:  # handed to the loop, raised there
+            loop.call_soon_threadsafe(settle, None, exc)
+        else:
+            loop.call_soon_threadsafe(settle, result, None)
+        finally:
+            finished.set()
+
+    healthy = False
+    try:
+        threading.Thread(target=work, name="engine-sql", daemon=True).start()
+        try:
+            result = await asyncio.shield(done)
+        except asyncio.CancelledError:
+            # Stop DuckDB and wait (bounded) for its thread: the snapshot it reads closes next.
+            con.interrupt()
+            await asyncio.to_thread(finished.wait, limits.SQL_PULL_WAIT_S_MAX)
+            raise
+        healthy = True
+        return result
+    finally:
+        _POOL.give(con, healthy=(healthy or finished.is_set()) and not state.broken)
+
+
+class _Query:
+    """What a query's DuckDB threads share with the loop side: the loop to run scan steps
+    on, the snapshot, the first engine error a stream met (re-raised instead of DuckDB's
+    rendering of it), and the scan reports."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        view: Transaction,
+        scans: list[ScanReport] | None,
+    ) -> None:
+        self.loop = loop
+        self.view = view
+        self.scans = scans
+        self.failure: BaseException | None = None
+        self.lock = threading.Lock()
+        self.broken = False  # the connection could not roll back: not reused
+
+    def call(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run `coro` on the engine's loop and wait for it (from a DuckDB thread)."""
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return future.result(limits.SQL_PULL_WAIT_S_MAX)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise SqlError(
+                f"the engine gave no rows for {limits.SQL_PULL_WAIT_S_MAX} s (is it closed?)"
+            ) from None
+
+    def fail(self, error: BaseException) -> None:
+        with self.lock:
+            if self.failure is None:
+                self.failure = error
+
+
+class EngineTable(ds.InMemoryDataset):  # type: ignore[misc]  # (pyarrow has no stubs)
+    """A table of the snapshot as DuckDB sees it: a pyarrow Dataset of the table's schema
+    whose `scanner(columns=, filter=)` is the engine's scan (module docstring)."""
+
+    def __init__(self, handle: TableHandle, schema: pa.Schema, query: _Query) -> None:
+        super().__init__(schema.empty_table())
+        self._handle = handle
+        self._schema = schema
+        self._query = query
+
+    def scanner(
+        self,
+        columns: Sequence[str] | None = None,
+        filter: pc.Expression | None = None,
+        **_options: Any,
+    ) -> _EngineScanner:
+        return _EngineScanner(self._handle, self._schema, self._query, columns, filter)
+
+
+class _EngineScanner:
+    """What DuckDB asks of a scanner: `to_reader()`, a stream of the scan's rows."""
+
+    def __init__(
+        self,
+        handle: TableHandle,
+        schema: pa.Schema,
+        query: _Query,
+        columns: Sequence[str] | None,
+        filter: pc.Expression | None,
+    ) -> None:
+        self._handle = handle
+        self._query = query
+        self._columns = list(columns) if columns is not None else None
+        if self._columns == []:
+            self._columns = schema.names[:1]  # a table of no columns cannot count its rows
+        self._filter = filter
+        names = self._columns if self._columns is not None else schema.names
+        self.projected_schema = pa.schema([schema.field(n) for n in names])
+
+    def to_reader(self) -> pa.RecordBatchReader:
+        return pa.RecordBatchReader.from_batches(self.projected_schema, self._batches())
+
+    def _batches(self) -> Iterator[pa.RecordBatch]:
+        query, handle, schema = self._query, self._handle, self.projected_schema
+        counts = ScanCounts()
+        stream = scan_stream(handle, self._columns, self._filter, counts)
+
+        async def step() -> pa.Table | None:
+            return await anext(stream, None)
+
+        try:
+            while (part := query.call(step())) is not None:
+                if not part.schema.equals(schema):
+                    part = part.cast(schema)
+                yield from part.to_batches()
+        except GeneratorExit:
+            raise
+        except BaseException as exc:
+            query.fail(exc)
+            raise
+        finally:
+            if query.scans is not None:
+                query.scans.append(
+                    ScanReport(
+                        handle.qualified,
+                        self._columns,
+                        str(self._filter) if self._filter is not None else None,
+                        counts.blocks_visible,
+                        counts.blocks_read,
+                        counts.rows_out,
+                    )
+                )
+            # Not awaited: the generator may be finalized on any thread, and the loop's
+            # async-generator hooks close a stream left open anyway.
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nothing to close
+                query.loop.call_soon_threadsafe(_close_soon, stream)
+
+
+_CLOSING: set[asyncio.Future[None]] = set()
+"""Streams being closed on their loop (kept referenced until done)."""
+
+
+def _close_soon(stream: Any) -> None:
+    closing = asyncio.ensure_future(stream.aclose())
+    _CLOSING.add(closing)
+    closing.add_done_callback(_CLOSING.discard)
+
+
+def _execute(duckdb: Any, con: Any, query: _Query, text: str) -> pa.Table:
+    """On the query's thread: check the statement, set up its tables, run it, collect."""
+    try:
+        statements = con.extract_statements(text)
+        if len(statements) != 1:
+            raise SqlError(f"one SELECT statement at a time, not {len(statements)}")
+        kind = statements[0].type
+        if kind != duckdb.StatementType.SELECT:
+            raise SqlError(f"SQL here is read-only: a single SELECT, not {kind.name}")
+        mentioned = {name.lower() for name in con.get_table_names(text)}
+    except duckdb.Error as exc:
+        raise SqlError(_one_line(str(exc))) from None
+    tables = query.call(_tables_named(query.view, mentioned))
+    con.execute("begin")
+    registered: list[str] = []
+    try:
+        _create_views(con, query, tables, registered)
+        return _collect(con.sql(text).to_arrow_reader(RESULT_BATCH_ROWS))
+    except duckdb.Error as exc:
+        if query.failure is not None:
+            raise query.failure from None
+        if isinstance(exc, duckdb.OutOfMemoryException):
+            raise SqlError(
+                f"the query needs more than {limits.SQL_MEMORY_BYTES_MAX} bytes "
+                f"(limits.SQL_MEMORY_BYTES_MAX): {_one_line(str(exc))}"
+            ) from None
+        raise SqlError(_one_line(str(exc))) from None
+    finally:
+        try:
+            con.execute("rollback")
+            for name in registered:
+                con.unregister(name)
+        except duckdb.Error:
+            query.broken = True
+
+
+async def _tables_named(
+    view: Transaction, mentioned: set[str]
+) -> list[tuple[str, str, TableHandle]]:
+    """The snapshot's tables whose (bare) names the query mentions, case-insensitively."""
+    found = []
+    for db in view.databases():
+        for name in view.tables(db):
+            if name.lower() in mentioned:
+                found.append((db, name, view.table(db, name)))
+    return found
+
+
+def _create_views(
+    con: Any,
+    query: _Query,
+    tables: list[tuple[str, str, TableHandle]],
+    registered: list[str],
+) -> None:
+    bare: dict[str, int] = {}
+    for _, name, _ in tables:
+        bare[name.lower()] = bare.get(name.lower(), 0) + 1
+    for index, (db, name, handle) in enumerate(tables):
+        source = f"_engine_table_{index}"
+        con.register(source, EngineTable(handle, handle.schema.to_arrow(), query))
+        registered.append(source)
+        con.execute(f"create schema if not exists {_quote(db)}")
+        con.execute(f"create view {_quote(db)}.{_quote(name)} as select * from {source}")
+        if bare[name.lower()] == 1 and db.lower() != "main":
+            con.execute(f"create view main.{_quote(name)} as select * from {source}")
+
+
+def _collect(reader: pa.RecordBatchReader) -> pa.Table:
+    batches = []
+    size_bytes = 0
+    with reader:
+        for batch in reader:
+            size_bytes += batch.nbytes
+            if size_bytes > limits.SQL_RESULT_BYTES_MAX:
+                raise SqlError(
+                    f"the result passes {limits.SQL_RESULT_BYTES_MAX} bytes "
+                    "(limits.SQL_RESULT_BYTES_MAX): add a LIMIT, aggregate, or page by key"
+                )
+            batches.append(batch)
+        return pa.Table.from_batches(batches, schema=reader.schema)
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _one_line(message: str) -> str:
+    """DuckDB's message on one line: its position marker line (`^^^`) dropped."""
+    lines = [line.strip() for line in message.splitlines()]
+    return " ".join(line for line in lines if line and set(line) != {"^"})
+
+
+class _Pool:
+    """Up to `SQL_QUERIES_MAX` DuckDB databases, one per running query (module docstring);
+    a query past that is `Overloaded`, not queued."""
+
+    def __init__(self, size_max: int) -> None:
+        self._size_max = size_max
+        self._lock = threading.Lock()
+        self._idle: list[Any] = []
+        self._busy = 0
+
+    def take(self, duckdb: Any) -> Any:
+        with self._lock:
+            if self._busy >= self._size_max:
+                raise Overloaded("SQL queries running", self._size_max)
+            self._busy += 1
+            con = self._idle.pop() if self._idle else None
+        if con is not None:
+            return con
+        try:
+            return _connect(duckdb)
+        except BaseException:
+            with self._lock:
+                self._busy -= 1
+            raise
+
+    def give(self, con: Any, *, healthy: bool) -> None:
+        """Back in the pool; a connection whose query did not stop is dropped."""
+        with self._lock:
+            self._busy -= 1
+            if healthy:
+                self._idle.append(con)
+                return
+        con.close()
+
+
+_POOL = _Pool(limits.SQL_QUERIES_MAX)
+
+
+def _connect(duckdb: Any) -> Any:
+    con = duckdb.connect(
+        ":memory:",
+        config={
+            "threads": limits.SQL_THREADS_MAX,
+            "memory_limit": f"{limits.SQL_MEMORY_BYTES_MAX // 2**20}MB",
+            "autoinstall_known_extensions": False,
+            "autoload_known_extensions": False,
+        },
+    )
+    # Off after connecting (the registered tables are Python objects, not files), then
+    # locked: a query cannot turn file access back on.
+    con.execute("set enable_external_access = false")
+    con.execute("set lock_configuration = true")
+    return con
+
+
+def _duckdb() -> Any:
+    try:
+        import duckdb
+    except ImportError:
+        raise SqlUnavailable() from None
+    return duckdb
+
+
+__all__ = ["ScanReport", "SqlError", "SqlUnavailable", "run", "snapshot_ts"]
