@@ -243,6 +243,10 @@ SQL_RESULT_BYTES_MAX = 512 * MiB
 """Largest result `sql()` returns as one Arrow table; past it the query is stopped with a
 `SqlError` (add a LIMIT, aggregate, or page with a WHERE on the key)."""
 
+SQL_VIEWS_KEPT_MAX = 1024
+"""Tables a pooled DuckDB database keeps views of between queries (engine/sql.py: making
+them costs milliseconds per query); past it the database is closed and a new one made."""
+
 SQL_QUERY_CHARS_MAX = 1 << 20
 """Longest SQL text accepted (a query, not a data load)."""
 

@@ -51,6 +51,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import datetime
+import os
 import threading
 from collections.abc import Coroutine, Iterator, Sequence
 from dataclasses import dataclass
@@ -118,63 +119,93 @@ async def run(view: Transaction, query: str, *, scans: list[ScanReport] | None =
         raise SqlError(f"a query is at most {limits.SQL_QUERY_CHARS_MAX} characters")
     duckdb = _duckdb()
     loop = asyncio.get_running_loop()
-    con = _POOL.take(duckdb)
-    state = _Query(loop, view, scans)
+    conn = _POOL.take(duckdb)
+    state = _Query(loop, scans)
     done: asyncio.Future[pa.Table] = loop.create_future()
-
-    def settle(result: pa.Table | None, error: BaseException | None) -> None:
-        if done.cancelled():
-            return
-        if error is not None:
-            done.set_exception(error)
-        else:
-            done.set_result(result)
-
     finished = threading.Event()
-
-    def work() -> None:
-        try:
-            result = _execute(duckdb, con, state, query)
-        except BaseException as exc:  # handed to the loop, raised there
-            loop.call_soon_threadsafe(settle, None, exc)
-        else:
-            loop.call_soon_threadsafe(settle, result, None)
-        finally:
-            finished.set()
-
     healthy = False
     try:
+        # On the loop: DuckDB's parser (tens of microseconds) and the snapshot's catalog.
+        mentioned = _parse(duckdb, conn.parser, query)
+        tables = _tables_named(view, mentioned)
+
+        def settle(result: pa.Table | None, error: BaseException | None) -> None:
+            if done.cancelled():
+                return
+            if error is not None:
+                done.set_exception(error)
+            else:
+                done.set_result(result)
+
+        def work() -> None:
+            try:
+                result = _execute(duckdb, conn, state, tables, mentioned, query)
+            except BaseException as exc:  # handed to the loop, raised there
+                loop.call_soon_threadsafe(settle, None, exc)
+            else:
+                loop.call_soon_threadsafe(settle, result, None)
+            finally:
+                finished.set()
+
         threading.Thread(target=work, name="engine-sql", daemon=True).start()
         try:
             result = await asyncio.shield(done)
         except asyncio.CancelledError:
             # Stop DuckDB and wait (bounded) for its thread: the snapshot it reads closes next.
-            con.interrupt()
+            conn.con.interrupt()
             await asyncio.to_thread(finished.wait, limits.SQL_PULL_WAIT_S_MAX)
             raise
         healthy = True
         return result
     finally:
-        _POOL.give(con, healthy=(healthy or finished.is_set()) and not state.broken)
+        _POOL.give(conn, healthy=healthy or finished.is_set())
+
+
+def _parse(duckdb: Any, con: Any, text: str) -> set[str]:
+    """The bare names (lower case) of the tables `text` mentions, after checking it is one
+    SELECT."""
+    try:
+        statements = con.extract_statements(text)
+        if len(statements) != 1:
+            raise SqlError(f"one SELECT statement at a time, not {len(statements)}")
+        kind = statements[0].type
+        if kind != duckdb.StatementType.SELECT:
+            raise SqlError(f"SQL here is read-only: a single SELECT, not {kind.name}")
+        return {name.lower() for name in con.get_table_names(text)}
+    except duckdb.Error as exc:
+        raise SqlError(_one_line(str(exc))) from None
+
+
+def _tables_named(view: Transaction, mentioned: set[str]) -> list[tuple[str, str, TableHandle]]:
+    """The snapshot's tables whose bare names the query mentions (case-insensitively, as
+    DuckDB compares names); two that only case tells apart are refused."""
+    found = []
+    seen: dict[tuple[str, str], str] = {}
+    for db in view.databases():
+        for name in view.tables(db):
+            if name.lower() not in mentioned:
+                continue
+            folded = (db.lower(), name.lower())
+            if folded in seen:
+                raise SqlError(
+                    f"tables {seen[folded]} and {db}.{name} differ only in case: SQL names "
+                    "ignore case, so it cannot tell them apart"
+                )
+            seen[folded] = f"{db}.{name}"
+            found.append((db, name, view.table(db, name)))
+    return found
 
 
 class _Query:
     """What a query's DuckDB threads share with the loop side: the loop to run scan steps
-    on, the snapshot, the first engine error a stream met (re-raised instead of DuckDB's
-    rendering of it), and the scan reports."""
+    on, the first engine error a stream met (re-raised instead of DuckDB's rendering of
+    it), and the scan reports."""
 
-    def __init__(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        view: Transaction,
-        scans: list[ScanReport] | None,
-    ) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, scans: list[ScanReport] | None) -> None:
         self.loop = loop
-        self.view = view
         self.scans = scans
         self.failure: BaseException | None = None
         self.lock = threading.Lock()
-        self.broken = False  # the connection could not roll back: not reused
 
     def call(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run `coro` on the engine's loop and wait for it (from a DuckDB thread)."""
@@ -194,13 +225,20 @@ class _Query:
 
 
 class EngineTable(ds.InMemoryDataset):  # type: ignore[misc]  # (pyarrow has no stubs)
-    """A table of the snapshot as DuckDB sees it: a pyarrow Dataset of the table's schema
-    whose `scanner(columns=, filter=)` is the engine's scan (module docstring)."""
+    """A table as DuckDB sees it: a pyarrow Dataset of the table's schema whose
+    `scanner(columns=, filter=)` is the engine's scan (module docstring), of the snapshot
+    it is bound to for the query running."""
 
-    def __init__(self, handle: TableHandle, schema: pa.Schema, query: _Query) -> None:
+    def __init__(self, source_name: str, qualified: str, schema: pa.Schema) -> None:
         super().__init__(schema.empty_table())
+        self.source_name = source_name
+        self.qualified = qualified
+        self.declared = schema
+        self._handle: TableHandle | None = None
+        self._query: _Query | None = None
+
+    def bind(self, handle: TableHandle | None, query: _Query | None) -> None:
         self._handle = handle
-        self._schema = schema
         self._query = query
 
     def scanner(
@@ -209,7 +247,10 @@ class EngineTable(ds.InMemoryDataset):  # type: ignore[misc]  # (pyarrow has no 
         filter: pc.Expression | None = None,
         **_options: Any,
     ) -> _EngineScanner:
-        return _EngineScanner(self._handle, self._schema, self._query, columns, filter)
+        handle, query = self._handle, self._query
+        if handle is None or query is None:
+            raise SqlError(f"{self.qualified} is not in this query's snapshot")
+        return _EngineScanner(handle, self.declared, query, columns, filter)
 
 
 class _EngineScanner:
@@ -240,14 +281,27 @@ class _EngineScanner:
         counts = ScanCounts()
         stream = scan_stream(handle, self._columns, self._filter, counts)
 
-        async def step() -> pa.Table | None:
-            return await anext(stream, None)
+        async def step() -> tuple[list[pa.Table], bool]:
+            """The next parts, up to about a group's rows (one hand-over to the loop for a
+            pruned scan, not one per part), and whether the scan ended."""
+            parts: list[pa.Table] = []
+            rows = 0
+            while rows < limits.SCAN_GROUP_ROWS:
+                part = await anext(stream, None)
+                if part is None:
+                    return parts, True
+                parts.append(part)
+                rows += part.num_rows
+            return parts, False
 
         try:
-            while (part := query.call(step())) is not None:
-                if not part.schema.equals(schema):
-                    part = part.cast(schema)
-                yield from part.to_batches()
+            ended = False
+            while not ended:
+                parts, ended = query.call(step())
+                for part in parts:
+                    yield from (
+                        part if part.schema.equals(schema) else part.cast(schema)
+                    ).to_batches()
         except GeneratorExit:
             raise
         except BaseException as exc:
@@ -281,24 +335,18 @@ def _close_soon(stream: Any) -> None:
     closing.add_done_callback(_CLOSING.discard)
 
 
-def _execute(duckdb: Any, con: Any, query: _Query, text: str) -> pa.Table:
-    """On the query's thread: check the statement, set up its tables, run it, collect."""
+def _execute(
+    duckdb: Any,
+    conn: _Connection,
+    query: _Query,
+    tables: list[tuple[str, str, TableHandle]],
+    mentioned: set[str],
+    text: str,
+) -> pa.Table:
+    """On the query's thread: the views its names need, then the query, collected."""
     try:
-        statements = con.extract_statements(text)
-        if len(statements) != 1:
-            raise SqlError(f"one SELECT statement at a time, not {len(statements)}")
-        kind = statements[0].type
-        if kind != duckdb.StatementType.SELECT:
-            raise SqlError(f"SQL here is read-only: a single SELECT, not {kind.name}")
-        mentioned = {name.lower() for name in con.get_table_names(text)}
-    except duckdb.Error as exc:
-        raise SqlError(_one_line(str(exc))) from None
-    tables = query.call(_tables_named(query.view, mentioned))
-    con.execute("begin")
-    registered: list[str] = []
-    try:
-        _create_views(con, query, tables, registered)
-        return _collect(con.sql(text).to_arrow_reader(RESULT_BATCH_ROWS))
+        conn.prepare(tables, mentioned, query)
+        return _collect(conn.con.sql(text).to_arrow_reader(RESULT_BATCH_ROWS))
     except duckdb.Error as exc:
         if query.failure is not None:
             raise query.failure from None
@@ -309,43 +357,80 @@ def _execute(duckdb: Any, con: Any, query: _Query, text: str) -> pa.Table:
             ) from None
         raise SqlError(_one_line(str(exc))) from None
     finally:
-        try:
-            con.execute("rollback")
-            for name in registered:
-                con.unregister(name)
-        except duckdb.Error:
-            query.broken = True
+        conn.release()
 
 
-async def _tables_named(
-    view: Transaction, mentioned: set[str]
-) -> list[tuple[str, str, TableHandle]]:
-    """The snapshot's tables whose (bare) names the query mentions, case-insensitively."""
-    found = []
-    for db in view.databases():
-        for name in view.tables(db):
-            if name.lower() in mentioned:
-                found.append((db, name, view.table(db, name)))
-    return found
+class _Connection:
+    """One pooled DuckDB database and the views it keeps between queries: `"db"."t"` (and
+    `main."t"` for a bare name) over an `EngineTable` registered once per table and schema,
+    bound to each query's snapshot while it runs. DDL runs only when the tables a query
+    names changed (a new table, a new schema, a dropped table, a bare name that became
+    ambiguous): creating views costs milliseconds, more than a range query."""
 
+    def __init__(self, con: Any, parser: Any) -> None:
+        self.con = con
+        # An empty database to read a query's table names: on `con` they would come out
+        # through its views, as the names of the sources they read.
+        self.parser = parser
+        self.sources: dict[tuple[str, str], EngineTable] = {}
+        self.bare: dict[str, tuple[str, str]] = {}  # lower-case name -> table of main."name"
+        self.registered = 0
 
-def _create_views(
-    con: Any,
-    query: _Query,
-    tables: list[tuple[str, str, TableHandle]],
-    registered: list[str],
-) -> None:
-    bare: dict[str, int] = {}
-    for _, name, _ in tables:
-        bare[name.lower()] = bare.get(name.lower(), 0) + 1
-    for index, (db, name, handle) in enumerate(tables):
-        source = f"_engine_table_{index}"
-        con.register(source, EngineTable(handle, handle.schema.to_arrow(), query))
-        registered.append(source)
-        con.execute(f"create schema if not exists {_quote(db)}")
-        con.execute(f"create view {_quote(db)}.{_quote(name)} as select * from {source}")
-        if bare[name.lower()] == 1 and db.lower() != "main":
-            con.execute(f"create view main.{_quote(name)} as select * from {source}")
+    def prepare(
+        self, tables: list[tuple[str, str, TableHandle]], mentioned: set[str], query: _Query
+    ) -> None:
+        current = {(db, name): handle for db, name, handle in tables}
+        # Views of a mentioned name the snapshot does not hold go, so the binder says so.
+        for key in [k for k in self.sources if k[1].lower() in mentioned and k not in current]:
+            self._drop(key)
+        for (db, name), handle in current.items():
+            schema = handle.schema.to_arrow()
+            source = self.sources.get((db, name))
+            if source is None or not source.declared.equals(schema):
+                if source is not None:
+                    self._drop((db, name))
+                source = self._create(db, name, schema)
+            source.bind(handle, query)
+        for lower in mentioned:
+            owners = [key for key in current if key[1].lower() == lower]
+            want = owners[0] if len(owners) == 1 and owners[0][0].lower() != "main" else None
+            had = self.bare.get(lower)
+            if had == want:
+                continue
+            if had is not None:
+                self.con.execute(f"drop view if exists main.{_quote(had[1])}")
+                del self.bare[lower]
+            if want is not None:
+                self.con.execute(
+                    f"create or replace view main.{_quote(want[1])} as select * from "
+                    f"{self.sources[want].source_name}"
+                )
+                self.bare[lower] = want
+
+    def release(self) -> None:
+        """Unbind every table: nothing keeps the query's snapshot alive."""
+        for source in self.sources.values():
+            source.bind(None, None)
+
+    def _create(self, db: str, name: str, schema: pa.Schema) -> EngineTable:
+        self.registered += 1
+        source = EngineTable(f"_engine_table_{self.registered}", f"{db}.{name}", schema)
+        self.con.register(source.source_name, source)
+        self.con.execute(f"create schema if not exists {_quote(db)}")
+        self.con.execute(
+            f"create or replace view {_quote(db)}.{_quote(name)} as select * from "
+            f"{source.source_name}"
+        )
+        self.sources[(db, name)] = source
+        return source
+
+    def _drop(self, key: tuple[str, str]) -> None:
+        source = self.sources.pop(key)
+        self.con.execute(f"drop view if exists {_quote(key[0])}.{_quote(key[1])}")
+        if self.bare.get(key[1].lower()) == key:
+            self.con.execute(f"drop view if exists main.{_quote(key[1])}")
+            del self.bare[key[1].lower()]
+        self.con.unregister(source.source_name)
 
 
 def _collect(reader: pa.RecordBatchReader) -> pa.Table:
@@ -380,32 +465,34 @@ class _Pool:
     def __init__(self, size_max: int) -> None:
         self._size_max = size_max
         self._lock = threading.Lock()
-        self._idle: list[Any] = []
+        self._idle: list[_Connection] = []
         self._busy = 0
 
-    def take(self, duckdb: Any) -> Any:
+    def take(self, duckdb: Any) -> _Connection:
         with self._lock:
             if self._busy >= self._size_max:
                 raise Overloaded("SQL queries running", self._size_max)
             self._busy += 1
-            con = self._idle.pop() if self._idle else None
-        if con is not None:
-            return con
+            conn = self._idle.pop() if self._idle else None
+        if conn is not None:
+            return conn
         try:
-            return _connect(duckdb)
+            return _Connection(_connect(duckdb), _connect(duckdb))
         except BaseException:
             with self._lock:
                 self._busy -= 1
             raise
 
-    def give(self, con: Any, *, healthy: bool) -> None:
-        """Back in the pool; a connection whose query did not stop is dropped."""
+    def give(self, conn: _Connection, *, healthy: bool) -> None:
+        """Back in the pool; one whose query did not stop, or that holds more views than
+        `SQL_VIEWS_KEPT_MAX`, is closed instead."""
         with self._lock:
             self._busy -= 1
-            if healthy:
-                self._idle.append(con)
+            if healthy and len(conn.sources) <= limits.SQL_VIEWS_KEPT_MAX:
+                self._idle.append(conn)
                 return
-        con.close()
+        conn.con.close()
+        conn.parser.close()
 
 
 _POOL = _Pool(limits.SQL_QUERIES_MAX)
@@ -415,7 +502,7 @@ def _connect(duckdb: Any) -> Any:
     con = duckdb.connect(
         ":memory:",
         config={
-            "threads": limits.SQL_THREADS_MAX,
+            "threads": min(limits.SQL_THREADS_MAX, os.cpu_count() or 1),
             "memory_limit": f"{limits.SQL_MEMORY_BYTES_MAX // 2**20}MB",
             "autoinstall_known_extensions": False,
             "autoload_known_extensions": False,
