@@ -27,7 +27,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine import sql
+from engine import limits, sql
 from engine.clock import ts_datetime
 from engine.cn.node import ComputeNode
 from engine.cn.port import LocalTN
@@ -399,7 +399,7 @@ def test_bad_queries_are_sql_errors_with_duckdbs_message_on_one_line(
 
 
 def test_a_result_past_its_limit_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sql.limits, "SQL_RESULT_BYTES_MAX", 1000)
+    monkeypatch.setattr(limits, "SQL_RESULT_BYTES_MAX", 1000)
 
     async def main() -> None:
         eng = await open_engine(maintenance=False)
