@@ -69,8 +69,8 @@ def run(args: argparse.Namespace, open_engine: Callable[[], Any]) -> int:
     """`engine sql` (checked by `arguments_error`): open, query, write, close."""
     try:
         table, ts = asyncio.run(_query(args, open_engine))
-    except (BadInput, SnapshotUnavailable) as exc:
-        print(f"error: {one_line(str(exc))}", file=sys.stderr)
+    except _Refused as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     write(table, ts, args.format, args.out)
     return 0
@@ -83,15 +83,22 @@ async def _query(args: argparse.Namespace, open_engine: Callable[[], Any]) -> tu
     for attempt in range(1, limits.READ_ONLY_LOOK_ATTEMPTS_MAX + 1):
         engine: Engine = await open_engine()
         try:
-            ts = sql.snapshot_ts(args.at, engine.visible_ts, wall_ms())
-            async with engine.snapshot(ts) as view:
-                return await sql.run(view, args.query), ts
+            try:
+                ts = sql.snapshot_ts(args.at, engine.visible_ts, wall_ms())
+                async with engine.snapshot(ts) as view:
+                    return await sql.run(view, args.query), ts
+            except (BadInput, SnapshotUnavailable) as exc:  # the query's, not the open's
+                raise _Refused(one_line(str(exc))) from None
         except ObjectNotFound:
             if attempt == limits.READ_ONLY_LOOK_ATTEMPTS_MAX:
                 raise
         finally:
             await engine.close()
     raise AssertionError("unreachable")
+
+
+class _Refused(Exception):
+    """The query or its --at was refused (exit 2); an engine that would not open is 1."""
 
 
 def write(table: pa.Table, ts: int, format: str, out: str | None) -> None:
