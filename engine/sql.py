@@ -207,9 +207,12 @@ class _Query:
         self.failure: BaseException | None = None
         self.lock = threading.Lock()
 
-    def call(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Run `coro` on the engine's loop and wait for it (from a DuckDB thread)."""
-        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Start `coro` on the engine's loop (from a DuckDB thread)."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def wait(self, future: concurrent.futures.Future[T]) -> T:
+        """What a submitted step returned, waiting at most `SQL_PULL_WAIT_S_MAX`."""
         try:
             return future.result(limits.SQL_PULL_WAIT_S_MAX)
         except concurrent.futures.TimeoutError:
@@ -294,10 +297,14 @@ class _EngineScanner:
                 rows += part.num_rows
             return parts, False
 
+        # One step read ahead: the loop scans the next group while DuckDB consumes this one
+        # (two cores busy, not one after the other); memory holds two groups at most.
+        pending: concurrent.futures.Future[tuple[list[pa.Table], bool]] | None
+        pending = query.submit(step())
         try:
-            ended = False
-            while not ended:
-                parts, ended = query.call(step())
+            while pending is not None:
+                parts, ended = query.wait(pending)
+                pending = None if ended else query.submit(step())
                 for part in parts:
                     yield from (
                         part if part.schema.equals(schema) else part.cast(schema)
@@ -308,6 +315,8 @@ class _EngineScanner:
             query.fail(exc)
             raise
         finally:
+            if pending is not None:
+                pending.cancel()  # a LIMIT stopped reading: the read-ahead is not needed
             if query.scans is not None:
                 query.scans.append(
                     ScanReport(
@@ -329,8 +338,13 @@ _CLOSING: set[asyncio.Future[None]] = set()
 """Streams being closed on their loop (kept referenced until done)."""
 
 
+async def _close(stream: Any) -> None:
+    with contextlib.suppress(RuntimeError):  # still running a cancelled step: it ends itself
+        await stream.aclose()
+
+
 def _close_soon(stream: Any) -> None:
-    closing = asyncio.ensure_future(stream.aclose())
+    closing = asyncio.ensure_future(_close(stream))
     _CLOSING.add(closing)
     closing.add_done_callback(_CLOSING.discard)
 
