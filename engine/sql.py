@@ -152,6 +152,7 @@ async def run(view: Transaction, query: str, *, scans: list[ScanReport] | None =
             result = await asyncio.shield(done)
         except asyncio.CancelledError:
             # Stop DuckDB and wait (bounded) for its thread: the snapshot it reads closes next.
+            done.cancel()  # its outcome (DuckDB's "Interrupted") is nobody's to read
             conn.con.interrupt()
             await asyncio.to_thread(finished.wait, limits.SQL_PULL_WAIT_S_MAX)
             raise

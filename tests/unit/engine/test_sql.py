@@ -32,7 +32,7 @@ from engine.clock import ts_datetime
 from engine.cn.node import ComputeNode
 from engine.cn.port import LocalTN
 from engine.engine import Engine
-from engine.errors import BadInput, SnapshotUnavailable, SqlError, SqlUnavailable
+from engine.errors import BadInput, Overloaded, SnapshotUnavailable, SqlError, SqlUnavailable
 from engine.objects.store import MemoryObjectStore
 from engine.schema import Column, Schema
 from engine.sync import SyncEngine
@@ -470,3 +470,66 @@ def test_a_compute_node_answers_what_the_tn_answers() -> None:
             await tn.close()
 
     run(main)
+
+
+# --- bounds -------------------------------------------------------------------------------------
+
+
+def test_a_table_streams_a_group_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine hands DuckDB parts of about `SCAN_GROUP_ROWS` rows, never the table (this
+    fails if SQL reads through `scan()`, which returns the whole table at once)."""
+    monkeypatch.setattr(limits, "SCAN_GROUP_ROWS", 4_000)
+    parts: list[int] = []
+    real = sql.scan_stream
+
+    async def recorded(*args: Any, **kwargs: Any) -> Any:
+        async for part in real(*args, **kwargs):
+            parts.append(part.num_rows)
+            yield part
+
+    monkeypatch.setattr(sql, "scan_stream", recorded)
+
+    async def main() -> None:
+        eng = await open_engine()
+        try:
+            for first in range(0, 40_000, 10_000):
+                async with eng.transaction() as txn:
+                    await txn.table("shop", "t").insert(rows(list(range(first, first + 10_000)), 6))
+            await settle(eng)
+            got = await eng.sql("select count(*) as n, sum(a) as total from shop.t")
+            assert got.column("n").to_pylist() == [40_000]
+        finally:
+            await eng.close()
+
+    run(main)
+    assert sum(parts) == 40_000
+    assert len(parts) >= 5
+    assert max(parts) < 40_000
+
+
+def test_a_cancelled_query_stops_and_its_database_serves_the_next() -> None:
+    async def main() -> None:
+        eng = await open_engine(maintenance=False)
+        try:
+            endless = "select count(*) from range(1000000000000) a where a.range % 7 = 3"
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(eng.sql(endless), 0.5)
+            assert (await eng.sql("select count(*) as n from shop.t")).to_pylist() == [{"n": 0}]
+        finally:
+            await eng.close()
+
+    run(main)
+
+
+def test_queries_past_the_pool_are_overloaded() -> None:
+    import duckdb
+
+    pool = sql._Pool(2)
+    first, second = pool.take(duckdb), pool.take(duckdb)
+    with pytest.raises(Overloaded):
+        pool.take(duckdb)
+    pool.give(first, healthy=True)
+    assert pool.take(duckdb) is first  # reused, not opened again
+    pool.give(first, healthy=True)
+    pool.give(second, healthy=False)  # closed
+    assert pool.take(duckdb) is first
