@@ -34,6 +34,7 @@ from engine.cn.port import LocalTN
 from engine.engine import Engine
 from engine.errors import BadInput, Overloaded, SnapshotUnavailable, SqlError, SqlUnavailable
 from engine.objects.store import MemoryObjectStore
+from engine.scan import scan_stream
 from engine.schema import Column, Schema
 from engine.sync import SyncEngine
 from tae_driver.backends.memory import MemoryBackend
@@ -480,7 +481,7 @@ def test_a_table_streams_a_group_at_a_time(monkeypatch: pytest.MonkeyPatch) -> N
     fails if SQL reads through `scan()`, which returns the whole table at once)."""
     monkeypatch.setattr(limits, "SCAN_GROUP_ROWS", 4_000)
     parts: list[int] = []
-    real = sql.scan_stream
+    real = scan_stream
 
     async def recorded(*args: Any, **kwargs: Any) -> Any:
         async for part in real(*args, **kwargs):
