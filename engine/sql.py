@@ -12,17 +12,22 @@ and `DatasetSource.stream`). `EngineTable` is such a dataset: an `InMemoryDatase
 table's empty schema whose `scanner` is the engine's `scan_stream(columns, filter)` on the
 query's snapshot. So zonemaps prune persisted blocks by the very filter the engine's scan
 then applies exactly (the same code and MVCC visibility as `TableHandle.scan`), only the
-named columns are loaded, and rows stream one group of objects at a time
-(`limits.SCAN_GROUP_ROWS`): a query that reads one column of 10M rows holds one group of
-that column, never the table. `EXPLAIN` shows it: `Filters:` and `Projections:` under the
-"Python Arrow Scan". Other routes were weaker: a RecordBatchReader or an object exporting
-`__arrow_c_stream__` gets neither columns nor filters; parsing DuckDB's plan ourselves would
-re-derive what its binder already hands the Dataset. `engine.bench scan` measures the result
-against DuckDB's native table in the same run (README, "Scan benchmark").
+named columns are loaded, and rows stream a group of objects at a time
+(`limits.SCAN_GROUP_ROWS`), with one group read ahead: a query that reads one column of 10M
+rows holds two groups of that column, never the table. (DuckDB's own EXPLAIN over such a
+dataset lists them as `Filters:` and `Projections:` under "Python Arrow Scan"; here
+`ScanReport` says what reached each scan and how many blocks it read.) Other routes were
+weaker: a RecordBatchReader or an object exporting `__arrow_c_stream__` is offered neither
+columns nor filters; parsing DuckDB's plan ourselves would re-derive what its binder hands
+the Dataset. `python -m engine.bench scan` times the four queries through `sql` against
+DuckDB's native table in the same run (README, "The engine's reads against DuckDB"): a
+query costs ~2-3 ms more than the engine's own scan (DuckDB binding a Python dataset, thread
+hand-overs), and a large scan streams at about the engine's scan speed.
 
-Threads. DuckDB pulls a stream from its own threads. Each pull hands one step of the async
-scan to the engine's event loop (`run_coroutine_threadsafe`) and waits for it (at most
-`SQL_PULL_WAIT_S_MAX`), so the engine's state is still touched only on its loop. The query
+Threads. DuckDB pulls a stream from its own threads. Each step of the async scan (up to a
+group's rows) runs on the engine's event loop (`run_coroutine_threadsafe`), the next one
+started before DuckDB consumes this one, and a pull waits for it at most
+`SQL_PULL_WAIT_S_MAX`: the engine's state is still touched only on its loop. The query
 itself runs on a thread of its own, not the loop's default executor: the engine's object
 reads run there, and a query holding an executor thread while waiting for a read queued
 behind it would deadlock.
@@ -121,45 +126,31 @@ async def run(view: Transaction, query: str, *, scans: list[ScanReport] | None =
     loop = asyncio.get_running_loop()
     conn = _POOL.take(duckdb)
     state = _Query(loop, scans)
-    done: asyncio.Future[pa.Table] = loop.create_future()
-    finished = threading.Event()
-    healthy = False
+    running: concurrent.futures.Future[pa.Table] | None = None
     try:
         # On the loop: DuckDB's parser (tens of microseconds) and the snapshot's catalog.
         mentioned = _parse(duckdb, conn.parser, query)
         tables = _tables_named(view, mentioned)
-
-        def settle(result: pa.Table | None, error: BaseException | None) -> None:
-            if done.cancelled():
-                return
-            if error is not None:
-                done.set_exception(error)
-            else:
-                done.set_result(result)
-
-        def work() -> None:
-            try:
-                result = _execute(duckdb, conn, state, tables, mentioned, query)
-            except BaseException as exc:  # handed to the loop, raised there
-                loop.call_soon_threadsafe(settle, None, exc)
-            else:
-                loop.call_soon_threadsafe(settle, result, None)
-            finally:
-                finished.set()
-
-        threading.Thread(target=work, name="engine-sql", daemon=True).start()
+        running = _THREADS.submit(_execute, duckdb, conn, state, tables, mentioned, query)
+        answer = asyncio.wrap_future(running)
         try:
-            result = await asyncio.shield(done)
+            return await asyncio.shield(answer)
         except asyncio.CancelledError:
             # Stop DuckDB and wait (bounded) for its thread: the snapshot it reads closes next.
-            done.cancel()  # its outcome (DuckDB's "Interrupted") is nobody's to read
+            answer.cancel()  # its outcome (DuckDB's "Interrupted") is nobody's to read
             conn.con.interrupt()
-            await asyncio.to_thread(finished.wait, limits.SQL_PULL_WAIT_S_MAX)
+            await asyncio.to_thread(concurrent.futures.wait, [running], limits.SQL_PULL_WAIT_S_MAX)
             raise
-        healthy = True
-        return result
     finally:
-        _POOL.give(conn, healthy=healthy or finished.is_set())
+        _POOL.give(conn, healthy=running is None or running.done())
+
+
+_THREADS = concurrent.futures.ThreadPoolExecutor(
+    limits.SQL_QUERIES_MAX * 2, thread_name_prefix="engine-sql"
+)
+"""The threads queries run on: not the loop's default executor, where the engine's object
+reads run (a query waiting for a read queued behind itself would deadlock). Twice the pool:
+an interrupted query that has not stopped yet still holds its thread."""
 
 
 def _parse(duckdb: Any, con: Any, text: str) -> set[str]:
