@@ -49,7 +49,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the snapshot: a commit timestamp, epoch milliseconds (digits then ms) or an "
         "ISO-8601 time with a zone (2026-11-26T12:00:00Z); default the newest",
     )
-    parser.add_argument("--format", choices=FORMATS, default="table")
+    parser.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="table",
+        help="table (aligned, the default), csv, json (JSON Lines: an object a row), parquet "
+        "(needs --out)",
+    )
     parser.add_argument("--out", help="write this file instead of standard output")
 
 
