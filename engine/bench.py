@@ -663,6 +663,7 @@ def build_parser() -> argparse.ArgumentParser:
     scan.add_argument("--tail-mb", type=float, default=0.0, help="WAL tail before restart")
     scan.add_argument("--cache-mb", type=int, default=256, help="the engine's buffer cache")
     scan.add_argument("--no-duckdb", action="store_true", help="the engine's figures only")
+    scan.add_argument("--no-sql", action="store_true", help="skip the queries through eng.sql")
     scan.add_argument("--dir", default=None, help="where temporary directories go")
     dist = commands.add_parser(
         "distributed", help="two CNs over a TN pair on logsvc: commits, freshness, failover"

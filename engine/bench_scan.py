@@ -11,6 +11,10 @@ process. Then, on both, with the engine applying MVCC visibility and delete mask
 * sum(amount) where customer = 42;
 * sum(amount) group by customer.
 
+The same four also as SQL through `eng.sql` (system "engine_sql": DuckDB over the engine's
+snapshot with columns and filters pushed into the engine's scan, engine/sql.py); the summary's
+`engine_sql_over_duckdb` divides those by DuckDB's native times (issue 24: at most 2x).
+
 Each query runs `--repeat` times after one warm-up and reports min and median. Also: ingest
 rows/s, flush + merge time, checkpoint duration and bytes, restart time (from the checkpoint,
 plus a WAL tail of `--tail-mb`), and the engine's RSS. One JSON line per figure, then a
@@ -112,6 +116,7 @@ async def measure(
     cache_mb: int,
     duckdb_too: bool,
     dir_path: str | None,
+    sql_too: bool = True,
     emit: Callable[[dict[str, Any]], None],
 ) -> dict[str, Any]:
     base = tempfile.mkdtemp(prefix="engine-scan-", dir=dir_path)
@@ -214,6 +219,8 @@ async def measure(
             engine_answers[name] = answer
             emit(figure(name, "engine", times))
             out[f"engine_{name}_ms"] = min(times)
+        if sql_too:
+            out.update(await _engine_sql(eng, rows, lookups, repeat, engine_answers, emit))
         emit(
             {
                 "bench": "scan",
@@ -255,6 +262,62 @@ async def measure(
         out["restart_s"] = restart_s
     finally:
         shutil.rmtree(base, ignore_errors=True)
+    return out
+
+
+async def _engine_sql(
+    eng: Engine,
+    rows: int,
+    lookups: int,
+    repeat: int,
+    engine_answers: dict[str, Any],
+    emit: Callable[[dict[str, Any]], None],
+) -> dict[str, Any]:
+    """The four queries as SQL through `eng.sql` (system "engine_sql"): DuckDB over the
+    engine's snapshot, columns and filters pushed into the engine's scan (engine/sql.py)."""
+    from engine.errors import SqlUnavailable
+
+    lo = rows // 2
+
+    async def point() -> None:
+        rng = random.Random(7)
+        for _ in range(lookups):
+            key = rng.randrange(rows)
+            got = await eng.sql(f"select * from shop.orders where id = {key}")
+            assert got.num_rows == 1 and got.column("id")[0].as_py() == key
+
+    async def one(query: str) -> Any:
+        return (await eng.sql(query)).column(0)[0].as_py()
+
+    async def group_count() -> int:
+        got = await eng.sql("select customer, sum(amount) from orders group by customer")
+        return int(got.num_rows)
+
+    queries: dict[str, Callable[[], Coroutine[Any, Any, Any]]] = {
+        "range_sum": lambda: one(
+            f"select sum(amount) from shop.orders where id >= {lo} and id < {lo + RANGE_KEYS}"
+        ),
+        "filter_sum": lambda: one("select sum(amount) from shop.orders where customer = 42"),
+        "group_by_sum": group_count,
+    }
+    out: dict[str, Any] = {}
+    try:
+        times, _ = await atimed(point, repeat)
+    except SqlUnavailable as exc:
+        emit({"bench": "scan", "system": "engine_sql", "skipped": str(exc)})
+        return out
+    emit(figure("point_lookup", "engine_sql", [t / lookups for t in times], lookups=lookups))
+    out["engine_sql_point_ms"] = min(times) / lookups
+    for name, query in queries.items():
+        times, answer = await atimed(query, repeat)
+        mine = engine_answers.get(name)
+        agrees = (
+            abs(float(answer) - float(mine)) <= 1e-6 * max(1.0, abs(float(mine)))
+            if mine is not None and answer is not None
+            else None
+        )
+        emit(figure(name, "engine_sql", times, same_answer=agrees))
+        out[f"engine_sql_{name}_ms"] = min(times)
     return out
 
 
@@ -356,19 +419,25 @@ def run(args: Any, emit: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
             cache_mb=args.cache_mb,
             duckdb_too=not args.no_duckdb,
             dir_path=args.dir,
+            sql_too=not args.no_sql,
             emit=emit,
         )
     )
     ratios = {}
+    sql_ratios = {}
     for name in ("point", "range_sum", "filter_sum", "group_by_sum"):
         mine, peer = found.get(f"engine_{name}_ms"), found.get(f"duckdb_{name}_ms")
         if mine and peer:
             ratios[name] = round(mine / peer, 2)
+        mine = found.get(f"engine_sql_{name}_ms")
+        if mine and peer:
+            sql_ratios[name] = round(mine / peer, 2)
     return {
         "bench": "scan",
         "summary": True,
         "rows": args.rows,
         "engine_over_duckdb": ratios,
+        "engine_sql_over_duckdb": sql_ratios,
         "peak_rss_mb": round(
             max(peak_before, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) / 1024, 1
         ),

@@ -3,6 +3,8 @@ compute node reader (issue 15).
 
     python -m engine tables DIR                     databases, tables, schemas, row counts
     python -m engine scan DIR db.table --limit N    the first N rows (by primary key)
+    python -m engine sql DIR "select ..." [--at TS|ISO-8601|Nms] [--format table|csv|json|
+        parquet] [--out FILE]                       one SELECT over a snapshot (sql_command.py)
     python -m engine stats DIR [--json]             commit timestamp, counts, WAL position,
                                                     storage: blocks per level, the newest
                                                     checkpoint, WAL retained, the objects
@@ -17,9 +19,9 @@ compute node reader (issue 15).
     python -m engine repair DIR [--yes]     a corrupt file WAL: say what is lost; with --yes
                                             move the damaged suffix aside (engine/repair.py)
 
-`tables`, `scan` and `stats` open the engine read-only and write nothing (issue 20): replay
-FOR_READ in memory (`history` reads the WAL the same way, streaming it instead); a file WAL
-is read without its lock (beside a running engine, showing what it had written when the
+`tables`, `scan`, `sql` and `stats` open the engine read-only and write nothing (issue 20):
+replay FOR_READ in memory (`history` reads the WAL the same way, streaming it instead); a file
+WAL is read without its lock (beside a running engine, showing what it had written when the
 command looked) and a torn tail is not read, never cut; the objects directory gets no lock
 and no temporary files; over logsvc no lease is taken, so a running engine is not fenced.
 They print, and close. `--wal logsvc --client-config client.toml
@@ -31,7 +33,8 @@ S3, with the credentials in AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY; `--obje
 an engine of part 1 (every row in the WAL).
 
 Exit codes: 0 done, 1 the engine could not be opened or read (or the output's reader went
-away: `... | head` ends quietly), 2 bad arguments. `serve`,
+away: `... | head` ends quietly; or `sql` without DuckDB), 2 bad arguments (and for `sql` a
+SQL error or an `--at` the engine cannot serve, on one line). `serve`,
 `promote` and `cn` say theirs in their modules (a config error is 2, naming the key; a
 fenced TN exits 3; `repair`: 0 nothing to repair or repaired, 1 damage found and nothing
 changed (pass --yes), 2 bad arguments or no WAL, 3 not repairable or the WAL is locked).
@@ -50,7 +53,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from engine import history_cli, limits, metrics
+from engine import history_cli, limits, metrics, sql_command
 from engine.clock import ts_physical_ms
 from engine.engine import Engine
 from engine.errors import EngineError
@@ -78,6 +81,8 @@ def _parser() -> argparse.ArgumentParser:
     scan = add("scan", "the first rows of a table, by primary key")
     scan.add_argument("table", help="db.table")
     scan.add_argument("--limit", type=int, default=limits.SCAN_ROWS_DEFAULT_LIMIT)
+    sql = add("sql", "one SELECT over a snapshot (DuckDB, the optional extra logsvc[sql])")
+    sql_command.add_arguments(sql)
     stats = add("stats", "commit timestamp, counts, WAL position, storage")
     stats.add_argument("--json", action="store_true")
     history_cli.add_arguments(add("history", "the commits in the retained WAL (history_cli.py)"))
@@ -86,7 +91,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--standby", action="store_true", help="tail the WAL; take over later")
     promote = sub.add_parser("promote", help="make the standby TN of this config active now")
     promote.add_argument("--config", required=True, help="the standby's tn.toml")
-    cn = sub.add_parser("cn", help="a compute node reader: status, tables, scan")
+    cn = sub.add_parser("cn", help="a compute node reader: status, tables, scan, sql")
     cn.add_argument("--config", required=True, help="the compute node's cn.toml")
     cn.add_argument("words", nargs=argparse.REMAINDER, help="one command (else: stdin)")
     from engine import repair
@@ -186,7 +191,14 @@ def _main(argv: Sequence[str] | None) -> int:
     if args.command == "scan" and (args.limit < 0 or "." not in args.table):
         print("error: scan needs db.table and a --limit >= 0", file=sys.stderr)
         return 2
+    if args.command == "sql":
+        problem = sql_command.arguments_error(args)
+        if problem is not None:
+            print(f"error: {problem}", file=sys.stderr)
+            return 2
     try:
+        if args.command == "sql":
+            return sql_command.run(args, lambda: _open_read_only(args))
         return asyncio.run(_run(args))
     except (EngineError, DriverError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -211,8 +223,8 @@ async def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _look(args: argparse.Namespace) -> None:
-    engine = await Engine.open(
+async def _open_read_only(args: argparse.Namespace) -> Engine:
+    return await Engine.open(
         args.dir,
         wal=args.wal,
         client_config=args.client_config,
@@ -220,6 +232,10 @@ async def _look(args: argparse.Namespace) -> None:
         read_only=True,
         objects=objects_from_args(args),
     )
+
+
+async def _look(args: argparse.Namespace) -> None:
+    engine = await _open_read_only(args)
     try:
         if args.command == "tables":
             await _tables(engine)

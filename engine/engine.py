@@ -34,13 +34,16 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import datetime
 import os
 import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from engine import limits, opening, replay, rewrite_commit, spill, writeset
+import pyarrow as pa
+
+from engine import limits, opening, replay, rewrite_commit, spill, sql, writeset
 from engine import standby as standby_tail
 from engine.blockstore import ObjectBlockStore
 from engine.checkpoint.layout import Manifest
@@ -574,6 +577,15 @@ class Engine:
         finally:
             txn.state = TxnState.ROLLED_BACK
             self._open_views.discard(txn)
+
+    async def sql(self, query: str, at: int | datetime.datetime | None = None) -> pa.Table:
+        """One SELECT over the snapshot at `at` (None: `visible_ts`; a commit timestamp; an
+        aware datetime), every table as `db.table` (and its bare name when unambiguous),
+        read with its columns and filters pushed into `scan` (engine/sql.py). `SqlError` for a
+        bad or writing query, `SqlUnavailable` without DuckDB (`pip install 'logsvc[sql]'`)."""
+        ts = sql.snapshot_ts(at, self.visible_ts, wall_ms())
+        async with self.snapshot(ts) as view:
+            return await sql.run(view, query)
 
     def _loaded(
         self,

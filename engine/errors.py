@@ -15,13 +15,16 @@ The tree::
     │   ├── SchemaError             unknown column, wrong type, null in a key or non-null column
     │   ├── NotFound                unknown database or table (at the txn's snapshot), no engine
     │   ├── AlreadyExists           a database or table of that name is already visible
-    │   └── NotAnEngine             Engine.open's path is a file, or a directory of other things
+    │   ├── NotAnEngine             Engine.open's path is a file, or a directory of other things
+    │   └── SqlError                `sql()`: a syntax or binder error (DuckDB's message), an
+    │                               unknown table, a write, a result past its limit
     ├── TxnClosed                   the transaction already committed or rolled back
     ├── EngineClosed                use after `close()`
     ├── OpenFailed                  Engine.open could not open or read the WAL (the cause kept)
     │   └── EngineLocked            another process has the engine's file WAL open (its pid)
     ├── Overloaded                  a bounded queue is full; retry later
     ├── SnapshotUnavailable         a snapshot timestamp the engine cannot serve
+    ├── SqlUnavailable              `sql()` without DuckDB installed: says how to install it
     ├── LogtailUnavailable          (engine/logtail.py) neither memory nor a checkpoint answers
     ├── OutcomeUnknown              a compute node's commit: no TN could say whether it landed
     ├── WalFailed                   the WAL refused or lost an append: the engine is read-only
@@ -115,6 +118,22 @@ class NotAnEngine(BadInput):
         super().__init__(f"{path} is not an engine's directory: {found}")
         self.path = path
         self.found = found
+
+
+class SqlError(BadInput):
+    """A SQL query the engine refused or DuckDB could not run: a syntax or binder error
+    (DuckDB's own message, with its position), an unknown table, a statement other than one
+    read-only SELECT, or a result larger than `limits.SQL_RESULT_BYTES_MAX`. Nothing was
+    changed."""
+
+
+class SqlUnavailable(EngineError):
+    """`sql()` needs DuckDB, an optional extra that is not installed."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "SQL needs DuckDB: pip install 'logsvc[sql]' (or pip install duckdb==2.0.1)"
+        )
 
 
 class TxnClosed(EngineError):

@@ -233,6 +233,35 @@ hundred bytes each): at most this many, so the command stays within tens of MiB.
 HISTORY_CACHE_BYTES = 8 * MiB
 """The block cache `engine history` opens its object store with: it reads only the newest
 checkpoint's catalog and block list, never a block."""
+SQL_QUERIES_MAX = 4
+"""SQL queries (`Engine.sql`, `ComputeNode.sql`) running at once in this process. Each has
+its own DuckDB database (a query's views live in its catalog, so two queries at different
+snapshots never see each other's) and its own thread; one more is refused `Overloaded`."""
+
+SQL_THREADS_MAX = 4
+"""DuckDB worker threads per query: its scans and aggregations run in parallel, and
+SQL_QUERIES_MAX of them at once stay a small multiple of a machine's cores."""
+
+SQL_MEMORY_BYTES_MAX = 1024 * MiB
+"""DuckDB's memory limit per query (hash tables, sorts, the result while it is built); a
+query that needs more fails with a `SqlError` naming the limit (DuckDB cannot spill: it
+has no file system access here, see engine/sql.py)."""
+
+SQL_RESULT_BYTES_MAX = 512 * MiB
+"""Largest result `sql()` returns as one Arrow table; past it the query is stopped with a
+`SqlError` (add a LIMIT, aggregate, or page with a WHERE on the key)."""
+
+SQL_VIEWS_KEPT_MAX = 1024
+"""Tables a pooled DuckDB database keeps views of between queries (engine/sql.py: making
+them costs milliseconds per query); past it the database is closed and a new one made."""
+
+SQL_QUERY_CHARS_MAX = 1 << 20
+"""Longest SQL text accepted (a query, not a data load)."""
+
+SQL_PULL_WAIT_S_MAX = 600.0
+"""Longest a DuckDB thread waits for the engine's loop to produce one part of a scan (a
+group of whole objects loaded through the cache: seconds from S3 at worst); past it the
+query fails rather than hang on a loop that stopped."""
 
 # --- Relations ----------------------------------------------------------------------------------
 
@@ -246,3 +275,5 @@ assert L0_BYTES_HARD_MAX > L0_BYTES_MAX
 
 assert 1 <= STANDBY_TAIL_RETRY_MS_MIN <= STANDBY_TAIL_RETRY_MS_MAX
 assert STANDBY_TAIL_ATTEMPTS_MAX >= 1
+assert SQL_QUERIES_MAX >= 1 and SQL_THREADS_MAX >= 1
+assert SQL_RESULT_BYTES_MAX <= SQL_MEMORY_BYTES_MAX

@@ -10,7 +10,8 @@ readers pin is halved.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -27,12 +28,58 @@ if TYPE_CHECKING:
     from engine.txn import TableHandle, Transaction, _TableWrites
 
 
+@dataclass(slots=True)
+class ScanCounts:
+    """What one scan read: `blocks_visible` persisted blocks at its snapshot, of which
+    `blocks_read` survived zonemap pruning and were loaded; `rows_out` rows it produced."""
+
+    blocks_visible: int = 0
+    blocks_read: int = 0
+    rows_out: int = 0
+
+
 async def scan(
     txn: Transaction,
     handle: TableHandle,
     columns: Sequence[str] | None,
     filter: pc.Expression | None,
 ) -> pa.Table:
+    results = [part async for part in scan_parts(txn, handle, columns, filter)]
+    return pa.concat_tables(results) if len(results) > 1 else results[0]
+
+
+async def scan_stream(
+    handle: TableHandle,
+    columns: Sequence[str] | None,
+    filter: pc.Expression | None,
+    counts: ScanCounts | None = None,
+) -> AsyncIterator[pa.Table]:
+    """`scan`'s rows as they are made, one table per group of persisted blocks and one for
+    the rest (SQL reads a table through it, engine/sql.py): memory holds one group, not the
+    table. The transaction is busy while each part is made, not between parts, so two
+    streams of one snapshot (a self-join) interleave instead of waiting for each other."""
+    txn = handle._txn
+    parts = scan_parts(txn, handle, columns, filter, counts)
+    try:
+        while True:
+            async with txn._busy:
+                try:
+                    part = await anext(parts)
+                except StopAsyncIteration:
+                    return
+            yield part
+    finally:
+        await parts.aclose()
+
+
+async def scan_parts(
+    txn: Transaction,
+    handle: TableHandle,
+    columns: Sequence[str] | None,
+    filter: pc.Expression | None,
+    counts: ScanCounts | None = None,
+) -> AsyncGenerator[pa.Table, None]:
+    """The scan in parts (at least one), each filtered and projected; `scan` joins them."""
     txn._check_open()
     txn._check_handle(handle)
     entry = handle._entry
@@ -48,6 +95,7 @@ async def scan(
     writes = txn._writes.get(entry.table_id)
     excluded = writes.deleted_by_block if writes else None
     read = _columns_to_read(data.arrow_schema, columns, filter)
+    counts = counts if counts is not None else ScanCounts()
 
     def finish(parts: list[pa.Table]) -> pa.Table:
         """Parts of the scan (each with the `read` columns), filtered and projected."""
@@ -57,19 +105,23 @@ async def scan(
                 table = table.filter(filter)
             except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
                 raise SchemaError(f"{handle.qualified}: bad filter: {exc}") from None
-        return table.select(list(columns) if columns is not None else read)
+        table = table.select(list(columns) if columns is not None else read)
+        counts.rows_out += table.num_rows
+        return table
 
-    results: list[pa.Table] = []
     if entry.create_ts != 0:
         blocks = data.scan_blocks(txn.start_ts)
         persisted = [b for b in blocks if isinstance(b, PersistedBlock)]
+        counts.blocks_visible += len(persisted)
         if persisted and filter is not None:
             # Zonemaps: skip the persisted blocks the filter cannot match.
             persisted = data.prune(persisted, filter)
+        counts.blocks_read += len(persisted)
         # Persisted blocks in groups, each loaded, filtered and unpinned before the next:
         # a table larger than the buffer cache is scanned through it.
         for group in _scan_groups(persisted):
-            results.extend(await _scan_group(txn, data, group, read, excluded, finish))
+            for part in await _scan_group(txn, data, group, read, excluded, finish):
+                yield part
         in_memory = [b for b in blocks if not isinstance(b, PersistedBlock)]
         parts = data.scan_at(txn.start_ts, in_memory, NOTHING_LOADED, excluded, columns=read)
     else:
@@ -79,8 +131,7 @@ async def scan(
     own = writes.live_inserts() if writes is not None else None
     if own is not None:
         parts.append(pa.Table.from_batches([own]).select(read))
-    results.append(finish(parts))
-    return pa.concat_tables(results) if len(results) > 1 else results[0]
+    yield finish(parts)
 
 
 async def _scan_group(

@@ -15,6 +15,7 @@ still touched by one thread only. Every call waits at most `call_timeout_s` (bou
 from __future__ import annotations
 
 import asyncio
+import datetime
 import threading
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -193,6 +194,10 @@ class SyncEngine:
             yield SyncTransaction(self._loop, txn)
         finally:
             self._loop.run(manager.__aexit__(None, None, None))
+
+    def sql(self, query: str, at: int | datetime.datetime | None = None) -> pa.Table:
+        """`Engine.sql`: one SELECT over the snapshot at `at` (None: the newest)."""
+        return self._loop.run(self._engine.sql(query, at))
 
     def close(self) -> None:
         """Close the engine and stop its thread. A second call does nothing; any other call

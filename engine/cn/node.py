@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import uuid
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
@@ -29,12 +30,12 @@ from typing import Any
 
 import pyarrow as pa
 
-from engine import limits
+from engine import limits, sql
 from engine.blockstore import ObjectBlockStore
 from engine.checkpoint import files
 from engine.checkpoint.errors import CheckpointCorrupt
 from engine.checkpoint.layout import Manifest
-from engine.clock import TS_MAX
+from engine.clock import TS_MAX, wall_ms
 from engine.cn.port import TNPort
 from engine.errors import BadInput, EngineClosed, Overloaded, SnapshotUnavailable
 from engine.logtail import LogtailUnavailable, TailEntry
@@ -383,6 +384,14 @@ class ComputeNode:
             yield view
         finally:
             view.state = TxnState.ROLLED_BACK
+
+    async def sql(self, query: str, at: int | datetime.datetime | None = None) -> pa.Table:
+        """`Engine.sql` on this node: one SELECT over its snapshot at `at` (None: the TN's
+        newest; a datetime: the snapshot of that wall time, pulled first), engine/sql.py."""
+        if isinstance(at, datetime.datetime):
+            at = sql.snapshot_ts(at, await self.catch_up(), wall_ms())
+        async with self.snapshot(at) as view:
+            return await sql.run(view, query)
 
     async def begin(self) -> CNTransaction:
         """A transaction at the TN's newest visible timestamp."""

@@ -8,6 +8,8 @@ terminal):
     status                                 the TN in use, its role and timestamps
     tables                                 databases and tables, with keys and row counts
     scan DB.TABLE [--at TS] [--limit N]    rows by primary key, at TS (default: newest)
+    sql "SELECT ..." [--at TS|ISO-8601|Nms] [--format table|csv|json|parquet] [--out FILE]
+                                           one SELECT over the snapshot (engine/sql.py)
     help | quit
 
 Exit codes: 0 every command succeeded, 1 some failed (each failure is printed as
@@ -19,11 +21,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import datetime
 import shlex
 import sys
 
 from engine import limits as engine_limits
+from engine import sql, sql_command
 from engine.cli import rows_text
+from engine.clock import wall_ms
 from engine.cn.client import NetworkTN
 from engine.cn.node import ComputeNode
 from engine.errors import EngineError
@@ -56,6 +61,12 @@ def _scan_parser() -> _ArgParser:
     parser.add_argument("table")
     parser.add_argument("--at", type=int, default=None)
     parser.add_argument("--limit", type=int, default=engine_limits.SCAN_ROWS_DEFAULT_LIMIT)
+    return parser
+
+
+def _sql_parser() -> _ArgParser:
+    parser = _ArgParser(prog="sql", add_help=False)
+    sql_command.add_arguments(parser)
     return parser
 
 
@@ -131,6 +142,12 @@ async def _command(node: ComputeNode, tn: NetworkTN, words: list[str]) -> bool:
             if parsed.limit < 0 or "." not in parsed.table:
                 raise _Usage("scan needs DB.TABLE and a --limit >= 0")
             await _scan(node, parsed.table, parsed.at, parsed.limit)
+        elif name == "sql":
+            parsed = _sql_parser().parse_args(args)
+            problem = sql_command.arguments_error(parsed)
+            if problem is not None:
+                raise _Usage(problem)
+            await _sql(node, parsed)
         elif name == "help":
             print(HELP)
         else:
@@ -183,6 +200,15 @@ async def _scan(node: ComputeNode, qualified: str, at: int | None, limit: int) -
         for line in rows_text(table):
             print(line)
         print(f"({table.num_rows} of {total} rows at commit_ts {view.start_ts})")
+
+
+async def _sql(node: ComputeNode, args: argparse.Namespace) -> None:
+    at = args.at
+    if isinstance(at, datetime.datetime):
+        at = sql.snapshot_ts(at, await node.catch_up(), wall_ms())
+    async with node.snapshot(at) as view:
+        table = await sql.run(view, args.query)
+    sql_command.write(table, view.start_ts, args.format, args.out)
 
 
 def _object_store(config: CNConfig) -> ObjectStore:

@@ -1,0 +1,532 @@
+"""SQL over one snapshot of the engine (issue 24 item 1): DuckDB runs the query, and every
+table it names is a stream out of the engine's own scan at that snapshot, with the query's
+columns and filters pushed into the scan. The one module that imports DuckDB (an optional
+extra: `pip install 'logsvc[sql]'`; without it `sql()` raises `SqlUnavailable`).
+
+How the pushdown works. DuckDB's Python client scans a pyarrow `Dataset` by calling
+`type(dataset).scanner(dataset, columns=[...], filter=<pyarrow Expression>)` with the columns
+the query reads and the predicates it can hand over exactly (comparisons, IN, IS [NOT] NULL,
+and AND/OR/NOT of those, of a column with constants; not those a NaN could change), and
+drops those predicates from its own plan (duckdb/_sources/pyarrow.py, `PyArrowDatasetSource`
+and `DatasetSource.stream`). `EngineTable` is such a dataset: an `InMemoryDataset` of the
+table's empty schema whose `scanner` is the engine's `scan_stream(columns, filter)` on the
+query's snapshot. So zonemaps prune persisted blocks by the very filter the engine's scan
+then applies exactly (the same code and MVCC visibility as `TableHandle.scan`), only the
+named columns are loaded, and rows stream a group of objects at a time
+(`limits.SCAN_GROUP_ROWS`), with one group read ahead: a query that reads one column of 10M
+rows holds two groups of that column, never the table. (DuckDB's own EXPLAIN over such a
+dataset lists them as `Filters:` and `Projections:` under "Python Arrow Scan"; here
+`ScanReport` says what reached each scan and how many blocks it read.) Other routes were
+weaker: a RecordBatchReader or an object exporting `__arrow_c_stream__` is offered neither
+columns nor filters; parsing DuckDB's plan ourselves would re-derive what its binder hands
+the Dataset. `python -m engine.bench scan` times the four queries through `sql` against
+DuckDB's native table in the same run (README, "The engine's reads against DuckDB"): a
+query costs ~2-3 ms more than the engine's own scan (DuckDB binding a Python dataset, thread
+hand-overs), and a large scan streams at about the engine's scan speed.
+
+Threads. DuckDB pulls a stream from its own threads. Each step of the async scan (up to a
+group's rows) runs on the engine's event loop (`run_coroutine_threadsafe`), the next one
+started before DuckDB consumes this one, and a pull waits for it at most
+`SQL_PULL_WAIT_S_MAX`: the engine's state is still touched only on its loop. The query
+itself runs on a thread of its own, not the loop's default executor: the engine's object
+reads run there, and a query holding an executor thread while waiting for a read queued
+behind it would deadlock.
+
+One snapshot. The caller opens one read-only snapshot and holds it until DuckDB is done;
+every table of the query (twice, for a self-join) is read at it.
+
+Read-only and contained. Exactly one SELECT statement is run (DDL, DML, COPY, ATTACH, SET,
+PRAGMA, EXPLAIN... are refused with `SqlError`). DuckDB is opened with file system access and
+extension loading off and its configuration locked, so a query reads the snapshot's tables
+and nothing else (`read_csv('/etc/passwd')` is a `SqlError`).
+
+Names. A table is `db.table` (a DuckDB schema per database, a view per table) and also its
+bare name when no other database has a table of that name (compared case-insensitively, as
+DuckDB compares names). Only the tables whose names the query mentions are set up.
+
+Connections. Opening a DuckDB database costs ~15 ms, more than a range query, so a pool
+keeps up to `SQL_QUERIES_MAX` in-memory databases for the process, one per running query
+(so two queries at different snapshots never share a catalog). A query's schemas and views
+are made in a transaction rolled back after it: the next query finds an empty catalog.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import datetime
+import os
+import threading
+from collections.abc import Coroutine, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+
+from engine import limits
+from engine.clock import ts_at_datetime, ts_physical_ms
+from engine.errors import BadInput, Overloaded, SnapshotUnavailable, SqlError, SqlUnavailable
+from engine.scan import ScanCounts, scan_stream
+
+if TYPE_CHECKING:
+    from engine.txn import TableHandle, Transaction
+
+T = TypeVar("T")
+
+RESULT_BATCH_ROWS = 65_536
+"""Rows per Arrow batch of a result as DuckDB hands it over (the byte limit is checked
+after each)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ScanReport:
+    """One table scan a query made: what DuckDB pushed into it and what it read."""
+
+    table: str
+    columns: list[str] | None
+    filter: str | None
+    blocks_visible: int
+    blocks_read: int
+    rows_out: int
+
+
+def snapshot_ts(at: int | datetime.datetime | None, visible_ts: int, now_ms: int) -> int:
+    """The snapshot a query `at` reads: None is `visible_ts`; an int is that commit timestamp;
+    an aware datetime is the snapshot of that wall time (engine.clock `ts_at_datetime`),
+    clamped to `visible_ts` when the time is not in the future (nothing committed since).
+    A time past `now_ms` is `SnapshotUnavailable`: its state is not known yet."""
+    if at is None:
+        return visible_ts
+    if isinstance(at, bool) or not isinstance(at, (int, datetime.datetime)):
+        raise BadInput(f"at must be a commit timestamp (int) or a datetime, not {at!r}")
+    if isinstance(at, int):
+        return at
+    try:
+        ts = ts_at_datetime(at)
+    except ValueError as exc:
+        raise BadInput(str(exc)) from None
+    if ts <= visible_ts:
+        return ts
+    if ts_physical_ms(ts) <= max(now_ms, ts_physical_ms(visible_ts)):
+        return visible_ts
+    raise SnapshotUnavailable(f"{at.isoformat()} is in the future (now {now_ms} ms)")
+
+
+async def run(view: Transaction, query: str, *, scans: list[ScanReport] | None = None) -> pa.Table:
+    """`query` (one SELECT) over the snapshot `view`, as one Arrow table. `scans`, when given,
+    receives a `ScanReport` per table stream the query read."""
+    if not isinstance(query, str):
+        raise SqlError(f"a query is a string, not {type(query).__name__}")
+    if len(query) > limits.SQL_QUERY_CHARS_MAX:
+        raise SqlError(f"a query is at most {limits.SQL_QUERY_CHARS_MAX} characters")
+    duckdb = _duckdb()
+    loop = asyncio.get_running_loop()
+    conn = _POOL.take(duckdb)
+    state = _Query(loop, scans)
+    running: concurrent.futures.Future[pa.Table] | None = None
+    try:
+        # On the loop: DuckDB's parser (tens of microseconds) and the snapshot's catalog.
+        mentioned = _parse(duckdb, conn.parser, query)
+        tables = _tables_named(view, mentioned)
+        running = _THREADS.submit(_execute, duckdb, conn, state, tables, mentioned, query)
+        answer = asyncio.wrap_future(running)
+        try:
+            return await asyncio.shield(answer)
+        except asyncio.CancelledError:
+            # Stop DuckDB and wait (bounded) for its thread: the snapshot it reads closes next.
+            answer.cancel()  # its outcome (DuckDB's "Interrupted") is nobody's to read
+            conn.con.interrupt()
+            await asyncio.to_thread(concurrent.futures.wait, [running], limits.SQL_PULL_WAIT_S_MAX)
+            raise
+    finally:
+        _POOL.give(conn, healthy=running is None or running.done())
+
+
+_THREADS = concurrent.futures.ThreadPoolExecutor(
+    limits.SQL_QUERIES_MAX * 2, thread_name_prefix="engine-sql"
+)
+"""The threads queries run on: not the loop's default executor, where the engine's object
+reads run (a query waiting for a read queued behind itself would deadlock). Twice the pool:
+an interrupted query that has not stopped yet still holds its thread."""
+
+
+def _parse(duckdb: Any, con: Any, text: str) -> set[str]:
+    """The bare names (lower case) of the tables `text` mentions, after checking it is one
+    SELECT."""
+    try:
+        statements = con.extract_statements(text)
+        if len(statements) != 1:
+            raise SqlError(f"one SELECT statement at a time, not {len(statements)}")
+        kind = statements[0].type
+        if kind != duckdb.StatementType.SELECT:
+            raise SqlError(f"SQL here is read-only: a single SELECT, not {kind.name}")
+        return {name.lower() for name in con.get_table_names(text)}
+    except duckdb.Error as exc:
+        raise SqlError(_one_line(str(exc))) from None
+
+
+def _tables_named(view: Transaction, mentioned: set[str]) -> list[tuple[str, str, TableHandle]]:
+    """The snapshot's tables whose bare names the query mentions (case-insensitively, as
+    DuckDB compares names); two that only case tells apart are refused."""
+    found = []
+    seen: dict[tuple[str, str], str] = {}
+    for db in view.databases():
+        for name in view.tables(db):
+            if name.lower() not in mentioned:
+                continue
+            folded = (db.lower(), name.lower())
+            if folded in seen:
+                raise SqlError(
+                    f"tables {seen[folded]} and {db}.{name} differ only in case: SQL names "
+                    "ignore case, so it cannot tell them apart"
+                )
+            seen[folded] = f"{db}.{name}"
+            found.append((db, name, view.table(db, name)))
+    return found
+
+
+class _Query:
+    """What a query's DuckDB threads share with the loop side: the loop to run scan steps
+    on, the first engine error a stream met (re-raised instead of DuckDB's rendering of
+    it), and the scan reports."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, scans: list[ScanReport] | None) -> None:
+        self.loop = loop
+        self.scans = scans
+        self.failure: BaseException | None = None
+        self.lock = threading.Lock()
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Start `coro` on the engine's loop (from a DuckDB thread)."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def wait(self, future: concurrent.futures.Future[T]) -> T:
+        """What a submitted step returned, waiting at most `SQL_PULL_WAIT_S_MAX`."""
+        try:
+            return future.result(limits.SQL_PULL_WAIT_S_MAX)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise SqlError(
+                f"the engine gave no rows for {limits.SQL_PULL_WAIT_S_MAX} s (is it closed?)"
+            ) from None
+
+    def fail(self, error: BaseException) -> None:
+        with self.lock:
+            if self.failure is None:
+                self.failure = error
+
+
+class EngineTable(ds.InMemoryDataset):  # type: ignore[misc]  # (pyarrow has no stubs)
+    """A table as DuckDB sees it: a pyarrow Dataset of the table's schema whose
+    `scanner(columns=, filter=)` is the engine's scan (module docstring), of the snapshot
+    it is bound to for the query running."""
+
+    def __init__(self, source_name: str, qualified: str, schema: pa.Schema) -> None:
+        super().__init__(schema.empty_table())
+        self.source_name = source_name
+        self.qualified = qualified
+        self.declared = schema
+        self._handle: TableHandle | None = None
+        self._query: _Query | None = None
+
+    def bind(self, handle: TableHandle | None, query: _Query | None) -> None:
+        self._handle = handle
+        self._query = query
+
+    def scanner(
+        self,
+        columns: Sequence[str] | None = None,
+        filter: pc.Expression | None = None,
+        **_options: Any,
+    ) -> _EngineScanner:
+        handle, query = self._handle, self._query
+        if handle is None or query is None:
+            raise SqlError(f"{self.qualified} is not in this query's snapshot")
+        return _EngineScanner(handle, self.declared, query, columns, filter)
+
+
+class _EngineScanner:
+    """What DuckDB asks of a scanner: `to_reader()`, a stream of the scan's rows."""
+
+    def __init__(
+        self,
+        handle: TableHandle,
+        schema: pa.Schema,
+        query: _Query,
+        columns: Sequence[str] | None,
+        filter: pc.Expression | None,
+    ) -> None:
+        self._handle = handle
+        self._query = query
+        self._columns = list(columns) if columns is not None else None
+        if self._columns == []:
+            self._columns = schema.names[:1]  # a table of no columns cannot count its rows
+        self._filter = filter
+        names = self._columns if self._columns is not None else schema.names
+        self.projected_schema = pa.schema([schema.field(n) for n in names])
+
+    def to_reader(self) -> pa.RecordBatchReader:
+        return pa.RecordBatchReader.from_batches(self.projected_schema, self._batches())
+
+    def _batches(self) -> Iterator[pa.RecordBatch]:
+        query, handle, schema = self._query, self._handle, self.projected_schema
+        counts = ScanCounts()
+        stream = scan_stream(handle, self._columns, self._filter, counts)
+
+        async def step() -> tuple[list[pa.Table], bool]:
+            """The next parts, up to about a group's rows (one hand-over to the loop for a
+            pruned scan, not one per part), and whether the scan ended."""
+            parts: list[pa.Table] = []
+            rows = 0
+            while rows < limits.SCAN_GROUP_ROWS:
+                part = await anext(stream, None)
+                if part is None:
+                    return parts, True
+                parts.append(part)
+                rows += part.num_rows
+            return parts, False
+
+        # One step read ahead: the loop scans the next group while DuckDB consumes this one
+        # (two cores busy, not one after the other); memory holds two groups at most.
+        pending: concurrent.futures.Future[tuple[list[pa.Table], bool]] | None
+        pending = query.submit(step())
+        try:
+            while pending is not None:
+                parts, ended = query.wait(pending)
+                pending = None if ended else query.submit(step())
+                for part in parts:
+                    yield from (
+                        part if part.schema.equals(schema) else part.cast(schema)
+                    ).to_batches()
+        except GeneratorExit:
+            raise
+        except BaseException as exc:
+            query.fail(exc)
+            raise
+        finally:
+            if pending is not None:
+                pending.cancel()  # a LIMIT stopped reading: the read-ahead is not needed
+            if query.scans is not None:
+                query.scans.append(
+                    ScanReport(
+                        handle.qualified,
+                        self._columns,
+                        str(self._filter) if self._filter is not None else None,
+                        counts.blocks_visible,
+                        counts.blocks_read,
+                        counts.rows_out,
+                    )
+                )
+            # Not awaited: the generator may be finalized on any thread, and the loop's
+            # async-generator hooks close a stream left open anyway.
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nothing to close
+                query.loop.call_soon_threadsafe(_close_soon, stream)
+
+
+_CLOSING: set[asyncio.Future[None]] = set()
+"""Streams being closed on their loop (kept referenced until done)."""
+
+
+async def _close(stream: Any) -> None:
+    with contextlib.suppress(RuntimeError):  # still running a cancelled step: it ends itself
+        await stream.aclose()
+
+
+def _close_soon(stream: Any) -> None:
+    closing = asyncio.ensure_future(_close(stream))
+    _CLOSING.add(closing)
+    closing.add_done_callback(_CLOSING.discard)
+
+
+def _execute(
+    duckdb: Any,
+    conn: _Connection,
+    query: _Query,
+    tables: list[tuple[str, str, TableHandle]],
+    mentioned: set[str],
+    text: str,
+) -> pa.Table:
+    """On the query's thread: the views its names need, then the query, collected."""
+    try:
+        conn.prepare(tables, mentioned, query)
+        return _collect(conn.con.sql(text).to_arrow_reader(RESULT_BATCH_ROWS))
+    except duckdb.Error as exc:
+        if query.failure is not None:
+            raise query.failure from None
+        if isinstance(exc, duckdb.OutOfMemoryException):
+            raise SqlError(
+                f"the query needs more than {limits.SQL_MEMORY_BYTES_MAX} bytes "
+                f"(limits.SQL_MEMORY_BYTES_MAX): {_one_line(str(exc))}"
+            ) from None
+        raise SqlError(_one_line(str(exc))) from None
+    finally:
+        conn.release()
+
+
+class _Connection:
+    """One pooled DuckDB database and the views it keeps between queries: `"db"."t"` (and
+    `main."t"` for a bare name) over an `EngineTable` registered once per table and schema,
+    bound to each query's snapshot while it runs. DDL runs only when the tables a query
+    names changed (a new table, a new schema, a dropped table, a bare name that became
+    ambiguous): creating views costs milliseconds, more than a range query."""
+
+    def __init__(self, con: Any, parser: Any) -> None:
+        self.con = con
+        # An empty database to read a query's table names: on `con` they would come out
+        # through its views, as the names of the sources they read.
+        self.parser = parser
+        self.sources: dict[tuple[str, str], EngineTable] = {}
+        self.bare: dict[str, tuple[str, str]] = {}  # lower-case name -> table of main."name"
+        self.registered = 0
+
+    def prepare(
+        self, tables: list[tuple[str, str, TableHandle]], mentioned: set[str], query: _Query
+    ) -> None:
+        current = {(db, name): handle for db, name, handle in tables}
+        # Views of a mentioned name the snapshot does not hold go, so the binder says so.
+        for key in [k for k in self.sources if k[1].lower() in mentioned and k not in current]:
+            self._drop(key)
+        for (db, name), handle in current.items():
+            schema = handle.schema.to_arrow()
+            source = self.sources.get((db, name))
+            if source is None or not source.declared.equals(schema):
+                if source is not None:
+                    self._drop((db, name))
+                source = self._create(db, name, schema)
+            source.bind(handle, query)
+        for lower in mentioned:
+            owners = [key for key in current if key[1].lower() == lower]
+            want = owners[0] if len(owners) == 1 and owners[0][0].lower() != "main" else None
+            had = self.bare.get(lower)
+            if had == want:
+                continue
+            if had is not None:
+                self.con.execute(f"drop view if exists main.{_quote(had[1])}")
+                del self.bare[lower]
+            if want is not None:
+                self.con.execute(
+                    f"create or replace view main.{_quote(want[1])} as select * from "
+                    f"{self.sources[want].source_name}"
+                )
+                self.bare[lower] = want
+
+    def release(self) -> None:
+        """Unbind every table: nothing keeps the query's snapshot alive."""
+        for source in self.sources.values():
+            source.bind(None, None)
+
+    def _create(self, db: str, name: str, schema: pa.Schema) -> EngineTable:
+        self.registered += 1
+        source = EngineTable(f"_engine_table_{self.registered}", f"{db}.{name}", schema)
+        self.con.register(source.source_name, source)
+        self.con.execute(f"create schema if not exists {_quote(db)}")
+        self.con.execute(
+            f"create or replace view {_quote(db)}.{_quote(name)} as select * from "
+            f"{source.source_name}"
+        )
+        self.sources[(db, name)] = source
+        return source
+
+    def _drop(self, key: tuple[str, str]) -> None:
+        source = self.sources.pop(key)
+        self.con.execute(f"drop view if exists {_quote(key[0])}.{_quote(key[1])}")
+        if self.bare.get(key[1].lower()) == key:
+            self.con.execute(f"drop view if exists main.{_quote(key[1])}")
+            del self.bare[key[1].lower()]
+        self.con.unregister(source.source_name)
+
+
+def _collect(reader: pa.RecordBatchReader) -> pa.Table:
+    batches = []
+    size_bytes = 0
+    with reader:
+        for batch in reader:
+            size_bytes += batch.nbytes
+            if size_bytes > limits.SQL_RESULT_BYTES_MAX:
+                raise SqlError(
+                    f"the result passes {limits.SQL_RESULT_BYTES_MAX} bytes "
+                    "(limits.SQL_RESULT_BYTES_MAX): add a LIMIT, aggregate, or page by key"
+                )
+            batches.append(batch)
+        return pa.Table.from_batches(batches, schema=reader.schema)
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _one_line(message: str) -> str:
+    """DuckDB's message on one line: its position marker line (`^^^`) dropped."""
+    lines = [line.strip() for line in message.splitlines()]
+    return " ".join(line for line in lines if line and set(line) != {"^"})
+
+
+class _Pool:
+    """Up to `SQL_QUERIES_MAX` DuckDB databases, one per running query (module docstring);
+    a query past that is `Overloaded`, not queued."""
+
+    def __init__(self, size_max: int) -> None:
+        self._size_max = size_max
+        self._lock = threading.Lock()
+        self._idle: list[_Connection] = []
+        self._busy = 0
+
+    def take(self, duckdb: Any) -> _Connection:
+        with self._lock:
+            if self._busy >= self._size_max:
+                raise Overloaded("SQL queries running", self._size_max)
+            self._busy += 1
+            conn = self._idle.pop() if self._idle else None
+        if conn is not None:
+            return conn
+        try:
+            return _Connection(_connect(duckdb), _connect(duckdb))
+        except BaseException:
+            with self._lock:
+                self._busy -= 1
+            raise
+
+    def give(self, conn: _Connection, *, healthy: bool) -> None:
+        """Back in the pool; one whose query did not stop, or that holds more views than
+        `SQL_VIEWS_KEPT_MAX`, is closed instead."""
+        with self._lock:
+            self._busy -= 1
+            if healthy and len(conn.sources) <= limits.SQL_VIEWS_KEPT_MAX:
+                self._idle.append(conn)
+                return
+        conn.con.close()
+        conn.parser.close()
+
+
+_POOL = _Pool(limits.SQL_QUERIES_MAX)
+
+
+def _connect(duckdb: Any) -> Any:
+    con = duckdb.connect(
+        ":memory:",
+        config={
+            "threads": min(limits.SQL_THREADS_MAX, os.cpu_count() or 1),
+            "memory_limit": f"{limits.SQL_MEMORY_BYTES_MAX // 2**20}MB",
+            "autoinstall_known_extensions": False,
+            "autoload_known_extensions": False,
+        },
+    )
+    # Off after connecting (the registered tables are Python objects, not files), then
+    # locked: a query cannot turn file access back on.
+    con.execute("set enable_external_access = false")
+    con.execute("set lock_configuration = true")
+    return con
+
+
+def _duckdb() -> Any:
+    try:
+        import duckdb
+    except ImportError:
+        raise SqlUnavailable() from None
+    return duckdb
+
+
+__all__ = ["ScanReport", "SqlError", "SqlUnavailable", "run", "snapshot_ts"]
