@@ -15,6 +15,7 @@ The tree::
     │   ├── SchemaError             unknown column, wrong type, null in a key or non-null column
     │   ├── NotFound                unknown database or table (at the txn's snapshot), no engine
     │   ├── AlreadyExists           a database or table of that name is already visible
+    │   ├── BadFilter               a `--where` filter's text (engine/where.py): names the spot
     │   └── NotAnEngine             Engine.open's path is a file, or a directory of other things
     ├── TxnClosed                   the transaction already committed or rolled back
     ├── EngineClosed                use after `close()`
@@ -104,6 +105,11 @@ class NotFound(BadInput):
 
 class AlreadyExists(BadInput):
     pass
+
+
+class BadFilter(BadInput):
+    """A filter's text (engine/where.py) is not one: the message names the column, literal
+    or character and its position."""
 
 
 class NotAnEngine(BadInput):
