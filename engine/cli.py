@@ -2,14 +2,18 @@
 compute node reader (issue 15).
 
     python -m engine tables DIR                     databases, tables, schemas, row counts
-    python -m engine scan DIR db.table --limit N    the first N rows (by primary key)
+    python -m engine scan DIR db.table [--where FILTER] [--columns a,b] [--at TS|ISO|Nms]
+                     [--format table|csv|json] [--limit N]
+                                                    rows by primary key, filtered, at a
+                                                    past time (engine/scan_command.py)
     python -m engine stats DIR [--json]             commit timestamp, counts, WAL position,
                                                     storage: blocks per level, the newest
                                                     checkpoint, WAL retained, the objects
 
     python -m engine serve --config tn.toml [--standby]    the TN daemon (engine/tn/daemon.py)
     python -m engine promote --config tn.toml              make that standby TN active now
-    python -m engine cn --config cn.toml [COMMAND...]      a compute node reader (tn/reader.py)
+    python -m engine cn --config cn.toml [COMMAND...]      a compute node: read, insert,
+                                                           delete (engine/tn/reader.py)
     python -m engine repair DIR [--yes]     a corrupt file WAL: say what is lost; with --yes
                                             move the damaged suffix aside (engine/repair.py)
 
@@ -26,7 +30,8 @@ S3, with the credentials in AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY; `--obje
 an engine of part 1 (every row in the WAL).
 
 Exit codes: 0 done, 1 the engine could not be opened or read (or the output's reader went
-away: `... | head` ends quietly), 2 bad arguments. `serve`,
+away: `... | head` ends quietly), 2 bad arguments (also a `--where` filter or `--columns`
+that does not fit the table, naming the column or character). `serve`,
 `promote` and `cn` say theirs in their modules (a config error is 2, naming the key; a
 fenced TN exits 3; `repair`: 0 nothing to repair or repaired, 1 damage found and nothing
 changed (pass --yes), 2 bad arguments or no WAL, 3 not repairable or the WAL is locked).
@@ -43,12 +48,11 @@ import json
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
 
-from engine import limits, metrics
+from engine import as_of, limits, metrics, scan_command
 from engine.clock import ts_physical_ms
 from engine.engine import Engine
-from engine.errors import EngineError
+from engine.errors import BadArgument, EngineError
 from engine.objects.errors import ObjectNotFound
 from engine.objects.store import ObjectStore
 from logsvc.pipes import quiet_on_broken_pipe
@@ -70,9 +74,8 @@ def _parser() -> argparse.ArgumentParser:
         return command
 
     add("tables", "databases and tables, with schemas and live row counts")
-    scan = add("scan", "the first rows of a table, by primary key")
-    scan.add_argument("table", help="db.table")
-    scan.add_argument("--limit", type=int, default=limits.SCAN_ROWS_DEFAULT_LIMIT)
+    scan = add("scan", "rows of a table by primary key: filtered, at a past time, as csv/json")
+    scan_command.add_options(scan)
     stats = add("stats", "commit timestamp, counts, WAL position, storage")
     stats.add_argument("--json", action="store_true")
     serve = sub.add_parser("serve", help="run a TN daemon (issue 15)")
@@ -80,9 +83,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--standby", action="store_true", help="tail the WAL; take over later")
     promote = sub.add_parser("promote", help="make the standby TN of this config active now")
     promote.add_argument("--config", required=True, help="the standby's tn.toml")
-    cn = sub.add_parser("cn", help="a compute node reader: status, tables, scan")
-    cn.add_argument("--config", required=True, help="the compute node's cn.toml")
-    cn.add_argument("words", nargs=argparse.REMAINDER, help="one command (else: stdin)")
+    from engine.tn import reader
+
+    reader.add_parser(sub)
     from engine import repair
 
     repair.add_parser(sub)
@@ -175,11 +178,13 @@ def _main(argv: Sequence[str] | None) -> int:
     if problem is not None:
         print(f"error: {problem}", file=sys.stderr)
         return 2
-    if args.command == "scan" and (args.limit < 0 or "." not in args.table):
-        print("error: scan needs db.table and a --limit >= 0", file=sys.stderr)
-        return 2
     try:
+        if args.command == "scan":
+            args.request = scan_command.request(args)
         return asyncio.run(_run(args))
+    except BadArgument as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     except (EngineError, DriverError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -193,17 +198,21 @@ async def _run(args: argparse.Namespace) -> int:
         output = io.StringIO()
         try:
             with contextlib.redirect_stdout(output):
-                await _look(args)
+                info = await _look(args)
         except ObjectNotFound:
             if attempt == limits.READ_ONLY_LOOK_ATTEMPTS_MAX:
                 raise
             continue
         sys.stdout.write(output.getvalue())
+        if info is not None:
+            sys.stdout.flush()
+            print(info, file=sys.stderr)
         break
     return 0
 
 
-async def _look(args: argparse.Namespace) -> None:
+async def _look(args: argparse.Namespace) -> str | None:
+    """Print what `args` asks for; a line for stderr, if any."""
     engine = await Engine.open(
         args.dir,
         wal=args.wal,
@@ -216,10 +225,11 @@ async def _look(args: argparse.Namespace) -> None:
         if args.command == "tables":
             await _tables(engine)
         elif args.command == "scan":
-            await _scan(engine, args.table, args.limit)
+            return await _scan(engine, args.request)
         else:
             audit = await asyncio.to_thread(metrics.audit_objects, engine)
             _stats(engine, audit, args.json)
+        return None
     finally:
         await engine.close()
 
@@ -242,35 +252,11 @@ async def _tables(engine: Engine) -> None:
                 print(f"    {columns}")
 
 
-async def _scan(engine: Engine, qualified: str, limit: int) -> None:
-    db, _, name = qualified.partition(".")
-    async with engine.transaction() as txn:
-        handle = txn.table(db, name)
-        table = await handle.scan()
-        total = table.num_rows
-        table = table.sort_by([(k, "ascending") for k in handle.schema.primary_key]).slice(0, limit)
-        for line in rows_text(table):
-            print(line)
-        print(f"({table.num_rows} of {total} rows at commit_ts {txn.start_ts})")
-
-
-def rows_text(table: Any) -> list[str]:
-    """A header line and one line per row of a `pa.Table`, in aligned columns (also the
-    compute node reader's, engine/tn/reader.py)."""
-    names = table.column_names
-    cells = [[_cell(row[n]) for n in names] for row in table.to_pylist()]
-    widths = [max([len(n)] + [len(r[i]) for r in cells]) for i, n in enumerate(names)]
-    lines = ["  ".join(n.ljust(w) for n, w in zip(names, widths, strict=True))]
-    for row_cells in cells:
-        lines.append("  ".join(c.ljust(w) for c, w in zip(row_cells, widths, strict=True)))
-    return lines
-
-
-def _cell(value: Any) -> str:
-    if value is None:
-        return "NULL"
-    text = str(value)
-    return text if len(text) <= 40 else text[:37] + "..."
+async def _scan(engine: Engine, req: scan_command.ScanRequest) -> str | None:
+    visible_ts = engine.visible_ts
+    ts = visible_ts if req.at is None else as_of.snapshot_ts(req.at, visible_ts)
+    async with engine.snapshot(ts) as view:
+        return await scan_command.scan(view, req, sys.stdout)
 
 
 def _stats(engine: Engine, audit: metrics.ObjectAudit, as_json: bool) -> None:

@@ -15,8 +15,9 @@ The tree::
     │   ├── SchemaError             unknown column, wrong type, null in a key or non-null column
     │   ├── NotFound                unknown database or table (at the txn's snapshot), no engine
     │   ├── AlreadyExists           a database or table of that name is already visible
-    │   ├── BadFilter               a `--where` filter's text (engine/where.py): names the spot
-    │   └── NotAnEngine             Engine.open's path is a file, or a directory of other things
+    │   ├── NotAnEngine             Engine.open's path is a file, or a directory of other things
+    │   └── BadArgument             a command line's argument is wrong for the table it names
+    │       └── BadFilter           a `--where` filter's text (engine/where.py): names the spot
     ├── TxnClosed                   the transaction already committed or rolled back
     ├── EngineClosed                use after `close()`
     ├── OpenFailed                  Engine.open could not open or read the WAL (the cause kept)
@@ -107,7 +108,12 @@ class AlreadyExists(BadInput):
     pass
 
 
-class BadFilter(BadInput):
+class BadArgument(BadInput):
+    """A command line's argument is wrong for what it names (an unknown column, a bad
+    --at); the command line exits 2 with this message."""
+
+
+class BadFilter(BadArgument):
     """A filter's text (engine/where.py) is not one: the message names the column, literal
     or character and its position."""
 
