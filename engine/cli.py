@@ -185,6 +185,8 @@ def _main(argv: Sequence[str] | None) -> int:
     except BadArgument as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        raise  # the output's reader went away: quiet_on_broken_pipe ends quietly
     except (EngineError, DriverError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
