@@ -21,9 +21,10 @@ terminal):
 Exit codes:
 
     0  every command succeeded
-    1  a command failed otherwise (no TN answered, a snapshot no longer held, ...)
+    1  a command failed otherwise (no TN answered, an unknown database or table, as for
+       `engine scan`, a snapshot no longer held, ...)
     2  a bad config (naming the key), bad arguments or bad input (bad JSON, an unknown
-       table or column, a wrong type, an insert over a size limit): nothing was committed
+       column, a wrong type, an insert over a size limit): nothing was committed
     3  the transaction was refused: WriteConflict (a concurrent commit won; run it again)
        or DuplicateKey (an inserted key is already live); nothing was committed
     4  OutcomeUnknown: no TN could say whether the commit landed; read before retrying
@@ -49,6 +50,7 @@ from engine.errors import (
     BadInput,
     DuplicateKey,
     EngineError,
+    NotFound,
     OutcomeUnknown,
     TxnTooLarge,
     WriteConflict,
@@ -116,6 +118,8 @@ def exit_code(exc: BaseException) -> int:
         return EXIT_REFUSED
     if isinstance(exc, OutcomeUnknown):
         return EXIT_OUTCOME_UNKNOWN
+    if isinstance(exc, NotFound):
+        return EXIT_FAILED  # as `engine scan` (engine/cli.py) says an unknown table
     if isinstance(exc, (_Usage, BadInput, TxnTooLarge)):
         return EXIT_USAGE
     return EXIT_FAILED

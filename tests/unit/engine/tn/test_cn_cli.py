@@ -7,9 +7,9 @@ gave; `delete --json FILE` takes keys as values or objects (so `scan --format js
 keys) and prints its commit_ts; `scan --at` reads the state at a commit_ts or a wall time,
 `--where` and `--format json` as `engine scan`; the typed errors map to the documented exit
 codes: DuplicateKey 3 (nothing committed), OutcomeUnknown 4 (the TN's WAL holds the append
-past the client's bounds), bad JSON, an unknown column, a wrong type, an unknown table and a
-missing file 2, each on one line naming it; with commands on stdin, `--json -` is refused and
-the session's exit code is its last failure's.
+past the client's bounds), bad JSON, an unknown column, a wrong type and a missing file 2,
+an unknown table 1 (as `engine scan`), each on one line naming it; with commands on stdin,
+`--json -` is refused and the session's exit code is its last failure's.
 
 How: a real TN server on loopback (engine/tn/server.py) over an Engine with the memory WAL
 and a directory of objects; a cn.toml pointing at it; the CLI's `main` run in a thread (it
@@ -242,14 +242,14 @@ def test_bad_input_exits_2_naming_it_and_commits_nothing(
     with_tn(tmp_path, test)
 
 
-def test_unknown_table_missing_file_and_stdin_in_a_session_exit_2(
+def test_unknown_table_1_missing_file_and_stdin_in_a_session_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     async def test(tn: Setup) -> None:
         rows_file = tn.base / "rows.json"
         rows_file.write_text('[{"id": 1}]')
         code, out, _ = await tn.cli(capsys, "insert", "d.nope", "--json", str(rows_file))
-        assert code == 2 and "nope" in out
+        assert code == 1 and out.startswith("error: NotFound: ") and "nope" in out
         code, out, _ = await tn.cli(capsys, "insert", "d.t", "--json", str(tn.base / "gone"))
         assert code == 2 and out.startswith(f"error: --json {tn.base / 'gone'}: No such file")
         code, out, _ = await tn.cli(capsys, "scan", "d.t", "--where", "idd = 1")
@@ -271,10 +271,17 @@ def test_unknown_table_missing_file_and_stdin_in_a_session_exit_2(
 
 
 def test_exit_codes_of_the_typed_errors() -> None:
-    from engine.errors import DuplicateKey, NotFound, OutcomeUnknown, SnapshotUnavailable
+    from engine.errors import (
+        DuplicateKey,
+        NotFound,
+        OutcomeUnknown,
+        SchemaError,
+        SnapshotUnavailable,
+    )
 
     assert reader.exit_code(WriteConflict("key 1")) == reader.EXIT_REFUSED == 3
     assert reader.exit_code(DuplicateKey("d.t", 1)) == 3
     assert reader.exit_code(OutcomeUnknown("no TN answered")) == reader.EXIT_OUTCOME_UNKNOWN == 4
-    assert reader.exit_code(NotFound("no table")) == reader.EXIT_USAGE == 2
+    assert reader.exit_code(NotFound("no table")) == reader.EXIT_FAILED == 1  # as engine scan
+    assert reader.exit_code(SchemaError("no column")) == reader.EXIT_USAGE == 2
     assert reader.exit_code(SnapshotUnavailable("gone")) == reader.EXIT_FAILED == 1
