@@ -77,11 +77,12 @@ def documents(data: bytes, source: str) -> list[Any]:
             whole = json.loads(text)
         except json.JSONDecodeError as exc:
             raise BadArgument(f"{source}: bad JSON at line {exc.lineno}: {exc.msg}") from None
-        if not isinstance(whole, list):
-            raise BadArgument(f"{source}: expected a JSON array or JSON lines")
+        assert isinstance(whole, list)  # it starts with "[" and parsed whole
         return whole
     values = []
-    for number, line in enumerate(text.splitlines(), start=1):
+    # "\n" only: str.splitlines() also splits at U+2028, U+0085 and others, which JSON
+    # strings hold unescaped (json.dumps(ensure_ascii=False) writes them as they are).
+    for number, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
         try:
