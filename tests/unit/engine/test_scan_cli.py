@@ -226,3 +226,16 @@ def test_output_into_a_closed_pipe_ends_quietly(tmp_path: Path, form: str) -> No
     finally:
         os.close(write_end)
     assert (result.returncode, result.stderr) == (1, "")
+
+
+def test_rows_come_in_key_order_without_the_key_column(
+    engine_dir: tuple[str, int, int], capsys: pytest.CaptureFixture[str]
+) -> None:
+    directory, _, second_ts = engine_dir
+    code, out, err = scan(capsys, directory, "--columns", "customer", "--format", "csv")
+    assert code == 0, err
+    assert out.splitlines() == ['"customer"', "42", "7", "42", "42"]  # ids 1, 2, 3, 4
+    code, out, err = scan(capsys, directory, "--columns", "customer", "--limit", "2")
+    assert (code, err) == (0, "")
+    lines = [line.rstrip() for line in out.splitlines()]
+    assert lines[1:] == ["42", "7", f"(2 of 4 rows at commit_ts {second_ts})"]

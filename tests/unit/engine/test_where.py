@@ -262,3 +262,44 @@ def test_literals_take_the_column_type_and_nulls_are_unknown_under_not_in() -> N
     assert table.filter(parse("a IS NULL OR a > 2", SCHEMA)).column("id").to_pylist() == [2, 3]
     # The literal is the column's type (an int32 scalar), so nothing is cast per row.
     assert "int32" in str(parse("a IN (1, 2)", SCHEMA))
+
+
+def test_timestamp_binary_and_unsigned_literals() -> None:
+    import datetime
+
+    import pyarrow as pa
+
+    schema = Schema(
+        [
+            Column("id", "uint8"),
+            Column("at", "timestamp[us]", nullable=True),
+            Column("raw", "binary", nullable=True),
+            Column("x", "float32", nullable=True),
+        ],
+        primary_key=["id"],
+    )
+    table = pa.table(
+        {
+            "id": pa.array([1, 2, 255], pa.uint8()),
+            "at": pa.array(
+                [datetime.datetime(2026, 11, 26, 12), None, datetime.datetime(2027, 1, 1)],
+                pa.timestamp("us"),
+            ),
+            "raw": pa.array([b"ab", b"", None], pa.binary()),
+            "x": pa.array([0.5, -1.0, None], pa.float32()),
+        }
+    )
+
+    def ids(text: str) -> list[int]:
+        return list(table.filter(parse(text, schema)).column("id").to_pylist())
+
+    assert ids("at < '2026-11-26 12:00:00.000001'") == [1]
+    assert ids("at >= '2026-11-26T12:00'") == [1, 255]
+    assert ids("raw = ''") == [2]
+    assert ids("raw IN ('ab', '')") == [1, 2]
+    assert ids("id = 255 OR x <= -1") == [2, 255]
+    assert ids("x > 1e-1") == [1]
+    with pytest.raises(BadFilter, match=r"out of the range of column 'id' \(uint8: 0..255\)"):
+        parse("id = 256", schema)
+    with pytest.raises(BadFilter, match="out of the range"):
+        parse("id = -1", schema)
