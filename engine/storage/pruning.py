@@ -63,6 +63,11 @@ def parse(expression: pc.Expression) -> Node | None:
             return None
         kind = match.lastgroup
         assert kind is not None
+        if kind == "name" and not _printed_alone(text, match.start(kind), match.end(kind)):
+            # pyarrow prints a field name as it is: " b" or "b " shows as "( b > 1)" or
+            # "(b  > 1)", which would read as column "b" (a different column, if the table
+            # has one: the wrong bounds). Only "(" name " " op is a whole name.
+            return None
         tokens.append((kind, match.group(kind)))
         position = match.end()
         while position < len(text) and text[position].isspace():
@@ -70,6 +75,17 @@ def parse(expression: pc.Expression) -> Node | None:
     parser = _Parser(tokens)
     node = parser.expr()
     return node if node is not None and parser.done() else None
+
+
+def _printed_alone(text: str, start: int, end: int) -> bool:
+    """The name at text[start:end] is all of a field's name: "(" right before it, one space
+    and an operator right after."""
+    return (
+        start > 0
+        and text[start - 1] == "("
+        and text[end : end + 1] == " "
+        and text[end + 1 : end + 2] in ("=", "!", "<", ">")
+    )
 
 
 class _Parser:

@@ -5,7 +5,7 @@ How: hypothesis draws a table of an int64, an int32 and a float64 column (nulls 
 included), cuts it into blocks with real zonemaps (engine.objects.zonemap), draws filters of
 comparisons with numbers joined by and/or, and checks every block holding a row that pyarrow
 itself says matches is kept. Filters it must not read (strings, is_in, invert, NaN, huge
-integers, odd field names) parse to None.
+integers, odd field names, names with spaces around them) parse to None.
 """
 
 from __future__ import annotations
@@ -98,6 +98,9 @@ def test_filters_it_does_not_read_parse_to_none() -> None:
         pc.field("f") < float("inf"),
         pc.field("a") == pa.scalar(2**60, pa.int64()),
         pc.field("weird name") == 3,
+        pc.field(" a") == 3,  # printed "( a == 3)": not column a
+        pc.field("a ") < 3,  # printed "(a  < 3)"
+        (pc.field("b") > 0) & (pc.field("a\t") == 3),
         pc.field("d") > datetime.date(2020, 1, 1),
         pc.field("a").is_null(),
         pc.field("a") + 1 > 3,

@@ -303,3 +303,28 @@ def test_timestamp_binary_and_unsigned_literals() -> None:
         parse("id = 256", schema)
     with pytest.raises(BadFilter, match="out of the range"):
         parse("id = -1", schema)
+
+
+def test_a_column_named_with_spaces_is_not_pruned_by_its_neighbours_bounds() -> None:
+    """Columns "v" and " v": `" v" = 1` printed by pyarrow as `( v == 1)` was pruned with
+    the bounds of "v" (100..199), so every row was lost."""
+    schema = Schema([Column("v", "int64"), Column(" v", "int64")], primary_key=["v"])
+
+    async def main() -> int:
+        engine = await Engine.open(
+            "unused", MemoryBackend(), objects=MemoryObjectStore(), maintenance=False
+        )
+        try:
+            async with engine.transaction() as txn:
+                await txn.create_database("db")
+                await txn.create_table("db", "t", schema)
+                await txn.table("db", "t").insert([{"v": 100 + i, " v": 1} for i in range(100)])
+            assert engine.maintenance is not None
+            await engine.maintenance.settle(freeze_all=True)
+            async with engine.transaction() as txn:
+                found = await txn.table("db", "t").scan(filter=parse('" v" = 1', schema))
+            return int(found.num_rows)
+        finally:
+            await engine.close()
+
+    assert asyncio.run(main()) == 100
