@@ -328,3 +328,31 @@ def test_a_column_named_with_spaces_is_not_pruned_by_its_neighbours_bounds() -> 
             await engine.close()
 
     assert asyncio.run(main()) == 100
+
+
+def test_a_float32_literal_finds_its_row_in_memory_and_in_an_object_alike() -> None:
+    """`x = 0.1` on a float32 column is the float32 0.1 (0.10000000149...): it matched the row
+    in memory, and zonemap pruning (reading `0.1` as a float64) dropped it once flushed."""
+    schema = Schema([Column("id", "int64"), Column("x", "float32")], primary_key=["id"])
+
+    async def main() -> list[int]:
+        engine = await Engine.open(
+            "unused", MemoryBackend(), objects=MemoryObjectStore(), maintenance=False
+        )
+        try:
+            async with engine.transaction() as txn:
+                await txn.create_database("db")
+                await txn.create_table("db", "t", schema)
+                await txn.table("db", "t").insert([{"id": 1, "x": 0.1}, {"id": 2, "x": 2.5}])
+            counts = []
+            for _ in range(2):
+                async with engine.transaction() as txn:
+                    found = await txn.table("db", "t").scan(filter=parse("x <= 0.1", schema))
+                counts.append(int(found.num_rows))
+                assert engine.maintenance is not None
+                await engine.maintenance.settle(freeze_all=True)  # then from an object
+            return counts
+        finally:
+            await engine.close()
+
+    assert asyncio.run(main()) == [1, 1]
