@@ -6,7 +6,7 @@ How: hypothesis draws rows (nulls in every nullable column) and predicates as tr
 comparisons, IN / NOT IN lists, IS [NOT] NULL, NOT, AND, OR; each tree is rendered as text
 (keywords in random case, `=`/`==` and `!=`/`<>` alike, numbers in several spellings,
 quotes doubled) and evaluated in Python on the rows. The rows live in a real engine (memory
-WAL, memory object store): part flushed into an object with zonemaps (so pruning is on the
+WAL, memory object store): part flushed into small objects with zonemaps (so pruning is on the
 path), part in memory, some deleted, so the filter runs everywhere a scan reads.
 """
 
@@ -16,6 +16,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -31,6 +32,7 @@ SCHEMA = Schema(
         Column("id", "int64"),
         Column("a", "int32", nullable=True),
         Column("f", "float64", nullable=True),
+        Column("g", "float32", nullable=True),
         Column("s", "string", nullable=True),
         Column("b", "bool", nullable=True),
         Column("d", "date32", nullable=True),
@@ -38,6 +40,10 @@ SCHEMA = Schema(
     primary_key=["id"],
 )
 WORDS = ["", "a", "b", "ab", "o'k", "Z z"]
+FLUSHED_BLOCK_ROWS = 2
+"""Rows per flushed block: few, so a literal often sits on a block's min or max."""
+THIRDS = [0.1, 1 / 3, -2 / 3, 2.5, 1e-3]
+"""float32 values whose shortest text is not their value (0.1 is 0.10000000149...)."""
 
 small_ints = st.integers(-4, 4)
 halves = st.integers(-8, 8).map(lambda n: n / 2)
@@ -45,6 +51,7 @@ row_values = st.fixed_dictionaries(
     {
         "a": st.one_of(st.none(), small_ints),
         "f": st.one_of(st.none(), halves),
+        "g": st.one_of(st.none(), st.sampled_from(THIRDS)),
         "s": st.one_of(st.none(), st.sampled_from(WORDS)),
         "b": st.one_of(st.none(), st.booleans()),
         "d": st.one_of(st.none(), st.sampled_from(["2026-01-01", "2026-02-28", "2025-12-31"])),
@@ -58,6 +65,7 @@ def literal(column: str) -> st.SearchStrategy[Any]:
     return {
         "a": st.integers(-5, 5),
         "f": st.one_of(st.integers(-5, 5), halves),
+        "g": st.sampled_from([*THIRDS, 0.3]),
         "s": st.sampled_from([*WORDS, "c"]),
         "b": st.booleans(),
         "d": st.sampled_from(["2026-01-01", "2026-02-28", "2025-12-31", "2030-01-01"]),
@@ -71,7 +79,7 @@ def predicates(draw: st.DrawFn, depth: int = 0) -> Node:
         if kind == "not":
             return ("not", draw(predicates(depth + 1)))
         return (kind, draw(predicates(depth + 1)), draw(predicates(depth + 1)))
-    column = draw(st.sampled_from(["a", "f", "s", "b", "d"]))
+    column = draw(st.sampled_from(["a", "f", "g", "s", "b", "d"]))
     form = draw(st.sampled_from(["cmp", "cmp", "in", "null"]))
     if form == "null":
         return ("null", column, draw(st.booleans()))
@@ -144,9 +152,14 @@ def truth(node: Node, row: dict[str, Any]) -> bool | None:
     if got is None:
         return None
     if kind == "in":
-        found = got in node[2]
+        listed = node[2]
+        if node[1] == "g":
+            got, listed = float(np.float32(got)), [float(np.float32(v)) for v in listed]
+        found = got in listed
         return not found if node[3] else found
     want = node[3]
+    if node[1] == "g":  # a float32 column: the row's value and the literal are float32s
+        got, want = float(np.float32(got)), float(np.float32(want))
     return bool(
         {
             "=": got == want,
@@ -170,11 +183,13 @@ async def scan_ids(
             await txn.create_database("db")
             await txn.create_table("db", "t", SCHEMA)
         half = len(rows) // 2
-        if half:
+        for start in range(0, half, FLUSHED_BLOCK_ROWS):
             async with engine.transaction() as txn:
-                await txn.table("db", "t").insert(rows[:half])
+                await txn.table("db", "t").insert(
+                    rows[start : min(half, start + FLUSHED_BLOCK_ROWS)]
+                )
             assert engine.maintenance is not None
-            await engine.maintenance.settle(freeze_all=True)  # the first half in an object
+            await engine.maintenance.settle(freeze_all=True)  # the first half in small objects
         if rows[half:]:
             async with engine.transaction() as txn:
                 await txn.table("db", "t").insert(rows[half:])
