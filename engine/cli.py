@@ -2,7 +2,10 @@
 compute node reader (issue 15).
 
     python -m engine tables DIR                     databases, tables, schemas, row counts
-    python -m engine scan DIR db.table --limit N    the first N rows (by primary key)
+    python -m engine scan DIR db.table [--where FILTER] [--columns a,b] [--at TS|ISO|Nms]
+                     [--format table|csv|json] [--limit N]
+                                                    rows by primary key, filtered, at a
+                                                    past time (engine/scan_command.py)
     python -m engine sql DIR "select ..." [--at TS|ISO-8601|Nms] [--format table|csv|json|
         parquet] [--out FILE]                       one SELECT over a snapshot (sql_command.py)
     python -m engine stats DIR [--json]             commit timestamp, counts, WAL position,
@@ -15,7 +18,8 @@ compute node reader (issue 15).
 
     python -m engine serve --config tn.toml [--standby]    the TN daemon (engine/tn/daemon.py)
     python -m engine promote --config tn.toml              make that standby TN active now
-    python -m engine cn --config cn.toml [COMMAND...]      a compute node reader (tn/reader.py)
+    python -m engine cn --config cn.toml [COMMAND...]      a compute node: read, insert,
+                                                           delete (engine/tn/reader.py)
     python -m engine repair DIR [--yes]     a corrupt file WAL: say what is lost; with --yes
                                             move the damaged suffix aside (engine/repair.py)
 
@@ -33,7 +37,8 @@ S3, with the credentials in AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY; `--obje
 an engine of part 1 (every row in the WAL).
 
 Exit codes: 0 done, 1 the engine could not be opened or read (or the output's reader went
-away: `... | head` ends quietly; or `sql` without DuckDB), 2 bad arguments (and for `sql` a
+away: `... | head` ends quietly; or `sql` without DuckDB), 2 bad arguments (also a `--where`
+filter or `--columns` that does not fit the table, naming the column or character; for `sql` a
 SQL error or an `--at` the engine cannot serve, on one line). `serve`,
 `promote` and `cn` say theirs in their modules (a config error is 2, naming the key; a
 fenced TN exits 3; `repair`: 0 nothing to repair or repaired, 1 damage found and nothing
@@ -51,12 +56,11 @@ import json
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
 
-from engine import history_cli, limits, metrics, sql_command
+from engine import as_of, history_cli, limits, metrics, scan_command, sql_command
 from engine.clock import ts_physical_ms
 from engine.engine import Engine
-from engine.errors import EngineError
+from engine.errors import BadArgument, EngineError
 from engine.objects.errors import ObjectNotFound
 from engine.objects.store import ObjectStore
 from logsvc.pipes import quiet_on_broken_pipe
@@ -78,9 +82,8 @@ def _parser() -> argparse.ArgumentParser:
         return command
 
     add("tables", "databases and tables, with schemas and live row counts")
-    scan = add("scan", "the first rows of a table, by primary key")
-    scan.add_argument("table", help="db.table")
-    scan.add_argument("--limit", type=int, default=limits.SCAN_ROWS_DEFAULT_LIMIT)
+    scan = add("scan", "rows of a table by primary key: filtered, at a past time, as csv/json")
+    scan_command.add_options(scan)
     sql = add("sql", "one SELECT over a snapshot (DuckDB, the optional extra logsvc[sql])")
     sql_command.add_arguments(sql)
     stats = add("stats", "commit timestamp, counts, WAL position, storage")
@@ -91,9 +94,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--standby", action="store_true", help="tail the WAL; take over later")
     promote = sub.add_parser("promote", help="make the standby TN of this config active now")
     promote.add_argument("--config", required=True, help="the standby's tn.toml")
-    cn = sub.add_parser("cn", help="a compute node reader: status, tables, scan, sql")
-    cn.add_argument("--config", required=True, help="the compute node's cn.toml")
-    cn.add_argument("words", nargs=argparse.REMAINDER, help="one command (else: stdin)")
+    from engine.tn import reader
+
+    reader.add_parser(sub)
     from engine import repair
 
     repair.add_parser(sub)
@@ -188,9 +191,6 @@ def _main(argv: Sequence[str] | None) -> int:
         return 2
     if args.command == "history":
         return history_cli.run(args, objects_from_args(args))
-    if args.command == "scan" and (args.limit < 0 or "." not in args.table):
-        print("error: scan needs db.table and a --limit >= 0", file=sys.stderr)
-        return 2
     if args.command == "sql":
         problem = sql_command.arguments_error(args)
         if problem is not None:
@@ -199,7 +199,14 @@ def _main(argv: Sequence[str] | None) -> int:
     try:
         if args.command == "sql":
             return sql_command.run(args, lambda: _open_read_only(args))
+        if args.command == "scan":
+            args.request = scan_command.request(args)
         return asyncio.run(_run(args))
+    except BadArgument as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        raise  # the output's reader went away: quiet_on_broken_pipe ends quietly
     except (EngineError, DriverError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -213,12 +220,15 @@ async def _run(args: argparse.Namespace) -> int:
         output = io.StringIO()
         try:
             with contextlib.redirect_stdout(output):
-                await _look(args)
+                info = await _look(args)
         except ObjectNotFound:
             if attempt == limits.READ_ONLY_LOOK_ATTEMPTS_MAX:
                 raise
             continue
         sys.stdout.write(output.getvalue())
+        if info is not None:
+            sys.stdout.flush()
+            print(info, file=sys.stderr)
         break
     return 0
 
@@ -234,16 +244,18 @@ async def _open_read_only(args: argparse.Namespace) -> Engine:
     )
 
 
-async def _look(args: argparse.Namespace) -> None:
+async def _look(args: argparse.Namespace) -> str | None:
+    """Print what `args` asks for; a line for stderr, if any."""
     engine = await _open_read_only(args)
     try:
         if args.command == "tables":
             await _tables(engine)
         elif args.command == "scan":
-            await _scan(engine, args.table, args.limit)
+            return await _scan(engine, args.request)
         else:
             audit = await asyncio.to_thread(metrics.audit_objects, engine)
             _stats(engine, audit, args.json)
+        return None
     finally:
         await engine.close()
 
@@ -266,35 +278,11 @@ async def _tables(engine: Engine) -> None:
                 print(f"    {columns}")
 
 
-async def _scan(engine: Engine, qualified: str, limit: int) -> None:
-    db, _, name = qualified.partition(".")
-    async with engine.transaction() as txn:
-        handle = txn.table(db, name)
-        table = await handle.scan()
-        total = table.num_rows
-        table = table.sort_by([(k, "ascending") for k in handle.schema.primary_key]).slice(0, limit)
-        for line in rows_text(table):
-            print(line)
-        print(f"({table.num_rows} of {total} rows at commit_ts {txn.start_ts})")
-
-
-def rows_text(table: Any) -> list[str]:
-    """A header line and one line per row of a `pa.Table`, in aligned columns (also the
-    compute node reader's, engine/tn/reader.py)."""
-    names = table.column_names
-    cells = [[_cell(row[n]) for n in names] for row in table.to_pylist()]
-    widths = [max([len(n)] + [len(r[i]) for r in cells]) for i, n in enumerate(names)]
-    lines = ["  ".join(n.ljust(w) for n, w in zip(names, widths, strict=True))]
-    for row_cells in cells:
-        lines.append("  ".join(c.ljust(w) for c, w in zip(row_cells, widths, strict=True)))
-    return lines
-
-
-def _cell(value: Any) -> str:
-    if value is None:
-        return "NULL"
-    text = str(value)
-    return text if len(text) <= 40 else text[:37] + "..."
+async def _scan(engine: Engine, req: scan_command.ScanRequest) -> str | None:
+    visible_ts = engine.visible_ts
+    ts = visible_ts if req.at is None else as_of.snapshot_ts(req.at, visible_ts)
+    async with engine.snapshot(ts) as view:
+        return await scan_command.scan(view, req, sys.stdout)
 
 
 def _stats(engine: Engine, audit: metrics.ObjectAudit, as_json: bool) -> None:

@@ -16,8 +16,10 @@ The tree::
     │   ├── NotFound                unknown database or table (at the txn's snapshot), no engine
     │   ├── AlreadyExists           a database or table of that name is already visible
     │   ├── NotAnEngine             Engine.open's path is a file, or a directory of other things
-    │   └── SqlError                `sql()`: a syntax or binder error (DuckDB's message), an
-    │                               unknown table, a write, a result past its limit
+    │   ├── SqlError                `sql()`: a syntax or binder error (DuckDB's message), an
+    │   │                           unknown table, a write, a result past its limit
+    │   └── BadArgument             a command line's argument is wrong for the table it names
+    │       └── BadFilter           a `--where` filter's text (engine/where.py): names the spot
     ├── TxnClosed                   the transaction already committed or rolled back
     ├── EngineClosed                use after `close()`
     ├── OpenFailed                  Engine.open could not open or read the WAL (the cause kept)
@@ -107,6 +109,16 @@ class NotFound(BadInput):
 
 class AlreadyExists(BadInput):
     pass
+
+
+class BadArgument(BadInput):
+    """A command line's argument is wrong for what it names (an unknown column, a bad
+    --at); the command line exits 2 with this message."""
+
+
+class BadFilter(BadArgument):
+    """A filter's text (engine/where.py) is not one: the message names the column, literal
+    or character and its position."""
 
 
 class NotAnEngine(BadInput):

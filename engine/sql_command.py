@@ -131,7 +131,7 @@ def write(table: pa.Table, ts: int, format: str, out: str | None) -> None:
 
 
 def text_table(table: pa.Table, ts: int) -> str:
-    from engine.cli import rows_text
+    from engine.scan_command import rows_text
 
     lines = rows_text(table)
     lines.append(f"({table.num_rows} rows at commit_ts {ts})")

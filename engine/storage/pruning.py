@@ -13,6 +13,11 @@ Semantics per block, where a comparison with a null is never true: `c == v` may 
 min <= v <= max; `c < v` iff min < v; `c <= v` iff min <= v; `c > v` iff max > v;
 `c >= v` iff max >= v; `c != v` iff not min == max == v. A block whose bounds for `c` are
 unknown (no non-null value, a NaN among its values) may always match.
+
+A literal printed with a fraction or an exponent, or an integer above 2**24, may be a float32
+printed short (`0.1` for 0.10000000149..., `123456790` for 123456792): it stands for
+[v - s, v + s] with s = |v| * 2**-23 + 2**-149, each comparison above takes the end that
+keeps more blocks, and `!=` of it prunes nothing.
 """
 
 from __future__ import annotations
@@ -40,6 +45,20 @@ class Compare:
     column: str
     op: str
     value: float
+    slack: float = 0.0
+    """How far the literal's true value may be from `value`: pyarrow prints a float32 scalar
+    as the shortest text that reads back as that float32 (`0.1`, `123456790`), not its exact
+    value (0.10000000149..., 123456792), and the text does not say the type."""
+
+
+_FLOAT32_EXACT_INT = 2**24
+"""Integer text up to this is exact in float32 and float64 alike: no slack."""
+
+_FLOAT32_REL_SLACK = 2.0**-23
+"""A float32 is within half an ulp, <= |v| * 2**-24, of its shortest text: twice that."""
+
+_FLOAT32_ABS_SLACK = 2.0**-149
+"""Plus the smallest float32 subnormal's ulp, for values near zero."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +82,11 @@ def parse(expression: pc.Expression) -> Node | None:
             return None
         kind = match.lastgroup
         assert kind is not None
+        if kind == "name" and not _printed_alone(text, match.start(kind), match.end(kind)):
+            # pyarrow prints a field name as it is: " b" or "b " shows as "( b > 1)" or
+            # "(b  > 1)", which would read as column "b" (a different column, if the table
+            # has one: the wrong bounds). Only "(" name " " op is a whole name.
+            return None
         tokens.append((kind, match.group(kind)))
         position = match.end()
         while position < len(text) and text[position].isspace():
@@ -70,6 +94,17 @@ def parse(expression: pc.Expression) -> Node | None:
     parser = _Parser(tokens)
     node = parser.expr()
     return node if node is not None and parser.done() else None
+
+
+def _printed_alone(text: str, start: int, end: int) -> bool:
+    """The name at text[start:end] is all of a field's name: "(" right before it, one space
+    and an operator right after."""
+    return (
+        start > 0
+        and text[start - 1] == "("
+        and text[end : end + 1] == " "
+        and text[end + 1 : end + 2] in ("=", "!", "<", ">")
+    )
 
 
 class _Parser:
@@ -100,7 +135,9 @@ class _Parser:
                 abs(value) >= _EXACT_FLOAT_INT and "." not in number and "e" not in number.lower()
             ):
                 return None
-            return Compare(name, op, value)
+            exact = abs(value) <= _FLOAT32_EXACT_INT and not any(c in number for c in ".eE")
+            slack = 0.0 if exact else abs(value) * _FLOAT32_REL_SLACK + _FLOAT32_ABS_SLACK
+            return Compare(name, op, value, slack)
         left = self.expr()
         word = self.take("word")
         right = self.expr()
@@ -156,18 +193,20 @@ def may_match(node: Node, bounds: Bounds) -> np.ndarray:
         return np.ones(len(bounds), dtype=bool)
     mins, maxs = found
     unknown = np.isnan(mins) | np.isnan(maxs)
-    v = node.value
+    v, low, high = node.value, node.value - node.slack, node.value + node.slack
     with np.errstate(invalid="ignore"):
         if node.op == "==":
-            hit = (mins <= v) & (v <= maxs)
+            hit = (mins <= high) & (low <= maxs)
         elif node.op == "<":
-            hit = mins < v
+            hit = mins < high
         elif node.op == "<=":
-            hit = mins <= v
+            hit = mins <= high
         elif node.op == ">":
-            hit = maxs > v
+            hit = maxs > low
         elif node.op == ">=":
-            hit = maxs >= v
+            hit = maxs >= low
+        elif node.slack:  # "!=" of a value known only within the slack: may always match
+            hit = np.ones(len(bounds), dtype=bool)
         else:  # "!="
             hit = ~((mins == v) & (maxs == v))
     out: np.ndarray = hit | unknown

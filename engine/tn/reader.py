@@ -1,19 +1,38 @@
-"""`python -m engine cn --config cn.toml [COMMAND]`: a compute node as a scripted or
-interactive reader (issue 15): it starts empty, pulls the TN's logtail for each read, reads
-blocks from the object store itself, and answers exactly as the TN would at that timestamp.
+"""`python -m engine cn --config cn.toml [COMMAND]`: a compute node from the command line
+(issues 15, 24): it starts empty, pulls the TN's logtail for each read, reads blocks from the
+object store itself, answers exactly as the TN would at that timestamp, and commits rows
+through the TN.
 
 Commands (one on the command line, else one a line on stdin; `cn> ` is prompted on a
 terminal):
 
-    status                                 the TN in use, its role and timestamps
-    tables                                 databases and tables, with keys and row counts
-    scan DB.TABLE [--at TS] [--limit N]    rows by primary key, at TS (default: newest)
+    status                       the TN in use, its role and timestamps
+    tables                       databases and tables, with keys and row counts
+    scan DB.TABLE [--where FILTER] [--columns a,b] [--at TS|ISO-8601|Nms]
+                  [--format table|csv|json] [--limit N]
+                                 rows by primary key (engine/scan_command.py)
+    insert DB.TABLE --json FILE  commit FILE's rows as one transaction (a JSON array of
+                                 objects, or JSON lines; - for stdin; engine/json_rows.py)
+                                 and print `inserted N rows into DB.TABLE at commit_ts T`
+    delete DB.TABLE --json FILE  commit the deletion of FILE's keys (values, arrays or
+                                 objects); print `deleted N of M keys ... at commit_ts T`
     sql "SELECT ..." [--at TS|ISO-8601|Nms] [--format table|csv|json|parquet] [--out FILE]
-                                           one SELECT over the snapshot (engine/sql.py)
+                                 one SELECT over the snapshot (engine/sql.py)
     help | quit
 
-Exit codes: 0 every command succeeded, 1 some failed (each failure is printed as
-`error: ...` and the next command runs), 2 a bad config (naming the key) or bad arguments.
+Exit codes:
+
+    0  every command succeeded
+    1  a command failed otherwise (no TN answered, an unknown database or table, as for
+       `engine scan`, a snapshot no longer held, ...)
+    2  a bad config (naming the key), bad arguments or bad input (bad JSON, an unknown
+       column, a wrong type, an insert over a size limit): nothing was committed
+    3  the transaction was refused: WriteConflict (a concurrent commit won; run it again)
+       or DuplicateKey (an inserted key is already live); nothing was committed
+    4  OutcomeUnknown: no TN could say whether the commit landed; read before retrying
+
+With commands from stdin, each failure is printed as `error: ...` and the next command runs;
+the exit code is that of the last command that failed.
 """
 
 from __future__ import annotations
@@ -24,14 +43,22 @@ import contextlib
 import datetime
 import shlex
 import sys
+from typing import Any
 
-from engine import limits as engine_limits
-from engine import sql, sql_command
-from engine.cli import rows_text
+from engine import as_of, json_rows, scan_command, sql, sql_command
 from engine.clock import wall_ms
 from engine.cn.client import NetworkTN
 from engine.cn.node import ComputeNode
-from engine.errors import EngineError
+from engine.errors import (
+    BadArgument,
+    BadInput,
+    DuplicateKey,
+    EngineError,
+    NotFound,
+    OutcomeUnknown,
+    TxnTooLarge,
+    WriteConflict,
+)
 from engine.logtail import LogtailUnavailable
 from engine.objects.store import LocalDirStore, ObjectStore
 from engine.tn.config import CNConfig, ConfigError, load_cn
@@ -40,9 +67,16 @@ from logsvc.config import main_config_error
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+EXIT_REFUSED = 3
+EXIT_OUTCOME_UNKNOWN = 4
 
 LINE_BYTES_MAX = 4096
 """A command line: longer is refused, not parsed."""
+
+JSON_INPUT_BYTES_MAX = 64 * 1024 * 1024
+"""An insert's or delete's JSON: larger is refused unread. One transaction's insert travels
+in one request of at most 8 MiB of Arrow (engine/tn/limits.py OP_ROWS_BYTES_MAX); JSON text
+of that many rows is rarely 8 times larger."""
 
 HELP = __doc__.split("\n\n")[2] if __doc__ else ""
 
@@ -56,11 +90,22 @@ class _ArgParser(argparse.ArgumentParser):
         raise _Usage(message)
 
 
+def add_parser(sub: Any) -> None:
+    """`cn` of `python -m engine` (engine/cli.py): --help lists the commands."""
+    cn = sub.add_parser(
+        "cn",
+        help="a compute node: status, tables, scan, sql, insert, delete",
+        description=__doc__.split("\n\n")[0] if __doc__ else None,
+        epilog="\n\n".join(__doc__.split("\n\n")[1:]) if __doc__ else None,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    cn.add_argument("--config", required=True, help="the compute node's cn.toml")
+    cn.add_argument("words", nargs=argparse.REMAINDER, help="one command (else: stdin)")
+
+
 def _scan_parser() -> _ArgParser:
     parser = _ArgParser(prog="scan", add_help=False)
-    parser.add_argument("table")
-    parser.add_argument("--at", type=int, default=None)
-    parser.add_argument("--limit", type=int, default=engine_limits.SCAN_ROWS_DEFAULT_LIMIT)
+    scan_command.add_options(parser)
     return parser
 
 
@@ -68,6 +113,26 @@ def _sql_parser() -> _ArgParser:
     parser = _ArgParser(prog="sql", add_help=False)
     sql_command.add_arguments(parser)
     return parser
+
+
+def _write_parser(name: str) -> _ArgParser:
+    parser = _ArgParser(prog=name, add_help=False)
+    parser.add_argument("table")
+    parser.add_argument("--json", required=True, dest="json_path")
+    return parser
+
+
+def exit_code(exc: BaseException) -> int:
+    """The exit code of a failed command (the module docstring)."""
+    if isinstance(exc, (WriteConflict, DuplicateKey)):
+        return EXIT_REFUSED
+    if isinstance(exc, OutcomeUnknown):
+        return EXIT_OUTCOME_UNKNOWN
+    if isinstance(exc, NotFound):
+        return EXIT_FAILED  # as `engine scan` (engine/cli.py) says an unknown table
+    if isinstance(exc, (_Usage, BadInput, TxnTooLarge)):
+        return EXIT_USAGE
+    return EXIT_FAILED
 
 
 def main(config_path: str, words: list[str]) -> int:
@@ -87,7 +152,7 @@ async def _run(config: CNConfig, words: list[str]) -> int:
     node = ComputeNode(tn, store, cache_bytes=config.cache_bytes, client_id=config.client_id)
     try:
         if words:
-            return EXIT_OK if await _command(node, tn, words) else EXIT_FAILED
+            return await _command(node, tn, words, stdin_free=True)
         return await _session(node, tn)
     finally:
         await node.close()
@@ -100,7 +165,7 @@ async def _run(config: CNConfig, words: list[str]) -> int:
 
 async def _session(node: ComputeNode, tn: NetworkTN) -> int:
     interactive = sys.stdin.isatty()
-    failed = False
+    code = EXIT_OK
     while True:
         if interactive:
             print("cn> ", end="", flush=True)
@@ -109,7 +174,7 @@ async def _session(node: ComputeNode, tn: NetworkTN) -> int:
             break
         if len(line) > LINE_BYTES_MAX:
             print(f"error: a command is at most {LINE_BYTES_MAX} characters", flush=True)
-            failed = True
+            code = EXIT_USAGE
             # Skip the rest of that line (bounded reads).
             while line and not line.endswith("\n"):
                 line = await asyncio.to_thread(sys.stdin.readline, LINE_BYTES_MAX + 1)
@@ -118,19 +183,21 @@ async def _session(node: ComputeNode, tn: NetworkTN) -> int:
             words = shlex.split(line)
         except ValueError as exc:
             print(f"error: {exc}", flush=True)
-            failed = True
+            code = EXIT_USAGE
             continue
         if not words:
             continue
         if words[0] in ("quit", "exit"):
             break
-        if not await _command(node, tn, words):
-            failed = True
-    return EXIT_FAILED if failed else EXIT_OK
+        command_code = await _command(node, tn, words, stdin_free=False)
+        if command_code != EXIT_OK:
+            code = command_code
+    return code
 
 
-async def _command(node: ComputeNode, tn: NetworkTN, words: list[str]) -> bool:
-    """Run one command and print its answer; False (and `error: ...`) when it failed."""
+async def _command(node: ComputeNode, tn: NetworkTN, words: list[str], *, stdin_free: bool) -> int:
+    """Run one command and print its answer; its exit code (and `error: ...` when it
+    failed). `stdin_free`: the commands do not come from stdin, so `--json -` may read it."""
     name, args = words[0], words[1:]
     try:
         if name == "status" and not args:
@@ -139,9 +206,17 @@ async def _command(node: ComputeNode, tn: NetworkTN, words: list[str]) -> bool:
             await _tables(node)
         elif name == "scan":
             parsed = _scan_parser().parse_args(args)
-            if parsed.limit < 0 or "." not in parsed.table:
-                raise _Usage("scan needs DB.TABLE and a --limit >= 0")
-            await _scan(node, parsed.table, parsed.at, parsed.limit)
+            await _scan(node, scan_command.request(parsed))
+        elif name in ("insert", "delete"):
+            parsed = _write_parser(name).parse_args(args)
+            db, dot, table = parsed.table.partition(".")
+            if not dot or not db or not table:
+                raise _Usage(f"{name} needs DB.TABLE, not {parsed.table!r}")
+            data = await _read_json_input(parsed.json_path, stdin_free=stdin_free)
+            if name == "insert":
+                await _insert(node, db, table, data, parsed.json_path)
+            else:
+                await _delete(node, db, table, data, parsed.json_path)
         elif name == "sql":
             parsed = _sql_parser().parse_args(args)
             problem = sql_command.arguments_error(parsed)
@@ -152,14 +227,62 @@ async def _command(node: ComputeNode, tn: NetworkTN, words: list[str]) -> bool:
             print(HELP)
         else:
             raise _Usage(f"unknown command {' '.join(words)!r} (try help)")
-    except _Usage as exc:
+    except (_Usage, BadArgument) as exc:
         print(f"error: {exc}", flush=True)
-        return False
+        return EXIT_USAGE
     except (EngineError, LogtailUnavailable, OSError) as exc:
         print(f"error: {type(exc).__name__}: {exc}", flush=True)
-        return False
+        return exit_code(exc)
     sys.stdout.flush()
-    return True
+    return EXIT_OK
+
+
+async def _read_json_input(path: str, *, stdin_free: bool) -> bytes:
+    """The bytes of `--json PATH` (`-`: stdin), at most JSON_INPUT_BYTES_MAX."""
+    if path == "-":
+        if not stdin_free:
+            raise _Usage("--json - reads stdin: give the command on the command line")
+        data: bytes = await asyncio.to_thread(sys.stdin.buffer.read, JSON_INPUT_BYTES_MAX + 1)
+    else:
+        try:
+            with open(path, "rb") as handle:
+                data = await asyncio.to_thread(handle.read, JSON_INPUT_BYTES_MAX + 1)
+        except OSError as exc:
+            raise _Usage(f"--json {path}: {exc.strerror or exc}") from None
+    if len(data) > JSON_INPUT_BYTES_MAX:
+        raise _Usage(
+            f"--json {path}: more than {JSON_INPUT_BYTES_MAX} bytes; split it into several "
+            "transactions"
+        )
+    return data
+
+
+async def _insert(node: ComputeNode, db: str, name: str, data: bytes, path: str) -> None:
+    source = "stdin" if path == "-" else path
+    values = json_rows.documents(data, source)
+    async with node.transaction() as txn:
+        handle = txn.table(db, name)
+        count = await handle.insert(json_rows.rows(values, handle.schema, source)) if values else 0
+    if count == 0:
+        print(f"inserted 0 rows into {db}.{name} (nothing to commit)")
+    else:
+        print(f"inserted {count} rows into {db}.{name} at commit_ts {txn.commit_ts}")
+
+
+async def _delete(node: ComputeNode, db: str, name: str, data: bytes, path: str) -> None:
+    source = "stdin" if path == "-" else path
+    values = json_rows.documents(data, source)
+    async with node.transaction() as txn:
+        handle = txn.table(db, name)
+        keys = json_rows.keys(values, handle.schema, source)
+        count = await handle.delete(keys) if keys else 0
+    if count == 0:
+        print(
+            f"deleted 0 of {len(keys)} keys from {db}.{name} (none live at commit_ts "
+            f"{txn.start_ts}: nothing to commit)"
+        )
+    else:
+        print(f"deleted {count} of {len(keys)} keys from {db}.{name} at commit_ts {txn.commit_ts}")
 
 
 async def _status(node: ComputeNode, tn: NetworkTN) -> None:
@@ -189,19 +312,6 @@ async def _tables(node: ComputeNode) -> None:
         print(f"(at commit_ts {view.start_ts})")
 
 
-async def _scan(node: ComputeNode, qualified: str, at: int | None, limit: int) -> None:
-    db, _, name = qualified.partition(".")
-    async with node.snapshot(at) as view:
-        handle = view.table(db, name)
-        table = await handle.scan()
-        total = table.num_rows
-        keys = [(k, "ascending") for k in handle.schema.primary_key]
-        table = table.sort_by(keys).slice(0, limit)
-        for line in rows_text(table):
-            print(line)
-        print(f"({table.num_rows} of {total} rows at commit_ts {view.start_ts})")
-
-
 async def _sql(node: ComputeNode, args: argparse.Namespace) -> None:
     at = args.at
     if isinstance(at, datetime.datetime):
@@ -209,6 +319,16 @@ async def _sql(node: ComputeNode, args: argparse.Namespace) -> None:
     async with node.snapshot(at) as view:
         table = await sql.run(view, args.query)
     sql_command.write(table, view.start_ts, args.format, args.out)
+
+
+async def _scan(node: ComputeNode, req: scan_command.ScanRequest) -> None:
+    newest = await node.catch_up()
+    ts = newest if req.at is None else as_of.snapshot_ts(req.at, newest)
+    async with node.snapshot(ts) as view:
+        info = await scan_command.scan(view, req, sys.stdout)
+    if info is not None:
+        sys.stdout.flush()
+        print(info, file=sys.stderr, flush=True)
 
 
 def _object_store(config: CNConfig) -> ObjectStore:
