@@ -148,19 +148,22 @@ def test_the_compute_node_sql_command(capsys: pytest.CaptureFixture[str]) -> Non
             before = tn.visible_ts
             async with tn.transaction() as txn:
                 await txn.table("shop", "t").delete(range(5))
+
+            async def command(words: list[str]) -> int:
+                return await reader._command(cn, port, words, stdin_free=True)  # type: ignore[arg-type]
+
             words = ["sql", "select count(*) as n from shop.t", "--format", "json"]
-            assert await reader._command(cn, port, words)  # type: ignore[arg-type]
+            assert await command(words) == 0
             assert json.loads(capsys.readouterr().out) == {"n": 5}
-            assert await reader._command(cn, port, [*words, "--at", str(before)])  # type: ignore[arg-type]
+            assert await command([*words, "--at", str(before)]) == 0
             assert json.loads(capsys.readouterr().out) == {"n": 10}
-            assert await reader._command(cn, port, ["sql", QUERY])  # type: ignore[arg-type]
-            assert (
-                capsys.readouterr().out.splitlines()[-1] == f"(3 rows at commit_ts {tn.visible_ts})"
-            )
-            assert not await reader._command(cn, port, ["sql", "drop table shop.t"])  # type: ignore[arg-type]
+            assert await command(["sql", QUERY]) == 0
+            last = capsys.readouterr().out.splitlines()[-1]
+            assert last == f"(3 rows at commit_ts {tn.visible_ts})"
+            assert await command(["sql", "drop table shop.t"]) != 0
             out = capsys.readouterr().out
             assert out.startswith("error: SqlError: ") and "read-only" in out
-            assert not await reader._command(cn, port, ["sql", QUERY, "--at", "soon"])  # type: ignore[arg-type]
+            assert await command(["sql", QUERY, "--at", "soon"]) != 0
             assert capsys.readouterr().out.startswith("error: --at 'soon' is not a time")
         finally:
             await cn.close()
