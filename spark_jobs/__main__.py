@@ -34,6 +34,7 @@ from spark_jobs.exits import (
 from spark_jobs.jobs import BUCKET_MS_DEFAULT, JOBS, JobParams
 from spark_jobs.journal import VERIFY_MODES
 from spark_jobs.limits import AUTO_SPARK_INPUT_BYTES_MIN
+from spark_jobs.objectstores import ENDPOINT_ENVS, S3Settings, is_s3, split_s3
 from spark_jobs.progress import is_terminal
 from spark_jobs.run import run_job
 from spark_jobs.session import launched_by_spark_submit
@@ -112,7 +113,12 @@ def parser() -> argparse.ArgumentParser:
     source.add_argument(
         "--node", action="append", metavar="NAME=DIR", help="a logsvc node data directory (repeat)"
     )
-    p.add_argument("--out", required=True, metavar="DIR", help="runs go to DIR/<job>/<run-id>/")
+    p.add_argument(
+        "--out",
+        required=True,
+        metavar="DIR",
+        help="runs go to DIR/<job>/<run-id>/; DIR may be s3://BUCKET/PREFIX",
+    )
     p.add_argument("--run-id", help="default: UTC time plus a random suffix")
     p.add_argument(
         "--engine",
@@ -133,9 +139,16 @@ def parser() -> argparse.ArgumentParser:
         "--objects",
         action="append",
         metavar="[SHARD=]DIR",
-        help="the engine's objects directory (checkpoints, block objects) for a shard's log; "
+        help="the engine's objects directory or s3://BUCKET/PREFIX (checkpoints, block "
+        "objects) for a shard's log; "
         "without SHARD= the i-th goes with the i-th --file-wal (default: DIR/objects beside "
         "a file WAL in DIR/wal); required for logsvc shards whose engine has objects",
+    )
+    p.add_argument(
+        "--s3-endpoint",
+        metavar="URL",
+        help="http(s)://HOST:PORT of the S3 service holding s3:// objects or outputs (sets "
+        "AWS_ENDPOINT_URL_S3; credentials from AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)",
     )
     p.add_argument(
         "--bucket-ms", type=int, default=BUCKET_MS_DEFAULT, help="write_stats: bucket width"
@@ -209,6 +222,10 @@ def objects_of(specs: list[str], file_wals: bool) -> tuple[tuple[int, str], ...]
             raise BadInput(f"--objects {spec!r}: logsvc shards need SHARD=DIR")
         if shard in found:
             raise BadInput(f"--objects: shard {shard} given twice")
+        if is_s3(path):
+            split_s3(path)  # a bucket is named
+            found[shard] = path
+            continue
         if not os.path.isdir(path):
             raise BadInput(f"--objects {spec!r}: {path} is not a directory")
         found[shard] = os.path.abspath(path)
@@ -221,6 +238,9 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     args = parser().parse_args(argv)
     try:
+        if args.s3_endpoint is not None:
+            S3Settings.from_env({**os.environ, ENDPOINT_ENVS[0]: args.s3_endpoint})  # checked
+            os.environ[ENDPOINT_ENVS[0]] = args.s3_endpoint  # Spark's workers inherit it
         params = params_from(args)
         _, as_of_note = as_of_of(args.as_of)
     except BadInput as exc:

@@ -24,3 +24,8 @@ PROGRESS_STOP_S_MAX = 5.0
 """How long the end of a run waits for the progress thread to finish its last line."""
 
 assert PROGRESS_INTERVAL_S < PROGRESS_STOP_S_MAX
+
+OUTPUT_PART_BYTES_MAX = 64 << 20
+"""A Spark task writing a run's table to an object store (objectsource.py) starts a new
+Parquet object every this many bytes of Arrow data: what bounds the task's memory (the
+store's port takes an object whole), and the size Spark's own writers aim at per file."""

@@ -9,6 +9,7 @@ Outputs go to `OUT/<job>/<run-id>/` (output.py): each table as a Parquet dataset
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import time
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from typing import Any
 from spark_jobs import local, output
 from spark_jobs.engines import ENGINE_LOCAL, ENGINE_SPARK, ENGINES
 from spark_jobs.jobs import JobParams, JobResult
+from spark_jobs.objectstores import is_s3, open_objects
 from spark_jobs.progress import LocalProgress
 
 __all__ = ["ENGINES", "ENGINE_LOCAL", "ENGINE_SPARK", "RunOutcome", "run_job"]
@@ -96,6 +98,13 @@ def _write_local(result: JobResult, directory: str) -> dict[str, int]:
     import pyarrow.parquet as pq
 
     rows = {}
+    if is_s3(directory):
+        for name, table in result.tables.items():
+            sink = io.BytesIO()
+            pq.write_table(table, sink)
+            output.put(directory, f"{name}/part-00000.parquet", sink.getvalue())
+            rows[name] = table.num_rows
+        return rows
     for name, table in result.tables.items():
         path = os.path.join(directory, name)
         os.makedirs(path, exist_ok=True)
@@ -106,8 +115,32 @@ def _write_local(result: JobResult, directory: str) -> dict[str, int]:
 
 def _write_spark(spark: Any, result: JobResult, directory: str) -> dict[str, int]:
     rows = {}
+    if is_s3(directory):  # the executors put the objects (objectsource.py)
+        from spark_jobs import objectsource
+
+        for name, frame in result.tables.items():
+            writer = frame.write.format(objectsource.NAME).mode("append")
+            writer.option("location", directory).option("table", name).save()
+            rows[name] = _rows_in_objects(directory, name)
+        return rows
     for name, frame in result.tables.items():
         path = os.path.join(directory, name)
         frame.write.mode("overwrite").parquet(path)
         rows[name] = spark.read.parquet(path).count()  # from the files' footers
     return rows
+
+
+def _rows_in_objects(location: str, name: str) -> int:
+    """Rows of the Parquet objects under `name/` (from their footers, as Spark's count of a
+    written dataset reads them)."""
+    import pyarrow.parquet as pq
+
+    store = open_objects(location)
+    total = 0
+    for info in store.list(f"{name}/"):
+        source = store.open_input(info.name)
+        try:
+            total += pq.read_metadata(source).num_rows
+        finally:
+            source.close()
+    return total

@@ -32,6 +32,8 @@ import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from spark_jobs.objectstores import S3_ENVS
+
 # Lean settings for tests on a small machine (spark.md §4.4): one core, no UI, one shuffle
 # partition, a small serial-GC driver with the C1 JIT only (faster start; slower big jobs).
 TEST_CONF: Mapping[str, str] = {
@@ -85,6 +87,9 @@ def get_spark(
     builder = builder.config("spark.sql.python.filterPushdown.enabled", "true")
     builder = builder.config("spark.ui.showConsoleProgress", "true" if progress else "false")
     settings = dict(conf or {})
+    for name in S3_ENVS:  # executors open S3 locations from their environment (objectstores.py)
+        if os.environ.get(name):
+            settings.setdefault(f"spark.executorEnv.{name}", os.environ[name])
     with contextlib.ExitStack() as stack:
         if quiet and not launched_by_spark_submit():
             config = stack.enter_context(_quiet_log4j2_file())
@@ -97,9 +102,11 @@ def get_spark(
         spark = builder.getOrCreate()
     if quiet:
         spark.sparkContext.setLogLevel("ERROR")
+    from spark_jobs.objectsource import EngineObjectsSource
     from spark_jobs.sources import register
 
     register(spark)
+    spark.dataSource.register(EngineObjectsSource)
     return spark
 
 
