@@ -64,6 +64,9 @@ def run_job(
             spark = get_spark(f"spark_jobs {params.job}", master, quiet=quiet, progress=progress)
         try:
             from spark_jobs import spark_engine
+            from spark_jobs.session import export_s3_env
+
+            export_s3_env(spark)
 
             result = spark_engine.run(spark, params)
             rows = _write_spark(spark, result, directory)

@@ -102,12 +102,29 @@ def get_spark(
         spark = builder.getOrCreate()
     if quiet:
         spark.sparkContext.setLogLevel("ERROR")
-    from spark_jobs.objectsource import EngineObjectsSource
     from spark_jobs.sources import register
 
     register(spark)
-    spark.dataSource.register(EngineObjectsSource)
+    export_s3_env(spark, force=True)
     return spark
+
+
+def export_s3_env(spark: Any, *, force: bool = False) -> None:
+    """Give the `engine_objects` source's Python workers this process's S3 settings
+    (objectstores.py). pyspark captures `sc.environment` when a source is registered, so the
+    source is registered again when they changed (a session built before the S3 settings,
+    as the tests' shared one is)."""
+    environment = spark.sparkContext.environment
+    changed = force
+    for name in S3_ENVS:
+        value = os.environ.get(name)
+        if value and environment.get(name) != value:
+            environment[name] = value
+            changed = True
+    if changed:
+        from spark_jobs.objectsource import EngineObjectsSource
+
+        spark.dataSource.register(EngineObjectsSource)
 
 
 @contextlib.contextmanager

@@ -9,6 +9,10 @@ executors' Python workers; minutes on 2 shared cores), so it runs only when aske
 
     LOGSVC_SPARK_STANDALONE=1 .venv/bin/python -m pytest -q tests/spark/test_standalone_cluster.py
 
+Measured here (2 shared cores, other sessions' work running): the replay took 3.5 minutes
+on the cluster (45 Spark stages for a 300-row history: start-up and per-stage costs, not
+data).
+
 Bounds: each daemon must be up within `DAEMON_READY_S_MAX` (the master's JSON status page
 lists both workers ALIVE), each spark-submit finishes within `SUBMIT_S_MAX`, and every
 process started here is stopped by its own PID (SIGTERM, then SIGKILL after `STOP_S_MAX`),
@@ -203,6 +207,7 @@ def _compare(run_dir: str, params: JobParams, stdout: str, tmp_path: Path) -> di
     return manifest
 
 
+@pytest.mark.timeout(2 * SUBMIT_S_MAX + DAEMON_READY_S_MAX)
 def test_replay_and_audit_on_a_standalone_cluster_equal_the_local_engine(
     cluster: str, project_zip: str, tmp_path: Path
 ) -> None:
