@@ -46,14 +46,17 @@ TEST_CONF: Mapping[str, str] = {
 }
 
 
-# Everything at ERROR and above to stderr, nothing else (log4j2 properties syntax). The repl
-# logger at the root's level too: Spark compares the two in a Python-launched driver and,
-# when they differ, prints "Setting default log level to ..." (Logging.scala).
+# Everything at ERROR and above to stderr, nothing else (log4j2 properties syntax). The
+# PythonGatewayServer logger at the root's level too: a driver launched by pyspark
+# initializes Spark's logging from that class as a shell would, compares the level configured
+# for its logger (WARN when none is) with the root's, and when they differ prints "Setting
+# default log level to ..." (Logging.scala; measured: SparkContext, SparkSubmit or
+# repl.Main in its place leave the message).
 QUIET_LOG4J2 = """\
 rootLogger.level = error
-logger.repl.name = org.apache.spark.repl.Main
-logger.repl.level = error
 rootLogger.appenderRef.stderr.ref = console
+logger.gateway.name = org.apache.spark.api.python.PythonGatewayServer
+logger.gateway.level = error
 appender.console.type = Console
 appender.console.name = console
 appender.console.target = SYSTEM_ERR

@@ -34,6 +34,7 @@ def storage(tmp_path_factory: pytest.TempPathFactory) -> StorageHistory:
     return storage_history(str(tmp_path_factory.mktemp("storage")))
 
 
+@pytest.mark.timeout(600)  # two replays on Spark; 246 s measured on a loaded 2-core box
 def test_replay_on_spark_reads_objects_from_s3_and_writes_to_s3(
     spark: Any, storage: StorageHistory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
