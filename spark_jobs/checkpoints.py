@@ -32,7 +32,6 @@ A missing or damaged object is `ObjectsUnreadable` naming it.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -47,9 +46,10 @@ from engine.checkpoint.layout import BlockRow, CatalogRow, Manifest
 from engine.errors import SchemaError
 from engine.objects import blockfile, deltafile
 from engine.objects.errors import ObjectNotFound, ObjectsError
-from engine.objects.store import LocalDirStore, ObjectInfo
+from engine.objects.store import ObjectInfo, ObjectStore
 from engine.schema import Schema
 from spark_jobs.errors import BadInput, ObjectsUnreadable
+from spark_jobs.objectstores import open_objects
 
 COMMIT_TS_COLUMN = blockfile.COMMIT_TS_COLUMN
 CHECKPOINTS_MAX = 10_000
@@ -59,12 +59,10 @@ the rest; a listing longer than this is not an engine's."""
 Offsets = npt.NDArray[np.uint32]
 
 
-def open_store(objects_dir: str) -> LocalDirStore:
-    """An engine's objects directory, read-only (no lock taken, nothing removed: the engine
-    may be running)."""
-    if not os.path.isdir(objects_dir):
-        raise BadInput(f"no objects directory at {objects_dir}")
-    return LocalDirStore(objects_dir, read_only=True)
+def open_store(location: str) -> ObjectStore:
+    """An engine's objects, read-only: a directory (no lock taken, nothing removed: the engine
+    may be running) or `s3://bucket/prefix` (spark_jobs/objectstores.py)."""
+    return open_objects(location)
 
 
 # --- listing and choosing ---------------------------------------------------------------------
@@ -90,7 +88,7 @@ class CheckpointDir:
         return "damaged" if self.error is not None else "incomplete"
 
 
-def list_checkpoints(store: LocalDirStore) -> list[CheckpointDir]:
+def list_checkpoints(store: ObjectStore) -> list[CheckpointDir]:
     """Every checkpoint directory, oldest first (by ckp_ts, then name)."""
     by_dir: dict[str, list[tuple[str, int]]] = {}
     for info in _list(store, layout.PREFIX):
@@ -100,7 +98,7 @@ def list_checkpoints(store: LocalDirStore) -> list[CheckpointDir]:
         by_dir.setdefault(parts[1], []).append((parts[2], info.size_bytes))
     if len(by_dir) > CHECKPOINTS_MAX:
         raise BadInput(
-            f"{store.root}: {len(by_dir)} checkpoint directories, over {CHECKPOINTS_MAX}"
+            f"{store.description}: {len(by_dir)} checkpoint directories, over {CHECKPOINTS_MAX}"
         )
     out = []
     for name, files in by_dir.items():
@@ -158,7 +156,7 @@ class BaseChoice:
         return f"the oldest retained checkpoint is at ckp_ts {self.oldest_complete_ts}"
 
 
-def choose_base(store: LocalDirStore | None, as_of: int) -> BaseChoice:
+def choose_base(store: ObjectStore | None, as_of: int) -> BaseChoice:
     if store is None:
         return BaseChoice(None, None, ())
     found = list_checkpoints(store)
@@ -178,7 +176,7 @@ def choose_base(store: LocalDirStore | None, as_of: int) -> BaseChoice:
     return BaseChoice(read_checkpoint(store, chosen.manifest), oldest, ignored)
 
 
-def read_checkpoint(store: LocalDirStore, manifest: Manifest) -> Checkpoint:
+def read_checkpoint(store: ObjectStore, manifest: Manifest) -> Checkpoint:
     """The checkpoint's catalog and block lists, checked against each other and the
     manifest (every object a block row names is one the manifest lists)."""
     try:
@@ -203,7 +201,7 @@ def read_checkpoint(store: LocalDirStore, manifest: Manifest) -> Checkpoint:
 
 
 def block_rows(
-    store: LocalDirStore,
+    store: ObjectStore,
     schema: Schema,
     name: str,
     row_group: int,
@@ -239,7 +237,7 @@ def block_rows(
 
 
 def deleted_offsets(
-    store: LocalDirStore, block_rows_: Sequence[BlockRow], ckp_ts: int
+    store: ObjectStore, block_rows_: Sequence[BlockRow], ckp_ts: int
 ) -> dict[int, Offsets]:
     """block_id -> offsets deleted at or before ckp_ts, for the blocks of one table that
     have a delta object (each read once)."""
@@ -261,7 +259,7 @@ def deleted_offsets(
     return out
 
 
-def read_deltas(store: LocalDirStore, name: str) -> dict[int, deltafile.BlockDeletes]:
+def read_deltas(store: ObjectStore, name: str) -> dict[int, deltafile.BlockDeletes]:
     try:
         return deltafile.read_deltas(store, name)
     except ObjectNotFound:
@@ -270,7 +268,7 @@ def read_deltas(store: LocalDirStore, name: str) -> dict[int, deltafile.BlockDel
         raise ObjectsUnreadable(name, str(exc)) from None
 
 
-def row_group_starts(store: LocalDirStore, name: str) -> list[int]:
+def row_group_starts(store: ObjectStore, name: str) -> list[int]:
     """The first row of each row group of block object `name` in the file (from its
     checked footer metadata): what maps a Parquet row index to a block offset."""
     try:
@@ -286,7 +284,7 @@ def row_group_starts(store: LocalDirStore, name: str) -> list[int]:
     return starts
 
 
-def check_dump(store: LocalDirStore, name: str, schema: Schema, rows: int) -> None:
+def check_dump(store: ObjectStore, name: str, schema: Schema, rows: int) -> None:
     """An L0 dump's footer: the table's columns then __commit_ts, and `rows` rows (what
     the Spark engine checks before Spark reads the dump itself)."""
     names = [column.name for column in schema.columns]
@@ -308,7 +306,7 @@ def check_dump(store: LocalDirStore, name: str, schema: Schema, rows: int) -> No
         raise ObjectsUnreadable(name, f"{count} rows where {rows} are named")
 
 
-def check_delta(store: LocalDirStore, name: str) -> None:
+def check_delta(store: ObjectStore, name: str) -> None:
     """A delta object's footer metadata (checksummed) decodes."""
     try:
         deltafile.read_delta_meta(store, name)
@@ -318,7 +316,7 @@ def check_delta(store: LocalDirStore, name: str) -> None:
         raise ObjectsUnreadable(name, str(exc)) from None
 
 
-def _get(store: LocalDirStore, name: str) -> bytes:
+def _get(store: ObjectStore, name: str) -> bytes:
     try:
         return store.get(name)
     except ObjectNotFound:
@@ -327,7 +325,7 @@ def _get(store: LocalDirStore, name: str) -> bytes:
         raise ObjectsUnreadable(name, str(exc)) from None
 
 
-def _list(store: LocalDirStore, prefix: str) -> list[ObjectInfo]:
+def _list(store: ObjectStore, prefix: str) -> list[ObjectInfo]:
     try:
         return list(store.list(prefix))
     except ObjectsError as exc:

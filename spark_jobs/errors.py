@@ -3,6 +3,7 @@ prints it and exits 1 (2 for bad usage). Programmer errors are asserts.
 
     SparkJobError
      ├── BadInput          a path, option or argument the job cannot use
+     ├── NotALog           a path named as a log holds none (exit 4, not 2)
      ├── InputCorrupt      damaged bytes in a log (path, byte offset, reason)
      ├── CopiesDisagree    two copies of one DSN (or one LSN) hold different bytes
      ├── LogHole           a DSN missing below a durable watermark: acknowledged data lost
@@ -20,6 +21,11 @@ class SparkJobError(Exception):
 
 class BadInput(SparkJobError):
     pass
+
+
+class NotALog(SparkJobError):
+    """The input named holds no log: no WAL segment in a `--file-wal` directory, no shard
+    journal in a `--node` directory (after the --shard/--replica filters)."""
 
 
 class InputCorrupt(SparkJobError):

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from engine.checkpoint.layout import LEVEL_L0_DUMP
-from engine.objects.store import LocalDirStore
+from engine.objects.store import ObjectStore
 from engine.wal.entry import (
     Append,
     CreateBlock,
@@ -127,7 +127,7 @@ def plan_from_rows(
 
 def base_of(
     params: JobParams, shard: int, as_of: int
-) -> tuple[LocalDirStore | None, replay.BaseState]:
+) -> tuple[ObjectStore | None, replay.BaseState]:
     """The objects store of `shard`'s engine (None when it has none) and the base state
     for `as_of` (spark_jobs/checkpoints.py `choose_base`)."""
     directory = params.objects_dir(shard)
@@ -365,7 +365,7 @@ def _key(block_id: int, offsets: npt.NDArray[np.uint64], where: str) -> npt.NDAr
 
 
 def _live_rows(
-    store: LocalDirStore | None,
+    store: ObjectStore | None,
     base: replay.BaseState,
     table: replay.LiveTable,
     changes: _TableChanges,

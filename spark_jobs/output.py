@@ -2,6 +2,10 @@
 files beside them, and `_manifest.json` written last (in the role of Spark's `_SUCCESS`: a
 run directory without it is incomplete). The manifest holds the job, its parameters and
 inputs, the engine, every output with its row count, the summary, and the times.
+
+OUT is a local directory or `s3://bucket/prefix` (objectstores.py says how S3 is
+configured): there the run is the objects under `prefix/<job>/<run-id>/`, each put whole
+(an object appears complete or not at all), the manifest last.
 """
 
 from __future__ import annotations
@@ -12,7 +16,9 @@ import os
 import secrets
 from typing import Any
 
-from spark_jobs.errors import BadInput
+from engine.objects.errors import ObjectNotFound, ObjectsError
+from spark_jobs.errors import BadInput, ObjectsUnreadable
+from spark_jobs.objectstores import is_s3, open_objects
 
 MANIFEST = "_manifest.json"
 
@@ -25,6 +31,15 @@ def new_run_id() -> str:
 def run_dir(out: str, job: str, run_id: str) -> str:
     if not run_id or "/" in run_id or run_id.startswith("."):
         raise BadInput(f"run id {run_id!r}: a plain name")
+    if is_s3(out):
+        location = f"{out.rstrip('/')}/{job}/{run_id}"
+        try:
+            open_objects(location, read_only=False).size(MANIFEST)
+        except ObjectNotFound:
+            return location
+        except ObjectsError as exc:
+            raise ObjectsUnreadable(location, str(exc)) from None
+        raise BadInput(f"{location} holds a finished run already: choose another --run-id")
     path = os.path.join(os.path.abspath(out), job, run_id)
     if os.path.exists(os.path.join(path, MANIFEST)):
         raise BadInput(f"{path} holds a finished run already: choose another --run-id")
@@ -32,7 +47,19 @@ def run_dir(out: str, job: str, run_id: str) -> str:
     return path
 
 
+def put(location: str, name: str, data: bytes) -> str:
+    """An object `name` under an S3 run location, whole."""
+    assert is_s3(location)
+    try:
+        open_objects(location, read_only=False).put(name, data)
+    except ObjectsError as exc:
+        raise ObjectsUnreadable(f"{location}/{name}", f"cannot write: {exc}") from None
+    return f"{location}/{name}"
+
+
 def write_file(directory: str, name: str, data: bytes) -> str:
+    if is_s3(directory):
+        return put(directory, name, data)
     path = os.path.join(directory, name)
     with open(path, "wb") as file:
         file.write(data)
@@ -40,7 +67,10 @@ def write_file(directory: str, name: str, data: bytes) -> str:
 
 
 def write_manifest(directory: str, manifest: dict[str, Any]) -> str:
-    """Atomically (temp file, rename): a reader never sees half a manifest."""
+    """Atomically (temp file, rename; or one S3 put): a reader never sees half a manifest."""
+    if is_s3(directory):
+        text = json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n"
+        return put(directory, MANIFEST, text.encode())
     path = os.path.join(directory, MANIFEST)
     temp = path + ".tmp"
     with open(temp, "w") as file:
@@ -53,6 +83,9 @@ def write_manifest(directory: str, manifest: dict[str, Any]) -> str:
 
 
 def read_manifest(directory: str) -> dict[str, Any]:
+    if is_s3(directory):
+        loaded: dict[str, Any] = json.loads(open_objects(directory).get(MANIFEST))
+        return loaded
     with open(os.path.join(directory, MANIFEST)) as file:
-        loaded: dict[str, Any] = json.load(file)
+        loaded = json.load(file)
     return loaded

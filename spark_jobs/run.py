@@ -8,17 +8,20 @@ Outputs go to `OUT/<job>/<run-id>/` (output.py): each table as a Parquet dataset
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from spark_jobs import local, output
+from spark_jobs.engines import ENGINE_LOCAL, ENGINE_SPARK, ENGINES
 from spark_jobs.jobs import JobParams, JobResult
+from spark_jobs.objectstores import is_s3, open_objects
+from spark_jobs.progress import LocalProgress
 
-ENGINE_LOCAL = "local"
-ENGINE_SPARK = "spark"
-ENGINES = (ENGINE_SPARK, ENGINE_LOCAL)
+__all__ = ["ENGINES", "ENGINE_LOCAL", "ENGINE_SPARK", "RunOutcome", "run_job"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,24 +39,34 @@ def run_job(
     run_id: str | None = None,
     master: str | None = None,
     spark: Any = None,
+    engine_reason: str | None = None,
+    progress: bool = False,
+    quiet: bool = True,
 ) -> RunOutcome:
     """`spark`: an existing session to use (tests share one); otherwise one is built and
-    stopped here."""
+    stopped here. `engine_reason`: why this engine (engines.choose_engine), kept in the
+    manifest. `progress`: draw a progress display on stderr (the local engine's line, or
+    Spark's console bar); `quiet`: Spark logs errors only (session.py)."""
     assert engine in ENGINES
     started = time.time()
     cpu_started = time.process_time()
     directory = output.run_dir(out, params.job, run_id or output.new_run_id())
     if engine == ENGINE_LOCAL:
-        result = local.run(params)
+        input_bytes = sum(unit.size_bytes for unit in params.units()) if progress else 0
+        with LocalProgress(input_bytes) if progress else contextlib.nullcontext():
+            result = local.run(params)
         rows = _write_local(result, directory)
     else:
         own = spark is None
         if own:
             from spark_jobs.session import get_spark
 
-            spark = get_spark(f"spark_jobs {params.job}", master)
+            spark = get_spark(f"spark_jobs {params.job}", master, quiet=quiet, progress=progress)
         try:
             from spark_jobs import spark_engine
+            from spark_jobs.session import export_s3_env
+
+            export_s3_env(spark)
 
             result = spark_engine.run(spark, params)
             rows = _write_spark(spark, result, directory)
@@ -71,6 +84,7 @@ def run_job(
         "job": params.job,
         "run_id": os.path.basename(directory),
         "engine": engine,
+        "engine_reason": engine_reason or f"engine {engine} asked for",
         "spark_master": master_used if engine == ENGINE_SPARK else None,
         "params": params.describe(),
         "outputs": outputs,
@@ -87,6 +101,13 @@ def _write_local(result: JobResult, directory: str) -> dict[str, int]:
     import pyarrow.parquet as pq
 
     rows = {}
+    if is_s3(directory):
+        for name, table in result.tables.items():
+            sink = io.BytesIO()
+            pq.write_table(table, sink)
+            output.put(directory, f"{name}/part-00000.parquet", sink.getvalue())
+            rows[name] = table.num_rows
+        return rows
     for name, table in result.tables.items():
         path = os.path.join(directory, name)
         os.makedirs(path, exist_ok=True)
@@ -97,8 +118,32 @@ def _write_local(result: JobResult, directory: str) -> dict[str, int]:
 
 def _write_spark(spark: Any, result: JobResult, directory: str) -> dict[str, int]:
     rows = {}
+    if is_s3(directory):  # the executors put the objects (objectsource.py)
+        from spark_jobs import objectsource
+
+        for name, frame in result.tables.items():
+            writer = frame.write.format(objectsource.NAME).mode("append")
+            writer.option("location", directory).option("table", name).save()
+            rows[name] = _rows_in_objects(directory, name)
+        return rows
     for name, frame in result.tables.items():
         path = os.path.join(directory, name)
         frame.write.mode("overwrite").parquet(path)
         rows[name] = spark.read.parquet(path).count()  # from the files' footers
     return rows
+
+
+def _rows_in_objects(location: str, name: str) -> int:
+    """Rows of the Parquet objects under `name/` (from their footers, as Spark's count of a
+    written dataset reads them)."""
+    import pyarrow.parquet as pq
+
+    store = open_objects(location)
+    total = 0
+    for info in store.list(f"{name}/"):
+        source = store.open_input(info.name)
+        try:
+            total += pq.read_metadata(source).num_rows
+        finally:
+            source.close()
+    return total

@@ -6,13 +6,15 @@ both engines write equal outputs.
 Where work lands on the driver (collected, then pure Python): the replay plan (one narrow
 row per driver record: LSN, DSN range, safe DSN, checksum), the checkpoint's manifest,
 catalog and block lists and the footers of the objects replay reads (checked there, then
-read by Spark's own Parquet reader), the catalog and block commands, the DSNs of repeated
+read by Spark's own Parquet reader, or for S3 by the executors through the engine's store:
+objectsource.py), the catalog and block commands, the DSNs of repeated
 transactions, and the small summaries. Everything proportional to rows
 (appends, deletes, anomalies, differences, statistics) stays distributed.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pyarrow as pa
@@ -20,11 +22,13 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from engine.checkpoint.layout import LEVEL_L0_DUMP
-from engine.objects.store import LocalDirStore
-from spark_jobs import checkpoints, jobs, local, replay, schemas
+from engine.objects.store import LocalDirStore, ObjectStore
+from spark_jobs import checkpoints, jobs, local, objectsource, replay, schemas
 from spark_jobs.errors import BadInput, ObjectsUnreadable
 from spark_jobs.jobs import JobParams, JobResult
 from spark_jobs.journal import VERIFY_REPORT, VERIFY_TRUE
+from spark_jobs.objectsource import FILE_KEY, ROW_INDEX
+from spark_jobs.objectstores import location_of
 from spark_jobs.schemas import ROWS_PREFIX, schema_to_json, spark_ddl, spark_type
 
 RECORD_KINDS = ("entry", "marker", "skip")
@@ -242,7 +246,7 @@ def replay_as_of(spark: SparkSession, params: JobParams) -> JobResult:
 
 def _object_rows(
     spark: SparkSession,
-    store: LocalDirStore,
+    store: ObjectStore,
     base: replay.BaseState,
     table: replay.LiveTable,
     created: list[dict[str, Any]],
@@ -287,14 +291,17 @@ def _object_rows(
             "file_key STRING, block_id BIGINT, first_row BIGINT, block_rows BIGINT",
         )
         names = [c.name for c in table.schema.columns]
-        paths = sorted({store.path_of(name) for name, _, _, _ in blocks})
         prefix = len(ROWS_PREFIX)
         wanted = schemas.rows_schema(table.schema, for_spark=True)
-        raw = spark.read.parquet(*paths).select(
-            *names,
-            _key_of(F.col("_metadata.file_path")).alias("file_key"),
-            F.col("_metadata.row_index").alias("row_index"),
-        )
+        objects = sorted({name for name, _, _, _ in blocks})
+        if isinstance(store, LocalDirStore):  # Spark's own Parquet reader
+            raw = spark.read.parquet(*(store.path_of(name) for name in objects)).select(
+                *names,
+                _key_of(F.col("_metadata.file_path")).alias("file_key"),
+                F.col("_metadata.row_index").alias("row_index"),
+            )
+        else:  # S3: the executors read through the engine's store (objectsource.py)
+            raw = _store_objects(spark, store, objects, pa.schema(list(wanted)[prefix:]))
         joined = raw.join(F.broadcast(directory), "file_key").filter(
             (F.col("row_index") >= F.col("first_row"))
             & (F.col("row_index") < F.col("first_row") + F.col("block_rows"))
@@ -309,18 +316,40 @@ def _object_rows(
         for name in deltas:
             checkpoints.check_delta(store, name)
         mine = [r.block_id for r in checkpoint.blocks_of(table.table_id) if r.delta_object]
-        dead_frame = (
-            spark.read.parquet(*sorted(store.path_of(name) for name in deltas))
-            .filter(
-                (F.col("commit_ts") <= F.lit(checkpoint.ckp_ts).cast("decimal(20,0)"))
-                & F.col("block_id").isin(mine)
+        if isinstance(store, LocalDirStore):
+            delta_rows = spark.read.parquet(*sorted(store.path_of(name) for name in deltas))
+        else:
+            delta_schema = pa.schema(
+                [("block_id", pa.int64()), ("offset", pa.int64()), ("commit_ts", U64_EXACT)]
             )
-            .select(
-                F.col("block_id").cast("bigint").alias("block_id"),
-                F.col("offset").cast("bigint").alias("offset"),
-            )
+            delta_rows = _store_objects(spark, store, sorted(deltas), delta_schema)
+        dead_frame = delta_rows.filter(
+            (F.col("commit_ts") <= F.lit(checkpoint.ckp_ts).cast("decimal(20,0)"))
+            & F.col("block_id").isin(mine)
+        ).select(
+            F.col("block_id").cast("bigint").alias("block_id"),
+            F.col("offset").cast("bigint").alias("offset"),
         )
     return rows_frame, dead_frame
+
+
+U64_EXACT = pa.decimal128(20, 0)  # Spark has no unsigned 64-bit type (schemas._SPARK_WIDER)
+
+
+def _store_objects(
+    spark: SparkSession, store: ObjectStore, names: list[str], columns: pa.Schema
+) -> DataFrame:
+    """Parquet objects of `store` read on the executors through the store itself (the
+    `engine_objects` source): `columns` cast to their types, plus file_key and row_index."""
+    target = pa.schema([*columns, (FILE_KEY, pa.string()), (ROW_INDEX, pa.int64())])
+    return (
+        spark.read.format(objectsource.NAME)
+        .schema(schemas.spark_ddl(target))
+        .option("location", location_of(store))
+        .option("names", json.dumps(names))
+        .option("arrow_schema", objectsource.encode_arrow_schema(target))
+        .load()
+    )
 
 
 def _file_key(name: str) -> str:
