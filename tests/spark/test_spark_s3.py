@@ -34,7 +34,7 @@ def storage(tmp_path_factory: pytest.TempPathFactory) -> StorageHistory:
     return storage_history(str(tmp_path_factory.mktemp("storage")))
 
 
-@pytest.mark.timeout(600)  # two replays on Spark; 246 s measured on a loaded 2-core box
+@pytest.mark.timeout(600)  # a replay on Spark; two took 246 s on a loaded 2-core box
 def test_replay_on_spark_reads_objects_from_s3_and_writes_to_s3(
     spark: Any, storage: StorageHistory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -49,7 +49,9 @@ def test_replay_on_spark_reads_objects_from_s3_and_writes_to_s3(
         wal = wal_only(storage, tmp_path)
         objects = ((0, "s3://engine/eng1"),)
         ckp2 = storage.checkpoints[-1].ckp_ts
-        for index, ts in enumerate((ckp2, storage.visible["final"])):
+        # One replay (the newest state, on top of the second checkpoint): the local engine's S3
+        # tests cover each timestamp; here what matters is the executors' S3 reads and writes.
+        for index, ts in enumerate((storage.visible["final"],)):
             params = JobParams("replay_as_of", file_input(wal), as_of=ts, objects=objects)
             on_spark = run_job(
                 params, engine="spark", out="s3://runs/spark", run_id=str(index), spark=spark
