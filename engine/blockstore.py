@@ -313,9 +313,22 @@ class ObjectBlockStore:
                 else:
                     self._dropped_ts[name] = dropped
 
+    def keep_until_covered(self, name: str, dropped_ts: int) -> None:
+        """An object a retained WAL entry creates but the current state does not hold (its
+        blocks were dropped before the restored checkpoint at `dropped_ts`): kept, not an
+        orphan, until the history window's anchor covers `dropped_ts` (decision 0010)."""
+        with self._lock:
+            if name in self.refs or name in self._dropped_ts:
+                return
+            if any(pending == name for _dropped, pending in self._pending):
+                return
+            self._pending.append((dropped_ts, name))
+
     def covered(self, ckp_ts: int) -> int:
-        """A checkpoint at `ckp_ts` is durable: objects whose blocks were all dropped at or
-        before it, and that no retained checkpoint names, are deleted. Returns how many."""
+        """The oldest checkpoint the WAL is kept from (the newest one without a history
+        window; the window's anchor with one, decision 0010) is at `ckp_ts`: objects whose
+        blocks were all dropped at or before it, and that no retained checkpoint names, are
+        deleted. Returns how many."""
         with self._lock:
             due = [name for dropped, name in self._pending if dropped <= ckp_ts]
             self._pending = [(d, n) for d, n in self._pending if d > ckp_ts]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from engine import history
 from engine.errors import WalCorruption
 from engine.logtail import TailEntry
 from engine.state import ApplyError
@@ -35,6 +36,7 @@ def handler(engine: Engine) -> ReplayHandle:
             first_dsn.append(dsn)
             if dsn > engine._visible_dsn + 1:
                 raise WalCorruption(dsn, gap(engine, dsn))
+            engine._wal_first_dsn = dsn
         entry = decode_entry(payload, dsn)
         if not isinstance(entry, TxnEntry):
             if engine.standby:  # a writer's checkpoint, as a standby sees it go by
@@ -45,6 +47,7 @@ def handler(engine: Engine) -> ReplayHandle:
             # A second copy of a transaction already applied (commit_ts order is DSN
             # order, so nothing newer can be at or below the applied one).
             engine._replay_duplicates += 1
+            history.replayed_below_checkpoint(engine, entry, state.applied_ts)
             return ReplayDecision.INTERNAL
         try:
             state.apply(entry)
