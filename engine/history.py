@@ -129,15 +129,14 @@ def _start_for(engine: Engine, ts: int) -> Manifest | None:
     checkpoint, or None (the empty state: the WAL still starts at its first entry and no
     checkpoint was ever taken or restored). `SnapshotUnavailable` when nothing can."""
     checkpointer = engine._checkpointer
-    if checkpointer is None or checkpointer.history_retention_ms == 0:
+    if checkpointer is None:
         raise unavailable(engine, ts)
-    start = checkpointer.history_start()
-    if start is None and not checkpointer.retained and engine._wal_first_dsn <= 1:
+    usable = [m for m in checkpointer.history_starts() if m.ckp_ts <= ts]
+    if usable:
+        return usable[-1]
+    if checkpointer.history_from_empty():
         return None
-    if start is None or ts < start.ckp_ts:
-        raise unavailable(engine, ts)
-    usable = [m for m in checkpointer.retained if start.ckp_ts <= m.ckp_ts <= ts]
-    return usable[-1]
+    raise unavailable(engine, ts)
 
 
 def oldest_ts(engine: Engine) -> int:
@@ -147,10 +146,10 @@ def oldest_ts(engine: Engine) -> int:
     checkpointer = engine._checkpointer
     if checkpointer is None or checkpointer.history_retention_ms == 0:
         return floor
-    start = checkpointer.history_start()
-    if start is None:
-        return 0 if not checkpointer.retained and engine._wal_first_dsn <= 1 else floor
-    return min(floor, start.ckp_ts)
+    if checkpointer.history_from_empty():
+        return 0
+    starts = checkpointer.history_starts()
+    return min(floor, starts[0].ckp_ts) if starts else floor
 
 
 def unavailable(engine: Engine, ts: int) -> SnapshotUnavailable:

@@ -26,9 +26,10 @@ from engine import limits
 class Kept:
     indices: tuple[int, ...]
     """Positions in the ascending `ckp_ts` list that stay, ascending."""
-    anchor: int
-    """The position of the oldest checkpoint history reads start from; the WAL is kept
-    from its DSN on."""
+    anchor: int | None
+    """The position of the window's anchor: the WAL is kept from its DSN on. None when every
+    checkpoint is newer than the window's start: then the whole WAL is kept (history from
+    the engine's first commit, if the WAL still starts there)."""
 
 
 def keep(
@@ -46,11 +47,11 @@ def keep(
         return None
     assert all(a < b for a, b in itertools.pairwise(ckp_ts))
     assert 1 <= newest_max <= count_max
-    # The newest at or below the cutoff; when every checkpoint is newer, the oldest (the WAL
-    # below it is gone already, or will be the moment the window passes it).
-    anchor = max((i for i, ts in enumerate(ckp_ts) if ts <= cutoff_ts), default=0)
-    kept = sorted({*range(anchor, count), *range(max(0, count - newest_max), count)})
-    fixed = {anchor, *range(max(0, count - newest_max), count)}
+    # The newest at or below the cutoff; None when every checkpoint is newer (all are kept).
+    anchor = max((i for i, ts in enumerate(ckp_ts) if ts <= cutoff_ts), default=None)
+    newest = range(max(0, count - newest_max), count)
+    kept = sorted({*range(anchor or 0, count), *newest})
+    fixed = {*newest} if anchor is None else {anchor, *newest}
     while len(kept) > count_max:
         # Drop the thinnable checkpoint whose neighbours are closest (ties: the older).
         best, best_gap = -1, 0

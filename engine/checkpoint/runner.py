@@ -119,7 +119,7 @@ class Checkpointer:
             assert kept is not None
             # The previous run's anchor or a newer one: what the window kept from (its WAL
             # and objects are there); nothing older is read even if a manifest remains.
-            self.anchor = self.retained[kept.anchor]
+            self.anchor = self.retained[kept.anchor] if kept.anchor is not None else None
             return newest
         if self.skipped:
             # Not one readable: start from nothing; the replay's gap check refuses to open
@@ -248,17 +248,23 @@ class Checkpointer:
             [m.ckp_ts for m in self.retained], self.cutoff_ts(), count_max=self._retained_max
         )
 
-    def history_start(self) -> Manifest | None:
-        """The oldest retained checkpoint a historical read may start from: at or above the
-        anchor, and its WAL still there (None without a window: history is in memory)."""
+    def history_starts(self) -> list[Manifest]:
+        """The retained checkpoints a historical read may start from, oldest first: at or
+        above the anchor, their WAL still there (none without a window)."""
         if self.history_retention_ms == 0:
-            return None
+            return []
         floor_ts = self.anchor.ckp_ts if self.anchor is not None else 0
         first_dsn = self._engine._wal_first_dsn
-        for manifest in self.retained:
-            if manifest.ckp_ts >= floor_ts and manifest.ckp_dsn + 1 >= first_dsn:
-                return manifest
-        return None
+        return [m for m in self.retained if m.ckp_ts >= floor_ts and m.ckp_dsn + 1 >= first_dsn]
+
+    def history_from_empty(self) -> bool:
+        """A historical read may start from the empty state and the whole WAL: it still
+        starts at its first entry, and no anchor let objects of older history go."""
+        return (
+            self.history_retention_ms > 0
+            and self.anchor is None
+            and self._engine._wal_first_dsn <= 1
+        )
 
     def _retain(self, manifest: Manifest) -> None:
         for name in manifest.objects:
@@ -323,10 +329,14 @@ class Checkpointer:
         self._retain(manifest)
         kept = self._keep()
         assert kept is not None
-        anchor = self.retained[kept.anchor]
+        anchor = self.retained[kept.anchor] if kept.anchor is not None else None
         # The WAL from the window's anchor on stays (decision 0010); without a window the
-        # anchor is this checkpoint, as before.
-        truncate_dsn = max(0, min(ckp_dsn, anchor.ckp_dsn) - self.wal_reserve_entries)
+        # anchor is this checkpoint, as before; with no checkpoint old enough, all of it.
+        truncate_dsn = (
+            max(0, min(ckp_dsn, anchor.ckp_dsn) - self.wal_reserve_entries)
+            if anchor is not None
+            else 0
+        )
         entry = CheckpointEntry(ckp_ts, truncate_dsn, manifest.name)
         try:
             await engine._driver.append(encode_entry(entry))
@@ -346,7 +356,9 @@ class Checkpointer:
         retired = await self._retire_old(kept)
         # Objects whose blocks were all dropped at or before the anchor: no retained
         # checkpoint names them and no retained WAL entry creates them (decision 0010).
-        deleted = await asyncio.to_thread(self._blocks.covered, anchor.ckp_ts)
+        deleted = 0
+        if anchor is not None:
+            deleted = await asyncio.to_thread(self._blocks.covered, anchor.ckp_ts)
         if retired or deleted:
             # Entries below ckp_ts may create blocks whose objects are now gone: a compute
             # node behind it starts from this checkpoint (engine/logtail.py).
