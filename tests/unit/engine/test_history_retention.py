@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+from pathlib import Path
 
 import pytest
 
@@ -23,6 +24,7 @@ from engine import (
     Engine,
     Schema,
     SnapshotUnavailable,
+    SyncEngine,
     TimestampInFuture,
     limits,
 )
@@ -362,3 +364,51 @@ def test_which_checkpoints_the_window_keeps(
     assert found is not None
     assert found.indices == kept
     assert found.anchor == anchor
+
+
+def test_a_read_only_open_beside_the_files_reads_history_below_the_newest_checkpoint(
+    tmp_path: Path,
+) -> None:
+    """What `python -m engine scan --at` will do: a read-only engine over a file WAL and a
+    directory of objects rebuilds a past state from a kept checkpoint and the WAL."""
+
+    async def main() -> None:
+        clock = Clock()
+        eng = await Engine.open(
+            str(tmp_path), maintenance=False, policy=POLICY, now_ms=clock, history_retention=HOUR
+        )
+        seen = await history(eng, clock)
+        await eng.close()
+        ro = await Engine.open(str(tmp_path), read_only=True, now_ms=clock)
+        try:
+            newest = ro.checkpointer.newest  # type: ignore[union-attr]
+            assert newest is not None and ro._history_floor_ts == newest.ckp_ts
+            for ts in sorted(seen)[:4]:
+                assert ts < newest.ckp_ts
+                assert await scan_at(ro, ts) == seen[ts], ts
+        finally:
+            await ro.close()
+
+    asyncio.run(main())
+
+
+def test_the_sync_engine_takes_a_wall_time(tmp_path: Path) -> None:
+    clock = Clock()
+    eng = SyncEngine.open(str(tmp_path), wal="memory", now_ms=clock)
+    try:
+        with eng.transaction() as txn:
+            txn.create_database("d")
+            txn.create_table("d", "t", ROWS)
+        clock.now += 1000
+        with eng.transaction() as txn:
+            txn.table("d", "t").insert(rows([1]))
+        then = ts_datetime(eng.visible_ts)
+        clock.now += 1000
+        with eng.transaction() as txn:
+            txn.table("d", "t").insert(rows([2]))
+        with eng.snapshot(at=then) as view:
+            assert view.table("d", "t").scan().column("id").to_pylist() == [1]
+        with pytest.raises(TimestampInFuture), eng.snapshot(at=then + datetime.timedelta(days=1)):
+            pass
+    finally:
+        eng.close()
