@@ -81,14 +81,16 @@ async def resolve(engine: Engine, at: object) -> int:
         raise BadInput(f"snapshot at {at!r}: {exc}") from None
     wall = ts_physical_ms(target)
     clock = engine._clock
+    # A commit issued from now on gets a timestamp above both the clock's last one and the
+    # current millisecond: a target below either can no longer gain a commit.
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(limits.SNAPSHOT_IN_FLIGHT_WAIT_S_MAX):
             # This millisecond may still issue commit timestamps at or below `target`: wait
             # for the clock to leave it (a millisecond, unless the clock is stopped).
-            while clock.now_ms() == wall:
+            while clock.now_ms() == wall and target > clock.last_ts:
                 await asyncio.sleep(0.001)
     now = clock.now_ms()
-    if wall >= now:
+    if wall >= now and target > clock.last_ts:
         raise TimestampInFuture(
             f"snapshot at {at.isoformat()}: in the future (the engine's clock is at "
             f"{ts_isoformat(make_ts(now))}; the newest visible commit is {engine.visible_ts})",

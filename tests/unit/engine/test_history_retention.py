@@ -173,6 +173,14 @@ def test_a_snapshot_at_a_wall_time_reads_every_commit_issued_by_then() -> None:
             assert [r["id"] for r in await scan_at(eng, plus_one)] == [1, 2]
             async with eng.snapshot(at=between) as view:  # the snapshot's own timestamp
                 assert view.start_ts == ts_at_wall_ms(START_MS + 1001)
+            # The wall clock went back: a wall time the clock already issued timestamps past
+            # is not in the future (no new commit can land at or below it)...
+            await commit(eng, clock, [3], [])
+            clock.now -= 60_000
+            assert [r["id"] for r in await scan_at(eng, ts_datetime(two))] == [1, 2]
+            # ...but the newest commit's millisecond is: the next commit continues in it.
+            with pytest.raises(TimestampInFuture):
+                await scan_at(eng, ts_datetime(eng.visible_ts))
         finally:
             await eng.close()
 
