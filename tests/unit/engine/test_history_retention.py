@@ -22,6 +22,7 @@ import pytest
 from engine import (
     Column,
     Engine,
+    Overloaded,
     Schema,
     SnapshotUnavailable,
     SyncEngine,
@@ -420,3 +421,34 @@ def test_the_sync_engine_takes_a_wall_time(tmp_path: Path) -> None:
             pass
     finally:
         eng.close()
+
+
+def test_an_open_historical_snapshot_keeps_what_it_reads_while_the_window_moves_on() -> None:
+    async def main() -> None:
+        wal, objects, clock = MemoryBackend(), MemoryObjectStore(), Clock()
+        eng = await open_engine(wal, objects, clock)
+        try:
+            seen = await history(eng, clock)
+            ts = sorted(seen)[3]
+            assert ts < eng._history_floor_ts  # rebuilt from a checkpoint and the WAL
+            async with eng.snapshot(ts) as view:
+                clock.now += 2 * 3_600_000  # the snapshot's time leaves the window...
+                for id_ in range(3):  # ...and checkpoints would collect what it reads
+                    await commit(eng, clock, [2 * 10**9 + id_], [])
+                    await eng.maintenance.settle()  # type: ignore[union-attr]
+                    assert await eng.checkpoint() is not None
+                got = await view.table("d", "t").scan()
+                assert sorted(got.to_pylist(), key=lambda r: int(r["id"])) == seen[ts]
+            with pytest.raises(Overloaded):
+                async with eng.snapshot(ts), eng.snapshot(ts), eng.snapshot(ts):
+                    pass
+            # Closed: the window moves on at the next checkpoint, and the time is gone.
+            await commit(eng, clock, [3 * 10**9], [])
+            assert await eng.checkpoint() is not None
+            with pytest.raises(SnapshotUnavailable):
+                async with eng.snapshot(ts):
+                    pass
+        finally:
+            await eng.close()
+
+    asyncio.run(main())
