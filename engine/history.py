@@ -220,7 +220,7 @@ async def _rebuild(engine: Engine, start: Manifest | None, ts: int) -> Engine:
     assert isinstance(store, ObjectBlockStore)
     try:
         if start is None:
-            state, start_dsn = EngineState(), 0
+            state, start_dsn = EngineState(), 0  # the whole WAL, from its first entry
         else:
             state = await asyncio.to_thread(files.read, store.store, start, store.meta)
             start_dsn = start.ckp_dsn
@@ -244,7 +244,7 @@ async def _rebuild(engine: Engine, start: Manifest | None, ts: int) -> Engine:
     view._loader = engine._loader
     view.txn_limits = engine.txn_limits
     view._pipeline.visible_ts = ts
-    view._history_floor_ts = state.applied_ts
+    view._history_floor_ts = start.ckp_ts if start is not None else 0  # what it holds
     return view
 
 
