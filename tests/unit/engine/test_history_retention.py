@@ -28,6 +28,7 @@ from engine import (
     SyncEngine,
     TimestampInFuture,
     limits,
+    metrics,
 )
 from engine.checkpoint import retention
 from engine.clock import TS_MAX, ts_at_wall_ms, ts_datetime
@@ -312,6 +313,12 @@ def test_the_wal_and_objects_are_kept_through_the_window_then_collected() -> Non
             # after it (memory no longer holds it).
             assert eng._history_floor_ts > old_newest + 1
             assert eng.oldest_ts == old_newest
+            shown = dict(
+                line.split(" ") for line in metrics.render(eng).splitlines() if line[0] != "#"
+            )
+            assert float(shown["engine_history_retention_seconds"]) == 3600
+            oldest_s = float(shown["engine_history_oldest_timestamp_seconds"])
+            assert oldest_s == (old_newest >> 16) / 1000
             assert await scan_at(eng, old_newest + 1) == at_anchor
         finally:
             await eng.close()
