@@ -313,16 +313,17 @@ class ObjectBlockStore:
                 else:
                     self._dropped_ts[name] = dropped
 
-    def keep_until_covered(self, name: str, dropped_ts: int) -> None:
-        """An object a retained WAL entry creates but the current state does not hold (its
-        blocks were dropped before the restored checkpoint at `dropped_ts`): kept, not an
-        orphan, until the history window's anchor covers `dropped_ts` (decision 0010)."""
+    def keep_until_covered(self, names: Sequence[str], dropped_ts: int) -> None:
+        """Objects nothing holds that a kept WAL entry below the restored checkpoint (at
+        `dropped_ts`) may create: kept, not deleted as orphans, until the history window's
+        anchor covers `dropped_ts` (decision 0010)."""
         with self._lock:
-            if name in self.refs or name in self._dropped_ts:
-                return
-            if any(pending == name for _dropped, pending in self._pending):
-                return
-            self._pending.append((dropped_ts, name))
+            pending = {name for _dropped, name in self._pending}
+            for name in names:
+                if name in self.refs or name in self._dropped_ts or name in pending:
+                    continue
+                pending.add(name)
+                self._pending.append((dropped_ts, name))
 
     def covered(self, ckp_ts: int) -> int:
         """The oldest checkpoint the WAL is kept from (the newest one without a history

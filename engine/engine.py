@@ -618,6 +618,12 @@ class Engine:
             self._open_views.discard(txn)
 
     @property
+    def _skip_decoding_below_checkpoint(self) -> bool:
+        """A replay skips the entries the restored checkpoint holds without decoding them
+        (engine/replay.py): under a history window the WAL kept below it is long."""
+        return self._checkpointer is not None and self._checkpointer.history_retention_ms > 0
+
+    @property
     def oldest_ts(self) -> int:
         """The oldest timestamp `snapshot()` can read now (decision 0010)."""
         return history.oldest_ts(self)

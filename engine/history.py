@@ -40,7 +40,7 @@ from engine.errors import (
 from engine.objects.errors import ObjectsError
 from engine.state import ApplyError, EngineState
 from engine.wal.codec import decode_entry
-from engine.wal.entry import CreateBlock, TxnEntry
+from engine.wal.entry import TxnEntry
 from tae_driver import ReplayDecision, ReplayMode, open_driver
 from tae_driver import errors as driver_errors
 
@@ -285,23 +285,3 @@ async def _replay_to(engine: Engine, state: EngineState, start_dsn: int, ts: int
         ) from exc
     finally:
         await driver.abort()
-
-
-# --- keeping objects the retained WAL creates ------------------------------------------------
-
-
-def replayed_below_checkpoint(engine: Engine, entry: TxnEntry, ckp_ts: int) -> None:
-    """At open, a WAL entry the restored checkpoint already holds: under a retention window
-    the objects it creates are kept until the window's anchor passes `ckp_ts` (a historical
-    read replays this entry and reads their footers), not deleted as orphans."""
-    store = engine._block_store
-    checkpointer = engine._checkpointer
-    if (
-        checkpointer is None
-        or checkpointer.history_retention_ms == 0
-        or not isinstance(store, ObjectBlockStore)
-    ):
-        return
-    for command in entry.commands:
-        if type(command) is CreateBlock:
-            store.keep_until_covered(command.object_name, ckp_ts)

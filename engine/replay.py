@@ -10,11 +10,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from engine import history
 from engine.errors import WalCorruption
 from engine.logtail import TailEntry
 from engine.state import ApplyError
-from engine.wal.codec import decode_entry
+from engine.wal.codec import decode_entry, peek_commit_ts
 from engine.wal.entry import TxnEntry
 from tae_driver import ReplayDecision, ReplayMode
 from tae_driver import errors as driver_errors
@@ -37,6 +36,14 @@ def handler(engine: Engine) -> ReplayHandle:
             if dsn > engine._visible_dsn + 1:
                 raise WalCorruption(dsn, gap(engine, dsn))
             engine._wal_first_dsn = dsn
+        if engine._skip_decoding_below_checkpoint:
+            peeked = peek_commit_ts(payload)
+            if peeked is not None and peeked <= state.applied_ts:
+                # Held by the restored checkpoint: not decoded (a history window keeps a long
+                # WAL, decision 0010; the driver checked the record's checksum).
+                engine._visible_dsn = max(engine._visible_dsn, dsn)
+                engine._replay_duplicates += 1
+                return ReplayDecision.INTERNAL
         entry = decode_entry(payload, dsn)
         if not isinstance(entry, TxnEntry):
             if engine.standby:  # a writer's checkpoint, as a standby sees it go by
@@ -47,7 +54,6 @@ def handler(engine: Engine) -> ReplayHandle:
             # A second copy of a transaction already applied (commit_ts order is DSN
             # order, so nothing newer can be at or below the applied one).
             engine._replay_duplicates += 1
-            history.replayed_below_checkpoint(engine, entry, state.applied_ts)
             return ReplayDecision.INTERNAL
         try:
             state.apply(entry)

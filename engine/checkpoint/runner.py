@@ -284,6 +284,15 @@ class Checkpointer:
         orphans = await asyncio.to_thread(
             files.orphans, self._store, referenced, (DATA_PREFIX, layout.PREFIX)
         )
+        newest = self.newest
+        if self.history_retention_ms > 0 and newest is not None:
+            # Under a history window a block object nothing holds may be created by a kept
+            # WAL entry below the restored checkpoint (the replay does not decode those): it
+            # waits for the window's anchor to pass that checkpoint, as a dropped block's
+            # object does (decision 0010). A crash's true orphan goes then too.
+            kept = [name for name in orphans if name.startswith(DATA_PREFIX)]
+            self._blocks.keep_until_covered(kept, newest.ckp_ts)
+            orphans = [name for name in orphans if not name.startswith(DATA_PREFIX)]
         # Older manifests first, so no checkpoint ever names a deleted object.
         orphans.sort(key=lambda name: (not name.endswith(layout.MANIFEST_NAME), name))
         for name in orphans:
