@@ -42,7 +42,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from engine import history, limits, opening, replay, rewrite_commit, spill, writeset
+from engine import limits, opening, replay, rewrite_commit, spill, time_travel, writeset
 from engine import standby as standby_tail
 from engine.blockstore import ObjectBlockStore
 from engine.checkpoint.layout import Manifest
@@ -212,11 +212,11 @@ class Engine:
         """Read-only views of `snapshot()` still open (they pin blocks like transactions)."""
         self._history_floor_ts = 0
         """The oldest timestamp the in-memory state still holds every version for (blocks
-        dropped at or before it left memory); older ones come from `engine.history`."""
+        dropped at or before it left memory); older ones come from `engine.time_travel`."""
         self._wal_first_dsn = 1
         """The WAL holds every entry from this DSN on (the first replayed; raised as the
         checkpoints truncate it)."""
-        self._histories = history.HistoricalStates()
+        self._histories = time_travel.HistoricalStates()
         self._objects_floor_ts = 0
         """Objects of blocks dropped at or before this were deleted (engine/logtail.py)."""
         self._logged_checkpoints: collections.deque[tuple[int, str]] = collections.deque(
@@ -559,7 +559,7 @@ class Engine:
         self._check_not_closed()
         if len(self._open_txns) >= limits.TXNS_OPEN_MAX:
             raise Overloaded("open transactions", limits.TXNS_OPEN_MAX)
-        start_ts = await history.resolve(self, start_ts)
+        start_ts = await time_travel.resolve(self, start_ts)
         floor = self._history_floor_ts
         if start_ts < floor:
             raise SnapshotUnavailable(
@@ -588,19 +588,19 @@ class Engine:
         at: int | datetime.datetime | None = None,
     ) -> AsyncIterator[Transaction]:
         """A read-only view of the committed state at `ts` or `at` (one of them): a commit
-        timestamp up to `visible_ts`, or a time-zone-aware wall time (`engine.history.
+        timestamp up to `visible_ts`, or a time-zone-aware wall time (`engine.time_travel.
         resolve`: the last timestamp of its millisecond, waiting for commits in flight
         below it, so the same wall time always reads the same state).
 
         Since `_history_floor_ts` the state comes from memory (blocks dropped by flushes,
         merges and compactions stay while a view reads below their drop). Older, inside the
         history retention window (decision 0010), it is rebuilt from a checkpoint and the
-        WAL (`engine.history`). A timestamp or wall time past what has happened is
+        WAL (`engine.time_travel`). A timestamp or wall time past what has happened is
         `TimestampInFuture`; one older than `oldest_ts` is `SnapshotUnavailable` naming it."""
         self._check_not_closed()
         if (ts is None) == (at is None):
             raise BadInput("snapshot takes one of ts and at")
-        read_ts = await history.resolve(self, ts if at is None else at)
+        read_ts = await time_travel.resolve(self, ts if at is None else at)
         if read_ts < self._history_floor_ts:
             async with self._histories.view(self, read_ts) as past:
                 past_txn = Transaction(past, read_ts, read_only=True, registered=False)
@@ -626,7 +626,7 @@ class Engine:
     @property
     def oldest_ts(self) -> int:
         """The oldest timestamp `snapshot()` can read now (decision 0010)."""
-        return history.oldest_ts(self)
+        return time_travel.oldest_ts(self)
 
     def _loaded(
         self,

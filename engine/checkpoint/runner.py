@@ -65,7 +65,7 @@ class Checkpointer:
         """The oldest checkpoint history reads may start from: the WAL is kept from its DSN
         (None until the first checkpoint this engine takes or restores)."""
         self.pins: collections.Counter[int] = collections.Counter()
-        """Timestamps open historical views read at (engine/history.py): the anchor stays at
+        """Timestamps open historical views read at (engine/time_travel.py): the anchor stays at
         or below each, so the WAL and objects they replay stay until they close."""
 
     @property
