@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import datetime
 import json
 import os
 import shutil
@@ -97,6 +98,8 @@ class Case:
     """Rows with random keys (disjoint from the writers') committed before the measurement,
     `PRELOAD_TXN_ROWS` a transaction: a table that already holds data in blocks whose key
     ranges overlap (issue 21's cliff and its "flat" target)."""
+    history_retention_s: float | None = None
+    """The engine's history retention window (decision 0010); None: its default."""
 
 
 PRELOAD_TXN_ROWS = 100_000
@@ -218,12 +221,23 @@ async def measure_engine(
 
     assert wal in WALS
     base = tempfile.mkdtemp(prefix=f"engine-bench-{wal}-", dir=dir_path)
+    window = (
+        None
+        if case.history_retention_s is None
+        else datetime.timedelta(seconds=case.history_retention_s)
+    )
     try:
         if wal == "logsvc":
             assert client_config is not None
-            eng = await Engine.open(base, wal="logsvc", client_config=client_config, shard=shard)
+            eng = await Engine.open(
+                base,
+                wal="logsvc",
+                client_config=client_config,
+                shard=shard,
+                history_retention=window,
+            )
         else:
-            eng = await Engine.open(base, wal=wal)
+            eng = await Engine.open(base, wal=wal, history_retention=window)
         try:
             async with eng.transaction() as txn:
                 await txn.create_database(DB_NAME)
@@ -285,6 +299,7 @@ async def measure_engine(
             checkpoints = (
                 checkpointer.taken if checkpointer is not None else 0
             ) - checkpoints_before
+            stored = _stored_bytes(eng)
         finally:
             await eng.close()
     finally:
@@ -304,6 +319,9 @@ async def measure_engine(
     result["wal_retained_entries_max"] = wal_high["entries"]
     result["wal_retained_bytes_max"] = wal_high["bytes"]
     result["checkpoints"] = checkpoints
+    # What the run left stored: bounded by the history retention window (decision 0010),
+    # which a run longer than the window shows.
+    result.update(stored)
     if cluster_pids:
         cluster_cpu = sum(cluster_after.values()) - sum(cluster_before.values())
         result["cluster_cpu_s"] = round(cluster_cpu, 3)
@@ -333,6 +351,31 @@ async def _preload(eng: Any, rows: int) -> None:
 
 WAL_SAMPLE_S = 1.0
 """How often a commit measurement samples what the WAL retains."""
+
+
+def _stored_bytes(eng: Any) -> dict[str, Any]:
+    """The WAL's bytes (where this process can see them), the object store's bytes and
+    objects, the history window and how far back a snapshot reads, at the end of a run."""
+    from engine import metrics
+
+    checkpointer = eng.checkpointer
+    store = eng._block_store.store if eng._block_store is not None else None
+    objects = store.list("") if store is not None else []
+    return {
+        "history_retention_ms": (
+            checkpointer.history_retention_ms if checkpointer is not None else None
+        ),
+        "wal_bytes_end": metrics.wal_bytes(eng._backend),
+        "object_bytes_end": sum(info.size_bytes for info in objects),
+        "objects_end": len(objects),
+        "checkpoints_retained_end": len(checkpointer.retained) if checkpointer else 0,
+        # How far back a snapshot reads (None: to the first commit, no checkpoint old enough).
+        "history_s_end": (
+            round(((eng.visible_ts >> 16) - (eng.oldest_ts >> 16)) / 1000, 1)
+            if eng.oldest_ts
+            else None
+        ),
+    }
 
 
 async def _sample_wal(eng: Any, high: dict[str, Any]) -> None:
@@ -514,12 +557,13 @@ def run(
     dir_path: str | None = None,
     emit: Callable[[dict[str, Any]], None] | None = None,
     preload_rows: Sequence[int] = (0,),
+    history_retention_s: float | None = None,
 ) -> list[dict[str, Any]]:
     """Every (preload, rows, writers) case on every system, in that order, so the systems'
     lines of one case are adjacent. Returns the measurement lines (each also passed to
     `emit`). SQLite's tables are not preloaded: its figure is the empty-table peer."""
     cases = [
-        Case(w, r, seconds, warmup, input_kind, preload)
+        Case(w, r, seconds, warmup, input_kind, preload, history_retention_s)
         for preload in preload_rows
         for r in rows
         for w in writers
@@ -654,6 +698,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="rows with random keys in the engine's table before each measurement, a comma "
         "list (issue 21: the rate must stay flat as the table grows; default 0)",
     )
+    commit.add_argument(
+        "--history-retention-s",
+        type=float,
+        default=None,
+        help="the engine's history retention window (default: the engine's, an hour); the "
+        "end-of-run wal_bytes_end and object_bytes_end stay bounded by it",
+    )
     commit.add_argument("--dir", default=None, help="where temporary directories go")
     scan = commands.add_parser("scan", help="reads over checkpointed blocks vs DuckDB")
     scan.add_argument("--rows", type=int, default=1_000_000)
@@ -731,6 +782,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--seconds must be in (0, {SECONDS_MAX}]")
     if not 0 <= args.warmup <= WARMUP_S_MAX:
         parser.error(f"--warmup must be in [0, {WARMUP_S_MAX}]")
+    from engine import limits
+
+    window_s_max = limits.HISTORY_RETENTION_MS_MAX / 1000
+    if args.history_retention_s is not None and not 0 <= args.history_retention_s <= window_s_max:
+        parser.error(f"--history-retention-s must be in [0, {window_s_max:g}]")
     if any(not 0 <= n <= PRELOAD_ROWS_MAX for n in args.preload_rows):
         parser.error(f"--preload-rows must be in [0, {PRELOAD_ROWS_MAX}]")
     if "logsvc" in args.wal:
@@ -755,6 +811,7 @@ def main(argv: list[str] | None = None) -> int:
         dir_path=args.dir,
         emit=emit,
         preload_rows=args.preload_rows,
+        history_retention_s=args.history_retention_s,
     )
     emit(
         summary(

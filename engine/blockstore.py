@@ -313,9 +313,23 @@ class ObjectBlockStore:
                 else:
                     self._dropped_ts[name] = dropped
 
+    def keep_until_covered(self, names: Sequence[str], dropped_ts: int) -> None:
+        """Objects nothing holds that a kept WAL entry below the restored checkpoint (at
+        `dropped_ts`) may create: kept, not deleted as orphans, until the history window's
+        anchor covers `dropped_ts` (decision 0010)."""
+        with self._lock:
+            pending = {name for _dropped, name in self._pending}
+            for name in names:
+                if name in self.refs or name in self._dropped_ts or name in pending:
+                    continue
+                pending.add(name)
+                self._pending.append((dropped_ts, name))
+
     def covered(self, ckp_ts: int) -> int:
-        """A checkpoint at `ckp_ts` is durable: objects whose blocks were all dropped at or
-        before it, and that no retained checkpoint names, are deleted. Returns how many."""
+        """The oldest checkpoint the WAL is kept from (the newest one without a history
+        window; the window's anchor with one, decision 0010) is at `ckp_ts`: objects whose
+        blocks were all dropped at or before it, and that no retained checkpoint names, are
+        deleted. Returns how many."""
         with self._lock:
             due = [name for dropped, name in self._pending if dropped <= ckp_ts]
             self._pending = [(d, n) for d, n in self._pending if d > ckp_ts]

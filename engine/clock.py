@@ -50,6 +50,11 @@ class HybridClock:
     def last_ts(self) -> int:
         return self._last
 
+    def now_ms(self) -> int:
+        """The wall clock this clock follows (epoch milliseconds): every timestamp issued
+        from now on has a physical part at or above it."""
+        return self._now_ms()
+
     def observe(self, ts: int) -> None:
         """Never return a timestamp at or below `ts` (a replayed commit, a peer's)."""
         if ts > self._last:

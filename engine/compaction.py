@@ -51,6 +51,9 @@ class Policy:
     demo and the distributed benchmark shorten it to see a checkpoint within seconds)."""
     checkpoint_wal_reserve_entries: int = limits.CKP_WAL_RESERVE_ENTRIES
     """WAL entries kept below a checkpoint when it truncates the WAL."""
+    history_retention_ms: int = limits.HISTORY_RETENTION_MS
+    """How far back `snapshot(ts)` works across restarts, checkpoints and rewrites: the WAL
+    and objects are kept for it (decision 0010; 0: only since the newest checkpoint)."""
 
 
 @dataclass(frozen=True, slots=True)

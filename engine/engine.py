@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import datetime
 import os
 import weakref
@@ -43,7 +44,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from engine import limits, opening, replay, rewrite_commit, spill, sql, writeset
+from engine import limits, opening, replay, rewrite_commit, spill, sql, time_travel, writeset
 from engine import standby as standby_tail
 from engine.blockstore import ObjectBlockStore
 from engine.checkpoint.layout import Manifest
@@ -212,6 +213,12 @@ class Engine:
         self._open_views: weakref.WeakSet[Transaction] = weakref.WeakSet()
         """Read-only views of `snapshot()` still open (they pin blocks like transactions)."""
         self._history_floor_ts = 0
+        """The oldest timestamp the in-memory state still holds every version for (blocks
+        dropped at or before it left memory); older ones come from `engine.time_travel`."""
+        self._wal_first_dsn = 1
+        """The WAL holds every entry from this DSN on (the first replayed; raised as the
+        checkpoints truncate it)."""
+        self._histories = time_travel.HistoricalStates()
         self._objects_floor_ts = 0
         """Objects of blocks dropped at or before this were deleted (engine/logtail.py)."""
         self._logged_checkpoints: collections.deque[tuple[int, str]] = collections.deque(
@@ -219,7 +226,6 @@ class Engine:
         )
         """A standby's view of the writer's newest checkpoints (ckp_ts, manifest name), from
         the CKP entries it tails: its own `retained` is what it restored at open."""
-        """The oldest timestamp still readable: blocks dropped at or before it are gone."""
         self._since_prune = 0
         self._closed = False
         self._failure: WalFailed | None = None
@@ -248,6 +254,7 @@ class Engine:
         maintenance: bool = True,
         standby: bool = False,
         txn_limits: limits.TxnLimits | None = None,
+        history_retention: datetime.timedelta | None = None,
     ) -> Engine:
         """Open (creating if needed) the engine whose WAL is `wal`:
 
@@ -280,7 +287,13 @@ class Engine:
         state follows the writer's commits until `promote()` makes it the writer.
 
         `txn_limits` (`engine.TxnLimits`) raises or lowers the per-transaction limits: rows
-        inserted or updated, rows deleted, workspace bytes (engine/limits.py)."""
+        inserted or updated, rows deleted, workspace bytes (engine/limits.py).
+
+        `history_retention` (a `timedelta`; default the policy's `history_retention_ms`, an
+        hour, `limits.HISTORY_RETENTION_MS`) is how far back `snapshot()` reads across
+        restarts, checkpoints, merges and compactions: the WAL, checkpoints and objects are
+        kept for it and collected once out of it (decision 0010). `timedelta(0)` keeps
+        history only since the newest checkpoint, as before issue 24."""
         if not __debug__:
             raise RuntimeError("the engine refuses to run with assertions disabled (python -O)")
         path = os.fspath(path)
@@ -288,6 +301,10 @@ class Engine:
         txn_limits = txn_limits or limits.TxnLimits()
         if (problem := txn_limits.problem()) is not None:
             raise BadInput(problem)
+        if history_retention is not None:
+            policy = dataclasses.replace(
+                policy or Policy(), history_retention_ms=_retention_ms(history_retention)
+            )
         if read_only and wal == "file" and not os.path.isdir(os.path.join(path, WAL_DIR_NAME)):
             # Looking must not create: a read-only open of a missing engine is an error.
             raise NotFound(f"no engine here: {os.path.join(path, WAL_DIR_NAME)} does not exist")
@@ -348,6 +365,7 @@ class Engine:
         if isinstance(store, ObjectBlockStore):
             self._checkpointer = Checkpointer(self, store)
             self._checkpointer.wal_reserve_entries = policy.checkpoint_wal_reserve_entries
+            self._checkpointer.history_retention_ms = policy.history_retention_ms
         self._hook_state()
 
     def _hook_state(self) -> None:
@@ -534,15 +552,22 @@ class Engine:
         self._open_txns.add(txn)
         return txn
 
-    async def begin_at(self, start_ts: int) -> Transaction:
-        """A transaction reading the snapshot at a past `start_ts` (a compute node's, issue
-        15): its commit checks conflicts with everything committed since."""
+    async def begin_at(self, start_ts: int | datetime.datetime) -> Transaction:
+        """A transaction reading the snapshot at a past `start_ts` (a commit timestamp or an
+        aware wall time, as `snapshot`; a compute node's, issue 15): its commit checks
+        conflicts with everything committed since. Only the in-memory history can be
+        written from: older is `SnapshotUnavailable` naming `oldest_ts`, the oldest
+        timestamp a transaction can start at."""
         self._check_not_closed()
         if len(self._open_txns) >= limits.TXNS_OPEN_MAX:
             raise Overloaded("open transactions", limits.TXNS_OPEN_MAX)
-        if not self._history_floor_ts <= start_ts <= self.visible_ts:
+        start_ts = await time_travel.resolve(self, start_ts)
+        floor = self._history_floor_ts
+        if start_ts < floor:
             raise SnapshotUnavailable(
-                f"snapshot at {start_ts}: must be in [{self._history_floor_ts}, {self.visible_ts}]"
+                f"transaction at {start_ts}: older than the oldest timestamp a transaction "
+                f"can start at, {floor} (older history is read-only: use snapshot())",
+                floor,
             )
         txn = Transaction(self, start_ts, read_only=self.read_only)
         self._open_txns.add(txn)
@@ -558,19 +583,35 @@ class Engine:
         return TransactionScope(self.begin)
 
     @contextlib.asynccontextmanager
-    async def snapshot(self, ts: int) -> AsyncIterator[Transaction]:
-        """A read-only view of the committed state at `ts`: a commit timestamp up to
-        `visible_ts` and not below the oldest version still kept (older ones go once no
-        reader needs them; a restart keeps none before its checkpoint): else
-        `SnapshotUnavailable`."""
+    async def snapshot(
+        self,
+        ts: int | datetime.datetime | None = None,
+        *,
+        at: int | datetime.datetime | None = None,
+    ) -> AsyncIterator[Transaction]:
+        """A read-only view of the committed state at `ts` or `at` (one of them): a commit
+        timestamp up to `visible_ts`, or a time-zone-aware wall time (`engine.time_travel.
+        resolve`: the last timestamp of its millisecond, waiting for commits in flight
+        below it, so the same wall time always reads the same state).
+
+        Since `_history_floor_ts` the state comes from memory (blocks dropped by flushes,
+        merges and compactions stay while a view reads below their drop). Older, inside the
+        history retention window (decision 0010), it is rebuilt from a checkpoint and the
+        WAL (`engine.time_travel`). A timestamp or wall time past what has happened is
+        `TimestampInFuture`; one older than `oldest_ts` is `SnapshotUnavailable` naming it."""
         self._check_not_closed()
-        floor = self._history_floor_ts
-        if not isinstance(ts, int) or not floor <= ts <= self.visible_ts:
-            raise SnapshotUnavailable(
-                f"snapshot at {ts!r}: must be in [{floor}, {self.visible_ts}] (older history "
-                "was compacted away or predates the checkpoint the engine restarted from)"
-            )
-        txn = Transaction(self, ts, read_only=True, registered=False)
+        if (ts is None) == (at is None):
+            raise BadInput("snapshot takes one of ts and at")
+        read_ts = await time_travel.resolve(self, ts if at is None else at)
+        if read_ts < self._history_floor_ts:
+            async with self._histories.view(self, read_ts) as past:
+                past_txn = Transaction(past, read_ts, read_only=True, registered=False)
+                try:
+                    yield past_txn
+                finally:
+                    past_txn.state = TxnState.ROLLED_BACK
+            return
+        txn = Transaction(self, read_ts, read_only=True, registered=False)
         self._open_views.add(txn)
         try:
             yield txn
@@ -583,9 +624,20 @@ class Engine:
         aware datetime), every table as `db.table` (and its bare name when unambiguous),
         read with its columns and filters pushed into `scan` (engine/sql.py). `SqlError` for a
         bad or writing query, `SqlUnavailable` without DuckDB (`pip install 'logsvc[sql]'`)."""
-        ts = sql.snapshot_ts(at, self.visible_ts, wall_ms())
-        async with self.snapshot(ts) as view:
+        scope = self.snapshot(self.visible_ts) if at is None else self.snapshot(at=at)
+        async with scope as view:
             return await sql.run(view, query)
+
+    @property
+    def _skip_decoding_below_checkpoint(self) -> bool:
+        """A replay skips the entries the restored checkpoint holds without decoding them
+        (engine/replay.py): under a history window the WAL kept below it is long."""
+        return self._checkpointer is not None and self._checkpointer.history_retention_ms > 0
+
+    @property
+    def oldest_ts(self) -> int:
+        """The oldest timestamp `snapshot()` can read now (decision 0010)."""
+        return time_travel.oldest_ts(self)
 
     def _loaded(
         self,
@@ -848,6 +900,18 @@ class Engine:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+def _retention_ms(retention: object) -> int:
+    if not isinstance(retention, datetime.timedelta):
+        raise BadInput(f"history_retention must be a datetime.timedelta, not {retention!r}")
+    retention_ms = retention // datetime.timedelta(milliseconds=1)
+    if not 0 <= retention_ms <= limits.HISTORY_RETENTION_MS_MAX:
+        raise BadInput(
+            f"history_retention must be in 0..{limits.HISTORY_RETENTION_MS_MAX} ms "
+            f"(30 days), not {retention}"
+        )
+    return retention_ms
 
 
 def _fills_a_block(entry: TxnEntry) -> bool:

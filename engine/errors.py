@@ -25,7 +25,8 @@ The tree::
     ├── OpenFailed                  Engine.open could not open or read the WAL (the cause kept)
     │   └── EngineLocked            another process has the engine's file WAL open (its pid)
     ├── Overloaded                  a bounded queue is full; retry later
-    ├── SnapshotUnavailable         a snapshot timestamp the engine cannot serve
+    ├── SnapshotUnavailable         a snapshot timestamp the engine cannot serve (oldest_ts)
+    │   └── TimestampInFuture       a timestamp or wall time past what has happened yet
     ├── SqlUnavailable              `sql()` without DuckDB installed: says how to install it
     ├── LogtailUnavailable          (engine/logtail.py) neither memory nor a checkpoint answers
     ├── OutcomeUnknown              a compute node's commit: no TN could say whether it landed
@@ -183,7 +184,24 @@ class Overloaded(EngineError):
 
 
 class SnapshotUnavailable(EngineError):
-    pass
+    """A snapshot the engine cannot serve: older than its history (outside the retention
+    window, decision 0010), or not held by a TN any more. `oldest_ts` is the oldest
+    timestamp still readable when the engine knows it (None: it came over the wire, or the
+    cause is not age); the message names it."""
+
+    def __init__(self, message: str, oldest_ts: int | None = None) -> None:
+        super().__init__(message)
+        self.oldest_ts = oldest_ts
+
+
+class TimestampInFuture(SnapshotUnavailable):
+    """A snapshot asked at a commit timestamp above the newest visible one, or at a wall time
+    later than the engine's clock: nothing that has happened can answer it yet (and later
+    the answer could still change). `newest_ts` is the newest timestamp readable now."""
+
+    def __init__(self, message: str, newest_ts: int) -> None:
+        super().__init__(message)
+        self.newest_ts = newest_ts
 
 
 class WalFailed(EngineError):

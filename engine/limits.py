@@ -177,6 +177,33 @@ CKP_GLOBAL_EVERY = 8
 """Every this many checkpoints one is global (rewrites every dump and delta object), so the
 objects of older ones can go; the others are incremental."""
 
+# --- History retention (issue 24, decision 0010) ------------------------------------------------
+
+HISTORY_RETENTION_MS = 3_600_000
+"""Default `history_retention`: an hour during which `snapshot(ts)` works across restarts,
+checkpoints, merges and compactions (Delta Lake keeps 30 days of log; our WAL holds every
+row appended, so the default is short: an analyst's "what did this look like this morning"
+is an `Engine.open(..., history_retention=...)` or a TN's `[maintenance]` away). 0 keeps
+nothing below the newest checkpoint (the engine before issue 24)."""
+
+HISTORY_RETENTION_MS_MAX = 30 * 24 * 3600 * 1000
+"""A longer window is surely a unit mistake (seconds typed as milliseconds...): Delta Lake's
+default log retention."""
+
+CKP_HISTORY_RETAINED_MAX = 256
+"""Checkpoints kept for history at most, whatever the window: past it the one whose
+neighbours are closest is retired (the window's start stays readable, a snapshot in the
+middle replays a longer stretch of WAL). With the default checkpoint interval (a minute)
+this thins a window longer than ~4 hours."""
+
+SNAPSHOT_IN_FLIGHT_WAIT_S_MAX = 10.0
+"""`snapshot(at=wall time)` waits at most this long for commits in flight with a timestamp at
+or below that time to become visible (so the answer is repeatable); each takes one WAL append."""
+
+HISTORY_VIEWS_MAX = 2
+"""Historical states (a checkpoint replayed to a timestamp below the in-memory history) held
+at once: each costs about a checkpoint's L0 dumps and a checkpoint interval of appends."""
+
 # --- Compute nodes and the TN (issue 15) -------------------------------------------------------
 
 WAL_WINDOW_RECORDS = 64
@@ -277,3 +304,5 @@ assert 1 <= STANDBY_TAIL_RETRY_MS_MIN <= STANDBY_TAIL_RETRY_MS_MAX
 assert STANDBY_TAIL_ATTEMPTS_MAX >= 1
 assert SQL_QUERIES_MAX >= 1 and SQL_THREADS_MAX >= 1
 assert SQL_RESULT_BYTES_MAX <= SQL_MEMORY_BYTES_MAX
+assert 0 <= HISTORY_RETENTION_MS <= HISTORY_RETENTION_MS_MAX
+assert CKP_HISTORY_RETAINED_MAX > CKP_RETAINED

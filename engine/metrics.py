@@ -120,6 +120,10 @@ class StorageStats:
     """Objects no block refers to any more, deleted once a checkpoint covers their drop."""
     objects_written: int
     objects_deleted: int
+    history_retention_ms: int = 0
+    """The history retention window (decision 0010; 0: none)."""
+    history_oldest_ts: int = 0
+    """The oldest timestamp `snapshot()` reads now (`Engine.oldest_ts`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,6 +204,8 @@ def storage_stats(engine: Engine, now_ms: int | None = None) -> StorageStats:
         garbage_objects_pending=blockstore.pending_garbage if blockstore is not None else 0,
         objects_written=blockstore.objects_written if blockstore is not None else 0,
         objects_deleted=blockstore.objects_deleted if blockstore is not None else 0,
+        history_retention_ms=checkpointer.history_retention_ms if checkpointer else 0,
+        history_oldest_ts=engine.oldest_ts,
     )
 
 
@@ -426,6 +432,16 @@ class _EngineCollector(Collector):
         )
         yield counter("objects_written", "Block objects written.", figures.objects_written)
         yield counter("objects_deleted", "Block objects deleted.", figures.objects_deleted)
+        yield gauge(
+            "history_retention_seconds",
+            "The history retention window (0: history only since the newest checkpoint).",
+            figures.history_retention_ms / 1000,
+        )
+        yield gauge(
+            "history_oldest_timestamp_seconds",
+            "Wall time of the oldest timestamp a snapshot reads (0: the first commit).",
+            (figures.history_oldest_ts >> 16) / 1000,
+        )
         cache = figures.cache
         if cache is not None:
             yield gauge("cache_capacity_bytes", "Buffer cache bound.", cache.capacity_bytes)

@@ -187,8 +187,14 @@ class SyncEngine:
             txn.commit()
 
     @contextmanager
-    def snapshot(self, ts: int) -> Iterator[SyncTransaction]:
-        manager = self._engine.snapshot(ts)
+    def snapshot(
+        self,
+        ts: int | datetime.datetime | None = None,
+        *,
+        at: int | datetime.datetime | None = None,
+    ) -> Iterator[SyncTransaction]:
+        """The committed state at a commit timestamp or an aware wall time (`Engine.snapshot`)."""
+        manager = self._engine.snapshot(ts, at=at)
         txn = self._loop.run(manager.__aenter__())
         try:
             yield SyncTransaction(self._loop, txn)

@@ -20,7 +20,8 @@ minutes; the storage options make it do all of it within a second, so that a kil
 it rewrites: `--flush-age-ms` (an open block older than this is sealed and flushed),
 `--merge-l1-blocks` (L1 blocks merged into an L2 segment), `--compact-fraction` (a block this
 dead is rewritten), `--checkpoint-ms` (the process also takes a checkpoint this often),
-`--wal-reserve-entries` (entries kept below a checkpoint when the WAL is truncated).
+`--wal-reserve-entries` (entries kept below a checkpoint when the WAL is truncated),
+`--history-retention-ms` (the history window the WAL and objects are kept for; 0: none).
 `--delete-every K`: every Kth transaction of a writer deletes, in one transaction, its oldest
 order still there with its lines: it prints `deleting <number>` before, `del <number>` once the
 delete committed (an order whose deletion was begun and not acknowledged may be either way).
@@ -55,6 +56,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine import limits as engine_limits
 from engine import metrics
 from engine.cli import (
     add_object_options,
@@ -124,6 +126,7 @@ def _parser() -> argparse.ArgumentParser:
     storage.add_argument("--compact-fraction", type=float)
     storage.add_argument("--checkpoint-ms", type=int, default=0, help="0: the engine's own")
     storage.add_argument("--wal-reserve-entries", type=int)
+    storage.add_argument("--history-retention-ms", type=int, help="0: no history window")
     storage.add_argument("--delete-every", type=int, default=0, help="0: no deletes")
     return parser
 
@@ -139,6 +142,9 @@ def _storage_options_error(args: argparse.Namespace) -> str | None:
         return "--checkpoint-ms and --delete-every must be >= 0"
     if args.wal_reserve_entries is not None and args.wal_reserve_entries < 0:
         return "--wal-reserve-entries must be >= 0"
+    window_max = engine_limits.HISTORY_RETENTION_MS_MAX
+    if args.history_retention_ms is not None and not 0 <= args.history_retention_ms <= window_max:
+        return f"--history-retention-ms must be in [0, {window_max}]"
     return None
 
 
@@ -151,6 +157,8 @@ def _policy(args: argparse.Namespace) -> Policy | None:
         changes["merge_l1_blocks"] = args.merge_l1_blocks
     if args.compact_fraction is not None:
         changes["compact_deleted_fraction"] = args.compact_fraction
+    if args.history_retention_ms is not None:
+        changes["history_retention_ms"] = args.history_retention_ms
     return dataclasses.replace(Policy(), **changes) if changes else None
 
 

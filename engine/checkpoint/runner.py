@@ -11,6 +11,7 @@ WAL after it, or the new checkpoint and a WAL that still holds everything after 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import uuid
@@ -18,11 +19,11 @@ from typing import TYPE_CHECKING
 
 from engine import limits
 from engine.blockstore import DATA_PREFIX, ObjectBlockStore
-from engine.checkpoint import files, layout
+from engine.checkpoint import files, layout, retention
 from engine.checkpoint import plan as checkpoint_plan
 from engine.checkpoint.errors import CheckpointCorrupt, CheckpointDamaged
 from engine.checkpoint.layout import Manifest
-from engine.clock import wall_ms
+from engine.clock import TS_MAX, ts_at_wall_ms, wall_ms
 from engine.objects.errors import ObjectsError
 from engine.objects.store import ObjectStore
 from engine.state import EngineState
@@ -58,6 +59,14 @@ class Checkpointer:
         self.last_duration_ms = 0.0
         self.last_bytes = 0
         self.wal_reserve_entries = limits.CKP_WAL_RESERVE_ENTRIES
+        self.history_retention_ms = 0
+        """The history retention window (decision 0010; 0: none), set by the engine."""
+        self.anchor: Manifest | None = None
+        """The oldest checkpoint history reads may start from: the WAL is kept from its DSN
+        (None until the first checkpoint this engine takes or restores)."""
+        self.pins: collections.Counter[int] = collections.Counter()
+        """Timestamps open historical views read at (engine/time_travel.py): the anchor stays at
+        or below each, so the WAL and objects they replay stay until they close."""
 
     @property
     def _store(self) -> ObjectStore:
@@ -101,11 +110,16 @@ class Checkpointer:
                 continue
             engine._adopt_state(state)
             self._hold_blocks(state)
-            older = names[max(0, position - limits.CKP_RETAINED + 1) : position]
+            older = names[max(0, position - self._retained_max + 1) : position]
             for name in older:
                 with contextlib.suppress(CheckpointCorrupt, ObjectsError):
                     self._retain(files.read_manifest(self._store, name))
             self._retain(newest)
+            kept = self._keep()
+            assert kept is not None
+            # The previous run's anchor or a newer one: what the window kept from (its WAL
+            # and objects are there); nothing older is read even if a manifest remains.
+            self.anchor = self.retained[kept.anchor] if kept.anchor is not None else None
             return newest
         if self.skipped:
             # Not one readable: start from nothing; the replay's gap check refuses to open
@@ -128,7 +142,7 @@ class Checkpointer:
             return None
         state = files.read(self._store, newest, self._blocks.meta)
         older: list[Manifest] = []
-        for name in names[max(0, len(names) - limits.CKP_RETAINED) : -1]:
+        for name in names[max(0, len(names) - self._retained_max) : -1]:
             with contextlib.suppress(CheckpointCorrupt, ObjectsError):
                 older.append(files.read_manifest(self._store, name))
         return newest, state, older
@@ -209,10 +223,48 @@ class Checkpointer:
 
         for manifest in await asyncio.to_thread(newer):
             self._retain(manifest)
-        while len(self.retained) > limits.CKP_RETAINED:
+        while len(self.retained) > self._retained_max:
             old = self.retained.pop(0)
             for name in old.objects:
                 self._blocks.refs.drop(name, ("ckp", old.ckp_ts))  # the orphans go below
+
+    @property
+    def _retained_max(self) -> int:
+        if self.history_retention_ms == 0:
+            return limits.CKP_RETAINED
+        return limits.CKP_HISTORY_RETAINED_MAX
+
+    def cutoff_ts(self) -> int:
+        """The window's start: the snapshot timestamp of (the engine's wall clock minus the
+        window), lowered to the oldest open historical view; `TS_MAX` without a window."""
+        if self.history_retention_ms == 0:
+            return TS_MAX
+        start_ms = max(0, self._engine._clock.now_ms() - self.history_retention_ms)
+        cutoff = ts_at_wall_ms(start_ms)
+        return min(cutoff, *self.pins) if self.pins else cutoff
+
+    def _keep(self) -> retention.Kept | None:
+        return retention.keep(
+            [m.ckp_ts for m in self.retained], self.cutoff_ts(), count_max=self._retained_max
+        )
+
+    def history_starts(self) -> list[Manifest]:
+        """The retained checkpoints a historical read may start from, oldest first: at or
+        above the anchor, their WAL still there (none without a window)."""
+        if self.history_retention_ms == 0:
+            return []
+        floor_ts = self.anchor.ckp_ts if self.anchor is not None else 0
+        first_dsn = self._engine._wal_first_dsn
+        return [m for m in self.retained if m.ckp_ts >= floor_ts and m.ckp_dsn + 1 >= first_dsn]
+
+    def history_from_empty(self) -> bool:
+        """A historical read may start from the empty state and the whole WAL: it still
+        starts at its first entry, and no anchor let objects of older history go."""
+        return (
+            self.history_retention_ms > 0
+            and self.anchor is None
+            and self._engine._wal_first_dsn <= 1
+        )
 
     def _retain(self, manifest: Manifest) -> None:
         for name in manifest.objects:
@@ -232,6 +284,15 @@ class Checkpointer:
         orphans = await asyncio.to_thread(
             files.orphans, self._store, referenced, (DATA_PREFIX, layout.PREFIX)
         )
+        newest = self.newest
+        if self.history_retention_ms > 0 and newest is not None:
+            # Under a history window a block object nothing holds may be created by a kept
+            # WAL entry below the restored checkpoint (the replay does not decode those): it
+            # waits for the window's anchor to pass that checkpoint, as a dropped block's
+            # object does (decision 0010). A crash's true orphan goes then too.
+            kept = [name for name in orphans if name.startswith(DATA_PREFIX)]
+            self._blocks.keep_until_covered(kept, newest.ckp_ts)
+            orphans = [name for name in orphans if not name.startswith(DATA_PREFIX)]
         # Older manifests first, so no checkpoint ever names a deleted object.
         orphans.sort(key=lambda name: (not name.endswith(layout.MANIFEST_NAME), name))
         for name in orphans:
@@ -275,7 +336,16 @@ class Checkpointer:
         finally:
             engine._open_views.discard(view)
         self._retain(manifest)
-        truncate_dsn = max(0, ckp_dsn - self.wal_reserve_entries)
+        kept = self._keep()
+        assert kept is not None
+        anchor = self.retained[kept.anchor] if kept.anchor is not None else None
+        # The WAL from the window's anchor on stays (decision 0010); without a window the
+        # anchor is this checkpoint, as before; with no checkpoint old enough, all of it.
+        truncate_dsn = (
+            max(0, min(ckp_dsn, anchor.ckp_dsn) - self.wal_reserve_entries)
+            if anchor is not None
+            else 0
+        )
         entry = CheckpointEntry(ckp_ts, truncate_dsn, manifest.name)
         try:
             await engine._driver.append(encode_entry(entry))
@@ -288,10 +358,16 @@ class Checkpointer:
             raise type(engine._failure)(str(engine._failure)) from exc
         if truncate_dsn:
             engine._driver.truncate(truncate_dsn)
+            engine._wal_first_dsn = max(engine._wal_first_dsn, truncate_dsn + 1)
         self._previous = plan.previous_for_next()
         self._since_global = 0 if globally else self._since_global + 1
-        retired = await self._retire_old()
-        deleted = await asyncio.to_thread(self._blocks.covered, ckp_ts)
+        self.anchor = anchor
+        retired = await self._retire_old(kept)
+        # Objects whose blocks were all dropped at or before the anchor: no retained
+        # checkpoint names them and no retained WAL entry creates them (decision 0010).
+        deleted = 0
+        if anchor is not None:
+            deleted = await asyncio.to_thread(self._blocks.covered, anchor.ckp_ts)
         if retired or deleted:
             # Entries below ckp_ts may create blocks whose objects are now gone: a compute
             # node behind it starts from this checkpoint (engine/logtail.py).
@@ -302,12 +378,14 @@ class Checkpointer:
         engine._checkpoint_taken(manifest)
         return manifest
 
-    async def _retire_old(self) -> int:
-        """Retire checkpoints beyond the retained ones; how many objects other than their
-        manifests were deleted with them (block objects among them)."""
+    async def _retire_old(self, kept: retention.Kept) -> int:
+        """Retire the checkpoints the window does not keep (`kept`, decision 0010); how many
+        objects other than their manifests were deleted with them (block objects among
+        them)."""
         deleted = 0
-        while len(self.retained) > limits.CKP_RETAINED:
-            old = self.retained.pop(0)
+        keep_names = {self.retained[i].name for i in kept.indices}
+        for old in [m for m in self.retained if m.name not in keep_names]:
+            self.retained.remove(old)
             garbage = [
                 name for name in old.objects if self._blocks.refs.drop(name, ("ckp", old.ckp_ts))
             ]

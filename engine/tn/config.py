@@ -24,8 +24,8 @@ tn.toml:
     [watch]    optional: probe_interval_ms, probe_timeout_ms, failures_to_promote,
                failure_window_ms_max (engine/tn/watch.py)
     [maintenance] optional: flush_age_ms, checkpoint_interval_ms,
-               checkpoint_wal_reserve_entries (engine/compaction.py Policy; the defaults
-               are engine/limits.py's)
+               checkpoint_wal_reserve_entries, history_retention_ms (engine/compaction.py
+               Policy; the defaults are engine/limits.py's; 0 ms: no history window)
 
 cn.toml:
 
@@ -349,7 +349,12 @@ def _watch(table: _Table | None) -> WatchPolicy:
     return policy
 
 
-MAINTENANCE_KEYS = ("flush_age_ms", "checkpoint_interval_ms", "checkpoint_wal_reserve_entries")
+MAINTENANCE_KEYS = (
+    "flush_age_ms",
+    "checkpoint_interval_ms",
+    "checkpoint_wal_reserve_entries",
+    "history_retention_ms",
+)
 MAINTENANCE_MS_MIN = 100
 """Below this the engine would flush or checkpoint at every maintenance round (every
 engine_limits.MAINTENANCE_INTERVAL_MS): surely a typo."""
@@ -364,11 +369,12 @@ def _maintenance(table: _Table | None) -> Policy:
     for name in MAINTENANCE_KEYS:
         if name in table:
             value = table.integer(name)
-            low, high = (
-                (0, WAL_RESERVE_ENTRIES_MAX)
-                if name == "checkpoint_wal_reserve_entries"
-                else (MAINTENANCE_MS_MIN, MAINTENANCE_MS_MAX)
-            )
+            if name == "checkpoint_wal_reserve_entries":
+                low, high = 0, WAL_RESERVE_ENTRIES_MAX
+            elif name == "history_retention_ms":
+                low, high = 0, engine_limits.HISTORY_RETENTION_MS_MAX  # 0: no window
+            else:
+                low, high = MAINTENANCE_MS_MIN, MAINTENANCE_MS_MAX
             if not low <= value <= high:
                 unit = "" if name == "checkpoint_wal_reserve_entries" else " ms"
                 raise ConfigError(table.key(name), f"must be in {low}..{high}{unit}")

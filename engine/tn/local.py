@@ -104,6 +104,7 @@ def _write_tn_config(
             f"\n[maintenance]\nflush_age_ms = {maintenance.flush_age_ms}\n"
             f"checkpoint_interval_ms = {maintenance.checkpoint_interval_ms}\n"
             f"checkpoint_wal_reserve_entries = {maintenance.checkpoint_wal_reserve_entries}\n"
+            f"history_retention_ms = {maintenance.history_retention_ms}\n"
         )
     path.write_text(
         f"""\

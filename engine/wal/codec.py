@@ -367,6 +367,21 @@ class _Reader:
         return self.pos == len(self.data)
 
 
+def peek_commit_ts(payload: bytes | memoryview) -> int | None:
+    """The commit_ts of a transaction entry, read from its fixed place without decoding or
+    checking anything else (None: not shaped as one; `decode_entry` says why). A replay
+    skips entries its checkpoint already holds with this (decision 0010: a kept WAL is
+    long, and decoding its Arrow batches was most of a restart)."""
+    data = memoryview(payload)
+    if len(data) < HEADER_BYTES + _TIMESTAMPS.size:
+        return None
+    magic, version, entry_type, _reserved, _body, _checksum = _HEADER.unpack_from(data)
+    if magic != MAGIC or version not in VERSIONS or entry_type != EntryType.AC:
+        return None
+    _start_ts, commit_ts = _TIMESTAMPS.unpack_from(data, HEADER_BYTES)
+    return int(commit_ts)
+
+
 def decode_entry(payload: bytes | memoryview, dsn: int) -> TxnEntry | CheckpointEntry:
     """Decode one entry, checking in this order: size, magic, version, body length, checksum,
     entry type, reserved bits, then the body field by field (FORMAT.md). Raises

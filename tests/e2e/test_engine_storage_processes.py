@@ -52,6 +52,8 @@ STORAGE = [
     "8",
     "--delete-every",
     "4",
+    "--history-retention-ms",  # no window (decision 0010): the WAL truncated at each checkpoint
+    "0",
 ]
 
 

@@ -289,7 +289,10 @@ async def _commit_on(address: str) -> None:
 
 PAUSE_CHECKPOINTS = 3
 """Checkpoints the active TN takes (each truncating the WAL) while the standby is stopped."""
-FAST_CHECKPOINTS = Policy(checkpoint_interval_ms=300, checkpoint_wal_reserve_entries=0)
+# No history window (decision 0010): each checkpoint truncates the WAL right at itself.
+FAST_CHECKPOINTS = Policy(
+    checkpoint_interval_ms=300, checkpoint_wal_reserve_entries=0, history_retention_ms=0
+)
 
 
 @contextlib.contextmanager

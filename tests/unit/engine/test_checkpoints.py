@@ -16,6 +16,7 @@ older than the checkpoint a restart began from are refused.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import logging
 import threading
 from collections.abc import Callable, Coroutine
@@ -68,7 +69,15 @@ async def delete(eng: Engine, ids: list[int], table: str = "t") -> None:
 
 
 async def open_engine(wal: MemoryBackend, objects: MemoryObjectStore) -> Engine:
-    return await Engine.open("unused", wal, objects=objects, maintenance=False)
+    # No history window: these tests pin the WAL's truncation and the retirement of
+    # checkpoints at the newest one (decision 0006); the window's are decision 0010's.
+    return await Engine.open(
+        "unused",
+        wal,
+        objects=objects,
+        maintenance=False,
+        history_retention=datetime.timedelta(0),
+    )
 
 
 async def populated(wal: MemoryBackend, objects: MemoryObjectStore) -> Engine:
@@ -431,6 +440,7 @@ def test_a_writer_fenced_while_it_checkpoints_leaves_no_third_checkpoint() -> No
             objects=objects,
             maintenance=False,
             standby=True,
+            history_retention=datetime.timedelta(0),
         )
         try:
             await insert(old, range(200, 300))
@@ -489,6 +499,7 @@ def test_a_promoted_standby_keeps_the_checkpoints_the_writer_took_after_it_opene
             objects=objects,
             maintenance=False,
             standby=True,
+            history_retention=datetime.timedelta(0),
         )
         for first in (100, 200):
             await insert(writer, range(first, first + 100))

@@ -182,7 +182,7 @@ def test_a_fresh_compute_node_never_replays_a_block_whose_object_was_collected()
     below the objects' floor starts from a checkpoint instead."""
 
     async def main() -> None:
-        tn, objects = await tn_and_store()
+        tn, objects = await tn_and_store(history_retention_ms=0)  # collects at once
         try:
             await collected_first_object(tn, objects)
             assert tn._logtail.covers(0)  # the TN still holds every entry from the start
@@ -198,7 +198,7 @@ def test_a_compute_node_asks_again_when_the_checkpoint_it_was_sent_is_retired() 
     meanwhile (it took two newer ones). The CN asks again and loads the newer one."""
 
     async def main() -> None:
-        tn, objects = await tn_and_store()
+        tn, objects = await tn_and_store(history_retention_ms=0)  # collects at once
         async with tn.transaction() as txn:
             await txn.create_database("d")
             await txn.create_table("d", "t", ROWS)
@@ -241,7 +241,7 @@ def test_a_fresh_compute_node_reads_through_a_standby_after_the_writer_collected
     the writer retired since."""
 
     async def main() -> None:
-        tn, objects = await tn_and_store()
+        tn, objects = await tn_and_store(history_retention_ms=0)  # collects at once
         standby = await Engine.open(
             "unused", tn._backend, objects=objects, maintenance=False, standby=True
         )

@@ -63,8 +63,13 @@ async def insert(eng: Engine, ids: range) -> None:
 def test_every_figure_moves_when_the_engine_does_what_it_measures() -> None:
     async def main() -> None:
         wal, objects = MemoryBackend(), MemoryObjectStore()
+        # No history window (decision 0010): a checkpoint truncates and collects at once.
         eng = await Engine.open(
-            "unused", wal, objects=objects, policy=Policy(merge_l1_blocks=2), maintenance=False
+            "unused",
+            wal,
+            objects=objects,
+            policy=Policy(merge_l1_blocks=2, history_retention_ms=0),
+            maintenance=False,
         )
         assert eng.checkpointer is not None and eng.maintenance is not None
         eng.checkpointer.wal_reserve_entries = 0
@@ -158,7 +163,9 @@ def test_engine_stats_prints_the_storage_figures(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     async def fill(checkpoint: bool) -> None:
-        eng = await Engine.open(str(tmp_path), maintenance=False)
+        eng = await Engine.open(
+            str(tmp_path), maintenance=False, policy=Policy(history_retention_ms=0)
+        )
         assert eng.maintenance is not None and eng.checkpointer is not None
         eng.checkpointer.wal_reserve_entries = 0
         if not checkpoint:

@@ -50,7 +50,8 @@ from tae_driver.backends.memory import MemoryBackend
 from tests.support.s3server import ACCESS_KEY, REGION, SECRET_KEY, MotoServer
 
 ROWS = Schema([Column("id", "int64"), Column("v", "string")], primary_key=["id"])
-POLICY = Policy(merge_l1_blocks=2, compact_deleted_fraction=0.5)
+# No history window (decision 0010): objects are collected once a checkpoint covers them.
+POLICY = Policy(merge_l1_blocks=2, compact_deleted_fraction=0.5, history_retention_ms=0)
 _buckets = iter(range(1_000_000))
 
 

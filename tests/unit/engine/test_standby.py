@@ -16,6 +16,7 @@ the shared `MemoryBackend`: closing its gate is the SIGSTOP of the real-process 
 from __future__ import annotations
 
 import asyncio
+import datetime
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -78,7 +79,14 @@ async def until(condition: Callable[[], bool], what: str) -> None:
 
 async def pair() -> tuple[MemoryBackend, MemoryObjectStore, Engine, GatedReads, Engine]:
     wal, objects = MemoryBackend(), MemoryObjectStore()
-    active = await Engine.open("unused", wal, objects=objects, maintenance=False)
+    # No history window (decision 0010): each checkpoint truncates the WAL right at itself.
+    active = await Engine.open(
+        "unused",
+        wal,
+        objects=objects,
+        maintenance=False,
+        history_retention=datetime.timedelta(0),
+    )
     assert active.checkpointer is not None
     active.checkpointer.wal_reserve_entries = 0  # truncate right at each checkpoint
     async with active.transaction() as txn:

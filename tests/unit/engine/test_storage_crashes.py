@@ -28,6 +28,7 @@ tests/e2e/test_engine_storage_processes.py.
 from __future__ import annotations
 
 import asyncio
+import datetime
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -83,6 +84,9 @@ async def open_engine(world: World, policy: Policy, store: CrashingStore | None 
         objects=world.store,
         policy=policy,
         maintenance=False,  # the test runs every step itself
+        # No history window: these tests pin the WAL's truncation and the collection of
+        # objects at the newest checkpoint (decision 0006); the window's are decision 0010's.
+        history_retention=datetime.timedelta(0),
     )
     assert eng.checkpointer is not None
     eng.checkpointer.wal_reserve_entries = 0  # truncate right at the checkpoint: the hard case

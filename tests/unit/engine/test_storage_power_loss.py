@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import datetime
 import os
 import random
 import shutil
@@ -55,6 +56,9 @@ SEGMENT_BYTES = 4 * 1024
 NO_MERGE = Policy(merge_l1_blocks=1000)
 MERGE = Policy(merge_l1_blocks=2)
 STATES_MAX = 400
+NO_HISTORY = datetime.timedelta(0)
+"""These images pin the WAL's truncation and object collection at the newest checkpoint
+(decision 0006), the engine without a history window (decision 0010)."""
 """A bound on the pairs reopened (the run makes about half of it)."""
 
 
@@ -140,7 +144,14 @@ async def open_on(
     wal = await FileBackend.open(str(tmp), segment_bytes_max=SEGMENT_BYTES)
     store = LocalDirStore(ROOT, pair.objects)
     try:
-        eng = await Engine.open(str(tmp), wal, objects=store, policy=policy, maintenance=False)
+        eng = await Engine.open(
+            str(tmp),
+            wal,
+            objects=store,
+            policy=policy,
+            maintenance=False,
+            history_retention=NO_HISTORY,
+        )
     except BaseException:
         store.close()
         await wal.close()
@@ -181,7 +192,12 @@ def test_every_power_loss_image_of_rewrites_and_a_checkpoint_reopens_whole(
         )
         store = LocalDirStore(ROOT, fs)
         eng = await Engine.open(
-            str(tmp_path), wal, objects=store, policy=NO_MERGE, maintenance=False
+            str(tmp_path),
+            wal,
+            objects=store,
+            policy=NO_MERGE,
+            maintenance=False,
+            history_retention=NO_HISTORY,
         )
         assert eng.checkpointer is not None and eng.maintenance is not None
         eng.checkpointer.wal_reserve_entries = 0

@@ -40,7 +40,7 @@ from engine import limits
 from engine.errors import WalCorruption
 from engine.schema import KEY_TYPES, TYPES, Column, Schema
 from engine.wal import codec, columns
-from engine.wal.codec import decode_entry, encode_batch, encode_entry
+from engine.wal.codec import decode_entry, encode_batch, encode_entry, peek_commit_ts
 from engine.wal.columns import APPEND_COLUMNS_ROWS_MAX
 from engine.wal.entry import (
     Append,
@@ -196,6 +196,19 @@ def test_golden_vector_encodes_exactly_and_decodes_back(name: str) -> None:
     assert encoded[codec.OFFSET_VERSION] == version_of(name)
     assert_same(decode_entry(encoded, DSN), ENTRIES[name])
     assert_same(decode_entry(memoryview(bytearray(encoded)), DSN), ENTRIES[name])
+
+
+@pytest.mark.parametrize("name", sorted(ENTRIES))
+def test_peek_reads_a_transactions_commit_ts_where_format_md_puts_it(name: str) -> None:
+    """What a replay skips below its checkpoint without decoding (decision 0010)."""
+    entry = ENTRIES[name]
+    encoded = golden(name)
+    if isinstance(entry, TxnEntry):
+        assert peek_commit_ts(encoded) == entry.commit_ts
+    else:
+        assert peek_commit_ts(encoded) is None  # a CKP entry is decoded
+    assert peek_commit_ts(encoded[:27]) is None  # too short to hold the timestamps
+    assert peek_commit_ts(b"XX" + encoded[2:]) is None  # not our magic: decode says why
 
 
 def test_the_vectors_cover_every_entry_command_and_column_type() -> None:

@@ -387,7 +387,11 @@ def storage_history(base: str, big_rows: int = 9000) -> StorageHistory:
     history = StorageHistory(path)
 
     async def run() -> None:
-        eng = await Engine.open(path, policy=Policy(merge_l1_blocks=2), maintenance=False)
+        # No history window (decision 0010): each checkpoint truncates the WAL and collects
+        # at once, the states these replays must refuse or find in a checkpoint.
+        eng = await Engine.open(
+            path, policy=Policy(merge_l1_blocks=2, history_retention_ms=0), maintenance=False
+        )
         maintenance, checkpointer = eng.maintenance, eng.checkpointer
         assert maintenance is not None and checkpointer is not None
 

@@ -93,10 +93,14 @@ def test_the_examples_load(base: Path) -> None:
 
 def test_maintenance_overrides_the_engine_defaults(base: Path) -> None:
     text = TN_TOML + "\n[maintenance]\ncheckpoint_interval_ms = 1000\n"
-    text += "checkpoint_wal_reserve_entries = 7\n"
+    text += "checkpoint_wal_reserve_entries = 7\nhistory_retention_ms = 86400000\n"
     (base / "tn.toml").write_text(text)
     policy = load_tn(str(base / "tn.toml")).maintenance
-    assert policy == Policy(checkpoint_interval_ms=1000, checkpoint_wal_reserve_entries=7)
+    assert policy == Policy(
+        checkpoint_interval_ms=1000,
+        checkpoint_wal_reserve_entries=7,
+        history_retention_ms=86_400_000,
+    )
 
 
 def test_s3_objects_load(base: Path) -> None:
@@ -187,6 +191,16 @@ TN_CASES: list[tuple[str, Edit, str]] = [
         "a negative reserve",
         append("[maintenance]\ncheckpoint_wal_reserve_entries = -1\n"),
         "maintenance.checkpoint_wal_reserve_entries",
+    ),
+    (
+        "a negative history window",
+        append("[maintenance]\nhistory_retention_ms = -1\n"),
+        "maintenance.history_retention_ms",
+    ),
+    (
+        "a history window of seconds typed as milliseconds... times 1000",
+        append("[maintenance]\nhistory_retention_ms = 86400000000\n"),
+        "maintenance.history_retention_ms",
     ),
 ]
 
