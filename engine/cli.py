@@ -57,7 +57,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from engine import as_of, history_cli, limits, metrics, scan_command, sql_command
+from engine import history_cli, limits, metrics, scan_command, sql_command
 from engine.clock import ts_physical_ms
 from engine.engine import Engine
 from engine.errors import BadArgument, EngineError
@@ -280,8 +280,7 @@ async def _tables(engine: Engine) -> None:
 
 async def _scan(engine: Engine, req: scan_command.ScanRequest) -> str | None:
     visible_ts = engine.visible_ts
-    ts = visible_ts if req.at is None else as_of.snapshot_ts(req.at, visible_ts)
-    async with engine.snapshot(ts) as view:
+    async with engine.snapshot(at=visible_ts if req.at is None else req.at) as view:
         return await scan_command.scan(view, req, sys.stdout)
 
 

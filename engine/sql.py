@@ -55,7 +55,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import datetime
 import os
 import threading
 from collections.abc import Coroutine, Iterator, Sequence
@@ -67,8 +66,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from engine import limits
-from engine.clock import ts_at_datetime, ts_physical_ms
-from engine.errors import BadInput, Overloaded, SnapshotUnavailable, SqlError, SqlUnavailable
+from engine.errors import Overloaded, SqlError, SqlUnavailable
 from engine.scan import ScanCounts, scan_stream
 
 if TYPE_CHECKING:
@@ -91,28 +89,6 @@ class ScanReport:
     blocks_visible: int
     blocks_read: int
     rows_out: int
-
-
-def snapshot_ts(at: int | datetime.datetime | None, visible_ts: int, now_ms: int) -> int:
-    """The snapshot a query `at` reads: None is `visible_ts`; an int is that commit timestamp;
-    an aware datetime is the snapshot of that wall time (engine.clock `ts_at_datetime`),
-    clamped to `visible_ts` when the time is not in the future (nothing committed since).
-    A time past `now_ms` is `SnapshotUnavailable`: its state is not known yet."""
-    if at is None:
-        return visible_ts
-    if isinstance(at, bool) or not isinstance(at, (int, datetime.datetime)):
-        raise BadInput(f"at must be a commit timestamp (int) or a datetime, not {at!r}")
-    if isinstance(at, int):
-        return at
-    try:
-        ts = ts_at_datetime(at)
-    except ValueError as exc:
-        raise BadInput(str(exc)) from None
-    if ts <= visible_ts:
-        return ts
-    if ts_physical_ms(ts) <= max(now_ms, ts_physical_ms(visible_ts)):
-        return visible_ts
-    raise SnapshotUnavailable(f"{at.isoformat()} is in the future (now {now_ms} ms)")
 
 
 async def run(view: Transaction, query: str, *, scans: list[ScanReport] | None = None) -> pa.Table:
@@ -529,4 +505,4 @@ def _duckdb() -> Any:
     return duckdb
 
 
-__all__ = ["ScanReport", "SqlError", "SqlUnavailable", "run", "snapshot_ts"]
+__all__ = ["ScanReport", "SqlError", "SqlUnavailable", "run"]

@@ -33,7 +33,7 @@ import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
 from engine import limits, sql
-from engine.clock import parse_at, wall_ms
+from engine.clock import parse_at
 from engine.engine import Engine
 from engine.errors import BadInput, SnapshotUnavailable
 from engine.objects.errors import ObjectNotFound
@@ -90,9 +90,9 @@ async def _query(args: argparse.Namespace, open_engine: Callable[[], Any]) -> tu
         engine: Engine = await open_engine()
         try:
             try:
-                ts = sql.snapshot_ts(args.at, engine.visible_ts, wall_ms())
-                async with engine.snapshot(ts) as view:
-                    return await sql.run(view, args.query), ts
+                at = engine.visible_ts if args.at is None else args.at
+                async with engine.snapshot(at=at) as view:
+                    return await sql.run(view, args.query), view.start_ts
             except (BadInput, SnapshotUnavailable) as exc:  # the query's, not the open's
                 raise _Refused(one_line(str(exc))) from None
         except ObjectNotFound:

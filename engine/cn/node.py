@@ -30,12 +30,12 @@ from typing import Any
 
 import pyarrow as pa
 
-from engine import limits, sql
+from engine import as_of, limits, sql
 from engine.blockstore import ObjectBlockStore
 from engine.checkpoint import files
 from engine.checkpoint.errors import CheckpointCorrupt
 from engine.checkpoint.layout import Manifest
-from engine.clock import TS_MAX, wall_ms
+from engine.clock import TS_MAX
 from engine.cn.port import TNPort
 from engine.errors import BadInput, EngineClosed, Overloaded, SnapshotUnavailable
 from engine.logtail import LogtailUnavailable, TailEntry
@@ -389,7 +389,7 @@ class ComputeNode:
         """`Engine.sql` on this node: one SELECT over its snapshot at `at` (None: the TN's
         newest; a datetime: the snapshot of that wall time, pulled first), engine/sql.py."""
         if isinstance(at, datetime.datetime):
-            at = sql.snapshot_ts(at, await self.catch_up(), wall_ms())
+            at = as_of.snapshot_ts(at, await self.catch_up())
         async with self.snapshot(at) as view:
             return await sql.run(view, query)
 

@@ -46,7 +46,6 @@ import sys
 from typing import Any
 
 from engine import as_of, json_rows, scan_command, sql, sql_command
-from engine.clock import wall_ms
 from engine.cn.client import NetworkTN
 from engine.cn.node import ComputeNode
 from engine.errors import (
@@ -315,7 +314,7 @@ async def _tables(node: ComputeNode) -> None:
 async def _sql(node: ComputeNode, args: argparse.Namespace) -> None:
     at = args.at
     if isinstance(at, datetime.datetime):
-        at = sql.snapshot_ts(at, await node.catch_up(), wall_ms())
+        at = as_of.snapshot_ts(at, await node.catch_up())
     async with node.snapshot(at) as view:
         table = await sql.run(view, args.query)
     sql_command.write(table, view.start_ts, args.format, args.out)

@@ -148,7 +148,7 @@ def test_a_time_in_the_future_is_refused(
     directory, _, second_ts = engine_dir
     code, out, err = scan(capsys, directory, "--at", "2999-01-01T00:00:00Z")
     assert code == 1 and out == ""
-    assert err.startswith("error: 2999-01-01T00:00:00+00:00 is in the future")
+    assert err.startswith("error: snapshot at 2999-01-01T00:00:00+00:00: in the future")
     # A past time newer than the newest commit is the newest commit.
     code, out, err = scan(capsys, directory, "--at", ts_isoformat((wall_ms() - 1) << 16))
     assert code == 0, err

@@ -259,23 +259,6 @@ def test_an_older_at_sees_the_old_rows_by_timestamp_and_by_wall_time() -> None:
     run(main)
 
 
-def test_snapshot_ts_resolves_every_kind_of_at() -> None:
-    visible = 1_000 << 16
-    assert sql.snapshot_ts(None, visible, 5_000) == visible
-    assert sql.snapshot_ts(17, visible, 5_000) == 17
-    at = datetime.datetime.fromtimestamp(0.5, datetime.UTC)  # 500 ms: before visible
-    assert sql.snapshot_ts(at, visible, 5_000) == (500 << 16) | 0xFFFF
-    later = datetime.datetime.fromtimestamp(3, datetime.UTC)  # past visible, not the future
-    assert sql.snapshot_ts(later, visible, 5_000) == visible
-    with pytest.raises(SnapshotUnavailable):
-        sql.snapshot_ts(datetime.datetime.fromtimestamp(9, datetime.UTC), visible, 5_000)
-    with pytest.raises(BadInput):
-        sql.snapshot_ts(True, visible, 5_000)
-
-
-# --- pushdown -----------------------------------------------------------------------------------
-
-
 def test_a_range_filter_and_the_columns_reach_the_scan_and_prune_blocks() -> None:
     async def main() -> None:
         eng = await open_engine()
