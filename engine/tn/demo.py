@@ -46,9 +46,12 @@ PROGRESS_WAIT_S_MAX = 30.0
 """Every "until N more commits are acknowledged" wait gives up after this."""
 CHECKPOINT_WAIT_S_MAX = 20.0
 EXIT_WAIT_S_MAX = 20.0
-CHECKPOINT = Policy(checkpoint_interval_ms=2000, checkpoint_wal_reserve_entries=100)
+CHECKPOINT = Policy(
+    checkpoint_interval_ms=2000, checkpoint_wal_reserve_entries=100, history_retention_ms=0
+)
 """A checkpoint every 2 s while commits arrive (the default is 60 s), keeping 100 WAL entries
-below it: short enough that the demo sees one truncate the WAL."""
+below it and no history window (the default keeps an hour of WAL for time travel, decision
+0010): short enough that the demo sees one truncate the WAL."""
 CNS = ("cn-1", "cn-2")
 WRITERS_PER_CN = 4
 ACKS_PER_STEP = 150
