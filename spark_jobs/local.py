@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 
 from engine.checkpoint.layout import LEVEL_L0_DUMP
 from engine.objects.store import LocalDirStore
+from engine.wal.batch import KIND_ONE, DecodedEntries
 from engine.wal.entry import (
     Append,
     CreateBlock,
@@ -28,7 +29,9 @@ from engine.wal.entry import (
     UpdateCatalog,
 )
 from spark_jobs import checkpoints, jobs, plot, replay
+from spark_jobs.entries import entry_chunks
 from spark_jobs.errors import BadInput, ReplayFailed
+from spark_jobs.filters import Range
 from spark_jobs.jobs import JobParams, JobResult
 from spark_jobs.journal import VERIFY_REPORT, VERIFY_TRUE
 from spark_jobs.schemas import schema_to_json
@@ -155,6 +158,25 @@ class _TableChanges:
         if len(self.batches) >= BATCHES_PACKED_AT:
             self.pack()
 
+    def add_rows(
+        self,
+        block_ids: npt.NDArray[np.uint64],
+        offsets: npt.NDArray[np.uint64],
+        rows: pa.RecordBatch,
+    ) -> None:
+        """Rows of many one-append entries at once (engine.wal.batch), one run per row."""
+        if self.runs:
+            self.run_arrays.append(np.asarray(self.runs, dtype=np.int64).reshape(-1, 3))
+            self.runs = []
+        self.batches.append(rows)
+        runs = np.empty((len(block_ids), 3), dtype=np.int64)
+        runs[:, 0] = block_ids
+        runs[:, 1] = offsets
+        runs[:, 2] = 1
+        self.run_arrays.append(runs)
+        if len(self.batches) >= BATCHES_PACKED_AT:
+            self.pack()
+
     def pack(self) -> None:
         """The batches so far as one, the runs as one array: a decoded one-row batch costs
         about 6 KB of objects, and a log of millions of one-row transactions held them all
@@ -205,6 +227,45 @@ class _Replayed:
         if entry.commit_ts > self.as_of:
             return
         self.replayed += 1
+        self._apply(dsn, entry)
+
+    def chunk_in_order(self, dsns: npt.NDArray[np.int64]) -> bool:
+        return not len(dsns) or (dsns[0] > self._last_dsn and bool(np.all(np.diff(dsns) > 0)))
+
+    def add_chunk(self, decoded: DecodedEntries, chosen: npt.NDArray[np.int64]) -> None:
+        """`add` for the entries `chosen` (indexes into `decoded`, transactions, DSNs rising
+        past every earlier one): rule 4 and TS as arrays, then the one-append entries' rows
+        by table at once and every other entry one by one, in DSN order."""
+        if not len(chosen):
+            return
+        dsns = decoded.dsns[chosen]
+        assert self.chunk_in_order(dsns)
+        self._last_dsn = int(dsns[-1])
+        commit = decoded.commit_ts[chosen]
+        highest = np.maximum.accumulate(commit)
+        before = np.empty_like(highest)
+        before[0] = max(self._highest, 0)
+        before[1:] = np.maximum(highest[:-1], before[0])
+        repeated = commit <= before
+        self.repeated += int(repeated.sum())
+        self._highest = max(self._highest, int(highest[-1]))
+        applied = np.zeros(len(decoded), dtype=np.bool_)
+        applied[chosen[~repeated & (commit <= self.as_of)]] = True
+        self.replayed += int(applied.sum())
+        for index in np.flatnonzero(applied & (decoded.kinds == KIND_ONE)).tolist():
+            entry = decoded.entries[index]
+            assert isinstance(entry, TxnEntry)
+            self._apply(int(decoded.dsns[index]), entry)
+        for rows in decoded.tables:
+            keep = applied[rows.entries]
+            if keep.all():
+                self.changes[rows.table_id].add_rows(rows.block_ids, rows.offsets, rows.columns)
+            elif keep.any():
+                self.changes[rows.table_id].add_rows(
+                    rows.block_ids[keep], rows.offsets[keep], rows.columns.filter(pa.array(keep))
+                )
+
+    def _apply(self, dsn: int, entry: TxnEntry) -> None:
         for index, cmd in enumerate(entry.commands):
             if isinstance(cmd, UpdateCatalog):
                 self.catalog.append(
@@ -243,7 +304,8 @@ def replay_as_of(params: JobParams) -> JobResult:
         where = f"replica {replica} shard {shard}"
         scope = JobParams(params.job, params.inputs, frozenset({shard}), frozenset({replica}))
         store, base = base_of(params, shard, as_of)
-        plan = plan_from_records(read_level(scope, ReadOptions(LEVEL_AUDIT, verify)), where, base)
+        audit = ReadOptions(LEVEL_AUDIT, verify, entry_checksums=False)
+        plan = plan_from_records(read_level(scope, audit), where, base)
         # Every entry of the plan is read (not only those at or below TS): the newest
         # commit in the log says whether TS is past it, and rule 4 needs every earlier entry.
         options = ReadOptions(
@@ -284,18 +346,30 @@ def replay_as_of(params: JobParams) -> JobResult:
 def _replay_log(
     scope: JobParams, options: ReadOptions, plan: replay.ReplayPlan, as_of: int, where: str
 ) -> tuple[_Replayed, int]:
-    """The plan's entries of one log replayed as they are read, and its newest commit_ts. A
-    log not read in DSN order (not seen so far) is read again, held and sorted."""
+    """The plan's entries of one log replayed as they are read (many at a time: spark_jobs/
+    entries.py), and its newest commit_ts. A log not read in DSN order (not seen so far) is
+    read again, held and sorted."""
     replayed = _Replayed(as_of, where)
     newest = 0
+    kept_lsns = np.fromiter(plan.kept_lsns, dtype=np.int64, count=len(plan.kept_lsns))
+    ts_range = options.bounds.range("commit_ts")
+    ts_lo = ts_range.lo or 0
+    ts_hi = (1 << 64) - 1 if ts_range.hi is None else ts_range.hi
+    dsns = Range(plan.first_dsn, plan.last_dsn)
     for unit in scope.units():
-        for rec, dsn, entry in txn_entries(unit, options):
-            if rec.lsn not in plan.kept_lsns or not plan.first_dsn <= dsn <= plan.last_dsn:
-                continue
-            if not replayed.in_order(dsn):
+        for chunk in entry_chunks(unit, options.verify, options.bounds.range("lsn"), dsns):
+            decoded = chunk.decoded
+            chosen = np.flatnonzero(
+                decoded.is_txn
+                & (decoded.commit_ts >= ts_lo)
+                & (decoded.commit_ts <= ts_hi)
+                & np.isin(chunk.lsns, kept_lsns)
+            )
+            if not replayed.chunk_in_order(decoded.dsns[chosen]):
                 return _replay_log_sorted(scope, options, plan, as_of, where)
-            newest = max(newest, entry.commit_ts)
-            replayed.add(dsn, entry)
+            if len(chosen):
+                newest = max(newest, int(decoded.commit_ts[chosen].max()))
+            replayed.add_chunk(decoded, chosen)
     return replayed, newest
 
 

@@ -89,7 +89,15 @@ def replay_as_of(spark: SparkSession, params: JobParams) -> JobResult:
         where = f"replica {replica} shard {shard}"
         one_shard, one_replica = frozenset({shard}), frozenset({replica})
         store, base = local.base_of(params, shard, as_of)
-        records = read(spark, params, "audit", verify, shards=one_shard, replicas=one_replica)
+        records = read(
+            spark,
+            params,
+            "audit",
+            verify,
+            shards=one_shard,
+            replicas=one_replica,
+            extra={"entry_checksums": "false"},
+        )
         narrow = records.filter(F.col("kind").isin("entry", "marker", "skip", "truncate")).select(
             *local.PLAN_COLUMNS
         )

@@ -51,17 +51,16 @@ from spark_jobs.filters import Bounds
 from spark_jobs.inputs import BACKEND_FILE, JOURNAL_DIR, Unit, journal_segments
 from spark_jobs.journal import (
     KIND_CORRUPT,
-    KIND_TORN,
-    VERIFY_FALSE,
     VERIFY_MODES,
     VERIFY_REPORT,
     VERIFY_TRUE,
     read_journal,
 )
+from spark_jobs.records import BackendRecord, driver_records, read_file
+from spark_jobs.rows import rows_level
 from spark_jobs.schemas import signed64
 from tae_driver.backends import segment as file_segment
-from tae_driver.errors import CorruptRecord, StorageCorruption
-from tae_driver.record import EntriesRecord, decode, payload_checksum
+from tae_driver.record import EntriesRecord, payload_checksum
 
 LEVEL_SEGMENT = "segment"
 LEVEL_RAFT = "raft"
@@ -98,6 +97,9 @@ class ReadOptions:
     # Level command: False leaves `batch_ipc` and `cmd_bytes` null, which saves encoding
     # every batch for readers that do not want the rows (replay's catalog and deletes pass).
     batches: bool = True
+    # Level audit: False leaves `entry_checksums` empty, which saves hashing every entry for
+    # readers that want only the records (replay's plan).
+    entry_checksums: bool = True
 
     def __post_init__(self) -> None:
         if self.level not in LEVELS:
@@ -150,7 +152,10 @@ def read_unit(unit: Unit, options: ReadOptions) -> Iterator[pa.RecordBatch]:
             raise BadInput("logsvc_segments reads logsvc node directories, not a file WAL")
         yield from _emit(options.schema(), _raft_rows(unit, options))
     elif options.level == LEVEL_ROWS:
-        yield from _rows_level(unit, options)
+        assert options.table_id is not None
+        yield from rows_level(
+            unit, options.verify, options.bounds, options.table_id, options.schema()
+        )
     elif options.level == LEVEL_RECORD:
         yield from _record_level(unit, options)
     elif options.level == LEVEL_AUDIT:
@@ -179,7 +184,7 @@ def _segment_rows(unit: Unit, verify: str) -> Iterator[tuple[object, ...]]:
     del verify
     if unit.backend == BACKEND_FILE:
         frames = file_segment.read_segment_frames(
-            _read(unit.path), unit.path, newest=unit.newest, verify=False
+            read_file(unit.path), unit.path, newest=unit.newest, verify=False
         )
         lsns = [
             f.frame.lsn
@@ -215,7 +220,7 @@ def _segment_rows(unit: Unit, verify: str) -> Iterator[tuple[object, ...]]:
     log_start = _log_start_quiet(journal)
     for position, (first_index, name, size) in enumerate(segments):
         read = records.read_segment_records(
-            _read(os.path.join(journal, name)),
+            read_file(os.path.join(journal, name)),
             first_index,
             newest=position == len(segments) - 1,
             verify=False,
@@ -244,7 +249,7 @@ def _log_start_quiet(journal: str) -> int | None:
     path = os.path.join(journal, META_FILE_NAME)
     if not os.path.exists(path):
         return None
-    meta = decode_meta(_read(path))
+    meta = decode_meta(read_file(path))
     return None if isinstance(meta, tuple) else meta.first_index
 
 
@@ -272,78 +277,6 @@ def _raft_rows(unit: Unit, options: ReadOptions) -> Iterator[tuple[object, ...]]
         )
 
 
-# --- backend records ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class _BackendRecord:
-    segment: str
-    offset_bytes: int
-    lsn: int | None
-    raft_index: int | None
-    payload: bytes | None  # None: a TRUNCATE frame or damage
-    kind: str  # "record", "truncate", KIND_TORN, KIND_CORRUPT
-    error: str | None = None
-
-
-def _backend_records(unit: Unit, verify: str) -> Iterator[_BackendRecord]:
-    if unit.backend == BACKEND_FILE:
-        try:
-            frames = file_segment.read_segment_frames(
-                _read(unit.path), unit.path, newest=unit.newest, verify=verify != VERIFY_FALSE
-            )
-        except StorageCorruption as exc:  # a bad segment header
-            if verify == VERIFY_TRUE:
-                raise InputCorrupt(unit.path, exc.offset_bytes, exc.reason) from None
-            yield _BackendRecord(
-                unit.segment, exc.offset_bytes, None, None, None, KIND_CORRUPT, exc.reason
-            )
-            return
-        for at in frames.frames:
-            frame = at.frame
-            if frame.frame_type is file_segment.FrameType.RECORD:
-                yield _BackendRecord(unit.segment, at.offset, frame.lsn, None, frame.body, "record")
-            else:
-                yield _BackendRecord(unit.segment, at.offset, frame.lsn, None, None, "truncate")
-        if frames.end == file_segment.END_CORRUPT:
-            if verify == VERIFY_TRUE:
-                raise InputCorrupt(unit.path, frames.end_offset, frames.end_reason or "corrupt")
-            yield _BackendRecord(
-                unit.segment, frames.end_offset, None, None, None, KIND_CORRUPT, frames.end_reason
-            )
-        elif frames.end == file_segment.END_TORN and verify == VERIFY_REPORT:
-            yield _BackendRecord(
-                unit.segment, frames.end_offset, None, None, None, KIND_TORN, frames.end_reason
-            )
-        return
-    for entry in read_journal(unit.path, verify=verify, want_records=True):
-        if entry.truncated_lsn is not None:
-            yield _BackendRecord(
-                entry.segment,
-                entry.offset_bytes,
-                entry.truncated_lsn,
-                entry.raft_index,
-                None,
-                "truncate",
-            )
-            continue
-        if entry.kind in (KIND_TORN, KIND_CORRUPT):
-            yield _BackendRecord(
-                entry.segment,
-                entry.offset_bytes,
-                None,
-                entry.raft_index,
-                None,
-                entry.kind,
-                entry.error,
-            )
-            continue
-        for lsn, record in entry.accepted:
-            yield _BackendRecord(
-                entry.segment, entry.offset_bytes, lsn, entry.raft_index, record, "record"
-            )
-
-
 # --- levels record, entry, command -------------------------------------------------------------
 
 
@@ -358,9 +291,8 @@ def _wal_rows(unit: Unit, options: ReadOptions) -> Iterator[tuple[object, ...]]:
     width = len(schemas.ENTRY) - len(schemas.RECORD)
     blank_entry = (None,) * width
     row: tuple[object, ...]
-    for rec in _backend_records(unit, options.verify):
-        if not lsn_range.holds(rec.lsn):
-            continue
+    for found in driver_records(unit, options.verify, lsn_range):
+        rec, decoded = found.rec, found.decoded
         head = (unit.replica, unit.shard, rec.segment, rec.offset_bytes, rec.lsn, rec.raft_index)
         if rec.payload is None:
             if level != LEVEL_COMMAND and dsn_range.unbounded and ts_range.unbounded:
@@ -368,12 +300,8 @@ def _wal_rows(unit: Unit, options: ReadOptions) -> Iterator[tuple[object, ...]]:
                 row = (*head, rec.kind, *(None,) * 10, ok, rec.error)
                 yield row if level == LEVEL_RECORD else (*row, *blank_entry)
             continue
-        try:
-            decoded = decode(rec.payload)
-        except CorruptRecord as exc:
-            reason = f"driver record at LSN {rec.lsn}: {exc}"
-            if options.verify != VERIFY_REPORT:
-                raise InputCorrupt(unit.path, rec.offset_bytes, reason) from None
+        if decoded is None:
+            reason = found.error
             if level != LEVEL_COMMAND and dsn_range.unbounded and ts_range.unbounded:
                 row = (*head, KIND_CORRUPT, *(None,) * 10, False, reason)
                 yield row if level == LEVEL_RECORD else (*row, *blank_entry)
@@ -504,7 +432,7 @@ def _txn_fields(entry: TxnEntry) -> tuple[object, ...]:
 
 def _command_rows(
     unit: Unit,
-    rec: _BackendRecord,
+    rec: BackendRecord,
     dsn: int,
     entry_checksum: int,
     entry: TxnEntry,
@@ -669,9 +597,8 @@ def _record_level(unit: Unit, options: ReadOptions) -> Iterator[pa.RecordBatch]:
     plain = dsn_range.unbounded and bounds.range("commit_ts").unbounded
     out = _Columns(options.schema())
     xxh3 = xxhash.xxh3_64_intdigest
-    for rec in _backend_records(unit, options.verify):
-        if not lsn_range.holds(rec.lsn):
-            continue
+    for found in driver_records(unit, options.verify, lsn_range):
+        rec, decoded = found.rec, found.decoded
         head: dict[str, object] = {
             "replica": unit.replica,
             "shard": unit.shard,
@@ -685,14 +612,14 @@ def _record_level(unit: Unit, options: ReadOptions) -> Iterator[pa.RecordBatch]:
                 ok = rec.kind == "truncate"
                 out.add(1, {**head, "kind": rec.kind, "checksum_ok": ok, "error": rec.error}, {})
         else:
-            try:
-                decoded = decode(rec.payload)
-            except CorruptRecord as exc:
-                reason = f"driver record at LSN {rec.lsn}: {exc}"
-                if options.verify != VERIFY_REPORT:
-                    raise InputCorrupt(unit.path, rec.offset_bytes, reason) from None
+            if decoded is None:
                 if plain:
-                    values = {**head, "kind": KIND_CORRUPT, "checksum_ok": False, "error": reason}
+                    values = {
+                        **head,
+                        "kind": KIND_CORRUPT,
+                        "checksum_ok": False,
+                        "error": found.error,
+                    }
                     out.add(1, values, {})
                 continue
             head["record_checksum"] = signed64(payload_checksum(rec.payload))
@@ -778,7 +705,7 @@ def _audit_level(unit: Unit, options: ReadOptions) -> Iterator[pa.RecordBatch]:
     xxh3 = xxhash.xxh3_64_intdigest
 
     def row(
-        rec: _BackendRecord,
+        rec: BackendRecord,
         kind: str,
         start: int | None,
         count: int | None,
@@ -822,22 +749,16 @@ def _audit_level(unit: Unit, options: ReadOptions) -> Iterator[pa.RecordBatch]:
         del checksum_ends[1:], skip_ends[1:]
         return pa.RecordBatch.from_arrays(arrays, schema=schemas.AUDIT)
 
-    for rec in _backend_records(unit, options.verify):
-        if not lsn_range.holds(rec.lsn):
-            continue
+    for found in driver_records(unit, options.verify, lsn_range):
+        rec, decoded = found.rec, found.decoded
         if rec.payload is None:
             row(rec, rec.kind, None, None)
         else:
-            try:
-                decoded = decode(rec.payload)
-            except CorruptRecord as exc:
-                reason = f"driver record at LSN {rec.lsn}: {exc}"
-                if options.verify != VERIFY_REPORT:
-                    raise InputCorrupt(unit.path, rec.offset_bytes, reason) from None
-                damaged = _BackendRecord(
+            if decoded is None:
+                damaged = BackendRecord(
                     rec.segment, rec.offset_bytes, rec.lsn, rec.raft_index, None, KIND_CORRUPT
                 )
-                row(replace(damaged, error=reason), KIND_CORRUPT, None, None)
+                row(replace(damaged, error=found.error), KIND_CORRUPT, None, None)
                 continue
             if not isinstance(decoded, EntriesRecord):
                 skip_dsns.extend(dsn for dsn, _ in decoded.pairs)
@@ -846,9 +767,10 @@ def _audit_level(unit: Unit, options: ReadOptions) -> Iterator[pa.RecordBatch]:
             elif decoded.count == 0:
                 row(rec, "marker", decoded.start_dsn, 0, decoded.safe_dsn)
             else:
-                checksums.extend(
-                    h - _TWO_64 if h >= _TWO_63 else h for h in map(xxh3, decoded.entries)
-                )
+                if options.entry_checksums:
+                    checksums.extend(
+                        h - _TWO_64 if h >= _TWO_63 else h for h in map(xxh3, decoded.entries)
+                    )
                 row(rec, "entry", decoded.start_dsn, decoded.count, decoded.safe_dsn)
         if len(scalars["lsn"]) >= AUDIT_RECORDS_MAX:
             yield take()
@@ -863,7 +785,7 @@ def _lists(ends: list[int], values: list[int]) -> pa.Array:
 # --- level rows (one table's appended rows, typed) --------------------------------------------
 
 
-def txn_entries(unit: Unit, options: ReadOptions) -> Iterator[tuple[_BackendRecord, int, TxnEntry]]:
+def txn_entries(unit: Unit, options: ReadOptions) -> Iterator[tuple[BackendRecord, int, TxnEntry]]:
     """(backend record, DSN, entry) of every transaction entry passing the bounds, with the
     command level's damage rules (report mode skips damage: other levels list it)."""
     bounds = options.bounds
@@ -872,17 +794,8 @@ def txn_entries(unit: Unit, options: ReadOptions) -> Iterator[tuple[_BackendReco
         bounds.range("dsn"),
         bounds.range("commit_ts"),
     )
-    for rec in _backend_records(unit, options.verify):
-        if rec.payload is None or not lsn_range.holds(rec.lsn):
-            continue
-        try:
-            decoded = decode(rec.payload)
-        except CorruptRecord as exc:
-            if options.verify != VERIFY_REPORT:
-                raise InputCorrupt(
-                    unit.path, rec.offset_bytes, f"driver record at LSN {rec.lsn}: {exc}"
-                ) from None
-            continue
+    for found in driver_records(unit, options.verify, lsn_range):
+        rec, decoded = found.rec, found.decoded
         if not isinstance(decoded, EntriesRecord):
             continue
         for index, payload in enumerate(decoded.entries):
@@ -897,64 +810,3 @@ def txn_entries(unit: Unit, options: ReadOptions) -> Iterator[tuple[_BackendReco
                 continue
             if isinstance(entry, TxnEntry) and ts_range.holds(entry.commit_ts):
                 yield rec, dsn, entry
-
-
-def _rows_level(unit: Unit, options: ReadOptions) -> Iterator[pa.RecordBatch]:
-    """The appended rows of table `options.table_id`: (lsn, dsn, commit_ts, block_id, offset)
-    then the table's columns, cast to the level's schema."""
-    schema = options.schema()
-    value_fields = list(schema)[len(schemas.ROWS_PREFIX) :]
-    pending: list[pa.RecordBatch] = []
-    pending_rows = 0
-    for rec, dsn, entry in txn_entries(unit, options):
-        for cmd in entry.commands:
-            if not isinstance(cmd, Append) or cmd.table_id != options.table_id:
-                continue
-            rows = _exploded(rec.lsn, dsn, entry.commit_ts, cmd, schema, value_fields)
-            pending.append(rows)
-            pending_rows += rows.num_rows
-            if pending_rows >= BATCH_ROWS_MAX:
-                yield from (
-                    pa.Table.from_batches(pending, schema=schema).combine_chunks().to_batches()
-                )
-                pending, pending_rows = [], 0
-    if pending:
-        yield from pa.Table.from_batches(pending, schema=schema).combine_chunks().to_batches()
-
-
-def _exploded(
-    lsn: int | None,
-    dsn: int,
-    commit_ts: int,
-    cmd: Append,
-    schema: pa.Schema,
-    value_fields: list[pa.Field],
-) -> pa.RecordBatch:
-    block_ids: list[int] = []
-    offsets: list[int] = []
-    for info in cmd.infos:
-        block_ids.extend([info.block_id] * info.rows)
-        offsets.extend(range(info.offset, info.offset + info.rows))
-    count = cmd.batch.num_rows
-    prefix = [
-        pa.array([lsn] * count, pa.int64()),
-        pa.array([dsn] * count, pa.int64()),
-        pa.array([commit_ts] * count, pa.int64()),
-        pa.array(block_ids, pa.int64()),
-        pa.array(offsets, pa.int64()),
-    ]
-    if [f.name for f in value_fields] != cmd.batch.schema.names:
-        raise InputCorrupt("", 0, f"DSN {dsn}: the batch's columns are not the table's")
-    columns = [
-        column.cast(field.type)
-        for column, field in zip(cmd.batch.columns, value_fields, strict=True)
-    ]
-    return pa.RecordBatch.from_arrays([*prefix, *columns], schema=schema)
-
-
-def _read(path: str) -> bytes:
-    try:
-        with open(path, "rb") as file:
-            return file.read()
-    except OSError as exc:
-        raise InputCorrupt(path, 0, f"cannot read: {exc.strerror}") from None
