@@ -40,6 +40,11 @@ class EntryChunk:
     decoded: DecodedEntries
     lsns: npt.NDArray[np.int64]
     """Per entry: the LSN of its backend record."""
+    payloads: list[bytes]
+    segments: list[str]
+    """Per entry: its backend record's segment file, byte offset and Raft index (logsvc)."""
+    offsets: list[int]
+    raft_indexes: list[int | None]
 
 
 def entry_chunks(unit: Unit, verify: str, lsns: Range, dsns: Range) -> Iterator[EntryChunk]:
@@ -48,6 +53,8 @@ def entry_chunks(unit: Unit, verify: str, lsns: Range, dsns: Range) -> Iterator[
     dsn_list: list[int] = []
     lsn_list: list[int] = []
     offsets: list[int] = []  # per entry: its backend record's offset (for errors)
+    segments: list[str] = []
+    raft_indexes: list[int | None] = []
     size = 0
     records = driver_records(unit, verify, lsns)
     while True:
@@ -59,7 +66,7 @@ def entry_chunks(unit: Unit, verify: str, lsns: Range, dsns: Range) -> Iterator[
             # Damage in a later record: an earlier damaged entry is named first, as reading
             # entry by entry would.
             if payloads:
-                _chunk(unit, verify, payloads, dsn_list, lsn_list, offsets)
+                _chunk(unit, verify, payloads, dsn_list, lsn_list, offsets, [], [])
             raise
         decoded = found.decoded
         if not isinstance(decoded, EntriesRecord) or not decoded.entries:
@@ -85,12 +92,17 @@ def entry_chunks(unit: Unit, verify: str, lsns: Range, dsns: Range) -> Iterator[
         assert rec.lsn is not None
         lsn_list.extend([rec.lsn] * len(kept))
         offsets.extend([rec.offset_bytes] * len(kept))
-        size += sum(len(entries[i]) for i in kept)
+        segments.extend([rec.segment] * len(kept))
+        raft_indexes.extend([rec.raft_index] * len(kept))
+        size += sum(map(len, entries[kept.start : kept.stop]))
         if len(payloads) >= CHUNK_ENTRIES_MAX or size >= CHUNK_BYTES_MAX:
-            yield _chunk(unit, verify, payloads, dsn_list, lsn_list, offsets)
+            yield _chunk(
+                unit, verify, payloads, dsn_list, lsn_list, offsets, segments, raft_indexes
+            )
             payloads, dsn_list, lsn_list, offsets, size = [], [], [], [], 0
+            segments, raft_indexes = [], []
     if payloads:
-        yield _chunk(unit, verify, payloads, dsn_list, lsn_list, offsets)
+        yield _chunk(unit, verify, payloads, dsn_list, lsn_list, offsets, segments, raft_indexes)
 
 
 def _chunk(
@@ -100,9 +112,13 @@ def _chunk(
     dsns: list[int],
     lsns: list[int],
     offsets: list[int],
+    segments: list[str],
+    raft_indexes: list[int | None],
 ) -> EntryChunk:
     decoded = decode_entries(payloads, dsns)
     if decoded.errors and verify != VERIFY_REPORT:
         first = int(np.flatnonzero(decoded.kinds == KIND_DAMAGED)[0])
         raise InputCorrupt(unit.path, offsets[first], str(decoded.errors[first]))
-    return EntryChunk(decoded, np.asarray(lsns, dtype=np.int64))
+    return EntryChunk(
+        decoded, np.asarray(lsns, dtype=np.int64), payloads, segments, offsets, raft_indexes
+    )

@@ -34,18 +34,16 @@ import xxhash
 
 from engine.errors import WalCorruption
 from engine.schema import Schema
-from engine.wal.codec import decode_entry, encode_batch
+from engine.wal.codec import decode_entry
 from engine.wal.entry import (
     Append,
     CheckpointEntry,
-    CreateBlock,
     Delete,
-    DropBlock,
-    Origin,
     TxnEntry,
     UpdateCatalog,
 )
 from spark_jobs import schemas
+from spark_jobs.commands import command_level_unbatched, command_rows
 from spark_jobs.errors import BadInput, InputCorrupt
 from spark_jobs.filters import Bounds
 from spark_jobs.inputs import BACKEND_FILE, JOURNAL_DIR, Unit, journal_segments
@@ -160,6 +158,8 @@ def read_unit(unit: Unit, options: ReadOptions) -> Iterator[pa.RecordBatch]:
         yield from _record_level(unit, options)
     elif options.level == LEVEL_AUDIT:
         yield from _audit_level(unit, options)
+    elif options.level == LEVEL_COMMAND and not options.batches:
+        yield from command_level_unbatched(unit, options.verify, options.bounds)
     else:
         yield from _emit(options.schema(), _wal_rows(unit, options))
 
@@ -398,7 +398,7 @@ def _wal_rows(unit: Unit, options: ReadOptions) -> Iterator[tuple[object, ...]]:
             if level == LEVEL_ENTRY:
                 yield (*base, True, None, *_txn_fields(entry))
             else:
-                yield from _command_rows(unit, rec, dsn, entry_checksum, entry, options.batches)
+                yield from command_rows(unit, rec, dsn, entry_checksum, entry, options.batches)
 
 
 def _txn_fields(entry: TxnEntry) -> tuple[object, ...]:
@@ -428,108 +428,6 @@ def _txn_fields(entry: TxnEntry) -> tuple[object, ...]:
         None,
         None,
     )
-
-
-def _command_rows(
-    unit: Unit,
-    rec: BackendRecord,
-    dsn: int,
-    entry_checksum: int,
-    entry: TxnEntry,
-    batches: bool,
-) -> Iterator[tuple[object, ...]]:
-    head = (
-        unit.replica,
-        unit.shard,
-        rec.segment,
-        rec.offset_bytes,
-        rec.lsn,
-        rec.raft_index,
-        dsn,
-        entry.start_ts,
-        entry.commit_ts,
-        entry_checksum,
-    )
-    for index, cmd in enumerate(entry.commands):
-        if isinstance(cmd, UpdateCatalog):
-            yield _command_row(
-                head,
-                index,
-                "catalog",
-                db_id=cmd.db_id,
-                table_id=cmd.table_id or None,
-                catalog_kind=cmd.kind.name.lower(),
-                catalog_op=cmd.op.name.lower(),
-                name=cmd.name,
-                schema_json=None if cmd.schema is None else schemas.schema_to_json(cmd.schema),
-            )
-        elif isinstance(cmd, Append):
-            ipc = encode_batch(cmd.batch) if batches else None
-            infos = [
-                {"block_id": i.block_id, "offset": i.offset, "rows": i.rows} for i in cmd.infos
-            ]
-            yield _command_row(
-                head,
-                index,
-                "append",
-                db_id=cmd.db_id,
-                table_id=cmd.table_id,
-                n_rows=cmd.batch.num_rows,
-                infos=infos,
-                batch_ipc=ipc,
-                cmd_bytes=None if ipc is None else len(ipc),
-            )
-        elif isinstance(cmd, CreateBlock):
-            yield _command_row(
-                head,
-                index,
-                "create_block",
-                db_id=cmd.db_id,
-                table_id=cmd.table_id,
-                block_id=cmd.block_id,
-                n_rows=cmd.rows,
-                object=cmd.object_name,
-                row_group=cmd.row_group,
-                level=int(cmd.level),
-            )
-        elif isinstance(cmd, DropBlock):
-            yield _command_row(
-                head,
-                index,
-                "drop_block",
-                db_id=cmd.db_id,
-                table_id=cmd.table_id,
-                block_id=cmd.block_id,
-            )
-        elif isinstance(cmd, Origin):
-            yield _command_row(head, index, "origin", name=cmd.client_id, origin_seq=cmd.seq)
-        else:
-            assert isinstance(cmd, Delete)
-            offsets = list(cmd.rows)
-            yield _command_row(
-                head,
-                index,
-                "delete",
-                db_id=cmd.db_id,
-                table_id=cmd.table_id,
-                block_id=cmd.block_id,
-                n_rows=len(offsets),
-                del_rows=offsets,
-            )
-
-
-_COMMAND_FIELDS = tuple(schemas.COMMAND.names[schemas.COMMAND.get_field_index("db_id") :])
-"""The command level's columns after cmd_kind, in order: each command fills some."""
-
-
-def _command_row(
-    head: tuple[object, ...], index: int, kind: str, **values: object
-) -> tuple[object, ...]:
-    """A command-level row: `head` (log, position, entry), the command's index and kind, then
-    `values` by column name, None where a kind has nothing (cmd_bytes 0 unless given)."""
-    assert values.keys() <= set(_COMMAND_FIELDS), values.keys()
-    values.setdefault("cmd_bytes", 0)
-    return (*head, index, kind, *(values.get(name) for name in _COMMAND_FIELDS))
 
 
 # --- level record, columnar ------------------------------------------------------------------
