@@ -44,7 +44,8 @@ def _same(wal: str, bounds: Bounds | None = None) -> int:
     columnar = _read(wal, batches=False, bounds=bounds)
     one_by_one = _without_batches(_read(wal, batches=True, bounds=bounds))
     assert columnar.to_pylist() == one_by_one.to_pylist()
-    return columnar.num_rows
+    rows: int = columnar.num_rows
+    return rows
 
 
 def test_a_real_engines_log(tmp_path: Path) -> None:
