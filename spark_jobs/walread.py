@@ -47,6 +47,7 @@ from spark_jobs.commands import command_level_unbatched, command_rows
 from spark_jobs.errors import BadInput, InputCorrupt
 from spark_jobs.filters import Bounds
 from spark_jobs.inputs import BACKEND_FILE, JOURNAL_DIR, Unit, journal_segments
+from spark_jobs.jobs import JobParams
 from spark_jobs.journal import (
     KIND_CORRUPT,
     VERIFY_MODES,
@@ -139,6 +140,11 @@ class _Batcher:
         self.rows = []
         arrays = [pa.array(list(c), type=f.type) for c, f in zip(columns, self.schema, strict=True)]
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+
+
+def read_level(params: JobParams, options: ReadOptions) -> pa.Table:
+    batches = [batch for unit in params.units() for batch in read_unit(unit, options)]
+    return pa.Table.from_batches(batches, schema=options.schema())
 
 
 def read_unit(unit: Unit, options: ReadOptions) -> Iterator[pa.RecordBatch]:
