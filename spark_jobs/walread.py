@@ -1,20 +1,23 @@
 """The readers: one unit (a file WAL segment, or a logsvc shard replica) in, Arrow batches of a
 level's schema (spark_jobs/schemas.py) out. Pure Python and pyarrow; the Spark Data Sources
-(sources.py) and the local engine (local.py) both call `read_unit`.
+(sources.py) and the local engine (local.py, local_replay.py) both call `read_unit`.
 
-Layers, each decoded by the code that owns the format (never a second parser):
+Layers, each decoded by the code that owns the format (never a second parser), each once:
 
     backend record   file WAL frame: tae_driver.backends.segment.read_segment_frames
                      logsvc record:  spark_jobs.journal (store reader + shard state machine)
+                     -> spark_jobs.records.backend_records
     driver record    tae_driver.record.decode  (ENTRIES: DSNs and entries; SKIP: pairs)
-    engine entry     engine.wal.codec.decode_entry  (AC transaction, CKP checkpoint)
+                     -> spark_jobs.records.driver_records (its verify rules, once)
+    engine entry     engine.wal.codec.decode_entry  (AC transaction, CKP checkpoint), or many
+                     at once: engine.wal.batch.decode_entries -> spark_jobs.entries
 
 Levels: `segment` (inventory, no payload decoded), `raft` (logsvc_segments: Raft entries),
 `record` (per DSN copy, marker, skip pair, truncate, damage; no engine decoding), `audit`
 (one narrow row per backend record: its DSN range and entry checksums; what lsn_audit and
-replay's plan read), `entry`
-(plus the transaction context), `command` (one row per command), `rows` (one table's
-appended rows, typed, with their row ids: option `table_id` and its schema).
+replay's plan read), `entry` (plus the transaction context), `command` (one row per command:
+spark_jobs/commands.py; without batches, many entries at a time), `rows` (one table's appended
+rows, typed, with their row ids: option `table_id` and its schema; spark_jobs/rows.py).
 
 Damage: with verify `true` it is `InputCorrupt`; with `report` a row of kind `corrupt` or
 `torn_tail` (`checksum_ok` false, `error` the reason) and the unit's reading goes on where it
