@@ -51,6 +51,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from engine.catalog import Catalog
+from engine.checkpoint.errors import CheckpointCorrupt
+from engine.checkpoint.plan import restore_catalog
 from engine.schema import Schema
 from engine.storage import ApplyError
 from engine.wal.entry import CatalogKind, CatalogOp, UpdateCatalog
@@ -263,25 +265,11 @@ def replay_catalog(
     `Catalog`."""
     catalog = Catalog()
     if base.checkpoint is not None:
-        rows = base.checkpoint.catalog
-        for row in rows:
-            if row.kind == "database":
-                if row.db_id in catalog.databases:
-                    raise ReplayFailed(
-                        f"{where}: checkpoint {base.checkpoint.manifest.catalog}: database "
-                        f"{row.db_id} twice"
-                    )
-                catalog.restore_database(row.db_id, row.name, row.create_ts)
-        for row in rows:
-            if row.kind == "table":
-                assert row.schema is not None
-                if row.db_id not in catalog.databases or row.table_id in catalog.tables:
-                    raise ReplayFailed(
-                        f"{where}: checkpoint {base.checkpoint.manifest.catalog}: table "
-                        f"{row.name!r} of an unknown database, or twice"
-                    )
-                catalog.restore_table(row.table_id, row.db_id, row.name, row.schema, row.create_ts)
-        catalog.next_id = max(catalog.next_id, base.checkpoint.manifest.next_id)
+        manifest = base.checkpoint.manifest
+        try:
+            restore_catalog(catalog, base.checkpoint.catalog, manifest.next_id, manifest.catalog)
+        except CheckpointCorrupt as exc:
+            raise ReplayFailed(f"{where}: checkpoint {manifest.catalog}: {exc.reason}") from None
     for cmd in sorted(commands, key=lambda c: (c.dsn, c.cmd_index)):
         update = UpdateCatalog(
             CatalogKind.DATABASE if cmd.kind == "database" else CatalogKind.TABLE,

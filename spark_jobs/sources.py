@@ -9,7 +9,8 @@ Options (strings, as Spark passes them): `input` (spark_jobs/inputs.py), `level`
 (`tae_wal`: segment, record, audit, entry, command, rows; `logsvc_segments`: raft, segment),
 `verify` (true, false, report), `shards` and `replicas` (comma-separated), for level rows
 `table_id` and `table_schema` (spark_jobs/schemas.py `schema_to_json`), and for level
-command `batches=false` (leave `batch_ipc` and `cmd_bytes` null: no batch re-encoded).
+command `batches=false` (leave `batch_ipc` and `cmd_bytes` null: no batch re-encoded), for
+level audit `entry_checksums=false` (leave `entry_checksums` empty: no entry hashed).
 
 One input partition per unit (inputs.py: a file WAL segment, or a logsvc shard replica).
 Pushed filters: `shard` and `replica` (=, IN) prune units; `lsn` (lower bound) prunes file
@@ -68,6 +69,7 @@ def _read_options(
         table_schema=None if table_schema is None else schema_from_json(table_schema),
         for_spark=True,
         batches=options.get("batches", "true") != "false",
+        entry_checksums=options.get("entry_checksums", "true") != "false",
     )
 
 
@@ -115,6 +117,7 @@ class _Reader(DataSourceReader):
             self.read_options.table_schema,
             for_spark=True,
             batches=self.read_options.batches,
+            entry_checksums=self.read_options.entry_checksums,
         )
         yield from read_unit(partition.unit, options)
 

@@ -23,7 +23,7 @@ from pyspark.sql import functions as F
 
 from engine.checkpoint.layout import LEVEL_L0_DUMP
 from engine.objects.store import LocalDirStore, ObjectStore
-from spark_jobs import checkpoints, jobs, local, objectsource, replay, schemas
+from spark_jobs import checkpoints, jobs, local, local_replay, objectsource, replay, schemas
 from spark_jobs.errors import BadInput, ObjectsUnreadable
 from spark_jobs.jobs import JobParams, JobResult
 from spark_jobs.journal import VERIFY_REPORT, VERIFY_TRUE
@@ -89,15 +89,23 @@ def replay_as_of(spark: SparkSession, params: JobParams) -> JobResult:
     verify = params.verify or VERIFY_TRUE
     result = JobResult()
     logs_summary = []
-    for replica, shard in local.logs_of(params):
+    for replica, shard in local_replay.logs_of(params):
         where = f"replica {replica} shard {shard}"
         one_shard, one_replica = frozenset({shard}), frozenset({replica})
-        store, base = local.base_of(params, shard, as_of)
-        records = read(spark, params, "audit", verify, shards=one_shard, replicas=one_replica)
-        narrow = records.filter(F.col("kind").isin("entry", "marker", "skip", "truncate")).select(
-            *local.PLAN_COLUMNS
+        store, base = local_replay.base_of(params, shard, as_of)
+        records = read(
+            spark,
+            params,
+            "audit",
+            verify,
+            shards=one_shard,
+            replicas=one_replica,
+            extra={"entry_checksums": "false"},
         )
-        plan = local.plan_from_rows((row.asDict() for row in narrow.collect()), where, base)
+        narrow = records.filter(F.col("kind").isin("entry", "marker", "skip", "truncate")).select(
+            *local_replay.PLAN_COLUMNS
+        )
+        plan = local_replay.plan_from_rows((row.asDict() for row in narrow.collect()), where, base)
         excluded = sorted(plan.excluded_lsns)
 
         def chosen(
@@ -240,7 +248,7 @@ def replay_as_of(spark: SparkSession, params: JobParams) -> JobResult:
                 "tables": tables_summary,
             }
         )
-    result.summary = local.replay_summary(as_of, logs_summary)
+    result.summary = local_replay.replay_summary(as_of, logs_summary)
     return result
 
 
@@ -368,7 +376,7 @@ def finish_replay(result: JobResult, rows_written: dict[str, int]) -> None:
     """Put the written row counts in the replay summary, then its lines."""
     for log in result.summary["logs"]:
         log["tables"] = {table: rows_written[output] for table, output in log["tables"].items()}
-    result.lines = local.replay_lines(result.summary)
+    result.lines = local_replay.replay_lines(result.summary)
 
 
 # --- lsn_audit ------------------------------------------------------------------------------------

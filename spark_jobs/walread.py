@@ -1,20 +1,23 @@
 """The readers: one unit (a file WAL segment, or a logsvc shard replica) in, Arrow batches of a
 level's schema (spark_jobs/schemas.py) out. Pure Python and pyarrow; the Spark Data Sources
-(sources.py) and the local engine (local.py) both call `read_unit`.
+(sources.py) and the local engine (local.py, local_replay.py) both call `read_unit`.
 
-Layers, each decoded by the code that owns the format (never a second parser):
+Layers, each decoded by the code that owns the format (never a second parser), each once:
 
     backend record   file WAL frame: tae_driver.backends.segment.read_segment_frames
                      logsvc record:  spark_jobs.journal (store reader + shard state machine)
+                     -> spark_jobs.records.backend_records
     driver record    tae_driver.record.decode  (ENTRIES: DSNs and entries; SKIP: pairs)
-    engine entry     engine.wal.codec.decode_entry  (AC transaction, CKP checkpoint)
+                     -> spark_jobs.records.driver_records (its verify rules, once)
+    engine entry     engine.wal.codec.decode_entry  (AC transaction, CKP checkpoint), or many
+                     at once: engine.wal.batch.decode_entries -> spark_jobs.entries
 
 Levels: `segment` (inventory, no payload decoded), `raft` (logsvc_segments: Raft entries),
 `record` (per DSN copy, marker, skip pair, truncate, damage; no engine decoding), `audit`
 (one narrow row per backend record: its DSN range and entry checksums; what lsn_audit and
-replay's plan read), `entry`
-(plus the transaction context), `command` (one row per command), `rows` (one table's
-appended rows, typed, with their row ids: option `table_id` and its schema).
+replay's plan read), `entry` (plus the transaction context), `command` (one row per command:
+spark_jobs/commands.py; without batches, many entries at a time), `rows` (one table's appended
+rows, typed, with their row ids: option `table_id` and its schema; spark_jobs/rows.py).
 
 Damage: with verify `true` it is `InputCorrupt`; with `report` a row of kind `corrupt` or
 `torn_tail` (`checksum_ok` false, `error` the reason) and the unit's reading goes on where it
@@ -34,34 +37,32 @@ import xxhash
 
 from engine.errors import WalCorruption
 from engine.schema import Schema
-from engine.wal.codec import decode_entry, encode_batch
+from engine.wal.codec import decode_entry
 from engine.wal.entry import (
     Append,
     CheckpointEntry,
-    CreateBlock,
     Delete,
-    DropBlock,
-    Origin,
     TxnEntry,
     UpdateCatalog,
 )
 from spark_jobs import schemas
+from spark_jobs.commands import command_level_unbatched, command_rows
 from spark_jobs.errors import BadInput, InputCorrupt
 from spark_jobs.filters import Bounds
 from spark_jobs.inputs import BACKEND_FILE, JOURNAL_DIR, Unit, journal_segments
+from spark_jobs.jobs import JobParams
 from spark_jobs.journal import (
     KIND_CORRUPT,
-    KIND_TORN,
-    VERIFY_FALSE,
     VERIFY_MODES,
     VERIFY_REPORT,
     VERIFY_TRUE,
     read_journal,
 )
+from spark_jobs.records import BackendRecord, driver_records, read_file
+from spark_jobs.rows import rows_level
 from spark_jobs.schemas import signed64
 from tae_driver.backends import segment as file_segment
-from tae_driver.errors import CorruptRecord, StorageCorruption
-from tae_driver.record import EntriesRecord, decode, payload_checksum
+from tae_driver.record import EntriesRecord, payload_checksum
 
 LEVEL_SEGMENT = "segment"
 LEVEL_RAFT = "raft"
@@ -98,6 +99,9 @@ class ReadOptions:
     # Level command: False leaves `batch_ipc` and `cmd_bytes` null, which saves encoding
     # every batch for readers that do not want the rows (replay's catalog and deletes pass).
     batches: bool = True
+    # Level audit: False leaves `entry_checksums` empty, which saves hashing every entry for
+    # readers that want only the records (replay's plan).
+    entry_checksums: bool = True
 
     def __post_init__(self) -> None:
         if self.level not in LEVELS:
@@ -141,6 +145,11 @@ class _Batcher:
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
 
 
+def read_level(params: JobParams, options: ReadOptions) -> pa.Table:
+    batches = [batch for unit in params.units() for batch in read_unit(unit, options)]
+    return pa.Table.from_batches(batches, schema=options.schema())
+
+
 def read_unit(unit: Unit, options: ReadOptions) -> Iterator[pa.RecordBatch]:
     """Every batch of `options.level` for one unit, filtered by `options.bounds`."""
     if options.level == LEVEL_SEGMENT:
@@ -150,11 +159,16 @@ def read_unit(unit: Unit, options: ReadOptions) -> Iterator[pa.RecordBatch]:
             raise BadInput("logsvc_segments reads logsvc node directories, not a file WAL")
         yield from _emit(options.schema(), _raft_rows(unit, options))
     elif options.level == LEVEL_ROWS:
-        yield from _rows_level(unit, options)
+        assert options.table_id is not None
+        yield from rows_level(
+            unit, options.verify, options.bounds, options.table_id, options.schema()
+        )
     elif options.level == LEVEL_RECORD:
         yield from _record_level(unit, options)
     elif options.level == LEVEL_AUDIT:
         yield from _audit_level(unit, options)
+    elif options.level == LEVEL_COMMAND and not options.batches:
+        yield from command_level_unbatched(unit, options.verify, options.bounds)
     else:
         yield from _emit(options.schema(), _wal_rows(unit, options))
 
@@ -179,7 +193,7 @@ def _segment_rows(unit: Unit, verify: str) -> Iterator[tuple[object, ...]]:
     del verify
     if unit.backend == BACKEND_FILE:
         frames = file_segment.read_segment_frames(
-            _read(unit.path), unit.path, newest=unit.newest, verify=False
+            read_file(unit.path), unit.path, newest=unit.newest, verify=False
         )
         lsns = [
             f.frame.lsn
@@ -215,7 +229,7 @@ def _segment_rows(unit: Unit, verify: str) -> Iterator[tuple[object, ...]]:
     log_start = _log_start_quiet(journal)
     for position, (first_index, name, size) in enumerate(segments):
         read = records.read_segment_records(
-            _read(os.path.join(journal, name)),
+            read_file(os.path.join(journal, name)),
             first_index,
             newest=position == len(segments) - 1,
             verify=False,
@@ -244,7 +258,7 @@ def _log_start_quiet(journal: str) -> int | None:
     path = os.path.join(journal, META_FILE_NAME)
     if not os.path.exists(path):
         return None
-    meta = decode_meta(_read(path))
+    meta = decode_meta(read_file(path))
     return None if isinstance(meta, tuple) else meta.first_index
 
 
@@ -272,78 +286,6 @@ def _raft_rows(unit: Unit, options: ReadOptions) -> Iterator[tuple[object, ...]]
         )
 
 
-# --- backend records ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class _BackendRecord:
-    segment: str
-    offset_bytes: int
-    lsn: int | None
-    raft_index: int | None
-    payload: bytes | None  # None: a TRUNCATE frame or damage
-    kind: str  # "record", "truncate", KIND_TORN, KIND_CORRUPT
-    error: str | None = None
-
-
-def _backend_records(unit: Unit, verify: str) -> Iterator[_BackendRecord]:
-    if unit.backend == BACKEND_FILE:
-        try:
-            frames = file_segment.read_segment_frames(
-                _read(unit.path), unit.path, newest=unit.newest, verify=verify != VERIFY_FALSE
-            )
-        except StorageCorruption as exc:  # a bad segment header
-            if verify == VERIFY_TRUE:
-                raise InputCorrupt(unit.path, exc.offset_bytes, exc.reason) from None
-            yield _BackendRecord(
-                unit.segment, exc.offset_bytes, None, None, None, KIND_CORRUPT, exc.reason
-            )
-            return
-        for at in frames.frames:
-            frame = at.frame
-            if frame.frame_type is file_segment.FrameType.RECORD:
-                yield _BackendRecord(unit.segment, at.offset, frame.lsn, None, frame.body, "record")
-            else:
-                yield _BackendRecord(unit.segment, at.offset, frame.lsn, None, None, "truncate")
-        if frames.end == file_segment.END_CORRUPT:
-            if verify == VERIFY_TRUE:
-                raise InputCorrupt(unit.path, frames.end_offset, frames.end_reason or "corrupt")
-            yield _BackendRecord(
-                unit.segment, frames.end_offset, None, None, None, KIND_CORRUPT, frames.end_reason
-            )
-        elif frames.end == file_segment.END_TORN and verify == VERIFY_REPORT:
-            yield _BackendRecord(
-                unit.segment, frames.end_offset, None, None, None, KIND_TORN, frames.end_reason
-            )
-        return
-    for entry in read_journal(unit.path, verify=verify, want_records=True):
-        if entry.truncated_lsn is not None:
-            yield _BackendRecord(
-                entry.segment,
-                entry.offset_bytes,
-                entry.truncated_lsn,
-                entry.raft_index,
-                None,
-                "truncate",
-            )
-            continue
-        if entry.kind in (KIND_TORN, KIND_CORRUPT):
-            yield _BackendRecord(
-                entry.segment,
-                entry.offset_bytes,
-                None,
-                entry.raft_index,
-                None,
-                entry.kind,
-                entry.error,
-            )
-            continue
-        for lsn, record in entry.accepted:
-            yield _BackendRecord(
-                entry.segment, entry.offset_bytes, lsn, entry.raft_index, record, "record"
-            )
-
-
 # --- levels record, entry, command -------------------------------------------------------------
 
 
@@ -358,9 +300,8 @@ def _wal_rows(unit: Unit, options: ReadOptions) -> Iterator[tuple[object, ...]]:
     width = len(schemas.ENTRY) - len(schemas.RECORD)
     blank_entry = (None,) * width
     row: tuple[object, ...]
-    for rec in _backend_records(unit, options.verify):
-        if not lsn_range.holds(rec.lsn):
-            continue
+    for found in driver_records(unit, options.verify, lsn_range):
+        rec, decoded = found.rec, found.decoded
         head = (unit.replica, unit.shard, rec.segment, rec.offset_bytes, rec.lsn, rec.raft_index)
         if rec.payload is None:
             if level != LEVEL_COMMAND and dsn_range.unbounded and ts_range.unbounded:
@@ -368,12 +309,8 @@ def _wal_rows(unit: Unit, options: ReadOptions) -> Iterator[tuple[object, ...]]:
                 row = (*head, rec.kind, *(None,) * 10, ok, rec.error)
                 yield row if level == LEVEL_RECORD else (*row, *blank_entry)
             continue
-        try:
-            decoded = decode(rec.payload)
-        except CorruptRecord as exc:
-            reason = f"driver record at LSN {rec.lsn}: {exc}"
-            if options.verify != VERIFY_REPORT:
-                raise InputCorrupt(unit.path, rec.offset_bytes, reason) from None
+        if decoded is None:
+            reason = found.error
             if level != LEVEL_COMMAND and dsn_range.unbounded and ts_range.unbounded:
                 row = (*head, KIND_CORRUPT, *(None,) * 10, False, reason)
                 yield row if level == LEVEL_RECORD else (*row, *blank_entry)
@@ -470,7 +407,7 @@ def _wal_rows(unit: Unit, options: ReadOptions) -> Iterator[tuple[object, ...]]:
             if level == LEVEL_ENTRY:
                 yield (*base, True, None, *_txn_fields(entry))
             else:
-                yield from _command_rows(unit, rec, dsn, entry_checksum, entry, options.batches)
+                yield from command_rows(unit, rec, dsn, entry_checksum, entry, options.batches)
 
 
 def _txn_fields(entry: TxnEntry) -> tuple[object, ...]:
@@ -500,108 +437,6 @@ def _txn_fields(entry: TxnEntry) -> tuple[object, ...]:
         None,
         None,
     )
-
-
-def _command_rows(
-    unit: Unit,
-    rec: _BackendRecord,
-    dsn: int,
-    entry_checksum: int,
-    entry: TxnEntry,
-    batches: bool,
-) -> Iterator[tuple[object, ...]]:
-    head = (
-        unit.replica,
-        unit.shard,
-        rec.segment,
-        rec.offset_bytes,
-        rec.lsn,
-        rec.raft_index,
-        dsn,
-        entry.start_ts,
-        entry.commit_ts,
-        entry_checksum,
-    )
-    for index, cmd in enumerate(entry.commands):
-        if isinstance(cmd, UpdateCatalog):
-            yield _command_row(
-                head,
-                index,
-                "catalog",
-                db_id=cmd.db_id,
-                table_id=cmd.table_id or None,
-                catalog_kind=cmd.kind.name.lower(),
-                catalog_op=cmd.op.name.lower(),
-                name=cmd.name,
-                schema_json=None if cmd.schema is None else schemas.schema_to_json(cmd.schema),
-            )
-        elif isinstance(cmd, Append):
-            ipc = encode_batch(cmd.batch) if batches else None
-            infos = [
-                {"block_id": i.block_id, "offset": i.offset, "rows": i.rows} for i in cmd.infos
-            ]
-            yield _command_row(
-                head,
-                index,
-                "append",
-                db_id=cmd.db_id,
-                table_id=cmd.table_id,
-                n_rows=cmd.batch.num_rows,
-                infos=infos,
-                batch_ipc=ipc,
-                cmd_bytes=None if ipc is None else len(ipc),
-            )
-        elif isinstance(cmd, CreateBlock):
-            yield _command_row(
-                head,
-                index,
-                "create_block",
-                db_id=cmd.db_id,
-                table_id=cmd.table_id,
-                block_id=cmd.block_id,
-                n_rows=cmd.rows,
-                object=cmd.object_name,
-                row_group=cmd.row_group,
-                level=int(cmd.level),
-            )
-        elif isinstance(cmd, DropBlock):
-            yield _command_row(
-                head,
-                index,
-                "drop_block",
-                db_id=cmd.db_id,
-                table_id=cmd.table_id,
-                block_id=cmd.block_id,
-            )
-        elif isinstance(cmd, Origin):
-            yield _command_row(head, index, "origin", name=cmd.client_id, origin_seq=cmd.seq)
-        else:
-            assert isinstance(cmd, Delete)
-            offsets = list(cmd.rows)
-            yield _command_row(
-                head,
-                index,
-                "delete",
-                db_id=cmd.db_id,
-                table_id=cmd.table_id,
-                block_id=cmd.block_id,
-                n_rows=len(offsets),
-                del_rows=offsets,
-            )
-
-
-_COMMAND_FIELDS = tuple(schemas.COMMAND.names[schemas.COMMAND.get_field_index("db_id") :])
-"""The command level's columns after cmd_kind, in order: each command fills some."""
-
-
-def _command_row(
-    head: tuple[object, ...], index: int, kind: str, **values: object
-) -> tuple[object, ...]:
-    """A command-level row: `head` (log, position, entry), the command's index and kind, then
-    `values` by column name, None where a kind has nothing (cmd_bytes 0 unless given)."""
-    assert values.keys() <= set(_COMMAND_FIELDS), values.keys()
-    values.setdefault("cmd_bytes", 0)
-    return (*head, index, kind, *(values.get(name) for name in _COMMAND_FIELDS))
 
 
 # --- level record, columnar ------------------------------------------------------------------
@@ -669,9 +504,8 @@ def _record_level(unit: Unit, options: ReadOptions) -> Iterator[pa.RecordBatch]:
     plain = dsn_range.unbounded and bounds.range("commit_ts").unbounded
     out = _Columns(options.schema())
     xxh3 = xxhash.xxh3_64_intdigest
-    for rec in _backend_records(unit, options.verify):
-        if not lsn_range.holds(rec.lsn):
-            continue
+    for found in driver_records(unit, options.verify, lsn_range):
+        rec, decoded = found.rec, found.decoded
         head: dict[str, object] = {
             "replica": unit.replica,
             "shard": unit.shard,
@@ -685,14 +519,14 @@ def _record_level(unit: Unit, options: ReadOptions) -> Iterator[pa.RecordBatch]:
                 ok = rec.kind == "truncate"
                 out.add(1, {**head, "kind": rec.kind, "checksum_ok": ok, "error": rec.error}, {})
         else:
-            try:
-                decoded = decode(rec.payload)
-            except CorruptRecord as exc:
-                reason = f"driver record at LSN {rec.lsn}: {exc}"
-                if options.verify != VERIFY_REPORT:
-                    raise InputCorrupt(unit.path, rec.offset_bytes, reason) from None
+            if decoded is None:
                 if plain:
-                    values = {**head, "kind": KIND_CORRUPT, "checksum_ok": False, "error": reason}
+                    values = {
+                        **head,
+                        "kind": KIND_CORRUPT,
+                        "checksum_ok": False,
+                        "error": found.error,
+                    }
                     out.add(1, values, {})
                 continue
             head["record_checksum"] = signed64(payload_checksum(rec.payload))
@@ -778,7 +612,7 @@ def _audit_level(unit: Unit, options: ReadOptions) -> Iterator[pa.RecordBatch]:
     xxh3 = xxhash.xxh3_64_intdigest
 
     def row(
-        rec: _BackendRecord,
+        rec: BackendRecord,
         kind: str,
         start: int | None,
         count: int | None,
@@ -822,22 +656,16 @@ def _audit_level(unit: Unit, options: ReadOptions) -> Iterator[pa.RecordBatch]:
         del checksum_ends[1:], skip_ends[1:]
         return pa.RecordBatch.from_arrays(arrays, schema=schemas.AUDIT)
 
-    for rec in _backend_records(unit, options.verify):
-        if not lsn_range.holds(rec.lsn):
-            continue
+    for found in driver_records(unit, options.verify, lsn_range):
+        rec, decoded = found.rec, found.decoded
         if rec.payload is None:
             row(rec, rec.kind, None, None)
         else:
-            try:
-                decoded = decode(rec.payload)
-            except CorruptRecord as exc:
-                reason = f"driver record at LSN {rec.lsn}: {exc}"
-                if options.verify != VERIFY_REPORT:
-                    raise InputCorrupt(unit.path, rec.offset_bytes, reason) from None
-                damaged = _BackendRecord(
+            if decoded is None:
+                damaged = BackendRecord(
                     rec.segment, rec.offset_bytes, rec.lsn, rec.raft_index, None, KIND_CORRUPT
                 )
-                row(replace(damaged, error=reason), KIND_CORRUPT, None, None)
+                row(replace(damaged, error=found.error), KIND_CORRUPT, None, None)
                 continue
             if not isinstance(decoded, EntriesRecord):
                 skip_dsns.extend(dsn for dsn, _ in decoded.pairs)
@@ -846,9 +674,10 @@ def _audit_level(unit: Unit, options: ReadOptions) -> Iterator[pa.RecordBatch]:
             elif decoded.count == 0:
                 row(rec, "marker", decoded.start_dsn, 0, decoded.safe_dsn)
             else:
-                checksums.extend(
-                    h - _TWO_64 if h >= _TWO_63 else h for h in map(xxh3, decoded.entries)
-                )
+                if options.entry_checksums:
+                    checksums.extend(
+                        h - _TWO_64 if h >= _TWO_63 else h for h in map(xxh3, decoded.entries)
+                    )
                 row(rec, "entry", decoded.start_dsn, decoded.count, decoded.safe_dsn)
         if len(scalars["lsn"]) >= AUDIT_RECORDS_MAX:
             yield take()
@@ -863,7 +692,7 @@ def _lists(ends: list[int], values: list[int]) -> pa.Array:
 # --- level rows (one table's appended rows, typed) --------------------------------------------
 
 
-def txn_entries(unit: Unit, options: ReadOptions) -> Iterator[tuple[_BackendRecord, int, TxnEntry]]:
+def txn_entries(unit: Unit, options: ReadOptions) -> Iterator[tuple[BackendRecord, int, TxnEntry]]:
     """(backend record, DSN, entry) of every transaction entry passing the bounds, with the
     command level's damage rules (report mode skips damage: other levels list it)."""
     bounds = options.bounds
@@ -872,17 +701,8 @@ def txn_entries(unit: Unit, options: ReadOptions) -> Iterator[tuple[_BackendReco
         bounds.range("dsn"),
         bounds.range("commit_ts"),
     )
-    for rec in _backend_records(unit, options.verify):
-        if rec.payload is None or not lsn_range.holds(rec.lsn):
-            continue
-        try:
-            decoded = decode(rec.payload)
-        except CorruptRecord as exc:
-            if options.verify != VERIFY_REPORT:
-                raise InputCorrupt(
-                    unit.path, rec.offset_bytes, f"driver record at LSN {rec.lsn}: {exc}"
-                ) from None
-            continue
+    for found in driver_records(unit, options.verify, lsn_range):
+        rec, decoded = found.rec, found.decoded
         if not isinstance(decoded, EntriesRecord):
             continue
         for index, payload in enumerate(decoded.entries):
@@ -897,64 +717,3 @@ def txn_entries(unit: Unit, options: ReadOptions) -> Iterator[tuple[_BackendReco
                 continue
             if isinstance(entry, TxnEntry) and ts_range.holds(entry.commit_ts):
                 yield rec, dsn, entry
-
-
-def _rows_level(unit: Unit, options: ReadOptions) -> Iterator[pa.RecordBatch]:
-    """The appended rows of table `options.table_id`: (lsn, dsn, commit_ts, block_id, offset)
-    then the table's columns, cast to the level's schema."""
-    schema = options.schema()
-    value_fields = list(schema)[len(schemas.ROWS_PREFIX) :]
-    pending: list[pa.RecordBatch] = []
-    pending_rows = 0
-    for rec, dsn, entry in txn_entries(unit, options):
-        for cmd in entry.commands:
-            if not isinstance(cmd, Append) or cmd.table_id != options.table_id:
-                continue
-            rows = _exploded(rec.lsn, dsn, entry.commit_ts, cmd, schema, value_fields)
-            pending.append(rows)
-            pending_rows += rows.num_rows
-            if pending_rows >= BATCH_ROWS_MAX:
-                yield from (
-                    pa.Table.from_batches(pending, schema=schema).combine_chunks().to_batches()
-                )
-                pending, pending_rows = [], 0
-    if pending:
-        yield from pa.Table.from_batches(pending, schema=schema).combine_chunks().to_batches()
-
-
-def _exploded(
-    lsn: int | None,
-    dsn: int,
-    commit_ts: int,
-    cmd: Append,
-    schema: pa.Schema,
-    value_fields: list[pa.Field],
-) -> pa.RecordBatch:
-    block_ids: list[int] = []
-    offsets: list[int] = []
-    for info in cmd.infos:
-        block_ids.extend([info.block_id] * info.rows)
-        offsets.extend(range(info.offset, info.offset + info.rows))
-    count = cmd.batch.num_rows
-    prefix = [
-        pa.array([lsn] * count, pa.int64()),
-        pa.array([dsn] * count, pa.int64()),
-        pa.array([commit_ts] * count, pa.int64()),
-        pa.array(block_ids, pa.int64()),
-        pa.array(offsets, pa.int64()),
-    ]
-    if [f.name for f in value_fields] != cmd.batch.schema.names:
-        raise InputCorrupt("", 0, f"DSN {dsn}: the batch's columns are not the table's")
-    columns = [
-        column.cast(field.type)
-        for column, field in zip(cmd.batch.columns, value_fields, strict=True)
-    ]
-    return pa.RecordBatch.from_arrays([*prefix, *columns], schema=schema)
-
-
-def _read(path: str) -> bytes:
-    try:
-        with open(path, "rb") as file:
-            return file.read()
-    except OSError as exc:
-        raise InputCorrupt(path, 0, f"cannot read: {exc.strerror}") from None

@@ -16,13 +16,14 @@ unchanged, because every row keeps its `(block_id, offset)`.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
 from pyroaring import FrozenBitMap
 
+from engine.catalog import Catalog, TableEntry
 from engine.checkpoint import layout
 from engine.checkpoint.errors import CheckpointCorrupt
 from engine.checkpoint.layout import BlockRow, CatalogRow, Manifest
@@ -212,6 +213,34 @@ def _plan_table(
 # --- restore ----------------------------------------------------------------------------------
 
 
+def restore_catalog(
+    catalog: Catalog, rows: Sequence[CatalogRow], next_id: int, source: str
+) -> dict[int, TableEntry]:
+    """A checkpoint's catalog rows into an empty `catalog`: its databases, then its tables, then
+    the id allocator past `next_id`; the restored tables by id. The one restore of a checkpoint's
+    catalog (the engine's `restore` and spark_jobs' replay both call it). Raises
+    `CheckpointCorrupt(source, ...)` for a database or table listed twice or a table of an
+    unknown database."""
+    tables: dict[int, TableEntry] = {}
+    for row in rows:
+        if row.kind == "database":
+            if row.db_id in catalog.databases:
+                raise CheckpointCorrupt(source, f"database {row.db_id} twice")
+            catalog.restore_database(row.db_id, row.name, row.create_ts)
+    for row in rows:
+        if row.kind == "table":
+            assert row.schema is not None  # layout.decode_catalog gives a table its schema
+            if row.db_id not in catalog.databases:
+                raise CheckpointCorrupt(source, f"table {row.name!r} of an unknown database")
+            if row.table_id in catalog.tables:
+                raise CheckpointCorrupt(source, f"table {row.table_id} twice")
+            tables[row.table_id] = catalog.restore_table(
+                row.table_id, row.db_id, row.name, row.schema, row.create_ts
+            )
+    catalog.next_id = max(catalog.next_id, next_id)
+    return tables
+
+
 def restore(
     manifest: Manifest,
     catalog_rows: list[CatalogRow],
@@ -224,23 +253,14 @@ def restore(
     Raises `CheckpointCorrupt` when they disagree (a block of an unknown table, a dump of
     the wrong length, a delete beyond its block)."""
     state = EngineState()
-    catalog = state.catalog
     source = manifest.name
     tables: dict[int, tuple[TableData, int]] = {}
-    for row in catalog_rows:
-        if row.kind == "database":
-            catalog.restore_database(row.db_id, row.name, row.create_ts)
+    restored = restore_catalog(state.catalog, catalog_rows, manifest.next_id, source)
     for row in catalog_rows:
         if row.kind == "table":
-            assert row.schema is not None
-            if row.db_id not in catalog.databases:
-                raise CheckpointCorrupt(source, f"table {row.name!r} of an unknown database")
-            entry = catalog.restore_table(
-                row.table_id, row.db_id, row.name, row.schema, row.create_ts
-            )
+            entry = restored[row.table_id]
             tables[row.table_id] = (entry.data, row.open_block_id)
             entry.data.next_block_id = row.next_block_id
-    catalog.next_id = max(catalog.next_id, manifest.next_id)
     for brow in sorted(block_rows, key=lambda r: (r.table_id, r.block_id)):
         found = tables.get(brow.table_id)
         if found is None:

@@ -1,7 +1,8 @@
 """`python -m engine.wal.bench`: the WAL entry codec's cost per entry, version 1 (every append
 as Arrow IPC) against version 2 (small appends as AppendColumns), for appends of 1, 10 and 100
 rows of (int64 key, 100-character string). Prints one JSON object: per case, microseconds to
-encode and to decode one entry, and its bytes."""
+encode and to decode one entry (`decode_entry`, and per entry of `decode_entries` over 16,384
+such entries at once: engine/wal/batch.py), and its bytes."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ import json
 import time
 
 from engine.schema import Column, Schema, to_batch
+from engine.wal.batch import decode_entries
 from engine.wal.codec import decode_entry, encode_entry
 from engine.wal.entry import Append, AppendInfo, MemoItem, TxnEntry
 
 LOOPS = 20_000
+BATCH_ENTRIES = 16_384
 
 
 def main() -> None:
@@ -33,9 +36,17 @@ def main() -> None:
             for _ in range(LOOPS):
                 decode_entry(data, 1)
             decode_us = (time.perf_counter() - started) / LOOPS * 1e6
+            many = [data] * BATCH_ENTRIES
+            dsns = list(range(1, BATCH_ENTRIES + 1))
+            decode_entries(many, dsns)  # warm: the definitions' exemplar, caches
+            started = time.perf_counter()
+            decoded = decode_entries(many, dsns)
+            batch_us = (time.perf_counter() - started) / BATCH_ENTRIES * 1e6
+            assert not decoded.errors
             out[f"rows{rows}_v{version}"] = {
                 "encode_us": round(encode_us, 2),
                 "decode_us": round(decode_us, 2),
+                "decode_entries_us": round(batch_us, 2),
                 "bytes": len(data),
             }
     print(json.dumps(out))

@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 
 from engine.checkpoint import layout
-from spark_jobs import checkpoints, local
+from spark_jobs import checkpoints, local, walread
 from spark_jobs.errors import ObjectsUnreadable, ReplayRefused
 from spark_jobs.inputs import file_input
 from spark_jobs.jobs import JobParams
@@ -125,7 +125,7 @@ def objects(path: str) -> str:
 
 
 def test_the_command_level_reads_block_commands(history: StorageHistory) -> None:
-    commands = local.read_level(
+    commands = walread.read_level(
         JobParams("write_stats", file_input(history.copies["flushed"])),
         ReadOptions(LEVEL_COMMAND, batches=False),
     ).to_pylist()

@@ -31,7 +31,7 @@ import pytest
 
 from logsvc.store import ShardStore
 from spark_jobs import __main__ as cli
-from spark_jobs import local, output
+from spark_jobs import local, output, walread
 from spark_jobs.errors import InputCorrupt, ReplayRefused
 from spark_jobs.inputs import file_input, logsvc_input
 from spark_jobs.jobs import JobParams
@@ -75,7 +75,7 @@ def test_lsn_audit_finds_the_duplicate_and_the_gap(logsvc_logs: LogsvcLogs) -> N
 
 
 def test_replica_diff_names_the_first_divergent_lsn(logsvc_logs: LogsvcLogs) -> None:
-    raft_rows = local.read_level(
+    raft_rows = walread.read_level(
         JobParams("x", logsvc_input(nodes(logsvc_logs, "n1")), shards=frozenset({1})),
         ReadOptions("raft"),
     ).to_pylist()
@@ -171,7 +171,7 @@ def test_cli_writes_outputs_and_manifest_last(
 
 def test_a_truncated_shard_is_audited_and_refused_for_replay(logsvc_logs: LogsvcLogs) -> None:
     n1 = logsvc_input(nodes(logsvc_logs, "n1"))
-    rows = local.read_level(
+    rows = walread.read_level(
         JobParams("x", n1, shards=frozenset({3})), ReadOptions("record")
     ).to_pylist()
     assert [r["lsn"] for r in rows if r["kind"] == "truncate"] == [2]
@@ -193,7 +193,9 @@ def copy_node(logs: LogsvcLogs, tmp_path: Path) -> tuple[str, str]:
 
 def shard2_records(node_dir: str, verify: str = "true") -> list[dict[str, Any]]:
     params = JobParams("x", logsvc_input([f"n1={node_dir}"]), shards=frozenset({2}))
-    rows: list[dict[str, Any]] = local.read_level(params, ReadOptions("record", verify)).to_pylist()
+    rows: list[dict[str, Any]] = walread.read_level(
+        params, ReadOptions("record", verify)
+    ).to_pylist()
     return rows
 
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from spark_jobs import local, replay
+from spark_jobs import local, local_replay, replay, walread
 from spark_jobs.errors import CopiesDisagree, LogHole, ReplayRefused
 from spark_jobs.inputs import file_input
 from spark_jobs.jobs import JobParams
@@ -70,7 +70,7 @@ def test_packed_appends_replay_the_same_rows(
 ) -> None:
     """The local engine packs a table's append batches as it reads (bounded memory for logs
     of millions of small transactions): packing every 3 batches changes no row."""
-    monkeypatch.setattr(local, "BATCHES_PACKED_AT", 3)
+    monkeypatch.setattr(local_replay, "BATCHES_PACKED_AT", 3)
     for ts in [*history.timestamps[:: max(1, len(history.timestamps) // 6)], 2**62]:
         expected = history.scans.get(ts)
         got = replayed(history.path, ts)
@@ -110,8 +110,8 @@ def test_duplicates_are_replayed_once_and_skips_drop_their_copy(tmp_path: Path) 
     )
     assert kv_rows(wal) == [0, 1, 2]
     assert kv_rows(wal, as_of=1025) == [0]  # commit_ts 1020 is DSN 3, 1030 DSN 4
-    plan = local.plan_from_records(
-        local.read_level(JobParams("x", file_input(wal)), ReadOptions("audit")), "wal"
+    plan = local_replay.plan_from_records(
+        walread.read_level(JobParams("x", file_input(wal)), ReadOptions("audit")), "wal"
     )
     assert (plan.kept_lsns, plan.duplicate_lsns, plan.skipped_lsns) == ({1, 5, 6}, {2}, {3})
     assert plan.last_dsn == 5
@@ -182,6 +182,6 @@ def test_an_origin_command_is_read_and_changes_no_row(tmp_path: Path) -> None:
     wal = str(tmp_path / "wal")
     write_file_wal(wal, records_of(entries))
     assert kv_rows(wal) == [0, 1]
-    rows = local.read_level(JobParams("x", file_input(wal)), ReadOptions("command")).to_pylist()
+    rows = walread.read_level(JobParams("x", file_input(wal)), ReadOptions("command")).to_pylist()
     [origin] = [r for r in rows if r["cmd_kind"] == "origin"]
     assert (origin["name"], origin["origin_seq"], origin["dsn"]) == ("cn-1", 7, 4)

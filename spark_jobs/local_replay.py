@@ -1,0 +1,494 @@
+"""replay_as_of on the plain-Python engine (`--engine local`, spark_jobs/local.py runs it): the
+plan from the audit level (spark_jobs/replay.py, shared with Spark), then the plan's entries
+replayed as they are read, many at a time (spark_jobs/entries.py: one-append transactions as
+columns), rule 4 and TS as arrays, and each live table's rows at TS from the base checkpoint's
+objects, the replayed CreateBlocks and the appended rows, minus deletes and dropped blocks.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+from engine.checkpoint.layout import LEVEL_L0_DUMP
+from engine.objects.store import ObjectStore
+from engine.wal.batch import KIND_ONE, DecodedEntries
+from engine.wal.entry import (
+    Append,
+    CreateBlock,
+    Delete,
+    DropBlock,
+    Origin,
+    TxnEntry,
+    UpdateCatalog,
+)
+from spark_jobs import checkpoints, replay
+from spark_jobs.entries import entry_chunks
+from spark_jobs.errors import BadInput, ReplayFailed
+from spark_jobs.filters import Range
+from spark_jobs.jobs import JobParams, JobResult
+from spark_jobs.journal import VERIFY_TRUE
+from spark_jobs.schemas import schema_to_json
+from spark_jobs.walread import (
+    LEVEL_AUDIT,
+    LEVEL_COMMAND,
+    ReadOptions,
+    read_level,
+    txn_entries,
+)
+
+
+def logs_of(params: JobParams) -> list[tuple[str, int]]:
+    """The (replica, shard) logs replay reads: exactly one replica per shard."""
+    units = params.units()
+    replicas_by_shard: dict[int, set[str]] = defaultdict(set)
+    for unit in units:
+        replicas_by_shard[unit.shard].add(unit.replica)
+    for shard, replicas in replicas_by_shard.items():
+        if len(replicas) > 1:
+            raise BadInput(
+                f"shard {shard} has {len(replicas)} replicas in the input ({sorted(replicas)}): "
+                "replay reads one replica per shard (its dedup by DSN would merge replicas); "
+                "choose one with --replica (one whose lsn_audit is clean)"
+            )
+    if not replicas_by_shard:
+        raise BadInput("no log in the input")
+    return sorted((next(iter(r)), shard) for shard, r in replicas_by_shard.items())
+
+
+def plan_from_records(
+    records: pa.Table, where: str, base: replay.BaseState = replay.EMPTY_BASE
+) -> replay.ReplayPlan:
+    """The replay plan from the audit level of one log (one row per backend record; shared
+    with the Spark engine, which collects the same narrow columns)."""
+    return plan_from_rows(records.select(PLAN_COLUMNS).to_pylist(), where, base)
+
+
+PLAN_COLUMNS = [
+    "kind",
+    "lsn",
+    "record_start_dsn",
+    "record_count",
+    "safe_dsn",
+    "record_checksum",
+    "skip_dsns",
+    "skip_lsns",
+]
+
+
+def plan_from_rows(
+    rows: Iterable[dict[str, Any]], where: str, base: replay.BaseState = replay.EMPTY_BASE
+) -> replay.ReplayPlan:
+    by_lsn: dict[int, replay.DriverRecord] = {}
+    skips: list[tuple[int, int]] = []
+    truncated = 0
+    for row in rows:
+        kind = row["kind"]
+        if kind in ("entry", "marker"):
+            by_lsn[row["lsn"]] = replay.DriverRecord(
+                row["lsn"],
+                row["record_start_dsn"],
+                row["record_count"],
+                row["safe_dsn"],
+                row["record_checksum"],
+            )
+        elif kind == "skip":
+            skips.extend(zip(row["skip_dsns"], row["skip_lsns"], strict=True))
+        elif kind == "truncate":
+            truncated = max(truncated, row["lsn"])
+    return replay.plan_replay(by_lsn.values(), skips, truncated, where, base)
+
+
+def base_of(
+    params: JobParams, shard: int, as_of: int
+) -> tuple[ObjectStore | None, replay.BaseState]:
+    """The objects store of `shard`'s engine (None when it has none) and the base state
+    for `as_of` (spark_jobs/checkpoints.py `choose_base`)."""
+    directory = params.objects_dir(shard)
+    store = None if directory is None else checkpoints.open_store(directory)
+    choice = checkpoints.choose_base(store, as_of)
+    return store, replay.BaseState(choice.checkpoint, choice.why_none(), choice.ignored)
+
+
+@dataclass(slots=True)
+class _TableChanges:
+    """What the replayed entries (ckp_ts < commit_ts <= TS) do to one table."""
+
+    batches: list[pa.RecordBatch] = field(default_factory=list)
+    runs: list[tuple[int, int, int]] = field(default_factory=list)
+    """(block_id, first offset, rows) of each Append info, in batch order, after `run_arrays`."""
+    run_arrays: list[npt.NDArray[np.int64]] = field(default_factory=list)
+    """Earlier runs, packed (n x 3) when the batches were."""
+    deleted: list[npt.NDArray[np.uint64]] = field(default_factory=list)  # keys, see _key
+    created: list[CreateBlock] = field(default_factory=list)
+    dropped: set[int] = field(default_factory=set)
+
+    def append(self, cmd: Append) -> None:
+        self.batches.append(cmd.batch)
+        self.runs.extend((i.block_id, i.offset, i.rows) for i in cmd.infos)
+        if len(self.batches) >= BATCHES_PACKED_AT:
+            self.pack()
+
+    def add_rows(
+        self,
+        block_ids: npt.NDArray[np.uint64],
+        offsets: npt.NDArray[np.uint64],
+        rows: pa.RecordBatch,
+    ) -> None:
+        """Rows of many one-append entries at once (engine.wal.batch), one run per row."""
+        if self.runs:
+            self.run_arrays.append(np.asarray(self.runs, dtype=np.int64).reshape(-1, 3))
+            self.runs = []
+        self.batches.append(rows)
+        runs = np.empty((len(block_ids), 3), dtype=np.int64)
+        runs[:, 0] = block_ids
+        runs[:, 1] = offsets
+        runs[:, 2] = 1
+        self.run_arrays.append(runs)
+        if len(self.batches) >= BATCHES_PACKED_AT:
+            self.pack()
+
+    def pack(self) -> None:
+        """The batches so far as one, the runs as one array: a decoded one-row batch costs
+        about 6 KB of objects, and a log of millions of one-row transactions held them all
+        (15 GB at 2.5M entries)."""
+        if len(self.batches) > 1:
+            combined = pa.Table.from_batches(self.batches).combine_chunks()
+            self.batches = combined.to_batches()
+        if self.runs:
+            self.run_arrays.append(np.asarray(self.runs, dtype=np.int64).reshape(-1, 3))
+            self.runs = []
+
+    def all_runs(self) -> npt.NDArray[np.int64]:
+        self.pack()
+        if not self.run_arrays:
+            return np.empty((0, 3), dtype=np.int64)
+        return np.concatenate(self.run_arrays)
+
+
+BATCHES_PACKED_AT = 4096
+"""Append batches of one table kept separate before they are packed into one."""
+
+
+class _Replayed:
+    """Rule 4 and the entries' effects, one entry at a time in DSN order (replay.py), so that
+    a log is not held in memory whole: an entry whose commit_ts is not above every earlier
+    one's is a repeated transaction; one past TS changes nothing."""
+
+    def __init__(self, as_of: int, where: str) -> None:
+        self.as_of = as_of
+        self.where = where
+        self.catalog: list[replay.CatalogCommand] = []
+        self.changes: dict[int, _TableChanges] = defaultdict(_TableChanges)
+        self.replayed = 0
+        self.repeated = 0
+        self._highest = -1
+        self._last_dsn = -1
+
+    def in_order(self, dsn: int) -> bool:
+        return dsn > self._last_dsn
+
+    def add(self, dsn: int, entry: TxnEntry) -> None:
+        assert dsn > self._last_dsn, (dsn, self._last_dsn)
+        self._last_dsn = dsn
+        if entry.commit_ts <= self._highest:
+            self.repeated += 1
+            return
+        self._highest = entry.commit_ts
+        if entry.commit_ts > self.as_of:
+            return
+        self.replayed += 1
+        self._apply(dsn, entry)
+
+    def chunk_in_order(self, dsns: npt.NDArray[np.int64]) -> bool:
+        return not len(dsns) or (dsns[0] > self._last_dsn and bool(np.all(np.diff(dsns) > 0)))
+
+    def add_chunk(self, decoded: DecodedEntries, chosen: npt.NDArray[np.int64]) -> None:
+        """`add` for the entries `chosen` (indexes into `decoded`, transactions, DSNs rising
+        past every earlier one): rule 4 and TS as arrays, then the one-append entries' rows
+        by table at once and every other entry one by one, in DSN order."""
+        if not len(chosen):
+            return
+        dsns = decoded.dsns[chosen]
+        assert self.chunk_in_order(dsns)
+        self._last_dsn = int(dsns[-1])
+        commit = decoded.commit_ts[chosen]
+        highest = np.maximum.accumulate(commit)
+        before = np.empty_like(highest)
+        before[0] = max(self._highest, 0)
+        before[1:] = np.maximum(highest[:-1], before[0])
+        repeated = commit <= before
+        self.repeated += int(repeated.sum())
+        self._highest = max(self._highest, int(highest[-1]))
+        applied = np.zeros(len(decoded), dtype=np.bool_)
+        applied[chosen[~repeated & (commit <= self.as_of)]] = True
+        self.replayed += int(applied.sum())
+        for index in np.flatnonzero(applied & (decoded.kinds == KIND_ONE)).tolist():
+            entry = decoded.entries[index]
+            assert isinstance(entry, TxnEntry)
+            self._apply(int(decoded.dsns[index]), entry)
+        for rows in decoded.tables:
+            keep = applied[rows.entries]
+            if keep.all():
+                self.changes[rows.table_id].add_rows(rows.block_ids, rows.offsets, rows.columns)
+            elif keep.any():
+                self.changes[rows.table_id].add_rows(
+                    rows.block_ids[keep], rows.offsets[keep], rows.columns.filter(pa.array(keep))
+                )
+
+    def _apply(self, dsn: int, entry: TxnEntry) -> None:
+        for index, cmd in enumerate(entry.commands):
+            if isinstance(cmd, UpdateCatalog):
+                self.catalog.append(
+                    replay.CatalogCommand(
+                        dsn,
+                        index,
+                        entry.commit_ts,
+                        cmd.kind.name.lower(),
+                        cmd.op.name.lower(),
+                        cmd.db_id,
+                        cmd.table_id,
+                        cmd.name,
+                        None if cmd.schema is None else schema_to_json(cmd.schema),
+                    )
+                )
+            elif isinstance(cmd, Append):
+                self.changes[cmd.table_id].append(cmd)
+            elif isinstance(cmd, Delete):
+                offsets = np.asarray(cmd.rows.to_array(), dtype=np.uint64)
+                self.changes[cmd.table_id].deleted.append(_key(cmd.block_id, offsets, self.where))
+            elif isinstance(cmd, CreateBlock):
+                self.changes[cmd.table_id].created.append(cmd)
+            elif isinstance(cmd, DropBlock):
+                self.changes[cmd.table_id].dropped.add(cmd.block_id)
+            else:
+                assert isinstance(cmd, Origin)  # who asked (issue 15): no data
+
+
+def replay_as_of(params: JobParams) -> JobResult:
+    assert params.as_of is not None
+    as_of = params.as_of
+    verify = params.verify or VERIFY_TRUE
+    result = JobResult()
+    logs_summary = []
+    for replica, shard in logs_of(params):
+        where = f"replica {replica} shard {shard}"
+        scope = JobParams(params.job, params.inputs, frozenset({shard}), frozenset({replica}))
+        store, base = base_of(params, shard, as_of)
+        audit = ReadOptions(LEVEL_AUDIT, verify, entry_checksums=False)
+        plan = plan_from_records(read_level(scope, audit), where, base)
+        # Every entry of the plan is read (not only those at or below TS): the newest
+        # commit in the log says whether TS is past it, and rule 4 needs every earlier entry.
+        options = ReadOptions(
+            LEVEL_COMMAND, verify, scope.bounds().with_range("commit_ts", lo=base.ckp_ts + 1)
+        )
+        replayed, newest_commit_ts = _replay_log(scope, options, plan, as_of, where)
+        newest_commit_ts = max(newest_commit_ts, base.ckp_ts)
+        catalog, changes = replayed.catalog, replayed.changes
+        live = replay.replay_catalog(catalog, as_of, where, base)
+        if store is None and any(t.created for t in changes.values()):
+            raise BadInput(
+                f"{where}: the WAL names persisted blocks (CreateBlock) but no objects "
+                "directory was given or found: --objects"
+            )
+        tables_summary = {}
+        for table in live:
+            data = _live_rows(store, base, table, changes.get(table.table_id, _TableChanges()))
+            name = f"shard-{shard}/{table.db_name}/{table.name}"
+            result.tables[name] = data
+            tables_summary[f"{table.db_name}.{table.name}"] = data.num_rows
+        logs_summary.append(
+            {
+                "replica": replica,
+                "shard": shard,
+                "base": base.describe(),
+                **plan.describe(),
+                "entries_replayed": replayed.replayed,
+                "repeated_transactions_ignored": replayed.repeated,
+                "newest_commit_ts": newest_commit_ts,
+                "tables": tables_summary,
+            }
+        )
+    result.summary = replay_summary(as_of, logs_summary)
+    result.lines = replay_lines(result.summary)
+    return result
+
+
+def _replay_log(
+    scope: JobParams, options: ReadOptions, plan: replay.ReplayPlan, as_of: int, where: str
+) -> tuple[_Replayed, int]:
+    """The plan's entries of one log replayed as they are read (many at a time: spark_jobs/
+    entries.py), and its newest commit_ts. A log not read in DSN order (not seen so far) is
+    read again, held and sorted."""
+    replayed = _Replayed(as_of, where)
+    newest = 0
+    kept_lsns = np.fromiter(plan.kept_lsns, dtype=np.int64, count=len(plan.kept_lsns))
+    ts_range = options.bounds.range("commit_ts")
+    ts_lo = ts_range.lo or 0
+    ts_hi = (1 << 64) - 1 if ts_range.hi is None else ts_range.hi
+    dsns = Range(plan.first_dsn, plan.last_dsn)
+    for unit in scope.units():
+        for chunk in entry_chunks(unit, options.verify, options.bounds.range("lsn"), dsns):
+            decoded = chunk.decoded
+            chosen = np.flatnonzero(
+                decoded.is_txn
+                & (decoded.commit_ts >= ts_lo)
+                & (decoded.commit_ts <= ts_hi)
+                & np.isin(chunk.lsns, kept_lsns)
+            )
+            if not replayed.chunk_in_order(decoded.dsns[chosen]):
+                return _replay_log_sorted(scope, options, plan, as_of, where)
+            if len(chosen):
+                newest = max(newest, int(decoded.commit_ts[chosen].max()))
+            replayed.add_chunk(decoded, chosen)
+    return replayed, newest
+
+
+def _replay_log_sorted(
+    scope: JobParams, options: ReadOptions, plan: replay.ReplayPlan, as_of: int, where: str
+) -> tuple[_Replayed, int]:
+    held: list[tuple[int, TxnEntry]] = [
+        (dsn, entry)
+        for unit in scope.units()
+        for rec, dsn, entry in txn_entries(unit, options)
+        if rec.lsn in plan.kept_lsns and plan.first_dsn <= dsn <= plan.last_dsn
+    ]
+    replayed = _Replayed(as_of, where)
+    newest = 0
+    for dsn, entry in sorted(held, key=lambda pair: pair[0]):
+        newest = max(newest, entry.commit_ts)
+        if replayed.in_order(dsn):
+            replayed.add(dsn, entry)
+        else:  # a second copy of a DSN: a repeated transaction (rule 4)
+            replayed.repeated += 1
+    return replayed, newest
+
+
+def replay_summary(as_of: int, logs_summary: list[dict[str, Any]]) -> dict[str, Any]:
+    newest = max((log["newest_commit_ts"] for log in logs_summary), default=0)
+    return {
+        "as_of": as_of,
+        "newest_commit_ts": newest,
+        "as_of_after_newest_commit": as_of > newest,
+        "logs": logs_summary,
+    }
+
+
+def replay_lines(summary: dict[str, Any]) -> list[str]:
+    lines = []
+    for log in summary["logs"]:
+        tables = ", ".join(f"{name} {rows} rows" for name, rows in log["tables"].items())
+        base = log["base"]
+        start = (
+            "no checkpoint"
+            if base["checkpoint"] is None
+            else f"checkpoint ckp_ts {base['ckp_ts']} ({base['kind']}, {base['blocks']} blocks)"
+        )
+        lines.append(
+            f"replay_as_of {summary['as_of']}: replica {log['replica']} shard {log['shard']}: "
+            f"{start} + {log['entries_replayed']} WAL entries (DSNs {log['first_dsn']}-"
+            f"{log['last_dsn']} read from {log['records_replayed']} records); "
+            f"{len(log['tables'])} live table(s): {tables or 'none'}"
+        )
+    if summary["as_of_after_newest_commit"]:
+        lines.append(
+            f"note: --as-of is after the newest commit ({summary['newest_commit_ts']}) in the "
+            "log and its checkpoints: this is the last state they hold, not a promise that "
+            "nothing was committed since"
+        )
+    return lines
+
+
+KEY_OFFSET_BITS = 32  # offsets are u32 (engine/FORMAT.md Append info)
+
+
+def _key(block_id: int, offsets: npt.NDArray[np.uint64], where: str) -> npt.NDArray[np.uint64]:
+    """(block_id, offset) as one uint64, for numpy set operations."""
+    if block_id >= 1 << (64 - KEY_OFFSET_BITS):
+        raise ReplayFailed(f"{where}: block id {block_id} too large for this reader")
+    return (np.uint64(block_id) << np.uint64(KEY_OFFSET_BITS)) | offsets.astype(np.uint64)
+
+
+def _live_rows(
+    store: ObjectStore | None,
+    base: replay.BaseState,
+    table: replay.LiveTable,
+    changes: _TableChanges,
+) -> pa.Table:
+    """The table's rows at TS (replay.py "The rows at TS"), ordered by (block_id, offset)."""
+    arrow = table.schema.to_arrow()
+    parts: list[pa.Table] = []
+    block_ids: list[npt.NDArray[np.int64]] = []
+    offsets: list[npt.NDArray[np.int64]] = []
+    dead = list(changes.deleted)
+    where = f"table {table.db_name}.{table.name}"
+
+    def persisted(block_id: int, rows: pa.Table) -> None:
+        parts.append(rows)
+        block_ids.append(np.full(rows.num_rows, block_id, np.int64))
+        offsets.append(np.arange(rows.num_rows, dtype=np.int64))
+
+    if base.checkpoint is not None:
+        assert store is not None
+        blocks = [
+            b
+            for b in base.checkpoint.blocks_of(table.table_id)
+            if b.block_id not in changes.dropped
+        ]
+        for block in blocks:
+            rows = checkpoints.block_rows(
+                store,
+                table.schema,
+                block.object,
+                block.row_group,
+                block.rows,
+                dump=block.level == LEVEL_L0_DUMP,
+            )
+            persisted(block.block_id, rows)
+        for block_id, gone in checkpoints.deleted_offsets(store, blocks, base.ckp_ts).items():
+            dead.append(_key(block_id, gone.astype(np.uint64), where))
+    for created in changes.created:
+        if created.block_id in changes.dropped:
+            continue
+        assert store is not None
+        rows = checkpoints.block_rows(
+            store, table.schema, created.object_name, created.row_group, created.rows, dump=False
+        )
+        persisted(created.block_id, rows)
+    if changes.batches:
+        parts.append(pa.Table.from_batches(changes.batches))
+        runs = changes.all_runs()
+        rows_per_run = runs[:, 2]
+        block_ids.append(np.repeat(runs[:, 0], rows_per_run))
+        starts = np.repeat(np.cumsum(rows_per_run) - rows_per_run, rows_per_run)
+        offsets.append(np.repeat(runs[:, 1], rows_per_run) + np.arange(len(starts)) - starts)
+    if not parts:
+        return arrow.empty_table()
+    try:
+        rows = pa.concat_tables([part.cast(arrow) for part in parts])
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        raise ReplayFailed(f"{where}: rows do not fit the table's schema: {exc}") from None
+    ids = np.concatenate(block_ids)  # in the order of `parts`: persisted, then appended
+    offs = np.concatenate(offsets)
+    assert len(ids) == rows.num_rows, (len(ids), rows.num_rows)
+    keep = np.ones(len(ids), dtype=bool)
+    if changes.dropped:
+        keep &= ~np.isin(ids, np.fromiter(changes.dropped, np.int64))
+    if dead:
+        keys = _key_array(ids, offs)
+        keep &= ~np.isin(keys, np.concatenate(dead))
+    order = np.lexsort((offs[keep], ids[keep]))
+    kept = np.flatnonzero(keep)[order]
+    return rows.take(pa.array(kept))
+
+
+def _key_array(
+    ids: npt.NDArray[np.int64], offsets: npt.NDArray[np.int64]
+) -> npt.NDArray[np.uint64]:
+    return (ids.astype(np.uint64) << np.uint64(KEY_OFFSET_BITS)) | offsets.astype(np.uint64)

@@ -1,0 +1,140 @@
+"""The two lowest levels of every reader: backend records (a file WAL segment's frames, or a logsvc
+shard replica's accepted records) and the driver records in them, each decoded once, here, with
+the verify rules every level shares (spark_jobs/walread.py describes them):
+
+* `backend_records`: one `BackendRecord` per frame or accepted record, a TRUNCATE, or damage
+  (`verify=true` raises `InputCorrupt` at damaged framing, `report` yields it as a record of kind
+  `corrupt` or `torn_tail`, `false` skips the backend's checksums);
+* `driver_records`: the same, each payload decoded by `tae_driver.record.decode`; a record
+  that does not decode raises `InputCorrupt` unless verify is `report` (then it comes with
+  `decoded=None` and the reason).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from spark_jobs.errors import InputCorrupt
+from spark_jobs.filters import Range
+from spark_jobs.inputs import BACKEND_FILE, Unit
+from spark_jobs.journal import (
+    KIND_CORRUPT,
+    KIND_TORN,
+    VERIFY_FALSE,
+    VERIFY_REPORT,
+    VERIFY_TRUE,
+    read_journal,
+)
+from tae_driver.backends import segment as file_segment
+from tae_driver.errors import CorruptRecord, StorageCorruption
+from tae_driver.record import DecodedRecord, decode
+
+
+@dataclass(frozen=True, slots=True)
+class BackendRecord:
+    segment: str
+    offset_bytes: int
+    lsn: int | None
+    raft_index: int | None
+    payload: bytes | None  # None: a TRUNCATE frame or damage
+    kind: str  # "record", "truncate", KIND_TORN, KIND_CORRUPT
+    error: str | None = None
+
+
+def backend_records(unit: Unit, verify: str) -> Iterator[BackendRecord]:
+    if unit.backend == BACKEND_FILE:
+        try:
+            frames = file_segment.read_segment_frames(
+                read_file(unit.path), unit.path, newest=unit.newest, verify=verify != VERIFY_FALSE
+            )
+        except StorageCorruption as exc:  # a bad segment header
+            if verify == VERIFY_TRUE:
+                raise InputCorrupt(unit.path, exc.offset_bytes, exc.reason) from None
+            yield BackendRecord(
+                unit.segment, exc.offset_bytes, None, None, None, KIND_CORRUPT, exc.reason
+            )
+            return
+        for at in frames.frames:
+            frame = at.frame
+            if frame.frame_type is file_segment.FrameType.RECORD:
+                yield BackendRecord(unit.segment, at.offset, frame.lsn, None, frame.body, "record")
+            else:
+                yield BackendRecord(unit.segment, at.offset, frame.lsn, None, None, "truncate")
+        if frames.end == file_segment.END_CORRUPT:
+            if verify == VERIFY_TRUE:
+                raise InputCorrupt(unit.path, frames.end_offset, frames.end_reason or "corrupt")
+            yield BackendRecord(
+                unit.segment, frames.end_offset, None, None, None, KIND_CORRUPT, frames.end_reason
+            )
+        elif frames.end == file_segment.END_TORN and verify == VERIFY_REPORT:
+            yield BackendRecord(
+                unit.segment, frames.end_offset, None, None, None, KIND_TORN, frames.end_reason
+            )
+        return
+    for entry in read_journal(unit.path, verify=verify, want_records=True):
+        if entry.truncated_lsn is not None:
+            yield BackendRecord(
+                entry.segment,
+                entry.offset_bytes,
+                entry.truncated_lsn,
+                entry.raft_index,
+                None,
+                "truncate",
+            )
+            continue
+        if entry.kind in (KIND_TORN, KIND_CORRUPT):
+            yield BackendRecord(
+                entry.segment,
+                entry.offset_bytes,
+                None,
+                entry.raft_index,
+                None,
+                entry.kind,
+                entry.error,
+            )
+            continue
+        for lsn, record in entry.accepted:
+            yield BackendRecord(
+                entry.segment, entry.offset_bytes, lsn, entry.raft_index, record, "record"
+            )
+
+
+def read_file(path: str) -> bytes:
+    try:
+        with open(path, "rb") as file:
+            return file.read()
+    except OSError as exc:
+        raise InputCorrupt(path, 0, f"cannot read: {exc.strerror}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class DriverRecord:
+    """A backend record and, when it holds a payload, the driver record decoded from it."""
+
+    rec: BackendRecord
+    decoded: DecodedRecord | None
+    """None: no payload (a TRUNCATE or damaged framing), or a payload that does not decode."""
+    error: str | None = None
+    """Why the payload does not decode (verify `report` only)."""
+
+
+def driver_records(unit: Unit, verify: str, lsns: Range) -> Iterator[DriverRecord]:
+    """Every backend record of `unit` whose LSN `lsns` holds, with its driver record decoded
+    (the one place that does; a record outside `lsns` is not decoded, so its damage is not
+    seen)."""
+    for rec in backend_records(unit, verify):
+        if not lsns.holds(rec.lsn):
+            continue
+        if rec.payload is None:
+            yield DriverRecord(rec, None)
+            continue
+        try:
+            decoded = decode(rec.payload)
+        except CorruptRecord as exc:
+            reason = f"driver record at LSN {rec.lsn}: {exc}"
+            if verify != VERIFY_REPORT:
+                raise InputCorrupt(unit.path, rec.offset_bytes, reason) from None
+            yield DriverRecord(rec, None, reason)
+            continue
+        yield DriverRecord(rec, decoded)
