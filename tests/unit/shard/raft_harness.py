@@ -14,7 +14,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from logsvc.shard.raft import FailReason, RaftConfig, RaftNode
+from logsvc.shard.raft.config import FailReason, RaftConfig
+from logsvc.shard.raft.node import RaftNode
 from logsvc.store import ShardStore, StoreLimits
 from logsvc.store.fs import FileSystem
 from tests.support.faultfs import FaultFS

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from logsvc.shard import raft
+from logsvc.shard.raft import entries as raft_entries
 from logsvc.store import Entry, ShardStore
 from logsvc.store import records as store_records
 from tae_driver.backends import segment as file_segment
@@ -91,13 +91,13 @@ def test_file_frames_clean_torn_corrupt(tmp_path: Path) -> None:
 
 def test_offline_unwrapping_refuses_globals() -> None:
     regular = b"\x00" + pickle.dumps((7, (b"LSC-bytes",)), protocol=4)
-    assert raft.command_of_entry_offline(regular) == b"LSC-bytes"
-    assert raft.journal_entry_kind(regular) == raft.JOURNAL_ENTRY_REGULAR
-    assert raft.command_of_entry_offline(b"\x01") is None
-    assert raft.journal_entry_kind(b"\x01") == raft.JOURNAL_ENTRY_NOOP
-    assert raft.journal_entry_kind(b"\x02abc") == raft.JOURNAL_ENTRY_MEMBERSHIP
+    assert raft_entries.command_of_entry_offline(regular) == b"LSC-bytes"
+    assert raft_entries.journal_entry_kind(regular) == raft_entries.JOURNAL_ENTRY_REGULAR
+    assert raft_entries.command_of_entry_offline(b"\x01") is None
+    assert raft_entries.journal_entry_kind(b"\x01") == raft_entries.JOURNAL_ENTRY_NOOP
+    assert raft_entries.journal_entry_kind(b"\x02abc") == raft_entries.JOURNAL_ENTRY_MEMBERSHIP
     hostile = b"\x00" + pickle.dumps((7, (os.getcwd,)), protocol=4)  # names a global
-    with pytest.raises(raft.JournalEntryUndecodable, match="may not reference"):
-        raft.command_of_entry_offline(hostile)
-    with pytest.raises(raft.JournalEntryUndecodable, match="is not"):
-        raft.command_of_entry_offline(b"\x00" + pickle.dumps((7, ("text",)), protocol=4))
+    with pytest.raises(raft_entries.JournalEntryUndecodable, match="may not reference"):
+        raft_entries.command_of_entry_offline(hostile)
+    with pytest.raises(raft_entries.JournalEntryUndecodable, match="is not"):
+        raft_entries.command_of_entry_offline(b"\x00" + pickle.dumps((7, ("text",)), protocol=4))
