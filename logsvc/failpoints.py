@@ -53,8 +53,8 @@ KNOWN_FAILPOINTS = frozenset(
         "raft_after_vote_persisted_before_reply",
         # raft/transport.py: the tick's group-commit sync of the journal is about to start
         "raft_before_flush_sync",
-        # raft/snapshot_transfer.py: a snapshot's temporary file is durable, not yet renamed into place
-        # (a snapshot written at compaction, or one received from the leader)
+        # raft/snapshot_transfer.py: a snapshot's temporary file is durable, not yet renamed
+        # into place (a snapshot written at compaction, or one received from the leader)
         "raft_snapshot_before_rename",
     }
 )

@@ -1,61 +1,14 @@
-"""pysyncobj made durable: `ShardRaft`, the one class that reaches into pysyncobj's privates.
+"""`ShardRaft`: pysyncobj's SyncObj with logsvc's fixes (the hole table is in __init__.py).
 
-pysyncobj 0.3.17 runs elections, replication, membership and leader transfer for a shard.
-As shipped it is not crash-safe (shared/reference/pysyncobj.md §8.4). This module closes each
-hole that applies to our design through pysyncobj's extension points, and where that is not
-enough, by overriding a private method here, against the pinned version only (asserted at
-import). Each fix is named where it is made and has a test that fails on stock behaviour
-(tests/unit/shard/test_raft_fixes.py).
-
-Hole (pysyncobj.md §8.4)                 Fix
-1/2 no fsync; acks before durability      `StoreJournal` writes into the shard store; the
-                                           transport holds every next_node_idx, request_vote
-                                           and response_vote until one store.sync() after the
-                                           tick (group commit), and the tick loop syncs
-                                           before the leader's next commit check, so the
-                                           leader only counts itself on durable entries
-(term/vote)                               `setCurrentTerm` -> `store.save_vote`: durable
-                                           before pysyncobj sends the vote request or reply
-3 nextIndex rewind, blind truncation      `_on_message`: a late success ack never moves
-                                           nextIndex back, a refusal never moves it forward
-                                           (stock could livelock a lagging follower with a
-                                           conflicting suffix); an AppendEntries is trimmed to its
-                                           first conflicting entry so a follower deletes only
-                                           on a term conflict, and its commit index never
-                                           passes what the leader vouched for (a snapshot
-                                           chunk vouches for nothing until installed)
-4 dump load errors swallowed              `_SyncObj__loadDumpFile` replaced: a bad snapshot
-                                           is fatal; a compacted journal without its snapshot
-                                           refuses to start; the snapshot file is shipped,
-                                           received and found through the file-system port
-                                           (`_SnapshotTransfer`), a received one durably
-5 state-init race, creator-thread ticks    autoTick off; ticks driven by the node's
-                                           scheduler (scheduler.py: a few worker threads
-                                           for every shard, pysyncobj's poller replaced
-                                           by the worker's epoll; docs/decisions/0005-...)
-6 in-place compaction, all in RAM          pysyncobj compaction off; compaction only at
-                                           snapshot points (docs/decisions/0001-...)
-10 pickle RCE without password            the cluster secret is mandatory; messages are
-                                           sealed with it by `MessageSealer` (AES-GCM, a
-                                           key per sender) instead of pysyncobj's Fernet
-                                           (docs/decisions/0003-raft-seal.md)
-13 commit index hint                      never persisted: it restarts at the log start and
-                                           is relearned from the leader (clamped by design)
-Quiescence (quiescence.py, liveness.py; 0005): an idle shard's leader and followers agree
-to stop heartbeats and election timers; our own messages (`logsvc_quiesce`, its ack,
-`logsvc_alive` for node liveness) ride on the shard's Raft connection and never reach
-pysyncobj; any Raft message, proposal or connection change wakes the shard, and a quiet
-follower whose leader's node lapses times out exactly as an active one would.
-Membership "one change at a time" is serialized by the replica (replica.py).
-Membership across restarts: the log's configuration is kept in a members file and
-pysyncobj's follows it (membership.py; docs/decisions/0002-membership.md).
-"""
+The one class of logsvc that reaches into pysyncobj's private state: its docstring lists
+every reach-in and why. Everything else of the package talks to it through its `logsvc_*`
+methods or pysyncobj's public API (`doTick`, `raftCurrentTerm`, `getStatus`, ...)."""
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pysyncobj.pickle as pysyncobj_pickle
@@ -96,7 +49,50 @@ QUIESCE_RESEND_S = 0.5
 
 
 class ShardRaft(SyncObj):  # type: ignore[misc]
-    """A pysyncobj SyncObj with logsvc's fixes. Created and ticked by `RaftNode`."""
+    """A pysyncobj SyncObj with logsvc's fixes. Created and ticked by `RaftNode`.
+
+    pysyncobj 0.3.17 internals used here (pinned: patches.py asserts the version), and why:
+
+    Overridden private methods
+      `_onTick`                     load a snapshot present at start through the
+                                    file-system port before the first tick (hole 4)
+      `_getEncryptor`, `encryptor`  AES-GCM sealing instead of Fernet (hole 10)
+      `__changeCluster`             mark the leader's own membership proposal
+      `__doChangeCluster`           follow the log's latest configuration (membership.py)
+      `__tryLogCompaction`          compaction at snapshot points only (hole 6)
+      `__loadDumpFile`              a bad snapshot is fatal; journal reset to it (hole 4)
+    State read or written
+      `__raftCommitIndex`           clamped to what the leader vouched for (hole 3);
+                                    raised by an agreed quiesce request; wake-up checks
+      `__raftLastApplied`           the index `apply` is at; set by a snapshot install
+      `__raftNextIndex`             a late ack never lowers it, a refusal never raises it
+      `__raftMatchIndex`            followers' progress (progress view, learners, quiet)
+      `__raftElectionDeadline`      held while quiet or joining; restarted from liveness
+      `__newAppendEntriesTime`      inf while quiet (no heartbeats); 0 to heartbeat now;
+                                    the leader's next deadline for the scheduler
+      `__lastResponseTime`          a quiet leader's followers count as heard (no fallback)
+      `__otherNodes`, `__connectedNodes`, `__readonlyNodes`, `__selfNode`, `__raftState`,
+      `__raftLeader`, `_RAFT_STATE`  peers, connections, learners and role: quiescence,
+                                    liveness, the snapshot's cluster, wake-up deadlines
+      `__commandsQueue._FastQueue__queue`, `__commandsWaitingCommit`
+                                    work pending (tick again now; never quiet while busy):
+                                    FastQueue has no non-consuming emptiness test
+      `__serializer`                replaced by `_SnapshotTransfer` (file-system port);
+      `__needLoadDumpFile`          off: `_onTick` loads it through the port instead
+      `__transport`                 our own messages, the held replies, the tick's flush
+      `__conf`                      bindRetryTime, connectionRetryTime, raftMinTimeout
+      `__generateRaftTimeout`       a random election timeout drawn as pysyncobj does
+      `__updateClusterConfiguration`  set pysyncobj's peers to the log's configuration
+      `__onSetCodeVersion`          what pysyncobj's own snapshot load does last
+      `_isLeader`, `_getLeader`     role and leader (no public equivalent)
+      `_TcpConnection__lastReadTime`  a quiet shard's connection is not timed out while
+                                    its peer's node is live (`_logsvc_refresh_connections`)
+    On its behalf elsewhere in this package: transport.py overrides the transport's
+    `send`, `addNode`, `setOnMessageReceivedCallback` and `_on(Readonly)Node(Dis)connected`
+    hooks; journal.py subclasses pysyncobj's `Journal`; patches.py replaces the module
+    globals `createJournal`, `createPoller`, `PIPE_NOTIFIER_ENABLED`, the pickle protocol,
+    `tcp_connection.zlib` and (simulator only) `monotonicTime`.
+    """
 
     # pysyncobj's private state that the fixes below read and write (0.3.17 names).
     _SyncObj__raftCommitIndex: int
@@ -200,6 +196,51 @@ class ShardRaft(SyncObj):  # type: ignore[misc]
         )
         self._logsvc_snapshot_at_start = self._logsvc_fs.exists(config.snapshot_path)
         self._SyncObj__needLoadDumpFile = False
+
+    # -- what RaftNode asks (it touches no pysyncobj private itself) -------------------------
+
+    def logsvc_propose(self, encoded: bytes, callback: Callable[[object, int], None]) -> None:
+        """Queue one command (any thread); `callback(result, fail_reason)` on the tick."""
+        self._logsvc_apply(encoded, callback=callback)
+
+    def logsvc_is_leader(self) -> bool:
+        return bool(self._isLeader())
+
+    def logsvc_leader(self) -> str | None:
+        """The leader's Raft address as this replica knows it, or None."""
+        leader = self._getLeader()
+        return None if leader is None else str(leader.id)
+
+    def logsvc_peers(self) -> tuple[str, ...]:
+        """The Raft addresses of the voting peers pysyncobj replicates to."""
+        return tuple(str(node.id) for node in self._SyncObj__otherNodes)
+
+    def logsvc_connected_peers(self) -> tuple[str, ...]:
+        """Those of `logsvc_peers` whose connection is up."""
+        connected = self._SyncObj__connectedNodes
+        return tuple(str(node.id) for node in self._SyncObj__otherNodes if node in connected)
+
+    def logsvc_is_connected(self, node: Any) -> bool:
+        """Whether pysyncobj counts the connection to `node` (its node object) as up."""
+        return node in self._SyncObj__connectedNodes
+
+    def logsvc_match_index(self, names: Mapping[Any, str] | None = None) -> dict[str, int]:
+        """On the leader: the last entry each follower acknowledged, by address. `names`:
+        the nodes to report (pysyncobj's node object -> the address to report it under);
+        None: every node, under its id. Any thread: raises RuntimeError if the tick changed
+        the map during the copy (the caller retries)."""
+        match = dict(self._SyncObj__raftMatchIndex)
+        if names is None:
+            return {str(node.id): int(index) for node, index in match.items()}
+        return {address: int(match.get(node, 0)) for node, address in names.items()}
+
+    def logsvc_flush(self) -> None:
+        """The tick's one journal sync, then the replies held for it (the transport's)."""
+        self._SyncObj__transport.flush()
+
+    def logsvc_hold_election(self, deadline_s: float) -> None:
+        """No election before `deadline_s` (a joining replica not yet in the log's members)."""
+        self._SyncObj__raftElectionDeadline = deadline_s
 
     @property
     def encryptor(self) -> MessageSealer:

@@ -12,8 +12,6 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-import pysyncobj.syncobj as pysyncobj_syncobj
-
 from logsvc import logs
 from logsvc.events import ReplicaEvents
 from logsvc.events import enabled as events_enabled
@@ -25,7 +23,6 @@ from logsvc.shard.raft.adapter import ShardRaft
 from logsvc.shard.raft.config import RaftConfig, RaftFatal, RaftHandler
 from logsvc.shard.raft.journal import StoreJournal
 from logsvc.shard.raft.patches import monotonic_s
-from logsvc.shard.raft.transport import _DurableMixin
 from logsvc.store import ShardStore, StoreError
 from logsvc.store.fs import FileSystem, OsFileSystem
 
@@ -95,7 +92,7 @@ class RaftNode:
         started = replace(config, peers=self._membership.peers)
         self._owns_scheduler = raft_scheduler is None and transport_base is None
         if self._owns_scheduler:
-            now_s = pysyncobj_syncobj.monotonicTime()
+            now_s = monotonic_s()
             raft_scheduler = scheduler.RaftScheduler(
                 NodeLiveness(
                     config.self_address,
@@ -175,7 +172,7 @@ class RaftNode:
     def propose(self, encoded: bytes, callback: Callable[[object, int], None]) -> None:
         """Queue one command; `callback(result, fail_reason)` runs on the tick thread once
         it is applied here (FailReason.SUCCESS) or failed."""
-        self._raft._logsvc_apply(encoded, callback=callback)
+        self._raft.logsvc_propose(encoded, callback)
         self._wake()
 
     def _wake(self) -> None:
@@ -184,12 +181,11 @@ class RaftNode:
 
     @property
     def is_leader(self) -> bool:
-        return bool(self._raft._isLeader())
+        return self._raft.logsvc_is_leader()
 
     @property
     def leader(self) -> str | None:
-        leader = self._raft._getLeader()
-        return None if leader is None else str(leader.id)
+        return self._raft.logsvc_leader()
 
     @property
     def term(self) -> int:
@@ -222,15 +218,15 @@ class RaftNode:
         entry it holds, as it acknowledged); empty elsewhere. Any thread: a copy, retried
         if the tick changed the maps meanwhile."""
         raft = self._raft
-        if not raft._isLeader():
+        if not raft.logsvc_is_leader():
             return {}
         for _ in range(10):
             try:
                 learners = dict(raft._logsvc_learners)
-                match = dict(raft._SyncObj__raftMatchIndex)
+                match = raft.logsvc_match_index(learners)
             except RuntimeError:  # changed size during the copy
                 continue
-            return {address: int(match.get(node, 0)) for node, address in learners.items()}
+            return {address: match.get(address, 0) for address in learners.values()}
         return {}
 
     @property
@@ -258,7 +254,7 @@ class RaftNode:
 
     def progress(self) -> ProgressView:
         """The last election seen and, on the leader, each follower's lag in seconds."""
-        return self._progress.view(pysyncobj_syncobj.monotonicTime())
+        return self._progress.view(monotonic_s())
 
     def add_member(self, address: str, callback: Callable[[object, int], None]) -> None:
         self._raft.addNodeToCluster(address, callback=callback)
@@ -290,7 +286,7 @@ class RaftNode:
         if self._config.learner:
             return frozenset()
         node_of = self._scheduler.node_of
-        return frozenset(node_of(str(node.id)) for node in self._raft._SyncObj__otherNodes)
+        return frozenset(node_of(address) for address in self._raft.logsvc_peers())
 
     def connected_to(self, node: str) -> bool:
         """Whether this replica's connection to its peer on `node` is up."""
@@ -298,11 +294,7 @@ class RaftNode:
         if self._config.learner:
             return False
         node_of = self._scheduler.node_of
-        connected = self._raft._SyncObj__connectedNodes
-        return any(
-            peer in connected and node_of(str(peer.id)) == node
-            for peer in self._raft._SyncObj__otherNodes
-        )
+        return any(node_of(address) == node for address in self._raft.logsvc_connected_peers())
 
     def tick(self) -> float | None:
         """One tick, on the replica's worker; the next deadline to tick again without an
@@ -310,7 +302,7 @@ class RaftNode:
         if not self.tick_once(0.0):
             return None
         raft = self._raft
-        now_s = float(pysyncobj_syncobj.monotonicTime())
+        now_s = float(monotonic_s())
         if raft._logsvc_messages != self._messages_before:
             return now_s  # act on what arrived (commit, apply, answer) before anything else
         due_s: float | None = raft._logsvc_next_wakeup_s(now_s)
@@ -330,7 +322,6 @@ class RaftNode:
         if self._fatal is not None:
             return False
         raft = self._raft
-        transport: _DurableMixin = raft._SyncObj__transport
         self.ticks += 1
         shard = self._events.shard if self._events is not None else 0
         if shard:
@@ -346,13 +337,13 @@ class RaftNode:
                 # tick acts), in one tick of ours instead of two per event. Every reply
                 # that promises durability still leaves only after the sync.
                 self._poller.poll(0.0)
-                transport.flush()
-            now_s = pysyncobj_syncobj.monotonicTime()
+                raft.logsvc_flush()
+            now_s = monotonic_s()
             self._messages_before = raft._logsvc_messages
             raft._logsvc_quiesce_before(now_s)
             raft.doTick(wait_s)
-            transport.flush()  # one sync for the tick, then the held replies
-            now_s = pysyncobj_syncobj.monotonicTime()
+            raft.logsvc_flush()  # one sync for the tick, then the held replies
+            now_s = monotonic_s()
             raft._logsvc_quiesce_after(now_s)
             raft._logsvc_send_alive(now_s)
             self._note_role()
@@ -386,19 +377,13 @@ class RaftNode:
             raft._logsvc_follow_membership()
             if self._scheduler is not None and self._started:
                 self._scheduler.update_peers(self)
-        now_s = pysyncobj_syncobj.monotonicTime()
+        now_s = monotonic_s()
         if self._membership.joining:
             # Not a member until our `add` arrives: an election now would only raise our
             # term and, once the leader adds us, make it step down.
-            raft._SyncObj__raftElectionDeadline = now_s + (
-                self._config.election_timeout_ms_max / 1000.0
-            )
-        leading = bool(raft._isLeader())
-        match_index = (
-            {node.id: int(index) for node, index in raft._SyncObj__raftMatchIndex.items()}
-            if leading
-            else {}
-        )
+            raft.logsvc_hold_election(now_s + self._config.election_timeout_ms_max / 1000.0)
+        leading = raft.logsvc_is_leader()
+        match_index = raft.logsvc_match_index() if leading else {}
         self._progress.observe(
             now_s,
             time.time(),
@@ -413,7 +398,7 @@ class RaftNode:
         """Emit `leader` / `follower` when leadership changed during the last tick."""
         if self._events is None or not events_enabled():
             return
-        leading = bool(self._raft._isLeader())
+        leading = self._raft.logsvc_is_leader()
         if leading != self._leading:
             self._leading = leading
             self._events.emit("leader" if leading else "follower", term=self.term)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 import zlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pysyncobj
 import pysyncobj.pickle as pysyncobj_pickle
@@ -26,9 +26,6 @@ from pysyncobj.version import VERSION as PYSYNCOBJ_VERSION
 
 from logsvc.shard import scheduler
 from logsvc.shard.raft.config import FailReason
-
-if TYPE_CHECKING:
-    from logsvc.shard.raft.journal import StoreJournal
 
 PINNED_PYSYNCOBJ_VERSION = "0.3.17"
 # The private methods overridden below exist with these semantics in 0.3.17 only.
@@ -58,11 +55,11 @@ class _JournalRegistry:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._journals: dict[str, StoreJournal] = {}
+        self._journals: dict[str, Journal] = {}
         self._counter = 0
         self._original = pysyncobj_syncobj.createJournal
 
-    def register(self, journal: StoreJournal) -> str:
+    def register(self, journal: Journal) -> str:
         with self._lock:
             self._counter += 1
             key = f"{self.PREFIX}{self._counter}"

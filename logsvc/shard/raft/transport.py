@@ -4,7 +4,8 @@ the tick's one sync (holes 1/2), routing received messages through `ShardRaft`'s
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from pysyncobj.dns_resolver import globalDnsResolver
 from pysyncobj.node import TCPNode
@@ -13,9 +14,33 @@ from pysyncobj.transport import TCPTransport, Transport
 from logsvc.failpoints import enabled as failpoints_enabled
 from logsvc.failpoints import failpoint
 from logsvc.shard.raft import patches as _patches  # noqa: F401  (patched before use)
+from logsvc.store import ShardStore
 
-if TYPE_CHECKING:
-    from logsvc.shard.raft.adapter import ShardRaft
+
+class _Journal(Protocol):
+    @property
+    def store(self) -> ShardStore: ...
+
+
+class TransportOwner(Protocol):
+    """What the transport needs of its SyncObj (adapter.ShardRaft), so that this module
+    does not import the adapter."""
+
+    _logsvc_journal: _Journal
+    _logsvc_learners: dict[Any, str]
+
+    def _logsvc_dial_node(self, node: Any) -> Any: ...
+
+    def _logsvc_on_message(
+        self, node: Any, message: dict[str, Any], deliver: Callable[[Any, dict[str, Any]], None]
+    ) -> None: ...
+
+    def _logsvc_note_sent(self, node: Any) -> None: ...
+
+    def _logsvc_on_connection(self, node: Any, up: bool) -> None: ...
+
+    def logsvc_is_connected(self, node: Any) -> bool: ...
+
 
 # Messages whose meaning depends on our journal being durable (Raft Figure 2: reply to
 # AppendEntries only after persisting; term/vote/log durable before a vote leaves).
@@ -30,7 +55,7 @@ class _DurableMixin(Transport):  # type: ignore[misc]
     Mixed into a pysyncobj transport: TCP in production (`_DurableTransport`), the
     simulator's in-memory one in tests (`durable_transport_class`)."""
 
-    def __init__(self, syncObj: ShardRaft, selfNode: Any, otherNodes: Any) -> None:
+    def __init__(self, syncObj: TransportOwner, selfNode: Any, otherNodes: Any) -> None:
         self._outbox: list[tuple[Any, dict[str, Any]]] = []
         self._syncObj = syncObj  # TCPTransport sets it too; the base Transport does not
         super().__init__(syncObj, selfNode, otherNodes)
@@ -39,14 +64,14 @@ class _DurableMixin(Transport):  # type: ignore[misc]
         # Every peer the transport will dial passes here: the configured ones, and those
         # pysyncobj creates later as plain TCPNodes (membership changes, a snapshot's
         # cluster list), so a test's dial override covers them too.
-        owner: ShardRaft = self._syncObj
+        owner: TransportOwner = self._syncObj
         super().addNode(owner._logsvc_dial_node(node))
 
     def setOnMessageReceivedCallback(self, callback: Any) -> None:
         if callback is None:
             super().setOnMessageReceivedCallback(None)
             return
-        owner: ShardRaft = self._syncObj
+        owner: TransportOwner = self._syncObj
 
         def route(node: Any, message: dict[str, Any]) -> None:
             owner._logsvc_on_message(node, message, callback)
@@ -54,7 +79,7 @@ class _DurableMixin(Transport):  # type: ignore[misc]
         super().setOnMessageReceivedCallback(route)
 
     def send(self, node: Any, message: dict[str, Any]) -> bool:
-        owner: ShardRaft = self._syncObj
+        owner: TransportOwner = self._syncObj
         owner._logsvc_note_sent(node)
         if message.get("type") in _AFTER_SYNC:
             self._outbox.append((node, message))
@@ -64,25 +89,25 @@ class _DurableMixin(Transport):  # type: ignore[misc]
         return bool(super().send(node, message))
 
     def _onNodeConnected(self, node: Any) -> None:
-        owner: ShardRaft = self._syncObj
+        owner: TransportOwner = self._syncObj
         owner._logsvc_on_connection(node, up=True)
         super()._onNodeConnected(node)
 
     def _onReadonlyNodeConnected(self, node: Any) -> None:
-        owner: ShardRaft = self._syncObj
+        owner: TransportOwner = self._syncObj
         owner._logsvc_on_connection(node, up=True)  # a learner: a quiet leader wakes
         super()._onReadonlyNodeConnected(node)
 
     def _onReadonlyNodeDisconnected(self, node: Any) -> None:
-        owner: ShardRaft = self._syncObj
+        owner: TransportOwner = self._syncObj
         owner._logsvc_learners.pop(node, None)
         super()._onReadonlyNodeDisconnected(node)
 
     def _onNodeDisconnected(self, node: Any) -> None:
-        owner: ShardRaft = self._syncObj
+        owner: TransportOwner = self._syncObj
         # pysyncobj also reports a dial that failed (a peer that is down, every retry):
         # only a connection that was up is news.
-        if node in owner._SyncObj__connectedNodes:
+        if owner.logsvc_is_connected(node):
             owner._logsvc_on_connection(node, up=False)
         super()._onNodeDisconnected(node)
 
@@ -91,7 +116,7 @@ class _DurableMixin(Transport):  # type: ignore[misc]
 
     def flush(self) -> None:
         """Sync the journal, then send what was held. Called after every tick."""
-        owner: ShardRaft = self._syncObj
+        owner: TransportOwner = self._syncObj
         failpoint("raft_before_flush_sync")
         owner._logsvc_journal.store.sync()
         outbox, self._outbox = self._outbox, []

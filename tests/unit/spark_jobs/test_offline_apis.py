@@ -6,15 +6,18 @@ their owners' recovery would decide, without raising on damage and without writi
   sealed segment is END_CORRUPT at the record's offset with the records before it; the
   header walk (`verify=False`) lists the same records without checksums.
 * `tae_driver.backends.segment.read_segment_frames`: the same for the file backend.
-* `logsvc.shard.raft.command_of_entry_offline`: the command bytes of a regular journal entry,
-  None for pysyncobj's own entries, and `JournalEntryUndecodable` for a pickle that names a
-  global (it is never executed).
+* `logsvc.shard.raft.entries.command_of_entry_offline`: the command bytes of a regular journal
+  entry, None for pysyncobj's own entries, and `JournalEntryUndecodable` for a pickle that
+  names a global (it is never executed). Importing it, or `spark_jobs.journal`, loads no
+  pysyncobj (a fresh interpreter checks `sys.modules`): Spark executors never load it.
 """
 
 from __future__ import annotations
 
 import os
 import pickle
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -101,3 +104,19 @@ def test_offline_unwrapping_refuses_globals() -> None:
         raft_entries.command_of_entry_offline(hostile)
     with pytest.raises(raft_entries.JournalEntryUndecodable, match="is not"):
         raft_entries.command_of_entry_offline(b"\x00" + pickle.dumps((7, ("text",)), protocol=4))
+
+
+@pytest.mark.parametrize(
+    "module", ["spark_jobs.journal", "logsvc.shard.raft.entries", "logsvc.shard.raft.config"]
+)
+def test_offline_readers_do_not_import_pysyncobj(module: str) -> None:
+    probe = f"import sys, {module}; print(sorted(m for m in sys.modules if 'pysyncobj' in m))"
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert done.stdout.strip() == "[]", done.stdout
