@@ -61,6 +61,8 @@ class ShardRaft(SyncObj):  # type: ignore[misc]
       `__doChangeCluster`           follow the log's latest configuration (membership.py)
       `__tryLogCompaction`          compaction at snapshot points only (hole 6)
       `__loadDumpFile`              a bad snapshot is fatal; journal reset to it (hole 4)
+      `__applyLogEntries`           the commit index goes out with the next AppendEntries,
+                                    due within commit_notice_ms, not in one of its own
     State read or written
       `__raftCommitIndex`           clamped to what the leader vouched for (hole 3);
                                     raised by an agreed quiesce request; wake-up checks
@@ -69,6 +71,7 @@ class ShardRaft(SyncObj):  # type: ignore[misc]
       `__raftMatchIndex`            followers' progress (progress view, learners, quiet)
       `__raftElectionDeadline`      held while quiet or joining; restarted from liveness
       `__newAppendEntriesTime`      inf while quiet (no heartbeats); 0 to heartbeat now;
+                                    within commit_notice_ms after a commit;
                                     the leader's next deadline for the scheduler
       `__lastResponseTime`          a quiet leader's followers count as heard (no fallback)
       `__otherNodes`, `__connectedNodes`, `__readonlyNodes`, `__selfNode`, `__raftState`,
@@ -119,6 +122,7 @@ class ShardRaft(SyncObj):  # type: ignore[misc]
         # Everything we use is set before SyncObj.__init__ (pysyncobj.md §1.5 D).
         self._logsvc_messages = 0  # Raft messages and connection changes seen (all ticks)
         self._logsvc_quiesce_after_s = config.quiesce_after_ms / 1000.0
+        self._logsvc_commit_notice_s = config.commit_notice_ms / 1000.0
         self._logsvc_election_max_s = config.election_timeout_ms_max / 1000.0
         self._logsvc_node_of: Callable[[str], str] = node_of if node_of is not None else str
         self._logsvc_liveness = (
@@ -304,6 +308,19 @@ class ShardRaft(SyncObj):  # type: ignore[misc]
                 self._SyncObj__lastResponseTime.setdefault(node, now)
         log.info("raft peers are now %s (the log's configuration)", sorted(target))
         return True
+
+    def _SyncObj__applyLogEntries(self) -> bool:
+        # Stock returns True after applying anything (appendEntriesUseBatch off), and the
+        # leader then sends a commit-index-only AppendEntries in the same tick. Instead the
+        # next AppendEntries is due within commit_notice_ms (RaftConfig says why): any
+        # AppendEntries sent before then carries the commit index and moves it on.
+        need_send = bool(SyncObj._SyncObj__applyLogEntries(self))
+        if not need_send or not self._logsvc_commit_notice_s or not self._isLeader():
+            return need_send
+        notice_s = float(pysyncobj_syncobj.monotonicTime()) + self._logsvc_commit_notice_s
+        if notice_s < self._SyncObj__newAppendEntriesTime:
+            self._SyncObj__newAppendEntriesTime = notice_s
+        return False
 
     @replicated  # type: ignore[untyped-decorator]
     def _logsvc_apply(self, encoded: bytes) -> object:
