@@ -59,6 +59,7 @@ reader of journal files does not load pysyncobj):
 - `journal`: `StoreJournal`, pysyncobj's journal over the shard store.
 - `transport`: the durable transport (replies after the tick's sync) and `_DialNode`.
 - `snapshot_transfer`: the snapshot file shipped, received and written durably.
+- `chunks`: a large entry's AppendEntries chunks reassembled before the checks.
 - `adapter`: `ShardRaft`, the one class that reaches into pysyncobj's privates.
 - `node`: `RaftNode`, what the replica and the scheduler drive.
 """

@@ -11,7 +11,6 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import pysyncobj.pickle as pysyncobj_pickle
 import pysyncobj.syncobj as pysyncobj_syncobj
 import pysyncobj.tcp_connection as pysyncobj_tcp_connection
 from pysyncobj import SyncObj, SyncObjConf, replicated
@@ -19,11 +18,11 @@ from pysyncobj.node import TCPNode
 
 from logsvc.shard import quiescence, scheduler, snapshot_file
 from logsvc.shard.liveness import NodeLiveness
+from logsvc.shard.raft.chunks import ChunkAssembler
 from logsvc.shard.raft.config import RaftConfig, RaftFatal, RaftHandler
 from logsvc.shard.raft.journal import StoreJournal
 from logsvc.shard.raft.patches import _JOURNALS, _POLLERS
 from logsvc.shard.raft.snapshot_transfer import (
-    TRANSMISSION_BYTES_MAX,
     _make_durable,
     _never_called,
     _SnapshotTransfer,
@@ -147,7 +146,7 @@ class ShardRaft(SyncObj):  # type: ignore[misc]
         self._logsvc_handler = handler
         self._logsvc_snapshot_path = config.snapshot_path
         self._logsvc_compacted_at = 0
-        self._logsvc_rx = b""
+        self._logsvc_chunks = ChunkAssembler()
         self._logsvc_dial = dict(config.dial_overrides)
         self._logsvc_proposing = False  # inside the leader's own membership change
         # Our sealing instead of pysyncobj's Fernet (see `encryptor` below): every
@@ -395,7 +394,7 @@ class ShardRaft(SyncObj):  # type: ignore[misc]
     def _logsvc_on_append_entries(
         self, node: Any, message: dict[str, Any], deliver: Callable[[Any, dict[str, Any]], None]
     ) -> None:
-        message = self._logsvc_assemble(message)
+        message = self._logsvc_chunks.assemble(message)
         if "transmission" in message:
             deliver(node, message)  # a chunk of a large entry: pysyncobj only buffers it
             return
@@ -439,38 +438,6 @@ class ShardRaft(SyncObj):  # type: ignore[misc]
         ceiling = max(commit_before, confirmed)
         if self._SyncObj__raftCommitIndex > ceiling:
             self._SyncObj__raftCommitIndex = ceiling
-
-    def _logsvc_assemble(self, message: dict[str, Any]) -> dict[str, Any]:
-        """Turn the last chunk of a large entry into an ordinary one-entry message, so the
-        same conflict check applies; the chunks before it pass through untouched."""
-        transmission = message.get("transmission")
-        if transmission is None:
-            return message
-        if transmission == "start":
-            self._logsvc_rx = message["data"]
-            return message
-        if transmission == "process":
-            self._logsvc_rx += message["data"]
-            return message
-        assert transmission == "finish"
-        data = self._logsvc_rx + message["data"]
-        try:
-            entry = pysyncobj_pickle.loads(data)
-        except Exception:
-            # pysyncobj's sender labels a chunk "finish" when it reaches the length of the
-            # entry's *command*, not of its pickle, which is longer: more chunks may follow
-            # (each labelled "finish"). A proper prefix of the pickle never loads, so keep
-            # collecting, and let pysyncobj buffer it as an ordinary chunk.
-            if len(data) > TRANSMISSION_BYTES_MAX:
-                raise RaftFatal(
-                    f"a chunked entry exceeded {TRANSMISSION_BYTES_MAX} bytes"
-                ) from None
-            self._logsvc_rx = data
-            return {**message, "transmission": "process"}
-        self._logsvc_rx = b""
-        whole = {k: v for k, v in message.items() if k not in ("transmission", "data")}
-        whole["entries"] = [tuple(entry)]
-        return whole
 
     # -- quiescence (quiescence.py, liveness.py) ---------------------------------------------
 
