@@ -85,7 +85,7 @@ from logsvc.config_files import ConfigError as ConfigError
 from logsvc.config_files import main_config_error as main_config_error
 from logsvc.node.limits import ServerLimits
 from logsvc.shard.limits import ShardLimits
-from logsvc.shard.raft import RaftConfig
+from logsvc.shard.raft.config import RaftConfig
 from logsvc.shard.replica import ReplicaConfig
 from logsvc.shard.scheduler import WORKERS_DEFAULT, WORKERS_MAX
 from logsvc.store.limits import StoreLimits
@@ -151,7 +151,7 @@ assert set(_RAFT_DEFAULTS) == set(RAFT_MS_KEYS), "RaftConfig changed: update RAF
 @dataclass(frozen=True, slots=True)
 class RaftTimings:
     """The [raft] section: the per-node settings of every shard's Raft group. Defaults are
-    `RaftConfig`'s (logsvc/shard/raft.py says why each is what it is)."""
+    `RaftConfig`'s (logsvc/shard/raft/config.py says why each is what it is)."""
 
     election_timeout_ms_min: int = _RAFT_DEFAULTS["election_timeout_ms_min"]
     election_timeout_ms_max: int = _RAFT_DEFAULTS["election_timeout_ms_max"]

@@ -24,10 +24,10 @@ events order against the workload's history and the nemesis log.
 Kinds (what emits them):
 
     start       replica opened; term = the durable term recovered (replica.py)
-    term        the durable term changed (raft.py StoreJournal.setCurrentTerm)
+    term        the durable term changed (raft/journal.py StoreJournal.setCurrentTerm)
     vote        a vote for `voted_for` in `term` was made durable (same place, right after
                 the store's save_vote returned; a candidate's vote for itself included)
-    leader      this replica became leader in `term` (raft.py tick loop)
+    leader      this replica became leader in `term` (raft/node.py tick loop)
     follower    this replica stopped being leader; `term` is its term then (tick loop)
     recovery    opening the store repaired something: a torn tail cut, files deleted
     corruption  opening the store, loading the snapshot, or a read found damaged data

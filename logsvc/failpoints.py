@@ -49,12 +49,12 @@ KNOWN_FAILPOINTS = frozenset(
         # store.py truncate_prefix: around the durable write of the new log start
         "store_truncate_prefix_before_meta",
         "store_truncate_prefix_after_meta",
-        # raft.py: a vote is durable, the vote reply is held and not yet sent
+        # raft/transport.py: a vote is durable, the vote reply is held and not yet sent
         "raft_after_vote_persisted_before_reply",
-        # raft.py: the tick's group-commit sync of the journal is about to start
+        # raft/transport.py: the tick's group-commit sync of the journal is about to start
         "raft_before_flush_sync",
-        # raft.py: a snapshot's temporary file is durable, not yet renamed into place
-        # (a snapshot written at compaction, or one received from the leader)
+        # raft/snapshot_transfer.py: a snapshot's temporary file is durable, not yet renamed
+        # into place (a snapshot written at compaction, or one received from the leader)
         "raft_snapshot_before_rename",
     }
 )

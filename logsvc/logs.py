@@ -46,10 +46,24 @@ import logging
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Final, TextIO
+from typing import Final, Protocol, TextIO
 
-if TYPE_CHECKING:
-    from logsvc.config import NodeConfig
+
+class NodeLogSettings(Protocol):
+    """What logging reads of a node's config (logsvc.config.NodeConfig has it): a
+    protocol, so that this module, imported by nearly every other, imports no config."""
+
+    @property
+    def node_id(self) -> str: ...
+    @property
+    def log_level(self) -> str: ...
+    @property
+    def log_format(self) -> str: ...
+    @property
+    def secret(self) -> str: ...
+    @property
+    def token(self) -> str: ...
+
 
 REDACTED: Final = "[redacted]"
 # A value shorter than this is not one of our secrets (the config requires >= 16
@@ -186,7 +200,7 @@ def configure(
     return handler
 
 
-def configure_for_node(config: NodeConfig, stream: TextIO | None = None) -> logging.Handler:
+def configure_for_node(config: NodeLogSettings, stream: TextIO | None = None) -> logging.Handler:
     """The daemon's logging, from a validated node config."""
     return configure(
         node_id=config.node_id,

@@ -10,7 +10,7 @@ That is why a journal is read whole, in order (spark_jobs/inputs.py): a retried 
 (same client and seq) gets no new LSN, and a fenced writer's append gets none at all.
 
 The journal may end in entries that were never committed (a replica's uncommitted tail):
-offline there is no commit index (it is never persisted: raft.py hole 13), so they are read
+offline there is no commit index (it is never persisted: raft/adapter.py hole 13), so they are read
 as if committed. The driver's replay rules treat such a tail as trailing records.
 
 Verification (`verify`):
@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import chain
 
-from logsvc.shard import raft, snapshot_file
+from logsvc.shard import snapshot_file
 from logsvc.shard.commands import (
     AcquireLease,
     AppendBatch,
@@ -47,6 +47,7 @@ from logsvc.shard.commands import (
 )
 from logsvc.shard.errors import CommandCorrupt, SnapshotCorrupt
 from logsvc.shard.limits import DEFAULT_SHARD_LIMITS, ShardLimits
+from logsvc.shard.raft import entries as raft_entries
 from logsvc.shard.state_machine import ShardStateMachine
 from logsvc.store import records
 from logsvc.store.meta import META_FILE_NAME, decode_meta
@@ -243,7 +244,7 @@ def _entry(
         view.offset_bytes,
         view.index,
         view.term,
-        raft.journal_entry_kind(payload),
+        raft_entries.journal_entry_kind(payload),
         None,
         0,
         None,
@@ -253,13 +254,13 @@ def _entry(
         True,
         None,
     )
-    if row.kind != raft.JOURNAL_ENTRY_REGULAR:
+    if row.kind != raft_entries.JOURNAL_ENTRY_REGULAR:
         return row
     try:
-        encoded = raft.command_of_entry_offline(payload)
+        encoded = raft_entries.command_of_entry_offline(payload)
         assert encoded is not None
         command = decode_command(encoded)
-    except (raft.JournalEntryUndecodable, CommandCorrupt) as exc:
+    except (raft_entries.JournalEntryUndecodable, CommandCorrupt) as exc:
         row.kind, row.checksum_ok, row.error = KIND_CORRUPT, False, str(exc)
         return row
     row.kind = _COMMAND_KINDS[type(command)]

@@ -25,7 +25,8 @@ from logsvc.node.hosting import ShardHosting
 from logsvc.node.node_view import DaemonNodeView
 from logsvc.node.server import DataPlaneServer
 from logsvc.shard.liveness import NodeLiveness
-from logsvc.shard.raft import CONNECTION_RETRY_MS_DEFAULT, monotonic_s
+from logsvc.shard.raft.config import CONNECTION_RETRY_MS_DEFAULT
+from logsvc.shard.raft.patches import monotonic_s
 from logsvc.shard.replica import ShardReplica
 from logsvc.shard.scheduler import RaftScheduler
 from logsvc.store.fs import FileSystem

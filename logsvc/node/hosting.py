@@ -37,7 +37,7 @@ from logsvc.node.limits import ServerLimits
 from logsvc.node.server import DataPlaneServer
 from logsvc.node.shard_host import ShardHost
 from logsvc.shard import small_file
-from logsvc.shard.raft import RaftFatal
+from logsvc.shard.raft.config import RaftFatal
 from logsvc.shard.replica import ShardReplica
 from logsvc.shard.scheduler import RaftScheduler
 from logsvc.shard.small_file import SmallFileCorrupt

@@ -41,7 +41,8 @@ from logsvc.node.server import DataPlaneServer
 from logsvc.node.shard_host import ShardHost
 from logsvc.shard.commands import NotLeaseHolder as ShardNotLeaseHolder
 from logsvc.shard.commands import StaleEpoch, Truncated
-from logsvc.shard.raft import RaftFatal, RaftNode
+from logsvc.shard.raft.config import RaftFatal
+from logsvc.shard.raft.node import RaftNode
 from logsvc.shard.replica import (
     MembershipChangeInProgress,
     NotLeader,

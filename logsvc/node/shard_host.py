@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import logging
 from collections.abc import Callable
 from concurrent.futures import Executor
@@ -79,7 +80,8 @@ class ShardHost:
         self._batches_max = min(limits.batch_appends_max, shard_limits.group_batches_max)
         self._bytes_max = min(limits.batch_bytes_max, shard_limits.group_bytes_max)
         self._records_max = shard_limits.records_per_batch_max
-        self._sending: set[asyncio.Task[None]] = set()
+        # Groups proposed and not yet answered (at most proposals_inflight_per_shard_max).
+        self._inflight: set[_InFlight] = set()
         self._batcher = asyncio.create_task(self._run_batcher(), name=f"batcher:{shard_id}")
         replica.add_apply_listener(self._from_tick_thread)
 
@@ -92,6 +94,9 @@ class ShardHost:
         while self._queued:
             _, on_outcome = self._queued.popleft()
             _settle(on_outcome, NotLeader(None))
+        # Proposed, not answered: they may commit yet, so their clients cannot be told no.
+        for group in list(self._inflight):
+            self._finish(group, OutcomeUnknown("the node is shutting down"))
 
     # ------------------------------------------------------------------ writes
 
@@ -188,7 +193,7 @@ class ShardHost:
                 continue
             # Proposals run concurrently (bounded); the batcher goes on collecting.
             await self._proposals.acquire()
-            self._spawn_send(list(pending), acquired=True)
+            self._propose_group(list(pending))
 
     async def _queued_more(self, timeout_s: float | None) -> bool:
         """Wait until an append is queued (at most `timeout_s`); False if none was.
@@ -208,38 +213,46 @@ class ShardHost:
                 self._wakeup = None
         return bool(self._queued)
 
-    def _spawn_send(
-        self, items: list[tuple[AppendBatch, AppendCallback]], acquired: bool = False
-    ) -> None:
-        # The loop keeps only weak references to tasks: hold ours until they finish.
-        task = self._loop.create_task(self._send(items, acquired))
-        self._sending.add(task)
-        task.add_done_callback(self._sending.discard)
-
-    async def _send(
-        self, items: list[tuple[AppendBatch, AppendCallback]], acquired: bool = False
-    ) -> None:
+    def _propose_group(self, items: list[tuple[AppendBatch, AppendCallback]]) -> None:
+        """Propose one group (its proposal slot already taken) and answer its appends from
+        the callback the tick thread hands the outcome to: no task, future or timeout
+        wrapper per group, and one loop wake-up between the apply and the answers."""
+        command: Command = (
+            items[0][0] if len(items) == 1 else AppendGroup(tuple(b for b, _ in items))
+        )
+        group = _InFlight(items)
+        self._inflight.add(group)
+        timeout_ms = self._limits.proposal_timeout_ms
+        group.timer = self._loop.call_later(
+            timeout_ms / 1000.0,
+            self._finish,
+            group,
+            OutcomeUnknown(f"no answer within {timeout_ms} ms"),
+        )
         try:
-            if not acquired:
-                await self._proposals.acquire()
-                acquired = True
-            command: Command = (
-                items[0][0] if len(items) == 1 else AppendGroup(tuple(b for b, _ in items))
-            )
-            outcome: Result | ShardError = await self._submit_and_wait(command)
-        except asyncio.CancelledError:  # shutdown: every caller still gets an answer
-            for _, on_outcome in items:
-                _settle(on_outcome, OutcomeUnknown("the node is shutting down"))
-            raise
-        finally:
-            if acquired:
-                self._proposals.release()
+            self.replica.submit(command, functools.partial(self._from_tick, group))
+        except ShardError as exc:  # refused before queueing (NotLeader, ReplicaFailed...)
+            self._finish(group, exc)
+
+    def _from_tick(self, group: _InFlight, outcome: Result | ShardError) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop closed during shutdown
+            self._loop.call_soon_threadsafe(self._finish, group, outcome)
+
+    def _finish(self, group: _InFlight, outcome: Result | ShardError) -> None:
+        """On the loop: the group's one answer (the first of outcome, timeout, shutdown)."""
+        if group.answered:
+            return
+        group.answered = True
+        if group.timer is not None:
+            group.timer.cancel()
+        self._inflight.discard(group)
+        self._proposals.release()
         results: list[AppendOutcome]
         if isinstance(outcome, GroupAppended):
             results = list(outcome.results)
         else:
-            results = [outcome] * len(items)
-        for (_, on_outcome), result in zip(items, results, strict=True):
+            results = [outcome] * len(group.items)
+        for (_, on_outcome), result in zip(group.items, results, strict=True):
             _settle(on_outcome, result)
 
     # ------------------------------------------------------------------ reads
@@ -312,3 +325,14 @@ def _wake(waiter: asyncio.Future[None]) -> None:
 
 def _batch_bytes(batch: AppendBatch) -> int:
     return sum(map(len, batch.records)) + 64
+
+
+class _InFlight:
+    """One proposed group of appends, until it is answered."""
+
+    __slots__ = ("answered", "items", "timer")
+
+    def __init__(self, items: list[tuple[AppendBatch, AppendCallback]]) -> None:
+        self.items = items
+        self.timer: asyncio.TimerHandle | None = None
+        self.answered = False

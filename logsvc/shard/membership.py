@@ -33,7 +33,7 @@ So the configuration is tracked here, from the log, and pysyncobj's is made to f
 A replica started to *join* a shard (`joining`) was given the members as the leader knew
 them just before it proposed adding this replica; every membership entry older than that
 `add` is already reflected in them. It therefore ignores membership entries until its own
-`add` (or a snapshot naming it), and holds its elections until then (raft.py).
+`add` (or a snapshot naming it), and holds its elections until then (raft/node.py).
 """
 
 from __future__ import annotations

@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from logsvc.events import ReplicaEvents
-from logsvc.shard import raft
 from logsvc.shard.commands import (
     AcquireLease,
     AppendBatch,
@@ -45,6 +44,9 @@ from logsvc.shard.errors import (
     ShardError,
 )
 from logsvc.shard.limits import DEFAULT_SHARD_LIMITS, ShardLimits
+from logsvc.shard.raft.config import FailReason, RaftConfig, RaftFatal
+from logsvc.shard.raft.journal import command_of_entry
+from logsvc.shard.raft.node import RaftNode
 from logsvc.shard.scheduler import RaftScheduler
 from logsvc.shard.state_machine import ShardStateMachine
 from logsvc.store import (
@@ -104,7 +106,7 @@ class MembershipChangeInProgress(ShardError):
 @dataclass(frozen=True, slots=True)
 class ReplicaConfig:
     data_dir: str  # holds journal/ (the shard store) and snapshot
-    raft: raft.RaftConfig
+    raft: RaftConfig
     store_limits: StoreLimits = DEFAULT_LIMITS
     shard_limits: ShardLimits = DEFAULT_SHARD_LIMITS
     # The store's file-system port (journal and snapshot); None = the real one. Tests pass
@@ -124,10 +126,10 @@ class ReplicaConfig:
 class SimulatedRuntime:
     """For the deterministic simulator only: the replica runs no thread of its own. Its
     store starts no syncer (the Raft tick's one sync per tick is then the only sync) and
-    reads `clock_ms`; Raft talks through `transport_base`, a `raft.TransportBase` subclass
+    reads `clock_ms`; Raft talks through `transport_base`, a `raft.patches.TransportBase` subclass
     (an in-memory network). Such a replica is never `start()`ed: the simulator calls
     `tick()` on its own thread, after pointing pysyncobj's clock at its virtual one
-    (`raft.set_monotonic_clock`)."""
+    (`raft.patches.set_monotonic_clock`)."""
 
     transport_base: type
     clock_ms: Callable[[], float]
@@ -193,7 +195,7 @@ class ShardReplica:
             raft_config = config.raft
             if raft_config.snapshot_path != os.path.join(config.data_dir, "snapshot"):
                 raft_config = _with_snapshot_path(raft_config, config.data_dir)
-            self._node = raft.RaftNode(
+            self._node = RaftNode(
                 raft_config,
                 self._store,
                 self,
@@ -202,7 +204,7 @@ class ShardReplica:
                 transport_base=None if simulated is None else simulated.transport_base,
                 raft_scheduler=None if simulated is not None else config.raft_scheduler,
             )
-        except raft.RaftFatal as exc:
+        except RaftFatal as exc:
             self._events.emit("corruption", detail=str(exc))
             self._store.close()
             raise
@@ -338,7 +340,7 @@ class ShardReplica:
                     if records:
                         return ReadResult(tuple(records), lsn, next_lsn)
                     raise LsnTruncated(next_lsn, self._first_lsn_in_journal(next_lsn)) from None
-                command = raft.command_of_entry(entry.payload)
+                command = command_of_entry(entry.payload)
                 assert command is not None, f"raft index {where.raft_index} holds no command"
                 cached_index = where.raft_index
                 cached = decode_entry_records(command, self._limits)
@@ -376,7 +378,7 @@ class ShardReplica:
         return self._limits
 
     @property
-    def node(self) -> raft.RaftNode:
+    def node(self) -> RaftNode:
         return self._node
 
     @property
@@ -462,7 +464,7 @@ class ShardReplica:
             # Only our encoder writes commands, so this is damage or replicas configured
             # with different limits. Skipping it could diverge from replicas that applied
             # it: stop instead.
-            raise raft.RaftFatal(f"raft index {raft_index}: undecodable command: {exc}") from exc
+            raise RaftFatal(f"raft index {raft_index}: undecodable command: {exc}") from exc
         with self._machine_lock:
             result = self._machine.apply(raft_index, command)
             next_lsn = self._machine.next_lsn
@@ -487,7 +489,7 @@ class ShardReplica:
         """The tick thread stopped: damaged data (a bad record read by Raft, a snapshot that
         does not load, an undecodable command) goes to the event log as corruption."""
         cause = exc.cause if isinstance(exc, StoreFailed) else exc
-        if isinstance(cause, Corruption | raft.RaftFatal):
+        if isinstance(cause, Corruption | RaftFatal):
             self._events.emit("corruption", term=self._store.term, detail=str(exc))
 
     def _remember_proposed(self, encoded: bytes, command: Command) -> None:
@@ -512,20 +514,20 @@ class ShardReplica:
 
 def _result_or_raise(waiter: _Waiter, leader: str | None) -> Result:
     reason = waiter.reason
-    if reason == raft.FailReason.SUCCESS:
+    if reason == FailReason.SUCCESS:
         if isinstance(waiter.result, ShardError):
             raise waiter.result
         return waiter.result  # type: ignore[return-value]
-    if reason == raft.FailReason.QUEUE_FULL:
+    if reason == FailReason.QUEUE_FULL:
         raise Overloaded("the Raft command queue is full")
-    if reason in (raft.FailReason.NOT_LEADER, raft.FailReason.MISSING_LEADER):
+    if reason in (FailReason.NOT_LEADER, FailReason.MISSING_LEADER):
         raise NotLeader(leader)
-    if reason == raft.FailReason.REQUEST_DENIED:
+    if reason == FailReason.REQUEST_DENIED:
         raise MembershipChangeInProgress("the leader refused the change (one at a time)")
     names = {
-        raft.FailReason.DISCARDED: "discarded by a new leader",
-        raft.FailReason.LEADER_CHANGED: "the leader changed",
-        raft.FailReason.UNKNOWN_OUTCOME: "unknown outcome",
+        FailReason.DISCARDED: "discarded by a new leader",
+        FailReason.LEADER_CHANGED: "the leader changed",
+        FailReason.UNKNOWN_OUTCOME: "unknown outcome",
     }
     raise OutcomeUnknown(names.get(reason, f"fail reason {reason}"))
 
@@ -552,7 +554,7 @@ def _emit_opened(events: ReplicaEvents, store: ShardStore) -> None:
         )
 
 
-def _with_snapshot_path(config: raft.RaftConfig, data_dir: str) -> raft.RaftConfig:
+def _with_snapshot_path(config: RaftConfig, data_dir: str) -> RaftConfig:
     from dataclasses import replace
 
     return replace(config, snapshot_path=os.path.join(data_dir, "snapshot"))

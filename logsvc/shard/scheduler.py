@@ -45,7 +45,7 @@ from logsvc.shard.liveness import NodeLiveness
 
 log = logging.getLogger("logsvc.scheduler")
 
-# pysyncobj's poller event bits (pysyncobj.poller.POLL_EVENT_TYPE; raft.py asserts they
+# pysyncobj's poller event bits (pysyncobj.poller.POLL_EVENT_TYPE; raft/patches.py asserts they
 # match at import).
 POLL_READ = 1
 POLL_WRITE = 2
@@ -62,7 +62,7 @@ EVENTS_PER_POLL_MAX = 1024
 
 
 class Tickable(Protocol):
-    """What the scheduler drives: one shard replica's Raft (logsvc/shard/raft.py)."""
+    """What the scheduler drives: one shard replica's Raft (logsvc/shard/raft/node.py)."""
 
     label: str
 

@@ -21,7 +21,7 @@ from typing import TypeVar
 import pytest
 
 from logsvc.shard.commands import Appended
-from logsvc.shard.raft import RaftConfig
+from logsvc.shard.raft.config import RaftConfig
 from logsvc.shard.replica import NotLeader, OutcomeUnknown, ReplicaConfig, ShardReplica
 from logsvc.store import Entry, StoreLimits
 from tests.chaos.harness.proxy import ProxyMesh

@@ -39,7 +39,7 @@ from logsvc.config import (
 )
 from logsvc.node.limits import ServerLimits
 from logsvc.shard.limits import ShardLimits
-from logsvc.shard.raft import RaftConfig
+from logsvc.shard.raft.config import RaftConfig
 from logsvc.store.limits import StoreLimits
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"

@@ -26,7 +26,8 @@ from logsvc.config import (
     parse_node_config,
     parse_test_raft_dial,
 )
-from logsvc.shard.raft import RaftConfig, _DialNode
+from logsvc.shard.raft.config import RaftConfig
+from logsvc.shard.raft.transport import _DialNode
 
 TOML = """
 [node]

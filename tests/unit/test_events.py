@@ -17,7 +17,7 @@ import pytest
 
 from logsvc import events
 from logsvc.events import EVENT_FIELDS, EVENT_KINDS, ReplicaEvents, encode_event
-from logsvc.shard.raft import RaftConfig
+from logsvc.shard.raft.config import RaftConfig
 from logsvc.shard.replica import ReplicaConfig, ShardReplica
 from logsvc.store import Corruption, StoreLimits
 from tests.chaos import history

@@ -147,7 +147,7 @@ def test_uvicorn_lines_go_through_the_node_format() -> None:
 def test_a_replica_names_its_shard_and_term(tmp_path: Path) -> None:
     """End to end: a real single-replica shard (its Raft tick thread binds the shard)
     compacts its journal, and the line saying so carries shard and term."""
-    from logsvc.shard.raft import RaftConfig
+    from logsvc.shard.raft.config import RaftConfig
     from logsvc.shard.replica import ReplicaConfig, ShardReplica
 
     from .shard.raft_harness import SECRET as RAFT_SECRET

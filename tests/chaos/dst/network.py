@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from logsvc.shard import raft
+from logsvc.shard.raft import patches as raft_patches
 from tests.chaos.dst.clock import NS_PER_MS, VirtualClock
 
 PartitionSpec = Literal["one", "leader", "majority", "bridge", "one_way"]
@@ -83,7 +83,7 @@ class NetworkStats:
 _ACTIVE: SimNetwork | None = None
 
 
-class SimTransport(raft.TransportBase):  # type: ignore[misc]
+class SimTransport(raft_patches.TransportBase):  # type: ignore[misc]
     """pysyncobj's transport interface over the active `SimNetwork` (one simulation runs
     at a time in a process; `SimNetwork.activate` sets it). Node ids are the Raft
     addresses; the network maps them to simulator node names."""

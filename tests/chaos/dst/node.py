@@ -14,8 +14,8 @@ import random
 import traceback
 from dataclasses import dataclass
 
-from logsvc.shard import raft
 from logsvc.shard.limits import ShardLimits
+from logsvc.shard.raft import config as raft_config
 from logsvc.shard.replica import ReplicaConfig, ShardReplica, SimulatedRuntime
 from logsvc.store import StoreLimits
 from logsvc.store.fs import DirLock, FileSystem, ReadableFile, WritableFile
@@ -91,7 +91,7 @@ class SimNode:
         timing = self._timing
         config = ReplicaConfig(
             data_dir=f"/{self.name}",
-            raft=raft.RaftConfig(
+            raft=raft_config.RaftConfig(
                 self_address=self.address,
                 peers=self._peers,
                 secret=SECRET,

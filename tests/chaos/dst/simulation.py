@@ -38,7 +38,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
-from logsvc.shard import raft
+from logsvc.shard.raft import patches as raft_patches
 from tests.chaos.dst.checks import safety_violations
 from tests.chaos.dst.clock import NS_PER_MS, NS_PER_S, VirtualClock
 from tests.chaos.dst.network import (
@@ -232,7 +232,7 @@ class Simulation:
         # pysyncobj draws election timeouts from the global `random`.
         random.seed(f"{self.options.seed}:pysyncobj")
         logging.disable(logging.CRITICAL)  # failures surface as violations, not log lines
-        raft.set_monotonic_clock(self.clock.monotonic_s)
+        raft_patches.set_monotonic_clock(self.clock.monotonic_s)
         self.network.activate()
         try:
             for name in self._names:
@@ -243,7 +243,7 @@ class Simulation:
                 if node.up:
                     node.kill()
             self.network.deactivate()
-            raft.set_monotonic_clock(None)
+            raft_patches.set_monotonic_clock(None)
             logging.disable(logging.NOTSET)
 
     def run_for(self, seconds: float) -> None:

@@ -38,10 +38,11 @@ import os
 import shutil
 import tempfile
 
-from logsvc.shard import raft, snapshot_file
+from logsvc.shard import snapshot_file
 from logsvc.shard.commands import decode_command, decode_entry_records
 from logsvc.shard.errors import CommandCorrupt, LsnNotAssigned, ShardError
 from logsvc.shard.limits import DEFAULT_SHARD_LIMITS, ShardLimits
+from logsvc.shard.raft import journal as raft_journal
 from logsvc.shard.state_machine import ShardStateMachine
 from logsvc.store import Corruption, ShardStore, StoreError, StoreLimits
 from logsvc.store import records as store_records
@@ -174,7 +175,7 @@ def _replay(
         if not chunk:
             return
         for entry in chunk:
-            command_bytes = raft.command_of_entry(entry.payload)
+            command_bytes = raft_journal.command_of_entry(entry.payload)
             if command_bytes is None:
                 continue  # pysyncobj's own entry (no-op, membership)
             try:
@@ -199,7 +200,7 @@ def _read_records(
             return out, None
         try:
             [entry] = store.read(where.raft_index, where.raft_index + 1, 0)
-            command_bytes = raft.command_of_entry(entry.payload)
+            command_bytes = raft_journal.command_of_entry(entry.payload)
             assert command_bytes is not None, f"raft index {where.raft_index} holds no command"
             flat = decode_entry_records(command_bytes, limits)
         except (StoreError, CommandCorrupt) as exc:

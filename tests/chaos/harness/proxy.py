@@ -2,7 +2,7 @@
 
 Each node is told, through LOGSVC_TEST_RAFT_DIAL (`ProxyMesh.dial_env`), to dial its peers
 at a proxy port instead of their canonical Raft address; the peers keep their canonical
-ids, so the handshake is unchanged (logsvc/shard/raft.py `_DialNode`). pysyncobj opens one
+ids, so the handshake is unchanged (logsvc/shard/raft/transport.py `_DialNode`). pysyncobj opens one
 TCP connection per pair of replicas, dialled by the replica whose address string sorts
 higher, so one `_Link` per (pair of nodes, shard) is enough: it listens on its own port,
 accepts the dialler's connections and connects each to the lower node's canonical address.

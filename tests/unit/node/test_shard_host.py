@@ -131,9 +131,7 @@ def test_queued_and_inflight_appends_are_answered_when_the_host_goes_away() -> N
         submit(2)  # taken by the batcher, waiting for the one proposal slot
         await _until(lambda: not host._queued)
         submit(3)  # still in the queue
-        for task in list(host._sending):  # the node shuts down: its tasks are cancelled
-            task.cancel()
-        await host.close()
+        await host.close()  # the node shuts down
         await _until(lambda: len(outcomes) == 3)
         assert isinstance(outcomes[1], OutcomeUnknown)  # proposed: it may have committed
         assert isinstance(outcomes[2], NotLeader)  # never proposed: safe to redirect
@@ -201,5 +199,27 @@ def test_close_just_as_a_lingering_batcher_is_woken_still_ends_it() -> None:
         assert not replica.proposed
         assert isinstance(outcomes[1], NotLeader)
         assert isinstance(outcomes[2], NotLeader)
+
+    asyncio.run(scenario())
+
+
+def test_a_group_with_no_answer_times_out_once_and_frees_its_slot() -> None:
+    async def scenario() -> None:
+        replica = _Replica()
+        host = _host(replica, proposals_inflight_per_shard_max=1, proposal_timeout_ms=50)
+        first = _submit_each(host, range(1, 2))
+        await _until(lambda: len(replica.proposed) == 1)
+        late = replica.proposed[0][1]
+        await _until(lambda: 1 in first)  # no answer: the timeout answers it
+        assert isinstance(first[1], OutcomeUnknown)
+        second = _submit_each(host, range(2, 3))  # the slot is free again
+        await _until(lambda: len(replica.proposed) == 2)
+        late(Appended(1, 1, duplicate=False))  # the tick thread answers after all: ignored
+        replica.proposed.pop(0)
+        replica.answer_all()
+        await _until(lambda: 2 in second)
+        assert isinstance(first[1], OutcomeUnknown)
+        assert second[2] == Appended(1, 1, duplicate=False)
+        await host.close()
 
     asyncio.run(scenario())

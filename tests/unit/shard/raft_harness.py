@@ -7,6 +7,7 @@ time, never fixed sleeps; every replica is stopped by `close()` whatever happene
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import threading
@@ -14,7 +15,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from logsvc.shard.raft import FailReason, RaftConfig, RaftNode
+from logsvc.shard.raft.config import FailReason, RaftConfig
+from logsvc.shard.raft.node import RaftNode
 from logsvc.store import ShardStore, StoreLimits
 from logsvc.store.fs import FileSystem
 from tests.support.faultfs import FaultFS
@@ -87,7 +89,15 @@ class Replica:
 
 
 class Cluster:
-    def __init__(self, base_dir: str, size: int = 3, *, fault_fs: bool = False) -> None:
+    def __init__(
+        self,
+        base_dir: str,
+        size: int = 3,
+        *,
+        fault_fs: bool = False,
+        raft_overrides: dict[str, int] | None = None,
+    ) -> None:
+        self.raft_overrides = dict(raft_overrides or {})  # RaftConfig fields, for every replica
         addresses = [f"127.0.0.1:{port}" for port in free_ports(size)]
         self.replicas = [
             Replica(address, os.path.join(base_dir, f"r{i}"), FaultFS() if fault_fs else _os_fs())
@@ -112,6 +122,7 @@ class Cluster:
             heartbeat_ms=50,
             leader_fallback_ms=2000,
         )
+        config = dataclasses.replace(config, **self.raft_overrides)  # type: ignore[arg-type]
         replica.node = RaftNode(config, replica.store, replica.handler)
         replica.node.start()
 

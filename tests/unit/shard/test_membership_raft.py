@@ -17,7 +17,8 @@ import threading
 from functools import partial
 from pathlib import Path
 
-from logsvc.shard.raft import FailReason, RaftConfig, RaftNode
+from logsvc.shard.raft.config import FailReason, RaftConfig
+from logsvc.shard.raft.node import RaftNode
 from logsvc.store import ShardStore
 
 from .raft_harness import LIMITS, SECRET, WAIT_S_MAX, Cluster, RecordingHandler, Replica, wait_until

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from pysyncobj.transport import TCPTransport
 
-from logsvc.shard import raft
+from logsvc.shard.raft import transport as raft_transport
 from tests.support.faultfs import FaultFS
 
 from .raft_harness import Cluster, Replica, wait_until
@@ -129,12 +129,12 @@ def test_without_the_sync_before_replies_acknowledged_commands_are_lost(
     """Stock pysyncobj acknowledges before anything is on disk; emulate that by holding
     replies but never syncing. The same power loss then loses acknowledged commands."""
 
-    def flush_without_sync(self: raft._DurableTransport) -> None:
+    def flush_without_sync(self: raft_transport._DurableTransport) -> None:
         outbox, self._outbox = self._outbox, []
         for node, message in outbox:
             TCPTransport.send(self, node, message)
 
-    monkeypatch.setattr(raft._DurableTransport, "flush", flush_without_sync)
+    monkeypatch.setattr(raft_transport._DurableTransport, "flush", flush_without_sync)
     cluster = Cluster(str(tmp_path), fault_fs=True)
     try:
         cluster.start_all()
@@ -151,7 +151,7 @@ def test_without_the_sync_before_replies_acknowledged_commands_are_lost(
 
 def test_large_random_entries_replicate(tmp_path: Path) -> None:
     """Entries far over pysyncobj's 64 KiB message size go through its chunked path, whose
-    sender mislabels chunks (raft.py keeps collecting); random bytes defeat any luck."""
+    sender mislabels chunks (raft/adapter.py keeps collecting); random bytes defeat any luck."""
     cluster = Cluster(str(tmp_path))
     try:
         cluster.start_all()

@@ -1,4 +1,4 @@
-"""Each pysyncobj hole closed in logsvc/shard/raft.py, shown against stock behaviour.
+"""Each pysyncobj hole closed in logsvc/shard/raft/, shown against stock behaviour.
 
 Messages are fed straight into one follower's message path (no network traffic needed):
 the same sequence goes to a stock pysyncobj SyncObj (MemoryJournal) and to our ShardRaft.
@@ -21,14 +21,10 @@ from pysyncobj import SyncObj, SyncObjConf
 from pysyncobj.node import TCPNode
 
 from logsvc.shard import snapshot_file
-from logsvc.shard.raft import (
-    MissingClusterSecret,
-    RaftConfig,
-    RaftFatal,
-    RaftNode,
-    ShardRaft,
-    StoreJournal,
-)
+from logsvc.shard.raft.adapter import ShardRaft
+from logsvc.shard.raft.config import MissingClusterSecret, RaftConfig, RaftFatal
+from logsvc.shard.raft.journal import StoreJournal
+from logsvc.shard.raft.node import RaftNode
 from logsvc.store import Entry, ShardStore, StoreLimits
 
 from .raft_harness import SECRET, RecordingHandler, free_port, wait_until

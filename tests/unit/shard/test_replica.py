@@ -29,7 +29,7 @@ from logsvc.shard.commands import (
     UnfencedTruncate,
 )
 from logsvc.shard.errors import CommandInvalid, LsnTruncated
-from logsvc.shard.raft import RaftConfig
+from logsvc.shard.raft.config import RaftConfig
 from logsvc.shard.replica import (
     MembershipChangeInProgress,
     NotLeader,

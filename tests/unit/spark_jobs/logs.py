@@ -315,8 +315,8 @@ def diverge(shard_dir: str) -> int:
     bytes (same DSNs, another commit), cutting everything after it: the replica now
     disagrees with its peers at that entry's LSN and lags one append behind them. Returns
     its raft index."""
-    from logsvc.shard import raft
     from logsvc.shard.commands import AppendBatch, decode_command, encode_command
+    from logsvc.shard.raft import entries as raft_entries
     from logsvc.store import Entry, ShardStore
     from tae_driver.record import EntriesRecord, decode
 
@@ -325,7 +325,7 @@ def diverge(shard_dir: str) -> int:
     try:
         for index in range(store.last_index, store.first_index - 1, -1):
             [entry] = store.read(index, index + 1, 0)
-            encoded = raft.command_of_entry_offline(entry.payload)
+            encoded = raft_entries.command_of_entry_offline(entry.payload)
             if encoded is None:
                 continue
             command = decode_command(encoded)
@@ -339,7 +339,7 @@ def diverge(shard_dir: str) -> int:
             other = create_db_entry(1, 2, 99, "diverged")
             forged = encode_record(record.start_dsn, record.safe_dsn, [other] * record.count)
             batch = AppendBatch(command.client_id, command.seq, command.epoch, (forged,))
-            # pysyncobj's wrapping of a call (raft.py `command_of_entry`): type byte 0, then
+            # pysyncobj's wrapping of a call (raft/journal.py `command_of_entry`): type byte 0, then
             # the pickle of (method id, (command bytes,)); the method id is kept.
             call = pickle.loads(entry.payload[1:])
             payload = b"\x00" + pickle.dumps((call[0], (encode_command(batch),)), protocol=4)

@@ -6,20 +6,23 @@ their owners' recovery would decide, without raising on damage and without writi
   sealed segment is END_CORRUPT at the record's offset with the records before it; the
   header walk (`verify=False`) lists the same records without checksums.
 * `tae_driver.backends.segment.read_segment_frames`: the same for the file backend.
-* `logsvc.shard.raft.command_of_entry_offline`: the command bytes of a regular journal entry,
-  None for pysyncobj's own entries, and `JournalEntryUndecodable` for a pickle that names a
-  global (it is never executed).
+* `logsvc.shard.raft.entries.command_of_entry_offline`: the command bytes of a regular journal
+  entry, None for pysyncobj's own entries, and `JournalEntryUndecodable` for a pickle that
+  names a global (it is never executed). Importing it, or `spark_jobs.journal`, loads no
+  pysyncobj (a fresh interpreter checks `sys.modules`): Spark executors never load it.
 """
 
 from __future__ import annotations
 
 import os
 import pickle
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from logsvc.shard import raft
+from logsvc.shard.raft import entries as raft_entries
 from logsvc.store import Entry, ShardStore
 from logsvc.store import records as store_records
 from tae_driver.backends import segment as file_segment
@@ -91,13 +94,29 @@ def test_file_frames_clean_torn_corrupt(tmp_path: Path) -> None:
 
 def test_offline_unwrapping_refuses_globals() -> None:
     regular = b"\x00" + pickle.dumps((7, (b"LSC-bytes",)), protocol=4)
-    assert raft.command_of_entry_offline(regular) == b"LSC-bytes"
-    assert raft.journal_entry_kind(regular) == raft.JOURNAL_ENTRY_REGULAR
-    assert raft.command_of_entry_offline(b"\x01") is None
-    assert raft.journal_entry_kind(b"\x01") == raft.JOURNAL_ENTRY_NOOP
-    assert raft.journal_entry_kind(b"\x02abc") == raft.JOURNAL_ENTRY_MEMBERSHIP
+    assert raft_entries.command_of_entry_offline(regular) == b"LSC-bytes"
+    assert raft_entries.journal_entry_kind(regular) == raft_entries.JOURNAL_ENTRY_REGULAR
+    assert raft_entries.command_of_entry_offline(b"\x01") is None
+    assert raft_entries.journal_entry_kind(b"\x01") == raft_entries.JOURNAL_ENTRY_NOOP
+    assert raft_entries.journal_entry_kind(b"\x02abc") == raft_entries.JOURNAL_ENTRY_MEMBERSHIP
     hostile = b"\x00" + pickle.dumps((7, (os.getcwd,)), protocol=4)  # names a global
-    with pytest.raises(raft.JournalEntryUndecodable, match="may not reference"):
-        raft.command_of_entry_offline(hostile)
-    with pytest.raises(raft.JournalEntryUndecodable, match="is not"):
-        raft.command_of_entry_offline(b"\x00" + pickle.dumps((7, ("text",)), protocol=4))
+    with pytest.raises(raft_entries.JournalEntryUndecodable, match="may not reference"):
+        raft_entries.command_of_entry_offline(hostile)
+    with pytest.raises(raft_entries.JournalEntryUndecodable, match="is not"):
+        raft_entries.command_of_entry_offline(b"\x00" + pickle.dumps((7, ("text",)), protocol=4))
+
+
+@pytest.mark.parametrize(
+    "module", ["spark_jobs.journal", "logsvc.shard.raft.entries", "logsvc.shard.raft.config"]
+)
+def test_offline_readers_do_not_import_pysyncobj(module: str) -> None:
+    probe = f"import sys, {module}; print(sorted(m for m in sys.modules if 'pysyncobj' in m))"
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert done.stdout.strip() == "[]", done.stdout

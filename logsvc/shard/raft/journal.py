@@ -1,0 +1,227 @@
+"""`StoreJournal`: pysyncobj's journal interface over the shard store (holes 1/2 and 13 of
+the adapter's table: entries and term/vote go to the durable store; the commit index is a
+hint only), and the two decoders of pysyncobj's entry pickles that the live path uses."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pysyncobj.pickle as pysyncobj_pickle
+from pysyncobj.journal import Journal
+
+from logsvc.events import ReplicaEvents
+from logsvc.shard import membership as shard_membership
+from logsvc.shard.raft import patches as _patches  # noqa: F401  (patched before use)
+from logsvc.shard.raft.entries import COMMAND_TYPE_MEMBERSHIP, COMMAND_TYPE_REGULAR
+from logsvc.store import Entry, ShardStore
+
+# Raft entries read from the store per chunk when pysyncobj iterates a journal slice.
+READ_CHUNK_BYTES = 1 << 20
+
+_MEMBERSHIP_TYPE_BYTE = bytes([COMMAND_TYPE_MEMBERSHIP])
+
+
+def command_of_entry(journal_payload: bytes) -> bytes | None:
+    """Our command bytes inside a journal entry, or None for pysyncobj's own entries
+    (no-ops, membership changes). An entry is pysyncobj's encoding of one `_logsvc_apply`
+    call: a type byte, then a pickle of `(method id, (command,))` written by pysyncobj. It
+    comes from our own checksummed journal, never from the network, when this is called."""
+    if not journal_payload or journal_payload[0] != COMMAND_TYPE_REGULAR:
+        return None
+    call = pysyncobj_pickle.loads(journal_payload[1:])
+    if not (isinstance(call, tuple) and len(call) == 2 and isinstance(call[1], tuple)):
+        return None
+    arguments = call[1]
+    if len(arguments) != 1 or not isinstance(arguments[0], bytes):
+        return None
+    return arguments[0]
+
+
+def membership_change_of(journal_payload: bytes) -> shard_membership.Change | None:
+    """The change a pysyncobj membership entry makes (`addNodeToCluster` /
+    `removeNodeFromCluster` write a type byte, then a pickle of `[kind, node id, node]`);
+    None for any other entry. pysyncobj itself unpickles the same bytes to apply them."""
+    if not journal_payload or journal_payload[0] != COMMAND_TYPE_MEMBERSHIP:
+        return None
+    request = pysyncobj_pickle.loads(journal_payload[1:])
+    if not (isinstance(request, list | tuple) and len(request) >= 2):
+        return None
+    kind, address = request[0], request[1]
+    if kind not in ("add", "rem") or not isinstance(address, str):
+        return None
+    return shard_membership.Change(kind, address)
+
+
+class StoreJournal(Journal):  # type: ignore[misc]
+    """pysyncobj's journal interface over the shard store.
+
+    pysyncobj addresses entries by *position* (0 = the first retained entry) and reads
+    `journal[-1]` for the last index and term many times per tick, so the first and last
+    entries are memoized. Slices are lazy: pysyncobj slices "from here to the end" and then
+    keeps what fits in a message, which must not read a whole lagging tail from disk.
+    """
+
+    def __init__(self, store: ShardStore, events: ReplicaEvents | None = None) -> None:
+        self._store = store
+        self._events = events
+        self._reset_pending = False
+        self._commit_hint = store.first_index
+        self._memo: dict[int, tuple[bytes, int, int]] = {}
+        # The configurations of this log, kept durable (membership.py); set by RaftNode.
+        self.membership: shard_membership.ReplicaMembership | None = None
+
+    # pysyncobj API (names are theirs) ----------------------------------------------------
+
+    def add(self, command: bytes, idx: int, term: int) -> None:
+        if self._reset_pending:
+            self._reset_to(idx)
+        if self.membership is not None and command[:1] == _MEMBERSHIP_TYPE_BYTE:
+            change = membership_change_of(command)
+            if change is not None:  # durable before the entry is (membership.py)
+                self.membership.on_entry(idx, term, change)
+        self._store.append([Entry(idx, term, bytes(command))])
+        self._memo.pop(self._store.last_index - 1, None)
+
+    def clear(self) -> None:
+        # Only used by pysyncobj when installing a snapshot (our override calls
+        # `reset_to` directly); keep the semantics anyway: empty until the next add.
+        self._reset_pending = True
+        self._memo.clear()
+
+    def deleteEntriesFrom(self, entryFrom: int) -> None:
+        self._store.truncate_suffix(self._store.first_index + entryFrom)
+        self._memo.clear()
+        if self.membership is not None:
+            self.membership.on_truncate_suffix(self._store.first_index + entryFrom)
+
+    def deleteEntriesTo(self, entryTo: int) -> None:
+        self._store.truncate_prefix(self._store.first_index + entryTo)
+        self._memo.clear()
+        if self.membership is not None:
+            self.membership.on_truncate_prefix(self._store.first_index)
+
+    def __getitem__(self, item: int | slice) -> Any:
+        first, count = self._bounds()
+        if isinstance(item, slice):
+            lo, hi, step = item.indices(count)
+            assert step == 1
+            return _LazyEntries(self, first + lo, first + max(lo, hi))
+        position = item + count if item < 0 else item
+        if not 0 <= position < count:
+            raise IndexError(item)
+        return self.entry(first + position)
+
+    def __len__(self) -> int:
+        return self._bounds()[1]
+
+    def _destroy(self) -> None:
+        return None  # the replica owns and closes the store
+
+    def setRaftCommitIndex(self, raftCommitIndex: int) -> None:
+        self._commit_hint = raftCommitIndex  # memory only: see module docstring, hole 13
+
+    def getRaftCommitIndex(self) -> int:
+        # Only ever a hint; clamped to the durable journal end (hole 13).
+        return min(self._commit_hint, max(self._store.durable_index, self._store.first_index))
+
+    def setCurrentTerm(self, term: int, votedForNodeId: Any) -> None:
+        voted = None if votedForNodeId is None else str(votedForNodeId)
+        if term == self._store.term and voted == self._store.voted_for:
+            return
+        term_before, voted_before = self._store.term, self._store.voted_for
+        self._store.save_vote(term, voted)  # durable before pysyncobj sends anything
+        if self._events is not None:
+            if term != term_before:
+                self._events.emit("term", term=term)
+            if voted is not None and (term != term_before or voted != voted_before):
+                self._events.emit("vote", term=term, voted_for=voted)
+
+    def getCurrentTerm(self) -> int:
+        return self._store.term
+
+    def getVotedForNodeId(self) -> str | None:
+        return self._store.voted_for
+
+    def onOneSecondTimer(self) -> None:
+        return None
+
+    # ours ----------------------------------------------------------------------------------
+
+    @property
+    def store(self) -> ShardStore:
+        return self._store
+
+    def entry(self, index: int) -> tuple[bytes, int, int]:
+        found = self._memo.get(index)
+        if found is None:
+            [stored] = self._store.read(index, index + 1, 0)
+            found = (stored.payload, stored.index, stored.term)
+            if len(self._memo) > 8:
+                self._memo.clear()
+            self._memo[index] = found
+        return found
+
+    def read(self, lo: int, hi: int) -> Iterator[tuple[bytes, int, int]]:
+        while lo < hi:
+            chunk = self._store.read(lo, hi, READ_CHUNK_BYTES)
+            if not chunk:
+                return
+            for stored in chunk:
+                yield (stored.payload, stored.index, stored.term)
+            lo = chunk[-1].index + 1
+
+    def reset_to(self, index: int) -> None:
+        """Empty the log so that the next entry appended is `index` (snapshot install)."""
+        self._reset_to(index)
+
+    def _reset_to(self, index: int) -> None:
+        self._reset_pending = False
+        store = self._store
+        assert index >= store.first_index, "a snapshot never precedes our log start"
+        if index <= store.last_index:
+            store.truncate_suffix(index)
+            if self.membership is not None:
+                self.membership.on_truncate_suffix(index)
+        store.truncate_prefix(index)
+        self._memo.clear()
+
+    def term_at(self, index: int) -> int | None:
+        """The term of the entry at `index`; None outside the log."""
+        if not self._store.first_index <= index <= self._store.last_index:
+            return None
+        return self.entry(index)[2]
+
+    def _bounds(self) -> tuple[int, int]:
+        if self._reset_pending:
+            return self._store.last_index + 1, 0
+        first = self._store.first_index
+        return first, self._store.last_index - first + 1
+
+
+class _LazyEntries(Sequence[tuple[bytes, int, int]]):
+    """A journal slice [lo, hi) read from the store only as far as it is iterated."""
+
+    def __init__(self, journal: StoreJournal, lo: int, hi: int) -> None:
+        self._journal = journal
+        self._lo = lo
+        self._hi = hi
+
+    def __len__(self) -> int:
+        return self._hi - self._lo
+
+    def __iter__(self) -> Iterator[tuple[bytes, int, int]]:
+        return self._journal.read(self._lo, self._hi)
+
+    def __getitem__(self, item: Any) -> Any:
+        if isinstance(item, slice):
+            lo, hi, step = item.indices(len(self))
+            assert step == 1
+            return list(self._journal.read(self._lo + lo, self._lo + max(lo, hi)))
+        position = item + len(self) if item < 0 else item
+        if not 0 <= position < len(self):
+            raise IndexError(item)
+        return self._journal.entry(self._lo + position)
+
+    def __reversed__(self) -> Iterator[tuple[bytes, int, int]]:
+        return reversed(list(iter(self)))

@@ -1,0 +1,177 @@
+"""The durable transport: pysyncobj's, holding every message that promises durability until
+the tick's one sync (holes 1/2), routing received messages through `ShardRaft`'s fixes; and
+`_DialNode` (test-only dial overrides)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from pysyncobj.dns_resolver import globalDnsResolver
+from pysyncobj.node import TCPNode
+from pysyncobj.transport import TCPTransport, Transport
+
+from logsvc.failpoints import enabled as failpoints_enabled
+from logsvc.failpoints import failpoint
+from logsvc.shard.raft import patches as _patches  # noqa: F401  (patched before use)
+from logsvc.store import ShardStore
+
+
+class _Journal(Protocol):
+    @property
+    def store(self) -> ShardStore: ...
+
+
+class TransportOwner(Protocol):
+    """What the transport needs of its SyncObj (adapter.ShardRaft), so that this module
+    does not import the adapter."""
+
+    _logsvc_journal: _Journal
+    _logsvc_learners: dict[Any, str]
+
+    def _logsvc_dial_node(self, node: Any) -> Any: ...
+
+    def _logsvc_on_message(
+        self, node: Any, message: dict[str, Any], deliver: Callable[[Any, dict[str, Any]], None]
+    ) -> None: ...
+
+    def _logsvc_note_sent(self, node: Any) -> None: ...
+
+    def _logsvc_on_connection(self, node: Any, up: bool) -> None: ...
+
+    def logsvc_is_connected(self, node: Any) -> bool: ...
+
+
+# Messages whose meaning depends on our journal being durable (Raft Figure 2: reply to
+# AppendEntries only after persisting; term/vote/log durable before a vote leaves).
+_AFTER_SYNC = frozenset({"next_node_idx", "request_vote", "response_vote"})
+# At most this many held messages; past it the transport syncs and sends at once.
+OUTBOX_MESSAGES_MAX = 4096
+
+
+class _DurableMixin(Transport):  # type: ignore[misc]
+    """Holds messages that promise durability until the tick's single sync (group commit),
+    and routes incoming messages through the replica's fixes before pysyncobj sees them.
+    Mixed into a pysyncobj transport: TCP in production (`_DurableTransport`), the
+    simulator's in-memory one in tests (`durable_transport_class`)."""
+
+    def __init__(self, syncObj: TransportOwner, selfNode: Any, otherNodes: Any) -> None:
+        self._outbox: list[tuple[Any, dict[str, Any]]] = []
+        self._syncObj = syncObj  # TCPTransport sets it too; the base Transport does not
+        super().__init__(syncObj, selfNode, otherNodes)
+
+    def addNode(self, node: Any) -> None:
+        # Every peer the transport will dial passes here: the configured ones, and those
+        # pysyncobj creates later as plain TCPNodes (membership changes, a snapshot's
+        # cluster list), so a test's dial override covers them too.
+        owner: TransportOwner = self._syncObj
+        super().addNode(owner._logsvc_dial_node(node))
+
+    def setOnMessageReceivedCallback(self, callback: Any) -> None:
+        if callback is None:
+            super().setOnMessageReceivedCallback(None)
+            return
+        owner: TransportOwner = self._syncObj
+
+        def route(node: Any, message: dict[str, Any]) -> None:
+            owner._logsvc_on_message(node, message, callback)
+
+        super().setOnMessageReceivedCallback(route)
+
+    def send(self, node: Any, message: dict[str, Any]) -> bool:
+        owner: TransportOwner = self._syncObj
+        owner._logsvc_note_sent(node)
+        if message.get("type") in _AFTER_SYNC:
+            self._outbox.append((node, message))
+            if len(self._outbox) >= OUTBOX_MESSAGES_MAX:
+                self.flush()
+            return True
+        return bool(super().send(node, message))
+
+    def _onNodeConnected(self, node: Any) -> None:
+        owner: TransportOwner = self._syncObj
+        owner._logsvc_on_connection(node, up=True)
+        super()._onNodeConnected(node)
+
+    def _onReadonlyNodeConnected(self, node: Any) -> None:
+        owner: TransportOwner = self._syncObj
+        owner._logsvc_on_connection(node, up=True)  # a learner: a quiet leader wakes
+        super()._onReadonlyNodeConnected(node)
+
+    def _onReadonlyNodeDisconnected(self, node: Any) -> None:
+        owner: TransportOwner = self._syncObj
+        owner._logsvc_learners.pop(node, None)
+        super()._onReadonlyNodeDisconnected(node)
+
+    def _onNodeDisconnected(self, node: Any) -> None:
+        owner: TransportOwner = self._syncObj
+        # pysyncobj also reports a dial that failed (a peer that is down, every retry):
+        # only a connection that was up is news.
+        if owner.logsvc_is_connected(node):
+            owner._logsvc_on_connection(node, up=False)
+        super()._onNodeDisconnected(node)
+
+    def held(self) -> list[tuple[Any, dict[str, Any]]]:
+        return self._outbox
+
+    def flush(self) -> None:
+        """Sync the journal, then send what was held. Called after every tick."""
+        owner: TransportOwner = self._syncObj
+        failpoint("raft_before_flush_sync")
+        owner._logsvc_journal.store.sync()
+        outbox, self._outbox = self._outbox, []
+        # pysyncobj sends a response_vote only to grant a vote (already durable, above).
+        if failpoints_enabled() and any(m.get("type") == "response_vote" for _, m in outbox):
+            failpoint("raft_after_vote_persisted_before_reply")
+        for node, message in outbox:
+            super().send(node, message)
+
+
+class _DurableTransport(_DurableMixin, TCPTransport):  # type: ignore[misc]
+    """The durable transport over pysyncobj's TCP transport (production)."""
+
+
+_DURABLE_CLASSES: dict[type, type] = {TCPTransport: _DurableTransport}
+
+
+def durable_transport_class(base: type) -> type:
+    """The durable transport over `base`, a `TransportBase` subclass (simulator only; the
+    same class for the same base, so pysyncobj and tests see one class per base)."""
+    assert issubclass(base, Transport), base
+    found = _DURABLE_CLASSES.get(base)
+    if found is None:
+        found = type(f"Durable{base.__name__}", (_DurableMixin, base), {})
+        _DURABLE_CLASSES[base] = found
+    return found
+
+
+class _DialNode(TCPNode):  # type: ignore[misc]
+    """A peer known by its canonical address but dialled at another one (test only).
+
+    pysyncobj 0.3.17 dials `node.ip`/`node.port` (TCPTransport._connectIfNecessarySingle)
+    while the id, `address`, the higher-address-dials rule and the handshake (the dialler
+    announces its own selfNode.address) all use the canonical address; so overriding the
+    two dial properties reroutes the connection and nothing else (chaos-plan appendix B).
+    """
+
+    def __init__(self, address: str, dial_address: str) -> None:
+        super().__init__(address)
+        host, _, port = dial_address.rpartition(":")
+        self._logsvc_dial_host = host
+        self._logsvc_dial_port = int(port)
+
+    @property
+    def ip(self) -> Any:
+        return globalDnsResolver().resolve(self._logsvc_dial_host)
+
+    @property
+    def port(self) -> int:
+        return self._logsvc_dial_port
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        # pysyncobj pickles a node object into a membership command: the replicated log
+        # must carry the plain canonical node, never this replica's test routing.
+        return (TCPNode, (self.address,))
+
+
+# ------------------------------------------------------------------------ the SyncObj
