@@ -44,7 +44,8 @@ def build(path: Path) -> list[int]:
             str(path),
             wal=wal,
             objects="dir",
-            policy=Policy(checkpoint_wal_reserve_entries=0),
+            # no history window: the checkpoint truncates the WAL below it (decision 0010)
+            policy=Policy(checkpoint_wal_reserve_entries=0, history_retention_ms=0),
             maintenance=False,
         )
         async with eng.transaction() as txn:
