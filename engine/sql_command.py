@@ -37,6 +37,7 @@ from engine.clock import parse_at
 from engine.engine import Engine
 from engine.errors import BadInput, SnapshotUnavailable
 from engine.objects.errors import ObjectNotFound
+from engine.scan_command import rows_text
 
 FORMATS = ("table", "csv", "json", "parquet")
 
@@ -131,8 +132,6 @@ def write(table: pa.Table, ts: int, format: str, out: str | None) -> None:
 
 
 def text_table(table: pa.Table, ts: int) -> str:
-    from engine.scan_command import rows_text
-
     lines = rows_text(table)
     lines.append(f"({table.num_rows} rows at commit_ts {ts})")
     return "\n".join(lines) + "\n"

@@ -93,12 +93,17 @@ async def scan_at(eng: Engine, ts: int | datetime.datetime) -> list[dict[str, ob
     return sorted(table.to_pylist(), key=lambda row: int(row["id"]))
 
 
-async def history(eng: Engine, clock: Clock) -> dict[int, list[dict[str, object]]]:
-    """Commits with every kind of rewrite and a checkpoint between them; the rows seen at
-    each commit's timestamp, as the engine had them then."""
+async def create_table(eng: Engine) -> None:
+    """Table d.t of ROWS, empty."""
     async with eng.transaction() as txn:
         await txn.create_database("d")
         await txn.create_table("d", "t", ROWS)
+
+
+async def history(eng: Engine, clock: Clock) -> dict[int, list[dict[str, object]]]:
+    """Commits with every kind of rewrite and a checkpoint between them; the rows seen at
+    each commit's timestamp, as the engine had them then."""
+    await create_table(eng)
     maintenance = eng.maintenance
     assert maintenance is not None
     seen: dict[int, list[dict[str, object]]] = {}
@@ -155,9 +160,7 @@ def test_a_snapshot_at_a_wall_time_reads_every_commit_issued_by_then() -> None:
         wal, objects, clock = MemoryBackend(), MemoryObjectStore(), Clock()
         eng = await open_engine(wal, objects, clock)
         try:
-            async with eng.transaction() as txn:
-                await txn.create_database("d")
-                await txn.create_table("d", "t", ROWS)
+            await create_table(eng)
             one = await commit(eng, clock, [1], [])
             wall_one = ts_datetime(one)
             two = await commit(eng, clock, [2], [])
@@ -194,9 +197,7 @@ def test_a_wall_time_waits_for_commits_in_flight_below_it() -> None:
         wal, objects, clock = MemoryBackend(), MemoryObjectStore(), Clock()
         eng = await open_engine(wal, objects, clock)
         try:
-            async with eng.transaction() as txn:
-                await txn.create_database("d")
-                await txn.create_table("d", "t", ROWS)
+            await create_table(eng)
             clock.now += 1000
             in_flight = asyncio.get_running_loop().create_task(commit(eng, clock, [7], []))
             for _ in range(1000):  # until it is prepared (in the pipeline), not visible
