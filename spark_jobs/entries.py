@@ -9,7 +9,7 @@ What replay_as_of (local engine) and the rows level (both engines) read; the per
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,7 +20,7 @@ from spark_jobs.errors import InputCorrupt
 from spark_jobs.filters import Range
 from spark_jobs.inputs import Unit
 from spark_jobs.journal import VERIFY_REPORT
-from spark_jobs.records import driver_records
+from spark_jobs.records import DriverRecord, driver_records
 from tae_driver.record import EntriesRecord
 
 CHUNK_ENTRIES_MAX = 16384
@@ -47,8 +47,16 @@ class EntryChunk:
     raft_indexes: list[int | None]
 
 
-def entry_chunks(unit: Unit, verify: str, lsns: Range, dsns: Range) -> Iterator[EntryChunk]:
-    """The entries of `unit` whose record's LSN `lsns` holds and whose DSN `dsns` holds."""
+def entry_chunks(
+    unit: Unit,
+    verify: str,
+    lsns: Range,
+    dsns: Range,
+    seen: Callable[[DriverRecord], None] | None = None,
+) -> Iterator[EntryChunk]:
+    """The entries of `unit` whose record's LSN `lsns` holds and whose DSN `dsns` holds.
+    `seen`, when given, is shown every driver record as it is read (before its entries are
+    chunked), so a caller can gather what it needs of the records in the same pass."""
     payloads: list[bytes] = []
     dsn_list: list[int] = []
     lsn_list: list[int] = []
@@ -68,6 +76,8 @@ def entry_chunks(unit: Unit, verify: str, lsns: Range, dsns: Range) -> Iterator[
             if payloads:
                 _chunk(unit, verify, payloads, dsn_list, lsn_list, offsets, [], [])
             raise
+        if seen is not None:
+            seen(found)
         decoded = found.decoded
         if not isinstance(decoded, EntriesRecord) or not decoded.entries:
             continue

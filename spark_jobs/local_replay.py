@@ -30,11 +30,12 @@ from engine.wal.entry import (
 )
 from spark_jobs import checkpoints, replay
 from spark_jobs.entries import entry_chunks
-from spark_jobs.errors import BadInput, ReplayFailed
+from spark_jobs.errors import BadInput, InputCorrupt, ReplayFailed
 from spark_jobs.filters import Range
 from spark_jobs.jobs import JobParams, JobResult
 from spark_jobs.journal import VERIFY_TRUE
-from spark_jobs.schemas import schema_to_json
+from spark_jobs.records import DriverRecord
+from spark_jobs.schemas import schema_to_json, signed64
 from spark_jobs.walread import (
     LEVEL_AUDIT,
     LEVEL_COMMAND,
@@ -42,6 +43,7 @@ from spark_jobs.walread import (
     read_level,
     txn_entries,
 )
+from tae_driver.record import EntriesRecord, payload_checksum
 
 
 def logs_of(params: JobParams) -> list[tuple[str, int]]:
@@ -85,24 +87,68 @@ PLAN_COLUMNS = [
 def plan_from_rows(
     rows: Iterable[dict[str, Any]], where: str, base: replay.BaseState = replay.EMPTY_BASE
 ) -> replay.ReplayPlan:
-    by_lsn: dict[int, replay.DriverRecord] = {}
-    skips: list[tuple[int, int]] = []
-    truncated = 0
+    gathered = PlanInput()
     for row in rows:
-        kind = row["kind"]
+        gathered.add(
+            row["kind"],
+            row["lsn"],
+            row["record_start_dsn"],
+            row["record_count"],
+            row["safe_dsn"],
+            row["record_checksum"],
+            row["skip_dsns"],
+            row["skip_lsns"],
+        )
+    return gathered.plan(where, base)
+
+
+class PlanInput:
+    """What the replay plan reads of each backend record of one log: the audit level's
+    narrow columns (`PLAN_COLUMNS`, as rows), or the driver records themselves as a reader
+    passes them (`add_record`, the same mapping as the audit level's)."""
+
+    __slots__ = ("by_lsn", "skips", "truncated")
+
+    def __init__(self) -> None:
+        self.by_lsn: dict[int, replay.DriverRecord] = {}
+        self.skips: list[tuple[int, int]] = []
+        self.truncated = 0
+
+    def add(
+        self,
+        kind: str,
+        lsn: int,
+        start_dsn: int,
+        count: int,
+        safe_dsn: int,
+        checksum: int,
+        skip_dsns: Iterable[int],
+        skip_lsns: Iterable[int],
+    ) -> None:
         if kind in ("entry", "marker"):
-            by_lsn[row["lsn"]] = replay.DriverRecord(
-                row["lsn"],
-                row["record_start_dsn"],
-                row["record_count"],
-                row["safe_dsn"],
-                row["record_checksum"],
-            )
+            self.by_lsn[lsn] = replay.DriverRecord(lsn, start_dsn, count, safe_dsn, checksum)
         elif kind == "skip":
-            skips.extend(zip(row["skip_dsns"], row["skip_lsns"], strict=True))
+            self.skips.extend(zip(skip_dsns, skip_lsns, strict=True))
         elif kind == "truncate":
-            truncated = max(truncated, row["lsn"])
-    return replay.plan_replay(by_lsn.values(), skips, truncated, where, base)
+            self.truncated = max(self.truncated, lsn)
+
+    def add_record(self, found: DriverRecord) -> None:
+        rec, decoded = found.rec, found.decoded
+        if rec.payload is None:
+            if rec.kind == "truncate":
+                assert rec.lsn is not None
+                self.truncated = max(self.truncated, rec.lsn)
+        elif isinstance(decoded, EntriesRecord):
+            assert rec.lsn is not None
+            checksum = signed64(payload_checksum(rec.payload))
+            self.by_lsn[rec.lsn] = replay.DriverRecord(
+                rec.lsn, decoded.start_dsn, decoded.count, decoded.safe_dsn, checksum
+            )
+        elif decoded is not None:  # a skip record; a payload that does not decode is damage
+            self.skips.extend(decoded.pairs)
+
+    def plan(self, where: str, base: replay.BaseState) -> replay.ReplayPlan:
+        return replay.plan_replay(self.by_lsn.values(), self.skips, self.truncated, where, base)
 
 
 def base_of(
@@ -281,14 +327,18 @@ def replay_as_of(params: JobParams) -> JobResult:
         where = f"replica {replica} shard {shard}"
         scope = JobParams(params.job, params.inputs, frozenset({shard}), frozenset({replica}))
         store, base = base_of(params, shard, as_of)
-        audit = ReadOptions(LEVEL_AUDIT, verify, entry_checksums=False)
-        plan = plan_from_records(read_level(scope, audit), where, base)
         # Every entry of the plan is read (not only those at or below TS): the newest
         # commit in the log says whether TS is past it, and rule 4 needs every earlier entry.
         options = ReadOptions(
             LEVEL_COMMAND, verify, scope.bounds().with_range("commit_ts", lo=base.ckp_ts + 1)
         )
-        replayed, newest_commit_ts = _replay_log(scope, options, plan, as_of, where)
+        one_pass = _replay_one_pass(scope, options, as_of, where, base)
+        if one_pass is not None:
+            plan, replayed, newest_commit_ts = one_pass
+        else:
+            audit = ReadOptions(LEVEL_AUDIT, verify, entry_checksums=False)
+            plan = plan_from_records(read_level(scope, audit), where, base)
+            replayed, newest_commit_ts = _replay_log(scope, options, plan, as_of, where)
         newest_commit_ts = max(newest_commit_ts, base.ckp_ts)
         catalog, changes = replayed.catalog, replayed.changes
         live = replay.replay_catalog(catalog, as_of, where, base)
@@ -348,6 +398,58 @@ def _replay_log(
                 newest = max(newest, int(decoded.commit_ts[chosen].max()))
             replayed.add_chunk(decoded, chosen)
     return replayed, newest
+
+
+def _replay_one_pass(
+    scope: JobParams, options: ReadOptions, as_of: int, where: str, base: replay.BaseState
+) -> tuple[replay.ReplayPlan, _Replayed, int] | None:
+    """`_replay_log` in one read of the log instead of two (the plan's records, then its
+    entries): every entry is replayed as if the plan kept it, while the records are gathered
+    for the plan; the result stands when the plan then keeps every record and DSN that was
+    replayed, which is what a clean log gives (rules 1-3 of spark_jobs/replay.py drop nothing
+    from it). Otherwise (a truncated prefix, skipped or repeated copies, entries out of DSN
+    order, any damage) None: the caller reads the log twice, as the plan says, and that path
+    alone names errors, so they are what they always were."""
+    if not options.bounds.range("lsn").unbounded:
+        return None
+    gathered = PlanInput()
+    replayed = _Replayed(as_of, where)
+    newest = 0
+    lsns_replayed: list[npt.NDArray[np.int64]] = []
+    dsn_lo = dsn_hi = None
+    ts_range = options.bounds.range("commit_ts")
+    ts_lo = ts_range.lo or 0
+    ts_hi = (1 << 64) - 1 if ts_range.hi is None else ts_range.hi
+    try:
+        for unit in scope.units():
+            chunks = entry_chunks(unit, options.verify, Range(), Range(), gathered.add_record)
+            for chunk in chunks:
+                decoded = chunk.decoded
+                chosen = np.flatnonzero(
+                    decoded.is_txn & (decoded.commit_ts >= ts_lo) & (decoded.commit_ts <= ts_hi)
+                )
+                if not len(chosen):
+                    continue
+                dsns = decoded.dsns[chosen]
+                if not replayed.chunk_in_order(dsns):
+                    return None
+                dsn_lo = int(dsns[0]) if dsn_lo is None else dsn_lo
+                dsn_hi = int(dsns[-1])
+                lsns_replayed.append(np.unique(chunk.lsns[chosen]))
+                newest = max(newest, int(decoded.commit_ts[chosen].max()))
+                replayed.add_chunk(decoded, chosen)
+    except (InputCorrupt, ReplayFailed):
+        return None
+    plan = gathered.plan(where, base)
+    if dsn_lo is not None:
+        assert dsn_hi is not None
+        if dsn_lo < plan.first_dsn or dsn_hi > plan.last_dsn:
+            return None
+        read = np.unique(np.concatenate(lsns_replayed))
+        kept = np.fromiter(plan.kept_lsns, dtype=np.int64, count=len(plan.kept_lsns))
+        if not np.isin(read, kept).all():
+            return None
+    return plan, replayed, newest
 
 
 def _replay_log_sorted(

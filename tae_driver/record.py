@@ -176,17 +176,23 @@ def _decode_entries(payload: bytes, count: int, start_dsn: int, safe_dsn: int) -
     if safe_dsn >= start_dsn:
         raise CorruptRecord(REASON_DSN, OFFSET_SAFE_DSN, f"safe {safe_dsn} >= start {start_dsn}")
     entries: list[bytes] = []
+    append = entries.append
+    unpack_size = _ENTRY_SIZE.unpack_from
+    prefix = _ENTRY_SIZE.size
     offset = limits.RECORD_HEADER_BYTES
     size = len(payload)
+    # The hot loop of every replay (one turn per entry): one bound test per entry; a size
+    # prefix past the end is found by the (rare) unpack error.
     for _ in range(count):
-        if offset + _ENTRY_SIZE.size > size:
-            raise CorruptRecord(REASON_BODY, offset, "entry size runs past the end")
-        (entry_size,) = _ENTRY_SIZE.unpack_from(payload, offset)
-        offset += _ENTRY_SIZE.size
-        if offset + entry_size > size:
-            raise CorruptRecord(REASON_BODY, offset - _ENTRY_SIZE.size, "entry runs past the end")
-        entries.append(payload[offset : offset + entry_size])
-        offset += entry_size
+        try:
+            (entry_size,) = unpack_size(payload, offset)
+        except struct.error:
+            raise CorruptRecord(REASON_BODY, offset, "entry size runs past the end") from None
+        end = offset + prefix + entry_size
+        if end > size:
+            raise CorruptRecord(REASON_BODY, offset, "entry runs past the end")
+        append(payload[offset + prefix : end])
+        offset = end
     if offset != size:
         raise CorruptRecord(REASON_BODY, offset, f"{size - offset} trailing bytes")
     return EntriesRecord(start_dsn, safe_dsn, tuple(entries))

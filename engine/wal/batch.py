@@ -318,11 +318,12 @@ def _checksums_ok(
     """The xxh3-64 of each candidate (its first 12 bytes, then its body) against its header."""
     digest = xxhash.xxh3_64_intdigest
     indexes = np.flatnonzero(candidates)
+    chosen = (
+        payloads if len(indexes) == len(payloads) else map(payloads.__getitem__, indexes.tolist())
+    )
+    skip_to = codec.HEADER_BYTES
     found = np.fromiter(
-        (
-            digest(p[:_AT_CHECKSUM] + p[codec.HEADER_BYTES :])
-            for p in map(payloads.__getitem__, indexes.tolist())
-        ),
+        (digest(p[:_AT_CHECKSUM] + p[skip_to:]) for p in chosen),
         dtype=np.uint64,
         count=len(indexes),
     )

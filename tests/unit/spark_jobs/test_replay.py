@@ -89,6 +89,29 @@ def test_a_timestamp_past_the_log_gives_the_last_state(history: History) -> None
     assert log["tables"] == {"shop.items": 1, "shop.orders": 9002}
 
 
+def test_a_clean_log_is_read_once(history: History, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A log whose plan keeps every record is replayed in one read (the plan's records are
+    gathered as the entries are replayed): the audit level is never asked for, and every
+    timestamp still equals the engine's scan."""
+
+    def no_second_read(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the log was read twice")
+
+    monkeypatch.setattr(local_replay, "read_level", no_second_read)
+    for ts in [*history.timestamps[:: max(1, len(history.timestamps) // 5)], 2**62]:
+        expected = history.scans.get(ts)
+        got = replayed(history.path, ts)
+        if expected is not None:
+            assert got == expected, ts
+
+
+def one_pass_taken(wal: str) -> bool:
+    params = JobParams("replay_as_of", file_input(wal), as_of=2**62)
+    options = ReadOptions("command", bounds=params.bounds())
+    taken = local_replay._replay_one_pass(params, options, 2**62, "wal", replay.EMPTY_BASE)
+    return taken is not None
+
+
 def kv_rows(wal: str, as_of: int = 2**62) -> list[int]:
     return [row["k"] for row in replayed(wal, as_of).get("db.kv", [])]
 
@@ -110,6 +133,7 @@ def test_duplicates_are_replayed_once_and_skips_drop_their_copy(tmp_path: Path) 
     )
     assert kv_rows(wal) == [0, 1, 2]
     assert kv_rows(wal, as_of=1025) == [0]  # commit_ts 1020 is DSN 3, 1030 DSN 4
+    assert not one_pass_taken(wal)  # copies the plan drops: read as the plan says
     plan = local_replay.plan_from_records(
         walread.read_level(JobParams("x", file_input(wal)), ReadOptions("audit")), "wal"
     )
@@ -132,6 +156,11 @@ def test_trailing_records_are_left_out_and_holes_fail(tmp_path: Path) -> None:
     # DSN 5 lost; the records after it vouch only for DSNs up to 4: a crashed writer's tail.
     write_file_wal(trailing, [*records_of(entries[:4]), encode_record(6, 4, entries[5:7])])
     assert kv_rows(trailing) == [0, 1]
+    assert not one_pass_taken(trailing)  # the trailing DSNs 6-7 were replayed, then dropped
+    clean = str(tmp_path / "clean")
+    write_file_wal(clean, records_of(entries))
+    assert one_pass_taken(clean)
+    assert kv_rows(clean) == [0, 1, 2, 3, 4]
     hole = str(tmp_path / "hole")
     # The same gap, but a later record says DSN 5 was durable: acknowledged data is lost.
     write_file_wal(hole, [*records_of(entries[:4]), encode_record(6, 5, entries[5:7])])
