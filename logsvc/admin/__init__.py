@@ -15,8 +15,11 @@ Modules, one idea each:
 * `readiness.py`: the pure rule deciding `/readyz` from the shards' statuses.
 * `metrics.py`: the metric definitions (prometheus-client, the only module importing it),
   on a `CollectorRegistry` of their own, with the update methods the daemon calls.
-* `app.py`: the FastAPI app (the only module importing FastAPI): auth, body limits,
-  Pydantic models, endpoints, errors as JSON.
+* `models.py`: the request and response bodies (pydantic, the only module importing it).
+* `gate.py`: the pure ASGI gate in front of routing: in-flight bound, bearer token, body
+  bound.
+* `dashboard.py`: the dashboard page and its Content-Security-Policy.
+* `app.py`: the FastAPI app (the only module importing FastAPI): endpoints, errors as JSON.
 
 Nothing is imported here, so `import logsvc.admin.metrics` does not pull in FastAPI.
 """

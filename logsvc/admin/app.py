@@ -24,7 +24,7 @@ serves it with uvicorn on the node's `admin_address`.
                                                (/docs/assets/..., docs_page.py: no CDN)
     GET    /                                   the dashboard page (no auth, no data: below)
 
-Every request passes `_Gate` first, before routing and before its body is parsed:
+Every request passes the gate (gate.py) first, before routing and before its body is parsed:
 at most `requests_inflight_max` at once (503 "overloaded"), a bearer token on every path
 but the public ones (401 "unauthorized", compared in constant time), a body of at most
 `request_body_bytes_max` bytes (413 "body_too_large"). The OpenAPI description is public
@@ -50,14 +50,8 @@ runtime.)
 """
 
 import asyncio
-import base64
-import hashlib
-import hmac
 import logging
-import re
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
-from datetime import datetime
-from importlib import resources
 from typing import Annotated, Any, Final, TypeVar
 
 from fastapi import APIRouter, Depends, FastAPI, Request, Response
@@ -67,11 +61,10 @@ from fastapi.openapi.docs import get_swagger_ui_oauth2_redirect_html
 from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPBearer
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from logsvc.admin import changes, docs_page, readiness
+from logsvc.admin import docs_page, readiness
+from logsvc.admin.dashboard import dashboard_page
 from logsvc.admin.errors import (
     AdminError,
     Conflict,
@@ -83,15 +76,32 @@ from logsvc.admin.errors import (
     StaleEpoch,
     Unavailable,
 )
+from logsvc.admin.gate import HEALTH_PATH, RETRY_AFTER_S, Gate
 from logsvc.admin.limits import (
     DEFAULT_ADMIN_LIMITS,
-    EPOCH_MAX,
-    LSN_MAX,
     NODE_ID_CHARS,
     NODE_ID_PATTERN,
     SHARD_ID_MAX,
     SHARD_ID_MIN,
     AdminLimits,
+)
+from logsvc.admin.models import (
+    AddReplicaRequest,
+    ClusterResponse,
+    ErrorBody,
+    HealthResponse,
+    HostShardRequest,
+    HostShardResponse,
+    MembershipResponse,
+    NodeModel,
+    PromoteShardRequest,
+    ReadinessResponse,
+    ShardListResponse,
+    ShardStatusModel,
+    TransferLeaderRequest,
+    TransferLeaderResponse,
+    TruncateRequest,
+    TruncateResponse,
 )
 from logsvc.admin.port import EXPOSITION_CONTENT_TYPE, NodeView
 
@@ -99,9 +109,7 @@ log = logging.getLogger("logsvc.admin")
 
 T = TypeVar("T")
 
-HEALTH_PATH: Final = "/healthz"
 DASHBOARD_PATH: Final = "/"
-DASHBOARD_FILE: Final = "dashboard.html"  # package data of logsvc.admin
 DOCS_PAGE_PATH: Final = "/docs"
 DOCS_OAUTH2_REDIRECT_PATH: Final = "/docs/oauth2-redirect"
 DOCS_PATHS: Final = (
@@ -122,7 +130,6 @@ VALIDATION_PROBLEMS_SHOWN_MAX: Final = 5
 ERROR_MESSAGE_CHARS_MAX: Final = 1000
 
 INTERNAL_MESSAGE: Final = "internal error; the node's log has the details"
-RETRY_AFTER_S: Final = 1  # on 503: most causes (a full queue, an election) pass in a second
 
 API_DESCRIPTION: Final = """\
 The admin API of one logsvc node: cluster and shard status, truncation, leadership
@@ -139,9 +146,6 @@ before retrying.
 
 # ---------------------------------------------------------------------- request types
 
-NodeId = Annotated[
-    str, StringConstraints(min_length=1, max_length=NODE_ID_CHARS, pattern=NODE_ID_PATTERN)
-]
 ShardIdParam = Annotated[
     int, PathParam(ge=SHARD_ID_MIN, le=SHARD_ID_MAX, description="The shard's id.")
 ]
@@ -151,181 +155,6 @@ NodeIdParam = Annotated[
         min_length=1, max_length=NODE_ID_CHARS, pattern=NODE_ID_PATTERN, description="A node id."
     ),
 ]
-
-
-class _Request(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class TruncateRequest(_Request):
-    """Truncate the records below `lsn` (fenced by the lease `epoch`, 0 while no lease was
-    ever granted). Truncating at or below the current first LSN is a no-op; past the next
-    LSN, everything is truncated."""
-
-    lsn: Annotated[int, Field(strict=True, ge=1, le=LSN_MAX)]
-    epoch: Annotated[int, Field(strict=True, ge=0, le=EPOCH_MAX)] = 0
-
-
-class TransferLeaderRequest(_Request):
-    """Hand leadership to `target_node_id`, or (null) to the most caught-up follower."""
-
-    target_node_id: NodeId | None = None
-
-
-class AddReplicaRequest(_Request):
-    node_id: NodeId
-
-
-class HostShardRequest(_Request):
-    """Node to node: start a replica of the shard that joins `members` (the shard's
-    members as its leader knows them; this node is added), a learner if `learner`."""
-
-    members: Annotated[list[NodeId], Field(min_length=1, max_length=changes.MEMBERS_MAX)]
-    learner: bool = False
-
-
-class PromoteShardRequest(_Request):
-    """Node to node: the learner caught up; restart it as a joining voter of `members`."""
-
-    members: Annotated[list[NodeId], Field(min_length=1, max_length=changes.MEMBERS_MAX)]
-
-
-# --------------------------------------------------------------------- response types
-
-
-class _Response(BaseModel):
-    # Built from the port's frozen dataclasses (their properties included).
-    model_config = ConfigDict(from_attributes=True, frozen=True)
-
-
-class NodeModel(_Response):
-    node_id: str
-    data_address: str
-    admin_address: str
-
-
-class ShardPlacementModel(_Response):
-    shard_id: int
-    replicas: list[str] = Field(description="Node ids of the members.")
-    hosted: bool = Field(description="This node holds a replica.")
-    leader: NodeModel | None = Field(description="Known only where hosted.")
-
-
-class ClusterResponse(_Response):
-    node_id: str = Field(description="The node answering.")
-    nodes: list[NodeModel]
-    shards: list[ShardPlacementModel]
-
-
-class ReplicaModel(_Response):
-    node_id: str
-    match_index: int | None = Field(description="Known on the leader only.")
-    lag_entries: int | None = Field(description="Raft entries behind the leader's log.")
-    lag_records: int | None
-    lag_seconds: float | None = Field(
-        description="Seconds since it last had every entry of the leader's log (leader only)."
-    )
-    connected: bool | None = Field(description="The answering replica's link to it.")
-    caught_up: bool | None = Field(
-        description="Within a few entries of the leader's log: healthy (leader only)."
-    )
-
-
-class ShardStatusModel(_Response):
-    shard_id: int
-    node_id: str = Field(description="The node answering.")
-    is_leader: bool
-    leader: NodeModel | None
-    term: int
-    commit_index: int
-    applied_index: int
-    leader_commit_index: int | None
-    apply_lag_entries: int | None
-    first_lsn: int = Field(description="The lowest retained LSN: the truncation point.")
-    next_lsn: int
-    last_lsn: int | None = Field(description="The highest retained LSN; null if none.")
-    truncated_lsn: int | None = Field(description="The highest LSN truncated; null if none.")
-    lease_holder: str | None
-    lease_epoch: int
-    journal_first_index: int
-    journal_physical_first_index: int
-    physical_truncation_lag_entries: int = Field(
-        description="Raft entries truncated but not yet deleted from disk."
-    )
-    last_election_at: datetime | None
-    failed: bool
-    replicas: list[ReplicaModel]
-    joining: bool = Field(description="Started to join; the entry adding it not received yet.")
-    learner: bool = Field(description="A non-voting learner catching up (not a member yet).")
-    stage: str = Field(
-        description='This replica\'s stage: "learner" (non-voting, catching up), "joining" '
-        '(promoted, its addition not in its log yet) or "voter".'
-    )
-    learners: list[ReplicaModel] = Field(
-        description="On the leader: learners catching up (they count in no majority)."
-    )
-    quiet: bool = Field(
-        description="Quiescent: the shard was idle; no heartbeats, no election timer here "
-        "(docs/decisions/0005-scheduler-quiescence.md)."
-    )
-
-
-class ShardListResponse(_Response):
-    shards: list[ShardStatusModel]
-
-
-class TruncateResponse(_Response):
-    shard_id: int
-    first_lsn: int = Field(description="The first retained LSN after the truncate.")
-
-
-class TransferLeaderResponse(_Response):
-    shard_id: int
-    target_node_id: str | None = Field(description="The target, if known.")
-
-
-class MembershipResponse(_Response):
-    shard_id: int
-    replicas: list[str] = Field(description="The members once the change is committed.")
-
-
-class HostShardResponse(_Response):
-    shard_id: int
-    hosted: bool = Field(description="Hosted after the call; for a release: false.")
-    replicas: list[str] = Field(description="The members the replica starts with.")
-    stage: str | None = Field(
-        default=None,
-        description='The replica\'s stage after the call ("learner", "joining", "voter"); '
-        "null after a release.",
-    )
-
-
-class HealthResponse(_Response):
-    alive: bool
-
-
-class ShardReadinessModel(_Response):
-    shard_id: int
-    ready: bool
-    reasons: list[str]
-    apply_lag_entries: int | None
-
-
-class ReadinessResponse(_Response):
-    ready: bool
-    shards: list[ShardReadinessModel]
-
-
-class ErrorBody(BaseModel):
-    """Every error answer. `leader` on not_leader (null: unknown), `current_holder` and
-    `current_epoch` on stale_epoch / not_lease_holder, `replicas` on shard_not_hosted."""
-
-    code: str
-    message: str
-    leader: NodeModel | None = None
-    current_holder: str | None = None
-    current_epoch: int | None = None
-    replicas: list[str] | None = None
 
 
 def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
@@ -449,165 +278,6 @@ class _GuardedRoute(APIRoute):
         return guarded
 
 
-# --------------------------------------------------------------------------- the gate
-
-
-class _Gate:
-    """Pure ASGI middleware, in front of routing: the in-flight bound, the bearer token,
-    the body bound (the body is read here, at most `request_body_bytes_max` bytes, then
-    replayed to the app), in that order, so an unauthenticated client can make the node
-    neither parse nor buffer anything."""
-
-    def __init__(
-        self,
-        app: ASGIApp,
-        *,
-        token: str,
-        public_paths: frozenset[str],
-        limits: AdminLimits,
-        on_auth_failure: Callable[[], None] | None,
-    ) -> None:
-        self._app = app
-        # Digests of equal length: compare_digest then takes the same time whatever the
-        # presented token's length.
-        self._token_digest = hashlib.sha256(token.encode("utf-8")).digest()
-        self._public_paths = public_paths
-        self._limits = limits
-        self._on_auth_failure = on_auth_failure
-        self._inflight = 0
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self._app(scope, receive, send)
-            return
-        if scope["path"] == HEALTH_PATH:
-            # Outside the in-flight bound: a liveness probe must not fail (and get the
-            # process restarted) because operators keep the admin API busy. It is cheap.
-            await self._serve(scope, receive, send)
-            return
-        if self._inflight >= self._limits.requests_inflight_max:
-            body = ErrorBody(code="overloaded", message="too many admin requests in flight")
-            answer = _error_response(503, body, {"Retry-After": str(RETRY_AFTER_S)})
-            await answer(scope, receive, send)
-            return
-        self._inflight += 1
-        try:
-            await self._serve(scope, receive, send)
-        finally:
-            self._inflight -= 1
-
-    async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
-        headers: list[tuple[bytes, bytes]] = scope["headers"]
-        if scope["path"] not in self._public_paths:
-            problem = self._auth_problem(headers)
-            if problem:
-                if self._on_auth_failure is not None:
-                    self._on_auth_failure()
-                answer = _error_response(
-                    401,
-                    ErrorBody(code="unauthorized", message=problem),
-                    {"WWW-Authenticate": "Bearer"},
-                )
-                await answer(scope, receive, send)
-                return
-        body_bytes_max = self._limits.request_body_bytes_max
-        lengths = [value for name, value in headers if name == b"content-length"]
-        if lengths:
-            if len(lengths) > 1 or not lengths[0].isdigit():
-                answer = _error_response(
-                    400, ErrorBody(code="bad_request", message="invalid Content-Length")
-                )
-                await answer(scope, receive, send)
-                return
-            if int(lengths[0]) > body_bytes_max:
-                await self._too_large(scope, receive, send)
-                return
-        chunks: list[bytes] = []
-        size_bytes = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return  # the client is gone: nothing to answer
-            chunk: bytes = message.get("body", b"")
-            size_bytes += len(chunk)
-            if size_bytes > body_bytes_max:
-                await self._too_large(scope, receive, send)
-                return
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
-        replayed = False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
-            return await receive()
-
-        await self._app(scope, replay, send)
-
-    def _auth_problem(self, headers: list[tuple[bytes, bytes]]) -> str:
-        """ "" when the request carries the token; else what is wrong (never the token)."""
-        values = [value for name, value in headers if name == b"authorization"]
-        if not values:
-            return "missing bearer token (Authorization: Bearer <token>)"
-        if len(values) > 1:
-            return "more than one Authorization header"
-        scheme, _, credentials = values[0].strip().partition(b" ")
-        if scheme.lower() != b"bearer" or not credentials.strip():
-            return "the Authorization header must be: Bearer <token>"
-        presented = hashlib.sha256(credentials.strip()).digest()
-        if not hmac.compare_digest(presented, self._token_digest):
-            return "invalid bearer token"
-        return ""
-
-    async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
-        body = ErrorBody(
-            code="body_too_large",
-            message=f"the request body is over {self._limits.request_body_bytes_max} bytes",
-        )
-        await _error_response(413, body)(scope, receive, send)
-
-
-# ---------------------------------------------------------------------- the dashboard
-
-
-def _inline_sources(html: str, tag: str) -> list[str]:
-    """The CSP source of each inline `<tag>` block: its SHA-256, base64, as the browser
-    hashes the text between the tags (so attributes on the tag are refused here)."""
-    blocks: list[str] = re.findall(rf"<{tag}>(.*?)</{tag}>", html, flags=re.DOTALL)
-    assert blocks, f"the dashboard has no inline <{tag}>"
-    assert html.count(f"<{tag}") == len(blocks), f"a <{tag}> with attributes: not hashed"
-    digests = (hashlib.sha256(block.encode("utf-8")).digest() for block in blocks)
-    return [f"'sha256-{base64.b64encode(digest).decode('ascii')}'" for digest in digests]
-
-
-def dashboard_page() -> tuple[bytes, dict[str, str]]:
-    """dashboard.html and the headers to serve it with. Nothing but the page's own inline
-    script and style may run (so injected markup could not run code next to the token in
-    sessionStorage), it connects to this origin only, and it may not be framed."""
-    html = resources.files("logsvc.admin").joinpath(DASHBOARD_FILE).read_text("utf-8")
-    policy = (
-        "default-src 'none'",
-        "script-src " + " ".join(_inline_sources(html, "script")),
-        "style-src " + " ".join(_inline_sources(html, "style")),
-        "connect-src 'self'",
-        "img-src data:",  # the empty favicon: no request for /favicon.ico (and its 401)
-        "base-uri 'none'",
-        "form-action 'none'",
-        "frame-ancestors 'none'",
-    )
-    headers = {
-        "Content-Security-Policy": "; ".join(policy),
-        "X-Content-Type-Options": "nosniff",
-        "X-Frame-Options": "DENY",
-        "Referrer-Policy": "no-referrer",
-        "Cache-Control": "no-cache",
-    }
-    return html.encode("utf-8"), headers
-
-
 # ---------------------------------------------------------------------------- the app
 
 
@@ -633,7 +303,8 @@ def create_app(
     )
     public = {HEALTH_PATH, DASHBOARD_PATH, *(DOCS_PATHS if docs_public else ())}
     app.add_middleware(
-        _Gate,
+        Gate,
+        answer=_error_response,
         token=token,
         public_paths=frozenset(public),
         limits=limits,

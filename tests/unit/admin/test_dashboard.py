@@ -21,7 +21,8 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from pydantic import BaseModel
 
-from logsvc.admin.app import (
+from logsvc.admin.app import create_app
+from logsvc.admin.models import (
     ClusterResponse,
     NodeModel,
     ReadinessResponse,
@@ -30,7 +31,6 @@ from logsvc.admin.app import (
     ShardPlacementModel,
     ShardReadinessModel,
     ShardStatusModel,
-    create_app,
 )
 from logsvc.admin.port import example_view
 

@@ -45,7 +45,8 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from logsvc.admin.app import HEALTH_PATH, create_app
+from logsvc.admin.app import create_app
+from logsvc.admin.gate import HEALTH_PATH
 from logsvc.admin.port import ClusterInfo, FakeNodeView, ShardStatus, example_view
 
 from .conftest import AUTH, TOKEN
