@@ -22,7 +22,11 @@ file WAL). These are tae_driver's replay rules (tae_driver/replay.py), stated ov
    entries in between are gone and the job is refused (`ReplayRefused`), as the engine
    refuses to open. A gap at or below the highest safe DSN any record published is lost
    acknowledged data (`LogHole`); above it, the records after the gap are trailing (a crash
-   mid-window; never acknowledged) and are left out, as the driver leaves them out;
+   mid-window; never acknowledged) and are left out, as the driver leaves them out. A DSN
+   whose first copy is at a higher LSN than a record whose safe DSN covers it is a hole too
+   (a safe DSN vouches for copies at lower LSNs; a later copy means the vouched-for one was
+   lost), though that later copy's bytes survive: the driver, reading in LSN order, meets the
+   safe DSN before the copy and refuses there, so the plan refuses the same log;
 4. an entry with `commit_ts <= ckp_ts` is in the base already and is skipped, whatever its
    DSN (truncation is never exact); after it, the engine applies an entry only if its
    commit_ts is above every earlier one (a repeated transaction is ignored: engine.py
@@ -47,6 +51,7 @@ Delete may name a block the same entry creates, and a dropped block loses every 
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -148,11 +153,13 @@ def plan_replay(
     plan = ReplayPlan()
     skip_set = set(skips)
     by_range: dict[tuple[int, int], DriverRecord] = {}
+    safe_by_lsn: list[tuple[int, int]] = []  # (lsn, safe_dsn) of every record read, rising
     for record in sorted(records, key=lambda r: r.lsn):
         if record.lsn <= truncated_lsn:
             plan.truncated_lsns.add(record.lsn)
             continue
         plan.safe_dsn = max(plan.safe_dsn, record.safe_dsn)
+        safe_by_lsn.append((record.lsn, record.safe_dsn))
         if record.count == 0:
             continue
         if (record.start_dsn, record.lsn) in skip_set:
@@ -193,6 +200,7 @@ def plan_replay(
             "newer timestamp, from a newer checkpoint, may still be answered)"
         )
     plan.first_dsn = first_dsn or needed
+    vouched = _SafeByLsn(safe_by_lsn)
     expected = plan.first_dsn
     trailing_from: int | None = None
     for (start, end), record in ranges:
@@ -213,10 +221,52 @@ def plan_replay(
             trailing_from = expected
             plan.trailing_lsns.add(record.lsn)
             continue
+        earlier = vouched.before(record.lsn)
+        if earlier is not None and earlier[1] >= start and start > base.ckp_dsn:
+            lost = (
+                f"DSN {start} is missing below LSN {earlier[0]}, whose record says every DSN "
+                f"up to {earlier[1]} was durable at a lower LSN; its only copy is at LSN "
+                f"{record.lsn}"
+            )
+            if start > plan.first_dsn:
+                raise LogHole(f"{where}: {lost}: a record the log acknowledged was lost")
+            # The log's first DSNs: the driver skips them as a truncated prefix (its
+            # engine's checkpoint must hold them), and no checkpoint here does.
+            covering = (
+                f"{base.why_none} at or below the timestamp"
+                if base.checkpoint is None
+                else f"checkpoint {base.checkpoint.manifest.name} holds DSNs up to "
+                f"{base.ckp_dsn} only"
+            )
+            raise ReplayRefused(
+                f"{where}: {lost}, so the driver reads the log as starting after it, and "
+                f"{covering}: this timestamp cannot be answered"
+            )
         plan.kept_lsns.add(record.lsn)
         expected = end + 1
     plan.last_dsn = expected - 1
     return plan
+
+
+class _SafeByLsn:
+    """The highest safe DSN published at an LSN below a given one, and where: (lsn, safe) of
+    the records read, in LSN order, as prefix maxima."""
+
+    __slots__ = ("_best", "_lsns")
+
+    def __init__(self, safe_by_lsn: list[tuple[int, int]]) -> None:
+        self._lsns = [lsn for lsn, _ in safe_by_lsn]
+        self._best: list[tuple[int, int]] = []
+        for lsn, safe in safe_by_lsn:
+            if not self._best or safe > self._best[-1][1]:
+                self._best.append((lsn, safe))
+            else:
+                self._best.append(self._best[-1])
+
+    def before(self, lsn: int) -> tuple[int, int] | None:
+        """(lsn, safe) of the first record with the highest safe DSN below `lsn`, or None."""
+        at = bisect.bisect_left(self._lsns, lsn)
+        return self._best[at - 1] if at else None
 
 
 def repeated_dsns(entries: Iterable[tuple[int, int]]) -> set[int]:

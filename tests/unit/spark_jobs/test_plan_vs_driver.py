@@ -11,9 +11,9 @@ trailing for both.
 One difference, asserted as such: a log whose first DSNs are lost is refused by the plan (no
 checkpoint here), while the driver leaves it all out as trailing (no safe DSN covers the loss)
 or skips the lost prefix as truncated (a safe DSN does: its engine's checkpoint must cover it).
-Not generated: truncated prefixes and logs not starting at DSN 1 (the same reason), and a
-durable record lost while a copy of it survives at a higher LSN than a record whose safe DSN
-covers it (the driver calls it a hole, the plan reads the copy: reported in issue 23).
+Not generated: truncated prefixes and logs not starting at DSN 1 (the same reason). A
+durable record whose first copy is lost while a later copy survives at a higher LSN than a
+record whose safe DSN covers it is a hole for both (the log lost what it said was durable).
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ def _log(rng: random.Random) -> list[bytes]:
             continue  # lost in a crash (never durable)
         written.append(ranges[index])
     payloads = []
+    late: list[bytes] = []
     durable: set[int] = set()
     for start, count in written:
         contiguous = 0
@@ -67,13 +68,22 @@ def _log(rng: random.Random) -> list[bytes]:
             payloads.append(payloads[-1])
         elif roll < 0.16:  # a copy with other bytes
             payloads.append(encode_record(start, safe, [b"x" + e for e in entries]))
+        elif roll < 0.22:  # an identical copy written later (a retry after other appends)
+            late.append(payloads[-1])
+        if late and rng.random() < 0.3:
+            payloads.append(late.pop(0))
+    payloads.extend(late)
     if payloads and rng.random() < 0.25:
-        # A durable record lost afterwards with all its copies (damage, a bad copy of the
-        # log): a later safe DSN may prove it was acknowledged. (With a copy left at a higher
-        # LSN than a record whose safe DSN covers it, the two differ: the driver calls it a
-        # hole, the plan reads the copy. Not generated; see the report of issue 23.)
         lost = payloads[rng.randrange(len(payloads))]
-        payloads = [p for p in payloads if p[24:32] != lost[24:32]]
+        if rng.random() < 0.5:
+            # A durable record lost afterwards with all its copies (damage, a bad copy of
+            # the log): a later safe DSN may prove it was acknowledged.
+            payloads = [p for p in payloads if p[24:32] != lost[24:32]]
+        else:
+            # Only its first copy lost: a copy may survive at a higher LSN than a record
+            # whose safe DSN covers it. Both call that a hole (the log lost a record it
+            # said was durable), though the bytes survive elsewhere.
+            payloads.remove(lost)
     if rng.random() < 0.4:
         # A restart after a crash, as the driver does it: its replay's skip record names
         # every copy of the trailing records, then the new writer reuses their DSNs.

@@ -195,6 +195,19 @@ def test_plan_rules_on_values() -> None:
     with pytest.raises(CopiesDisagree, match="overlap"):
         replay.plan_replay(overlapping, [], 0, "log")
     assert replay.repeated_dsns([(1, 10), (2, 20), (3, 15), (4, 30)]) == {3}
+    # DSN 2's only copy is after a record vouching that it was durable before: its first
+    # copy was lost, as the driver (reading in LSN order) finds at LSN 2.
+    late_copy = [
+        replay.DriverRecord(1, 1, 1, 0, 11),
+        replay.DriverRecord(2, 3, 1, 2, 13),
+        replay.DriverRecord(3, 2, 1, 1, 12),
+    ]
+    with pytest.raises(LogHole, match="DSN 2 is missing below LSN 2"):
+        replay.plan_replay(late_copy, [], 0, "log")
+    # The same for the log's first DSN: the driver skips it as a truncated prefix.
+    first_late = [replay.DriverRecord(1, 2, 1, 1, 12), replay.DriverRecord(2, 1, 1, 0, 11)]
+    with pytest.raises(ReplayRefused, match="DSN 1 is missing below LSN 1"):
+        replay.plan_replay(first_late, [], 0, "log")
 
 
 def test_an_origin_command_is_read_and_changes_no_row(tmp_path: Path) -> None:
