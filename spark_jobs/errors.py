@@ -9,7 +9,9 @@ prints it and exits 1 (2 for bad usage). Programmer errors are asserts.
      ├── LogHole           a DSN missing below a durable watermark: acknowledged data lost
      ├── ReplayRefused     the log (and its checkpoints) cannot answer the requested timestamp
      ├── ReplayFailed      a replayed entry does not apply (the engine would refuse it)
-     └── ObjectsUnreadable a checkpoint or block object replay needs is missing or damaged
+     ├── ObjectsUnreadable a checkpoint or block object replay needs is missing or damaged
+     ├── DataLost          a stream's next LSNs were truncated away before it read them
+     └── ChangesRefused    the change stream cannot decode what the retained log holds
 """
 
 from __future__ import annotations
@@ -61,3 +63,23 @@ class ObjectsUnreadable(SparkJobError):
         super().__init__(f"object {name}: {reason}")
         self.name = name
         self.reason = reason
+
+
+class DataLost(SparkJobError):
+    """A streaming query's next records, LSNs [lo, hi] of `shard`, were truncated from the
+    log before the query read them (Kafka's `failOnDataLoss`): the query stops rather than
+    skip them. `failOnDataLoss=false` skips them instead and says so (spark_jobs/README)."""
+
+    def __init__(self, shard: int, lo: int, hi: int, reason: str) -> None:
+        super().__init__(
+            f"shard {shard}: LSNs {lo}..{hi} were lost before they were read: {reason}"
+        )
+        self.shard = shard
+        self.lo = lo
+        self.hi = hi
+
+
+class ChangesRefused(SparkJobError):
+    """The change stream cannot turn the retained log into changes: a table whose schema is
+    not in it (created below the log's truncation point, held only by a checkpoint, which
+    the stream does not read), or a replay rule the log breaks (a hole, an overlap)."""

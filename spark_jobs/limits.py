@@ -29,3 +29,27 @@ OUTPUT_PART_BYTES_MAX = 64 << 20
 """A Spark task writing a run's table to an object store (objectsource.py) starts a new
 Parquet object every this many bytes of Arrow data: what bounds the task's memory (the
 store's port takes an object whole), and the size Spark's own writers aim at per file."""
+
+STREAM_READ_BYTES_MAX = 4 << 20
+"""Payload bytes one `read` call of a streaming source asks logsvc for (the server caps it
+too): what one partition holds at once before it hands the records to Spark as one Arrow
+batch, and small enough that one call answers well within the client's request timeout."""
+
+STREAM_PARTITION_LSNS_MAX = 200_000
+"""LSNs per input partition of a `logsvc` micro-batch: a shard's range (start, end] is cut
+into partitions this long, so one big backlog spreads over the executors' cores instead of
+being one task (Spark's Kafka source does the same with `minPartitions`)."""
+
+STREAM_READ_WAIT_S_MAX = 60.0
+"""How long a partition waits for LSNs the plan promised but no replica it reaches hands out
+yet (a lagging replica answers a shorter prefix; the leader is asked next): past this the
+task fails with the reason (Spark retries it) rather than hang."""
+
+STREAM_CHANGES_PER_BATCH_MAX = 50_000
+"""Changes one `logsvc_changes` micro-batch holds at most (more when one record's entries
+alone exceed it: a batch ends only where nothing is pending): the change stream reads in
+the driver's Python process (a simple stream reader, one ordered stream), which keeps a
+batch's rows until Spark plans it, so this bounds that process's memory (about 1 KiB a
+change: ~50 MiB)."""
+
+assert STREAM_READ_BYTES_MAX <= 16 << 20  # logsvc's own read cap (logsvc/wire/limits.py)

@@ -52,6 +52,12 @@ LOGSVC_SEGMENTS_LEVELS = (LEVEL_RAFT, LEVEL_SEGMENT)
 def register(spark: Any) -> None:
     spark.dataSource.register(TaeWalSource)
     spark.dataSource.register(LogsvcSegmentsSource)
+    # The streaming sources (issue 23 target 2): a live cluster through its client.
+    from spark_jobs.stream_changes_source import LogsvcChangesSource
+    from spark_jobs.stream_source import LogsvcStreamSource
+
+    spark.dataSource.register(LogsvcStreamSource)
+    spark.dataSource.register(LogsvcChangesSource)
 
 
 def _read_options(

@@ -123,11 +123,15 @@ class Replayer:
         self,
         *,
         truncated_lsn: int,
+        resolved_dsn: int = 0,
+        resolved_applied: bool = False,
         pending_records_max: int = limits.REPLAY_PENDING_RECORDS_MAX,
         copies_max: int = limits.RECORD_COPIES_MAX,
         digests_kept: int = limits.REPLAY_DIGESTS_KEPT,
     ) -> None:
         assert truncated_lsn >= 0
+        assert resolved_dsn >= 0
+        assert resolved_dsn > 0 or not resolved_applied
         assert pending_records_max >= 1
         assert copies_max >= 1
         assert digests_kept >= 1
@@ -135,10 +139,14 @@ class Replayer:
         self._copies_max = copies_max
         self._digests_kept = digests_kept
         self._last_lsn = truncated_lsn
-        self._safe_dsn = 0
-        self._sched_dsn = 0
-        self._applied_any = False
-        self._clean = True
+        # A reader resuming where an earlier replay stood with nothing pending (a change
+        # stream's micro-batch boundary, spark_jobs/stream_changes.py): every DSN <=
+        # `resolved_dsn` was resolved by the records <= `truncated_lsn`; `resolved_applied`
+        # says one was applied, so a missing DSN under a safe one is a hole, not a prefix.
+        self._safe_dsn = resolved_dsn
+        self._sched_dsn = resolved_dsn
+        self._applied_any = resolved_applied
+        self._clean = not resolved_applied
         self._clean_prefix_dsn = 0
         self._skipped_dsn_max = 0
         self._pending: dict[int, _Pending] = {}
