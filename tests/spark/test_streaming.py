@@ -68,8 +68,9 @@ def _forget_last_batch(checkpoint: Path, out: Path) -> int:
     checkpoint's commit and the sink's metadata entry of that batch removed."""
     commits = sorted(int(n) for n in os.listdir(checkpoint / "commits") if n.isdigit())
     last = commits[-1]
-    (checkpoint / "commits" / str(last)).unlink()
-    (out / "_spark_metadata" / str(last)).unlink()
+    for folder in (checkpoint / "commits", out / "_spark_metadata"):
+        (folder / str(last)).unlink()
+        (folder / f".{last}.crc").unlink(missing_ok=True)  # Hadoop's local checksum file
     return last
 
 
