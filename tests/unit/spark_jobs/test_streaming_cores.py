@@ -26,7 +26,7 @@ from engine.wal.entry import (
     memo_of,
 )
 from spark_jobs.errors import BadInput, ChangesRefused, DataLost
-from spark_jobs.stream_changes import Catalog, ChangeReader, ChangesOffset
+from spark_jobs.stream_changes import Catalog, Change, ChangeReader, ChangesOffset
 from spark_jobs.stream_offsets import Lost, Offsets, Retained, plan_end, ranges
 from tae_driver.record import encode_record
 
@@ -108,10 +108,12 @@ RECORDS = [
 ]
 
 
-def _read(start: ChangesOffset, catalog: Catalog, records: list[tuple[int, bytes]]) -> tuple:
+def _read(
+    start: ChangesOffset, catalog: Catalog, records: list[tuple[int, bytes]]
+) -> tuple[list[Change], list[ChangesOffset], ChangesOffset]:
     reader = ChangeReader(start, catalog, 1)
-    out = []
-    cuts = []
+    out: list[Change] = []
+    cuts: list[ChangesOffset] = []
     for lsn, payload in records:
         reader.offer(lsn, payload)
         if reader.resolved:
