@@ -133,7 +133,7 @@ def test_changes_come_in_dsn_order_and_cut_only_where_nothing_waits() -> None:
         ("insert", "d.t", "5", 3, 2),
         ("delete", "d.t", None, 4, 4),
     ]
-    assert json.loads(out[2][3]) == {"id": 1, "note": "n1"}
+    assert json.loads(out[2][3] or "") == {"id": 1, "note": "n1"}
     assert [(c[7], c[8]) for c in out[2:]] == [(7, 0), (7, 1), (7, 2), (7, 1)]
     assert [c[4] for c in out] == sorted(c[4] for c in out)  # commit_ts follows DSN order
     # No cut after LSN 2: DSN 3 waited for DSN 2.
