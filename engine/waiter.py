@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 class CommitWaiter:
     """What the shell attaches to a pipeline ticket."""
 
-    __slots__ = ("dsn", "entry", "future", "payload", "txn")
+    __slots__ = ("dsn", "durable", "entry", "future", "payload", "txn")
 
     def __init__(self, txn: Transaction | None, future: asyncio.Future[None]) -> None:
         self.txn = txn
@@ -25,3 +25,16 @@ class CommitWaiter:
         """The entry's DSN, once durable."""
         self.payload = b""
         """The encoded entry (the logtail serves these bytes)."""
+        self.durable: asyncio.Future[int] | None = None
+        """The driver's future for the entry, once submitted."""
+
+    def resolved(self) -> bool:
+        """The entry is durable and its durable event is on its way (the pipeline holds a
+        group back for it, engine/pipeline.py)."""
+        durable = self.durable
+        return (
+            durable is not None
+            and durable.done()
+            and not durable.cancelled()
+            and durable.exception() is None
+        )

@@ -72,16 +72,25 @@ class L0Block:
         return self.node_ends[count - 1] if count else 0
 
     def append(
-        self, commit_ts: int, batch: pa.RecordBatch, *, shares_buffers: bool = False
+        self,
+        commit_ts: int,
+        batch: pa.RecordBatch,
+        *,
+        shares_buffers: bool = False,
+        size_bytes: int | None = None,
     ) -> None:
         """Append a commit's rows. `shares_buffers`: the batch is a slice of buffers other
         nodes share (a checkpoint dump), so its own bytes are counted, not the whole buffers'
-        (slower: `nbytes` walks the slice)."""
+        (slower: `nbytes` walks the slice). `size_bytes`: the caller knows the rows' share
+        (a slice of a group of commits' batch, engine/storage/table.py `apply_appends`)."""
         self.node_ts.append(commit_ts)
         self.node_batches.append(batch)
         self.rows += batch.num_rows
         self.node_ends.append(self.rows)
-        self._bytes += batch.nbytes if shares_buffers else batch.get_total_buffer_size()
+        if size_bytes is not None:
+            self._bytes += size_bytes
+        else:
+            self._bytes += batch.nbytes if shares_buffers else batch.get_total_buffer_size()
 
     def table(self) -> pa.Table:
         """Every appended row, as one Arrow table (recombined lazily after appends)."""
