@@ -32,6 +32,22 @@ batches from the start (bulk loads, where Arrow's C++ conversion is the faster p
 _EPOCH_ORDINAL = datetime.date(1970, 1, 1).toordinal()
 _US_PER_DAY = 86_400_000_000
 
+_WIDTH_BITS = {
+    "int8": 8,
+    "int16": 16,
+    "int32": 32,
+    "int64": 64,
+    "uint8": 8,
+    "uint16": 16,
+    "uint32": 32,
+    "uint64": 64,
+    "float32": 32,
+    "float64": 64,
+    "bool": 1,
+    "date32": 32,
+    "timestamp[us]": 64,
+}
+
 _INT_RANGES = {
     "int8": (-(1 << 7), (1 << 7) - 1),
     "int16": (-(1 << 15), (1 << 15) - 1),
@@ -96,10 +112,14 @@ def timestamp_us(value: datetime.datetime) -> int:
 class _Checks:
     """Per schema: each column's (name, nullable, accepts); built once per table schema."""
 
-    __slots__ = ("columns", "fast", "names")
+    __slots__ = ("column_names", "columns", "fast", "names", "type_names", "widths")
 
     def __init__(self, schema: Schema) -> None:
         self.names = schema.name_set
+        self.column_names = tuple(column.name for column in schema.columns)
+        self.type_names = tuple(column.type for column in schema.columns)
+        self.widths = tuple(_WIDTH_BITS.get(column.type, 0) for column in schema.columns)
+        """Bits per value of fixed-width types, 0 for strings and binaries."""
         self.columns = tuple(
             (column.name, column.nullable, _accepts(column.type)) for column in schema.columns
         )
@@ -125,22 +145,28 @@ class SmallRows:
     """At most `ROWS_MAX` checked rows of one table, as per-column lists of Python values
     (None for null), in the table's column order."""
 
-    __slots__ = ("_batch", "arrow_schema", "columns", "key_indexes", "num_rows")
+    __slots__ = ("_batch", "_checks", "arrow_schema", "columns", "key_indexes", "num_rows")
 
     def __init__(
         self,
+        schema: Schema,
         arrow_schema: pa.Schema,
         columns: list[list[object]],
         num_rows: int,
-        key_indexes: tuple[int, ...],
     ) -> None:
         assert 0 < num_rows <= ROWS_MAX
-        assert len(columns) == len(arrow_schema)
+        assert len(columns) == len(schema.columns) == len(arrow_schema)
+        self._checks = _checks_of(schema)
         self.arrow_schema = arrow_schema
         self.columns = columns
         self.num_rows = num_rows
-        self.key_indexes = key_indexes
+        self.key_indexes = schema.key_indexes
         self._batch: pa.RecordBatch | None = None
+
+    @property
+    def type_names(self) -> tuple[str, ...]:
+        """Each column's type (engine/schema.py `TYPES`), in column order."""
+        return self._checks.type_names
 
     def batch(self) -> pa.RecordBatch:
         """The rows as an Arrow batch of the table's schema (built once, when asked)."""
@@ -157,16 +183,15 @@ class SmallRows:
 
     def row(self, index: int) -> dict[str, object]:
         return {
-            field.name: column[index]
-            for field, column in zip(self.arrow_schema, self.columns, strict=True)
+            name: column[index]
+            for name, column in zip(self._checks.column_names, self.columns, strict=True)
         }
 
     def size_bytes(self) -> int:
         """The bytes of the rows' Arrow buffers (validity and padding aside): what the
         workspace limits count."""
         total = 0
-        for field, column in zip(self.arrow_schema, self.columns, strict=True):
-            width = field.type.bit_width if pa.types.is_primitive(field.type) else 0
+        for width, column in zip(self._checks.widths, self.columns, strict=True):
             if width:
                 total += (width * self.num_rows + 7) >> 3
             else:
@@ -205,7 +230,7 @@ def small_rows(schema: Schema, arrow_schema: pa.Schema, rows: object) -> SmallRo
             elif not accepts(value):
                 return None
         columns.append(values)
-    return SmallRows(arrow_schema, columns, len(rows), schema.key_indexes)
+    return SmallRows(schema, arrow_schema, columns, len(rows))
 
 
 def to_arrow(arrow_schema: pa.Schema, columns: Sequence[list[object]]) -> pa.RecordBatch:

@@ -69,6 +69,8 @@ class EngineState:
         self.applied_ts = 0
         """commit_ts of the last applied transaction."""
         self.entries_applied = 0
+        self.apply_passes = 0
+        """Entries applied on their own plus runs applied at once (`apply_group`)."""
         self.origins = Origins()
         """Recent commits by their compute node's (client_id, seq) (issue 15)."""
         self.pending_meta: dict[tuple[str, int], PersistedMeta] = {}
@@ -112,6 +114,7 @@ class EngineState:
                 self.origins.record(cmd.client_id, cmd.seq, commit_ts)
         self.applied_ts = commit_ts
         self.entries_applied += 1
+        self.apply_passes += 1
 
     def apply_group(self, entries: Sequence[TxnEntry]) -> None:
         """Apply consecutive committed transactions (commit_ts ascending): the same result as
@@ -154,6 +157,7 @@ class EngineState:
             catalog.live_table(table_id, last_ts).data.apply_appends(appends)
         self.applied_ts = last_ts
         self.entries_applied += len(run)
+        self.apply_passes += 1
 
     def _meta_of(self, cmd: CreateBlock) -> PersistedMeta:
         found = self.pending_meta.pop((cmd.object_name, cmd.row_group), None)

@@ -122,13 +122,13 @@ def encode_rows(small: SmallRows) -> list[bytes]:
     validity = tuple(None in column for column in columns)
     definitions, layout = _definitions_of(small.arrow_schema, validity)
     parts: list[bytes] = [_HEAD.pack(count, len(columns)), definitions]
-    for field, values, has_validity, (_, kind) in zip(
-        small.arrow_schema, columns, validity, layout, strict=True
+    for type_name, values, has_validity, (_, kind) in zip(
+        small.type_names, columns, validity, layout, strict=True
     ):
         if has_validity:
             parts.append(_pack_bits([v is not None for v in values], bitmap_bytes))
         if kind == _FIXED:
-            code, convert = _PACKING[field.type]
+            code, convert = _PACKING[type_name]
             if convert is not None:
                 values = [0 if v is None else convert(v) for v in values]
             elif has_validity:
@@ -160,18 +160,18 @@ def _pack_bits(bits: list[bool], size: int) -> bytes:
     return number.to_bytes(size, "little")
 
 
-_PACKING: dict[pa.DataType, tuple[str, Callable[[Any], int] | None]] = {
-    pa.int8(): ("b", None),
-    pa.int16(): ("h", None),
-    pa.int32(): ("i", None),
-    pa.int64(): ("q", None),
-    pa.uint8(): ("B", None),
-    pa.uint16(): ("H", None),
-    pa.uint32(): ("I", None),
-    pa.uint64(): ("Q", None),
-    pa.float64(): ("d", None),
-    pa.date32(): ("i", date_days),
-    pa.timestamp("us"): ("q", timestamp_us),
+_PACKING: dict[str, tuple[str, Callable[[Any], int] | None]] = {
+    "int8": ("b", None),
+    "int16": ("h", None),
+    "int32": ("i", None),
+    "int64": ("q", None),
+    "uint8": ("B", None),
+    "uint16": ("H", None),
+    "uint32": ("I", None),
+    "uint64": ("Q", None),
+    "float64": ("d", None),
+    "date32": ("i", date_days),
+    "timestamp[us]": ("q", timestamp_us),
 }
 """The struct code of each fixed-width type `engine.rows` keeps as values, and how a value
 becomes the stored integer (None: as it is)."""
