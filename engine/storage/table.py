@@ -251,20 +251,24 @@ class TableData:
                 raise ApplyError(f"append to {self.name}: key {key!r} is already live")
         if len(set(keys)) != len(keys):
             raise ApplyError(f"append to {self.name}: a key repeats within the batch")
-        # Slices share the batch's buffers: each is counted its share of the bytes once.
-        total_bytes = batch.get_total_buffer_size()
-        total_rows = batch.num_rows
-        whole = len(commands) == 1 and len(commands[0].infos) == 1
+        # One piece of the batch per block it fills (most groups: one), each commit's rows a
+        # node of the block (its commit_ts), the piece appended once.
         start = 0
         index_keys = self.l0_keys
+        piece: list[tuple[int, int]] = []
+        piece_block: L0Block | None = None
+        piece_start = 0
         for commit_ts, cmd in appends:
             for info in cmd.infos:
                 block = self._block_for_append(info)
-                part = batch if whole else batch.slice(start, info.rows)
-                block.append(commit_ts, part, size_bytes=total_bytes * info.rows // total_rows)
-                reserved = self._pending.get(block.block_id)
-                if reserved is not None and block.rows >= reserved:
-                    del self._pending[block.block_id]
+                if block is not piece_block:
+                    if piece_block is not None:
+                        self._append_piece(piece_block, piece, batch, piece_start, start)
+                    piece, piece_block, piece_start = [], block, start
+                piece.append((commit_ts, info.rows))
+                # Counted ahead (given back in `_append_piece`): `_block_for_append` checks
+                # the next info starts where this one ends.
+                block.rows += info.rows
                 base = _row_id(info.block_id, info.offset)
                 for index in range(info.rows):
                     key = keys[start + index]
@@ -278,8 +282,25 @@ class TableData:
                         assert isinstance(old, tuple)
                         index_keys[key] = (*old, row_id)
                 start += info.rows
-        self.live_rows += total_rows
+        assert piece_block is not None
+        self._append_piece(piece_block, piece, batch, piece_start, start)
+        self.live_rows += batch.num_rows
         self._sync_reservation()
+
+    def _append_piece(
+        self,
+        block: L0Block,
+        commits: list[tuple[int, int]],
+        batch: pa.RecordBatch,
+        start: int,
+        end: int,
+    ) -> None:
+        block.rows -= end - start  # counted ahead while the piece was gathered
+        piece = batch if start == 0 and end == batch.num_rows else batch.slice(start, end - start)
+        block.append_group(commits, piece)
+        reserved = self._pending.get(block.block_id)
+        if reserved is not None and block.rows >= reserved:
+            del self._pending[block.block_id]
 
     def _block_for_append(self, info: AppendInfo) -> L0Block:
         if info.rows <= 0 or info.offset + info.rows > limits.BLOCK_ROWS_MAX:
