@@ -55,7 +55,6 @@ from engine.conflicts import ConflictIndex, conflict_error
 from engine.errors import (
     BadInput,
     EngineClosed,
-    Fenced,
     NotFound,
     Overloaded,
     SnapshotUnavailable,
@@ -73,7 +72,7 @@ from engine.state import ApplyError, EngineState
 from engine.storage import NOTHING_LOADED, LoadedBlocks, PersistedBlock
 from engine.storage.loader import BlockLoader, PinnedBlocks
 from engine.txn import Transaction, TransactionScope, TxnState
-from engine.waiter import CommitWaiter
+from engine.waiter import CommitWaiter, wal_failure
 from engine.wal.codec import encode_entry
 from engine.wal.entry import Append, AppendRows, Origin, TxnEntry, memo_of
 from engine.writeset import WriteSet
@@ -839,15 +838,7 @@ class Engine:
             if held:  # durable before the failure, held back for their group: acknowledged
                 self._make_visible(held)
         if self._failure is None:
-            if _fenced(exc):
-                self._failure = Fenced(
-                    f"fenced: a newer engine holds the WAL's lease ({_root(exc)})"
-                )
-                self._failure.__cause__ = exc  # who fenced it, for the TN's one line
-            else:
-                self._failure = WalFailed(
-                    f"the WAL failed, the engine is read-only: {_root(exc)!r}"
-                )
+            self._failure = wal_failure(exc)
         for ticket in self._pipeline.fail():
             commit = ticket.waiter
             if commit.txn is not None:
@@ -939,21 +930,3 @@ def _fills_a_block(entry: TxnEntry) -> bool:
         if type(command) is Append or type(command) is AppendRows
         for info in command.infos
     )
-
-
-def _fenced(exc: BaseException | None) -> bool:
-    seen = 0
-    while exc is not None and seen < 16:
-        if isinstance(exc, driver_errors.BackendFenced):
-            return True
-        exc = exc.__cause__ or exc.__context__
-        seen += 1
-    return False
-
-
-def _root(exc: BaseException) -> BaseException:
-    seen = 0
-    while exc.__cause__ is not None and seen < 16:
-        exc = exc.__cause__
-        seen += 1
-    return exc

@@ -296,8 +296,12 @@ class TableData:
         end: int,
     ) -> None:
         block.rows -= end - start  # counted ahead while the piece was gathered
-        piece = batch if start == 0 and end == batch.num_rows else batch.slice(start, end - start)
-        block.append_group(commits, piece)
+        size_bytes = batch.get_total_buffer_size()
+        if start == 0 and end == batch.num_rows:
+            block.append_group(commits, batch, size_bytes)
+        else:  # the batch spans blocks: each piece counts its share of the buffers
+            share = size_bytes * (end - start) // batch.num_rows
+            block.append_group(commits, batch.slice(start, end - start), share)
         reserved = self._pending.get(block.block_id)
         if reserved is not None and block.rows >= reserved:
             del self._pending[block.block_id]
