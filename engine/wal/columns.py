@@ -117,6 +117,8 @@ def encode_rows(small: SmallRows) -> list[bytes]:
     (no Arrow batch: engine/rows.py). Null slots hold zero values and clear bits, as Arrow's
     builders leave them; tests/unit/engine/test_rows.py compares the two on random rows."""
     count = small.num_rows
+    if count == 1:
+        return _encode_row(small)
     bitmap_bytes = (count + 7) >> 3
     columns = small.columns
     validity = tuple(None in column for column in columns)
@@ -151,6 +153,28 @@ def encode_rows(small: SmallRows) -> list[bytes]:
     return parts
 
 
+def _encode_row(small: SmallRows) -> list[bytes]:
+    """`encode_rows` of one row (most commits), without the per-column lists."""
+    values = [column[0] for column in small.columns]
+    validity = tuple(value is None for value in values)
+    definitions, layout = _definitions_of(small.arrow_schema, validity)
+    parts: list[bytes] = [_HEAD.pack(1, len(values)), definitions]
+    for type_name, value, (width, kind) in zip(small.type_names, values, layout, strict=True):
+        if value is None:  # a clear validity bit, then a zero value or empty string
+            parts.append(_NULL_ROW[kind] if kind != _FIXED else b"\x00" + bytes(width))
+        elif kind == _FIXED:
+            packer, convert = _PACKERS[type_name]
+            parts.append(packer.pack(value if convert is None else convert(value)))
+        elif kind == _BOOL:
+            parts.append(b"\x01" if value else b"\x00")
+        else:
+            data = value.encode() if isinstance(value, str) else value
+            assert isinstance(data, bytes)
+            parts.append(_U32.pack(0) + _U32.pack(len(data)))
+            parts.append(data)
+    return parts
+
+
 def _pack_bits(bits: list[bool], size: int) -> bytes:
     """Bits LSB first, as Arrow's bitmaps; padding bits clear."""
     number = 0
@@ -175,9 +199,16 @@ _PACKING: dict[str, tuple[str, Callable[[Any], int] | None]] = {
 }
 """The struct code of each fixed-width type `engine.rows` keeps as values, and how a value
 becomes the stored integer (None: as it is)."""
+_PACKERS = {
+    name: (struct.Struct("<" + code), convert) for name, (code, convert) in _PACKING.items()
+}
 
 
 _FIXED, _BOOL, _VARIABLE_KIND = 0, 1, 2
+_NULL_ROW = {
+    _BOOL: b"\x00\x00",  # validity, value bit
+    _VARIABLE_KIND: b"\x00" + bytes(8),  # validity, offsets 0 and 0, no bytes
+}
 _ENCODINGS_CACHED_MAX = 16
 _encodings: list[tuple[pa.Schema, tuple[bool, ...], bytes, tuple[tuple[int, int], ...]]] = []
 """Recently encoded schemas (with which columns had nulls): their definitions' bytes and each
