@@ -476,8 +476,12 @@ class Transaction:
         entry = handle._entry
         data = entry.data
         batch: pa.RecordBatch | SmallRows
-        small = small_rows(entry.schema, data.arrow_schema, rows)
-        if small is not None:  # a small insert stays Python values (engine/rows.py)
+        # Only a table's first insert in the transaction stays Python values (engine/rows.py):
+        # values take several times the memory of Arrow buffers, so a transaction of many
+        # inserts keeps at most one such part per table and is bounded as it was.
+        first = entry.table_id not in self._writes or not self._writes[entry.table_id].batches
+        small = small_rows(entry.schema, data.arrow_schema, rows) if first else None
+        if small is not None:
             batch = small
             size = small.size_bytes()
             keys = small.primary_keys()

@@ -10,8 +10,10 @@ Proves, with hypothesis over every column type (nulls included, and values each 
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import decimal
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -19,6 +21,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from engine import Engine
 from engine.errors import SchemaError
 from engine.rows import ROWS_MAX, small_rows
 from engine.schema import TYPES, Column, Schema, to_batch
@@ -185,3 +188,29 @@ def test_what_is_kept_as_values_and_what_is_not() -> None:
     assert small_rows(SCHEMA, arrow_schema, []) is None
     assert small_rows(SCHEMA, arrow_schema, pa.table({"id": [1]})) is None
     assert small_rows(SCHEMA, arrow_schema, ({"id": 1},)) is None  # a tuple: to_batch's path
+
+
+def test_a_transaction_keeps_at_most_one_values_part_per_table(tmp_path: Path) -> None:
+    """Values take several times the memory of Arrow buffers: only a table's first insert
+    in a transaction stays values, so a transaction of many inserts is bounded as before."""
+
+    async def run() -> None:
+        eng = await Engine.open(str(tmp_path), wal="memory", maintenance=False)
+        try:
+            async with eng.transaction() as txn:
+                await txn.create_database("db")
+                await txn.create_table("db", "t", SCHEMA)
+            txn = await eng.begin()
+            for key in range(5):
+                await txn.table("db", "t").insert([{"id": key, "name": f"n{key}"}])
+            (writes,) = txn._writes.values()
+            kinds = [type(part).__name__ for part in writes.batches]
+            assert kinds == ["SmallRows"] + ["RecordBatch"] * 4
+            await txn.commit()
+            async with eng.transaction() as check:
+                rows = (await check.table("db", "t").scan()).sort_by("id").to_pylist()
+            assert rows == [{"id": k, "name": f"n{k}", "when": None} for k in range(5)]
+        finally:
+            await eng.close()
+
+    asyncio.run(run())
