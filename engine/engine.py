@@ -55,7 +55,6 @@ from engine.conflicts import ConflictIndex, conflict_error
 from engine.errors import (
     BadInput,
     EngineClosed,
-    Fenced,
     NotFound,
     Overloaded,
     SnapshotUnavailable,
@@ -73,9 +72,9 @@ from engine.state import ApplyError, EngineState
 from engine.storage import NOTHING_LOADED, LoadedBlocks, PersistedBlock
 from engine.storage.loader import BlockLoader, PinnedBlocks
 from engine.txn import Transaction, TransactionScope, TxnState
-from engine.waiter import CommitWaiter
+from engine.waiter import CommitWaiter, wal_failure
 from engine.wal.codec import encode_entry
-from engine.wal.entry import Append, Origin, TxnEntry, memo_of
+from engine.wal.entry import Append, AppendRows, Origin, TxnEntry, memo_of
 from engine.writeset import WriteSet
 from tae_driver import Driver, LogBackend, open_driver
 from tae_driver import errors as driver_errors
@@ -729,7 +728,10 @@ class Engine:
         for entry, batch in plan.appends:
             allocations.append((entry.data, entry.data.reservation()))
             infos = entry.data.allocate(batch.num_rows)
-            commands.append(Append(entry.db_id, entry.table_id, infos, batch))
+            if type(batch) is pa.RecordBatch:
+                commands.append(Append(entry.db_id, entry.table_id, infos, batch))
+            else:
+                commands.append(AppendRows(entry.db_id, entry.table_id, infos, batch))
         txn_entry = TxnEntry(txn.start_ts, ticket.commit_ts, memo_of(commands), tuple(commands))
         try:
             payload = encode_entry(txn_entry)
@@ -753,6 +755,7 @@ class Engine:
             raise
         commit.entry = txn_entry
         commit.payload = payload
+        commit.durable = durable
         txn.state = TxnState.COMMITTING
         durable.add_done_callback(lambda done: self._on_durable(ticket, done))
         self._since_prune += 1 + len(plan.rows) // 256
@@ -782,32 +785,41 @@ class Engine:
             return
         if self._failure is not None:
             return  # every queued commit was failed already
-        state = self._state
         ticket.waiter.dsn = done.result()
-        visible = self._pipeline.durable(ticket)
+        visible = self._pipeline.durable(ticket, CommitWaiter.resolved)
+        if visible:
+            self._make_visible(visible)
+
+    def _make_visible(self, visible: list[Ticket[CommitWaiter]]) -> None:
+        """Apply durable commits (one pass for the group: engine/state.py `apply_group`)
+        and answer their waiters, in commit order."""
+        entries = []
+        for made_visible in visible:
+            commit = made_visible.waiter
+            assert commit.entry is not None
+            entries.append(commit.entry)
+        try:
+            self._state.apply_group(entries)
+        except ApplyError as error:
+            # A bug (the workspace checks make it impossible): stop acknowledging,
+            # answer every waiter, and crash loudly rather than leave commits hanging.
+            bug = AssertionError(f"committed entry does not apply: {error}")
+            self._fail(bug)
+            for left in visible:
+                if not left.waiter.future.done():
+                    left.waiter.future.set_exception(WalFailed(str(bug)))
+            raise bug from error
         filled = False
-        for index, made_visible in enumerate(visible):
+        for made_visible, entry in zip(visible, entries, strict=True):
             commit = made_visible.waiter
             self._visible_dsn = max(self._visible_dsn, commit.dsn)
-            assert commit.entry is not None
-            try:
-                state.apply(commit.entry)
-            except ApplyError as error:
-                # A bug (the workspace checks make it impossible): stop acknowledging,
-                # answer every waiter, and crash loudly rather than leave commits hanging.
-                bug = AssertionError(f"committed entry does not apply: {error}")
-                self._fail(bug)
-                for left in visible[index:]:
-                    if not left.waiter.future.done():
-                        left.waiter.future.set_exception(WalFailed(str(bug)))
-                raise bug from error
             if commit.txn is not None:
                 commit.txn.commit_ts = made_visible.commit_ts
                 commit.txn._end(TxnState.COMMITTED)
             self._became_visible(TailEntry(made_visible.commit_ts, commit.dsn, commit.payload))
             if not commit.future.done():
                 commit.future.set_result(None)
-            filled = filled or _fills_a_block(commit.entry)
+            filled = filled or _fills_a_block(entry)
         if filled and self._maintenance is not None:
             # A full block may be flushed now, not at the next interval: a bulk load fills
             # blocks faster than MAINTENANCE_INTERVAL_MS.
@@ -822,15 +834,11 @@ class Engine:
 
     def _fail(self, exc: BaseException) -> None:
         if self._failure is None:
-            if _fenced(exc):
-                self._failure = Fenced(
-                    f"fenced: a newer engine holds the WAL's lease ({_root(exc)})"
-                )
-                self._failure.__cause__ = exc  # who fenced it, for the TN's one line
-            else:
-                self._failure = WalFailed(
-                    f"the WAL failed, the engine is read-only: {_root(exc)!r}"
-                )
+            held = self._pipeline.take_durable()
+            if held:  # durable before the failure, held back for their group: acknowledged
+                self._make_visible(held)
+        if self._failure is None:
+            self._failure = wal_failure(exc)
         for ticket in self._pipeline.fail():
             commit = ticket.waiter
             if commit.txn is not None:
@@ -919,24 +927,6 @@ def _fills_a_block(entry: TxnEntry) -> bool:
     return any(
         info.offset + info.rows == limits.BLOCK_ROWS_MAX
         for command in entry.commands
-        if type(command) is Append
+        if type(command) is Append or type(command) is AppendRows
         for info in command.infos
     )
-
-
-def _fenced(exc: BaseException | None) -> bool:
-    seen = 0
-    while exc is not None and seen < 16:
-        if isinstance(exc, driver_errors.BackendFenced):
-            return True
-        exc = exc.__cause__ or exc.__context__
-        seen += 1
-    return False
-
-
-def _root(exc: BaseException) -> BaseException:
-    seen = 0
-    while exc.__cause__ is not None and seen < 16:
-        exc = exc.__cause__
-        seen += 1
-    return exc

@@ -18,6 +18,13 @@ The order of one commit, and who does what::
          `visible_ts` never misses a commit below it
       -> the shell applies each visible entry to the tables and answers its waiter.
 
+Per group, not per transaction (issue 21): the driver completes many entries at once (one
+record), and their durable events arrive one after another in the same turn of the loop.
+`durable` holds back the tickets it could make visible while the next ticket's event is
+already on its way (`resolved`), so the last event of the group releases them all: the shell
+applies them in one pass (one Arrow batch per table) and answers every waiter together. It
+never waits for anything not already completed, so no commit is delayed by it.
+
 A WAL failure fails every queued commit (`fail`): none of them is acknowledged, and the
 engine stops accepting commits (the shell's job).
 
@@ -61,6 +68,8 @@ class CommitPipeline(Generic[T]):
         self.conflicts = conflicts
         self._queue: deque[Ticket[T]] = deque()
         self._last_commit_ts = visible_ts
+        self._durable_prefix = 0
+        """The first this many queued tickets are durable (kept between events: O(1) each)."""
         self.commits_prepared = 0
         self.commits_visible = 0
         self.conflicts_found = 0
@@ -110,18 +119,42 @@ class CommitPipeline(Generic[T]):
         self.conflicts.undo(ticket.commit_ts, ticket.replaced)
         self.commits_prepared -= 1
 
-    def durable(self, ticket: Ticket[T]) -> list[Ticket[T]]:
+    def durable(
+        self, ticket: Ticket[T], resolved: Callable[[T], bool] | None = None
+    ) -> list[Ticket[T]]:
         """`ticket`'s entry is durable. Returns the tickets that become visible now, in
-        order (possibly none, when an earlier one is still being logged)."""
+        order: none when an earlier one is still being logged, and none when the first
+        queued ticket not yet durable is `resolved` (its durable event is already on its
+        way and will release this group with it)."""
         assert not ticket.durable
         ticket.durable = True
-        visible: list[Ticket[T]] = []
         queue = self._queue
-        while queue and queue[0].durable:
-            head = queue.popleft()
+        prefix = self._durable_prefix
+        while prefix < len(queue) and queue[prefix].durable:
+            prefix += 1
+        self._durable_prefix = prefix
+        if prefix == 0:
+            return []
+        if prefix < len(queue) and resolved is not None and resolved(queue[prefix].waiter):
+            return []
+        return self._release(prefix)
+
+    def take_durable(self) -> list[Ticket[T]]:
+        """The durable tickets held back, visible now (before a failure fails the rest)."""
+        queue = self._queue
+        prefix = self._durable_prefix
+        while prefix < len(queue) and queue[prefix].durable:
+            prefix += 1
+        return self._release(prefix)
+
+    def _release(self, count: int) -> list[Ticket[T]]:
+        queue = self._queue
+        visible = [queue.popleft() for _ in range(count)]
+        self._durable_prefix = 0
+        for head in visible:
+            assert head.durable
             assert head.commit_ts > self.visible_ts
             self.visible_ts = head.commit_ts
-            visible.append(head)
         self.commits_visible += len(visible)
         return visible
 
@@ -133,6 +166,7 @@ class CommitPipeline(Generic[T]):
         """The WAL failed: every queued commit is abandoned (none acknowledged)."""
         failed = list(self._queue)
         self._queue.clear()
+        self._durable_prefix = 0
         return failed
 
     def prune(self, oldest_snapshot_ts: int) -> None:

@@ -136,6 +136,7 @@ async def commit_rewrite(
             return None
         raise
     commit.entry = entry
+    commit.durable = durable
     commit.payload = payload
     durable.add_done_callback(lambda done: engine._on_durable(ticket, done))
     await commit.future

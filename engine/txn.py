@@ -43,6 +43,7 @@ from engine.errors import (
 from engine.keyset import KeySet
 from engine.limits import TxnLimits
 from engine.objects.bloom import key_hash
+from engine.rows import SmallRows, small_rows
 from engine.schema import Key, Schema, batch_keys, check_name, normalize_key, to_batch
 from engine.spill import Spill
 from engine.storage import NOTHING_LOADED, PersistedBlock, RowVersion
@@ -76,7 +77,8 @@ class _TableWrites:
 
     def __init__(self, entry: TableEntry) -> None:
         self.entry = entry
-        self.batches: list[pa.RecordBatch] = []
+        self.batches: list[pa.RecordBatch | SmallRows] = []
+        """Inserts in order: Arrow batches, or a small insert's values (engine/rows.py)."""
         self.inserted: dict[Key, tuple[int, int]] = {}
         """Keys inserted by this transaction and still live in it -> (batch, row)."""
         self.deleted = KeySet()
@@ -99,7 +101,7 @@ class _TableWrites:
         """The inserted rows still live in the transaction, as one batch."""
         if not self.inserted:
             return None
-        batches = self.batches
+        batches = [b if type(b) is pa.RecordBatch else b.batch() for b in self.batches]
         if len(batches) == 1 and len(self.inserted) == batches[0].num_rows:
             return batches[0]
         table = pa.Table.from_batches(batches, schema=self.entry.data.arrow_schema)
@@ -113,9 +115,20 @@ class _TableWrites:
         assert len(combined) == 1
         return combined[0]
 
+    def live_rows(self) -> pa.RecordBatch | SmallRows | None:
+        """`live_inserts`, but a lone small insert stays values (the commit path encodes it
+        without Arrow)."""
+        batches = self.batches
+        if len(batches) == 1 and len(self.inserted) == batches[0].num_rows:
+            return batches[0]
+        return self.live_inserts()
+
     def own_row(self, key: Key) -> dict[str, object]:
         batch_no, row_no = self.inserted[key]
-        rows: list[dict[str, object]] = self.batches[batch_no].slice(row_no, 1).to_pylist()
+        batch = self.batches[batch_no]
+        if isinstance(batch, SmallRows):
+            return batch.row(row_no)
+        rows: list[dict[str, object]] = batch.slice(row_no, 1).to_pylist()
         return rows[0]
 
 
@@ -140,7 +153,7 @@ class CommitPlan:
     guards: set[ConflictKey]
     marks: set[ConflictKey]
     catalog_commands: list[UpdateCatalog]
-    appends: list[tuple[TableEntry, pa.RecordBatch]]
+    appends: list[tuple[TableEntry, pa.RecordBatch | SmallRows]]
     deletes: list[Delete]
     spills: list[tuple[TableEntry, Spill]]
     bulk: list[BulkInsert] = field(default_factory=list)
@@ -462,11 +475,24 @@ class Transaction:
         self._check_handle(handle)
         entry = handle._entry
         data = entry.data
-        batch = to_batch(entry.schema, data.arrow_schema, rows, handle.qualified)
-        if batch.num_rows == 0:
-            return 0
-        self._check_insert_size(batch.num_rows, batch.get_total_buffer_size())
-        keys = batch_keys(entry.schema, batch)
+        batch: pa.RecordBatch | SmallRows
+        # Only a table's first insert in the transaction stays Python values (engine/rows.py):
+        # values take several times the memory of Arrow buffers, so a transaction of many
+        # inserts keeps at most one such part per table and is bounded as it was.
+        first = entry.table_id not in self._writes or not self._writes[entry.table_id].batches
+        small = small_rows(entry.schema, data.arrow_schema, rows) if first else None
+        if small is not None:
+            batch = small
+            size = small.size_bytes()
+            keys = small.primary_keys()
+        else:
+            arrow = to_batch(entry.schema, data.arrow_schema, rows, handle.qualified)
+            if arrow.num_rows == 0:
+                return 0
+            batch = arrow
+            size = arrow.get_total_buffer_size()
+            keys = batch_keys(entry.schema, arrow)
+        self._check_insert_size(batch.num_rows, size)
         writes = self._writes.get(entry.table_id)
         seen: set[Key] = set()
         outside: list[Key] = []
@@ -480,7 +506,6 @@ class Transaction:
             seen.add(key)
             if deleted is None or not deleted[at]:
                 outside.append(key)
-        size = batch.get_total_buffer_size()
         spilling = self._engine._block_store is not None
         for key, version in zip(
             outside, await self._snapshot_versions(entry, outside), strict=True
@@ -730,7 +755,7 @@ class Transaction:
         rows: list[RowWrite] = []
         guards = set(self._guards)
         marks = set(self._marks)
-        appends: list[tuple[TableEntry, pa.RecordBatch]] = []
+        appends: list[tuple[TableEntry, pa.RecordBatch | SmallRows]] = []
         deletes: list[Delete] = []
         spills: list[tuple[TableEntry, Spill]] = []
         bulk: list[BulkInsert] = []
@@ -769,7 +794,7 @@ class Transaction:
                         FrozenBitMap(writes.deleted_by_block[block_id]),
                     )
                 )
-            batch = writes.live_inserts()
+            batch = writes.live_rows()
             if batch is not None:
                 appends.append((entry, batch))
         return CommitPlan(

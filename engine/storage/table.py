@@ -26,7 +26,7 @@ filled beforehand (`key_candidates` / `scan_blocks` tell it what to load): no I/
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,6 +36,7 @@ from pyroaring import BitMap, FrozenBitMap
 
 from engine import limits
 from engine.objects.zonemap import prune as zonemap_prune
+from engine.rows import to_arrow
 from engine.schema import Key, Schema, batch_keys
 from engine.storage import pruning
 from engine.storage.blocks import (
@@ -47,7 +48,7 @@ from engine.storage.blocks import (
     PersistedBlock,
 )
 from engine.storage.moves import Moves
-from engine.wal.entry import Append, AppendInfo, CreateBlock, Delete, DropBlock
+from engine.wal.entry import Append, AppendInfo, AppendRows, CreateBlock, Delete, DropBlock
 
 _OFFSET_BITS = 32
 _OFFSET_MASK = (1 << _OFFSET_BITS) - 1
@@ -201,14 +202,48 @@ class TableData:
     # --- applying committed commands ---------------------------------------------------------
 
     def apply_append(self, cmd: Append, commit_ts: int) -> None:
-        batch = cmd.batch
-        if not batch.schema.equals(self.arrow_schema):
-            raise ApplyError(
-                f"append to {self.name}: batch schema {batch.schema} is not the table's"
-            )
-        if sum(info.rows for info in cmd.infos) != batch.num_rows or not cmd.infos:
+        self.apply_appends([(commit_ts, cmd)])
+
+    def apply_appends(self, appends: Sequence[tuple[int, Append | AppendRows]]) -> None:
+        """Apply the appends of consecutive commits (commit_ts ascending) as one: their rows
+        become one Arrow batch (one `pa.array` per column when they are all small inserts'
+        values, engine/rows.py), and each commit's rows a slice of it in the L0 blocks, so a
+        reader at any commit_ts still sees exactly the rows committed at or below it."""
+        assert appends
+        commands = [cmd for _, cmd in appends]
+        if all(type(cmd) is AppendRows for cmd in commands):
+            small = [cmd.rows for cmd in commands if type(cmd) is AppendRows]
+            for rows in small:
+                if rows.arrow_schema is not self.arrow_schema and not rows.arrow_schema.equals(
+                    self.arrow_schema
+                ):
+                    raise ApplyError(f"append to {self.name}: rows are not the table's schema")
+            if len(small) == 1:
+                batch = small[0].batch()
+            else:
+                joined: list[list[object]] = [[] for _ in self.arrow_schema]
+                for rows in small:
+                    for into, values in zip(joined, rows.columns, strict=True):
+                        into += values
+                batch = to_arrow(self.arrow_schema, joined)
+            keys = [key for rows in small for key in rows.primary_keys()]
+        else:
+            batches = [
+                cmd.batch if type(cmd) is Append else cmd.rows.batch()  # type: ignore[union-attr]
+                for cmd in commands
+            ]
+            for part in batches:
+                if not part.schema.equals(self.arrow_schema):
+                    raise ApplyError(
+                        f"append to {self.name}: batch schema {part.schema} is not the table's"
+                    )
+            batch = batches[0] if len(batches) == 1 else pa.concat_batches(batches)
+            keys = batch_keys(self.schema, batch)
+        if (
+            not all(cmd.infos for cmd in commands)
+            or sum(info.rows for cmd in commands for info in cmd.infos) != batch.num_rows
+        ):
             raise ApplyError(f"append to {self.name}: infos do not cover the batch")
-        keys = batch_keys(self.schema, batch)
         # Only L0 versions are checked here: persisted blocks would need I/O, and the
         # prepare-time checks (workspace, snapshot, conflict index) are what keeps keys unique.
         for key in keys:
@@ -216,30 +251,60 @@ class TableData:
                 raise ApplyError(f"append to {self.name}: key {key!r} is already live")
         if len(set(keys)) != len(keys):
             raise ApplyError(f"append to {self.name}: a key repeats within the batch")
+        # One piece of the batch per block it fills (most groups: one), each commit's rows a
+        # node of the block (its commit_ts), the piece appended once.
         start = 0
-        for info in cmd.infos:
-            block = self._block_for_append(info)
-            part = batch.slice(start, info.rows)
-            block.append(commit_ts, part)
-            reserved = self._pending.get(block.block_id)
-            if reserved is not None and block.rows >= reserved:
-                del self._pending[block.block_id]
-            index_keys = self.l0_keys
-            base = _row_id(info.block_id, info.offset)
-            for index in range(info.rows):
-                key = keys[start + index]
-                row_id = base + index
-                old = index_keys.get(key)
-                if old is None:
-                    index_keys[key] = row_id
-                elif type(old) is int:
-                    index_keys[key] = (old, row_id)
-                else:
-                    assert isinstance(old, tuple)
-                    index_keys[key] = (*old, row_id)
-            start += info.rows
+        index_keys = self.l0_keys
+        piece: list[tuple[int, int]] = []
+        piece_block: L0Block | None = None
+        piece_start = 0
+        for commit_ts, cmd in appends:
+            for info in cmd.infos:
+                block = self._block_for_append(info)
+                if block is not piece_block:
+                    if piece_block is not None:
+                        self._append_piece(piece_block, piece, batch, piece_start, start)
+                    piece, piece_block, piece_start = [], block, start
+                piece.append((commit_ts, info.rows))
+                # Counted ahead (given back in `_append_piece`): `_block_for_append` checks
+                # the next info starts where this one ends.
+                block.rows += info.rows
+                base = _row_id(info.block_id, info.offset)
+                for index in range(info.rows):
+                    key = keys[start + index]
+                    row_id = base + index
+                    old = index_keys.get(key)
+                    if old is None:
+                        index_keys[key] = row_id
+                    elif type(old) is int:
+                        index_keys[key] = (old, row_id)
+                    else:
+                        assert isinstance(old, tuple)
+                        index_keys[key] = (*old, row_id)
+                start += info.rows
+        assert piece_block is not None
+        self._append_piece(piece_block, piece, batch, piece_start, start)
         self.live_rows += batch.num_rows
         self._sync_reservation()
+
+    def _append_piece(
+        self,
+        block: L0Block,
+        commits: list[tuple[int, int]],
+        batch: pa.RecordBatch,
+        start: int,
+        end: int,
+    ) -> None:
+        block.rows -= end - start  # counted ahead while the piece was gathered
+        size_bytes = batch.get_total_buffer_size()
+        if start == 0 and end == batch.num_rows:
+            block.append_group(commits, batch, size_bytes)
+        else:  # the batch spans blocks: each piece counts its share of the buffers
+            share = size_bytes * (end - start) // batch.num_rows
+            block.append_group(commits, batch.slice(start, end - start), share)
+        reserved = self._pending.get(block.block_id)
+        if reserved is not None and block.rows >= reserved:
+            del self._pending[block.block_id]
 
     def _block_for_append(self, info: AppendInfo) -> L0Block:
         if info.rows <= 0 or info.offset + info.rows > limits.BLOCK_ROWS_MAX:

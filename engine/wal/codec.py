@@ -29,10 +29,11 @@ from pyroaring import FrozenBitMap
 from engine import limits
 from engine.errors import SchemaError, WalCorruption
 from engine.schema import TYPES, Column, Schema, check_name
-from engine.wal.columns import ColumnsDamaged, decode_columns, encode_columns
+from engine.wal.columns import ColumnsDamaged, decode_columns, encode_columns, encode_rows
 from engine.wal.entry import (
     Append,
     AppendInfo,
+    AppendRows,
     BlockLevel,
     CatalogKind,
     CatalogOp,
@@ -178,12 +179,19 @@ def _encode_schema(schema: Schema) -> bytes:
 def _encode_command(cmd: Command, parts: list[bytes | pa.Buffer], version: int) -> int:
     """Append the command's bytes to `parts` (one join for the whole entry: the Arrow
     buffers are copied once, into the entry); the entry version the command needs."""
-    if type(cmd) is Append:
+    if type(cmd) is AppendRows and version < 2:
+        cmd = cmd.as_append()  # version 1 writes every append as Arrow IPC
+    if type(cmd) is Append or type(cmd) is AppendRows:
         infos = cmd.infos
         assert infos
         assert all(info.rows > 0 for info in infos)
-        assert sum(info.rows for info in infos) == cmd.batch.num_rows
-        columns = encode_columns(cmd.batch) if version >= 2 else None
+        columns: list[bytes] | None
+        if isinstance(cmd, AppendRows):
+            assert sum(info.rows for info in infos) == cmd.rows.num_rows
+            columns = encode_rows(cmd.rows)
+        else:
+            assert sum(info.rows for info in infos) == cmd.batch.num_rows
+            columns = encode_columns(cmd.batch) if version >= 2 else None
         if columns is not None:
             size = (
                 _APPEND_HEAD.size
@@ -197,6 +205,7 @@ def _encode_command(cmd: Command, parts: list[bytes | pa.Buffer], version: int) 
             parts.extend(_INFO.pack(i.block_id, i.offset, i.rows) for i in infos)
             parts += columns
             return 2
+        assert type(cmd) is Append
         message, batch = _stream_parts(cmd.batch)
         stream_bytes = len(message) + batch.size + len(_IPC_EOS)
         size = _APPEND_HEAD.size - _CMD_HEAD.size + _INFO.size * len(infos) + 4 + stream_bytes

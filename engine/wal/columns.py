@@ -20,10 +20,13 @@ offset)`; the entry codec turns them into `WalCorruption`.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
+from typing import Any
 
 import pyarrow as pa
 
-from engine import limits
+from engine import limits, rows
+from engine.rows import SmallRows, date_days, timestamp_us
 from engine.schema import TYPES
 
 APPEND_COLUMNS_ROWS_MAX = 32
@@ -31,6 +34,7 @@ APPEND_COLUMNS_ROWS_MAX = 32
 one to 10 rows AppendColumns decodes about 25% faster and is smaller (the IPC messages' fixed
 bytes); at 100 rows both decode at the same speed while Arrow's C++ writer still encodes faster
 than this module's Python loop over columns (`python -m engine.wal.bench`)."""
+assert rows.ROWS_MAX == APPEND_COLUMNS_ROWS_MAX  # a small insert is always one AppendColumns
 
 _U8 = struct.Struct("<B")
 _U16 = struct.Struct("<H")
@@ -108,7 +112,103 @@ def encode_columns(batch: pa.RecordBatch) -> list[bytes] | None:
     return parts
 
 
+def encode_rows(small: SmallRows) -> list[bytes]:
+    """`encode_columns` of `small.batch()`, byte for byte, written from the Python values
+    (no Arrow batch: engine/rows.py). Null slots hold zero values and clear bits, as Arrow's
+    builders leave them; tests/unit/engine/test_rows.py compares the two on random rows."""
+    count = small.num_rows
+    if count == 1:
+        return _encode_row(small)
+    bitmap_bytes = (count + 7) >> 3
+    columns = small.columns
+    validity = tuple(None in column for column in columns)
+    definitions, layout = _definitions_of(small.arrow_schema, validity)
+    parts: list[bytes] = [_HEAD.pack(count, len(columns)), definitions]
+    for type_name, values, has_validity, (_, kind) in zip(
+        small.type_names, columns, validity, layout, strict=True
+    ):
+        if has_validity:
+            parts.append(_pack_bits([v is not None for v in values], bitmap_bytes))
+        if kind == _FIXED:
+            code, convert = _PACKING[type_name]
+            if convert is not None:
+                values = [0 if v is None else convert(v) for v in values]
+            elif has_validity:
+                values = [0 if v is None else v for v in values]
+            parts.append(struct.pack(f"<{count}{code}", *values))
+        elif kind == _BOOL:
+            parts.append(_pack_bits([v is True for v in values], bitmap_bytes))
+        else:
+            data = [
+                v.encode() if isinstance(v, str) else v if isinstance(v, bytes) else b""
+                for v in values
+            ]
+            offsets = [0]
+            end = 0
+            for item in data:
+                end += len(item)
+                offsets.append(end)
+            parts.append(struct.pack(f"<{count + 1}I", *offsets))
+            parts.append(b"".join(data))
+    return parts
+
+
+def _encode_row(small: SmallRows) -> list[bytes]:
+    """`encode_rows` of one row (most commits), without the per-column lists."""
+    values = [column[0] for column in small.columns]
+    validity = tuple(value is None for value in values)
+    definitions, layout = _definitions_of(small.arrow_schema, validity)
+    parts: list[bytes] = [_HEAD.pack(1, len(values)), definitions]
+    for type_name, value, (width, kind) in zip(small.type_names, values, layout, strict=True):
+        if value is None:  # a clear validity bit, then a zero value or empty string
+            parts.append(_NULL_ROW[kind] if kind != _FIXED else b"\x00" + bytes(width))
+        elif kind == _FIXED:
+            packer, convert = _PACKERS[type_name]
+            parts.append(packer.pack(value if convert is None else convert(value)))
+        elif kind == _BOOL:
+            parts.append(b"\x01" if value else b"\x00")
+        else:
+            data = value.encode() if isinstance(value, str) else value
+            assert isinstance(data, bytes)
+            parts.append(_U32.pack(0) + _U32.pack(len(data)))
+            parts.append(data)
+    return parts
+
+
+def _pack_bits(bits: list[bool], size: int) -> bytes:
+    """Bits LSB first, as Arrow's bitmaps; padding bits clear."""
+    number = 0
+    for index, bit in enumerate(bits):
+        if bit:
+            number |= 1 << index
+    return number.to_bytes(size, "little")
+
+
+_PACKING: dict[str, tuple[str, Callable[[Any], int] | None]] = {
+    "int8": ("b", None),
+    "int16": ("h", None),
+    "int32": ("i", None),
+    "int64": ("q", None),
+    "uint8": ("B", None),
+    "uint16": ("H", None),
+    "uint32": ("I", None),
+    "uint64": ("Q", None),
+    "float64": ("d", None),
+    "date32": ("i", date_days),
+    "timestamp[us]": ("q", timestamp_us),
+}
+"""The struct code of each fixed-width type `engine.rows` keeps as values, and how a value
+becomes the stored integer (None: as it is)."""
+_PACKERS = {
+    name: (struct.Struct("<" + code), convert) for name, (code, convert) in _PACKING.items()
+}
+
+
 _FIXED, _BOOL, _VARIABLE_KIND = 0, 1, 2
+_NULL_ROW = {
+    _BOOL: b"\x00\x00",  # validity, value bit
+    _VARIABLE_KIND: b"\x00" + bytes(8),  # validity, offsets 0 and 0, no bytes
+}
 _ENCODINGS_CACHED_MAX = 16
 _encodings: list[tuple[pa.Schema, tuple[bool, ...], bytes, tuple[tuple[int, int], ...]]] = []
 """Recently encoded schemas (with which columns had nulls): their definitions' bytes and each

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 from pyroaring import FrozenBitMap
 
+from engine.rows import SmallRows
 from engine.schema import Schema
 
 
@@ -82,6 +83,22 @@ class Append:
     table_id: int
     infos: tuple[AppendInfo, ...]
     batch: pa.RecordBatch
+
+
+@dataclass(frozen=True, slots=True)
+class AppendRows:
+    """An `Append` whose rows are still Python values (engine/rows.py): what the commit path
+    builds for a small insert. It is written as the same bytes as the `Append` of
+    `rows.batch()` (AppendColumns), so a decoder only ever sees `Append`; it never comes out
+    of the codec."""
+
+    db_id: int
+    table_id: int
+    infos: tuple[AppendInfo, ...]
+    rows: SmallRows
+
+    def as_append(self) -> Append:
+        return Append(self.db_id, self.table_id, self.infos, self.rows.batch())
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +157,7 @@ class Origin:
     seq: int
 
 
-Command = UpdateCatalog | Append | Delete | CreateBlock | DropBlock | Origin
+Command = UpdateCatalog | Append | AppendRows | Delete | CreateBlock | DropBlock | Origin
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,7 +198,7 @@ def memo_of(commands: Sequence[Command]) -> tuple[MemoItem, ...]:
     """The memo of an entry of `commands`: every (database, table, block) they touch."""
     items = set()
     for cmd in commands:
-        if isinstance(cmd, Append):
+        if isinstance(cmd, (Append, AppendRows)):
             for info in cmd.infos:
                 items.add((cmd.db_id, cmd.table_id, info.block_id))
         elif not isinstance(cmd, Origin):

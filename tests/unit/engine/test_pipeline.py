@@ -74,6 +74,37 @@ def test_visibility_follows_queue_order_whatever_order_entries_become_durable() 
     assert a.commit_ts < b.commit_ts < c.commit_ts
 
 
+def test_a_group_is_held_back_only_while_its_next_durable_event_is_on_its_way() -> None:
+    """The driver completes a record of many entries at once: their events arrive one by
+    one, and the group becomes visible with the last of them, in one pass."""
+    p = pipeline()
+    ts = counter()
+    a, b, c, d = (prepare(p, 0, [ins(k)], ts, k) for k in "abcd")
+    assert isinstance(a, Ticket) and isinstance(b, Ticket)
+    assert isinstance(c, Ticket) and isinstance(d, Ticket)
+    on_its_way = {"b", "c"}  # a, b and c were completed together; d is still being logged
+    resolved = on_its_way.__contains__
+    assert p.durable(a, resolved) == []  # b's event will release a with it
+    assert p.visible_ts == 0
+    assert p.durable(b, resolved) == []
+    assert [t.waiter for t in p.durable(c, resolved)] == ["a", "b", "c"]
+    assert p.visible_ts == c.commit_ts
+    assert [t.waiter for t in p.durable(d, resolved)] == ["d"]
+    assert p.commits_visible == 4
+
+
+def test_held_back_commits_are_taken_before_a_failure_fails_the_rest() -> None:
+    p = pipeline()
+    ts = counter()
+    a, b, c = (prepare(p, 0, [ins(k)], ts, k) for k in "abc")
+    assert isinstance(a, Ticket) and isinstance(b, Ticket) and isinstance(c, Ticket)
+    assert p.durable(a, lambda waiter: waiter == "b") == []
+    assert [t.waiter for t in p.take_durable()] == ["a"]
+    assert p.visible_ts == a.commit_ts
+    assert [t.waiter for t in p.fail()] == ["b", "c"]
+    assert p.take_durable() == []
+
+
 def test_first_committer_wins_even_before_it_is_durable() -> None:
     p = pipeline()
     ts = counter()
