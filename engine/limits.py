@@ -135,6 +135,20 @@ MERGE_L1_BLOCKS = 16
 """L1 blocks of a table merged into one L2 segment (the seed's K): point reads and scans
 then open one sorted segment instead of many overlapping blocks."""
 
+KEY_INDEX_RUN_RATIO = 4
+"""A table's key index (engine/storage/keyindex.py) merges its newest run into the one before
+while that one is less than this many times larger: at most log4(keys / block rows) + 1 runs
+to search per lookup (5 at 10M keys), each key rewritten about 4/3 * log4 times in all."""
+
+KEY_INDEX_DEAD_FRACTION = 0.25
+"""The key index rewrites its runs without collected blocks' entries once those pass this
+fraction of the live entries: at most 1.25 entries (10 bytes) per live key."""
+
+KEY_INDEX_BLOCKS_PER_TASK = 64
+"""Persisted blocks whose keys one background task reads to index them (after open or
+replay, the blocks were created from their objects' footers, which hold no keys): about
+half a million keys, a fraction of a second of reading per task."""
+
 COMPACT_DELETED_FRACTION = 0.5
 """A persisted block is rewritten alone once this fraction of its rows is dead to every
 reader (compaction of blocks with many deletes)."""

@@ -26,7 +26,7 @@ filled beforehand (`key_candidates` / `scan_blocks` tell it what to load): no I/
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,6 +35,7 @@ import pyarrow.compute as pc
 from pyroaring import BitMap, FrozenBitMap
 
 from engine import limits
+from engine.objects.bloom import key_hash
 from engine.objects.zonemap import prune as zonemap_prune
 from engine.schema import Key, Schema, batch_keys
 from engine.storage import pruning
@@ -46,6 +47,7 @@ from engine.storage.blocks import (
     LoadedBlocks,
     PersistedBlock,
 )
+from engine.storage.keyindex import KeyIndex, U64Array
 from engine.storage.moves import Moves
 from engine.wal.entry import Append, AppendInfo, CreateBlock, Delete, DropBlock
 
@@ -85,6 +87,10 @@ class PersistedMeta:
     bloom: Bloom | None = None
     """The block's key bloom filter (in the catalog entry, as the seed's metaLoc: about
     1.5 bytes a row, so an insert's dedupe asks each block without touching the cache)."""
+    key_hashes: U64Array | None = None
+    """The `key_hash` of each of the block's keys, when the engine just wrote it (the
+    table's key index takes them); None when read from a footer (replay), which holds no
+    keys: the block stays out of the index until maintenance reads its keys."""
 
 
 MetaSource = Callable[[CreateBlock], PersistedMeta]
@@ -127,6 +133,12 @@ class TableData:
         self._pending: dict[int, int] = {}
         """L0 block id -> rows reserved in it, while more are reserved than applied (a few
         blocks at most: the open one and those sealed with appends still in flight)."""
+        self.key_index = KeyIndex()
+        """Which persisted blocks may hold a key (issue 21: never one probe per block)."""
+        self._unindexed: dict[int, PersistedBlock] = {}
+        """Held persisted blocks not in `key_index` yet (restored or replayed from objects
+        whose keys are not read yet, or with an id too large for it): point reads test
+        their key ranges instead (`_ranges`)."""
         self._ranges: _KeyRanges | None = None
         self._bounds: tuple[tuple[int, ...], pruning.Bounds] | None = None
         self.moves = Moves()
@@ -288,7 +300,12 @@ class TableData:
         self.live_rows += cmd.rows
         self.persisted_count += 1
         self.persisted_held += 1
-        self._ranges = None
+        hashes = found.key_hashes
+        if hashes is not None and len(hashes) == cmd.rows and KeyIndex.fits(block.block_id):
+            self.key_index.add(block.block_id, hashes)
+        else:
+            self._unindexed[block.block_id] = block
+            self._ranges = None
         self._sync_reservation()
         return block
 
@@ -320,8 +337,8 @@ class TableData:
             # took away (live, the flush had sealed it on the reserved side already).
             self._res_open, self._res_offset = None, 0
         if isinstance(block, PersistedBlock):
+            # Still in the key index (and `_unindexed`): snapshots below the drop read it.
             self.persisted_count -= 1
-            self._ranges = None
 
     # --- restoring from a checkpoint (engine/checkpoint/plan.py `restore`) ---------------------
 
@@ -352,6 +369,7 @@ class TableData:
         self.live_rows += block.rows
         self.persisted_count += 1
         self.persisted_held += 1
+        self._unindexed[block.block_id] = block
         self._ranges = None
 
     def restore_deletes(self, block_id: int, nodes: list[tuple[int, FrozenBitMap]]) -> None:
@@ -381,8 +399,9 @@ class TableData:
                 self._forget_l0_keys(block)
             else:
                 self.persisted_held -= 1
-        if gone:
-            self._ranges = None
+                self.key_index.remove(block.block_id)
+                if self._unindexed.pop(block.block_id, None) is not None:
+                    self._ranges = None
         return gone
 
     def release_all(self) -> list[Block]:
@@ -393,6 +412,8 @@ class TableData:
         self.open_block = None
         self.persisted_held = 0
         self.persisted_count = 0
+        self.key_index.clear()
+        self._unindexed.clear()
         self._ranges = None
         self.moves = Moves()
         return gone
@@ -439,18 +460,67 @@ class TableData:
         return last
 
     def key_candidates(self, key: Key, ts: int) -> list[PersistedBlock]:
-        """Persisted blocks visible at `ts` whose key range holds `key` (what a point read
-        must load: keys and bloom)."""
-        ranges = self._key_ranges()
-        if not ranges:
-            return []
-        return [b for b in ranges.holding(key) if b.visible(ts)]
+        """Persisted blocks visible at `ts` that may hold `key` (what a point read must
+        load: keys and bloom): those the key index names, and the unindexed ones whose key
+        range holds it. A superset; the block's keys decide."""
+        return self.key_candidates_many([key], ts)[0]
+
+    def key_candidates_many(self, keys: Sequence[Key], ts: int) -> list[list[PersistedBlock]]:
+        """`key_candidates` of each key (one binary search per index run for all)."""
+        if not self.persisted_held or not keys:
+            return [[] for _ in keys]
+        blocks = self.blocks
+        if len(self.key_index):
+            hashes = np.fromiter((key_hash(k) for k in keys), dtype=np.uint64, count=len(keys))
+            out = []
+            for ids in self.key_index.blocks_for_hashes(hashes):
+                found = []
+                for block_id in ids:
+                    block = blocks[block_id]
+                    assert isinstance(block, PersistedBlock)
+                    if block.visible(ts):
+                        found.append(block)
+                out.append(found)
+        else:
+            out = [[] for _ in keys]
+        if self._unindexed:
+            ranges = self._key_ranges()
+            for key, found in zip(keys, out, strict=True):
+                found.extend(b for b in ranges.holding(key) if b.visible(ts))
+        return out
+
+    def blocks_for_key(self, key: Key) -> list[PersistedBlock]:
+        """Every held persisted block that may hold `key`, whatever its visibility (a
+        scan's point lookup filters by its timestamp): a superset, the block's keys decide."""
+        found = []
+        for block_id in self.key_index.blocks_for_key(key):
+            block = self.blocks[block_id]
+            assert isinstance(block, PersistedBlock)
+            found.append(block)
+        if self._unindexed:
+            found.extend(self._key_ranges().holding(key))
+        return found
+
+    def unindexed_blocks(self) -> list[PersistedBlock]:
+        """Held persisted blocks the key index lacks and could take (their ids fit)."""
+        return [b for b in self._unindexed.values() if KeyIndex.fits(b.block_id)]
+
+    def index_block(self, block_id: int, hashes: U64Array) -> bool:
+        """Put a block in the key index, by the `key_hash` of each of its keys (read from
+        its object by the shell). False when the block is no longer waiting for it
+        (collected meanwhile, or indexed already)."""
+        block = self._unindexed.get(block_id)
+        if block is None or not KeyIndex.fits(block_id):
+            return False
+        assert len(hashes) == block.rows, "a block's keys are its rows"
+        self.key_index.add(block_id, hashes)
+        del self._unindexed[block_id]
+        self._ranges = None
+        return True
 
     def _key_ranges(self) -> _KeyRanges:
         if self._ranges is None:
-            self._ranges = _KeyRanges(
-                [b for b in self.blocks.values() if isinstance(b, PersistedBlock)]
-            )
+            self._ranges = _KeyRanges(list(self._unindexed.values()))
         return self._ranges
 
     def version_at(self, key: Key, ts: int, loaded: LoadedBlocks) -> RowVersion | None:
