@@ -225,7 +225,9 @@ def _result(
         "write_conflicts": recorder.conflicts,
         "first_error": recorder.first_error,
         "preload_rows": case.preload_rows,
-        **recorder.window_rates(window),
+        "case_preload_rows": case.preload_rows,
+        # Per-second counts are the engine's (SQLite's threads count a total only).
+        **(recorder.window_rates(window) if recorder.per_second else {"rate_window_s": None}),
     }
 
 
@@ -691,7 +693,7 @@ def summary(results: Sequence[dict[str, Any]], **params: Any) -> dict[str, Any]:
     sqlite-full's (the durable baseline)."""
     by_case: dict[tuple[int, int, int], dict[str, dict[str, Any]]] = {}
     for r in results:
-        key = (r["writers"], r["rows_per_txn"], r["preload_rows"])
+        key = (r["writers"], r["rows_per_txn"], r["case_preload_rows"])
         by_case.setdefault(key, {})[r["system"]] = r
     empty: dict[tuple[int, int], dict[str, dict[str, Any]]] = {}
     for (writers, rows, preload), systems in by_case.items():

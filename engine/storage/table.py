@@ -35,6 +35,7 @@ import pyarrow.compute as pc
 from pyroaring import BitMap, FrozenBitMap
 
 from engine import limits
+from engine.objects.blockfile import COMMIT_TS_COLUMN
 from engine.objects.bloom import key_hash
 from engine.objects.zonemap import prune as zonemap_prune
 from engine.schema import Key, Schema, batch_keys
@@ -500,6 +501,62 @@ class TableData:
         if self._unindexed:
             found.extend(self._key_ranges().holding(key))
         return found
+
+    def change_candidates(self, key: Key, start_ts: int) -> list[PersistedBlock]:
+        """The persisted blocks that may hold a version of `key` inserted or deleted after
+        `start_ts` (`last_change_after` needs their keys and commit_ts column): every held
+        one that may hold it and was not dropped at or before `start_ts`."""
+        return [b for b in self.blocks_for_key(key) if b.drop_ts > start_ts]
+
+    def last_change_after(
+        self,
+        key: Key,
+        start_ts: int,
+        now_ts: int,
+        candidates: Sequence[PersistedBlock],
+        loaded: LoadedBlocks,
+    ) -> tuple[int, bool] | None:
+        """(commit_ts, live at `now_ts`) of the newest commit in (start_ts, now_ts] that
+        inserted or deleted `key`, or None: what the conflict index would have said of a
+        transaction that started at `start_ts`, from the rows themselves (issue 21: a
+        snapshot below the index's floor is checked exactly, never refused). `candidates`
+        are `change_candidates(key, start_ts)`; `loaded` holds their keys and their
+        `__commit_ts` column.
+
+        Every change is on a held block: a version inserted after `start_ts` keeps its
+        commit_ts through flushes and merges (`__commit_ts`; 0 in a large transaction's
+        object: the block's create_ts); a delete after `start_ts` is a node of the block the
+        row was in, which stays held while a snapshot at `start_ts` is open. A rewrite
+        copies deletes that landed on its inputs meanwhile onto its outputs at its own
+        commit_ts (the block's create_ts): a copy, not a change, so skipped."""
+        newest = 0
+        for row_id in self._l0_row_ids(key):
+            block = self.blocks[row_id >> _OFFSET_BITS]
+            assert isinstance(block, L0Block)
+            offset = row_id & _OFFSET_MASK
+            inserted = block.commit_ts_of(offset)
+            if start_ts < inserted <= now_ts:
+                newest = max(newest, inserted)
+            deleted = block.deletes.ts_of.get(offset)
+            if deleted is not None and start_ts < deleted <= now_ts:
+                newest = max(newest, deleted)
+        for block in candidates:
+            found = loaded.keys(block).find(key)
+            if found is None:
+                continue
+            stamp = loaded.columns(block).column(COMMIT_TS_COLUMN)[found].as_py()
+            inserted = stamp or block.create_ts
+            if start_ts < inserted <= now_ts:
+                newest = max(newest, inserted)
+            deleted = block.deletes.ts_of.get(found)
+            copied = deleted == block.create_ts and inserted < block.create_ts
+            if deleted is not None and not copied and start_ts < deleted <= now_ts:
+                newest = max(newest, deleted)
+        if not newest:
+            return None
+        visible = [b for b in candidates if b.visible(now_ts)]
+        live = self.version_among(key, now_ts, visible, loaded) is not None
+        return newest, live
 
     def unindexed_blocks(self) -> list[PersistedBlock]:
         """Held persisted blocks the key index lacks and could take (their ids fit)."""

@@ -1,0 +1,243 @@
+"""A transaction is never refused for the conflict index's bookkeeping (issue 21, "A cliff
+under concurrency"; engine/old_snapshots.py).
+
+Proves, over a memory WAL and a memory object store (real Parquet objects with their
+`__commit_ts` column) with a conflict index of a few keys, so that its floor rises past
+open snapshots all the time: a transaction below the floor that wrote keys nobody changed
+since its start commits; one whose key was inserted or deleted since (in L0, or already
+flushed to a persisted block, or moved by a merge) is refused with WriteConflict or
+DuplicateKey as first-committer-wins says. The hypothesis test drives random interleavings
+of transactions, flushes and churn (commits of other keys that push the floor) against a
+model of snapshot isolation: outcomes must be identical. On the old code every transaction
+below the floor was refused with "snapshot too old": these tests fail there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine import Column, DuplicateKey, Engine, Schema, Transaction, TxnLimits, WriteConflict
+from engine.objects.store import MemoryObjectStore
+from tae_driver.backends.memory import MemoryBackend
+
+ROWS = Schema([Column("id", "int64"), Column("v", "int64")], primary_key=["id"])
+KEYS_MAX = 3
+
+
+def run(test: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    asyncio.run(test())
+
+
+async def fresh() -> Engine:
+    eng = await Engine.open(
+        "unused", MemoryBackend(), objects=MemoryObjectStore(), maintenance=False
+    )
+    async with eng.transaction() as txn:
+        await txn.create_database("d")
+        await txn.create_table("d", "t", ROWS)
+    eng._pipeline.conflicts.keys_max = KEYS_MAX
+    return eng
+
+
+async def churn(eng: Engine, keys: list[int]) -> None:
+    """Commit other keys, then prune: the index forgets and its floor rises."""
+    async with eng.transaction() as txn:
+        await txn.table("d", "t").insert([{"id": k, "v": 0} for k in keys])
+    eng._prune()
+
+
+async def flush(eng: Engine) -> None:
+    maintenance = eng.maintenance
+    assert maintenance is not None
+    await maintenance.settle(freeze_all=True)
+
+
+def test_below_the_floor_disjoint_keys_commit_and_changed_keys_conflict() -> None:
+    async def main() -> None:
+        eng = await fresh()
+        async with eng.transaction() as txn:
+            await txn.table("d", "t").insert([{"id": k, "v": 0} for k in (1, 2, 3)])
+        await flush(eng)
+        fresh_keys = itertools.count(1000)
+        disjoint, inserts, deletes = await eng.begin(), await eng.begin(), await eng.begin()
+        async with eng.transaction() as txn:  # after their start: insert 10, delete 2
+            await txn.table("d", "t").insert({"id": 10, "v": 1})
+            assert await txn.table("d", "t").delete([2]) == 1
+        await flush(eng)  # the insert of 10 is in a persisted block now
+        for _ in range(4):
+            await churn(eng, [next(fresh_keys) for _ in range(KEYS_MAX + 1)])
+        floor = eng._pipeline.conflicts.floor_ts
+        assert floor > disjoint.start_ts, "the floor rose past the open snapshots"
+
+        await disjoint.table("d", "t").insert({"id": 20, "v": 2})
+        assert await disjoint.table("d", "t").delete([3]) == 1
+        await disjoint.commit()  # refused as "snapshot too old" before
+
+        await inserts.table("d", "t").insert({"id": 10, "v": 3})  # not live at its start
+        with pytest.raises(DuplicateKey):
+            await inserts.commit()
+
+        assert await deletes.table("d", "t").delete([2]) == 1  # live at its start
+        with pytest.raises(WriteConflict):
+            await deletes.commit()
+
+        async with eng.transaction() as txn:
+            rows = await txn.table("d", "t").get(20)
+            assert rows == {"id": 20, "v": 2}
+            assert await txn.table("d", "t").get(3) is None
+        await eng.close()
+
+    run(main)
+
+
+@dataclass
+class _Open:
+    txn: Transaction
+    start_seq: int
+    snapshot: set[int]
+    inserted: set[int] = field(default_factory=set)
+    deleted: set[int] = field(default_factory=set)
+
+    def view(self) -> set[int]:
+        return (self.snapshot - self.deleted) | self.inserted
+
+
+OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("begin"), st.integers(0, 3)),
+        st.tuples(st.just("insert"), st.integers(0, 3), st.integers(0, 7)),
+        st.tuples(st.just("delete"), st.integers(0, 3), st.integers(0, 7)),
+        st.tuples(st.just("commit"), st.integers(0, 3)),
+        st.tuples(st.just("flush")),
+        st.tuples(st.just("churn")),
+    ),
+    min_size=5,
+    max_size=40,
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(OPS)
+def test_random_interleavings_match_snapshot_isolation(ops: list[tuple[Any, ...]]) -> None:
+    async def main() -> None:
+        eng = await fresh()
+        live: set[int] = set()
+        last_write: dict[int, int] = {}
+        seq = 0
+        slots: dict[int, _Open] = {}
+        fresh_keys = itertools.count(1000)
+        below_floor_commits = 0
+        for op in ops:
+            kind = op[0]
+            if kind == "begin" and op[1] not in slots:
+                slots[op[1]] = _Open(await eng.begin(), seq, set(live))
+            elif kind == "insert" and op[1] in slots:
+                slot, key = slots[op[1]], op[2]
+                handle = slot.txn.table("d", "t")
+                if key in slot.view():
+                    with pytest.raises(DuplicateKey):
+                        await handle.insert({"id": key, "v": 1})
+                else:
+                    await handle.insert({"id": key, "v": 1})
+                    slot.inserted.add(key)
+            elif kind == "delete" and op[1] in slots:
+                slot, key = slots[op[1]], op[2]
+                count = await slot.txn.table("d", "t").delete([key])
+                assert count == (1 if key in slot.view() else 0)
+                if key in slot.inserted:
+                    slot.inserted.discard(key)
+                elif key in slot.snapshot:
+                    slot.deleted.add(key)
+            elif kind == "commit" and op[1] in slots:
+                slot = slots.pop(op[1])
+                writes = slot.inserted | slot.deleted
+                conflict = any(last_write.get(k, 0) > slot.start_seq for k in writes)
+                below = slot.txn.start_ts < eng._pipeline.conflicts.floor_ts
+                if conflict:
+                    with pytest.raises((WriteConflict, DuplicateKey)) as raised:
+                        await slot.txn.commit()
+                    assert "snapshot too old" not in str(raised.value)
+                else:
+                    await slot.txn.commit()
+                    if writes:
+                        seq += 1
+                        for key in writes:
+                            last_write[key] = seq
+                        live -= slot.deleted
+                        live |= slot.inserted
+                    below_floor_commits += below
+            elif kind == "flush":
+                await flush(eng)
+            elif kind == "churn":
+                await churn(eng, [next(fresh_keys) for _ in range(KEYS_MAX + 1)])
+                seq += 1
+        async with eng.transaction() as txn:
+            for key in range(8):
+                found = await txn.table("d", "t").get(key)
+                assert (found is not None) == (key in live), key
+        for slot in slots.values():
+            await slot.txn.rollback()
+        await eng.close()
+
+    run(main)
+
+
+def test_below_the_floor_a_spilled_insert_conflicts_and_a_merged_copy_does_not() -> None:
+    """Changes only in persisted blocks: a large transaction's rows (written as objects,
+    `__commit_ts` 0 standing for the block's create_ts) conflict with an old snapshot's
+    insert of one of their keys; rows a merge copied after the snapshot started (their
+    commit_ts older than it) are no change, so deleting one commits."""
+
+    async def main() -> None:
+        eng = await Engine.open(
+            "unused",
+            MemoryBackend(),
+            objects=MemoryObjectStore(),
+            maintenance=False,
+            txn_limits=TxnLimits(spill_bytes=4096),
+        )
+        async with eng.transaction() as txn:
+            await txn.create_database("d")
+            await txn.create_table("d", "t", ROWS)
+        eng._pipeline.conflicts.keys_max = KEYS_MAX
+        for first in range(0, 15 * 10, 10):  # 15 L1 blocks: one short of a merge
+            async with eng.transaction() as txn:
+                await txn.table("d", "t").insert(
+                    [{"id": k, "v": 0} for k in range(first, first + 10)]
+                )
+            await flush(eng)
+        old_insert, old_delete = await eng.begin(), await eng.begin()
+        async with eng.transaction() as txn:  # a large transaction: spilled to objects
+            await txn.table("d", "t").insert([{"id": k, "v": 1} for k in range(500, 1500)])
+        data = next(t for t in eng._state.catalog.tables.values() if t.name == "t").data
+        assert not data.l0_blocks() or all(b.rows == 0 for b in data.l0_blocks())
+        async with eng.transaction() as txn:
+            await txn.table("d", "t").insert([{"id": k, "v": 0} for k in range(2000, 2010)])
+        await flush(eng)  # the 16th L1 block: the 15 before and it merged into L2
+        assert data.persisted_blocks()[0].drop_ts != 2**64 - 1, "merged"
+        for _ in range(3):
+            await churn(eng, [10_000 + i for i in range(KEYS_MAX + 1)])
+            async with eng.transaction() as txn:
+                await txn.table("d", "t").delete(list(range(10_000, 10_000 + KEYS_MAX + 1)))
+        assert eng._pipeline.conflicts.floor_ts > old_insert.start_ts
+
+        await old_insert.table("d", "t").insert({"id": 777, "v": 2})
+        with pytest.raises(DuplicateKey):
+            await old_insert.commit()
+
+        assert await old_delete.table("d", "t").delete([42]) == 1
+        await old_delete.commit()
+        async with eng.transaction() as txn:
+            assert await txn.table("d", "t").get(42) is None
+            assert await txn.table("d", "t").get(777) == {"id": 777, "v": 1}
+        await eng.close()
+
+    run(main)
