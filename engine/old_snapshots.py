@@ -72,8 +72,8 @@ async def check(
                 if data is None:
                     continue  # dropped since: the catalog guard decides
                 blocks: dict[int, PersistedBlock] = {}
-                for key, _ in keys:
-                    for block in data.change_candidates(key, start_ts):
+                for found in data.change_candidates_many([key for key, _ in keys], start_ts):
+                    for block in found:
                         blocks[block.block_id] = block
                 loaded = await stack.enter_async_context(load(list(blocks.values())))
                 views[table_id] = (set(blocks), loaded)
@@ -106,8 +106,8 @@ def _check_loaded(
         if data is None or view is None:
             continue  # dropped meanwhile, or before: the catalog guard decides
         loaded_ids, loaded = view
-        for key, insert_only in keys:
-            found = data.change_candidates(key, start_ts)
+        per_key = data.change_candidates_many([key for key, _ in keys], start_ts)
+        for (key, insert_only), found in zip(keys, per_key, strict=True):
             if any(block.block_id not in loaded_ids for block in found):
                 return None  # a flush or merge wrote it during the load: one more round
             change = data.last_change_after(key, start_ts, now_ts, found, loaded)
