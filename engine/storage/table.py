@@ -49,6 +49,7 @@ from engine.storage.blocks import (
     PersistedBlock,
 )
 from engine.storage.keyindex import KeyIndex, U64Array
+from engine.storage.keyranges import KeyRanges
 from engine.storage.moves import Moves
 from engine.wal.entry import Append, AppendInfo, CreateBlock, Delete, DropBlock
 
@@ -145,7 +146,7 @@ class TableData:
         """Held persisted blocks not in `key_index` yet (restored or replayed from objects
         whose keys are not read yet, or with an id too large for it): point reads test
         their key ranges instead (`_ranges`)."""
-        self._ranges: _KeyRanges | None = None
+        self._ranges: KeyRanges | None = None
         self._bounds: tuple[tuple[int, ...], pruning.Bounds] | None = None
         self.moves = Moves()
         """Blocks a prepared rewrite drops, and where their rows went."""
@@ -583,9 +584,9 @@ class TableData:
         self._ranges = None
         return True
 
-    def _key_ranges(self) -> _KeyRanges:
+    def _key_ranges(self) -> KeyRanges:
         if self._ranges is None:
-            self._ranges = _KeyRanges(list(self._unindexed.values()))
+            self._ranges = KeyRanges(list(self._unindexed.values()))
         return self._ranges
 
     def version_at(self, key: Key, ts: int, loaded: LoadedBlocks) -> RowVersion | None:
@@ -762,39 +763,3 @@ class TableData:
 
     def persisted_blocks(self) -> list[PersistedBlock]:
         return [b for b in self.blocks.values() if isinstance(b, PersistedBlock)]
-
-
-class _KeyRanges:
-    """The key ranges of a table's persisted blocks, for point reads: vectorized over numpy
-    for a one-column integer key (thousands of blocks in microseconds), a loop otherwise."""
-
-    __slots__ = ("_blocks", "_maxs", "_mins")
-
-    def __len__(self) -> int:
-        return len(self._blocks)
-
-    def __init__(self, blocks: list[PersistedBlock]) -> None:
-        self._blocks = blocks
-        self._mins: np.ndarray | None = None
-        self._maxs: np.ndarray | None = None
-        if blocks and all(type(b.key_min) is int and type(b.key_max) is int for b in blocks):
-            try:
-                self._mins = np.asarray([b.key_min for b in blocks], dtype=np.int64)
-                self._maxs = np.asarray([b.key_max for b in blocks], dtype=np.int64)
-            except OverflowError:  # uint64 keys past int64
-                self._mins = self._maxs = None
-
-    def holding(self, key: Key) -> list[PersistedBlock]:
-        if self._mins is not None and self._maxs is not None and type(key) is int:
-            if not -(1 << 63) <= key < (1 << 63):
-                return []
-            hits = np.flatnonzero((self._mins <= key) & (key <= self._maxs))
-            return [self._blocks[i] for i in hits]
-        out = []
-        for block in self._blocks:
-            try:
-                if block.may_hold(key):
-                    out.append(block)
-            except TypeError:  # a key of another type cannot be in the block
-                continue
-        return out
