@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from engine import Column, DuplicateKey, Engine, Schema, Transaction, TxnLimits, WriteConflict
@@ -110,21 +110,16 @@ class _Open:
         return (self.snapshot - self.deleted) | self.inserted
 
 
+KINDS = ("begin", "begin", "insert", "insert", "delete", "commit", "commit", "churn", "flush")
+"""Weighted: transactions must often stay open across churn and then commit."""
 OPS = st.lists(
-    st.one_of(
-        st.tuples(st.just("begin"), st.integers(0, 3)),
-        st.tuples(st.just("insert"), st.integers(0, 3), st.integers(0, 7)),
-        st.tuples(st.just("delete"), st.integers(0, 3), st.integers(0, 7)),
-        st.tuples(st.just("commit"), st.integers(0, 3)),
-        st.tuples(st.just("flush")),
-        st.tuples(st.just("churn")),
-    ),
-    min_size=5,
-    max_size=40,
+    st.tuples(st.sampled_from(KINDS), st.integers(0, 2), st.integers(0, 7)),
+    min_size=10,
+    max_size=50,
 )
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(OPS)
 def test_random_interleavings_match_snapshot_isolation(ops: list[tuple[Any, ...]]) -> None:
     async def main() -> None:
@@ -136,11 +131,11 @@ def test_random_interleavings_match_snapshot_isolation(ops: list[tuple[Any, ...]
         fresh_keys = itertools.count(1000)
         below_floor_commits = 0
         for op in ops:
-            kind = op[0]
-            if kind == "begin" and op[1] not in slots:
-                slots[op[1]] = _Open(await eng.begin(), seq, set(live))
-            elif kind == "insert" and op[1] in slots:
-                slot, key = slots[op[1]], op[2]
+            kind, slot_no, key = op
+            if kind == "begin" and slot_no not in slots:
+                slots[slot_no] = _Open(await eng.begin(), seq, set(live))
+            elif kind == "insert" and slot_no in slots:
+                slot = slots[slot_no]
                 handle = slot.txn.table("d", "t")
                 if key in slot.view():
                     with pytest.raises(DuplicateKey):
@@ -148,19 +143,20 @@ def test_random_interleavings_match_snapshot_isolation(ops: list[tuple[Any, ...]
                 else:
                     await handle.insert({"id": key, "v": 1})
                     slot.inserted.add(key)
-            elif kind == "delete" and op[1] in slots:
-                slot, key = slots[op[1]], op[2]
+            elif kind == "delete" and slot_no in slots:
+                slot = slots[slot_no]
                 count = await slot.txn.table("d", "t").delete([key])
                 assert count == (1 if key in slot.view() else 0)
                 if key in slot.inserted:
                     slot.inserted.discard(key)
                 elif key in slot.snapshot:
                     slot.deleted.add(key)
-            elif kind == "commit" and op[1] in slots:
-                slot = slots.pop(op[1])
+            elif kind == "commit" and slot_no in slots:
+                slot = slots.pop(slot_no)
                 writes = slot.inserted | slot.deleted
                 conflict = any(last_write.get(k, 0) > slot.start_seq for k in writes)
                 below = slot.txn.start_ts < eng._pipeline.conflicts.floor_ts
+                below_floor_commits += below
                 if conflict:
                     with pytest.raises((WriteConflict, DuplicateKey)) as raised:
                         await slot.txn.commit()
@@ -169,20 +165,20 @@ def test_random_interleavings_match_snapshot_isolation(ops: list[tuple[Any, ...]
                     await slot.txn.commit()
                     if writes:
                         seq += 1
-                        for key in writes:
-                            last_write[key] = seq
+                        for written in writes:
+                            last_write[written] = seq
                         live -= slot.deleted
                         live |= slot.inserted
-                    below_floor_commits += below
             elif kind == "flush":
                 await flush(eng)
             elif kind == "churn":
                 await churn(eng, [next(fresh_keys) for _ in range(KEYS_MAX + 1)])
                 seq += 1
+        event(f"commits tried below the floor: {min(below_floor_commits, 3)}+")
         async with eng.transaction() as txn:
-            for key in range(8):
-                found = await txn.table("d", "t").get(key)
-                assert (found is not None) == (key in live), key
+            for probe in range(8):
+                found = await txn.table("d", "t").get(probe)
+                assert (found is not None) == (probe in live), probe
         for slot in slots.values():
             await slot.txn.rollback()
         await eng.close()
