@@ -705,9 +705,11 @@ class Engine:
         pipeline = self._pipeline
         bulk = [*plan.bulk, *(spilled.keys for _, spilled in plan.spills)]
         checked_ts = 0
-        if txn.start_ts < pipeline.conflicts.floor_ts:
+        if self._history_floor_ts <= txn.start_ts < pipeline.conflicts.floor_ts:
             # Below the index's floor: the table data decides (engine/old_snapshots.py),
-            # then the index from `checked_ts` on; no suspension between the two.
+            # then the index from `checked_ts` on; no suspension between the two. (Below
+            # `_history_floor_ts` the table data no longer holds every change since: such
+            # a transaction cannot have begun here, and stays refused as too old.)
             try:
                 verdict = await self._check_old_snapshot(txn.start_ts, plan.rows, bulk)
             except BaseException:  # an object store error, or blocks that kept changing

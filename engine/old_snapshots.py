@@ -9,7 +9,10 @@ must commit. The table data remembers every change a snapshot at `start_ts` coul
 with (`TableData.last_change_after`: versions keep their commit_ts through flushes and
 merges; deletes stay on blocks held while the snapshot is open). So the commit asks it, for
 each key it wrote, up to the visible timestamp, and the index answers for what is newer
-(queued commits, above the visible timestamp, are never forgotten).
+(queued commits, above the visible timestamp, are never forgotten). Only for a transaction
+that began at or above the engine's `_history_floor_ts` (every transaction begun here: blocks
+dropped after an open snapshot are not collected); below it, changes may be gone with
+collected blocks or a checkpoint restore, and the commit stays refused as too old.
 
 The loads (keys and `__commit_ts` of the blocks that may hold a key) run in a worker thread;
 the check itself is synchronous at the end, and the caller prepares the commit right after
