@@ -237,3 +237,49 @@ def test_below_the_floor_a_spilled_insert_conflicts_and_a_merged_copy_does_not()
         await eng.close()
 
     run(main)
+
+
+def test_a_delete_a_rewrite_copied_is_not_a_change_but_the_original_is() -> None:
+    """`TableData.last_change_after` on hand-built blocks: key 5's row sits in block 1
+    (inserted at 100), is deleted at 200, and a merge committed at 300 copies the row and
+    its delete into block 2 (the delete at 300, the block's create_ts). A snapshot at 250
+    sees no change (the copy is not one); a snapshot at 150 sees the delete at 200."""
+    import pyarrow as pa
+    from pyroaring import FrozenBitMap
+
+    from engine.storage import BlockKeys, MappedLoadedBlocks, PersistedMeta, TableData
+    from engine.wal.entry import BlockLevel, CreateBlock, Delete, DropBlock
+
+    data = TableData("t", ROWS)
+    rows = pa.table(
+        {
+            "id": pa.array([4, 5, 6], pa.int64()),
+            "v": pa.array([0, 0, 0], pa.int64()),
+            "__commit_ts": pa.array([100, 100, 100], pa.uint64()),
+        }
+    )
+
+    def meta(cmd: CreateBlock) -> PersistedMeta:
+        return PersistedMeta(4, 6, None, key_hashes=None)
+
+    data.apply_create(CreateBlock(1, 1, 1, BlockLevel.L1, "a", 0, 3), 100, meta)
+    data.apply_delete(Delete(1, 1, 1, FrozenBitMap([1])), 200)
+    data.apply_create(CreateBlock(1, 1, 2, BlockLevel.L2, "b", 0, 3), 300, meta)
+    data.apply_delete(Delete(1, 1, 2, FrozenBitMap([1])), 300)
+    data.apply_drop(DropBlock(1, 1, 1), 300)
+    keys = BlockKeys(rows.select(["id"]))
+    loaded = MappedLoadedBlocks({1: keys, 2: keys}, {1: rows, 2: rows}, {})
+    for start_ts, expected in ((250, None), (150, (200, False)), (50, (200, False))):
+        (found,) = data.change_candidates_many([5], start_ts)
+        assert data.last_change_after(5, start_ts, 400, found, loaded) == expected
+    # Key 4 was never changed after 100; a version inserted at 350 in a block of its own is.
+    assert (
+        data.last_change_after(4, 150, 400, data.change_candidates_many([4], 150)[0], loaded)
+        is None
+    )
+    later = rows.set_column(2, "__commit_ts", pa.array([350, 350, 350], pa.uint64()))
+    data.apply_create(CreateBlock(1, 1, 3, BlockLevel.L1, "c", 0, 3), 350, meta)
+    loaded = MappedLoadedBlocks({1: keys, 2: keys, 3: keys}, {1: rows, 2: rows, 3: later}, {})
+    (found,) = data.change_candidates_many([4], 150)
+    assert [b.block_id for b in found] == [1, 2, 3]  # 1 was dropped at 300, after 150
+    assert data.last_change_after(4, 150, 400, found, loaded) == (350, True)
