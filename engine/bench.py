@@ -63,7 +63,12 @@ WRITERS_MAX = 1024
 """Writers per measurement: coroutines for the engine, threads (and connections) for SQLite."""
 ROWS_MAX = 1000
 """Rows per transaction: 1000 rows of ~100 B stay well below the engine's workspace limit."""
-SECONDS_MAX = 600.0
+SECONDS_MAX = 3600.0
+"""Issue 21's flatness run is 30 minutes (`--seconds 1800`); latencies are kept as 8-byte
+doubles, about 70 MB for an hour at 2,500 commits/s."""
+RATE_WINDOW_S = 300.0
+"""The first and last windows whose rates a measurement compares (`rate_first_window`,
+`rate_last_window`): 5 minutes, or a third of a shorter run."""
 WARMUP_S_MAX = 60.0
 WARMUP_S_DEFAULT = 0.5
 ROW_BYTES = 100
@@ -100,9 +105,19 @@ class Case:
     ranges overlap (issue 21's cliff and its "flat" target)."""
     history_retention_s: float | None = None
     """The engine's history retention window (decision 0010); None: its default."""
+    unmerged: bool = False
+    """No merges (flushes and checkpoints still run): every flushed block stays an L1 object
+    of its own, so a preload of N rows leaves N / 8,192 blocks whose key ranges all overlap
+    (merges would sort them into L2 segments of 16 disjoint blocks: only the segments
+    overlap). The worst case for a uniqueness check that probes each overlapping block."""
 
 
 PRELOAD_TXN_ROWS = 100_000
+PRELOAD_KEY_LOW = 2**41
+"""Positive preload keys start here, above every writer's (WRITERS_MAX * KEY_STRIDE < it)."""
+MERGE_NEVER = 2**31
+assert WRITERS_MAX * KEY_STRIDE < PRELOAD_KEY_LOW
+"""`merge_l1_blocks` of an `unmerged` case: more L1 blocks than a run makes."""
 PRELOAD_ROWS_MAX = 50_000_000
 """A preload is held in memory one transaction at a time; this bounds the run's length."""
 
@@ -110,10 +125,21 @@ PRELOAD_ROWS_MAX = 50_000_000
 class _Recorder:
     """Latencies and errors of one measurement phase."""
 
-    __slots__ = ("conflicts", "errors", "first_error", "in_window", "latencies_ms")
+    __slots__ = (
+        "conflicts",
+        "errors",
+        "first_error",
+        "in_window",
+        "latencies_ms",
+        "per_second",
+        "started",
+    )
 
-    def __init__(self) -> None:
+    def __init__(self, started: float = 0.0) -> None:
         self.latencies_ms = array("d")
+        self.started = started
+        self.per_second = array("q")
+        """Commits that returned in each second of the window, for first/last rates."""
         self.in_window = 0
         """Commits that returned before the deadline: the throughput counts only these."""
         self.errors = 0
@@ -128,6 +154,32 @@ class _Recorder:
         self.conflicts += isinstance(exc, WriteConflict)
         if self.first_error is None:
             self.first_error = f"{type(exc).__name__}: {exc}"
+
+    def returned(self, at: float) -> None:
+        """A commit returned within the window at clock time `at`."""
+        self.in_window += 1
+        second = int(at - self.started)
+        per_second = self.per_second
+        while len(per_second) <= second:
+            per_second.append(0)
+        per_second[second] += 1
+
+    def window_rates(self, seconds: float) -> dict[str, Any]:
+        """Commits/s in the first and the last `RATE_WINDOW_S` (a third of a shorter run),
+        and their ratio: a rate that falls as the table grows shows here."""
+        whole = int(seconds)
+        width = int(min(RATE_WINDOW_S, whole // 3))
+        if width < 1:
+            return {"rate_window_s": None}
+        counts = list(self.per_second[:whole]) + [0] * max(0, whole - len(self.per_second))
+        first = sum(counts[:width]) / width
+        last = sum(counts[whole - width : whole]) / width
+        return {
+            "rate_window_s": width,
+            "rate_first_window": round(first, 1),
+            "rate_last_window": round(last, 1),
+            "last_over_first": round(last / first, 3) if first else None,
+        }
 
 
 def percentile_of_sorted(sorted_ms: Sequence[float], fraction: float) -> float | None:
@@ -173,6 +225,9 @@ def _result(
         "write_conflicts": recorder.conflicts,
         "first_error": recorder.first_error,
         "preload_rows": case.preload_rows,
+        "case_preload_rows": case.preload_rows,
+        # Per-second counts are the engine's (SQLite's threads count a total only).
+        **(recorder.window_rates(window) if recorder.per_second else {"rate_window_s": None}),
     }
 
 
@@ -218,6 +273,7 @@ async def measure_engine(
     """One measurement on a fresh engine over `wal` (over logsvc: `shard` of the running
     cluster in `client_config`, whose node processes `cluster_pids` are)."""
     from engine import Column, Engine, EngineError, Schema
+    from engine.compaction import Policy
 
     assert wal in WALS
     base = tempfile.mkdtemp(prefix=f"engine-bench-{wal}-", dir=dir_path)
@@ -237,7 +293,8 @@ async def measure_engine(
                 history_retention=window,
             )
         else:
-            eng = await Engine.open(base, wal=wal, history_retention=window)
+            policy = Policy(merge_l1_blocks=MERGE_NEVER) if case.unmerged else None
+            eng = await Engine.open(base, wal=wal, history_retention=window, policy=policy)
         try:
             async with eng.transaction() as txn:
                 await txn.create_database(DB_NAME)
@@ -248,7 +305,8 @@ async def measure_engine(
                         [Column("id", "int64"), Column("payload", "string")], primary_key=["id"]
                     ),
                 )
-            await _preload(eng, case.preload_rows)
+            await _preload(eng, case.preload_rows, unmerged=case.unmerged)
+            table_state = _table_state(eng)
             rows = _Rows(case.rows, case.input)
             next_key = [i * KEY_STRIDE for i in range(case.writers)]
             clock = time.perf_counter
@@ -269,11 +327,11 @@ async def measure_engine(
                     ended = clock()
                     recorder.latencies_ms.append((ended - began) * 1000.0)
                     if ended <= deadline:
-                        recorder.in_window += 1
+                        recorder.returned(ended)
 
             async def phase(seconds: float) -> _Recorder:
-                recorder = _Recorder()
-                deadline = clock() + seconds
+                recorder = _Recorder(clock())
+                deadline = recorder.started + seconds
                 await asyncio.gather(*(writer(i, deadline, recorder) for i in range(case.writers)))
                 return recorder
 
@@ -307,6 +365,8 @@ async def measure_engine(
     scope = "engine process only" if wal == "logsvc" else "process"
     result = _result(f"engine-{wal}", case, elapsed, recorder, cpu, scope)
     result["input"] = case.input
+    result["unmerged"] = case.unmerged
+    result.update(table_state)
     if before is not None and after is not None:
         entries = after.dsn - before.dsn
         records = after.records_appended - before.records_appended
@@ -331,14 +391,26 @@ async def measure_engine(
     return result
 
 
-async def _preload(eng: Any, rows: int) -> None:
-    """`rows` rows with random negative keys (the writers' are non-negative), in
-    transactions of `PRELOAD_TXN_ROWS`, then the maintenance settled (flushed, merged)."""
+async def _preload(eng: Any, rows: int, *, unmerged: bool = False) -> None:
+    """`rows` rows with random keys on both sides of the writers' (which are in
+    [0, WRITERS_MAX * KEY_STRIDE)), so every preloaded block's key range holds every key a
+    writer inserts (issue 21: ranges that overlap), then the maintenance settled.
+
+    In transactions of `PRELOAD_TXN_ROWS` (issue 21's cliff): each is written as one sorted
+    object before it commits (a large transaction, engine/spill.py) whose blocks' ranges are
+    disjoint, so a writer's key is in the range of one block per transaction. `unmerged`: in
+    transactions of one block (`BLOCK_ROWS_MAX`, under the spill threshold), each flushed to
+    an object of its own and never merged: every block's range holds a writer's key."""
+    from engine import limits
+
     generator = np.random.default_rng(21)
     payload = "x" * PAYLOAD_CHARS
-    for first in range(0, rows, PRELOAD_TXN_ROWS):
-        count = min(PRELOAD_TXN_ROWS, rows - first)
-        keys = -generator.choice(2**62, size=count, replace=False) - 1
+    txn_rows = limits.BLOCK_ROWS_MAX if unmerged else PRELOAD_TXN_ROWS
+    for first in range(0, rows, txn_rows):
+        count = min(txn_rows, rows - first)
+        # Distinct within a transaction; across them a repeat has odds ~rows**2 / 2**63.
+        keys = generator.choice(2**62, size=count, replace=False)
+        keys = np.where(keys % 2 == 0, -keys - 1, keys + PRELOAD_KEY_LOW)
         batch = pa.RecordBatch.from_arrays(
             [pa.array(keys, type=pa.int64()), pa.array([payload] * count, type=pa.string())],
             names=["id", "payload"],
@@ -346,7 +418,23 @@ async def _preload(eng: Any, rows: int) -> None:
         async with eng.transaction() as txn:
             await txn.table(DB_NAME, TABLE_NAME).insert(batch)
     if rows and eng.maintenance is not None:
-        await eng.maintenance.settle()
+        await eng.maintenance.settle(freeze_all=True)
+
+
+def _table_state(eng: Any) -> dict[str, Any]:
+    """The table the writers insert into, as they start: its persisted blocks, how many of
+    them a writer's key falls in the key range of (what a check by range and bloom probes),
+    and the key index's size (engine/storage/keyindex.py)."""
+    (table,) = [t for t in eng._state.catalog.tables.values() if t.name == TABLE_NAME]
+    data = table.data
+    live = [b for b in data.persisted_blocks() if b.visible(eng.visible_ts)]
+    index = getattr(data, "key_index", None)
+    return {
+        "persisted_blocks": len(live),
+        "blocks_whose_range_holds_a_writer_key": sum(1 for b in live if b.may_hold(KEY_STRIDE)),
+        "key_index_blocks": len(index) if index is not None else None,
+        "key_index_bytes": index.size_bytes() if index is not None else None,
+    }
 
 
 WAL_SAMPLE_S = 1.0
@@ -558,12 +646,13 @@ def run(
     emit: Callable[[dict[str, Any]], None] | None = None,
     preload_rows: Sequence[int] = (0,),
     history_retention_s: float | None = None,
+    unmerged: bool = False,
 ) -> list[dict[str, Any]]:
     """Every (preload, rows, writers) case on every system, in that order, so the systems'
     lines of one case are adjacent. Returns the measurement lines (each also passed to
     `emit`). SQLite's tables are not preloaded: its figure is the empty-table peer."""
     cases = [
-        Case(w, r, seconds, warmup, input_kind, preload, history_retention_s)
+        Case(w, r, seconds, warmup, input_kind, preload, history_retention_s, unmerged)
         for preload in preload_rows
         for r in rows
         for w in writers
@@ -602,16 +691,31 @@ def run(
 def summary(results: Sequence[dict[str, Any]], **params: Any) -> dict[str, Any]:
     """One line: per case, commits/s and p99 by system, and each engine's commits/s over
     sqlite-full's (the durable baseline)."""
-    by_case: dict[tuple[int, int], dict[str, dict[str, Any]]] = {}
+    by_case: dict[tuple[int, int, int], dict[str, dict[str, Any]]] = {}
     for r in results:
-        by_case.setdefault((r["writers"], r["rows_per_txn"]), {})[r["system"]] = r
+        key = (r["writers"], r["rows_per_txn"], r["case_preload_rows"])
+        by_case.setdefault(key, {})[r["system"]] = r
+    empty: dict[tuple[int, int], dict[str, dict[str, Any]]] = {}
+    for (writers, rows, preload), systems in by_case.items():
+        if preload == 0:
+            empty[(writers, rows)] = systems
     cases = []
-    for (writers, rows), systems in by_case.items():
+    for (writers, rows, preload), systems in by_case.items():
         baseline = systems.get("sqlite-full", {}).get("commits_per_s")
+        # The engine's rate on the preloaded table over its rate on the empty one, same run
+        # (issue 21 target 4: >= 0.9).
+        peers = empty.get((writers, rows), {}) if preload else {}
         cases.append(
             {
                 "writers": writers,
                 "rows_per_txn": rows,
+                "preload_rows": preload,
+                "vs_empty_table": {
+                    s: round(r["commits_per_s"] / peers[s]["commits_per_s"], 3)
+                    for s, r in systems.items()
+                    if s.startswith("engine-") and s in peers and peers[s]["commits_per_s"]
+                },
+                "write_conflicts": {s: r["write_conflicts"] for s, r in systems.items()},
                 "commits_per_s": {s: r["commits_per_s"] for s, r in systems.items()},
                 "p99_ms": {s: r["p99_ms"] for s, r in systems.items()},
                 "vs_sqlite_full": {
@@ -697,6 +801,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=[0],
         help="rows with random keys in the engine's table before each measurement, a comma "
         "list (issue 21: the rate must stay flat as the table grows; default 0)",
+    )
+    commit.add_argument(
+        "--unmerged",
+        action="store_true",
+        help="no merges in the engine (flushes and checkpoints run): a preload's blocks stay "
+        "one object each, all key ranges overlapping (>= 1,000 blocks from 8.2M rows)",
     )
     commit.add_argument(
         "--history-retention-s",
@@ -812,6 +922,7 @@ def main(argv: list[str] | None = None) -> int:
         emit=emit,
         preload_rows=args.preload_rows,
         history_retention_s=args.history_retention_s,
+        unmerged=args.unmerged,
     )
     emit(
         summary(

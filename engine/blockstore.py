@@ -20,6 +20,7 @@ is deleted only when no held block and no retained checkpoint refers to it (`Obj
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import threading
 import uuid
@@ -31,7 +32,7 @@ import pyarrow as pa
 from engine.compaction import COMMIT_TS_COLUMN, Rewrite, WrittenBlock
 from engine.objects import blockfile
 from engine.objects.blockfile import BlockObjectMeta
-from engine.objects.bloom import BloomFilter
+from engine.objects.bloom import BloomFilter, U64Array, key_hashes
 from engine.objects.cache import BufferCache, CacheStats, Pin
 from engine.objects.errors import ObjectNotFound
 from engine.objects.store import LocalDirStore, ObjectStore
@@ -154,10 +155,19 @@ class ObjectBlockStore:
         )
         self.objects_written += 1
         self._seed_meta(meta)
-        return [
-            WrittenBlock(name, index, block.row_count, _persisted_meta(meta, index))
-            for index, block in enumerate(meta.blocks)
-        ]
+        # The key hashes for the table's key index (issue 21): computed here, in the worker
+        # thread, from the rows just written, so the commit only adds them.
+        hashes = key_hashes([rewrite.rows.column(name) for name in schema.primary_key])
+        out = []
+        start = 0
+        for index, block in enumerate(meta.blocks):
+            persisted = _persisted_meta(meta, index)
+            end = start + block.row_count
+            persisted = dataclasses.replace(persisted, key_hashes=hashes[start:end])
+            out.append(WrittenBlock(name, index, block.row_count, persisted))
+            start = end
+        assert start == len(hashes)
+        return out
 
     def _seed_meta(self, meta: BlockObjectMeta) -> None:
         """The footer just written is the one a read would parse: cache it."""
@@ -184,6 +194,12 @@ class ObjectBlockStore:
     def meta(self, cmd: CreateBlock) -> PersistedMeta:
         meta = self.object_meta(cmd.object_name)
         return _persisted_meta(meta, cmd.row_group)
+
+    def key_hashes(self, block: PersistedBlock) -> U64Array:
+        """The `key_hash` of each key of `block`, read from its object (not through the
+        cache: indexing every block after an open would only evict what reads want)."""
+        keys = blockfile.read_keys(self.store, block.object_name, block.row_group)
+        return key_hashes(keys.columns)
 
     def load(
         self,

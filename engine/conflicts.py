@@ -11,12 +11,16 @@ Keys are tuples: `(table_id, primary_key)` for a row, and tagged tuples for the 
 (`catalog_*` below).
 
 Bounded: writes at or below the oldest open snapshot are forgotten (`prune`); and when more
-than `keys_max` keys are remembered, the oldest visible changes are forgotten anyway and
-`floor_ts` rises past them, so a transaction whose snapshot is below `floor_ts` cannot be
-checked and is refused with `SnapshotTooOld` (a WriteConflict for the caller): memory stays
-bounded however long a transaction stays open. The floor never passes the visible
-timestamp, so only a transaction that stayed open while `keys_max` keys were committed can
-be refused this way, never one begun now.
+than `keys_max` row keys are remembered, the oldest visible changes of rows are forgotten
+anyway and `floor_ts` rises past them: memory stays bounded however long a transaction stays
+open. A transaction whose snapshot is below `floor_ts` is not refused for that (issue 21: a
+transaction is never refused for the index's own bookkeeping): the engine checks its row
+keys exactly against the table data up to the visible timestamp first
+(engine/old_snapshots.py) and passes that timestamp as `checked_ts`; the index answers for
+what is newer (the floor never passes the visible timestamp). Catalog keys (guards and
+marks) are never forgotten for size, only by age: one per catalog object changed since the
+oldest open snapshot (each table's `table-rows` mark is one key, rewritten by every commit),
+so they are always checked here.
 """
 
 from __future__ import annotations
@@ -134,19 +138,32 @@ class SnapshotTooOld:
 
 
 class ConflictIndex:
-    __slots__ = ("_bulk", "_last", "_log", "_size", "floor_ts", "keys_max")
+    __slots__ = (
+        "_bulk",
+        "_catalog",
+        "_catalog_log",
+        "_last",
+        "_log",
+        "_size",
+        "floor_ts",
+        "keys_max",
+    )
 
     def __init__(self, *, keys_max: int, floor_ts: int = 0) -> None:
         assert keys_max > 0
         self.keys_max = keys_max
         self.floor_ts = floor_ts
+        """Row changes at or below it may be forgotten (catalog ones never are for size)."""
         self._last: dict[ConflictKey, tuple[int, bool]] = {}
         self._log: deque[tuple[int, tuple[ConflictKey, ...]]] = deque()
+        self._catalog: dict[ConflictKey, int] = {}
+        """Catalog key -> commit_ts of its last mark."""
+        self._catalog_log: deque[tuple[int, tuple[ConflictKey, ...]]] = deque()
         self._bulk: deque[tuple[int, BulkInsert]] = deque()
         self._size = 0
 
     def __len__(self) -> int:
-        return len(self._last)
+        return len(self._last) + len(self._catalog)
 
     def check(
         self,
@@ -154,10 +171,14 @@ class ConflictIndex:
         rows: Iterable[RowWrite],
         guards: Iterable[ConflictKey],
         bulk: Sequence[BulkInsert] = (),
+        checked_ts: int = 0,
     ) -> KeyConflict | SnapshotTooOld | None:
         """The first conflict of a transaction that started at `start_ts`, or None. `bulk`:
-        the keys it inserted as spilled rows (insert-only, live after)."""
-        if start_ts < self.floor_ts:
+        the keys it inserted as spilled rows (insert-only, live after). `checked_ts`: its row
+        and bulk keys were checked against the table data for changes in (start_ts,
+        checked_ts] (a snapshot below `floor_ts`); `SnapshotTooOld` only if that does not
+        reach the floor (a caller's bug: the floor never passes the visible timestamp)."""
+        if max(start_ts, checked_ts) < self.floor_ts:
             return SnapshotTooOld(start_ts, self.floor_ts)
         last = self._last
         recent_bulk = [(ts, b) for ts, b in self._bulk if ts > start_ts]
@@ -187,10 +208,11 @@ class ConflictIndex:
                     and key[1] in mine
                 ):
                     return KeyConflict(key, seen[0], duplicate=mine.live_after and seen[1])
+        catalog = self._catalog
         for key in guards:
-            seen = last.get(key)
-            if seen is not None and seen[0] > start_ts:
-                return KeyConflict(key, seen[0], duplicate=False)
+            marked = catalog.get(key)
+            if marked is not None and marked > start_ts:
+                return KeyConflict(key, marked, duplicate=False)
         return None
 
     def record(
@@ -212,14 +234,20 @@ class ConflictIndex:
             replaced.append((row.key, last.get(row.key)))
             last[row.key] = (commit_ts, row.live_after)
             keys.append(row.key)
-        for key in marks:
-            replaced.append((key, last.get(key)))
-            last[key] = (commit_ts, True)
-            keys.append(key)
         if keys:
             assert not self._log or self._log[-1][0] < commit_ts
             self._log.append((commit_ts, tuple(keys)))
             self._size += len(keys)
+        catalog = self._catalog
+        marked: list[ConflictKey] = []
+        for key in marks:
+            previous = catalog.get(key)
+            replaced.append((key, None if previous is None else (previous, True)))
+            catalog[key] = commit_ts
+            marked.append(key)
+        if marked:
+            assert not self._catalog_log or self._catalog_log[-1][0] < commit_ts
+            self._catalog_log.append((commit_ts, tuple(marked)))
         return replaced
 
     def undo(
@@ -230,10 +258,20 @@ class ConflictIndex:
             self._size -= len(self._bulk.pop()[1])
         if not replaced:
             return
-        assert self._log and self._log[-1][0] == commit_ts
-        _, keys = self._log.pop()
-        self._size -= len(keys)
-        for key, previous in reversed(replaced):
+        if self._catalog_log and self._catalog_log[-1][0] == commit_ts:
+            _, marked = self._catalog_log.pop()
+            for key in marked:
+                del self._catalog[key]
+        else:
+            marked = ()
+        if self._log and self._log[-1][0] == commit_ts:
+            _, keys = self._log.pop()
+            self._size -= len(keys)
+        rows = len(replaced) - len(marked)
+        for key, previous in reversed(replaced[rows:]):
+            if previous is not None:
+                self._catalog[key] = previous[0]
+        for key, previous in reversed(replaced[:rows]):
             if previous is None:
                 del self._last[key]
             else:
@@ -256,6 +294,12 @@ class ConflictIndex:
         log, bulk = self._log, self._bulk
         while log and log[0][0] <= oldest_snapshot_ts:
             self._forget_row_keys()
+        catalog_log, catalog = self._catalog_log, self._catalog
+        while catalog_log and catalog_log[0][0] <= oldest_snapshot_ts:
+            commit_ts, marked = catalog_log.popleft()
+            for key in marked:
+                if catalog.get(key) == commit_ts:
+                    del catalog[key]
         while bulk and bulk[0][0] <= oldest_snapshot_ts:
             self._size -= len(bulk.popleft()[1])
         while self._size > self.keys_max:

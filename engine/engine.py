@@ -44,14 +44,24 @@ from typing import Any
 
 import pyarrow as pa
 
-from engine import limits, opening, replay, rewrite_commit, spill, sql, time_travel, writeset
+from engine import (
+    limits,
+    old_snapshots,
+    opening,
+    replay,
+    rewrite_commit,
+    spill,
+    sql,
+    time_travel,
+    writeset,
+)
 from engine import standby as standby_tail
 from engine.blockstore import ObjectBlockStore
 from engine.checkpoint.layout import Manifest
 from engine.checkpoint.runner import Checkpointer
 from engine.clock import HybridClock, wall_ms
 from engine.compaction import Policy
-from engine.conflicts import ConflictIndex, conflict_error
+from engine.conflicts import BulkInsert, ConflictIndex, KeyConflict, RowWrite, conflict_error
 from engine.errors import (
     BadInput,
     EngineClosed,
@@ -692,6 +702,22 @@ class Engine:
         loop = asyncio.get_running_loop()
         commit = CommitWaiter(txn, loop.create_future())
         pipeline = self._pipeline
+        bulk = [*plan.bulk, *(spilled.keys for _, spilled in plan.spills)]
+        checked_ts = 0
+        if self._history_floor_ts <= txn.start_ts < pipeline.conflicts.floor_ts:
+            # Below the index's floor: the table data decides (engine/old_snapshots.py),
+            # then the index from `checked_ts` on; no suspension between the two. (Below
+            # `_history_floor_ts` the table data no longer holds every change since: such
+            # a transaction cannot have begun here, and stays refused as too old.)
+            try:
+                verdict = await self._check_old_snapshot(txn.start_ts, plan.rows, bulk)
+            except BaseException:  # an object store error, or blocks that kept changing
+                txn._end(TxnState.ROLLED_BACK)
+                raise
+            if isinstance(verdict, KeyConflict):
+                txn._end(TxnState.ROLLED_BACK)
+                raise conflict_error(verdict, self._table_name)
+            checked_ts = verdict
         try:
             prepared = pipeline.prepare(
                 txn.start_ts,
@@ -700,7 +726,8 @@ class Engine:
                 plan.marks,
                 self._clock.next,
                 commit,
-                [*plan.bulk, *(spilled.keys for _, spilled in plan.spills)],
+                bulk,
+                checked_ts,
             )
         except Overloaded:
             txn._end(TxnState.ROLLED_BACK)
@@ -764,6 +791,22 @@ class Engine:
         # Not shielded: a caller that is cancelled only stops waiting; the commit goes on
         # and becomes visible in its turn (`_on_durable` never needs its waiter).
         await commit.future
+
+    async def _check_old_snapshot(
+        self, start_ts: int, rows: list[RowWrite], bulk: list[BulkInsert]
+    ) -> KeyConflict | int:
+        tables = self._state.catalog.tables
+        datas = {
+            table_id: tables[table_id].data
+            for table_id in {r.key[0] for r in rows if isinstance(r.key, tuple)}
+            | {b.table_id for b in bulk}
+            if table_id in tables
+        }
+
+        def load(blocks: list[PersistedBlock]) -> _Loaded:
+            return self._loaded(blocks, keys=True, columns=old_snapshots.COLUMNS)
+
+        return await old_snapshots.check(datas, load, lambda: self.visible_ts, start_ts, rows, bulk)
 
     def _discard_objects(self, names: list[str]) -> None:
         """Objects written for a transaction that will never commit: deleted in the

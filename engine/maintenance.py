@@ -9,7 +9,9 @@ through the engine's pipeline (`rewrite_commit.commit_rewrite`); if the commit n
 (the table was dropped, the engine failed) its objects are deleted, never referenced.
 
 Blocks dropped before the oldest open snapshot are collected here too; their objects go to
-the block store, which deletes an object once nothing refers to it any more.
+the block store, which deletes an object once nothing refers to it any more. And the keys of
+persisted blocks that entered a table from their objects' footers (open, replay) are read here
+into the table's key index (engine/storage/keyindex.py), one batch of blocks at a time.
 """
 
 from __future__ import annotations
@@ -28,10 +30,12 @@ from engine.clock import wall_ms
 from engine.compaction import COMMIT_TS_COLUMN, Policy, Rewrite, Task, WrittenBlock
 from engine.schema import Schema
 from engine.storage import TS_NEVER, Block, L0Block, PersistedBlock, PersistedMeta
+from engine.storage.keyindex import U64Array
 from engine.storage.loader import BlockLoader
 from engine.wal.entry import BlockLevel, CreateBlock
 
 if TYPE_CHECKING:
+    from engine.catalog import TableEntry
     from engine.engine import Engine
 
 log = logging.getLogger("engine.maintenance")
@@ -58,6 +62,11 @@ class BlockWriter(Protocol):
         """Persisted blocks no reader can see any more (their objects may be garbage)."""
         ...
 
+    def key_hashes(self, block: PersistedBlock) -> U64Array:
+        """The `key_hash` of each of the block's keys, read from its object (the table's
+        key index takes them, for blocks restored or replayed from footers)."""
+        ...
+
 
 class BlockStore(BlockWriter, BlockLoader, Protocol):
     """Everything the engine needs of its objects: reads (BlockLoader), rewrites
@@ -76,6 +85,9 @@ class Maintenance:
         self._running: set[asyncio.Task[None]] = set()
         self._loop_task: asyncio.Task[None] | None = None
         self._checkpoint_task: asyncio.Task[None] | None = None
+        self._index_task: asyncio.Task[None] | None = None
+        """Reading the keys of persisted blocks the tables' key indexes lack (one at a
+        time, `KEY_INDEX_BLOCKS_PER_TASK` blocks each)."""
         self._wake = asyncio.Event()
         self.l0_bytes = 0
         """Bytes of live L0 blocks over every table, as of the last step."""
@@ -105,6 +117,8 @@ class Maintenance:
         running = list(self._running)
         if self._checkpoint_task is not None:
             running.append(self._checkpoint_task)
+        if self._index_task is not None:
+            running.append(self._index_task)
         for rewrite in running:
             rewrite.cancel()
         for rewrite in running:
@@ -208,7 +222,41 @@ class Maintenance:
                     break
                 started.append(self._start(task))
         self._maybe_checkpoint(now_ms)
+        self._maybe_index(tables)
         return started
+
+    def _maybe_index(self, tables: Sequence[TableEntry]) -> None:
+        """Start reading the keys of blocks a table's key index lacks (after an open or a
+        replay: footers hold no keys). Until then point reads test those blocks' key ranges
+        and blooms, as before the index (correct, one probe per such block)."""
+        if self._index_task is not None:
+            return
+        for table in tables:
+            waiting = table.data.unindexed_blocks()
+            if waiting:
+                batch = waiting[: limits.KEY_INDEX_BLOCKS_PER_TASK]
+                loop = asyncio.get_running_loop()
+                self._index_task = loop.create_task(self._index(table.table_id, batch))
+                return
+
+    async def _index(self, table_id: int, blocks: Sequence[PersistedBlock]) -> None:
+        writer = self._writer
+        try:
+            hashes = await asyncio.to_thread(lambda: [writer.key_hashes(b) for b in blocks])
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # an object store error: retried by a later step
+            self.errors += 1
+            self.last_error = f"key index of table {table_id}: {exc!r}"
+            log.warning("%s", self.last_error)
+            return
+        finally:
+            self._index_task = None
+        table = self._engine._state.catalog.tables.get(table_id)
+        if table is not None:
+            for block, block_hashes in zip(blocks, hashes, strict=True):
+                table.data.index_block(block.block_id, block_hashes)
+        self._wake.set()  # more may wait
 
     def _maybe_checkpoint(self, now_ms: int) -> None:
         """Start a checkpoint when the WAL grew by `CKP_WAL_ENTRIES` since the last one, or
@@ -334,6 +382,8 @@ class Maintenance:
         for _ in range(rounds_max):
             started = self.step(freeze_all=freeze_all)
             running = list(self._running)
+            if self._index_task is not None:
+                running.append(self._index_task)
             if not started and not running:
                 return
             await asyncio.gather(*running, return_exceptions=True)

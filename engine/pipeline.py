@@ -90,14 +90,16 @@ class CommitPipeline(Generic[T]):
         next_ts: Callable[[], int],
         waiter: T,
         bulk: Sequence[BulkInsert] = (),
+        checked_ts: int = 0,
     ) -> Ticket[T] | KeyConflict | SnapshotTooOld:
         """Check and queue one commit. `rows` are checked and recorded, `guards` only
-        checked, `marks` only recorded. Raises `Overloaded` when the queue is full."""
+        checked, `marks` only recorded (`checked_ts`: `ConflictIndex.check`). Raises
+        `Overloaded` when the queue is full."""
         assert start_ts <= self.visible_ts
         if len(self._queue) >= self.queue_max:
             raise Overloaded("commit queue", self.queue_max)
         rows = list(rows)
-        conflict = self.conflicts.check(start_ts, rows, guards, bulk)
+        conflict = self.conflicts.check(start_ts, rows, guards, bulk, checked_ts)
         if conflict is not None:
             self.conflicts_found += 1
             return conflict

@@ -414,9 +414,10 @@ class Transaction:
         start_ts = self.start_ts
         if not data.persisted_held:
             return [data.version_at(key, start_ts, NOTHING_LOADED) for key in keys]
-        # Blocks whose key range holds a key; then only those whose bloom filter may hold
-        # it have their sorted keys loaded (most inserted keys are new: bloom negatives).
-        per_key = [data.key_candidates(key, start_ts) for key in keys]
+        # Blocks the table's key index names for a key (and unindexed blocks whose key
+        # range holds it); then only those whose bloom filter may hold it have their sorted
+        # keys loaded (most inserted keys are new: no candidate at all).
+        per_key = data.key_candidates_many(keys, start_ts)
         if not any(per_key):
             return [data.version_among(key, start_ts, [], NOTHING_LOADED) for key in keys]
         # One hash per key asks every candidate's filter.

@@ -35,6 +35,8 @@ import pyarrow.compute as pc
 from pyroaring import BitMap, FrozenBitMap
 
 from engine import limits
+from engine.objects.blockfile import COMMIT_TS_COLUMN
+from engine.objects.bloom import key_hash
 from engine.objects.zonemap import prune as zonemap_prune
 from engine.rows import to_arrow
 from engine.schema import Key, Schema, batch_keys
@@ -47,6 +49,8 @@ from engine.storage.blocks import (
     LoadedBlocks,
     PersistedBlock,
 )
+from engine.storage.keyindex import KeyIndex, U64Array
+from engine.storage.keyranges import KeyRanges
 from engine.storage.moves import Moves
 from engine.wal.entry import Append, AppendInfo, AppendRows, CreateBlock, Delete, DropBlock
 
@@ -61,6 +65,11 @@ def _row_id(block_id: int, offset: int) -> int:
 PRUNE_BY_PYARROW_BLOCKS_MAX = 64
 """A filter the fast pruner does not read is pruned by pyarrow only over this many blocks
 (about 20 us each): beyond, reading every block is cheaper than deciding which to skip."""
+
+
+KEY_LOOKUPS_ONE_BY_ONE_MAX = 16
+"""Up to this many keys are looked up in the key index one by one (about 2 us a run each);
+more in one vectorized pass (about 5 us a run for the pass, then ~1 us a key)."""
 
 
 class ApplyError(Exception):
@@ -86,6 +95,10 @@ class PersistedMeta:
     bloom: Bloom | None = None
     """The block's key bloom filter (in the catalog entry, as the seed's metaLoc: about
     1.5 bytes a row, so an insert's dedupe asks each block without touching the cache)."""
+    key_hashes: U64Array | None = None
+    """The `key_hash` of each of the block's keys, when the engine just wrote it (the
+    table's key index takes them); None when read from a footer (replay), which holds no
+    keys: the block stays out of the index until maintenance reads its keys."""
 
 
 MetaSource = Callable[[CreateBlock], PersistedMeta]
@@ -128,7 +141,13 @@ class TableData:
         self._pending: dict[int, int] = {}
         """L0 block id -> rows reserved in it, while more are reserved than applied (a few
         blocks at most: the open one and those sealed with appends still in flight)."""
-        self._ranges: _KeyRanges | None = None
+        self.key_index = KeyIndex()
+        """Which persisted blocks may hold a key (issue 21: never one probe per block)."""
+        self._unindexed: dict[int, PersistedBlock] = {}
+        """Held persisted blocks not in `key_index` yet (restored or replayed from objects
+        whose keys are not read yet, or with an id too large for it): point reads test
+        their key ranges instead (`_ranges`)."""
+        self._ranges: KeyRanges | None = None
         self._bounds: tuple[tuple[int, ...], pruning.Bounds] | None = None
         self.moves = Moves()
         """Blocks a prepared rewrite drops, and where their rows went."""
@@ -353,7 +372,12 @@ class TableData:
         self.live_rows += cmd.rows
         self.persisted_count += 1
         self.persisted_held += 1
-        self._ranges = None
+        hashes = found.key_hashes
+        if hashes is not None and len(hashes) == cmd.rows and KeyIndex.fits(block.block_id):
+            self.key_index.add(block.block_id, hashes)
+        else:
+            self._unindexed[block.block_id] = block
+            self._ranges = None
         self._sync_reservation()
         return block
 
@@ -385,8 +409,8 @@ class TableData:
             # took away (live, the flush had sealed it on the reserved side already).
             self._res_open, self._res_offset = None, 0
         if isinstance(block, PersistedBlock):
+            # Still in the key index (and `_unindexed`): snapshots below the drop read it.
             self.persisted_count -= 1
-            self._ranges = None
 
     # --- restoring from a checkpoint (engine/checkpoint/plan.py `restore`) ---------------------
 
@@ -417,6 +441,7 @@ class TableData:
         self.live_rows += block.rows
         self.persisted_count += 1
         self.persisted_held += 1
+        self._unindexed[block.block_id] = block
         self._ranges = None
 
     def restore_deletes(self, block_id: int, nodes: list[tuple[int, FrozenBitMap]]) -> None:
@@ -446,8 +471,9 @@ class TableData:
                 self._forget_l0_keys(block)
             else:
                 self.persisted_held -= 1
-        if gone:
-            self._ranges = None
+                self.key_index.remove(block.block_id)
+                if self._unindexed.pop(block.block_id, None) is not None:
+                    self._ranges = None
         return gone
 
     def release_all(self) -> list[Block]:
@@ -458,6 +484,8 @@ class TableData:
         self.open_block = None
         self.persisted_held = 0
         self.persisted_count = 0
+        self.key_index.clear()
+        self._unindexed.clear()
         self._ranges = None
         self.moves = Moves()
         return gone
@@ -504,18 +532,126 @@ class TableData:
         return last
 
     def key_candidates(self, key: Key, ts: int) -> list[PersistedBlock]:
-        """Persisted blocks visible at `ts` whose key range holds `key` (what a point read
-        must load: keys and bloom)."""
-        ranges = self._key_ranges()
-        if not ranges:
-            return []
-        return [b for b in ranges.holding(key) if b.visible(ts)]
+        """Persisted blocks visible at `ts` that may hold `key` (what a point read must
+        load: keys and bloom): those the key index names, and the unindexed ones whose key
+        range holds it. A superset; the block's keys decide."""
+        return self.key_candidates_many([key], ts)[0]
 
-    def _key_ranges(self) -> _KeyRanges:
+    def key_candidates_many(self, keys: Sequence[Key], ts: int) -> list[list[PersistedBlock]]:
+        """`key_candidates` of each key (one binary search per index run for all)."""
+        if not self.persisted_held or not keys:
+            return [[] for _ in keys]
+        return [[b for b in found if b.visible(ts)] for found in self._blocks_for_keys(keys)]
+
+    def blocks_for_key(self, key: Key) -> list[PersistedBlock]:
+        """Every held persisted block that may hold `key`, whatever its visibility (a
+        scan's point lookup filters by its timestamp): a superset, the block's keys decide."""
+        return self._blocks_for_keys([key])[0]
+
+    def _blocks_for_keys(self, keys: Sequence[Key]) -> list[list[PersistedBlock]]:
+        index = self.key_index
+        out: list[list[PersistedBlock]] = []
+        if len(index):
+            if len(keys) <= KEY_LOOKUPS_ONE_BY_ONE_MAX:
+                per_key = [index.blocks_for_hash(key_hash(k)) for k in keys]
+            else:
+                hashes = np.fromiter((key_hash(k) for k in keys), np.uint64, count=len(keys))
+                per_key = index.blocks_for_hashes(hashes)
+            blocks = self.blocks
+            for ids in per_key:
+                found = []
+                for block_id in ids:
+                    block = blocks[block_id]
+                    assert isinstance(block, PersistedBlock)
+                    found.append(block)
+                out.append(found)
+        else:
+            out = [[] for _ in keys]
+        if self._unindexed:
+            ranges = self._key_ranges()
+            for key, found in zip(keys, out, strict=True):
+                found.extend(ranges.holding(key))
+        return out
+
+    def change_candidates_many(
+        self, keys: Sequence[Key], start_ts: int
+    ) -> list[list[PersistedBlock]]:
+        """For each key, the persisted blocks that may hold a version of it inserted or
+        deleted after `start_ts` (`last_change_after` needs their keys and commit_ts
+        column): every held one that may hold it and was not dropped at or before
+        `start_ts`."""
+        return [[b for b in f if b.drop_ts > start_ts] for f in self._blocks_for_keys(keys)]
+
+    def last_change_after(
+        self,
+        key: Key,
+        start_ts: int,
+        now_ts: int,
+        candidates: Sequence[PersistedBlock],
+        loaded: LoadedBlocks,
+    ) -> tuple[int, bool] | None:
+        """(commit_ts, live at `now_ts`) of the newest commit in (start_ts, now_ts] that
+        inserted or deleted `key`, or None: what the conflict index would have said of a
+        transaction that started at `start_ts`, from the rows themselves (issue 21: a
+        snapshot below the index's floor is checked exactly, never refused). `candidates`
+        are `change_candidates_many([key], start_ts)[0]`; `loaded` holds their keys and their
+        `__commit_ts` column.
+
+        Every change is on a held block: a version inserted after `start_ts` keeps its
+        commit_ts through flushes and merges (`__commit_ts`; 0 in a large transaction's
+        object: the block's create_ts); a delete after `start_ts` is a node of the block the
+        row was in, which stays held while a snapshot at `start_ts` is open. A rewrite
+        copies deletes that landed on its inputs meanwhile onto its outputs at its own
+        commit_ts (the block's create_ts): a copy, not a change, so skipped."""
+        newest = 0
+        for row_id in self._l0_row_ids(key):
+            block = self.blocks[row_id >> _OFFSET_BITS]
+            assert isinstance(block, L0Block)
+            offset = row_id & _OFFSET_MASK
+            inserted = block.commit_ts_of(offset)
+            if start_ts < inserted <= now_ts:
+                newest = max(newest, inserted)
+            deleted = block.deletes.ts_of.get(offset)
+            if deleted is not None and start_ts < deleted <= now_ts:
+                newest = max(newest, deleted)
+        for block in candidates:
+            found = loaded.keys(block).find(key)
+            if found is None:
+                continue
+            stamp = loaded.columns(block).column(COMMIT_TS_COLUMN)[found].as_py()
+            inserted = stamp or block.create_ts
+            if start_ts < inserted <= now_ts:
+                newest = max(newest, inserted)
+            deleted = block.deletes.ts_of.get(found)
+            copied = deleted == block.create_ts and inserted < block.create_ts
+            if deleted is not None and not copied and start_ts < deleted <= now_ts:
+                newest = max(newest, deleted)
+        if not newest:
+            return None
+        visible = [b for b in candidates if b.visible(now_ts)]
+        live = self.version_among(key, now_ts, visible, loaded) is not None
+        return newest, live
+
+    def unindexed_blocks(self) -> list[PersistedBlock]:
+        """Held persisted blocks the key index lacks and could take (their ids fit)."""
+        return [b for b in self._unindexed.values() if KeyIndex.fits(b.block_id)]
+
+    def index_block(self, block_id: int, hashes: U64Array) -> bool:
+        """Put a block in the key index, by the `key_hash` of each of its keys (read from
+        its object by the shell). False when the block is no longer waiting for it
+        (collected meanwhile, or indexed already)."""
+        block = self._unindexed.get(block_id)
+        if block is None or not KeyIndex.fits(block_id):
+            return False
+        assert len(hashes) == block.rows, "a block's keys are its rows"
+        self.key_index.add(block_id, hashes)
+        del self._unindexed[block_id]
+        self._ranges = None
+        return True
+
+    def _key_ranges(self) -> KeyRanges:
         if self._ranges is None:
-            self._ranges = _KeyRanges(
-                [b for b in self.blocks.values() if isinstance(b, PersistedBlock)]
-            )
+            self._ranges = KeyRanges(list(self._unindexed.values()))
         return self._ranges
 
     def version_at(self, key: Key, ts: int, loaded: LoadedBlocks) -> RowVersion | None:
@@ -692,39 +828,3 @@ class TableData:
 
     def persisted_blocks(self) -> list[PersistedBlock]:
         return [b for b in self.blocks.values() if isinstance(b, PersistedBlock)]
-
-
-class _KeyRanges:
-    """The key ranges of a table's persisted blocks, for point reads: vectorized over numpy
-    for a one-column integer key (thousands of blocks in microseconds), a loop otherwise."""
-
-    __slots__ = ("_blocks", "_maxs", "_mins")
-
-    def __len__(self) -> int:
-        return len(self._blocks)
-
-    def __init__(self, blocks: list[PersistedBlock]) -> None:
-        self._blocks = blocks
-        self._mins: np.ndarray | None = None
-        self._maxs: np.ndarray | None = None
-        if blocks and all(type(b.key_min) is int and type(b.key_max) is int for b in blocks):
-            try:
-                self._mins = np.asarray([b.key_min for b in blocks], dtype=np.int64)
-                self._maxs = np.asarray([b.key_max for b in blocks], dtype=np.int64)
-            except OverflowError:  # uint64 keys past int64
-                self._mins = self._maxs = None
-
-    def holding(self, key: Key) -> list[PersistedBlock]:
-        if self._mins is not None and self._maxs is not None and type(key) is int:
-            if not -(1 << 63) <= key < (1 << 63):
-                return []
-            hits = np.flatnonzero((self._mins <= key) & (key <= self._maxs))
-            return [self._blocks[i] for i in hits]
-        out = []
-        for block in self._blocks:
-            try:
-                if block.may_hold(key):
-                    out.append(block)
-            except TypeError:  # a key of another type cannot be in the block
-                continue
-        return out

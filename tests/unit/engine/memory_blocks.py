@@ -12,9 +12,11 @@ import itertools
 import threading
 from collections.abc import Sequence
 
+import numpy as np
 import pyarrow as pa
 
 from engine.compaction import Rewrite, WrittenBlock
+from engine.objects.bloom import key_hashes
 from engine.objects.zonemap import ZoneMap
 from engine.schema import Schema
 from engine.storage import (
@@ -126,6 +128,11 @@ class MemoryBlocks:
 
     def collected(self, table_id: int, blocks: Sequence[PersistedBlock]) -> None:
         self.collected_blocks.extend(b.block_id for b in blocks)
+
+    def key_hashes(self, block: PersistedBlock) -> np.ndarray:
+        schema = self.schemas[block.object_name]
+        table = self.row_group(block.object_name, block.row_group)
+        return key_hashes([table.column(name) for name in schema.primary_key])
 
 
 def _key(schema: Schema, row: pa.Table) -> object:

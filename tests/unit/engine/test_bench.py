@@ -92,3 +92,44 @@ def test_bad_arguments_are_refused(argv: list[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         bench.main(argv)
     assert exc.value.code == 2
+
+
+def test_a_preloaded_unmerged_table_is_measured_against_the_empty_one(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Issue 21's flatness shape: the same case on an empty table and on one preloaded with
+    random keys whose blocks all hold the writers' keys in their ranges; the summary gives
+    the preloaded rate over the empty one, and each line its first/last window rates."""
+    argv = ["commit", "--wal", "memory", "--sqlite", "none", "--writers", "4", "--rows", "1"]
+    argv += ["--seconds", "0.6", "--warmup", "0", "--dir", str(tmp_path)]
+    argv += ["--preload-rows", "0,30000", "--unmerged"]
+    assert bench.main(argv) == 0
+    empty, loaded, last = _lines(capsys.readouterr().out)
+    assert (empty["preload_rows"], loaded["preload_rows"]) == (0, 30_000)
+    assert empty["persisted_blocks"] == 0
+    # 30,000 rows in 8,192-row blocks, unmerged: 4 blocks, every range over the writers'.
+    assert loaded["persisted_blocks"] == 4
+    assert loaded["blocks_whose_range_holds_a_writer_key"] == 4
+    assert loaded["key_index_blocks"] == 4
+    assert loaded["key_index_bytes"] == 30_000 * 8
+    for line in (empty, loaded):
+        assert line["write_conflicts"] == 0
+        assert line["rate_window_s"] == 0 or line["rate_window_s"] is None
+    (case_empty, case_loaded) = last["cases"]
+    assert case_empty["vs_empty_table"] == {}
+    assert set(case_loaded["vs_empty_table"]) == {"engine-memory"}
+    assert case_loaded["write_conflicts"] == {"engine-memory": 0}
+
+
+def test_window_rates_compare_the_first_and_last_windows() -> None:
+    recorder = bench._Recorder(started=100.0)
+    for second in range(9):
+        for _ in range(10 if second < 3 else 5):
+            recorder.returned(100.0 + second + 0.5)
+    rates = recorder.window_rates(9.0)
+    assert rates == {
+        "rate_window_s": 3,
+        "rate_first_window": 10.0,
+        "rate_last_window": 5.0,
+        "last_over_first": 0.5,
+    }
