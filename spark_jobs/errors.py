@@ -76,12 +76,12 @@ def describe(exc: SparkJobError) -> dict[str, Any]:
 
 def rebuild(described: dict[str, Any]) -> SparkJobError:
     """The error `describe` described, as its own class."""
-    found = {cls.__name__: cls for cls in _ERRORS}.get(described["class"], SparkJobError)
+    found = {cls.__name__: cls for cls in ERROR_CLASSES}.get(described["class"], SparkJobError)
     error: SparkJobError = found(*described["args"])
     return error
 
 
-_ERRORS: tuple[type[SparkJobError], ...] = (
+ERROR_CLASSES: tuple[type[SparkJobError], ...] = (
     BadInput,
     NotALog,
     InputCorrupt,
