@@ -61,14 +61,16 @@ def run_job(
     else:
         own = spark is None
         if own:
-            from spark_jobs.session import LEAN_JVM_CONF, LEAN_JVM_JOBS, get_spark
+            from spark_jobs.session import LEAN_JVM_CONF, PER_LOG_JOBS, get_spark
 
+            per_log = params.job in PER_LOG_JOBS
             spark = get_spark(
                 f"spark_jobs {params.job}",
                 master,
-                LEAN_JVM_CONF if params.job in LEAN_JVM_JOBS else None,
+                LEAN_JVM_CONF if per_log else None,
                 quiet=quiet,
                 progress=progress,
+                data_sources=not per_log,
             )
         try:
             from spark_jobs import spark_engine
