@@ -1,8 +1,10 @@
-"""replay_as_of on the plain-Python engine (`--engine local`, spark_jobs/local.py runs it): the
-plan from the audit level (spark_jobs/replay.py, shared with Spark), then the plan's entries
-replayed as they are read, many at a time (spark_jobs/entries.py: one-append transactions as
-columns), rule 4 and TS as arrays, and each live table's rows at TS from the base checkpoint's
-objects, the replayed CreateBlocks and the appended rows, minus deletes and dropped blocks.
+"""replay_as_of, one log at a time (`replay_log`): the plain-Python engine (`--engine local`,
+spark_jobs/local.py) runs it for each log, the Spark engine in one task per log
+(spark_engine.per_log). The plan from the audit level (spark_jobs/replay.py), then the
+plan's entries replayed as they are read, many at a time (spark_jobs/entries.py: one-append
+transactions as columns), rule 4 and TS as arrays, and each live table's rows at TS from the
+base checkpoint's objects, the replayed CreateBlocks and the appended rows, minus deletes and
+dropped blocks.
 """
 
 from __future__ import annotations

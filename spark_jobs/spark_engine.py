@@ -134,9 +134,10 @@ def replay_as_of(spark: SparkSession, params: JobParams, directory: str) -> JobR
 
     def replay_task(replica: str, shard: int, index: int) -> dict[str, Any]:
         summary, tables = local_replay.replay_log(params, replica, shard)
-        for name, table in tables.items():
-            output.write_table(directory, name, table)
-        return {"summary": summary, "written": {n: t.num_rows for n, t in tables.items()}}
+        written = {}
+        for name in sorted(tables):  # each table let go once written
+            written[name] = output.write_table(directory, name, tables.pop(name))
+        return {"summary": summary, "written": written}
 
     done, decoded = per_log(spark, local_replay.logs_of(params), replay_task)
     result = JobResult(driver_records_decoded=decoded)
