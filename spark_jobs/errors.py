@@ -14,8 +14,6 @@ prints it and exits 1 (2 for bad usage). Programmer errors are asserts.
 
 from __future__ import annotations
 
-from typing import Any
-
 
 class SparkJobError(Exception):
     """Base of every operating error of spark_jobs."""
@@ -63,31 +61,3 @@ class ObjectsUnreadable(SparkJobError):
         super().__init__(f"object {name}: {reason}")
         self.name = name
         self.reason = reason
-
-
-def describe(exc: SparkJobError) -> dict[str, Any]:
-    """An error as JSON-able data, to cross from a Spark task to the driver (`rebuild`)."""
-    if isinstance(exc, InputCorrupt):
-        return {"class": "InputCorrupt", "args": [exc.path, exc.offset_bytes, exc.reason]}
-    if isinstance(exc, ObjectsUnreadable):
-        return {"class": "ObjectsUnreadable", "args": [exc.name, exc.reason]}
-    return {"class": type(exc).__name__, "args": [str(exc)]}
-
-
-def rebuild(described: dict[str, Any]) -> SparkJobError:
-    """The error `describe` described, as its own class."""
-    found = {cls.__name__: cls for cls in ERROR_CLASSES}.get(described["class"], SparkJobError)
-    error: SparkJobError = found(*described["args"])
-    return error
-
-
-ERROR_CLASSES: tuple[type[SparkJobError], ...] = (
-    BadInput,
-    NotALog,
-    InputCorrupt,
-    CopiesDisagree,
-    LogHole,
-    ReplayRefused,
-    ReplayFailed,
-    ObjectsUnreadable,
-)

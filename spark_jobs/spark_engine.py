@@ -24,7 +24,7 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from spark_jobs import errors, jobs, local, local_replay, output
+from spark_jobs import error_transport, jobs, local, local_replay, output
 from spark_jobs import records as record_reader  # by module: a task counts in its own worker
 from spark_jobs.errors import SparkJobError
 from spark_jobs.jobs import JobParams, JobResult
@@ -109,7 +109,7 @@ def per_log(
                 try:
                     answer["done"] = task(replica, shard, index)
                 except SparkJobError as exc:
-                    answer["error"] = errors.describe(exc)
+                    answer["error"] = error_transport.describe(exc)
                 answer["decoded"] = record_reader.DECODES.total - before
                 yield pa.record_batch(
                     [pa.array([index], pa.int64()), pa.array([json.dumps(answer)])],
@@ -124,7 +124,7 @@ def per_log(
     assert [index for index, _ in rows] == list(range(count)), rows
     for _, answer in rows:
         if "error" in answer:
-            raise errors.rebuild(answer["error"])
+            raise error_transport.rebuild(answer["error"])
     return [answer["done"] for _, answer in rows], sum(answer["decoded"] for _, answer in rows)
 
 
