@@ -38,7 +38,6 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from engine.checkpoint import layout
 from engine.checkpoint.errors import CheckpointCorrupt
@@ -262,54 +261,6 @@ def deleted_offsets(
 def read_deltas(store: ObjectStore, name: str) -> dict[int, deltafile.BlockDeletes]:
     try:
         return deltafile.read_deltas(store, name)
-    except ObjectNotFound:
-        raise ObjectsUnreadable(name, "missing (named by the checkpoint)") from None
-    except ObjectsError as exc:
-        raise ObjectsUnreadable(name, str(exc)) from None
-
-
-def row_group_starts(store: ObjectStore, name: str) -> list[int]:
-    """The first row of each row group of block object `name` in the file (from its
-    checked footer metadata): what maps a Parquet row index to a block offset."""
-    try:
-        meta = blockfile.read_meta(store, name)
-    except ObjectNotFound:
-        raise ObjectsUnreadable(name, "missing (named by the checkpoint or the WAL)") from None
-    except ObjectsError as exc:
-        raise ObjectsUnreadable(name, str(exc)) from None
-    starts, at = [], 0
-    for block in meta.blocks:
-        starts.append(at)
-        at += block.row_count
-    return starts
-
-
-def check_dump(store: ObjectStore, name: str, schema: Schema, rows: int) -> None:
-    """An L0 dump's footer: the table's columns then __commit_ts, and `rows` rows (what
-    the Spark engine checks before Spark reads the dump itself)."""
-    names = [column.name for column in schema.columns]
-    try:
-        source = store.open_input(name)
-        try:
-            metadata = pq.read_metadata(source)
-            found = metadata.schema.to_arrow_schema().names
-            count = metadata.num_rows
-        finally:
-            source.close()
-    except ObjectNotFound:
-        raise ObjectsUnreadable(name, "missing (named by the checkpoint)") from None
-    except (ObjectsError, pa.ArrowException, OSError) as exc:
-        raise ObjectsUnreadable(name, f"not a readable Parquet file: {exc}") from None
-    if found != [*names, COMMIT_TS_COLUMN]:
-        raise ObjectsUnreadable(name, f"dump columns {found} are not the table's")
-    if count != rows:
-        raise ObjectsUnreadable(name, f"{count} rows where {rows} are named")
-
-
-def check_delta(store: ObjectStore, name: str) -> None:
-    """A delta object's footer metadata (checksummed) decodes."""
-    try:
-        deltafile.read_delta_meta(store, name)
     except ObjectNotFound:
         raise ObjectsUnreadable(name, "missing (named by the checkpoint)") from None
     except ObjectsError as exc:

@@ -73,14 +73,21 @@ class JobParams:
 
 @dataclass(slots=True)
 class JobResult:
-    """`tables`: name -> a pyarrow Table (local) or a Spark DataFrame, each written as one
-    Parquet dataset; `summary`: the manifest's numbers; `lines`: the stdout summary;
+    """`tables`: name -> a pyarrow Table (local) or a Spark DataFrame, each to be written as
+    one Parquet dataset; `summary`: the manifest's numbers; `lines`: the stdout summary;
     `files`: other outputs (name -> bytes), e.g. the latency PNG."""
 
     tables: dict[str, Any] = field(default_factory=dict)
     summary: dict[str, Any] = field(default_factory=dict)
     lines: list[str] = field(default_factory=list)
     files: dict[str, bytes] = field(default_factory=dict)
+    written: dict[str, int] = field(default_factory=dict)
+    """Tables already in the run directory (written where they were computed: a Spark task
+    writes its log's), name -> rows."""
+    driver_records_decoded: int | None = None
+    """Driver records the job decoded (spark_jobs/records.py `DECODES`), in every process
+    (a clean log's replay or audit decodes each record once); None where not counted (the
+    Spark jobs that read through the Data Sources)."""
 
 
 def default_objects_dir(inputs: LogInputs, shard: int) -> str | None:

@@ -45,29 +45,44 @@ def run(params: JobParams) -> JobResult:
 
 
 def lsn_audit(params: JobParams) -> JobResult:
-    records = read_level(
-        params, ReadOptions(LEVEL_AUDIT, params.verify or VERIFY_REPORT, params.bounds())
-    )
-    keys = records.select(["replica", "shard"]).group_by(["replica", "shard"]).aggregate([])
-    logs_found = sorted(zip(keys["replica"].to_pylist(), keys["shard"].to_pylist(), strict=True))
     anomalies: list[dict[str, Any]] = []
     logs = []
-    for replica, shard in logs_found:
-        mine = records.filter(
-            pc.and_(pc.equal(records["replica"], replica), pc.equal(records["shard"], shard))
-        )
-        found, summary = audit_log(replica, shard, mine)
-        anomalies.extend(found)
-        logs.append(summary)
+    for replica, shard in audit_logs(params):
+        audited = audit_of(params, replica, shard)
+        if audited is not None:
+            anomalies.extend(audited[0])
+            logs.append(audited[1])
+    result = JobResult(tables={"anomalies": anomaly_table(anomalies)})
+    result.summary = {"logs": logs, "anomalies": len(anomalies)}
+    result.lines = audit_lines(result.summary)
+    return result
+
+
+def audit_logs(params: JobParams) -> list[tuple[str, int]]:
+    """The (replica, shard) logs of the input, in order: the unit of the audit (each log is
+    audited alone, so one log's records are held at a time; on Spark, one task per log)."""
+    return sorted({(unit.replica, unit.shard) for unit in params.units()})
+
+
+def audit_of(
+    params: JobParams, replica: str, shard: int
+) -> tuple[list[dict[str, Any]], dict[str, Any]] | None:
+    """One log's anomalies and summary (`audit_log`); None when the log holds no record."""
+    scope = JobParams(params.job, params.inputs, frozenset({shard}), frozenset({replica}))
+    options = ReadOptions(LEVEL_AUDIT, params.verify or VERIFY_REPORT, scope.bounds())
+    records = read_level(scope, options)
+    if not records.num_rows:
+        return None
+    return audit_log(replica, shard, records)
+
+
+def anomaly_table(anomalies: list[dict[str, Any]]) -> pa.Table:
     table = (
         pa.Table.from_pylist(anomalies, schema=jobs.ANOMALY)
         if anomalies
         else jobs.ANOMALY.empty_table()
     )
-    result = JobResult(tables={"anomalies": jobs.sort_table(table, jobs.ANOMALY_ORDER)})
-    result.summary = {"logs": logs, "anomalies": len(anomalies)}
-    result.lines = audit_lines(result.summary)
-    return result
+    return jobs.sort_table(table, jobs.ANOMALY_ORDER)
 
 
 def _ints(table: pa.Table, name: str) -> npt.NDArray[np.int64]:

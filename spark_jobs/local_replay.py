@@ -1,8 +1,10 @@
-"""replay_as_of on the plain-Python engine (`--engine local`, spark_jobs/local.py runs it): the
-plan from the audit level (spark_jobs/replay.py, shared with Spark), then the plan's entries
-replayed as they are read, many at a time (spark_jobs/entries.py: one-append transactions as
-columns), rule 4 and TS as arrays, and each live table's rows at TS from the base checkpoint's
-objects, the replayed CreateBlocks and the appended rows, minus deletes and dropped blocks.
+"""replay_as_of, one log at a time (`replay_log`): the plain-Python engine (`--engine local`,
+spark_jobs/local.py) runs it for each log, the Spark engine in one task per log
+(spark_engine.per_log). The plan from the audit level (spark_jobs/replay.py), then the
+plan's entries replayed as they are read, many at a time (spark_jobs/entries.py: one-append
+transactions as columns), rule 4 and TS as arrays, and each live table's rows at TS from the
+base checkpoint's objects, the replayed CreateBlocks and the appended rows, minus deletes and
+dropped blocks.
 """
 
 from __future__ import annotations
@@ -319,55 +321,67 @@ class _Replayed:
 
 def replay_as_of(params: JobParams) -> JobResult:
     assert params.as_of is not None
-    as_of = params.as_of
-    verify = params.verify or VERIFY_TRUE
     result = JobResult()
     logs_summary = []
     for replica, shard in logs_of(params):
-        where = f"replica {replica} shard {shard}"
-        scope = JobParams(params.job, params.inputs, frozenset({shard}), frozenset({replica}))
-        store, base = base_of(params, shard, as_of)
-        # Every entry of the plan is read (not only those at or below TS): the newest
-        # commit in the log says whether TS is past it, and rule 4 needs every earlier entry.
-        options = ReadOptions(
-            LEVEL_COMMAND, verify, scope.bounds().with_range("commit_ts", lo=base.ckp_ts + 1)
-        )
-        one_pass = _replay_one_pass(scope, options, as_of, where, base)
-        if one_pass is not None:
-            plan, replayed, newest_commit_ts = one_pass
-        else:
-            audit = ReadOptions(LEVEL_AUDIT, verify, entry_checksums=False)
-            plan = plan_from_records(read_level(scope, audit), where, base)
-            replayed, newest_commit_ts = _replay_log(scope, options, plan, as_of, where)
-        newest_commit_ts = max(newest_commit_ts, base.ckp_ts)
-        catalog, changes = replayed.catalog, replayed.changes
-        live = replay.replay_catalog(catalog, as_of, where, base)
-        if store is None and any(t.created for t in changes.values()):
-            raise BadInput(
-                f"{where}: the WAL names persisted blocks (CreateBlock) but no objects "
-                "directory was given or found: --objects"
-            )
-        tables_summary = {}
-        for table in live:
-            data = _live_rows(store, base, table, changes.get(table.table_id, _TableChanges()))
-            name = f"shard-{shard}/{table.db_name}/{table.name}"
-            result.tables[name] = data
-            tables_summary[f"{table.db_name}.{table.name}"] = data.num_rows
-        logs_summary.append(
-            {
-                "replica": replica,
-                "shard": shard,
-                "base": base.describe(),
-                **plan.describe(),
-                "entries_replayed": replayed.replayed,
-                "repeated_transactions_ignored": replayed.repeated,
-                "newest_commit_ts": newest_commit_ts,
-                "tables": tables_summary,
-            }
-        )
-    result.summary = replay_summary(as_of, logs_summary)
+        summary, tables = replay_log(params, replica, shard)
+        result.tables.update(tables)
+        logs_summary.append(summary)
+    result.summary = replay_summary(params.as_of, logs_summary)
     result.lines = replay_lines(result.summary)
     return result
+
+
+def replay_log(
+    params: JobParams, replica: str, shard: int
+) -> tuple[dict[str, Any], dict[str, pa.Table]]:
+    """One log's replay (`replica`'s copy of `shard`): its summary and its live tables by
+    output name (`shard-<shard>/<db>/<table>`). The unit of both engines: the local engine
+    runs it for each log in turn, the Spark engine once per log, each in its own task."""
+    assert params.as_of is not None
+    as_of = params.as_of
+    verify = params.verify or VERIFY_TRUE
+    where = f"replica {replica} shard {shard}"
+    scope = JobParams(params.job, params.inputs, frozenset({shard}), frozenset({replica}))
+    store, base = base_of(params, shard, as_of)
+    # Every entry of the plan is read (not only those at or below TS): the newest
+    # commit in the log says whether TS is past it, and rule 4 needs every earlier entry.
+    options = ReadOptions(
+        LEVEL_COMMAND, verify, scope.bounds().with_range("commit_ts", lo=base.ckp_ts + 1)
+    )
+    one_pass = _replay_one_pass(scope, options, as_of, where, base)
+    if one_pass is not None:
+        plan, replayed, newest_commit_ts = one_pass
+    else:
+        audit = ReadOptions(LEVEL_AUDIT, verify, entry_checksums=False)
+        plan = plan_from_records(read_level(scope, audit), where, base)
+        replayed, newest_commit_ts = _replay_log(scope, options, plan, as_of, where)
+    newest_commit_ts = max(newest_commit_ts, base.ckp_ts)
+    catalog, changes = replayed.catalog, replayed.changes
+    live = replay.replay_catalog(catalog, as_of, where, base)
+    if store is None and any(t.created for t in changes.values()):
+        raise BadInput(
+            f"{where}: the WAL names persisted blocks (CreateBlock) but no objects "
+            "directory was given or found: --objects"
+        )
+    tables: dict[str, pa.Table] = {}
+    tables_summary = {}
+    for table in live:
+        data = _live_rows(store, base, table, changes.get(table.table_id, _TableChanges()))
+        name = f"shard-{shard}/{table.db_name}/{table.name}"
+        tables[name] = data
+        tables_summary[f"{table.db_name}.{table.name}"] = data.num_rows
+    summary = {
+        "replica": replica,
+        "shard": shard,
+        "base": base.describe(),
+        **plan.describe(),
+        "entries_replayed": replayed.replayed,
+        "repeated_transactions_ignored": replayed.repeated,
+        "newest_commit_ts": newest_commit_ts,
+        "tables": tables_summary,
+    }
+    return summary, tables
 
 
 def _replay_log(

@@ -66,6 +66,26 @@ def write_file(directory: str, name: str, data: bytes) -> str:
     return path
 
 
+def write_table(directory: str, name: str, table: Any, part: int = 0) -> int:
+    """A pyarrow `table` as the Parquet file `name/part-<part>.parquet` of a run directory
+    (local or S3: one put), by whichever process holds it: the local engine, or a Spark task
+    writing its log's tables. Its row count."""
+    import io
+
+    import pyarrow.parquet as pq  # here: the CLI starts without pyarrow
+
+    file_name = f"{name}/part-{part:05d}.parquet"
+    if is_s3(directory):
+        sink = io.BytesIO()
+        pq.write_table(table, sink)
+        put(directory, file_name, sink.getvalue())
+    else:
+        os.makedirs(os.path.join(directory, name), exist_ok=True)
+        pq.write_table(table, os.path.join(directory, file_name))
+    rows: int = table.num_rows
+    return rows
+
+
 def write_manifest(directory: str, manifest: dict[str, Any]) -> str:
     """Atomically (temp file, rename; or one S3 put): a reader never sees half a manifest."""
     if is_s3(directory):

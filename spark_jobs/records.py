@@ -119,6 +119,20 @@ class DriverRecord:
     """Why the payload does not decode (verify `report` only)."""
 
 
+class DecodeCount:
+    """Driver records decoded by this process so far. Every reader decodes here, so the
+    difference across a piece of work is how many records it read: the Spark engine reports
+    it per task, which is how a test proves each log is read once."""
+
+    __slots__ = ("total",)
+
+    def __init__(self) -> None:
+        self.total = 0
+
+
+DECODES = DecodeCount()
+
+
 def driver_records(unit: Unit, verify: str, lsns: Range) -> Iterator[DriverRecord]:
     """Every backend record of `unit` whose LSN `lsns` holds, with its driver record decoded
     (the one place that does; a record outside `lsns` is not decoded, so its damage is not
@@ -129,6 +143,7 @@ def driver_records(unit: Unit, verify: str, lsns: Range) -> Iterator[DriverRecor
         if rec.payload is None:
             yield DriverRecord(rec, None)
             continue
+        DECODES.total += 1
         try:
             decoded = decode(rec.payload)
         except CorruptRecord as exc:

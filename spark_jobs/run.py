@@ -9,7 +9,6 @@ Outputs go to `OUT/<job>/<run-id>/` (output.py): each table as a Parquet dataset
 from __future__ import annotations
 
 import contextlib
-import io
 import os
 import time
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from spark_jobs.engines import ENGINE_LOCAL, ENGINE_SPARK, ENGINES
 from spark_jobs.jobs import JobParams, JobResult
 from spark_jobs.objectstores import is_s3, open_objects
 from spark_jobs.progress import LocalProgress
+from spark_jobs.records import DECODES
 
 __all__ = ["ENGINES", "ENGINE_LOCAL", "ENGINE_SPARK", "RunOutcome", "run_job"]
 
@@ -54,24 +54,32 @@ def run_job(
     if engine == ENGINE_LOCAL:
         input_bytes = sum(unit.size_bytes for unit in params.units()) if progress else 0
         with LocalProgress(input_bytes) if progress else contextlib.nullcontext():
+            decoded_before = DECODES.total
             result = local.run(params)
+            result.driver_records_decoded = DECODES.total - decoded_before
         rows = _write_local(result, directory)
     else:
         own = spark is None
         if own:
-            from spark_jobs.session import get_spark
+            from spark_jobs.session import LEAN_JVM_CONF, PER_LOG_JOBS, get_spark
 
-            spark = get_spark(f"spark_jobs {params.job}", master, quiet=quiet, progress=progress)
+            per_log = params.job in PER_LOG_JOBS
+            spark = get_spark(
+                f"spark_jobs {params.job}",
+                master,
+                LEAN_JVM_CONF if per_log else None,
+                quiet=quiet,
+                progress=progress,
+                data_sources=not per_log,
+            )
         try:
             from spark_jobs import spark_engine
             from spark_jobs.session import export_s3_env
 
             export_s3_env(spark)
 
-            result = spark_engine.run(spark, params)
-            rows = _write_spark(spark, result, directory)
-            if params.job == "replay_as_of":
-                spark_engine.finish_replay(result, rows)
+            result = spark_engine.run(spark, params, directory)
+            rows = {**result.written, **_write_spark(spark, result, directory)}
             master_used = spark.sparkContext.master
         finally:
             if own:
@@ -93,27 +101,16 @@ def run_job(
         "wall_s": round(time.time() - started, 3),
         "driver_cpu_s": round(time.process_time() - cpu_started, 3),
     }
+    if result.driver_records_decoded is not None:
+        manifest["driver_records_decoded"] = result.driver_records_decoded
     output.write_manifest(directory, manifest)
     return RunOutcome(directory, manifest, result.lines)
 
 
 def _write_local(result: JobResult, directory: str) -> dict[str, int]:
-    import pyarrow.parquet as pq
-
-    rows = {}
-    if is_s3(directory):
-        for name, table in result.tables.items():
-            sink = io.BytesIO()
-            pq.write_table(table, sink)
-            output.put(directory, f"{name}/part-00000.parquet", sink.getvalue())
-            rows[name] = table.num_rows
-        return rows
-    for name, table in result.tables.items():
-        path = os.path.join(directory, name)
-        os.makedirs(path, exist_ok=True)
-        pq.write_table(table, os.path.join(path, "part-00000.parquet"))
-        rows[name] = table.num_rows
-    return rows
+    return {
+        name: output.write_table(directory, name, table) for name, table in result.tables.items()
+    }
 
 
 def _write_spark(spark: Any, result: JobResult, directory: str) -> dict[str, int]:

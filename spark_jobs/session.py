@@ -45,6 +45,18 @@ TEST_CONF: Mapping[str, str] = {
     "spark.driver.extraJavaOptions": "-XX:+UseSerialGC -XX:TieredStopAtLevel=1",
 }
 
+# replay_as_of and lsn_audit run one Python task per log (spark_engine.per_log): the JVMs
+# only schedule the tasks and carry a few bytes per log back, so the optimizing JIT (C2)
+# and G1's threads spend CPU nothing uses. Measured (a session built, one tiny job, stopped,
+# local[2], 2-core box): 19.3 CPU-s with the JVM's defaults, 10.9 with these. Not for the
+# other jobs, whose rows go through the JVM (there C2 pays for itself).
+LEAN_JVM_OPTIONS = "-XX:+UseSerialGC -XX:TieredStopAtLevel=1"
+PER_LOG_JOBS = ("replay_as_of", "lsn_audit")  # spark_engine.per_log: no Data Source read
+LEAN_JVM_CONF: Mapping[str, str] = {
+    "spark.driver.extraJavaOptions": LEAN_JVM_OPTIONS,
+    "spark.executor.extraJavaOptions": LEAN_JVM_OPTIONS,
+}
+
 
 # Everything at ERROR and above to stderr, nothing else (log4j2 properties syntax). The
 # PythonGatewayServer logger at the root's level too: a driver launched by pyspark
@@ -77,8 +89,12 @@ def get_spark(
     *,
     quiet: bool = True,
     progress: bool = False,
+    data_sources: bool = True,
 ) -> Any:
-    """A SparkSession (typed Any: pyspark is imported here only, and only when called)."""
+    """A SparkSession (typed Any: pyspark is imported here only, and only when called).
+    `data_sources=False`: our Data Sources are not registered (a registration makes Spark
+    start a Python worker to look up data sources, ~0.8 CPU-s measured; the per-log jobs
+    read through none)."""
     if not launched_by_spark_submit():
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -107,16 +123,18 @@ def get_spark(
         spark.sparkContext.setLogLevel("ERROR")
     from spark_jobs.sources import register
 
-    register(spark)
-    export_s3_env(spark, force=True)
+    if data_sources:
+        register(spark)
+    export_s3_env(spark, force=data_sources, register=data_sources)
     return spark
 
 
-def export_s3_env(spark: Any, *, force: bool = False) -> None:
+def export_s3_env(spark: Any, *, force: bool = False, register: bool = True) -> None:
     """Give the `engine_objects` source's Python workers this process's S3 settings
     (objectstores.py). pyspark captures `sc.environment` when a source is registered, so the
     source is registered again when they changed (a session built before the S3 settings,
-    as the tests' shared one is)."""
+    as the tests' shared one is); not with `register=False`. Python functions given to
+    Spark after this call (the per-log tasks) capture them too."""
     environment = spark.sparkContext.environment
     changed = force
     for name in S3_ENVS:
@@ -124,7 +142,7 @@ def export_s3_env(spark: Any, *, force: bool = False) -> None:
         if value and environment.get(name) != value:
             environment[name] = value
             changed = True
-    if changed:
+    if changed and register:
         from spark_jobs.objectsource import EngineObjectsSource
 
         spark.dataSource.register(EngineObjectsSource)

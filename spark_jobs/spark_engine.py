@@ -1,35 +1,35 @@
-"""The Spark engine: every job as DataFrame operations over the Data Sources (sources.py).
-Same semantics as spark_jobs/local.py, stated once more in Spark's terms; the pure parts
-(the replay plan, the catalog replay, summaries) are the very same functions. Tests assert
-both engines write equal outputs.
+"""The Spark engine: every job in Spark's terms, with the same semantics as
+spark_jobs/local.py; the pure parts (the replay plan, the catalog replay, the audit of a log,
+summaries) are the very same functions. Tests assert both engines write equal outputs.
 
-Where work lands on the driver (collected, then pure Python): the replay plan (one narrow
-row per driver record: LSN, DSN range, safe DSN, checksum), the checkpoint's manifest,
-catalog and block lists and the footers of the objects replay reads (checked there, then
-read by Spark's own Parquet reader, or for S3 by the executors through the engine's store:
-objectsource.py), the catalog and block commands, the DSNs of repeated
-transactions, and the small summaries. Everything proportional to rows
-(appends, deletes, anomalies, differences, statistics) stays distributed.
+replay_as_of and lsn_audit run one Spark task per log (a shard replica: `per_log`). Replay
+is sequential within a log (spark_jobs/replay.py) and so is the audit's walk over DSNs and
+LSNs, so a task runs the local engine's code on its log: the log is read and decoded once,
+in the executor, columnar (spark_jobs/entries.py), the task writes its tables' Parquet files
+itself (output.write_table: the layout the local engine writes) and only a summary reaches
+the driver. Nothing per entry crosses into the JVM. Parallelism is the number of logs (the
+other jobs go through Spark's shuffles, where per-entry rows are the point).
+
+The other jobs are DataFrame operations over the Data Sources (sources.py); what they
+collect on the driver is small: bounds, summaries, the latency histogram, the segments.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from engine.checkpoint.layout import LEVEL_L0_DUMP
-from engine.objects.store import LocalDirStore, ObjectStore
-from spark_jobs import checkpoints, jobs, local, local_replay, objectsource, replay, schemas
-from spark_jobs.errors import BadInput, ObjectsUnreadable
+from spark_jobs import error_transport, jobs, local, local_replay, output
+from spark_jobs import records as record_reader  # by module: a task counts in its own worker
+from spark_jobs.errors import SparkJobError
 from spark_jobs.jobs import JobParams, JobResult
-from spark_jobs.journal import VERIFY_REPORT, VERIFY_TRUE
-from spark_jobs.objectsource import FILE_KEY, ROW_INDEX
-from spark_jobs.objectstores import location_of
-from spark_jobs.schemas import ROWS_PREFIX, schema_to_json, spark_ddl, spark_type
+from spark_jobs.journal import VERIFY_TRUE
+from spark_jobs.schemas import spark_ddl, spark_type
 
 RECORD_KINDS = ("entry", "marker", "skip")
 
@@ -62,10 +62,13 @@ def read(
     return reader.load()
 
 
-def run(spark: SparkSession, params: JobParams) -> JobResult:
+def run(spark: SparkSession, params: JobParams, directory: str) -> JobResult:
+    """The job's result; `directory` is the run's, where per-log tasks write their outputs."""
+    if params.job == "replay_as_of":
+        return replay_as_of(spark, params, directory)
+    if params.job == "lsn_audit":
+        return lsn_audit(spark, params, directory)
     runner = {
-        "replay_as_of": replay_as_of,
-        "lsn_audit": lsn_audit,
         "replica_diff": replica_diff,
         "write_stats": write_stats,
         "txn_latency": txn_latency,
@@ -80,490 +83,95 @@ def cast_to(frame: DataFrame, schema: Any) -> DataFrame:
     return frame.select([F.col(f.name).cast(spark_type(f.type)).alias(f.name) for f in schema])
 
 
-# --- replay_as_of -------------------------------------------------------------------------------
+# --- one task per log: replay_as_of, lsn_audit ---------------------------------------------------
 
 
-def replay_as_of(spark: SparkSession, params: JobParams) -> JobResult:
-    assert params.as_of is not None
-    as_of = params.as_of
-    verify = params.verify or VERIFY_TRUE
-    result = JobResult()
-    logs_summary = []
-    for replica, shard in local_replay.logs_of(params):
-        where = f"replica {replica} shard {shard}"
-        one_shard, one_replica = frozenset({shard}), frozenset({replica})
-        store, base = local_replay.base_of(params, shard, as_of)
-        records = read(
-            spark,
-            params,
-            "audit",
-            verify,
-            shards=one_shard,
-            replicas=one_replica,
-            extra={"entry_checksums": "false"},
-        )
-        narrow = records.filter(F.col("kind").isin("entry", "marker", "skip", "truncate")).select(
-            *local_replay.PLAN_COLUMNS
-        )
-        plan = local_replay.plan_from_rows((row.asDict() for row in narrow.collect()), where, base)
-        excluded = sorted(plan.excluded_lsns)
+def per_log(
+    spark: SparkSession,
+    logs: list[tuple[str, int]],
+    task: Callable[[str, int, int], dict[str, Any]],
+) -> tuple[list[dict[str, Any]], int]:
+    """`task(replica, shard, index)` run once for each of `logs`, each in its own Spark task
+    (the unit of parallelism: one log, whose replay and audit are sequential by their rules,
+    spark_jobs/replay.py), in the executors' Python workers. Each task reads its log once,
+    writes its outputs itself (output.write_table) and answers a small JSON object: only
+    those answers reach the driver, in the order of `logs`, with the driver records the
+    tasks decoded. An operating error in a task is raised here, as its own class."""
+    if not logs:
+        return [], 0
 
-        def chosen(
-            frame: DataFrame,
-            plan: replay.ReplayPlan = plan,
-            excluded: list[int] = excluded,
-            ckp_ts: int = base.ckp_ts,
-        ) -> DataFrame:
-            frame = frame.filter(
-                (F.col("commit_ts") > ckp_ts)
-                & (F.col("dsn") >= plan.first_dsn)
-                & (F.col("dsn") <= plan.last_dsn)
-            )
-            return frame.filter(~F.col("lsn").isin(excluded)) if excluded else frame
-
-        commands = chosen(
-            read(
-                spark,
-                params,
-                "command",
-                verify,
-                shards=one_shard,
-                replicas=one_replica,
-                extra={"batches": "false"},
-            )
-        ).drop("batch_ipc", "infos")
-        commands = commands.persist()
-        entries = commands.select("dsn", "commit_ts").distinct()
-        before = Window.orderBy("dsn").rowsBetween(Window.unboundedPreceding, -1)
-        repeated = [
-            row.dsn
-            for row in entries.withColumn("highest", F.max("commit_ts").over(before))
-            .filter(F.col("commit_ts") <= F.col("highest"))
-            .select("dsn")
-            .collect()
-        ]
-        newest = max(base.ckp_ts, commands.agg(F.max("commit_ts")).collect()[0][0] or 0)
-        replayed_commands = commands.filter(F.col("commit_ts") <= as_of)
-        if repeated:
-            replayed_commands = replayed_commands.filter(~F.col("dsn").isin(repeated))
-        small = [
-            row.asDict()
-            for row in replayed_commands.filter(
-                F.col("cmd_kind").isin("catalog", "create_block", "drop_block")
-            )
-            .select(
-                "dsn",
-                "cmd_index",
-                "commit_ts",
-                "cmd_kind",
-                "catalog_kind",
-                "catalog_op",
-                "db_id",
-                "table_id",
-                "name",
-                "schema_json",
-                "block_id",
-                "n_rows",
-                "object",
-                "row_group",
-            )
-            .collect()
-        ]
-        catalog = [
-            replay.CatalogCommand(
-                r["dsn"],
-                r["cmd_index"],
-                r["commit_ts"],
-                r["catalog_kind"],
-                r["catalog_op"],
-                r["db_id"],
-                r["table_id"] or 0,
-                r["name"],
-                r["schema_json"],
-            )
-            for r in small
-            if r["cmd_kind"] == "catalog"
-        ]
-        live = replay.replay_catalog(catalog, as_of, where, base)
-        replayed = replayed_commands.select("dsn").distinct().count()
-        deletes = replayed_commands.filter(F.col("cmd_kind") == "delete").select(
-            "table_id", "block_id", F.explode("del_rows").alias("offset")
-        )
-        created = [r for r in small if r["cmd_kind"] == "create_block"]
-        if store is None and created:
-            raise BadInput(
-                f"{where}: the WAL names persisted blocks (CreateBlock) but no objects "
-                "directory was given or found: --objects"
-            )
-        tables_summary = {}
-        for table in live:
-            dropped = sorted(
-                r["block_id"]
-                for r in small
-                if r["cmd_kind"] == "drop_block" and r["table_id"] == table.table_id
-            )
-            rows = chosen(
-                read(
-                    spark,
-                    params,
-                    "rows",
-                    verify,
-                    shards=one_shard,
-                    replicas=one_replica,
-                    extra={
-                        "table_id": str(table.table_id),
-                        "table_schema": schema_to_json(table.schema),
-                    },
+    def run_tasks(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            for index in batch.column(0).to_pylist():
+                replica, shard = logs[index]
+                before = record_reader.DECODES.total
+                answer: dict[str, Any] = {}
+                try:
+                    answer["done"] = task(replica, shard, index)
+                except SparkJobError as exc:
+                    answer["error"] = error_transport.describe(exc)
+                answer["decoded"] = record_reader.DECODES.total - before
+                yield pa.record_batch(
+                    [pa.array([index], pa.int64()), pa.array([json.dumps(answer)])],
+                    names=["log", "answer"],
                 )
-            ).filter(F.col("commit_ts") <= as_of)
-            if repeated:
-                rows = rows.filter(~F.col("dsn").isin(repeated))
-            value_names = [c.name for c in table.schema.columns]
-            rows = rows.select("block_id", "offset", *value_names)
-            dead = deletes.filter(F.col("table_id") == table.table_id).select("block_id", "offset")
-            if store is not None:
-                mine = [r for r in created if r["table_id"] == table.table_id]
-                persisted, base_dead = _object_rows(spark, store, base, table, mine, dropped)
-                if persisted is not None:
-                    rows = rows.unionByName(persisted)
-                if base_dead is not None:
-                    dead = dead.unionByName(base_dead)
-            if dropped:
-                rows = rows.filter(~F.col("block_id").isin(dropped))
-            rows = rows.join(dead, ["block_id", "offset"], "left_anti")
-            ordered = rows.orderBy("block_id", "offset").drop("block_id", "offset")
-            name = f"shard-{shard}/{table.db_name}/{table.name}"
-            result.tables[name] = ordered
-            tables_summary[f"{table.db_name}.{table.name}"] = name  # row count: after writing
-        commands.unpersist()
-        logs_summary.append(
-            {
-                "replica": replica,
-                "shard": shard,
-                "base": base.describe(),
-                **plan.describe(),
-                "entries_replayed": replayed,
-                "repeated_transactions_ignored": len(repeated),
-                "newest_commit_ts": newest,
-                "tables": tables_summary,
-            }
-        )
-    result.summary = local_replay.replay_summary(as_of, logs_summary)
+
+    count = len(logs)
+    frame = spark.range(0, count, 1, numPartitions=count).mapInArrow(
+        run_tasks, "log BIGINT, answer STRING"
+    )
+    rows = sorted((row.log, json.loads(row.answer)) for row in frame.collect())
+    assert [index for index, _ in rows] == list(range(count)), rows
+    for _, answer in rows:
+        if "error" in answer:
+            raise error_transport.rebuild(answer["error"])
+    return [answer["done"] for _, answer in rows], sum(answer["decoded"] for _, answer in rows)
+
+
+def replay_as_of(spark: SparkSession, params: JobParams, directory: str) -> JobResult:
+    """local_replay.replay_log once per log, in the executors; each writes its tables."""
+    assert params.as_of is not None
+
+    def replay_task(replica: str, shard: int, index: int) -> dict[str, Any]:
+        summary, tables = local_replay.replay_log(params, replica, shard)
+        written = {}
+        for name in sorted(tables):  # each table let go once written
+            written[name] = output.write_table(directory, name, tables.pop(name))
+        return {"summary": summary, "written": written}
+
+    done, decoded = per_log(spark, local_replay.logs_of(params), replay_task)
+    result = JobResult(driver_records_decoded=decoded)
+    for answer in done:
+        result.written.update(answer["written"])
+    result.summary = local_replay.replay_summary(params.as_of, [a["summary"] for a in done])
+    result.lines = local_replay.replay_lines(result.summary)
     return result
 
 
-def _object_rows(
-    spark: SparkSession,
-    store: ObjectStore,
-    base: replay.BaseState,
-    table: replay.LiveTable,
-    created: list[dict[str, Any]],
-    dropped: list[int],
-) -> tuple[DataFrame | None, DataFrame | None]:
-    """The rows of the table's blocks held in objects (the base's dumps and persisted
-    blocks, the replayed CreateBlocks), not dropped, as (block_id, offset, columns...); and
-    the base's deletes as (block_id, offset). Parquet is read by Spark itself; every object's
-    footer is checked on the driver first (our metadata, row groups, row counts), and a
-    Parquet row index becomes a block offset through the row group's first row."""
-    gone = set(dropped)
-    blocks: list[tuple[str, int, int, int]] = []  # (object, block_id, first row, rows)
-    starts: dict[str, list[int]] = {}
+def lsn_audit(spark: SparkSession, params: JobParams, directory: str) -> JobResult:
+    """local.audit_of once per log, in the executors: each writes its anomalies as one part
+    of the `anomalies` dataset (parts in log order, rows sorted within, so the dataset is in
+    jobs.ANOMALY_ORDER, which begins with the log), and answers its summary."""
 
-    def persisted(name: str, block_id: int, row_group: int, rows: int) -> None:
-        if name not in starts:
-            starts[name] = checkpoints.row_group_starts(store, name)
-        if not 0 <= row_group < len(starts[name]):
-            raise ObjectsUnreadable(name, f"no row group {row_group}")
-        blocks.append((name, block_id, starts[name][row_group], rows))
+    def audit_task(replica: str, shard: int, index: int) -> dict[str, Any]:
+        audited = local.audit_of(params, replica, shard)
+        found, summary = ([], None) if audited is None else audited
+        rows = output.write_table(directory, ANOMALIES, local.anomaly_table(found), part=index)
+        return {"summary": summary, "anomalies": rows}
 
-    deltas: set[str] = set()
-    checkpoint = base.checkpoint
-    if checkpoint is not None:
-        for row in checkpoint.blocks_of(table.table_id):
-            if row.block_id in gone:
-                continue
-            if row.level == LEVEL_L0_DUMP:
-                checkpoints.check_dump(store, row.object, table.schema, row.rows)
-                blocks.append((row.object, row.block_id, 0, row.rows))
-            else:
-                persisted(row.object, row.block_id, row.row_group, row.rows)
-            if row.delta_object is not None:
-                deltas.add(row.delta_object)
-    for cmd in created:
-        if cmd["block_id"] not in gone:
-            persisted(cmd["object"], cmd["block_id"], cmd["row_group"], cmd["n_rows"])
-    rows_frame: DataFrame | None = None
-    if blocks:
-        directory = spark.createDataFrame(
-            [(_file_key(name), block_id, first, rows) for name, block_id, first, rows in blocks],
-            "file_key STRING, block_id BIGINT, first_row BIGINT, block_rows BIGINT",
-        )
-        names = [c.name for c in table.schema.columns]
-        prefix = len(ROWS_PREFIX)
-        wanted = schemas.rows_schema(table.schema, for_spark=True)
-        objects = sorted({name for name, _, _, _ in blocks})
-        if isinstance(store, LocalDirStore):  # Spark's own Parquet reader
-            raw = spark.read.parquet(*(store.path_of(name) for name in objects)).select(
-                *names,
-                _key_of(F.col("_metadata.file_path")).alias("file_key"),
-                F.col("_metadata.row_index").alias("row_index"),
-            )
-        else:  # S3: the executors read through the engine's store (objectsource.py)
-            raw = _store_objects(spark, store, objects, pa.schema(list(wanted)[prefix:]))
-        joined = raw.join(F.broadcast(directory), "file_key").filter(
-            (F.col("row_index") >= F.col("first_row"))
-            & (F.col("row_index") < F.col("first_row") + F.col("block_rows"))
-        )
-        rows_frame = joined.select(
-            F.col("block_id"),
-            (F.col("row_index") - F.col("first_row")).alias("offset"),
-            *(F.col(f.name).cast(spark_type(f.type)).alias(f.name) for f in list(wanted)[prefix:]),
-        )
-    dead_frame: DataFrame | None = None
-    if deltas and checkpoint is not None:
-        for name in deltas:
-            checkpoints.check_delta(store, name)
-        mine = [r.block_id for r in checkpoint.blocks_of(table.table_id) if r.delta_object]
-        if isinstance(store, LocalDirStore):
-            delta_rows = spark.read.parquet(*sorted(store.path_of(name) for name in deltas))
-        else:
-            delta_schema = pa.schema(
-                [("block_id", pa.int64()), ("offset", pa.int64()), ("commit_ts", U64_EXACT)]
-            )
-            delta_rows = _store_objects(spark, store, sorted(deltas), delta_schema)
-        dead_frame = delta_rows.filter(
-            (F.col("commit_ts") <= F.lit(checkpoint.ckp_ts).cast("decimal(20,0)"))
-            & F.col("block_id").isin(mine)
-        ).select(
-            F.col("block_id").cast("bigint").alias("block_id"),
-            F.col("offset").cast("bigint").alias("offset"),
-        )
-    return rows_frame, dead_frame
-
-
-U64_EXACT = pa.decimal128(20, 0)  # Spark has no unsigned 64-bit type (schemas._SPARK_WIDER)
-
-
-def _store_objects(
-    spark: SparkSession, store: ObjectStore, names: list[str], columns: pa.Schema
-) -> DataFrame:
-    """Parquet objects of `store` read on the executors through the store itself (the
-    `engine_objects` source): `columns` cast to their types, plus file_key and row_index."""
-    target = pa.schema([*columns, (FILE_KEY, pa.string()), (ROW_INDEX, pa.int64())])
-    return (
-        spark.read.format(objectsource.NAME)
-        .schema(schemas.spark_ddl(target))
-        .option("location", location_of(store))
-        .option("names", json.dumps(names))
-        .option("arrow_schema", objectsource.encode_arrow_schema(target))
-        .load()
-    )
-
-
-def _file_key(name: str) -> str:
-    """The last two components of an object's name ("data/<table>/<hex>.parquet",
-    "ckp/<ts>-<tag>/l0-..."): unique among a store's objects and made only of characters a
-    file URI does not escape, so it matches what Spark's `_metadata.file_path` ends with."""
-    return "/".join(name.split("/")[-2:])
-
-
-def _key_of(path: Any) -> Any:
-    parts = F.split(path, "/")
-    return F.concat_ws("/", F.element_at(parts, -2), F.element_at(parts, -1))
-
-
-def finish_replay(result: JobResult, rows_written: dict[str, int]) -> None:
-    """Put the written row counts in the replay summary, then its lines."""
-    for log in result.summary["logs"]:
-        log["tables"] = {table: rows_written[output] for table, output in log["tables"].items()}
-    result.lines = local_replay.replay_lines(result.summary)
-
-
-# --- lsn_audit ------------------------------------------------------------------------------------
-
-
-def _anomaly(frame: DataFrame, kind: Any, **columns: Any) -> DataFrame:
-    values = {name: F.lit(None) for name in jobs.ANOMALY.names}
-    values.update(replica=F.col("replica"), shard=F.col("shard"), kind=kind)
-    values.update(columns)
-    return cast_to(
-        frame.select([values[name].alias(name) for name in jobs.ANOMALY.names]), jobs.ANOMALY
-    )
-
-
-def lsn_audit(spark: SparkSession, params: JobParams) -> JobResult:
-    records = read(spark, params, "audit", params.verify or VERIFY_REPORT).persist()
-    log = ["replica", "shard"]
-    # Skip records name record copies by (start DSN, LSN): matched against records (one row
-    # per driver record, not per DSN), the skip pairs broadcast (they are few; a Python
-    # source's size is unknown to Spark, which would otherwise shuffle both sides).
-    pairs = records.filter(F.col("kind") == "skip").select(
-        *log, F.explode(F.arrays_zip("skip_dsns", "skip_lsns")).alias("pair")
-    )
-    skips = F.broadcast(
-        pairs.select(
-            *log,
-            F.col("pair.skip_dsns").alias("record_start_dsn"),
-            F.col("pair.skip_lsns").alias("lsn"),
-        ).distinct()
-    )
-    skip_keys = [*log, "record_start_dsn", "lsn"]
-    entry_records = records.filter(F.col("kind") == "entry").join(
-        skips.withColumn("skipped", F.lit(True)), skip_keys, "left"
-    )
-
-    def exploded(frame: DataFrame) -> DataFrame:
-        """One row per DSN copy, exploded in the JVM from one row per driver record."""
-        rows = frame.select(
-            *log,
-            "segment",
-            "offset_bytes",
-            "lsn",
-            "record_start_dsn",
-            F.posexplode("entry_checksums").alias("entry_index", "entry_checksum"),
-        )
-        return rows.withColumn("dsn", F.col("record_start_dsn") + F.col("entry_index"))
-
-    skipped = exploded(entry_records.filter(F.col("skipped").isNotNull()))
-    live = exploded(entry_records.filter(F.col("skipped").isNull()))
-    found = [
-        _anomaly(
-            skipped,
-            F.lit("skipped"),
-            dsn_lo=F.col("dsn"),
-            dsn_hi=F.col("dsn"),
-            lsn_lo=F.col("lsn"),
-            lsn_hi=F.col("lsn"),
-            copies=F.lit(1),
-            segment=F.col("segment"),
-            offset_bytes=F.col("offset_bytes"),
-        )
-    ]
-    # Copies of a DSN agree when their least and greatest checksums are equal (cheaper than
-    # counting distinct values, which Spark plans as a second aggregation).
-    copies = (
-        live.groupBy(*log, "dsn")
-        .agg(
-            F.count("*").alias("n"),
-            F.min("entry_checksum").alias("checksum_min"),
-            F.max("entry_checksum").alias("checksum_max"),
-            F.min("lsn").alias("lsn_min"),
-            F.max("lsn").alias("lsn_max"),
-        )
-        .persist()
-    )
-    found.append(
-        _anomaly(
-            copies.filter(F.col("n") > 1),
-            F.when(F.col("checksum_min") == F.col("checksum_max"), "duplicate").otherwise(
-                "conflict"
-            ),
-            dsn_lo=F.col("dsn"),
-            dsn_hi=F.col("dsn"),
-            lsn_lo=F.col("lsn_min"),
-            lsn_hi=F.col("lsn_max"),
-            copies=F.col("n"),
-        )
-    )
-    by_dsn = Window.partitionBy(*log).orderBy("dsn")
-    dsns = copies.select(*log, "dsn").withColumn("previous", F.lag("dsn").over(by_dsn))
-    found.append(
-        _anomaly(
-            dsns.filter(F.col("dsn") > F.col("previous") + 1),
-            F.lit("gap"),
-            dsn_lo=F.col("previous") + 1,
-            dsn_hi=F.col("dsn") - 1,
-        )
-    )
-    lsns = (
-        records.filter(F.col("kind").isin(*RECORD_KINDS))
-        .groupBy(*log, "lsn")
-        .agg(F.min("segment").alias("segment"))
-    )
-    by_lsn = Window.partitionBy(*log).orderBy("lsn")
-    lsns = lsns.withColumn("previous", F.lag("lsn").over(by_lsn)).withColumn(
-        "previous_segment", F.lag("segment").over(by_lsn)
-    )
-    found.append(
-        _anomaly(
-            lsns.filter(F.col("lsn") > F.col("previous") + 1),
-            F.lit("lsn_gap"),
-            lsn_lo=F.col("previous") + 1,
-            lsn_hi=F.col("lsn") - 1,
-            segment=F.col("segment"),
-            detail=F.when(
-                F.col("segment") != F.col("previous_segment"), "across segments"
-            ).otherwise("within a segment"),
-        )
-    )
-    damage = records.filter(F.col("kind").isin("corrupt", "torn_tail"))
-    found.append(
-        _anomaly(
-            damage,
-            F.col("kind"),
-            segment=F.col("segment"),
-            offset_bytes=F.col("offset_bytes"),
-            detail=F.col("error"),
-        )
-    )
-    anomalies = found[0]
-    for frame in found[1:]:
-        anomalies = anomalies.unionByName(frame)
-    anomalies = anomalies.orderBy(
-        *[F.col(c).asc_nulls_first() for c in jobs.ANOMALY_ORDER]
-    ).persist()  # collected for the summary, then written
-    collected = [row.asDict() for row in anomalies.collect()]
-    per_log = (
-        records.groupBy(*log)
-        .agg(
-            F.max(F.when(F.col("kind") == "truncate", F.col("lsn"))).alias("truncated_lsn"),
-            F.min(F.when(F.col("kind").isin(*RECORD_KINDS), F.col("lsn"))).alias("lsn_min"),
-            F.max(F.when(F.col("kind").isin(*RECORD_KINDS), F.col("lsn"))).alias("lsn_max"),
-        )
-        .collect()
-    )
-    live_stats = {
-        (r.replica, r.shard): r
-        for r in copies.groupBy(*log)
-        .agg(
-            F.sum("n").alias("copies"),
-            F.count("*").alias("distinct"),
-            F.min("dsn").alias("lo"),
-            F.max("dsn").alias("hi"),
-        )
-        .collect()
-    }
-    logs = []
-    for r in sorted(per_log, key=lambda r: (r.replica, r.shard)):
-        mine = [a for a in collected if (a["replica"], a["shard"]) == (r.replica, r.shard)]
-        stats = live_stats.get((r.replica, r.shard))
-
-        def count(kind: str, mine: list[dict[str, Any]] = mine) -> int:
-            return sum(1 for a in mine if a["kind"] == kind)
-
-        logs.append(
-            {
-                "replica": r.replica,
-                "shard": r.shard,
-                "entry_copies": int(stats.copies) if stats else 0,
-                "distinct_dsns": int(stats.distinct) if stats else 0,
-                "dsn_min": stats.lo if stats else None,
-                "dsn_max": stats.hi if stats else None,
-                "lsn_min": r.lsn_min,
-                "lsn_max": r.lsn_max,
-                "gaps": count("gap"),
-                "duplicates": count("duplicate"),
-                "conflicts": count("conflict"),
-                "skipped_copies": count("skipped"),
-                "lsn_gaps": count("lsn_gap"),
-                "damaged": count("corrupt") + count("torn_tail"),
-                "truncated_lsn": r.truncated_lsn or 0,
-            }
-        )
-    result = JobResult(tables={"anomalies": anomalies})
-    result.summary = {"logs": logs, "anomalies": len(collected)}
+    logs = local.audit_logs(params)
+    done, decoded = per_log(spark, logs, audit_task)
+    if not logs:
+        output.write_table(directory, ANOMALIES, local.anomaly_table([]))
+    result = JobResult(driver_records_decoded=decoded)
+    result.written[ANOMALIES] = sum(answer["anomalies"] for answer in done)
+    summaries = [answer["summary"] for answer in done if answer["summary"] is not None]
+    result.summary = {"logs": summaries, "anomalies": result.written[ANOMALIES]}
     result.lines = local.audit_lines(result.summary)
     return result
+
+
+ANOMALIES = "anomalies"
 
 
 # --- replica_diff ---------------------------------------------------------------------------------

@@ -21,17 +21,22 @@ import pyarrow.parquet as pq
 import pytest
 
 from spark_jobs import output
+from spark_jobs.errors import InputCorrupt
 from spark_jobs.inputs import file_input, logsvc_input
 from spark_jobs.jobs import JobParams
 from spark_jobs.run import run_job
+from spark_jobs.walread import LEVEL_AUDIT, ReadOptions, read_level
 from tests.unit.spark_jobs.logs import (
     History,
     LogsvcLogs,
     StorageHistory,
     anomalies_log,
     engine_history,
+    kv_entries,
     logsvc_history,
+    records_of,
     storage_history,
+    write_file_wal,
 )
 
 SPARK_SUBMIT_S_MAX = 240
@@ -132,6 +137,53 @@ def test_audit_of_every_anomaly_kind_equals_the_local_engine(spark: Any, tmp_pat
     assert manifest["summary"]["anomalies"] == 5
     found = (log["duplicates"], log["conflicts"], log["gaps"], log["skipped_copies"])
     assert found == (2, 1, 1, 1) and log["truncated_lsn"] == 1
+
+
+def driver_records_in(params: JobParams) -> int:
+    """The driver records of the input's logs (the records holding a payload: entries,
+    markers, skips), counted from the audit level read here."""
+    table = read_level(params, ReadOptions(LEVEL_AUDIT, "true", params.bounds()))
+    kinds = table.column("kind").to_pylist()
+    return sum(kind in ("entry", "marker", "skip") for kind in kinds)
+
+
+@pytest.mark.parametrize("job", ["replay_as_of", "lsn_audit"])
+def test_spark_reads_each_log_once(
+    spark: Any, logsvc_logs: LogsvcLogs, tmp_path: Path, job: str
+) -> None:
+    """The executors decode every driver record of every log exactly once (the count comes
+    from the tasks' own Python workers: spark_jobs/records.py DECODES, reported per task),
+    as the local engine does; the Data Source path read each log three times."""
+    if job == "replay_as_of":  # shard 1 holds the engine's log
+        inputs = logsvc_input(nodes(logsvc_logs, "n2"))
+        as_of = logsvc_logs.engine.timestamps[-1]
+        params = JobParams(job, inputs, shards=frozenset({1}), as_of=as_of)
+    else:  # every log: 3 replicas of 3 shards, one Spark task each
+        params = JobParams(job, logsvc_input(nodes(logsvc_logs)))
+    manifest, local_manifest = both_engines(spark, params, tmp_path)
+    records = driver_records_in(params)
+    assert records > 10
+    assert manifest["driver_records_decoded"] == records
+    assert local_manifest["driver_records_decoded"] == records
+
+
+def test_an_error_in_a_spark_task_is_the_local_engines_error(spark: Any, tmp_path: Path) -> None:
+    """A replay task meets a damaged entry in its executor: the driver raises the same typed
+    error, with the same path, offset and reason, as the local engine (not Spark's wrapper
+    of a Python traceback)."""
+    wal = str(tmp_path / "wal")
+    payloads = kv_entries(30)
+    damaged = bytearray(payloads[17])
+    damaged[-1] ^= 0x01  # the entry's checksum no longer matches
+    payloads[17] = bytes(damaged)
+    write_file_wal(wal, records_of(payloads, per_record=4))
+    params = JobParams("replay_as_of", file_input(wal), as_of=10**9)
+    failed = []
+    for engine in ("spark", "local"):
+        with pytest.raises(InputCorrupt, match="DSN 18: checksum mismatch") as info:
+            run_job(params, engine=engine, out=str(tmp_path / engine), spark=spark)
+        failed.append((str(info.value), info.value.path, info.value.offset_bytes))
+    assert failed[0] == failed[1]
 
 
 @pytest.fixture(scope="module")

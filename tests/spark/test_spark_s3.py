@@ -1,6 +1,6 @@
 """On Spark (the suite's shared local[1] session), replay_as_of over an engine whose objects
 and checkpoints live in S3 (moto, tests/support/s3server.py), with its outputs written to
-`s3://` by the executors (the `engine_objects` source, spark_jobs/objectsource.py): the
+`s3://` by the executors (the replay's per-log tasks, spark_engine.per_log): the
 tables read back from S3 equal the local engine's on the same S3 objects and the engine's own
 scans. Every block object, dump and delta object the replay needs is read by an executor
 through the engine's S3 store: the job is given only the WAL directory and `--objects s3://`.

@@ -10,8 +10,9 @@ executors' Python workers; minutes on 2 shared cores), so it runs only when aske
     LOGSVC_SPARK_STANDALONE=1 .venv/bin/python -m pytest -q tests/spark/test_standalone_cluster.py
 
 Measured here (2 shared cores, other sessions' work running): the replay took 3.5 minutes
-on the cluster (45 Spark stages for a 300-row history: start-up and per-stage costs, not
-data).
+on the cluster when it ran as DataFrame operations (45 Spark stages for a 300-row history:
+start-up and per-stage costs, not data); with one task per log (one stage), the whole file,
+replay and audit, took 2.5 minutes at load average 11.
 
 Bounds: each daemon must be up within `DAEMON_READY_S_MAX` (the master's JSON status page
 lists both workers ALIVE), each spark-submit finishes within `SUBMIT_S_MAX`, and every
