@@ -69,7 +69,6 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import contextlib
 import fcntl
 import itertools
 import os
@@ -82,6 +81,19 @@ from tae_driver import limits
 from tae_driver.backend import AppendDone, Record
 from tae_driver.backends import segment
 from tae_driver.backends.segment import FrameType, SegmentScan
+from tae_driver.backends.segment_files import (
+    TMP_SUFFIX,
+    ReadStep,
+    close_fds,
+    create_segment,
+    delete_segments,
+    fsync_dir,
+    lock_holder,
+    note_lock_holder,
+    pwrite_all,
+    read_all,
+    read_sync,
+)
 from tae_driver.backends.syncer import GroupSyncer
 from tae_driver.errors import (
     AlreadyTruncated,
@@ -93,11 +105,8 @@ from tae_driver.errors import (
 )
 
 LOCK_FILE_NAME = "LOCK"
-_TMP_SUFFIX = ".tmp"
 
 Fsync = Callable[[int], None]
-_ReadStep = tuple[str, int, int, int, int, int]
-"""(path, file offset, byte count, first LSN, record count, segment version)."""
 
 
 @dataclass(slots=True)
@@ -252,8 +261,8 @@ class FileBackend:
             try:
                 fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                raise BackendLocked(dir_path, _lock_holder(lock_fd)) from None
-            _note_lock_holder(lock_fd)
+                raise BackendLocked(dir_path, lock_holder(lock_fd)) from None
+            note_lock_holder(lock_fd)
             return cls._recover(dir_path, lock_fd, segment_bytes_max, preallocate_bytes, fsync)
         except BaseException:
             os.close(lock_fd)
@@ -271,7 +280,7 @@ class FileBackend:
         # Everything is checked before anything is changed: a refused open (corruption)
         # leaves every byte and every name of the directory as it was (issue 20).
         names = sorted(os.listdir(dir_path))
-        tmp_names = [name for name in names if name.endswith(_TMP_SUFFIX)]
+        tmp_names = [name for name in names if name.endswith(TMP_SUFFIX)]
         bases = sorted(
             base for name in names if (base := segment.parse_segment_file_name(name)) is not None
         )
@@ -339,7 +348,7 @@ class FileBackend:
             os.unlink(path)
             deleted += 1
         if deleted:
-            _fsync_dir(dir_path)
+            fsync_dir(dir_path)
             dir_syncs += 1
         # The first allocation of a new segment: one step, within the rotation size.
         first_allocation = min(preallocate_bytes, segment_bytes_max - _header_bytes())
@@ -361,7 +370,7 @@ class FileBackend:
             old = segments[-1]
             base_lsn = max(old.last_lsn, truncated_lsn) + 1
             if base_lsn > old.base_lsn:
-                path, fd = _create_segment(dir_path, base_lsn, b"", first_allocation)
+                path, fd = create_segment(dir_path, base_lsn, b"", first_allocation)
                 segments.append(_Segment(path, base_lsn, array("Q"), array("Q"), _header_bytes()))
             else:
                 # It holds no record, so the new segment has its name: replace it (one
@@ -372,7 +381,7 @@ class FileBackend:
                     mark = segment.encode_frame(
                         FrameType.TRUNCATE, old.truncate_lsn_max, b"", durable_lsn=base_lsn - 1
                     )
-                path, fd = _create_segment(dir_path, base_lsn, mark, first_allocation)
+                path, fd = create_segment(dir_path, base_lsn, mark, first_allocation)
                 segments[-1] = _Segment(
                     path,
                     base_lsn,
@@ -384,7 +393,7 @@ class FileBackend:
             dir_syncs += 1
             allocated_bytes = _header_bytes() + first_allocation
         if not segments:
-            path, fd = _create_segment(dir_path, truncated_lsn + 1, b"", first_allocation)
+            path, fd = create_segment(dir_path, truncated_lsn + 1, b"", first_allocation)
             dir_syncs += 1
             segments = [_Segment(path, truncated_lsn + 1, array("Q"), array("Q"), _header_bytes())]
             allocated_bytes = _header_bytes() + first_allocation
@@ -423,11 +432,11 @@ class FileBackend:
             try:
                 return cls._scan_read_only(dir_path, segment_bytes_max, fds)
             except FileNotFoundError:
-                _close_fds(list(fds.values()))
+                close_fds(list(fds.values()))
                 if not os.path.isdir(dir_path):
                     raise BackendFailed(f"no log in {dir_path}: it does not exist") from None
             except BaseException:
-                _close_fds(list(fds.values()))
+                close_fds(list(fds.values()))
                 raise
         raise BackendFailed(
             f"{dir_path}: segments deleted under every one of "
@@ -447,7 +456,7 @@ class FileBackend:
         for index, base in enumerate(bases):
             path = os.path.join(dir_path, segment.segment_file_name(base))
             fds[path] = fd = os.open(path, os.O_RDONLY)
-            scan = segment.scan_segment(_read_all(fd), path, newest=index == len(bases) - 1)
+            scan = segment.scan_segment(read_all(fd), path, newest=index == len(bases) - 1)
             if scan.base_lsn != base:
                 raise StorageCorruption(path, 16, f"header base LSN {scan.base_lsn} != name")
             scans.append((path, scan))
@@ -560,7 +569,7 @@ class FileBackend:
             return [], first_lsn
         plan = self._plan_read(first_lsn, max_bytes)
         try:
-            pairs = await asyncio.to_thread(_read_sync, plan, self._read_fds)
+            pairs = await asyncio.to_thread(read_sync, plan, self._read_fds)
         except FileNotFoundError:
             # The segment was deleted by a truncation that overtook this read.
             raise OutOfRange(first_lsn, self._truncated_lsn, self._durable_lsn) from None
@@ -588,7 +597,7 @@ class FileBackend:
                 doomed.append(self._segments[len(doomed)])
             if doomed:
                 del self._segments[: len(doomed)]
-                await asyncio.to_thread(_delete_segments, self._dir_path, [s.path for s in doomed])
+                await asyncio.to_thread(delete_segments, self._dir_path, [s.path for s in doomed])
                 self._dir_syncs += 1
                 self._segments_deleted += len(doomed)
 
@@ -620,7 +629,7 @@ class FileBackend:
                 await asyncio.to_thread(thread.join)
         writer_fd = -1 if self._writer is None else self._writer.fd
         fds = [writer_fd, self._lock_fd, *self._read_fds.values()]
-        await asyncio.to_thread(_close_fds, [fd for fd in fds if fd >= 0])
+        await asyncio.to_thread(close_fds, [fd for fd in fds if fd >= 0])
 
     # --- group writes (the syncer thread and its results) ----------------------------------
 
@@ -673,7 +682,7 @@ class FileBackend:
             want = min(max(self._segment_bytes_max, end), end + self._preallocate_bytes)
             os.posix_fallocate(writer.fd, writer.allocated_bytes, want - writer.allocated_bytes)
             writer.allocated_bytes = want
-        _pwrite_all(writer.fd, data, offset)
+        pwrite_all(writer.fd, data, offset)
         writer.written_lsn = last_lsn
         self._fsync(writer.fd)
         writer.durable_lsn = last_lsn
@@ -681,7 +690,7 @@ class FileBackend:
         rotated_to = None
         if end >= self._segment_bytes_max:
             first = min(self._preallocate_bytes, self._segment_bytes_max - _header_bytes())
-            path, new_fd = _create_segment(self._dir_path, last_lsn + 1, b"", first)
+            path, new_fd = create_segment(self._dir_path, last_lsn + 1, b"", first)
             os.close(writer.fd)
             writer.fd = new_fd
             writer.offset_bytes = _header_bytes()
@@ -743,12 +752,12 @@ class FileBackend:
             item.done(item.lsn, error)
         self._grown.set()
 
-    def _plan_read(self, first_lsn: int, max_bytes: int) -> list[_ReadStep]:
+    def _plan_read(self, first_lsn: int, max_bytes: int) -> list[ReadStep]:
         """(path, file offset, byte count, first LSN, record count, version) per segment."""
         bases = [s.base_lsn for s in self._segments]
         index = bisect.bisect_right(bases, first_lsn) - 1
         assert index >= 0
-        plan: list[_ReadStep] = []
+        plan: list[ReadStep] = []
         budget_bytes = max_bytes
         lsn = first_lsn
         while index < len(self._segments) and lsn <= self._durable_lsn:
@@ -780,42 +789,6 @@ def _header_bytes() -> int:
     return limits.FILE_SEGMENT_HEADER_BYTES
 
 
-def _create_segment(
-    dir_path: str, base_lsn: int, first_frames: bytes, preallocate_bytes: int
-) -> tuple[str, int]:
-    """Create a segment durably (tmp, header and `first_frames`, `preallocate_bytes` of
-    allocated zeros after them, fsync, rename, dir fsync); return path and a descriptor to
-    write at offsets (no O_APPEND). The rename replaces a file of the same name atomically
-    (a version 1 or 2 segment with no records, rolled to version 3 on open)."""
-    assert preallocate_bytes > 0
-    path = os.path.join(dir_path, segment.segment_file_name(base_lsn))
-    tmp_path = path + _TMP_SUFFIX
-    fd = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    try:
-        header = segment.encode_segment_header(base_lsn) + first_frames
-        _pwrite_all(fd, header, 0)
-        os.posix_fallocate(fd, len(header), preallocate_bytes)
-        os.fsync(fd)
-        os.rename(tmp_path, path)
-        _fsync_dir(dir_path)
-    except BaseException:
-        os.close(fd)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp_path)
-        raise
-    return path, fd
-
-
-def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
-    view = memoryview(data)
-    while view:
-        written = os.pwrite(fd, view, offset)
-        if written <= 0:
-            raise OSError("write made no progress")
-        view = view[written:]
-        offset += written
-
-
 def _take_group(queue: deque[_Pending]) -> list[_Pending]:
     """The next group: everything queued, up to `FILE_SYNC_BATCH_*` (at least one item)."""
     group: list[_Pending] = []
@@ -841,65 +814,5 @@ def _completer(future: asyncio.Future[int]) -> AppendDone:
     return done
 
 
-def _fsync_dir(dir_path: str) -> None:
-    fd = os.open(dir_path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _delete_segments(dir_path: str, paths: list[str]) -> None:
-    for path in paths:  # oldest first: an interrupted deletion leaves a suffix
-        os.unlink(path)
-    _fsync_dir(dir_path)
-
-
-def _close_fds(fds: list[int]) -> None:
-    for fd in fds:
-        with contextlib.suppress(OSError):
-            os.close(fd)
-
-
-def _read_sync(plan: list[_ReadStep], open_fds: dict[str, int]) -> list[tuple[int, bytes]]:
-    """`open_fds`: a read-only backend's descriptors by path (else each file is opened)."""
-    out: list[tuple[int, bytes]] = []
-    for path, offset, size_bytes, first_lsn, count, version in plan:
-        held = open_fds.get(path)
-        fd = os.open(path, os.O_RDONLY) if held is None else held
-        try:
-            data = os.pread(fd, size_bytes, offset)
-        finally:
-            if held is None:
-                os.close(fd)
-        if len(data) != size_bytes:
-            raise StorageCorruption(path, offset + len(data), "segment shorter than its index")
-        out.extend(segment.decode_records_in(data, path, offset, first_lsn, count, version=version))
-    return out
-
-
-def _read_all(fd: int) -> bytes:
-    """A whole file from its start (the file may be growing: what is there now)."""
-    chunks = []
-    offset = 0
-    while chunk := os.pread(fd, limits.FILE_SYNC_BATCH_BYTES_MAX, offset):
-        chunks.append(chunk)
-        offset += len(chunk)
-    return b"".join(chunks)
-
-
 def _refuse_fsync(fd: int) -> None:
     raise AssertionError("a read-only FileBackend never syncs")
-
-
-def _note_lock_holder(lock_fd: int) -> None:
-    """Write this process's pid into the lock file it holds, so that a second process can
-    say who holds it (issue 20). Not synced: it only matters while this process lives."""
-    os.ftruncate(lock_fd, 0)
-    os.pwrite(lock_fd, f"{os.getpid()}\n".encode(), 0)
-
-
-def _lock_holder(lock_fd: int) -> int | None:
-    """The pid the lock's holder wrote, or None (none written yet, or an older version)."""
-    text = os.pread(lock_fd, 32, 0).decode("ascii", "replace").strip()
-    return int(text) if text.isdigit() else None

@@ -93,6 +93,11 @@ class GroupSyncer(Generic[T, R]):
             self._queue.clear()
             return items
 
+    def running(self) -> bool:
+        """Whether a thread is alive for this syncer (an idle one exits on its own)."""
+        with self._lock:
+            return self._thread is not None
+
     def queued(self) -> int:
         with self._lock:
             return len(self._queue)
