@@ -585,7 +585,8 @@ class FileBackend:
             if lsn > self._durable_lsn:
                 raise OutOfRange(lsn, self._truncated_lsn, self._durable_lsn)
             future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-            self._put(_Pending(FrameType.TRUNCATE, lsn, b"", _completer(future)))
+            # Unbounded: one at a time (this lock), never refused for appends' back-pressure.
+            self._put(_Pending(FrameType.TRUNCATE, lsn, b"", _completer(future)), bounded=False)
             await future
             self._truncated_lsn = max(self._truncated_lsn, lsn)
             holder = max(
@@ -639,7 +640,7 @@ class FileBackend:
         if self._failure is not None:
             raise BackendFailed(f"{self._dir_path} failed: {self._failure!r}") from self._failure
 
-    def _put(self, item: _Pending) -> None:
+    def _put(self, item: _Pending, *, bounded: bool = True) -> None:
         syncer = self._syncer
         if syncer is None:
             syncer = self._syncer = GroupSyncer(
@@ -651,7 +652,7 @@ class FileBackend:
                 items_max=limits.FILE_PENDING_APPENDS_MAX,
                 idle_exit_s=limits.FILE_SYNCER_IDLE_EXIT_S,
             )
-        syncer.put(item)  # Overloaded: nothing queued, nothing counted
+        syncer.put(item, bounded=bounded)  # Overloaded: nothing queued, nothing counted
         self._outstanding += 1
         self._idle.clear()
 

@@ -71,12 +71,14 @@ class GroupSyncer(Generic[T, R]):
         self._failure: BaseException | None = None
         self.threads_started = 0
 
-    def put(self, item: T) -> None:
+    def put(self, item: T, *, bounded: bool = True) -> None:
         """Queue `item` for the next group (called on the loop). Raises `Overloaded` when
-        `items_max` items already wait."""
+        `items_max` items already wait. `bounded=False` is for an item the owner bounds
+        itself (at most one at a time: the file backend's TRUNCATE frame, under its lock),
+        so that control work is never refused by data back-pressure."""
         with self._lock:
             assert not self._stopping
-            if len(self._queue) >= self._items_max:
+            if bounded and len(self._queue) >= self._items_max:
                 raise Overloaded(self._name, self._items_max)
             self._queue.append(item)
             if self._thread is None:

@@ -207,3 +207,44 @@ def test_a_version_2_directory_opens_and_appends_go_to_a_preallocated_v3_segment
     scan = segment.scan_segment(content, "new", newest=True)
     assert (scan.last_lsn, scan.torn_offset) == (6, None)
     assert os.path.getsize(old) == len(data)
+
+
+def test_a_full_queue_refuses_appends_not_the_truncate_frame(tmp_path: Path) -> None:
+    """`FILE_PENDING_APPENDS_MAX` appends waiting behind a stuck fsync: the next append gets
+    `Overloaded` at once (its LSN is not consumed), a truncate still goes through, and every
+    accepted append completes, in order, once the disk answers."""
+    armed = threading.Event()
+    release = threading.Event()
+    stuck = threading.Event()
+
+    def fsync(fd: int) -> None:
+        if armed.is_set():
+            stuck.set()
+            assert release.wait(WAIT_S_MAX)
+        os.fdatasync(fd)
+
+    async def scenario() -> None:
+        backend = await FileBackend.open(str(tmp_path), fsync=fsync)
+        assert await backend.append(b"first") == 1
+        armed.set()
+        second = asyncio.ensure_future(backend.append(b"second"))
+        await wait_for(stuck.is_set)  # the syncer is inside the fsync of group [second]
+        done: list[int] = []
+        for _ in range(limits.FILE_PENDING_APPENDS_MAX):
+            backend.append_direct(b"q", lambda lsn, error: done.append(lsn))
+        with pytest.raises(Overloaded):
+            backend.append_direct(b"refused", lambda lsn, error: None)
+        truncating = asyncio.ensure_future(backend.truncate(1))
+        await asyncio.sleep(0)  # the truncate frame is queued behind the full queue
+        armed.clear()
+        release.set()
+        assert await asyncio.wait_for(second, WAIT_S_MAX) == 2
+        await asyncio.wait_for(truncating, WAIT_S_MAX)
+        await wait_for(lambda: len(done) == limits.FILE_PENDING_APPENDS_MAX)
+        assert done == list(range(3, 3 + limits.FILE_PENDING_APPENDS_MAX))
+        # The refused append took no LSN.
+        assert await backend.append(b"after") == 3 + limits.FILE_PENDING_APPENDS_MAX
+        assert await backend.truncated() == 1
+        await backend.close()
+
+    asyncio.run(scenario())
