@@ -521,11 +521,6 @@ class FileBackend:
         """The highest LSN handed to the OS (maybe not yet durable); for sync-order tests."""
         return self._durable_lsn if self._writer is None else self._writer.written_lsn
 
-    @property
-    def syncer_threads_started(self) -> int:
-        """How many syncer threads this backend started (one, unless it sat idle)."""
-        return 0 if self._syncer is None else self._syncer.threads_started
-
     def stats(self) -> FileBackendStats:
         return FileBackendStats(
             data_syncs=self._data_syncs,

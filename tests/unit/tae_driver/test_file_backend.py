@@ -609,3 +609,31 @@ def test_scenario_30_driver_restart_and_truncate_over_3_kib_segments(tmp_path: P
         await backend.close()
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("where", ["last frame's body", "first frame's length"])
+def test_v3_damage_in_frames_that_end_in_zero_bytes_is_corruption(
+    tmp_path: Path, where: str
+) -> None:
+    """In a preallocated segment, frames whose payloads end in zero bytes (Arrow pads with
+    zeros) run into the allocated zeros: the written end must still be found at the last
+    frame's end (FORMAT.md "Preallocation"), or a flipped byte in the acknowledged last frame,
+    or a flipped length with valid frames after it, would read as a torn tail and be cut."""
+
+    async def scenario() -> None:
+        backend = await FileBackend.open(str(tmp_path))
+        for index in range(2):  # the last frame alone proves the first was durable
+            assert await backend.append(b"entry %d" % index + bytes(40)) == index + 1
+        await backend.close()
+        (path,) = segment_files(tmp_path)
+        frames = segment.read_segment_frames(path.read_bytes(), "p", newest=True).frames
+        if where == "last frame's body":
+            flip(path, frames[-1].offset + FRAME + 2)
+        else:
+            flip(path, frames[0].offset + 9)  # the length field: the frame looks longer
+        before = path.read_bytes()
+        with pytest.raises(StorageCorruption):
+            await FileBackend.open(str(tmp_path))
+        assert path.read_bytes() == before
+
+    asyncio.run(scenario())
