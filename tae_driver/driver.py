@@ -6,7 +6,10 @@ Why a shell (shared/STYLE.md "Pure cores, I/O at the edges"): every decision liv
 strict DSN order). This module only moves bytes between them and a `LogBackend`, owns the
 futures the engine awaits, and runs two kinds of background work on the event loop:
 
-* one task per in-flight record (at most `window` of them) awaiting `backend.append`;
+* one task per in-flight record (at most `window` of them) awaiting `backend.append`, or,
+  over a backend that implements `DirectAppender` (the file backend), no task at all: the
+  record is handed over with `append_direct` and completed from its callback, in the loop
+  turn the backend learns it durable (issue 21: 2 loop turns per append instead of 6);
 * one truncation task that turns `truncate(dsn)` intents into `backend.truncate(lsn)` calls.
 
 The contract the engine sees (reference/matrixone-wal.md §1 `driver.Driver`, §4 scenario 13):
