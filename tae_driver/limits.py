@@ -110,6 +110,10 @@ blocks (~45 us instead of ~65 us on this ext4, issue 21). A step, not the whole 
 engine's idle WAL costs at most this much disk, and open reads no more than this of zeros."""
 FILE_PREALLOCATE_BYTES_MIN = 4 * KiB
 
+FILE_SYNCER_JOIN_S_MAX = 30.0
+"""How long `close` waits for the syncer thread to exit (it has nothing queued by then; only a
+disk that never answers an fdatasync keeps it longer, and then `close` returns anyway)."""
+
 FILE_SYNCER_IDLE_EXIT_S = 1.0
 """The file backend's syncer thread exits after this long with nothing to write (a new one
 starts with the next append): a backend dropped without `close` leaves no thread behind."""

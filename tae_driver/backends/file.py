@@ -619,11 +619,15 @@ class FileBackend:
             await self._idle.wait()
         self._closed = True
         self._grown.set()
+        writer_fd = -1 if self._writer is None else self._writer.fd
         if self._syncer is not None:
             thread = self._syncer.stop()
             if thread is not None:
-                await asyncio.to_thread(thread.join)
-        writer_fd = -1 if self._writer is None else self._writer.fd
+                await asyncio.to_thread(thread.join, limits.FILE_SYNCER_JOIN_S_MAX)
+                if thread.is_alive():
+                    # Stuck in a system call (a hung disk): its descriptor stays open, so
+                    # that a later write of the thread can never land in a reused one.
+                    writer_fd = -1
         fds = [writer_fd, self._lock_fd, *self._read_fds.values()]
         await asyncio.to_thread(close_fds, [fd for fd in fds if fd >= 0])
 
