@@ -30,13 +30,23 @@ the caller owns it (tests reuse one backend across driver "crashes").
 
 `TailWaiter` is optional: a backend that can wake a tailing reader when the log grows
 implements it; the driver otherwise polls with back-off (§2.5, `ReplayForever`).
+
+`DirectAppender` is optional too (issue 21, target 2): `append_direct(payload, done)` queues
+the payload at once and calls `done` on the loop in the turn the record is learned durable,
+so the driver needs no task per record and no extra loop turns between a backend's fsync and
+its caller's future. Its contract is `append`'s.
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
+
+AppendDone = Callable[[int, BaseException | None], None]
+"""`done(lsn, None)` once the record at `lsn` is durable, or `done(lsn, error)` when it will
+never be (the error `append` would have raised)."""
 
 
 class RecordKind(enum.IntEnum):
@@ -83,4 +93,13 @@ class TailWaiter(Protocol):
     async def wait_past(self, lsn: int) -> None:
         """Return once `latest() > lsn`, or after a backend-chosen bounded while; callers
         re-check, so an early return is harmless."""
+        ...
+
+
+@runtime_checkable
+class DirectAppender(Protocol):
+    def append_direct(self, payload: bytes, done: AppendDone) -> None:
+        """Queue `payload` now (raising at once what `append` would raise before queueing:
+        `Overloaded`, `BackendClosed`, `BackendFailed`); `done` is called exactly once, on the
+        loop, after the record is durable or has failed."""
         ...

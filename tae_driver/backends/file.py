@@ -8,14 +8,24 @@ local backend, for an engine that runs without a log service and for benchmarks.
   pid). LSNs are dense from 1.
   A segment is created as `*.tmp`, given its header, fsynced, renamed, and the directory
   fsynced, so a segment with its final name always has a whole header.
-* **Group commit**: appends queue (bounded: `FILE_PENDING_APPENDS_MAX`, then `Overloaded`);
-  one flusher task takes everything queued (bounded by `FILE_SYNC_BATCH_*`), encodes it with
-  the durable LSN as of this group write in every frame (format v2's hint), writes it with
-  one `write` and makes it durable with **one fdatasync** in a worker thread, then completes
-  every append of the batch. No append completes before its fsync; nothing syncs per append.
-* **Off the loop**: every blocking disk call (open scan, write, fsync, read, unlink, rename)
-  runs in `asyncio.to_thread`. Only the loop mutates the in-memory index; threads get
-  snapshots.
+* **Group commit**: appends queue (bounded: `FILE_PENDING_APPENDS_MAX`, then `Overloaded`)
+  for one long-lived syncer thread (`syncer.GroupSyncer`, issue 21) that takes everything
+  queued as soon as its previous fsync returns (bounded by `FILE_SYNC_BATCH_*`), encodes it
+  with the durable LSN as of this group write in every frame (format v2's hint), writes it
+  with one `pwrite` and makes it durable with **one fdatasync**, then hands the group back
+  with one `call_soon_threadsafe`, whose callback completes every append of the group in that
+  loop turn (`append_direct`'s callbacks run right there: no task, no extra turn). No append
+  completes before its fsync; nothing syncs per append.
+* **Preallocation** (segment format v3, FORMAT.md): the active segment is allocated with
+  zeros (`posix_fallocate`, fsynced) `preallocate_bytes` ahead of the write position, so a
+  group's fdatasync only writes data (no new size, no new blocks). Every byte past the last
+  written frame is zero: on open the zeros ahead of the writer are the end of the log (not a
+  torn tail), a torn tail is cut (ftruncate) and the space is allocated again as the writer
+  reaches it. Segments of versions 1 and 2 are read as before and never appended to.
+* **Off the loop**: every blocking disk call runs off the loop: group writes and syncs in the
+  syncer thread (which alone touches the active segment's descriptor, `_Writer`), the open
+  scan, reads, unlinks and renames in `asyncio.to_thread`. Only the loop mutates the
+  in-memory index, from each group's result.
 * **Truncate** writes a TRUNCATE frame into the active segment (durable before the call
   returns), then deletes every older segment whose records are all <= the LSN, except the one
   that holds the newest TRUNCATE frame, and fsyncs the directory. Whole files only.
@@ -45,6 +55,13 @@ Crash cases (power loss may drop unsynced bytes and tear the last write):
 | segment creation          | a `*.tmp` file, or nothing           | delete the tmp               |
 | rename / dir fsync        | new segment with no frames, or none  | keep it / use the old one    |
 | truncate frame write      | old truncated LSN                    | truncate was not acked       |
+| v3: any group write       | frames, then zeros to the end        | clean: the zeros are the     |
+|                           |                                      | preallocated rest; keep them |
+| v3: a group write / fsync | frames, a torn tail, zeros to the end| cut back to the last frame   |
+|                           |                                      | (the torn tail's rules above |
+|                           |                                      | apply up to the last written |
+|                           |                                      | byte: `segment.written_view`)|
+| v3: allocation ahead      | a shorter file, or zeros further on  | either is clean              |
 | whole-file deletion       | some doomed segments remain          | delete them again            |
 """
 
@@ -52,34 +69,44 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import contextlib
 import fcntl
 import itertools
 import os
 from array import array
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from tae_driver import limits
-from tae_driver.backend import Record
+from tae_driver.backend import AppendDone, Record
 from tae_driver.backends import segment
 from tae_driver.backends.segment import FrameType, SegmentScan
+from tae_driver.backends.segment_files import (
+    TMP_SUFFIX,
+    ReadStep,
+    close_fds,
+    create_segment,
+    delete_segments,
+    fsync_dir,
+    lock_holder,
+    note_lock_holder,
+    pwrite_all,
+    read_all,
+    read_sync,
+)
+from tae_driver.backends.syncer import GroupSyncer
 from tae_driver.errors import (
     AlreadyTruncated,
     BackendClosed,
     BackendFailed,
     BackendLocked,
     OutOfRange,
-    Overloaded,
     StorageCorruption,
 )
 
 LOCK_FILE_NAME = "LOCK"
-_TMP_SUFFIX = ".tmp"
 
 Fsync = Callable[[int], None]
-_ReadStep = tuple[str, int, int, int, int, int]
-"""(path, file offset, byte count, first LSN, record count, segment version)."""
 
 
 @dataclass(slots=True)
@@ -100,23 +127,43 @@ class _Segment:
 @dataclass(slots=True)
 class _Pending:
     """An append or truncate waiting for a group write. Its frame is encoded only when the
-    batch is written, because the frame carries the durable LSN as of that write."""
+    group is written, because the frame carries the durable LSN as of that write. `done` is
+    called on the loop with (lsn, None) once durable, or (lsn, error)."""
 
     frame_type: FrameType
     lsn: int
     body: bytes
-    future: asyncio.Future[int]
+    done: AppendDone
 
     @property
     def frame_bytes(self) -> int:
         return limits.FILE_FRAME_HEADER_BYTES + len(self.body)
 
 
-@dataclass(slots=True)
-class _BatchResult:
-    """What the writer thread did; applied to the index on the loop."""
+@dataclass(frozen=True, slots=True)
+class _GroupResult:
+    """What the syncer thread wrote and synced; applied to the index on the loop."""
 
-    rotated_to: tuple[str, int, int] | None = None  # (path, base_lsn, fd) of the new segment
+    offset_bytes: int
+    """Where the group's first frame starts in the active segment."""
+    frame_bytes: tuple[int, ...]
+    durable_lsn: int
+    rotated_to: tuple[str, int] | None
+    """(path, base_lsn) of the segment created after this group, which is now active."""
+
+
+@dataclass(slots=True)
+class _Writer:
+    """The active segment as the syncer thread writes it. After open only that thread reads
+    or changes it (the loop reads `written_lsn` for tests, and `fd` after the thread ended)."""
+
+    fd: int
+    offset_bytes: int
+    """Where the next frame goes: the end of the last written frame."""
+    allocated_bytes: int
+    """The file's size: zeros from `offset_bytes` to here (v3 preallocation)."""
+    durable_lsn: int
+    written_lsn: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,10 +185,11 @@ class FileBackend:
         dir_path: str,
         lock_fd: int,
         segments: list[_Segment],
-        active_fd: int,
+        writer: _Writer | None,
         truncated_lsn: int,
         *,
         segment_bytes_max: int,
+        preallocate_bytes: int,
         fsync: Fsync,
         torn_bytes_cut: int,
         dir_syncs: int,
@@ -150,22 +198,22 @@ class FileBackend:
         self._dir_path = dir_path
         self._lock_fd = lock_fd
         self._segments = segments
-        self._active_fd = active_fd
+        self._writer = writer
         self._truncated_lsn = truncated_lsn
         self._durable_lsn = max(segments[-1].last_lsn, truncated_lsn)
         self._next_lsn = self._durable_lsn + 1
         self._segment_bytes_max = segment_bytes_max
+        self._preallocate_bytes = preallocate_bytes
         self._fsync = fsync
-        self._pending: list[_Pending] = []
-        self._wake = asyncio.Event()
+        self._syncer: GroupSyncer[_Pending, _GroupResult] | None = None
+        self._outstanding = 0
+        """Appends and truncate frames handed to the syncer and not yet handed back."""
         self._grown = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
         self._truncate_lock = asyncio.Lock()
-        self._flusher: asyncio.Task[None] | None = None
         self._failure: BaseException | None = None
         self._closed = False
-        self._written_lsn = self._durable_lsn
         self._data_syncs = 0
         self._dir_syncs = dir_syncs
         self._batches_written = 0
@@ -184,41 +232,55 @@ class FileBackend:
         dir_path: str,
         *,
         segment_bytes_max: int = limits.FILE_SEGMENT_BYTES_DEFAULT,
+        preallocate_bytes: int = limits.FILE_PREALLOCATE_BYTES_DEFAULT,
         fsync: Fsync = os.fdatasync,
         read_only: bool = False,
     ) -> FileBackend:
         """Open (creating if needed) the log in `dir_path`. `fsync` makes a file's data
-        durable; tests may wrap it to observe the order of syncs and acknowledgements.
-        `read_only`: the log as it is now, changing nothing (`_open_read_only`)."""
+        durable (it runs in the syncer thread); tests may wrap it to observe the order of
+        syncs and acknowledgements. `preallocate_bytes`: how far ahead of the writer the
+        active segment is allocated. `read_only`: the log as it is now, changing nothing
+        (`_open_read_only`)."""
         if segment_bytes_max < limits.FILE_SEGMENT_BYTES_MIN:
             raise ValueError(f"segment_bytes_max={segment_bytes_max} is below the minimum")
+        if preallocate_bytes < limits.FILE_PREALLOCATE_BYTES_MIN:
+            raise ValueError(f"preallocate_bytes={preallocate_bytes} is below the minimum")
         if read_only:
             return await asyncio.to_thread(cls._open_read_only, dir_path, segment_bytes_max)
-        return await asyncio.to_thread(cls._open_sync, dir_path, segment_bytes_max, fsync)
+        return await asyncio.to_thread(
+            cls._open_sync, dir_path, segment_bytes_max, preallocate_bytes, fsync
+        )
 
     @classmethod
-    def _open_sync(cls, dir_path: str, segment_bytes_max: int, fsync: Fsync) -> FileBackend:
+    def _open_sync(
+        cls, dir_path: str, segment_bytes_max: int, preallocate_bytes: int, fsync: Fsync
+    ) -> FileBackend:
         os.makedirs(dir_path, exist_ok=True)
         lock_fd = os.open(os.path.join(dir_path, LOCK_FILE_NAME), os.O_RDWR | os.O_CREAT, 0o644)
         try:
             try:
                 fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                raise BackendLocked(dir_path, _lock_holder(lock_fd)) from None
-            _note_lock_holder(lock_fd)
-            return cls._recover(dir_path, lock_fd, segment_bytes_max, fsync)
+                raise BackendLocked(dir_path, lock_holder(lock_fd)) from None
+            note_lock_holder(lock_fd)
+            return cls._recover(dir_path, lock_fd, segment_bytes_max, preallocate_bytes, fsync)
         except BaseException:
             os.close(lock_fd)
             raise
 
     @classmethod
     def _recover(
-        cls, dir_path: str, lock_fd: int, segment_bytes_max: int, fsync: Fsync
+        cls,
+        dir_path: str,
+        lock_fd: int,
+        segment_bytes_max: int,
+        preallocate_bytes: int,
+        fsync: Fsync,
     ) -> FileBackend:
         # Everything is checked before anything is changed: a refused open (corruption)
         # leaves every byte and every name of the directory as it was (issue 20).
         names = sorted(os.listdir(dir_path))
-        tmp_names = [name for name in names if name.endswith(_TMP_SUFFIX)]
+        tmp_names = [name for name in names if name.endswith(TMP_SUFFIX)]
         bases = sorted(
             base for name in names if (base := segment.parse_segment_file_name(name)) is not None
         )
@@ -275,7 +337,7 @@ class FileBackend:
         torn_bytes_cut = 0
         if scans and scans[-1][1].torn_offset is not None:
             path, scan = scans[-1]
-            torn_bytes_cut = os.path.getsize(path) - scan.valid_bytes
+            torn_bytes_cut = scan.written_bytes - scan.valid_bytes
             fd = os.open(path, os.O_WRONLY)
             try:
                 os.ftruncate(fd, scan.valid_bytes)
@@ -286,14 +348,19 @@ class FileBackend:
             os.unlink(path)
             deleted += 1
         if deleted:
-            _fsync_dir(dir_path)
+            fsync_dir(dir_path)
             dir_syncs += 1
+        # The first allocation of a new segment: one step, within the rotation size.
+        first_allocation = min(preallocate_bytes, segment_bytes_max - _header_bytes())
+        allocated_bytes = 0
         if segments:
             # What the newest segment holds may be in the page cache only (a process crash):
-            # sync it before anything is served or stamped durable in a frame's hint.
-            fd = os.open(segments[-1].path, os.O_WRONLY | os.O_APPEND)
+            # sync it before anything is served or stamped durable in a frame's hint. No
+            # O_APPEND: the writer writes at its offset, into the preallocated zeros.
+            fd = os.open(segments[-1].path, os.O_WRONLY)
             try:
                 fsync(fd)
+                allocated_bytes = os.fstat(fd).st_size
             except BaseException:
                 os.close(fd)
                 raise
@@ -303,7 +370,7 @@ class FileBackend:
             old = segments[-1]
             base_lsn = max(old.last_lsn, truncated_lsn) + 1
             if base_lsn > old.base_lsn:
-                path, fd = _create_segment(dir_path, base_lsn)
+                path, fd = create_segment(dir_path, base_lsn, b"", first_allocation)
                 segments.append(_Segment(path, base_lsn, array("Q"), array("Q"), _header_bytes()))
             else:
                 # It holds no record, so the new segment has its name: replace it (one
@@ -314,7 +381,7 @@ class FileBackend:
                     mark = segment.encode_frame(
                         FrameType.TRUNCATE, old.truncate_lsn_max, b"", durable_lsn=base_lsn - 1
                     )
-                path, fd = _create_segment(dir_path, base_lsn, mark)
+                path, fd = create_segment(dir_path, base_lsn, mark, first_allocation)
                 segments[-1] = _Segment(
                     path,
                     base_lsn,
@@ -324,17 +391,25 @@ class FileBackend:
                     old.truncate_lsn_max,
                 )
             dir_syncs += 1
+            allocated_bytes = _header_bytes() + first_allocation
         if not segments:
-            path, fd = _create_segment(dir_path, truncated_lsn + 1)
+            path, fd = create_segment(dir_path, truncated_lsn + 1, b"", first_allocation)
             dir_syncs += 1
             segments = [_Segment(path, truncated_lsn + 1, array("Q"), array("Q"), _header_bytes())]
+            allocated_bytes = _header_bytes() + first_allocation
+        durable_lsn = max(segments[-1].last_lsn, truncated_lsn)
+        active = segments[-1]
+        writer = _Writer(
+            fd, active.size_bytes, max(allocated_bytes, active.size_bytes), durable_lsn, durable_lsn
+        )
         return cls(
             dir_path,
             lock_fd,
             segments,
-            fd,
+            writer,
             truncated_lsn,
             segment_bytes_max=segment_bytes_max,
+            preallocate_bytes=preallocate_bytes,
             fsync=fsync,
             torn_bytes_cut=torn_bytes_cut,
             dir_syncs=dir_syncs,
@@ -357,11 +432,11 @@ class FileBackend:
             try:
                 return cls._scan_read_only(dir_path, segment_bytes_max, fds)
             except FileNotFoundError:
-                _close_fds(list(fds.values()))
+                close_fds(list(fds.values()))
                 if not os.path.isdir(dir_path):
                     raise BackendFailed(f"no log in {dir_path}: it does not exist") from None
             except BaseException:
-                _close_fds(list(fds.values()))
+                close_fds(list(fds.values()))
                 raise
         raise BackendFailed(
             f"{dir_path}: segments deleted under every one of "
@@ -381,7 +456,7 @@ class FileBackend:
         for index, base in enumerate(bases):
             path = os.path.join(dir_path, segment.segment_file_name(base))
             fds[path] = fd = os.open(path, os.O_RDONLY)
-            scan = segment.scan_segment(_read_all(fd), path, newest=index == len(bases) - 1)
+            scan = segment.scan_segment(read_all(fd), path, newest=index == len(bases) - 1)
             if scan.base_lsn != base:
                 raise StorageCorruption(path, 16, f"header base LSN {scan.base_lsn} != name")
             scans.append((path, scan))
@@ -422,9 +497,10 @@ class FileBackend:
             dir_path,
             -1,
             segments,
-            -1,
+            None,
             truncated_lsn,
             segment_bytes_max=segment_bytes_max,
+            preallocate_bytes=limits.FILE_PREALLOCATE_BYTES_DEFAULT,
             fsync=_refuse_fsync,
             torn_bytes_cut=0,
             dir_syncs=0,
@@ -443,7 +519,7 @@ class FileBackend:
     @property
     def written_lsn(self) -> int:
         """The highest LSN handed to the OS (maybe not yet durable); for sync-order tests."""
-        return self._written_lsn
+        return self._durable_lsn if self._writer is None else self._writer.written_lsn
 
     def stats(self) -> FileBackendStats:
         return FileBackendStats(
@@ -462,14 +538,21 @@ class FileBackend:
     # --- LogBackend -----------------------------------------------------------------------
 
     async def append(self, payload: bytes) -> int:
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self.append_direct(payload, _completer(future))
+        return await future
+
+    def append_direct(self, payload: bytes, done: AppendDone) -> None:
+        """`append` without a coroutine (`backend.DirectAppender`): queue `payload` for the
+        next group write now; `done(lsn, None)` runs on the loop in the turn its fsync is
+        learned, or `done(lsn, error)`. Raises `Overloaded` (the syncer's queue is full),
+        `BackendClosed` or `BackendFailed` at once, queueing nothing."""
         self._check_usable()
         assert not self._read_only, "append on a read-only FileBackend"
         assert len(payload) <= limits.BACKEND_PAYLOAD_BYTES_MAX
-        if len(self._pending) >= limits.FILE_PENDING_APPENDS_MAX:
-            raise Overloaded("file backend appends", limits.FILE_PENDING_APPENDS_MAX)
         lsn = self._next_lsn
+        self._put(_Pending(FrameType.RECORD, lsn, bytes(payload), done))
         self._next_lsn += 1
-        return await self._enqueue(FrameType.RECORD, lsn, bytes(payload))
 
     async def read(self, first_lsn: int, max_bytes: int) -> tuple[list[Record], int]:
         self._check_usable()
@@ -481,7 +564,7 @@ class FileBackend:
             return [], first_lsn
         plan = self._plan_read(first_lsn, max_bytes)
         try:
-            pairs = await asyncio.to_thread(_read_sync, plan, self._read_fds)
+            pairs = await asyncio.to_thread(read_sync, plan, self._read_fds)
         except FileNotFoundError:
             # The segment was deleted by a truncation that overtook this read.
             raise OutOfRange(first_lsn, self._truncated_lsn, self._durable_lsn) from None
@@ -496,7 +579,10 @@ class FileBackend:
                 raise AlreadyTruncated(lsn, self._truncated_lsn)
             if lsn > self._durable_lsn:
                 raise OutOfRange(lsn, self._truncated_lsn, self._durable_lsn)
-            await self._enqueue(FrameType.TRUNCATE, lsn, b"")
+            future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+            # Unbounded: one at a time (this lock), never refused for appends' back-pressure.
+            self._put(_Pending(FrameType.TRUNCATE, lsn, b"", _completer(future)), bounded=False)
+            await future
             self._truncated_lsn = max(self._truncated_lsn, lsn)
             holder = max(
                 (i for i, s in enumerate(self._segments) if s.truncate_lsn_max >= lsn),
@@ -507,7 +593,7 @@ class FileBackend:
                 doomed.append(self._segments[len(doomed)])
             if doomed:
                 del self._segments[: len(doomed)]
-                await asyncio.to_thread(_delete_segments, self._dir_path, [s.path for s in doomed])
+                await asyncio.to_thread(delete_segments, self._dir_path, [s.path for s in doomed])
                 self._dir_syncs += 1
                 self._segments_deleted += len(doomed)
 
@@ -525,21 +611,27 @@ class FileBackend:
             await self._grown.wait()
 
     async def close(self) -> None:
-        """Flush what is queued, stop the flusher, release the directory."""
+        """Flush what is queued, stop the syncer thread, release the directory."""
         if self._closed:
             return
-        if self._failure is None:
-            while self._pending or not self._idle.is_set():
-                await self._idle.wait()
+        while self._failure is None and self._outstanding:
+            self._idle.clear()
+            await self._idle.wait()
         self._closed = True
         self._grown.set()
-        if self._flusher is not None:
-            self._flusher.cancel()
-            await asyncio.gather(self._flusher, return_exceptions=True)
-        fds = [self._active_fd, self._lock_fd, *self._read_fds.values()]
-        await asyncio.to_thread(_close_fds, [fd for fd in fds if fd >= 0])
+        writer_fd = -1 if self._writer is None else self._writer.fd
+        if self._syncer is not None:
+            thread = self._syncer.stop()
+            if thread is not None:
+                await asyncio.to_thread(thread.join, limits.FILE_SYNCER_JOIN_S_MAX)
+                if thread.is_alive():
+                    # Stuck in a system call (a hung disk): its descriptor stays open, so
+                    # that a later write of the thread can never land in a reused one.
+                    writer_fd = -1
+        fds = [writer_fd, self._lock_fd, *self._read_fds.values()]
+        await asyncio.to_thread(close_fds, [fd for fd in fds if fd >= 0])
 
-    # --- the flusher ----------------------------------------------------------------------
+    # --- group writes (the syncer thread and its results) ----------------------------------
 
     def _check_usable(self) -> None:
         if self._closed:
@@ -547,129 +639,125 @@ class FileBackend:
         if self._failure is not None:
             raise BackendFailed(f"{self._dir_path} failed: {self._failure!r}") from self._failure
 
-    async def _enqueue(self, frame_type: FrameType, lsn: int, body: bytes) -> int:
-        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self._pending.append(_Pending(frame_type, lsn, body, future))
+    def _put(self, item: _Pending, *, bounded: bool = True) -> None:
+        syncer = self._syncer
+        if syncer is None:
+            syncer = self._syncer = GroupSyncer(
+                asyncio.get_running_loop(),
+                name="file backend appends",
+                write_group=self._write_group,
+                on_done=self._group_done,
+                take=_take_group,
+                items_max=limits.FILE_PENDING_APPENDS_MAX,
+                idle_exit_s=limits.FILE_SYNCER_IDLE_EXIT_S,
+            )
+        syncer.put(item, bounded=bounded)  # Overloaded: nothing queued, nothing counted
+        self._outstanding += 1
         self._idle.clear()
-        if self._flusher is None:
-            self._flusher = asyncio.get_running_loop().create_task(self._flush_loop())
-        self._wake.set()
-        return await future
 
-    async def _flush_loop(self) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            while self._pending and self._failure is None:
-                batch = self._take_batch()
-                try:
-                    await self._write_batch(batch)
-                except Exception as exc:
-                    self._fail(exc, batch)
-            if not self._pending:
-                self._idle.set()
-
-    def _take_batch(self) -> list[_Pending]:
-        size_bytes = 0
-        count = 0
-        for item in self._pending:
-            if count and (
-                size_bytes + item.frame_bytes > limits.FILE_SYNC_BATCH_BYTES_MAX
-                or count >= limits.FILE_SYNC_BATCH_FRAMES_MAX
-            ):
-                break
-            size_bytes += item.frame_bytes
-            count += 1
-        batch = self._pending[:count]
-        del self._pending[:count]
-        return batch
-
-    async def _write_batch(self, batch: list[_Pending]) -> None:
-        active = self._segments[-1]
-        assert active.version == segment.SEGMENT_VERSION
-        # Every frame of the batch carries the durable LSN as of this group write: the
-        # previous batch's fsync returned before this one starts, so everything written
-        # before is synced (FORMAT.md: what the hint proves on recovery).
-        assert self._written_lsn == self._durable_lsn
-        durable_lsn = self._durable_lsn
+    def _write_group(self, group: list[_Pending]) -> _GroupResult:
+        """In the syncer thread: write the group's frames at the writer's offset with one
+        pwrite, one fdatasync, and roll to a new segment past the rotation size."""
+        writer = self._writer
+        assert writer is not None
+        # Every frame of the group carries the durable LSN as of this group write: the
+        # previous group's fsync returned before this one starts (FORMAT.md: what the hint
+        # proves on recovery).
+        assert writer.written_lsn == writer.durable_lsn
+        durable_lsn = writer.durable_lsn
         encode = segment.encode_frame
         frames = [
-            encode(item.frame_type, item.lsn, item.body, durable_lsn=durable_lsn) for item in batch
+            encode(item.frame_type, item.lsn, item.body, durable_lsn=durable_lsn) for item in group
         ]
         data = b"".join(frames)
-        record_lsns = [item.lsn for item in batch if item.frame_type is FrameType.RECORD]
-        last_lsn = record_lsns[-1] if record_lsns else self._durable_lsn
-        rotate = active.size_bytes + len(data) >= self._segment_bytes_max
-        result = await asyncio.to_thread(
-            self._write_sync,
-            self._active_fd,
-            data,
-            last_lsn,
-            self._dir_path,
-            last_lsn + 1 if rotate else None,
+        last_lsn = max(
+            (item.lsn for item in group if item.frame_type is FrameType.RECORD),
+            default=durable_lsn,
         )
+        offset = writer.offset_bytes
+        end = offset + len(data)
+        if end > writer.allocated_bytes:
+            # Allocate the next step of zeros: this group's fdatasync commits the new size
+            # once, the next groups' write into allocated space.
+            want = min(max(self._segment_bytes_max, end), end + self._preallocate_bytes)
+            os.posix_fallocate(writer.fd, writer.allocated_bytes, want - writer.allocated_bytes)
+            writer.allocated_bytes = want
+        pwrite_all(writer.fd, data, offset)
+        writer.written_lsn = last_lsn
+        self._fsync(writer.fd)
+        writer.durable_lsn = last_lsn
+        writer.offset_bytes = end
+        rotated_to = None
+        if end >= self._segment_bytes_max:
+            first = min(self._preallocate_bytes, self._segment_bytes_max - _header_bytes())
+            path, new_fd = create_segment(self._dir_path, last_lsn + 1, b"", first)
+            os.close(writer.fd)
+            writer.fd = new_fd
+            writer.offset_bytes = _header_bytes()
+            writer.allocated_bytes = _header_bytes() + first
+            rotated_to = (path, last_lsn + 1)
+        return _GroupResult(offset, tuple(len(f) for f in frames), last_lsn, rotated_to)
+
+    def _group_done(
+        self, group: list[_Pending], result: _GroupResult | None, error: BaseException | None
+    ) -> None:
+        """On the loop, once per group: index what was written, then complete every item of
+        the group in this turn (acknowledged only now: its bytes and all before are synced)."""
+        self._outstanding -= len(group)
+        if error is not None or result is None:
+            self._fail(error or AssertionError("group without a result"), group)
+        else:
+            self._apply_group(group, result)
+        if not self._outstanding:
+            self._idle.set()
+
+    def _apply_group(self, group: list[_Pending], result: _GroupResult) -> None:
+        active = self._segments[-1]
+        assert active.version == segment.SEGMENT_VERSION
+        assert result.offset_bytes == active.size_bytes
         self._data_syncs += 1
         self._batches_written += 1
-        self._frames_written += len(batch)
+        self._frames_written += len(group)
         offset = active.size_bytes
-        for item, frame in zip(batch, frames, strict=True):
+        for item, frame_bytes in zip(group, result.frame_bytes, strict=True):
             if item.frame_type is FrameType.RECORD:
                 assert item.lsn == active.last_lsn + 1
                 active.record_offsets.append(offset)
-                active.record_frame_bytes.append(len(frame))
+                active.record_frame_bytes.append(frame_bytes)
             else:
                 active.truncate_lsn_max = max(active.truncate_lsn_max, item.lsn)
-            offset += len(frame)
+            offset += frame_bytes
         active.size_bytes = offset
-        self._durable_lsn = max(self._durable_lsn, last_lsn)
+        self._durable_lsn = max(self._durable_lsn, result.durable_lsn)
         if result.rotated_to is not None:
-            path, base_lsn, fd = result.rotated_to
+            path, base_lsn = result.rotated_to
             self._dir_syncs += 1
             assert base_lsn == self._durable_lsn + 1
             self._segments.append(_Segment(path, base_lsn, array("Q"), array("Q"), _header_bytes()))
-            self._active_fd = fd
-        for item in batch:
-            # Acknowledged only now: its bytes and everything before them are synced.
+        self._grown.set()
+        for item in group:
             assert item.frame_type is FrameType.TRUNCATE or item.lsn <= self._durable_lsn
-            if not item.future.done():
-                item.future.set_result(item.lsn)
+            item.done(item.lsn, None)
+
+    def _fail(self, exc: BaseException, group: list[_Pending]) -> None:
+        """A write or fsync failed (fsyncgate: the file's state is unknown): fail the group,
+        everything still queued, and every later call until reopened."""
+        if self._failure is None:
+            self._failure = exc
+        stranded = self._syncer.drain() if self._syncer is not None else []
+        self._outstanding -= len(stranded)
+        for item in [*group, *stranded]:
+            error = BackendFailed(f"write failed: {exc!r}")
+            error.__cause__ = exc
+            item.done(item.lsn, error)
         self._grown.set()
 
-    def _write_sync(
-        self, fd: int, data: bytes, last_lsn: int, dir_path: str, rotate_base: int | None
-    ) -> _BatchResult:
-        result = _BatchResult()
-        view = memoryview(data)
-        while view:
-            written = os.write(fd, view)
-            if written <= 0:
-                raise OSError("write made no progress")
-            view = view[written:]
-        self._written_lsn = last_lsn
-        self._fsync(fd)
-        if rotate_base is not None:
-            path, new_fd = _create_segment(dir_path, rotate_base)
-            os.close(fd)
-            result.rotated_to = (path, rotate_base, new_fd)
-        return result
-
-    def _fail(self, exc: BaseException, batch: list[_Pending]) -> None:
-        self._failure = exc
-        for item in [*batch, *self._pending]:
-            if not item.future.done():
-                error = BackendFailed(f"write failed: {exc!r}")
-                error.__cause__ = exc
-                item.future.set_exception(error)
-        self._pending.clear()
-        self._idle.set()
-        self._grown.set()
-
-    def _plan_read(self, first_lsn: int, max_bytes: int) -> list[_ReadStep]:
+    def _plan_read(self, first_lsn: int, max_bytes: int) -> list[ReadStep]:
         """(path, file offset, byte count, first LSN, record count, version) per segment."""
         bases = [s.base_lsn for s in self._segments]
         index = bisect.bisect_right(bases, first_lsn) - 1
         assert index >= 0
-        plan: list[_ReadStep] = []
+        plan: list[ReadStep] = []
         budget_bytes = max_bytes
         lsn = first_lsn
         while index < len(self._segments) and lsn <= self._durable_lsn:
@@ -701,87 +789,30 @@ def _header_bytes() -> int:
     return limits.FILE_SEGMENT_HEADER_BYTES
 
 
-def _create_segment(dir_path: str, base_lsn: int, first_frames: bytes = b"") -> tuple[str, int]:
-    """Create a segment durably (tmp, header and `first_frames`, fsync, rename, dir fsync);
-    return path and an append fd. The rename replaces a file of the same name atomically
-    (a version 1 segment with no records, rolled to version 2 on open)."""
-    path = os.path.join(dir_path, segment.segment_file_name(base_lsn))
-    tmp_path = path + _TMP_SUFFIX
-    fd = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
-    try:
-        header = segment.encode_segment_header(base_lsn) + first_frames
-        if os.write(fd, header) != len(header):
-            raise OSError("short write of a segment header")
-        os.fsync(fd)
-        os.rename(tmp_path, path)
-        _fsync_dir(dir_path)
-    except BaseException:
-        os.close(fd)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp_path)
-        raise
-    return path, fd
+def _take_group(queue: deque[_Pending]) -> list[_Pending]:
+    """The next group: everything queued, up to `FILE_SYNC_BATCH_*` (at least one item)."""
+    group: list[_Pending] = []
+    size_bytes = 0
+    while queue and len(group) < limits.FILE_SYNC_BATCH_FRAMES_MAX:
+        frame_bytes = queue[0].frame_bytes
+        if group and size_bytes + frame_bytes > limits.FILE_SYNC_BATCH_BYTES_MAX:
+            break
+        group.append(queue.popleft())
+        size_bytes += frame_bytes
+    return group
 
 
-def _fsync_dir(dir_path: str) -> None:
-    fd = os.open(dir_path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def _completer(future: asyncio.Future[int]) -> AppendDone:
+    def done(lsn: int, error: BaseException | None) -> None:
+        if future.done():
+            return
+        if error is None:
+            future.set_result(lsn)
+        else:
+            future.set_exception(error)
 
-
-def _delete_segments(dir_path: str, paths: list[str]) -> None:
-    for path in paths:  # oldest first: an interrupted deletion leaves a suffix
-        os.unlink(path)
-    _fsync_dir(dir_path)
-
-
-def _close_fds(fds: list[int]) -> None:
-    for fd in fds:
-        with contextlib.suppress(OSError):
-            os.close(fd)
-
-
-def _read_sync(plan: list[_ReadStep], open_fds: dict[str, int]) -> list[tuple[int, bytes]]:
-    """`open_fds`: a read-only backend's descriptors by path (else each file is opened)."""
-    out: list[tuple[int, bytes]] = []
-    for path, offset, size_bytes, first_lsn, count, version in plan:
-        held = open_fds.get(path)
-        fd = os.open(path, os.O_RDONLY) if held is None else held
-        try:
-            data = os.pread(fd, size_bytes, offset)
-        finally:
-            if held is None:
-                os.close(fd)
-        if len(data) != size_bytes:
-            raise StorageCorruption(path, offset + len(data), "segment shorter than its index")
-        out.extend(segment.decode_records_in(data, path, offset, first_lsn, count, version=version))
-    return out
-
-
-def _read_all(fd: int) -> bytes:
-    """A whole file from its start (the file may be growing: what is there now)."""
-    chunks = []
-    offset = 0
-    while chunk := os.pread(fd, limits.FILE_SYNC_BATCH_BYTES_MAX, offset):
-        chunks.append(chunk)
-        offset += len(chunk)
-    return b"".join(chunks)
+    return done
 
 
 def _refuse_fsync(fd: int) -> None:
     raise AssertionError("a read-only FileBackend never syncs")
-
-
-def _note_lock_holder(lock_fd: int) -> None:
-    """Write this process's pid into the lock file it holds, so that a second process can
-    say who holds it (issue 20). Not synced: it only matters while this process lives."""
-    os.ftruncate(lock_fd, 0)
-    os.pwrite(lock_fd, f"{os.getpid()}\n".encode(), 0)
-
-
-def _lock_holder(lock_fd: int) -> int | None:
-    """The pid the lock's holder wrote, or None (none written yet, or an older version)."""
-    text = os.pread(lock_fd, 32, 0).decode("ascii", "replace").strip()
-    return int(text) if text.isdigit() else None

@@ -33,10 +33,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from logsvc.torn import (
+    SECTOR_BYTES,
     has_zero_page,
     is_lost_page_tail,
     is_zero_filled_tail,
     starts_with_zero_run,
+    zero_tail_start,
 )
 from tae_driver import limits
 from tae_driver.checksum import xxh3_64
@@ -45,10 +47,14 @@ from tae_driver.errors import StorageCorruption
 SEGMENT_MAGIC = b"TDWALSEG"
 SEGMENT_VERSION_1 = 1
 SEGMENT_VERSION_2 = 2
-SEGMENT_VERSION = SEGMENT_VERSION_2
-"""The version new segments are written in. Version 1 segments are still read (and their
-frames keep the version 1 torn-tail rule); the backend never appends to one (it rolls)."""
-SEGMENT_VERSIONS_READ = (SEGMENT_VERSION_1, SEGMENT_VERSION_2)
+SEGMENT_VERSION_3 = 3
+"""Version 2 frames in a preallocated file: every byte past the last written frame is zero
+(allocated ahead of the writer, FORMAT.md "Preallocation"), so the file's size says nothing
+about where the writing ended; `written_view` finds that end instead."""
+SEGMENT_VERSION = SEGMENT_VERSION_3
+"""The version new segments are written in. Version 1 and 2 segments are still read (with
+their own torn-tail rules); the backend never appends to one (it rolls)."""
+SEGMENT_VERSIONS_READ = (SEGMENT_VERSION_1, SEGMENT_VERSION_2, SEGMENT_VERSION_3)
 
 _SEGMENT_HEADER = struct.Struct("<8sHHIQQ")
 assert _SEGMENT_HEADER.size == limits.FILE_SEGMENT_HEADER_BYTES
@@ -136,7 +142,7 @@ class Frame:
     body: bytes
     size_bytes: int
     durable_lsn: int | None = None
-    """Version 2: the writer's durable LSN before this frame's group write; None in v1."""
+    """Version 2 and 3: the writer's durable LSN before this frame's group write; None in v1."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -371,6 +377,55 @@ def _torn_end(data: bytes, offset: int, version: int) -> str | None:
     return None
 
 
+def written_view(data: bytes, bad_offset: int, version: int, expected_lsn: int) -> bytes | None:
+    """Where the writing of a segment ended, for the classification of its first bad frame
+    at `bad_offset`: `data` itself for versions 1 and 2 (the file's size is where the last
+    write ended). Version 3 files are preallocated with zeros (FORMAT.md "Preallocation"):
+    None when every byte from `bad_offset` on is zero (nothing was written there: a clean
+    end), else `data` cut where the written bytes end, so that the version 2 rules judge the
+    shape exactly as in a file that was appended to.
+
+    That end: the last non-zero byte ends at `z`; a disk writes whole sectors, so the
+    sector holding it was written and any zeros after `z` in that sector are data. If a
+    frame ends within that sector at or after `z`, the view ends with it: a damaged
+    acknowledged last frame whose own last bytes are zero still reads as whole (hence
+    corruption), and valid frames after the damage keep their last one whole for the hint
+    rule. Such a frame is found walking lengths from `bad_offset`, or as the bad frame with
+    its length field repaired (`_whole_with_bad_length`), or at the end of a run of valid
+    frames found after the damage (`find_later_record`, then hole after hole). Otherwise
+    the view ends at `z`."""
+    if version < SEGMENT_VERSION_3:
+        return data
+    if data.count(0, bad_offset) == len(data) - bad_offset:
+        return None
+    z = zero_tail_start(data, bad_offset)
+    sector_end = min(len(data), -(-z // SECTOR_BYTES) * SECTOR_BYTES)
+    header_bytes = frame_header_bytes(version)
+    offset = bad_offset
+    while len(data) - offset >= header_bytes and not starts_with_zero_run(data, offset):
+        (body_bytes,) = struct.unpack_from("<I", data, offset + 8)
+        end = offset + header_bytes + body_bytes
+        if body_bytes > FRAME_BODY_BYTES_MAX or end > sector_end:
+            break
+        if end >= z:
+            return data[:end]
+        offset = end
+    for end in range(max(z, bad_offset + header_bytes), sector_end + 1):
+        if _whole_with_bad_length(data[:end], bad_offset, version):
+            return data[:end]
+    written = data[:sector_end]
+    offset, lsn = bad_offset, expected_lsn
+    for _ in range(RESYNC_HOLES_MAX):
+        later = find_later_record(written, offset, lsn, version=version)
+        if later is None or isinstance(later, Undecided):
+            break
+        chain = _follow_chain(written, later[0], later[1], version)
+        if chain.end_offset >= z:
+            return data[: chain.end_offset]
+        offset, lsn = chain.end_offset, chain.lsn_last + 1
+    return data[:z]
+
+
 def classify_bad_frame(
     data: bytes, bad_offset: int, reason: str, expected_lsn: int, *, newest: bool, version: int
 ) -> BadFrameVerdict:
@@ -500,6 +555,10 @@ class SegmentScan:
     valid_bytes: int = 0
     torn_offset: int | None = None
     torn_reason: str = ""
+    written_bytes: int = 0
+    """Where the writing ended: the file's size, except in a preallocated (version 3) file,
+    where the zeros past the last frame (or past a torn tail's last written byte) are not
+    counted. A torn tail is `[torn_offset, written_bytes)`."""
 
     @property
     def record_count(self) -> int:
@@ -532,12 +591,17 @@ def scan_segment(data: bytes, path: str, *, newest: bool) -> SegmentScan:
         try:
             frame = decode_frame(data, offset, version=header.version)
         except BadFrame as bad:
+            view = written_view(data, bad.offset, header.version, next_lsn)
+            if view is None:
+                scan.written_bytes = bad.offset
+                break  # the zeroed space ahead of the writer: the end of this segment
             verdict = classify_bad_frame(
-                data, bad.offset, bad.reason, next_lsn, newest=newest, version=header.version
+                view, bad.offset, bad.reason, next_lsn, newest=newest, version=header.version
             )
             if verdict.torn:
                 scan.torn_offset = bad.offset
                 scan.torn_reason = verdict.reason
+                scan.written_bytes = len(view)
                 break
             raise StorageCorruption(
                 path,
@@ -571,6 +635,8 @@ def scan_segment(data: bytes, path: str, *, newest: bool) -> SegmentScan:
             durable_lsn_max = frame.durable_lsn
         offset += frame.size_bytes
     scan.valid_bytes = offset if scan.torn_offset is None else scan.torn_offset
+    if scan.written_bytes == 0:
+        scan.written_bytes = offset  # read to the end (or to the zeros) without damage
     return scan
 
 
@@ -654,10 +720,16 @@ def read_segment_frames(
             frame = decode_frame(data, offset, version=version, verify_checksum=verify)
         except BadFrame as bad:
             if not verify:  # a listing: no checksums, so no verdict either
-                torn = newest and len(data) - bad.offset <= limits.FILE_TORN_TAIL_BYTES_MAX
+                view = written_view(data, bad.offset, version, next_lsn)
+                if view is None:
+                    return ended(END_CLEAN, bad.offset, None)
+                torn = newest and len(view) - bad.offset <= limits.FILE_TORN_TAIL_BYTES_MAX
                 return ended(END_TORN if torn else END_CORRUPT, bad.offset, bad.reason)
+            view = written_view(data, bad.offset, version, next_lsn)
+            if view is None:
+                return ended(END_CLEAN, bad.offset, None)  # preallocated zeros: the end
             verdict = classify_bad_frame(
-                data, bad.offset, bad.reason, next_lsn, newest=newest, version=version
+                view, bad.offset, bad.reason, next_lsn, newest=newest, version=version
             )
             return ended(END_TORN if verdict.torn else END_CORRUPT, bad.offset, verdict.reason)
         hint_error = _hint_error(frame, durable_lsn_max)

@@ -102,7 +102,8 @@ def segments(path: Path) -> list[Path]:
 def test_issue_20_a_flipped_byte_mid_file_is_refused_and_nothing_changes(tmp_path: Path) -> None:
     build(tmp_path)
     (seg,) = segments(tmp_path)
-    assert 100_000 < seg.stat().st_size < 200_000  # the issue's 136 KB segment
+    written = segment.read_segment_frames(seg.read_bytes(), str(seg), newest=True).end_offset
+    assert 100_000 < written < 200_000  # the issue's 136 KB segment (then preallocated zeros)
     assert row_count(tmp_path) == TXNS * ROWS_PER_TXN
     flip(seg, 20_000)
     before = tree(tmp_path)

@@ -22,6 +22,7 @@ from spark_jobs.inputs import file_input, list_units
 from spark_jobs.jobs import JobParams
 from spark_jobs.walread import ReadOptions, read_unit
 from tae_driver import limits as driver_limits
+from tae_driver.backends import segment as wal_segment
 from tests.unit.spark_jobs.logs import anomalies_log, encode_record, kv_entries, write_file_wal
 
 
@@ -77,15 +78,17 @@ def test_damage_is_an_anomaly_in_report_mode(tmp_path: Path) -> None:
     write_file_wal(str(wal), [encode_record(1, 0, kv_entries(3)[0:3])] * 2)
     [segment] = [p for p in wal.iterdir() if p.name.endswith(".seg")]
     whole = segment.read_bytes()
+    # Where the frames end: the segment is preallocated (format 3), zeros follow.
+    end = wal_segment.read_segment_frames(whole, str(segment), newest=True).end_offset
     data = bytearray(whole)
-    data[-5] ^= 0xFF  # inside the last frame, which is whole: it may have been acknowledged
+    data[end - 5] ^= 0xFF  # inside the last frame, which is whole: it may have been acknowledged
     segment.write_bytes(bytes(data))
     result = local.run(JobParams("lsn_audit", file_input(str(wal))))
     kinds = [a["kind"] for a in result.tables["anomalies"].to_pylist()]
     assert kinds == ["corrupt"]
     [log] = result.summary["logs"]
     assert log["damaged"] == 1 and log["entry_copies"] == 3
-    segment.write_bytes(whole[:-5])  # a group write cut short: a torn tail
+    segment.write_bytes(whole[: end - 5])  # a group write cut short: a torn tail
     result = local.run(JobParams("lsn_audit", file_input(str(wal))))
     assert [a["kind"] for a in result.tables["anomalies"].to_pylist()] == ["torn_tail"]
 

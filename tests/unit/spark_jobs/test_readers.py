@@ -27,6 +27,7 @@ from spark_jobs.inputs import file_input, list_units
 from spark_jobs.schemas import schema_from_json, signed64
 from spark_jobs.walread import ReadOptions, read_unit
 from tae_driver import limits as driver_limits
+from tae_driver.backends import segment as wal_segment
 from tests.unit.spark_jobs.logs import (
     encode_record,
     encode_skip,
@@ -91,12 +92,17 @@ def test_clean_log_at_every_level(clean: str) -> None:
 
 def test_torn_tail_is_dropped_or_reported(clean: str) -> None:
     [unit] = list_units(file_input(clean))
-    with open(unit.path, "ab") as file:
+    with open(unit.path, "r+b") as file:
+        data = file.read()
+        # Where the frames end: the segment is preallocated (format v3), zeros follow.
+        written_end = wal_segment.read_segment_frames(data, unit.path, newest=True).end_offset
+        assert written_end < unit.size_bytes
+        file.seek(written_end)
         file.write(b"\x01\x02\x03 half a frame")
     assert [r["lsn"] for r in read(clean, "record")] == [1, 1, 2, 2, 3, 3]
     reported = read(clean, "record", "report")
     assert [(r["kind"], r["checksum_ok"]) for r in reported[-1:]] == [("torn_tail", False)]
-    assert reported[-1]["offset_bytes"] == unit.size_bytes  # where the garbage starts
+    assert reported[-1]["offset_bytes"] == written_end  # where the garbage starts
     assert read(clean, "segment")[0]["end"] == "torn"
 
 

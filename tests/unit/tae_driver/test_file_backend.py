@@ -57,7 +57,7 @@ def test_segment_v1_vector_encodes_exactly_and_scans_back() -> None:
 
 def test_segment_v2_vector_encodes_exactly_and_scans_back() -> None:
     encoded = (
-        segment.encode_segment_header(7)
+        segment.encode_segment_header(7, version=2)
         + segment.encode_frame(FrameType.RECORD, 7, b"hello", durable_lsn=6)
         + segment.encode_frame(FrameType.TRUNCATE, 7, b"", durable_lsn=7)
         + segment.encode_frame(FrameType.RECORD, 8, b"", durable_lsn=7)
@@ -65,11 +65,38 @@ def test_segment_v2_vector_encodes_exactly_and_scans_back() -> None:
     assert encoded == golden("segment_v2.hex")
     scan = segment.scan_segment(encoded, "golden", newest=False)
     assert (scan.base_lsn, scan.last_lsn, scan.truncate_lsn_max) == (7, 8, 7)
-    assert scan.version == segment.SEGMENT_VERSION == 2
+    assert scan.version == 2
     assert list(scan.record_offsets) == [32, 32 + 37 + 32]
     assert scan.valid_bytes == len(encoded) == 133
     frames = segment.read_segment_frames(encoded, "golden", newest=True).frames
     assert [f.frame.durable_lsn for f in frames] == [6, 7, 7]
+
+
+def test_segment_v3_vector_is_v2_frames_in_preallocated_zeros() -> None:
+    """Version 3 (FORMAT.md "Preallocation"): the v2 frames, then the allocated zeros ahead
+    of the writer, which are the end of the segment, not damage: in a sealed segment too."""
+    frames_bytes = (
+        segment.encode_frame(FrameType.RECORD, 7, b"hello", durable_lsn=6)
+        + segment.encode_frame(FrameType.TRUNCATE, 7, b"", durable_lsn=7)
+        + segment.encode_frame(FrameType.RECORD, 8, b"", durable_lsn=7)
+    )
+    encoded = segment.encode_segment_header(7) + frames_bytes + bytes(64)
+    assert encoded == golden("segment_v3.hex")
+    assert encoded[8:10] == b"\x03\x00"
+    assert encoded[32:133] == golden("segment_v2.hex")[32:]
+    for newest in (True, False):
+        scan = segment.scan_segment(encoded, "golden", newest=newest)
+        assert (scan.base_lsn, scan.last_lsn, scan.truncate_lsn_max) == (7, 8, 7)
+        assert scan.version == segment.SEGMENT_VERSION == 3
+        assert list(scan.record_offsets) == [32, 32 + 37 + 32]
+        assert (scan.valid_bytes, scan.written_bytes, scan.torn_offset) == (133, 133, None)
+        listed = segment.read_segment_frames(encoded, "golden", newest=newest)
+        assert (listed.end, listed.end_offset, len(listed.frames)) == (segment.END_CLEAN, 133, 3)
+    # The same zeros after a version 2 segment are a torn tail (newest) or corruption.
+    as_v2 = golden("segment_v2.hex") + bytes(64)
+    assert segment.scan_segment(as_v2, "v2", newest=True).torn_offset == 133
+    with pytest.raises(StorageCorruption):
+        segment.scan_segment(as_v2, "v2", newest=False)
 
 
 def test_segment_v2_fields_are_where_format_md_says() -> None:
@@ -150,14 +177,32 @@ def last_frame_offset(path: Path) -> int:
     return scan.record_offsets[-1]
 
 
+def written_end(path: Path) -> int:
+    """Where the frames of a segment end (version 3: the zeros ahead of the writer follow)."""
+    return segment.scan_segment(path.read_bytes(), str(path), newest=True).valid_bytes
+
+
+def write_at_written_end(path: Path, data: bytes) -> None:
+    """What appending to the file was before preallocation: the bytes go where the writer
+    would write next, into the preallocated zeros."""
+    end = written_end(path)
+    with path.open("r+b") as handle:
+        handle.seek(end)
+        handle.write(data)
+
+
 def damage_cut(path: Path) -> None:
-    data = path.read_bytes()
-    path.write_bytes(data[:-5])
+    """The last sector of the last group write never reached the disk: in a preallocated
+    file it reads as the zeros that were there (the file does not get shorter)."""
+    data = bytearray(path.read_bytes())
+    end = written_end(path)
+    lost_from = (end - 1) // 512 * 512
+    data[lost_from:end] = bytes(end - lost_from)
+    path.write_bytes(bytes(data))
 
 
 def damage_garbage(path: Path) -> None:
-    with path.open("ab") as handle:
-        handle.write(b"\x01garbage that is not a frame")
+    write_at_written_end(path, b"\x01garbage that is not a frame")
 
 
 def damage_zeros(path: Path) -> None:
@@ -186,38 +231,45 @@ def damage_payload(path: Path) -> None:
 
 
 def damage_zero_tail_sector(path: Path) -> None:
-    """The size reached the disk, the last sector of the data did not (the file is padded
-    with one more zeroed sector, as a committed size with unwritten blocks reads)."""
-    with path.open("ab") as handle:
-        handle.write(bytes(512 + 17))
+    """A group write's last frame reached the disk but for its last sector (zeros)."""
+    data = bytearray(path.read_bytes())
+    end = written_end(path)
+    frame = segment.encode_frame(FrameType.RECORD, 11, b"y" * 600, durable_lsn=10)
+    lost_from = (end + len(frame)) // 512 * 512
+    data[end:lost_from] = frame[: lost_from - end]
+    path.write_bytes(bytes(data))
 
 
 def damage_partial_frame(path: Path) -> None:
-    """A group write cut short: the next frame's header and half of its body."""
-    frame = segment.encode_frame(FrameType.RECORD, 11, b"x" * 100, durable_lsn=10)
-    with path.open("ab") as handle:
-        handle.write(frame[:60])
+    """A group write cut short: the next frame's header and part of its body, to the end of
+    a sector (a disk writes whole sectors; the rest reads as the preallocated zeros)."""
+    end = written_end(path)
+    frame = segment.encode_frame(FrameType.RECORD, 11, b"x" * 300, durable_lsn=10)
+    write_at_written_end(path, frame[: -(-end // 512) * 512 - end])
 
 
 @pytest.mark.parametrize(
-    ("damage", "survivors"),
+    ("damage", "survivors", "cut"),
     [
-        (damage_cut, 9),
-        (damage_garbage, 10),
-        (damage_zeros, 9),
-        (damage_zero_tail_sector, 10),
-        (damage_partial_frame, 10),
+        (damage_cut, 7, True),  # frames end at 32 + 132 k: the sector from 1024 is lost
+        (damage_garbage, 10, True),
+        (damage_zeros, 9, False),  # zeros from the last frame on: unwritten, nothing to cut
+        (damage_zero_tail_sector, 10, True),
+        (damage_partial_frame, 10, True),
     ],
 )
-def test_a_torn_tail_is_cut_back(tmp_path: Path, damage: object, survivors: int) -> None:
+def test_a_torn_tail_is_cut_back(tmp_path: Path, damage: object, survivors: int, cut: bool) -> None:
     async def scenario() -> None:
         backend = await filled(tmp_path, 10)
         await backend.close()
         (path,) = segment_files(tmp_path)
+        size_bytes = path.stat().st_size
+        assert size_bytes == HEADER + limits.FILE_PREALLOCATE_BYTES_DEFAULT  # preallocated
         assert callable(damage)
         damage(path)
         reopened = await FileBackend.open(str(tmp_path))
-        assert reopened.stats().torn_bytes_cut > 0
+        assert (reopened.stats().torn_bytes_cut > 0) == cut
+        assert path.stat().st_size == (written_end(path) if cut else size_bytes)
         assert await reopened.latest() == survivors
         records, _ = await reopened.read(1, 1 << 20)
         assert [r.payload for r in records] == [bytes([i]) * 100 for i in range(survivors)]
@@ -400,10 +452,9 @@ def test_a_well_formed_frame_with_the_wrong_lsn_is_corruption_even_at_the_tail(
     async def scenario() -> None:
         await (await filled(tmp_path, 3)).close()
         (path,) = segment_files(tmp_path)
-        with path.open("ab") as handle:
-            handle.write(
-                segment.encode_frame(FrameType.RECORD, 9, b"out of sequence", durable_lsn=3)
-            )
+        write_at_written_end(
+            path, segment.encode_frame(FrameType.RECORD, 9, b"out of sequence", durable_lsn=3)
+        )
         with pytest.raises(StorageCorruption) as info:
             await FileBackend.open(str(tmp_path))
         assert "expected 4" in info.value.reason
@@ -556,5 +607,33 @@ def test_scenario_30_driver_restart_and_truncate_over_3_kib_segments(tmp_path: P
         assert await restarted.append(b"next") == 101
         await restarted.close()
         await backend.close()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("where", ["last frame's body", "first frame's length"])
+def test_v3_damage_in_frames_that_end_in_zero_bytes_is_corruption(
+    tmp_path: Path, where: str
+) -> None:
+    """In a preallocated segment, frames whose payloads end in zero bytes (Arrow pads with
+    zeros) run into the allocated zeros: the written end must still be found at the last
+    frame's end (FORMAT.md "Preallocation"), or a flipped byte in the acknowledged last frame,
+    or a flipped length with valid frames after it, would read as a torn tail and be cut."""
+
+    async def scenario() -> None:
+        backend = await FileBackend.open(str(tmp_path))
+        for index in range(2):  # the last frame alone proves the first was durable
+            assert await backend.append(b"entry %d" % index + bytes(40)) == index + 1
+        await backend.close()
+        (path,) = segment_files(tmp_path)
+        frames = segment.read_segment_frames(path.read_bytes(), "p", newest=True).frames
+        if where == "last frame's body":
+            flip(path, frames[-1].offset + FRAME + 2)
+        else:
+            flip(path, frames[0].offset + 9)  # the length field: the frame looks longer
+        before = path.read_bytes()
+        with pytest.raises(StorageCorruption):
+            await FileBackend.open(str(tmp_path))
+        assert path.read_bytes() == before
 
     asyncio.run(scenario())

@@ -16,7 +16,12 @@ offline reader (`read_segment_frames`, the Spark jobs' path) must agree. What it
 * a whole last frame zeroed from a page boundary to the end (shorter than a sector): cut;
 * hints that go backwards: corruption;
 * a version 1 directory opens with the v1 rule, its records read back, and the next
-  appends go to a new v2 segment; the open syncs the newest segment before serving it.
+  appends go to a new segment of the current version (3, preallocated); the open syncs the
+  newest segment before serving it.
+
+The segments built here are version 2 (what a WAL written before preallocation holds), so
+these are also the rules an old directory is still opened with; the version 3 shapes are in
+test_file_backend.py and test_file_backend_power_loss.py.
 
 Several of these fail on the previous (v1-only) rule: every "is cut" case below was refused.
 """
@@ -43,10 +48,12 @@ def payload(lsn: int, size: int = 300) -> bytes:
     return bytes((lsn * 31 + i) % 251 + 1 for i in range(size))  # no zero bytes
 
 
-def build(groups: list[list[int]], size: int = 300) -> tuple[bytes, dict[int, int]]:
+def build(
+    groups: list[list[int]], size: int = 300, version: int = 2
+) -> tuple[bytes, dict[int, int]]:
     """A v2 segment from LSN 1 written as `groups` (each a group write of those LSNs, every
     frame hinting the last LSN of the groups before it); and each LSN's frame offset."""
-    data = bytearray(segment.encode_segment_header(1))
+    data = bytearray(segment.encode_segment_header(1, version=version))
     offsets: dict[int, int] = {}
     durable_lsn = 0
     for group in groups:
@@ -178,7 +185,7 @@ def test_a_flipped_byte_in_a_frame_holding_a_zero_sector_is_corruption(tmp_path:
     """A frame of the last group write whose own payload holds 1,100 zero bytes (a whole
     aligned sector), with a byte flipped elsewhere in it, then frames of the same group: a
     zero sector is not taken for a lost page in the middle of the file, so it is refused."""
-    data = bytearray(segment.encode_segment_header(1))
+    data = bytearray(segment.encode_segment_header(1, version=2))
     offsets: dict[int, int] = {}
     for lsn in range(1, 12):
         body = payload(lsn) + (bytes(1100) if lsn == 4 else b"") + payload(lsn)
@@ -220,7 +227,7 @@ def test_a_whole_last_frame_zeroed_from_a_page_boundary_is_cut(tmp_path: Path) -
 
 
 def test_hints_that_go_backwards_are_corruption(tmp_path: Path) -> None:
-    data = bytearray(segment.encode_segment_header(1))
+    data = bytearray(segment.encode_segment_header(1, version=2))
     data += segment.encode_frame(FrameType.RECORD, 1, b"a", durable_lsn=0)
     data += segment.encode_frame(FrameType.RECORD, 2, b"b", durable_lsn=1)
     data += segment.encode_frame(FrameType.RECORD, 3, b"c", durable_lsn=0)
@@ -236,7 +243,7 @@ def v1_segment(base_lsn: int, lsns: range) -> bytes:
     return bytes(data)
 
 
-def test_a_v1_directory_opens_and_the_next_appends_go_to_a_new_v2_segment(
+def test_a_v1_directory_opens_and_the_next_appends_go_to_a_new_current_segment(
     tmp_path: Path,
 ) -> None:
     write_wal(tmp_path, v1_segment(1, range(1, 6)), 1)
@@ -258,7 +265,7 @@ def test_a_v1_directory_opens_and_the_next_appends_go_to_a_new_v2_segment(
         assert (kept[11], kept[12]) == (b"first v2", b"second v2")
         await backend.close()
         newest = Path(paths[-1]).read_bytes()
-        assert segment.decode_segment_header(newest, "newest").version == 2
+        assert segment.decode_segment_header(newest, "newest").version == segment.SEGMENT_VERSION
         frames = segment.read_segment_frames(newest, "newest", newest=True).frames
         assert [f.frame.durable_lsn for f in frames] == [10, 11]  # two group writes
         older = (tmp_path / segment.segment_file_name(6)).read_bytes()
@@ -266,7 +273,7 @@ def test_a_v1_directory_opens_and_the_next_appends_go_to_a_new_v2_segment(
         assert older == v1_segment(6, range(6, 11))  # cut, never appended to
         again = await FileBackend.open(str(tmp_path))
         assert await again.latest() == 12
-        assert len(again.segment_paths()) == 3  # the v2 segment is appended to from now on
+        assert len(again.segment_paths()) == 3  # the v3 segment is appended to from now on
         assert await again.append(b"third") == 13
         await again.truncate(10)
         assert [Path(p).name for p in again.segment_paths()] == [segment.segment_file_name(11)]
@@ -315,7 +322,7 @@ def test_a_v1_newest_segment_with_no_record_is_replaced_keeping_its_truncation_m
         assert [r.payload for r in records] == [b"six"]
         await again.close()
         data = (tmp_path / segment.segment_file_name(6)).read_bytes()
-        assert segment.decode_segment_header(data, "p").version == 2
+        assert segment.decode_segment_header(data, "p").version == segment.SEGMENT_VERSION
 
     asyncio.run(scenario())
 
@@ -330,7 +337,7 @@ def test_a_v1_zero_hole_followed_by_frames_is_still_corruption(tmp_path: Path) -
 def test_the_open_syncs_the_newest_segment_before_serving_it(tmp_path: Path) -> None:
     """After a process crash the frames may be in the page cache only: the open makes them
     durable before any read sees them or a frame's hint counts them."""
-    data, _ = build([[1, 2]])
+    data, _ = build([[1, 2]], version=segment.SEGMENT_VERSION)  # appended to, not rolled
     path = write_wal(tmp_path, data)
     synced: list[str] = []
 
@@ -375,10 +382,26 @@ def test_a_flipped_byte_anywhere_in_multi_frame_group_writes_is_refused(tmp_path
         len(segment.read_segment_frames(p.read_bytes(), "f", newest=False).frames) > 2
         for p in files
     )
+    zero_tails = 0
     for path in files:
         data = path.read_bytes()
-        for offset in range(HEADER, len(data)):
+        newest = path == files[-1]
+        written_end = segment.read_segment_frames(data, "f", newest=newest).end_offset
+        assert len(data) >= written_end
+        for offset in range(HEADER, written_end):
             damaged = bytearray(data)
             damaged[offset] ^= 0x5A
-            found = segment.read_segment_frames(bytes(damaged), str(path), newest=path == files[-1])
+            found = segment.read_segment_frames(bytes(damaged), str(path), newest=newest)
             assert found.end == segment.END_CORRUPT, (path.name, offset, found.end_reason)
+        # A byte in the zeros past the frames was never written by anyone: in the newest
+        # segment it is cut with the space it sits in (nothing acknowledged is there); a
+        # sealed segment holds nothing but zeros past its frames, so it is corruption.
+        if len(data) < written_end + 64:
+            continue  # a group crossed the rotation size: allocated to its end, no zeros
+        zero_tails += 1
+        damaged = bytearray(data)
+        damaged[written_end + 40] ^= 0x5A
+        found = segment.read_segment_frames(bytes(damaged), str(path), newest=newest)
+        assert found.end == (segment.END_TORN if newest else segment.END_CORRUPT)
+        assert found.end_offset == written_end
+    assert zero_tails > 0
