@@ -110,10 +110,12 @@ class Checkpointer:
                 continue
             engine._adopt_state(state)
             self._hold_blocks(state)
-            older = names[max(0, position - self._retained_max + 1) : position]
-            for name in older:
+            older: list[Manifest] = []
+            for name in names[max(0, position - self._retained_max + 1) : position]:
                 with contextlib.suppress(CheckpointCorrupt, ObjectsError):
-                    self._retain(files.read_manifest(self._store, name))
+                    older.append(files.read_manifest(self._store, name))
+            for manifest in _below(older, newest):
+                self._retain(manifest)
             self._retain(newest)
             kept = self._keep()
             assert kept is not None
@@ -155,7 +157,7 @@ class Checkpointer:
         self.skipped = []  # what the open could not read is no longer the state's source
         self._engine._adopt_state(state)
         self._hold_blocks(state)
-        for manifest in older:
+        for manifest in _below(older, newest):
             self._retain(manifest)
         self._retain(newest)
 
@@ -426,3 +428,15 @@ class Checkpointer:
             self.objects_retired += files.retire(self._store, name, garbage)
             deleted += len(garbage)
         return deleted
+
+
+def _below(older: list[Manifest], newest: Manifest) -> list[Manifest]:
+    """`older` (ascending by name) with ckp_ts strictly rising and below `newest`'s: two
+    checkpoints can share a ckp_ts (a crash after one was written and before the WAL named
+    it, then the same state checkpointed again), and the retained list is one per ckp_ts,
+    the one restored kept (they hold the same commits)."""
+    kept: list[Manifest] = []
+    for manifest in older:
+        if manifest.ckp_ts < newest.ckp_ts and (not kept or manifest.ckp_ts > kept[-1].ckp_ts):
+            kept.append(manifest)
+    return kept

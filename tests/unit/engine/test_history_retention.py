@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import json
 from pathlib import Path
 
 import pytest
@@ -30,7 +31,7 @@ from engine import (
     limits,
     metrics,
 )
-from engine.checkpoint import retention
+from engine.checkpoint import files, layout, retention
 from engine.clock import TS_MAX, ts_at_wall_ms, ts_datetime
 from engine.compaction import Policy
 from engine.objects.store import MemoryObjectStore
@@ -458,5 +459,44 @@ def test_an_open_historical_snapshot_keeps_what_it_reads_while_the_window_moves_
                     pass
         finally:
             await eng.close()
+
+    asyncio.run(main())
+
+
+def test_two_checkpoints_of_one_timestamp_open() -> None:
+    """Two checkpoints can share a ckp_ts (a crash after one was written and before the WAL
+    named it, then the same state checkpointed again): an engine under a window opens from
+    them, keeping one per timestamp (the retention core wants them strictly rising; the
+    model test's crash steps met this)."""
+
+    async def main() -> None:
+        wal, objects, clock = MemoryBackend(), MemoryObjectStore(), Clock()
+        eng = await open_engine(wal, objects, clock)
+        await create_table(eng)
+        await commit(eng, clock, [1, 2], [])
+        first = await eng.checkpoint()
+        await commit(eng, clock, [3], [])
+        second = await eng.checkpoint()
+        assert first is not None and second is not None
+        await eng.close()
+        # The older checkpoint again, whole, under a second tag of the same ckp_ts.
+        old_dir = first.directory
+        new_dir = f"{old_dir.rstrip('/').rsplit('-', 1)[0]}-ffffffff/"
+        for info in objects.list(old_dir):
+            data = objects.get(info.name)
+            if info.name.endswith("manifest.json"):
+                body = json.loads(data)
+                body.pop("checksum")
+                body = json.loads(json.dumps(body).replace(old_dir, new_dir))
+                body["checksum"] = layout._checksum(body)
+                data = json.dumps(body).encode()
+            objects.put(new_dir + info.name[len(old_dir) :], data)
+        assert len(files.manifests(objects)) == 3
+        eng = await open_engine(wal, objects, clock)
+        assert [row["id"] for row in await scan_at(eng, eng.visible_ts)] == [1, 2, 3]
+        assert sorted(m.ckp_ts for m in eng.checkpointer.retained) == sorted(
+            {m.ckp_ts for m in eng.checkpointer.retained}
+        )
+        await eng.close()
 
     asyncio.run(main())
