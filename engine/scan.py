@@ -34,6 +34,7 @@ from engine.catalog import TableEntry
 from engine.errors import SchemaError
 from engine.objects.errors import CacheFull
 from engine.storage import NOTHING_LOADED, Block, PersistedBlock, TableData, pruning
+from engine.storage.masks import mask
 
 if TYPE_CHECKING:
     from engine.txn import TableHandle, Transaction, _TableWrites
@@ -120,13 +121,20 @@ async def scan_parts(
             table = data.arrow_schema.empty_table().select(read)
         else:
             table = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
-        if filter is not None and not exact and (table.num_rows or not checked):
+        out = list(columns) if columns is not None else read
+        keep = mask(node, table) if node is not None and not exact and table.num_rows else None
+        if keep is not None:
+            # Kernels with typed scalars, not an Acero plan (engine/storage/masks.py); only
+            # the columns asked for are filtered.
+            table = table.select(out).filter(keep)
+            checked = True  # (numeric columns compared with numbers: the filter binds)
+        elif filter is not None and not exact and (table.num_rows or not checked):
             try:
                 table = table.filter(filter)
             except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
                 raise SchemaError(f"{handle.qualified}: bad filter: {exc}") from None
             checked = True
-        table = table.select(list(columns) if columns is not None else read)
+        table = table.select(out)
         counts.rows_out += table.num_rows
         return table
 
