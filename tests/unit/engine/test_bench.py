@@ -85,6 +85,7 @@ def test_ten_rows_per_txn_and_dict_input(tmp_path: Path) -> None:
         ["commit", "--writers", "a"],
         ["commit", "--rows", "100000"],
         ["commit", "--seconds", "0"],
+        ["commit", "--seconds", "1801"],  # 30 minutes is the longest run (SECONDS_MAX)
         ["commit", "--wal", "none", "--sqlite", "none"],
     ],
 )
