@@ -277,10 +277,11 @@ class _EngineScanner:
         # (two cores busy, not one after the other); memory holds two groups at most.
         pending: concurrent.futures.Future[tuple[list[pa.Table], bool]] | None
         pending = query.submit(step())
+        exhausted = False
         try:
             while pending is not None:
-                parts, ended = query.wait(pending)
-                pending = None if ended else query.submit(step())
+                parts, exhausted = query.wait(pending)
+                pending = None if exhausted else query.submit(step())
                 for part in parts:
                     yield from (
                         part if part.schema.equals(schema) else part.cast(schema)
@@ -305,9 +306,11 @@ class _EngineScanner:
                     )
                 )
             # Not awaited: the generator may be finalized on any thread, and the loop's
-            # async-generator hooks close a stream left open anyway.
-            with contextlib.suppress(RuntimeError):  # the loop is closed: nothing to close
-                query.loop.call_soon_threadsafe(_close_soon, stream)
+            # async-generator hooks close a stream left open anyway. A stream read to its
+            # end is closed already: no wake-up of the loop for it.
+            if not exhausted:
+                with contextlib.suppress(RuntimeError):  # the loop is closed: nothing to close
+                    query.loop.call_soon_threadsafe(_close_soon, stream)
 
 
 _CLOSING: set[asyncio.Future[None]] = set()
