@@ -62,7 +62,8 @@ def _literal(node: Compare, schema: pa.Schema) -> pa.Scalar | None:
         return None
     kind = schema.field(index).type
     value = node.value
-    if node.slack and float(np.float32(value)) != value:
+    as_float32 = _as_float32(value)
+    if node.slack and as_float32 != value:
         return None  # a float32 printed short, or a float64 that is not one: unknown
     if pa.types.is_integer(kind):
         if not value.is_integer():
@@ -73,7 +74,13 @@ def _literal(node: Compare, schema: pa.Schema) -> pa.Scalar | None:
             return None
         return pa.scalar(number, kind)
     if pa.types.is_float32(kind) or pa.types.is_float64(kind):
-        if pa.types.is_float32(kind) and float(np.float32(value)) != value:
+        if pa.types.is_float32(kind) and as_float32 != value:
             return None
         return pa.scalar(value, kind)
     return None
+
+
+def _as_float32(value: float) -> float:
+    """`value` rounded to a float32 (infinite past its range, without numpy's warning)."""
+    with np.errstate(over="ignore"):
+        return float(np.float32(value))
