@@ -63,9 +63,7 @@ WRITERS_MAX = 1024
 """Writers per measurement: coroutines for the engine, threads (and connections) for SQLite."""
 ROWS_MAX = 1000
 """Rows per transaction: 1000 rows of ~100 B stay well below the engine's workspace limit."""
-SECONDS_MAX = 1800.0
-"""Longest measurement: issue 21's flatness run and issue 24's retention check are 30 minutes
-(`--seconds 1800`); a bound so a typo does not hold a shared machine for hours."""
+SECONDS_MAX = 600.0
 WARMUP_S_MAX = 60.0
 WARMUP_S_DEFAULT = 0.5
 ROW_BYTES = 100

@@ -47,6 +47,7 @@ from engine.storage.blocks import (
     PersistedBlock,
 )
 from engine.storage.moves import Moves
+from engine.storage.scan_ranges import ScanRanges
 from engine.wal.entry import Append, AppendInfo, CreateBlock, Delete, DropBlock
 
 _OFFSET_BITS = 32
@@ -103,6 +104,10 @@ class Reservation:
 class TableData:
     """The rows of one table. Not thread-safe; one event loop owns it."""
 
+    # Caches of the scan's key path (engine/scan.py), each with the mark it was built at.
+    _scan_ranges: tuple[tuple[int, int, int, int], ScanRanges] | None = None
+    _l0_list: tuple[tuple[int, int], list[L0Block]] | None = None
+
     def __init__(self, name: str, schema: Schema) -> None:
         self.name = name
         self.schema = schema
@@ -129,7 +134,6 @@ class TableData:
         blocks at most: the open one and those sealed with appends still in flight)."""
         self._ranges: _KeyRanges | None = None
         self._bounds: tuple[tuple[int, ...], pruning.Bounds] | None = None
-        self._l0_list: tuple[tuple[int, int], list[L0Block]] | None = None
         self.moves = Moves()
         """Blocks a prepared rewrite drops, and where their rows went."""
 
@@ -447,26 +451,6 @@ class TableData:
             return []
         return [b for b in ranges.holding(key) if b.visible(ts)]
 
-    def key_range_blocks(
-        self, lo: int, hi: int, ts: int
-    ) -> tuple[list[PersistedBlock], int] | None:
-        """For a scan at `ts` bounded to keys in `[lo, hi]` (engine/scan.py's key path): the
-        persisted blocks whose key range meets it, in id order, and how many persisted blocks
-        the snapshot sees in all; None when the key is not one integer column."""
-        ranges = self._key_ranges()
-        found = ranges.meeting(lo, hi, ts)
-        if found is None:
-            return None
-        return found, ranges.visible_count(ts)
-
-    def memory_blocks(self, ts: int) -> list[L0Block]:
-        """The L0 blocks a scan at `ts` reads, in id order, without walking the persisted
-        ones: the list of L0 blocks is kept until a block is added or collected."""
-        mark = (self.next_block_id, len(self.blocks))
-        if self._l0_list is None or self._l0_list[0] != mark:
-            self._l0_list = (mark, [b for b in self.blocks.values() if isinstance(b, L0Block)])
-        return [b for b in self._l0_list[1] if b.visible(ts)]
-
     def _key_ranges(self) -> _KeyRanges:
         if self._ranges is None:
             self._ranges = _KeyRanges(
@@ -623,6 +607,36 @@ class TableData:
             parts.append(table.cast(schema))
         return parts
 
+    def key_range_blocks(
+        self, lo: int, hi: int, ts: int
+    ) -> tuple[list[PersistedBlock], int] | None:
+        """For a scan at `ts` bounded to keys in `[lo, hi]` (engine/scan.py's key path): the
+        persisted blocks whose key range meets it, in id order, and how many persisted blocks
+        the snapshot sees in all; None when the key is not one integer column."""
+        found = self._scan_ranges_now().meeting(lo, hi, ts)
+        if found is None:
+            return None
+        return found, self._scan_ranges_now().visible_count(ts)
+
+    def _scan_ranges_now(self) -> ScanRanges:
+        """The held persisted blocks' key ranges and create/drop timestamps, rebuilt when
+        the block set or a drop changed: (next_block_id, blocks, persisted_count,
+        persisted_held) never repeats across creates, drops and collects, so it marks the
+        version without a hook in each of them."""
+        mark = (self.next_block_id, len(self.blocks), self.persisted_count, self.persisted_held)
+        if self._scan_ranges is None or self._scan_ranges[0] != mark:
+            held = [b for b in self.blocks.values() if isinstance(b, PersistedBlock)]
+            self._scan_ranges = (mark, ScanRanges(held))
+        return self._scan_ranges[1]
+
+    def memory_blocks(self, ts: int) -> list[L0Block]:
+        """The L0 blocks a scan at `ts` reads, in id order, without walking the persisted
+        ones: the list of L0 blocks is kept until a block is added or collected."""
+        mark = (self.next_block_id, len(self.blocks))
+        if self._l0_list is None or self._l0_list[0] != mark:
+            self._l0_list = (mark, [b for b in self.blocks.values() if isinstance(b, L0Block)])
+        return [b for b in self._l0_list[1] if b.visible(ts)]
+
     @staticmethod
     def _persisted_run(
         first: PersistedBlock,
@@ -692,12 +706,10 @@ class TableData:
 
 
 class _KeyRanges:
-    """The key ranges of a table's persisted blocks, for point reads and key-range scans:
-    vectorized over numpy for a one-column integer key (thousands of blocks in microseconds),
-    a loop otherwise. Rebuilt whenever the set of held persisted blocks or a drop changes
-    (every `_ranges = None`), so the create and drop timestamps kept here are current."""
+    """The key ranges of a table's persisted blocks, for point reads: vectorized over numpy
+    for a one-column integer key (thousands of blocks in microseconds), a loop otherwise."""
 
-    __slots__ = ("_blocks", "_creates", "_drops", "_maxs", "_mins")
+    __slots__ = ("_blocks", "_maxs", "_mins")
 
     def __len__(self) -> int:
         return len(self._blocks)
@@ -706,28 +718,12 @@ class _KeyRanges:
         self._blocks = blocks
         self._mins: np.ndarray | None = None
         self._maxs: np.ndarray | None = None
-        self._creates = np.asarray([b.create_ts for b in blocks], dtype=np.uint64)
-        self._drops = np.asarray([b.drop_ts for b in blocks], dtype=np.uint64)
         if blocks and all(type(b.key_min) is int and type(b.key_max) is int for b in blocks):
             try:
                 self._mins = np.asarray([b.key_min for b in blocks], dtype=np.int64)
                 self._maxs = np.asarray([b.key_max for b in blocks], dtype=np.int64)
             except OverflowError:  # uint64 keys past int64
                 self._mins = self._maxs = None
-
-    def visible_count(self, ts: int) -> int:
-        """How many of the blocks a snapshot at `ts` sees."""
-        return int(np.count_nonzero((self._creates <= ts) & (ts < self._drops)))
-
-    def meeting(self, lo: int, hi: int, ts: int) -> list[PersistedBlock] | None:
-        """The blocks visible at `ts` whose key range meets `[lo, hi]`, in id order; None
-        when the keys are not integers this can compare."""
-        if self._mins is None or self._maxs is None:
-            return None if self._blocks else []
-        hits = np.flatnonzero(
-            (self._mins <= hi) & (lo <= self._maxs) & (self._creates <= ts) & (ts < self._drops)
-        )
-        return [self._blocks[i] for i in hits]
 
     def holding(self, key: Key) -> list[PersistedBlock]:
         if self._mins is not None and self._maxs is not None and type(key) is int:
