@@ -10,7 +10,7 @@ readers pin is halved.
 The key path. A filter that bounds a one-column integer primary key (`id == 5`, `id >= lo
 and id < hi`, either `and` anything; engine/storage/pruning.py `key_interval`) goes straight
 to the persisted blocks whose key ranges meet the bounds (numpy over every block's key range
-and create/drop timestamps, `TableData.key_range_blocks`; a point also asks each block's
+and create/drop timestamps, engine/storage/scan_ranges.py; a point also asks each block's
 bloom filter), loads only those blocks' keys and scanned columns (not their whole objects),
 and slices each block at the span a binary search of its sorted keys finds, masked by its
 deletes at the snapshot. When the filter is nothing but those key bounds the slice is the
@@ -33,7 +33,7 @@ from engine import limits
 from engine.catalog import TableEntry
 from engine.errors import SchemaError
 from engine.objects.errors import CacheFull
-from engine.storage import NOTHING_LOADED, Block, PersistedBlock, TableData, pruning
+from engine.storage import NOTHING_LOADED, Block, PersistedBlock, TableData, pruning, scan_ranges
 from engine.storage.masks import mask
 
 if TYPE_CHECKING:
@@ -154,7 +154,7 @@ async def scan_parts(
                 for group in _scan_groups(persisted):
                     for part in await _scan_group(txn, data, group, read, excluded, finish):
                         yield part
-            in_memory: list[Block] = list(data.memory_blocks(txn.start_ts))
+            in_memory: list[Block] = list(scan_ranges.memory_blocks(data, txn.start_ts))
         else:
             blocks = data.scan_blocks(txn.start_ts)
             persisted = [b for b in blocks if isinstance(b, PersistedBlock)]
@@ -195,7 +195,7 @@ def _key_range(
     interval = pruning.key_interval(node, key)
     if interval is None:
         return None
-    found = data.key_range_blocks(interval.lo, interval.hi, ts)
+    found = scan_ranges.key_range_blocks(data, interval.lo, interval.hi, ts)
     if found is None:
         return None
     blocks, visible_count = found

@@ -47,7 +47,6 @@ from engine.storage.blocks import (
     PersistedBlock,
 )
 from engine.storage.moves import Moves
-from engine.storage.scan_ranges import ScanRanges
 from engine.wal.entry import Append, AppendInfo, CreateBlock, Delete, DropBlock
 
 _OFFSET_BITS = 32
@@ -103,10 +102,6 @@ class Reservation:
 
 class TableData:
     """The rows of one table. Not thread-safe; one event loop owns it."""
-
-    # Caches of the scan's key path (engine/scan.py), each with the mark it was built at.
-    _scan_ranges: tuple[tuple[int, int, int, int], ScanRanges] | None = None
-    _l0_list: tuple[tuple[int, int], list[L0Block]] | None = None
 
     def __init__(self, name: str, schema: Schema) -> None:
         self.name = name
@@ -580,7 +575,7 @@ class TableData:
         `excluded`, one table per block that has any: each block's rows are sorted by key,
         so its keys (`loaded.keys`) give the span by binary search and only that span is
         sliced and masked by the deletes. `loaded` holds the keys and the `columns` of every
-        block; the key is one integer column (`key_range_blocks` said so)."""
+        block; the key is one integer column (engine/storage/scan_ranges.py said so)."""
         names = columns if columns is not None else self.arrow_schema.names
         schema = self._arrow_subset(names)
         parts = []
@@ -606,36 +601,6 @@ class TableData:
             # Read back from Parquet every field is nullable: relabel (no copy), as scan_at.
             parts.append(table.cast(schema))
         return parts
-
-    def key_range_blocks(
-        self, lo: int, hi: int, ts: int
-    ) -> tuple[list[PersistedBlock], int] | None:
-        """For a scan at `ts` bounded to keys in `[lo, hi]` (engine/scan.py's key path): the
-        persisted blocks whose key range meets it, in id order, and how many persisted blocks
-        the snapshot sees in all; None when the key is not one integer column."""
-        found = self._scan_ranges_now().meeting(lo, hi, ts)
-        if found is None:
-            return None
-        return found, self._scan_ranges_now().visible_count(ts)
-
-    def _scan_ranges_now(self) -> ScanRanges:
-        """The held persisted blocks' key ranges and create/drop timestamps, rebuilt when
-        the block set or a drop changed: (next_block_id, blocks, persisted_count,
-        persisted_held) never repeats across creates, drops and collects, so it marks the
-        version without a hook in each of them."""
-        mark = (self.next_block_id, len(self.blocks), self.persisted_count, self.persisted_held)
-        if self._scan_ranges is None or self._scan_ranges[0] != mark:
-            held = [b for b in self.blocks.values() if isinstance(b, PersistedBlock)]
-            self._scan_ranges = (mark, ScanRanges(held))
-        return self._scan_ranges[1]
-
-    def memory_blocks(self, ts: int) -> list[L0Block]:
-        """The L0 blocks a scan at `ts` reads, in id order, without walking the persisted
-        ones: the list of L0 blocks is kept until a block is added or collected."""
-        mark = (self.next_block_id, len(self.blocks))
-        if self._l0_list is None or self._l0_list[0] != mark:
-            self._l0_list = (mark, [b for b in self.blocks.values() if isinstance(b, L0Block)])
-        return [b for b in self._l0_list[1] if b.visible(ts)]
 
     @staticmethod
     def _persisted_run(

@@ -32,7 +32,7 @@ from engine.engine import Engine
 from engine.objects.store import MemoryObjectStore
 from engine.scan import ScanCounts, scan_parts
 from engine.schema import Column, Schema
-from engine.storage import TableData, pruning
+from engine.storage import TableData, pruning, scan_ranges
 from engine.txn import Transaction
 from tae_driver.backends.memory import MemoryBackend
 
@@ -257,15 +257,15 @@ def test_the_check_catches_a_wrong_key_path(sabotage: str, monkeypatch: pytest.M
 
         monkeypatch.setattr(pruning, "key_interval", short)
     else:
-        honest_blocks = TableData.key_range_blocks
+        honest_blocks = scan_ranges.key_range_blocks
 
-        def fewer(self: TableData, lo: int, hi: int, ts: int) -> tuple[list[Any], int] | None:
-            found = honest_blocks(self, lo, hi, ts)
+        def fewer(data: TableData, lo: int, hi: int, ts: int) -> tuple[list[Any], int] | None:
+            found = honest_blocks(data, lo, hi, ts)
             if found is None or len(found[0]) < 2:
                 return found
             return found[0][:-1], found[1]
 
-        monkeypatch.setattr(TableData, "key_range_blocks", fewer)
+        monkeypatch.setattr(scan_ranges, "key_range_blocks", fewer)
 
     async def main() -> None:
         eng = await big_table()
