@@ -391,7 +391,15 @@ def _load_object_column(store: ObjectStore, name: str, column: str) -> tuple[Any
         parts = [
             reader.read_block(index, [column]).column(0) for index in range(len(reader.meta.blocks))
         ]
-    array = pa.chunked_array([chunk for part in parts for chunk in part.chunks], parts[0].type)
+    # One chunk per object, not one per block: a scan's filter, its slices and the batches
+    # handed to DuckDB each pay per chunk (a million rows were 128 chunks).
+    array = pa.chunked_array(
+        [
+            pa.chunked_array(
+                [c for part in parts for c in part.chunks], parts[0].type
+            ).combine_chunks()
+        ]
+    )
     return array, array.nbytes
 
 

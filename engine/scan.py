@@ -6,6 +6,17 @@ Persisted blocks are read a group of whole objects at a time (`SCAN_GROUP_ROWS`)
 loaded through the buffer cache, filtered and unpinned before the next, so a table larger
 than the cache is scanned through it; a group the cache cannot take next to what other
 readers pin is halved.
+
+The key path. A filter that bounds a one-column integer primary key (`id == 5`, `id >= lo
+and id < hi`, either `and` anything; engine/storage/pruning.py `key_interval`) goes straight
+to the persisted blocks whose key ranges meet the bounds (numpy over every block's key range
+and create/drop timestamps, engine/storage/scan_ranges.py; a point also asks each block's
+bloom filter), loads only those blocks' keys and scanned columns (not their whole objects),
+and slices each block at the span a binary search of its sorted keys finds, masked by its
+deletes at the snapshot. When the filter is nothing but those key bounds the slice is the
+answer and pyarrow's filter is not run on it. Bounds that meet more rows than one group
+take the grouped path over just those blocks. Both paths give the same rows (tests/unit/
+engine/test_scan_key_path.py checks them against each other and a model).
 """
 
 from __future__ import annotations
@@ -22,7 +33,8 @@ from engine import limits
 from engine.catalog import TableEntry
 from engine.errors import SchemaError
 from engine.objects.errors import CacheFull
-from engine.storage import NOTHING_LOADED, PersistedBlock, TableData
+from engine.storage import NOTHING_LOADED, Block, PersistedBlock, TableData, pruning, scan_ranges
+from engine.storage.masks import mask
 
 if TYPE_CHECKING:
     from engine.txn import TableHandle, Transaction, _TableWrites
@@ -94,35 +106,69 @@ async def scan_parts(
         raise SchemaError(f"{handle.qualified}: filter must be a pyarrow.compute.Expression")
     writes = txn._writes.get(entry.table_id)
     excluded = writes.deleted_by_block if writes else None
-    read = _columns_to_read(data.arrow_schema, columns, filter)
+    node = pruning.parse(filter) if filter is not None else None
+    read = _columns_to_read(data.arrow_schema, columns, filter, node)
     counts = counts if counts is not None else ScanCounts()
+    checked = False
+    """Whether the filter has been run once (so it binds): an empty part after that needs
+    no filter run of its own (pyarrow's costs ~0.1 ms even on no rows)."""
 
-    def finish(parts: list[pa.Table]) -> pa.Table:
-        """Parts of the scan (each with the `read` columns), filtered and projected."""
-        table = pa.concat_tables(parts) if parts else data.arrow_schema.empty_table()
-        if filter is not None:
+    def finish(parts: list[pa.Table], *, exact: bool = False) -> pa.Table:
+        """Parts of the scan (each with the `read` columns), filtered and projected; `exact`:
+        the parts hold only matching rows already (the key path's exact bounds)."""
+        nonlocal checked
+        if not parts:
+            table = data.arrow_schema.empty_table().select(read)
+        else:
+            table = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+        out = list(columns) if columns is not None else read
+        keep = mask(node, table) if node is not None and not exact and table.num_rows else None
+        if keep is not None:
+            # Kernels with typed scalars, not an Acero plan (engine/storage/masks.py); only
+            # the columns asked for are filtered.
+            table = table.select(out).filter(keep)
+            checked = True  # (numeric columns compared with numbers: the filter binds)
+        elif filter is not None and not exact and (table.num_rows or not checked):
             try:
                 table = table.filter(filter)
             except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
                 raise SchemaError(f"{handle.qualified}: bad filter: {exc}") from None
-        table = table.select(list(columns) if columns is not None else read)
+            checked = True
+        table = table.select(out)
         counts.rows_out += table.num_rows
         return table
 
     if entry.create_ts != 0:
-        blocks = data.scan_blocks(txn.start_ts)
-        persisted = [b for b in blocks if isinstance(b, PersistedBlock)]
-        counts.blocks_visible += len(persisted)
-        if persisted and filter is not None:
-            # Zonemaps: skip the persisted blocks the filter cannot match.
-            persisted = data.prune(persisted, filter)
-        counts.blocks_read += len(persisted)
-        # Persisted blocks in groups, each loaded, filtered and unpinned before the next:
-        # a table larger than the buffer cache is scanned through it.
-        for group in _scan_groups(persisted):
-            for part in await _scan_group(txn, data, group, read, excluded, finish):
-                yield part
-        in_memory = [b for b in blocks if not isinstance(b, PersistedBlock)]
+        keyed = _key_range(data, node, txn.start_ts)
+        if keyed is not None:
+            interval, persisted, visible_count = keyed
+            # The bounds are comparisons of the integer key with numbers: the filter binds.
+            checked = checked or interval.exact
+            counts.blocks_visible += visible_count
+            counts.blocks_read += len(persisted)
+            if sum(b.rows for b in persisted) <= limits.SCAN_GROUP_ROWS:
+                parts = await _scan_key_blocks(txn, data, persisted, read, excluded, interval)
+                if parts:
+                    yield finish(parts, exact=interval.exact)
+            else:
+                for group in _scan_groups(persisted):
+                    for part in await _scan_group(txn, data, group, read, excluded, finish):
+                        yield part
+            in_memory: list[Block] = list(scan_ranges.memory_blocks(data, txn.start_ts))
+        else:
+            blocks = data.scan_blocks(txn.start_ts)
+            persisted = [b for b in blocks if isinstance(b, PersistedBlock)]
+            counts.blocks_visible += len(persisted)
+            if persisted and filter is not None:
+                # Zonemaps: skip the persisted blocks the filter cannot match.
+                persisted = data.prune(persisted, filter)
+            counts.blocks_read += len(persisted)
+            # Persisted blocks in groups, each loaded, filtered and unpinned before the next:
+            # a table larger than the buffer cache is scanned through it.
+            for group in _scan_groups(persisted):
+                for part in await _scan_group(txn, data, group, read, excluded, finish):
+                    yield part
+            in_memory = [b for b in blocks if not isinstance(b, PersistedBlock)]
         parts = data.scan_at(txn.start_ts, in_memory, NOTHING_LOADED, excluded, columns=read)
     else:
         parts = []
@@ -132,6 +178,69 @@ async def scan_parts(
     if own is not None:
         parts.append(pa.Table.from_batches([own]).select(read))
     yield finish(parts)
+
+
+def _key_range(
+    data: TableData, node: pruning.Node | None, ts: int
+) -> tuple[pruning.KeyInterval, list[PersistedBlock], int] | None:
+    """For the key path (module docstring): the bounds `node` puts on the table's one-column
+    integer key, the persisted blocks visible at `ts` that may hold a key within them (a
+    point also asks each block's bloom filter, when the block holds it), and how many
+    persisted blocks `ts` sees; None when the scan takes the grouped path."""
+    if node is None or not data.persisted_held:
+        return None
+    key = _integer_key(data)
+    if key is None:
+        return None
+    interval = pruning.key_interval(node, key)
+    if interval is None:
+        return None
+    found = scan_ranges.key_range_blocks(data, interval.lo, interval.hi, ts)
+    if found is None:
+        return None
+    blocks, visible_count = found
+    if interval.lo == interval.hi:
+        point = interval.lo
+        blocks = [b for b in blocks if b.bloom is None or b.bloom.might_contain(point)]
+    return interval, blocks, visible_count
+
+
+_KEY_TYPES = (pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(), pa.uint16(), pa.uint32())
+"""Key types whose every value is an int64 (uint64's are not: no key path for them)."""
+
+
+def _integer_key(data: TableData) -> str | None:
+    primary_key = data.schema.primary_key
+    if len(primary_key) != 1:
+        return None
+    name = primary_key[0]
+    return name if data.arrow_schema.field(name).type in _KEY_TYPES else None
+
+
+async def _scan_key_blocks(
+    txn: Transaction,
+    data: TableData,
+    blocks: list[PersistedBlock],
+    read: list[str],
+    excluded: dict[int, BitMap] | None,
+    interval: pruning.KeyInterval,
+) -> list[pa.Table]:
+    """The key path's read of `blocks` (at most a group's rows): their keys and `read`
+    columns loaded, each block sliced at its keys in the interval; halved while the buffer
+    cache cannot hold them next to what other readers pin."""
+    if not blocks:
+        return []
+    try:
+        async with txn._engine._loaded(blocks, keys=True, columns=read) as loaded:
+            return data.scan_key_range(
+                txn.start_ts, blocks, loaded, interval.lo, interval.hi, excluded, columns=read
+            )
+    except CacheFull:
+        if len(blocks) == 1:
+            raise
+        half = len(blocks) // 2
+        first = await _scan_key_blocks(txn, data, blocks[:half], read, excluded, interval)
+        return first + await _scan_key_blocks(txn, data, blocks[half:], read, excluded, interval)
 
 
 async def _scan_group(
@@ -211,19 +320,27 @@ def _split_by_object(
 
 
 def _columns_to_read(
-    schema: pa.Schema, columns: Sequence[str] | None, filter: pc.Expression | None
+    schema: pa.Schema,
+    columns: Sequence[str] | None,
+    filter: pc.Expression | None,
+    node: pruning.Node | None = None,
 ) -> list[str]:
     """The columns a scan loads from persisted blocks: those asked for, plus those its filter
-    needs. pyarrow does not list an expression's fields, so they are found by binding it to
-    empty tables: every column not asked for is dropped unless the filter no longer binds
-    without it (a filter on `customer` selecting `amount` must not read a wide `note`
-    column). A filter that binds to nothing reads every column (and fails on the data)."""
+    needs. A filter the pruner parsed (`node`) names its columns; pyarrow does not list an
+    expression's fields, so any other filter's are found by binding it to empty tables:
+    every column not asked for is dropped unless the filter no longer binds without it (a
+    filter on `customer` selecting `amount` must not read a wide `note` column). A filter
+    that binds to nothing reads every column (and fails on the data)."""
     if columns is None:
         return list(schema.names)
     asked = set(columns)
     wanted = [name for name in schema.names if name in asked] or schema.names[:1]
     if filter is None:
         return wanted  # (at least one column: a table of none cannot count its rows)
+    if node is not None:
+        named = pruning.columns_of(node)
+        if named <= set(schema.names):
+            return [name for name in schema.names if name in asked or name in named]
     empty = schema.empty_table()
 
     def binds(names: list[str]) -> bool:

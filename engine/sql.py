@@ -19,18 +19,26 @@ dataset lists them as `Filters:` and `Projections:` under "Python Arrow Scan"; h
 `ScanReport` says what reached each scan and how many blocks it read.) Other routes were
 weaker: a RecordBatchReader or an object exporting `__arrow_c_stream__` is offered neither
 columns nor filters; parsing DuckDB's plan ourselves would re-derive what its binder hands
-the Dataset. `python -m engine.bench scan` times the four queries through `sql` against
-DuckDB's native table in the same run (README, "The engine's reads against DuckDB"): a
-query costs ~2-3 ms more than the engine's own scan (DuckDB binding a Python dataset, thread
-hand-overs), and a large scan streams at about the engine's scan speed.
+the Dataset. A key filter (`id = 5`, `id >= a and id < b`) takes the scan's key path
+(engine/scan.py): the blocks whose key ranges meet it, each sliced by binary search.
+`python -m engine.bench scan` times the four queries through `sql` against DuckDB's native
+table in the same run (README, "The engine's reads against DuckDB"). What a query costs
+besides the engine's scan, on a quiet machine: DuckDB planning and scanning a Python
+dataset, ~1 ms even for one row (against ~0.35 ms for its own point lookup: the floor of
+this route), parsing (~0.1 ms), and four hand-overs between the loop and the query's
+thread (to it, a scan step and back, the answer). Each hand-over waits for a core, so on a
+loaded machine a small query's time grows by several times (a 10,000-key range sum: 3.7 ms
+on a quiet 2-core box, 12.4 ms at load 7 to 14, while the engine's own scan was 1.1-1.3 ms
+in both). A large scan streams at about the engine's scan speed.
 
-Threads. DuckDB pulls a stream from its own threads. Each step of the async scan (up to a
-group's rows) runs on the engine's event loop (`run_coroutine_threadsafe`), the next one
-started before DuckDB consumes this one, and a pull waits for it at most
-`SQL_PULL_WAIT_S_MAX`: the engine's state is still touched only on its loop. The query
-itself runs on a thread of its own, not the loop's default executor: the engine's object
-reads run there, and a query holding an executor thread while waiting for a read queued
-behind it would deadlock.
+Threads. DuckDB runs each query on one thread (`limits.SQL_THREADS_MAX`: an engine table is
+one Arrow stream, which DuckDB scans on one thread anyway) and pulls the stream from it.
+Each step of the async scan (up to a group's rows) runs on the engine's event loop
+(`run_coroutine_threadsafe`), the next one started before DuckDB consumes this one, and a
+pull waits for it at most `SQL_PULL_WAIT_S_MAX`: the engine's state is still touched only on
+its loop. The query itself runs on a thread of its own, not the loop's default executor: the
+engine's object reads run there, and a query holding an executor thread while waiting for a
+read queued behind it would deadlock.
 
 One snapshot. The caller opens one read-only snapshot and holds it until DuckDB is done;
 every table of the query (twice, for a self-join) is read at it.
@@ -269,10 +277,11 @@ class _EngineScanner:
         # (two cores busy, not one after the other); memory holds two groups at most.
         pending: concurrent.futures.Future[tuple[list[pa.Table], bool]] | None
         pending = query.submit(step())
+        exhausted = False
         try:
             while pending is not None:
-                parts, ended = query.wait(pending)
-                pending = None if ended else query.submit(step())
+                parts, exhausted = query.wait(pending)
+                pending = None if exhausted else query.submit(step())
                 for part in parts:
                     yield from (
                         part if part.schema.equals(schema) else part.cast(schema)
@@ -297,9 +306,11 @@ class _EngineScanner:
                     )
                 )
             # Not awaited: the generator may be finalized on any thread, and the loop's
-            # async-generator hooks close a stream left open anyway.
-            with contextlib.suppress(RuntimeError):  # the loop is closed: nothing to close
-                query.loop.call_soon_threadsafe(_close_soon, stream)
+            # async-generator hooks close a stream left open anyway. A stream read to its
+            # end is closed already: no wake-up of the loop for it.
+            if not exhausted:
+                with contextlib.suppress(RuntimeError):  # the loop is closed: nothing to close
+                    query.loop.call_soon_threadsafe(_close_soon, stream)
 
 
 _CLOSING: set[asyncio.Future[None]] = set()
@@ -328,7 +339,7 @@ def _execute(
     """On the query's thread: the views its names need, then the query, collected."""
     try:
         conn.prepare(tables, mentioned, query)
-        return _collect(conn.con.sql(text).to_arrow_reader(RESULT_BATCH_ROWS))
+        return _collect(_select(conn.con, text))
     except duckdb.Error as exc:
         if query.failure is not None:
             raise query.failure from None
@@ -413,6 +424,23 @@ class _Connection:
             self.con.execute(f"drop view if exists main.{_quote(key[1])}")
             del self.bare[key[1].lower()]
         self.con.unregister(source.source_name)
+
+
+def _select(con: Any, text: str) -> pa.RecordBatchReader:
+    """The rows of the one SELECT `text` (checked by `_parse`), streamed as Arrow.
+
+    DuckDB 2.0.1's public route, `con.sql(text).to_arrow_reader()`, binds the statement to
+    build a lazy relation (its names and types) and parses it as a script, then submits the
+    same text, which binds it again: ~0.4 ms of a ~1.1 ms point query (measured on a
+    one-row Python dataset, threads=1). The relation's `to_arrow_reader` is a thin call to the
+    connection's `_submit(text, values, "stream", batch_rows)`; calling that directly skips
+    the extra bind. It is private, so it is used only where it exists (the pinned 2.0.1:
+    tests/unit/engine/test_sql.py checks it answers as the public route does) and the
+    public route is the fallback."""
+    submit = getattr(con, "_submit", None)
+    if submit is None:
+        return con.sql(text).to_arrow_reader(RESULT_BATCH_ROWS)
+    return submit(text, None, "stream", RESULT_BATCH_ROWS).arrow_reader()
 
 
 def _collect(reader: pa.RecordBatchReader) -> pa.Table:

@@ -209,6 +209,19 @@ class BlockKeys:
         offset = bisect.bisect_left(self._list, key)
         return offset if offset < len(self._list) and self._list[offset] == key else None
 
+    def span(self, lo: int, hi: int) -> tuple[int, int] | None:
+        """The offsets `[start, stop)` of the keys in `[lo, hi]` (both ends included), by
+        binary search; None when the keys are not one integer column."""
+        if self._array is None:
+            return None
+        array = self._array
+        info = np.iinfo(array.dtype)
+        if hi < info.min or lo > info.max or lo > hi:
+            return 0, 0
+        # numpy refuses a Python int past the array's type: clip to it.
+        lo, hi = max(lo, int(info.min)), min(hi, int(info.max))
+        return int(np.searchsorted(array, lo, "left")), int(np.searchsorted(array, hi, "right"))
+
     def byte_size(self) -> int:
         if self._array is not None:
             return int(self._array.nbytes)

@@ -182,6 +182,13 @@ def _numeric(value: object) -> bool:
     return math.isfinite(value)
 
 
+def columns_of(node: Node) -> set[str]:
+    """The columns `node` compares."""
+    if isinstance(node, Junction):
+        return columns_of(node.left) | columns_of(node.right)
+    return {node.column}
+
+
 def may_match(node: Node, bounds: Bounds) -> np.ndarray:
     """Which blocks may hold a row matching `node` (True where unknown)."""
     if isinstance(node, Junction):
@@ -211,3 +218,69 @@ def may_match(node: Node, bounds: Bounds) -> np.ndarray:
             hit = ~((mins == v) & (maxs == v))
     out: np.ndarray = hit | unknown
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class KeyInterval:
+    """What a filter says of an integer key column: every matching row has `lo <= key <= hi`
+    (both ends included). `exact`: the filter is nothing but that (comparisons of the key with
+    integers joined by `and`), so the rows of `[lo, hi]` are exactly its matches and need no
+    filtering; otherwise the interval only narrows where to look."""
+
+    lo: int
+    hi: int
+    exact: bool
+
+
+_INT64_MIN = -(1 << 63)
+_INT64_MAX = (1 << 63) - 1
+
+
+def key_interval(node: Node, key: str) -> KeyInterval | None:
+    """The bounds `node` puts on the integer column `key` (engine/scan.py's key path: a point
+    or range predicate on the primary key reads only the blocks whose key ranges meet it, by
+    binary search inside each), or None when it puts none. `and` intersects; `or` takes the
+    hull of two bounded sides (not exact); `!=`, and comparisons of other columns, bound
+    nothing. A literal known only within a slack (a float32 printed short) or with a
+    fraction bounds conservatively: the interval may hold more keys, never fewer."""
+    found = _interval(node, key)
+    if found is None:
+        return None
+    lo, hi, exact = found
+    return KeyInterval(max(lo, _INT64_MIN), min(hi, _INT64_MAX), exact)
+
+
+def _interval(node: Node, key: str) -> tuple[int, int, bool] | None:
+    if isinstance(node, Junction):
+        left, right = _interval(node.left, key), _interval(node.right, key)
+        if node.op == "and":
+            if left is None or right is None:
+                # The bounded side still bounds the matches; the other side needs the filter.
+                one = left if left is not None else right
+                return None if one is None else (one[0], one[1], False)
+            return max(left[0], right[0]), min(left[1], right[1]), left[2] and right[2]
+        if left is None or right is None:
+            return None  # one side matches keys anywhere
+        return min(left[0], right[0]), max(left[1], right[1]), False
+    if node.column != key or node.op == "!=":
+        return None
+    value, slack = node.value, node.slack
+    if slack == 0.0 and value.is_integer():
+        v = int(value)
+        return {
+            "==": (v, v, True),
+            "<": (_INT64_MIN, v - 1, True),
+            "<=": (_INT64_MIN, v, True),
+            ">": (v + 1, _INT64_MAX, True),
+            ">=": (v, _INT64_MAX, True),
+        }[node.op]
+    # Not an exact integer: the true literal lies in [value - slack, value + slack]; widen to
+    # the integers around that and let the filter decide.
+    low, high = math.floor(value - slack), math.ceil(value + slack)
+    return {
+        "==": (low, high, False),
+        "<": (_INT64_MIN, high, False),
+        "<=": (_INT64_MIN, high, False),
+        ">": (low, _INT64_MAX, False),
+        ">=": (low, _INT64_MAX, False),
+    }[node.op]

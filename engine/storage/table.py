@@ -762,6 +762,47 @@ class TableData:
                 parts.append(table.take(indices))
         return parts
 
+    def scan_key_range(
+        self,
+        ts: int,
+        blocks: Iterable[PersistedBlock],
+        loaded: LoadedBlocks,
+        lo: int,
+        hi: int,
+        excluded: dict[int, BitMap] | None = None,
+        columns: list[str] | None = None,
+    ) -> list[pa.Table]:
+        """The rows of persisted `blocks` visible at `ts` whose key is in `[lo, hi]`, minus
+        `excluded`, one table per block that has any: each block's rows are sorted by key,
+        so its keys (`loaded.keys`) give the span by binary search and only that span is
+        sliced and masked by the deletes. `loaded` holds the keys and the `columns` of every
+        block; the key is one integer column (engine/storage/scan_ranges.py said so)."""
+        names = columns if columns is not None else self.arrow_schema.names
+        schema = self._arrow_subset(names)
+        parts = []
+        for block in blocks:
+            span = loaded.keys(block).span(lo, hi)
+            assert span is not None
+            start, stop = span
+            if start >= stop:
+                continue
+            table = loaded.columns(block).select(names)
+            deleted = block.deletes.at(ts)
+            own = excluded.get(block.block_id) if excluded else None
+            if not deleted and not own:
+                table = table.slice(start, stop - start)
+            else:
+                keep = BitMap(range(start, stop))
+                keep -= deleted
+                if own:
+                    keep -= own
+                if not keep:
+                    continue
+                table = table.take(pa.array(keep.to_array(), type=pa.uint32()))
+            # Read back from Parquet every field is nullable: relabel (no copy), as scan_at.
+            parts.append(table.cast(schema))
+        return parts
+
     @staticmethod
     def _persisted_run(
         first: PersistedBlock,

@@ -228,6 +228,48 @@ def test_select_equals_scan_over_flushed_merged_blocks_and_memory() -> None:
     run(main)
 
 
+def test_the_direct_submit_answers_as_duckdbs_public_route(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`sql._select` calls DuckDB's private `_submit` (one bind, not two): every answer, its
+    schema included, equals what the public `con.sql(text).to_arrow_reader()` gives, and
+    errors stay `SqlError`s. This fails if the private route drifts from the public one."""
+    queries = [
+        "select * from shop.t where id = 7",
+        "select a, f, s from t where id >= 3 and id < 30 order by id;",
+        "select s, count(*) as n, sum(f) from t group by s order by s nulls first",
+        "with x as (select id, a from t where a is not null) select max(id), min(a) from x",
+        "/* a comment */ select id from t where s = 's1' or f > 1 order by id -- and one",
+        "select 1 as one",
+    ]
+
+    async def answers() -> list[pa.Table]:
+        eng = await open_engine(maintenance=False)
+        try:
+            async with eng.transaction() as txn:
+                await txn.table("shop", "t").insert(rows(list(range(40)), 3))
+            await settle(eng)
+            async with eng.transaction() as txn:
+                await txn.table("shop", "t").insert(rows(list(range(40, 60)), 5))
+            with pytest.raises(SqlError, match="nothing_here"):
+                await eng.sql("select * from nothing_here")
+            return [await eng.sql(q) for q in queries]
+        finally:
+            await eng.close()
+
+    direct = asyncio.run(answers())
+    assert all(table.num_rows > 0 for table in direct)
+
+    def public(con: Any, text: str) -> pa.RecordBatchReader:
+        return con.sql(text).to_arrow_reader(sql.RESULT_BATCH_ROWS)
+
+    monkeypatch.setattr(sql, "_select", public)
+    monkeypatch.setattr(sql, "_POOL", sql._Pool(limits.SQL_QUERIES_MAX))
+    for query, mine, theirs in zip(queries, direct, asyncio.run(answers()), strict=True):
+        assert mine.schema == theirs.schema, query
+        assert mine.to_pylist() == theirs.to_pylist(), query
+
+
 # --- snapshots ----------------------------------------------------------------------------------
 
 
