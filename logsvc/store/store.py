@@ -22,6 +22,14 @@ Order of durability for a segment roll: the old segment is fdatasynced before th
 is created, and the directory is fsynced before any entry in the new file is reported
 durable. So a sealed segment is always whole, and only the newest can have a torn tail.
 
+With a node journal (`open(..., journal=)`, journal.py, docs/decisions/0011): appends, vote
+saves and suffix truncations are also handed to the node's shared journal, and durability
+(`wait_durable`, `sync`, `save_vote`) means "the journal's fdatasync covering it returned";
+the segment files and `meta` become the checkpoint, written lazily and fdatasynced by
+`checkpoint()` (the journal's checkpointer, or `close()`). The segment records' durable-index
+hints then count only what the segment files themselves hold durably, so the torn-tail rule
+of a segment stays true. No syncer thread runs in this mode.
+
 Threads: any number of threads may call any method. Locks, always taken in this order:
 `_io_lock` (serializes file mutations) -> `_meta_lock` -> `_mu` (in-memory state; never held
 during I/O).
@@ -33,11 +41,11 @@ import array
 import bisect
 import contextlib
 import dataclasses
-import heapq
 import logging
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -55,10 +63,12 @@ from logsvc.store.errors import (
 )
 from logsvc.store.fs import DirLock, FileSystem, OsFileSystem, WritableFile
 from logsvc.store.group_commit import GroupCommitPolicy, SyncNow, WaitUntil
+from logsvc.store.journal import JournalLink, NodeJournal, SyncTimeoutError, replay_into
 from logsvc.store.limits import DEFAULT_LIMITS, StoreLimits
 from logsvc.store.meta import Meta, save_meta
 from logsvc.store.records import Entry
 from logsvc.store.recovery import RecoveryReport, recover, segment_file_name
+from logsvc.store.waiters import Waiters
 
 log = logging.getLogger("logsvc.store")
 
@@ -152,6 +162,7 @@ class ShardStore:
         limits: StoreLimits = DEFAULT_LIMITS,
         clock_ms: Callable[[], float] | None = None,
         background_sync: bool = True,
+        journal: NodeJournal | None = None,
     ) -> ShardStore:
         """`background_sync=False` starts no syncer thread: syncs (and the deletion of
         segments below the log start) then happen only inside `sync()` / `wait_durable()`,
@@ -177,7 +188,14 @@ class ShardStore:
             lock.release()
             raise
         store._lock = lock
-        if background_sync:
+        if journal is not None:
+            store._background_sync = False  # the journal makes appends durable
+            try:
+                store._attach(journal)
+            except BaseException:
+                store.abandon()
+                raise
+        elif background_sync:
             store._start_syncer()
         else:
             store._background_sync = False
@@ -198,7 +216,7 @@ class ShardStore:
         self._io_lock = threading.Lock()
         self._meta_lock = threading.Lock()
         self._mu = threading.Lock()
-        self._waiters = _Waiters()
+        self._waiters = Waiters()
         self._listeners: list[Callable[[int, StoreFailed | None], None]] = []
         self._syncer_cv = threading.Condition(self._mu)
         self._meta = meta
@@ -230,6 +248,12 @@ class ShardStore:
         self._fdatasyncs = 0
         self._synced_bytes = 0
         self._sync_seconds_total = 0.0
+        # Journal mode (docs/decisions/0011): the link, and (journal position, last index)
+        # of each append not yet known durable, oldest first.
+        self._link: JournalLink | None = None
+        self._journal_marks: deque[tuple[int, int]] = deque()
+        self._segment_durable_index = self._last_index  # durable in the segment files
+        self._meta_saved = meta  # what the `meta` file holds
 
     # ----------------------------------------------------------------- public: writes
 
@@ -247,8 +271,13 @@ class ShardStore:
                 self._append_locked(entry, now_ms)
             if entries:
                 self._syncer_cv.notify()
+                if self._link is not None:
+                    position = self._link.submit_entries(list(entries))
+                    self._journal_marks.append((position, entries[-1].index))
             flush = self._buffered_bytes > self._limits.write_buffer_bytes_max
             last = self._last_index
+        if self._link is not None and entries:
+            self._link.after_submit()
         if flush:
             # Back-pressure: the appending thread writes the buffer out itself (no fsync),
             # so the buffer stays bounded however fast entries arrive.
@@ -259,7 +288,9 @@ class ShardStore:
     def wait_durable(self, index: int, timeout_ms: int | None = None) -> None:
         """Block until every entry up to `index` is durable (group commit)."""
         waited_ms_max = self._limits.sync_wait_ms_max if timeout_ms is None else timeout_ms
-        if not self._background_sync:
+        if self._link is not None:
+            self._wait_journal(index, waited_ms_max)
+        elif not self._background_sync:
             self._sync_inline()
         started_ms = self._clock_ms()
         while True:
@@ -287,7 +318,12 @@ class ShardStore:
     def request_sync(self) -> int:
         """Ask for a sync of everything appended so far without waiting for it (callers on
         an event loop wait with `aio.AsyncDurability`); return the index it will cover.
-        Without a syncer thread (`background_sync=False`) the sync happens here and now."""
+        Without a syncer thread (`background_sync=False`, or a journal) the sync happens
+        here and now."""
+        if self._link is not None:
+            target = self.last_index
+            self.wait_durable(target)
+            return target
         if not self._background_sync:
             return self._sync_inline()
         with self._mu:
@@ -306,6 +342,13 @@ class ShardStore:
                 assert index >= self._first_index, "cannot cut into the truncated prefix"
                 if index > self._last_index:
                     return
+                position = None if self._link is None else self._link.submit_truncate(index)
+            if position is not None and self._link is not None:
+                # Journaled first: a crash after the cut below replays it (decision 0011).
+                try:
+                    self._link.sync_upto(position)
+                except StoreError as exc:
+                    raise self._fail(exc) from exc
             self._write_out_locked(sync=True)
             with self._mu:
                 victims = [s for s in self._segments if s.first_index >= index]
@@ -337,6 +380,8 @@ class ShardStore:
                     self._cache_bytes -= len(self._cache.pop(dropped).payload)
                 self._cache_lo = min(self._cache_lo, index)
                 self._last_index = self._written_index = self._durable_index = index - 1
+                self._segment_durable_index = index - 1
+                self._journal_marks.clear()  # everything before the cut is durable
                 self._suffix_generation += 1
                 self._waiters.release_all()
         log.info("truncated suffix of %s from index %d", self._dir, index)
@@ -359,7 +404,7 @@ class ShardStore:
                     save_meta(self._fs, self._dir, meta)
                 except StoreError as exc:
                     raise self._fail(exc) from exc
-                self._meta = meta
+                self._meta = self._meta_saved = meta
                 failpoint("store_truncate_prefix_after_meta")
             with self._mu:
                 self._apply_prefix_locked(index)
@@ -384,7 +429,14 @@ class ShardStore:
             meta = dataclasses.replace(current, term=term, voted_for=voted_for)
             failpoint("meta_before_save")
             try:
-                save_meta(self._fs, self._dir, meta)
+                if self._link is not None:
+                    # Durable in the journal; `meta` gets it at the next checkpoint.
+                    with self._mu:
+                        position = self._link.submit_vote(term, voted_for)
+                    self._link.sync_upto(position)
+                else:
+                    save_meta(self._fs, self._dir, meta)
+                    self._meta_saved = meta
             except StoreError as exc:
                 raise self._fail(exc) from exc
             self._meta = meta
@@ -512,6 +564,15 @@ class ShardStore:
             self._syncer_cv.notify_all()
         if self._syncer is not None:
             self._syncer.join(SYNCER_JOIN_S_MAX)
+        if self._link is not None:
+            link, checkpointed = self._link, False
+            if flush and self._failed is None:
+                try:
+                    self._checkpoint_now()
+                    checkpointed = True
+                except StoreError as exc:
+                    log.error("final checkpoint of %s failed: %s", self._dir, exc)
+            link.detach(checkpointed=checkpointed)
         with self._io_lock:
             if flush and self._failed is None:
                 try:
@@ -534,6 +595,87 @@ class ShardStore:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
+    # ----------------------------------------------------------------- journal mode
+
+    def _attach(self, journal: NodeJournal) -> None:
+        link: JournalLink
+        link, ops = journal.attach(self._dir, self)
+        try:
+            if ops:  # an abandoned attachment of this directory journaled them
+                replay_into(self, ops, self._dir)
+                journal.forget_abandoned(self._dir)
+        except BaseException:
+            link.detach(checkpointed=False)
+            raise
+        self._link = link  # from here on appends, votes and truncations are journaled
+
+    def checkpoint(self) -> None:
+        """Journal mode: make everything this store journaled durable in its own files
+        (segments fdatasynced, `meta` saved), then tell the journal, which may then delete
+        the journal files that held it (decision 0011). Called by the journal's checkpointer."""
+        try:
+            self._checkpoint_now()
+        except StoreClosed:
+            return  # closed meanwhile: close() checkpointed
+
+    def _checkpoint_now(self) -> None:
+        link = self._link
+        assert link is not None, "checkpoint() is for a store opened with a journal"
+        with self._io_lock:
+            if self._closed:
+                raise StoreClosed()
+            with self._meta_lock:
+                # Read under _meta_lock, whose holders submit votes, and before the buffer
+                # is taken: every operation counted here is in what is written below.
+                op_seq = link.current_op_seq()
+                meta = self._meta
+                self._write_out_locked(sync=True)
+                if meta != self._meta_saved:
+                    try:
+                        save_meta(self._fs, self._dir, meta)
+                    except StoreError as exc:
+                        raise self._fail(exc) from exc
+                    self._meta_saved = meta
+            self._delete_obsolete_locked()
+        link.checkpointed(op_seq)
+
+    def _wait_journal(self, index: int, waited_ms_max: int) -> None:
+        link = self._link
+        assert link is not None
+        with self._mu:
+            if self._durable_index >= index or self._failed is not None or self._closed:
+                return  # the caller's loop reports it
+            if index > self._last_index:
+                return
+            position = next((p for p, last in self._journal_marks if last >= index), None)
+        assert position is not None, f"entry {index} is neither durable nor journaled"
+        try:
+            link.sync_upto(position, waited_ms_max)
+        except SyncTimeoutError:
+            raise SyncTimeout(index, waited_ms_max) from None
+        except StoreFailed:
+            pass  # _journal_failed failed this store too; the caller's loop raises it
+        except StoreError as exc:
+            raise self._fail(exc) from exc
+
+    def _journal_durable(self, position: int) -> None:
+        """The journal's fdatasync covering `position` returned (any thread)."""
+        with self._mu:
+            marks = self._journal_marks
+            durable = self._durable_index
+            while marks and marks[0][0] <= position:
+                durable = max(durable, marks.popleft()[1])
+            if durable == self._durable_index:
+                return
+            self._durable_index = durable
+            self._waiters.release_upto(durable)
+            listeners = list(self._listeners)
+        for listener in listeners:
+            listener(durable, None)
+
+    def _journal_failed(self, error: StoreError) -> None:
+        self._fail(error)
+
     # ----------------------------------------------------------------- internals: state
 
     def _adopt(self, scans: list[tuple[str, records.SegmentScan]], report: RecoveryReport) -> None:
@@ -555,6 +697,7 @@ class ShardStore:
         if self._segments:
             last = self._segments[-1].last_index
             self._last_index = self._written_index = self._durable_index = last
+            self._segment_durable_index = last
             self._cache_lo = last + 1
 
     def _check_writable(self) -> None:
@@ -572,8 +715,10 @@ class ShardStore:
         assert entry.term >= last_term, "terms never decrease along a log"
         segment = self._segment_for_append(entry)
         offset = segment.size_bytes
+        # The hint counts what the segment files hold durably, not the journal (decision
+        # 0011): a lazily written segment tail must still read as torn, not corrupt.
         size = records.encode_record_into(
-            segment.pending, entry.index, entry.term, self._durable_index, entry.payload
+            segment.pending, entry.index, entry.term, self._segment_durable_index, entry.payload
         )
         segment.offsets.append(offset)
         segment.size_bytes += size
@@ -635,6 +780,8 @@ class ShardStore:
         self._first_index = index
         if index > self._last_index + 1:
             self._last_index = self._written_index = self._durable_index = index - 1
+            self._segment_durable_index = index - 1
+            self._journal_marks.clear()
         keep: list[_Segment] = []
         for segment in self._segments:
             if segment.last_index < index:
@@ -707,6 +854,10 @@ class ShardStore:
                 for segment in unsynced:
                     segment.synced_bytes = segment.written_bytes
                 self._durable_index = max(self._durable_index, target)
+                self._segment_durable_index = max(self._segment_durable_index, target)
+                marks = self._journal_marks
+                while marks and marks[0][1] <= target:
+                    marks.popleft()
                 self._policy.on_sync_finished(self._clock_ms())
                 self._syncs += 1
                 self._fdatasyncs += fdatasyncs
@@ -866,40 +1017,6 @@ class ShardStore:
                     self._delete_obsolete_locked()
             except StoreError:
                 return  # the store is failed; waiters were told
-
-
-class _Waiters:
-    """Threads waiting for durability, woken only once their own index is durable.
-
-    A Condition's notify_all would wake every waiter on every sync, and most would go back
-    to sleep: with 64 writers that thundering herd, not the disk, bounded throughput. Each
-    waiter blocks on its own lock; a sync releases exactly the ones it covered. Called with
-    the store's `_mu` held. A waiter that timed out leaves its gate behind; releasing it
-    later is harmless, and release_all (failure, close, truncation) clears everything.
-    """
-
-    __slots__ = ("_heap", "_seq")
-
-    def __init__(self) -> None:
-        self._heap: list[tuple[int, int, threading.Lock]] = []
-        self._seq = 0
-
-    def add(self, index: int) -> threading.Lock:
-        gate = threading.Lock()
-        gate.acquire()
-        self._seq += 1
-        heapq.heappush(self._heap, (index, self._seq, gate))
-        return gate
-
-    def release_upto(self, durable_index: int) -> None:
-        heap = self._heap
-        while heap and heap[0][0] <= durable_index:
-            heapq.heappop(heap)[2].release()
-
-    def release_all(self) -> None:
-        heap, self._heap = self._heap, []
-        for _, _, gate in heap:
-            gate.release()
 
 
 @dataclass(frozen=True, slots=True)
