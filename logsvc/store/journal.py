@@ -476,8 +476,11 @@ class NodeJournal:
     def _files_before(self, journal_file: _JournalFile) -> list[_JournalFile]:
         with self._mu:
             position = self._files.index(journal_file)
+            # Earlier files of this write-out were created by its previous iterations.
             return [
-                f for f in self._files[:position] if f.on_disk and f.synced_bytes < f.size_bytes
+                f
+                for f in self._files[:position]
+                if (f.on_disk or f.handle is not None) and f.synced_bytes < f.size_bytes
             ]
 
     def _writable(self, journal_file: _JournalFile) -> WritableFile:
