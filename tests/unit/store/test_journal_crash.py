@@ -162,7 +162,7 @@ def check_state(state: FaultFS, work: Workload) -> None:
                 continue
             _, firsts, durables, votes = acked[-1]
             assert store.first_index >= firsts[shard], context
-            assert (store.term, store.voted_for) >= votes[shard], context  # type: ignore[operator]
+            assert (store.term, store.voted_for) >= votes[shard], context
             for index, payload in durables[shard].items():
                 if index >= store.first_index:
                     assert index <= store.last_index, f"{context}: lost acknowledged {index}"
