@@ -165,6 +165,12 @@ class JournalLink:
         """Back-pressure, called by the store with none of its locks held."""
         self.journal._after_submit()
 
+    def after_wait(self) -> None:
+        """Called by the store after a durability wait, with none of its locks held: without
+        a checkpointer thread, the waiting thread checkpoints sealed files here."""
+        if self.journal._checkpointer is None:
+            self.journal._checkpoint_all_sealed()
+
     def current_op_seq(self) -> int:
         with self.journal._mu:
             return self.op_seq
@@ -398,8 +404,6 @@ class NodeJournal:
             self._write_out_locked(sync=True)
         finally:
             self._io_lock.release()
-        if self._checkpointer is None:
-            self._checkpoint_all_sealed()
 
     def _write_out_locked(self, *, sync: bool) -> None:
         """Hand the buffer to the OS and, with `sync`, make it durable. Holds `_io_lock`."""

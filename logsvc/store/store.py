@@ -290,6 +290,7 @@ class ShardStore:
         waited_ms_max = self._limits.sync_wait_ms_max if timeout_ms is None else timeout_ms
         if self._link is not None:
             self._wait_journal(index, waited_ms_max)
+            self._link.after_wait()
         elif not self._background_sync:
             self._sync_inline()
         started_ms = self._clock_ms()
