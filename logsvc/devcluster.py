@@ -172,10 +172,19 @@ def up(dir_path: str, nodes: int = 3, shards: int = 2) -> dict[str, int]:
 
 
 def start(
-    dir_path: str, nodes: int = 3, shards: int = 2, *, journal: str = "shard"
+    dir_path: str,
+    nodes: int = 3,
+    shards: int = 2,
+    *,
+    journal: str = "shard",
+    raft_threads: int | None = None,
 ) -> dict[str, int]:
     """Write the configs and client.toml, spawn the nodes; return their PIDs at once.
-    `journal`: the nodes' `[node] journal` ("shard" or "node", logsvc/config.py)."""
+    `journal`: the nodes' `[node] journal` ("shard" or "node", logsvc/config.py);
+    `raft_threads`: their `[raft] threads` (None: the default)."""
+    raft_ms = dict(DEV_RAFT_MS)
+    if raft_threads is not None:
+        raft_ms["threads"] = raft_threads
     assert 3 <= nodes <= NODES_MAX
     assert 1 <= shards <= SHARDS_MAX
     os.makedirs(dir_path, exist_ok=True)
@@ -187,7 +196,7 @@ def start(
     pids: dict[str, int] = {}
     for node in ports:
         config = os.path.join(dir_path, f"{node.node_id}.toml")
-        _write_private(config, _node_config(node, ports, shards, journal=journal))
+        _write_private(config, _node_config(node, ports, shards, raft_ms=raft_ms, journal=journal))
         pids[node.node_id] = _spawn(dir_path, node.node_id)
     _write_pids(dir_path, pids)
     addresses = [f"127.0.0.1:{node.data}" for node in ports]

@@ -58,6 +58,7 @@ class ShardsBenchConfig:
     idle_seconds: float = 30.0
     active_shards: tuple[int, ...] = ACTIVE_SHARDS_DEFAULT
     journal: str = "shard"
+    raft_threads: int | None = None  # the nodes' [raft] threads; None: the default
     concurrency: int = 256
     record_bytes: int = 100
     load_seconds: float = 10.0
@@ -108,7 +109,11 @@ def run(config: ShardsBenchConfig) -> dict[str, object]:
     try:
         started_s = time.monotonic()
         pids = devcluster.start(
-            base, nodes=config.nodes, shards=config.shards, journal=config.journal
+            base,
+            nodes=config.nodes,
+            shards=config.shards,
+            journal=config.journal,
+            raft_threads=config.raft_threads,
         )
         client_config = load_client_config(os.path.join(base, "client.toml"))
         deadline_s = started_s + LEADERS_WAIT_S_MAX
@@ -270,6 +275,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="comma list of active shard counts, one load each (default 1,100,1000 up to --shards)",
     )
     parser.add_argument("--journal", choices=("shard", "node"), default=defaults.journal)
+    parser.add_argument(
+        "--raft-threads", type=int, default=None, help="the nodes' [raft] threads (1..64)"
+    )
     parser.add_argument("--concurrency", type=int, default=defaults.concurrency)
     parser.add_argument("--record-bytes", type=int, default=defaults.record_bytes)
     parser.add_argument("--load-seconds", type=float, default=defaults.load_seconds)
@@ -295,6 +303,7 @@ def parse_args(argv: Sequence[str]) -> ShardsBenchConfig:
         idle_seconds=ns.idle_seconds,
         active_shards=active,
         journal=ns.journal,
+        raft_threads=ns.raft_threads,
         concurrency=ns.concurrency,
         record_bytes=ns.record_bytes,
         load_seconds=ns.load_seconds,
@@ -310,6 +319,7 @@ def parse_args(argv: Sequence[str]) -> ShardsBenchConfig:
         ("--settle-seconds", 0 <= config.settle_seconds <= SECONDS_MAX),
         ("--idle-seconds", 0 < config.idle_seconds <= SECONDS_MAX),
         ("--load-seconds", 0 < config.load_seconds <= SECONDS_MAX),
+        ("--raft-threads", config.raft_threads is None or 1 <= config.raft_threads <= 64),
     )
     for flag, ok in checks:
         if not ok:
