@@ -385,8 +385,9 @@ class NodeJournal:
             with self._io_lock:
                 self._write_out_locked(sync=False)
         if over:
-            # Back-pressure: the background checkpoints fell behind; this thread does one.
-            self._checkpoint_oldest()
+            # Back-pressure: the background checkpoints fell behind; this thread does one
+            # (unless only abandoned stores hold the oldest file: nothing here can help).
+            self._checkpoint_all_sealed()
 
     def sync_upto(self, position: int, timeout_ms: int | None = None) -> None:
         """Return once every journal byte below `position` is durable (group commit)."""
@@ -414,7 +415,7 @@ class NodeJournal:
                 raise StoreClosed()
             work = [(f, bytes(f.pending)) for f in self._files if f.pending]
             unsynced = [f for f in self._files if f.synced_bytes < f.size_bytes]
-            if not work and not (sync and unsynced):
+            if not work and not sync:
                 return
             for journal_file, _ in work:
                 journal_file.pending = bytearray()
@@ -554,14 +555,23 @@ class NodeJournal:
             self._delete_free_files()
 
     def _delete_free_files(self) -> None:
+        # Under the I/O lock: no write-out may create, write or sync a file being deleted.
+        with self._io_lock:
+            self._delete_free_files_locked()
+
+    def _delete_free_files_locked(self) -> None:
         with self._mu:
             doomed = [f for f in self._files if f.file_seq in set(self._ledger.deletable())]
+            for journal_file in doomed:
+                # Bytes never written need not be: every store checkpointed what they hold.
+                self._buffered_bytes -= len(journal_file.pending)
+                journal_file.pending = bytearray()
         if not doomed:
             return
         try:
             for journal_file in doomed:
                 _close(journal_file)
-                with contextlib.suppress(FileNotFoundError):
+                if journal_file.on_disk or self._fs.exists(journal_file.path):
                     self._fs.unlink(journal_file.path)
             self._fs.fsync_dir(self._dir)
         except OSError as exc:

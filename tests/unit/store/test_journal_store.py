@@ -224,3 +224,22 @@ def test_doctor_checks_the_node_journal(tmp_path: Path) -> None:
     assert report.exit_code == 1
     with pytest.raises(Corruption):
         NodeJournal.open(str(journal_dir), base_dir=str(data_dir), background=False)
+
+
+def test_the_journal_stays_bounded_without_any_sync() -> None:
+    """Appends that nobody waits for still cannot grow the journal past `bytes_max` (plus
+    the file being filled): the appending thread checkpoints the stores itself."""
+    fs = FaultFS(rng=random.Random(5))
+    limits = JournalLimits(file_bytes_max=1024, bytes_max=4096, write_buffer_bytes_max=512)
+    journal = open_journal(fs, limits=limits)
+    stores = [ShardStore.open(store_dir(s), fs=fs, limits=LIMITS, journal=journal) for s in (1, 2)]
+    for index in range(1, 301):
+        for store in stores:
+            store.append([Entry(index, 1, b"w" * 60)])
+        assert journal.stats().live_bytes <= limits.bytes_max + limits.file_bytes_max + 256
+    assert journal.stats().deleted_files > 0
+    for store in stores:
+        store.close()
+    journal.close()
+    with ShardStore.open(store_dir(1), fs=fs, limits=LIMITS) as store:
+        assert store.last_index == 300
