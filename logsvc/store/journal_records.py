@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import xxhash
 
 from logsvc.store.records import xxh3
-from logsvc.torn import has_zero_sector
+from logsvc.torn import has_zero_sector, is_lost_page_rest
 
 JOURNAL_MAGIC = b"LOGSVJNL"
 JOURNAL_VERSION = 1
@@ -261,7 +261,10 @@ def _classify_bad_tail(data: bytes, bad_offset: int, reason: str, payload_bytes_
         raise JournalScanCorruption(
             bad_offset, f"{reason}; a later record says {hint} bytes of the file were synced"
         )
-    if not has_zero_sector(data, bad_offset, later.offset_bytes):
+    if not (
+        has_zero_sector(data, bad_offset, later.offset_bytes)
+        or is_lost_page_rest(data, bad_offset, later.offset_bytes)
+    ):
         raise JournalScanCorruption(bad_offset, f"{reason}; valid records follow the damaged bytes")
     return f"{reason} (unsynced pages lost; later unsynced records dropped)"
 

@@ -252,6 +252,7 @@ class ShardStore:
         # of each append not yet known durable, oldest first.
         self._link: JournalLink | None = None
         self._journal_marks: deque[tuple[int, int]] = deque()
+        self._journal_position_last = 0  # of this store's latest journaled operation
         self._segment_durable_index = self._last_index  # durable in the segment files
         self._meta_saved = meta  # what the `meta` file holds
 
@@ -274,6 +275,7 @@ class ShardStore:
                 if self._link is not None:
                     position = self._link.submit_entries(list(entries))
                     self._journal_marks.append((position, entries[-1].index))
+                    self._journal_position_last = position
             flush = self._buffered_bytes > self._limits.write_buffer_bytes_max
             last = self._last_index
         if self._link is not None and entries:
@@ -344,6 +346,8 @@ class ShardStore:
                 if index > self._last_index:
                     return
                 position = None if self._link is None else self._link.submit_truncate(index)
+                if position is not None:
+                    self._journal_position_last = position
             if position is not None and self._link is not None:
                 # Journaled first: a crash after the cut below replays it (decision 0011).
                 try:
@@ -434,6 +438,7 @@ class ShardStore:
                     # Durable in the journal; `meta` gets it at the next checkpoint.
                     with self._mu:
                         position = self._link.submit_vote(term, voted_for)
+                        self._journal_position_last = position
                     self._link.sync_upto(position)
                 else:
                     save_meta(self._fs, self._dir, meta)
@@ -834,9 +839,20 @@ class ShardStore:
             target = self._last_index
             if sync:
                 self._policy.on_sync_started()
+            journal_position = self._journal_position_last
         started = time.monotonic()
         try:
+            if sync and self._link is not None and journal_position:
+                # Never durable in the segments before the journal (decision 0011): a torn
+                # journal tail then loses only what no sync ever covered, and replay may cut
+                # the segments back to the journal.
+                self._link.sync_upto(journal_position)
             fdatasyncs = self._write_chunks(work, unsynced if sync else [], sync)
+        except StoreError as exc:
+            failure = self._fail(exc)
+            with self._mu:
+                self._policy.on_sync_finished(self._clock_ms())
+            raise failure from exc
         except OSError as exc:
             failure = self._fail(io_error(exc, "write" if not sync else "sync", self._dir))
             with self._mu:
