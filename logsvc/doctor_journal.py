@@ -26,7 +26,8 @@ from collections import Counter
 
 from logsvc.doctor_findings import Finding
 from logsvc.store import journal_records as jr
-from logsvc.store.journal import JOURNAL_DIR_NAME, JOURNAL_FILE_NAME
+from logsvc.store.journal import JOURNAL_DIR_NAME
+from logsvc.store.journal_recovery import JOURNAL_FILE_NAME
 from logsvc.store.meta import META_FILE_NAME
 
 

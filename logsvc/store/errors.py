@@ -12,7 +12,10 @@ are assertions and crash. The tree:
     ├── StoreLocked(dir_path)                     another process holds the directory
     ├── Compacted(first_index)                    the index is below the log start
     ├── RecordTooLarge(size_bytes, max_bytes)
-    └── StoreClosed
+    ├── StoreClosed
+    ├── SyncTimeout, EntryTruncated               (store.py) a durability wait gave up / lost
+    └── JournalSyncTimeout(waited_ms)             (journal.py) the node journal's I/O lock was
+                                                  busy too long; the store raises SyncTimeout
 """
 
 from __future__ import annotations
@@ -84,6 +87,14 @@ class RecordTooLarge(StoreError):
 class StoreClosed(StoreError):
     def __init__(self) -> None:
         super().__init__("store is closed")
+
+
+class JournalSyncTimeout(StoreError):
+    """The node journal's disk did not finish the syncs ahead of this one in time."""
+
+    def __init__(self, waited_ms: int) -> None:
+        super().__init__(f"journal sync not done after {waited_ms} ms")
+        self.waited_ms = waited_ms
 
 
 def io_error(exc: OSError, op: str, path: str) -> StoreIOError:

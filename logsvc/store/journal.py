@@ -37,16 +37,15 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from logsvc.failpoints import failpoint
 from logsvc.store import journal_records as jr
 from logsvc.store.errors import (
-    Corruption,
+    JournalSyncTimeout,
     StoreClosed,
     StoreError,
     StoreFailed,
@@ -54,44 +53,25 @@ from logsvc.store.errors import (
     io_error,
 )
 from logsvc.store.fs import DirLock, FileSystem, OsFileSystem, WritableFile
-from logsvc.store.journal_replay import (
-    AppendOp,
-    JournalLedger,
-    ReplayGap,
-    StoreOp,
-    TruncateOp,
-    VoteOp,
-    plan_replay,
-)
+from logsvc.store.journal_recovery import live_ops, recover_journal_dir, replay_into
+from logsvc.store.journal_replay import JournalLedger, StoreOp
 from logsvc.store.limits import (
     DEFAULT_JOURNAL_LIMITS,
     DEFAULT_LIMITS,
     JournalLimits,
     StoreLimits,
 )
-from logsvc.store.meta import META_FILE_NAME
 from logsvc.store.records import Entry
-
-if TYPE_CHECKING:
-    from logsvc.store.store import ShardStore
+from logsvc.store.store import ShardStore
 
 log = logging.getLogger("logsvc.store.journal")
 
 JOURNAL_DIR_NAME = "node-journal"  # under the node's data directory
-JOURNAL_FILE_NAME = re.compile(r"^(\d{20})\.jnl$")
 CHECKPOINTER_JOIN_S_MAX = 30.0
 
 
 def journal_file_name(file_seq: int) -> str:
     return f"{file_seq:020d}.jnl"
-
-
-class SyncTimeoutError(StoreError):
-    """The journal's disk did not finish the syncs ahead of this one in time."""
-
-    def __init__(self, waited_ms: int) -> None:
-        super().__init__(f"journal sync not done after {waited_ms} ms")
-        self.waited_ms = waited_ms
 
 
 class JournalClient(Protocol):
@@ -397,7 +377,7 @@ class NodeJournal:
             if self._durable_bytes >= position:
                 return
         if not self._io_lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
-            raise SyncTimeoutError(wait_ms_max)
+            raise JournalSyncTimeout(wait_ms_max)
         try:
             with self._mu:
                 if self._durable_bytes >= position:
@@ -586,82 +566,16 @@ class NodeJournal:
     # ----------------------------------------------------------------- recovery
 
     def _recover(self) -> None:
-        scans = self._scan_all()
-        ops_by_path = _ops_by_path(scans)
-        from logsvc.store.store import ShardStore  # store.py imports this module
-
-        for rel_path, ops in sorted(ops_by_path.items()):
-            store_dir = os.path.join(self._base_dir, rel_path)
-            if not self._fs.exists(os.path.join(store_dir, META_FILE_NAME)):
-                log.warning(
-                    "journal holds operations of %s, which no longer exists (replica removed): "
-                    "skipping them",
-                    store_dir,
-                )
-                continue
-            store = ShardStore.open(
-                store_dir, fs=self._fs, limits=self._store_limits, background_sync=False
-            )
-            try:
-                replay_into(store, ops, store_dir)
-            finally:
-                store.close()  # fdatasyncs the segments and meta the replay wrote
-            self._replayed_stores += 1
-        # Every operation is durable in its store's files: the journal is not needed.
-        try:
-            for scan_path, _ in scans:
-                self._fs.unlink(scan_path)
-            for name in self._fs.listdir(self._dir):
-                if JOURNAL_FILE_NAME.match(name):  # a torn newest file, deleted unscanned
-                    self._fs.unlink(os.path.join(self._dir, name))
-            self._fs.fsync_dir(self._dir)
-        except OSError as exc:
-            raise io_error(exc, "delete replayed journal files", self._dir) from exc
-
-    def _scan_all(self) -> list[tuple[str, jr.FileScan]]:
-        try:
-            names = self._fs.listdir(self._dir)
-        except OSError as exc:
-            raise io_error(exc, "listdir", self._dir) from exc
-        numbered = sorted(
-            (int(m.group(1)), name) for name in names if (m := JOURNAL_FILE_NAME.match(name))
+        found = recover_journal_dir(
+            self._fs, self._dir, self._base_dir, self._limits, self._store_limits
         )
-        scans: list[tuple[str, jr.FileScan]] = []
-        for position, (file_seq, name) in enumerate(numbered):
-            path = os.path.join(self._dir, name)
-            if position and file_seq != numbered[position - 1][0] + 1:
-                raise Corruption(path, 0, f"missing journal file before {name}")
-            self._next_file_seq = file_seq + 1
-            try:
-                data = self._fs.read_file(path)
-            except OSError as exc:
-                raise io_error(exc, "read", path) from exc
-            newest = position == len(numbered) - 1
-            try:
-                scan = jr.scan_file(
-                    data,
-                    file_seq,
-                    newest=newest,
-                    payload_bytes_max=self._limits.record_payload_bytes_max,
-                )
-            except jr.TornFileHeader as torn:
-                log.warning("newest journal file %s has a torn header (%s)", path, torn)
-                self._torn_tail_bytes_cut += len(data)
-                continue
-            except jr.JournalScanCorruption as bad:
-                raise Corruption(path, bad.offset_bytes, bad.reason) from None
-            if scan.torn_reason is not None:
-                cut = len(data) - scan.end_bytes
-                log.warning(
-                    "torn tail in %s at offset %d: %s; ignoring %d bytes",
-                    path,
-                    scan.end_bytes,
-                    scan.torn_reason,
-                    cut,
-                )
-                self._torn_tail_bytes_cut += cut
-            scans.append((path, scan))
-        return scans
+        self._next_file_seq = found.next_file_seq
+        self._replayed_stores = found.replayed_stores
+        self._torn_tail_bytes_cut = found.torn_tail_bytes_cut
+
+    def replay_into(self, store: ShardStore, ops: list[StoreOp], store_dir: str) -> None:
+        """Replay what `attach` returned into the store (not attached yet), durably."""
+        replay_into(store, ops, store_dir)
 
     def _live_ops(self, store_ids: set[int]) -> list[StoreOp]:
         """The operations of `store_ids` in the live files (their page cache)."""
@@ -669,28 +583,7 @@ class NodeJournal:
             self._write_out_locked(sync=False)
             with self._mu:
                 files = [(f.path, f.file_seq) for f in self._files if f.on_disk]
-            scans: list[tuple[str, jr.FileScan]] = []
-            for path, file_seq in files:
-                try:
-                    data = self._fs.read_file(path)
-                except OSError as exc:
-                    raise io_error(exc, "read", path) from exc
-                try:
-                    scan = jr.scan_file(
-                        data,
-                        file_seq,
-                        newest=False,
-                        payload_bytes_max=self._limits.record_payload_bytes_max,
-                    )
-                except jr.JournalScanCorruption as bad:
-                    raise Corruption(path, bad.offset_bytes, bad.reason) from None
-                scans.append((path, scan))
-        ops: list[StoreOp] = []
-        for scan_path, scan in scans:
-            for record in scan.records:
-                if record.store_id in store_ids and record.rtype != jr.TYPE_ATTACH:
-                    ops.append(_op_of(record, scan_path))
-        return ops
+            return live_ops(self._fs, files, store_ids, self._limits.record_payload_bytes_max)
 
     # ----------------------------------------------------------------- lifecycle, stats
 
@@ -759,64 +652,3 @@ def _close(journal_file: _JournalFile) -> None:
         handle, journal_file.handle = journal_file.handle, None
         with contextlib.suppress(OSError):
             handle.close()
-
-
-def _op_of(record: jr.JournalRecord, path: str) -> StoreOp:
-    if record.rtype == jr.TYPE_ENTRY:
-        return AppendOp((Entry(record.a, record.b, record.body),))
-    if record.rtype == jr.TYPE_VOTE:
-        return VoteOp(record.a, record.body.decode("utf-8") if record.b else None)
-    assert record.rtype == jr.TYPE_TRUNCATE, (path, record)
-    return TruncateOp(record.a)
-
-
-def _ops_by_path(scans: list[tuple[str, jr.FileScan]]) -> dict[str, list[StoreOp]]:
-    """Every store's operations in journal order, by store directory (relative path)."""
-    found: dict[str, list[StoreOp]] = {}
-    for path, scan in scans:
-        names: dict[int, str] = {}  # store ids are per file: ATTACH declares them
-        for record in scan.records:
-            if record.rtype == jr.TYPE_ATTACH:
-                names[record.store_id] = record.body.decode("utf-8")
-                continue
-            rel_path = names.get(record.store_id)
-            if rel_path is None:
-                raise Corruption(
-                    path,
-                    record.offset_bytes,
-                    f"record of store id {record.store_id}, which no ATTACH declared",
-                )
-            found.setdefault(rel_path, []).append(_op_of(record, path))
-    return found
-
-
-def replay_into(store: ShardStore, ops: list[StoreOp], store_dir: str) -> None:
-    """Bring a store (not attached to a journal) to the state its journaled operations lead
-    to, durably (`journal_replay.plan_replay`; idempotent)."""
-    try:
-        plan = plan_replay(
-            ops,
-            first_index=store.first_index,
-            last_index=store.last_index,
-            term_at=store.term_at,
-            term=store.term,
-            voted_for=store.voted_for,
-        )
-    except ReplayGap as gap:
-        raise Corruption(store_dir, 0, f"journal replay: {gap}") from None
-    if plan.empty:
-        return
-    log.info(
-        "replaying the journal into %s: cut from %s, %d entries, vote %s",
-        store_dir,
-        plan.cut_from,
-        len(plan.appends),
-        plan.vote,
-    )
-    if plan.cut_from is not None:
-        store.truncate_suffix(plan.cut_from)
-    if plan.appends:
-        store.append(list(plan.appends))
-    if plan.vote is not None:
-        store.save_vote(*plan.vote)
-    store.sync()

@@ -48,12 +48,14 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from logsvc.failpoints import failpoint
 from logsvc.store import records
 from logsvc.store.errors import (
     Compacted,
     Corruption,
+    JournalSyncTimeout,
     RecordTooLarge,
     StoreClosed,
     StoreError,
@@ -63,12 +65,14 @@ from logsvc.store.errors import (
 )
 from logsvc.store.fs import DirLock, FileSystem, OsFileSystem, WritableFile
 from logsvc.store.group_commit import GroupCommitPolicy, SyncNow, WaitUntil
-from logsvc.store.journal import JournalLink, NodeJournal, SyncTimeoutError, replay_into
 from logsvc.store.limits import DEFAULT_LIMITS, StoreLimits
 from logsvc.store.meta import Meta, save_meta
 from logsvc.store.records import Entry
 from logsvc.store.recovery import RecoveryReport, recover, segment_file_name
 from logsvc.store.waiters import Waiters
+
+if TYPE_CHECKING:  # journal.py imports this module; the store only holds what it is given
+    from logsvc.store.journal import JournalLink, NodeJournal
 
 log = logging.getLogger("logsvc.store")
 
@@ -608,7 +612,7 @@ class ShardStore:
         link, ops = journal.attach(self._dir, self)
         try:
             if ops:  # an abandoned attachment of this directory journaled them
-                replay_into(self, ops, self._dir)
+                journal.replay_into(self, ops, self._dir)
                 journal.forget_abandoned(self._dir)
         except BaseException:
             link.detach(checkpointed=False)
@@ -657,7 +661,7 @@ class ShardStore:
         assert position is not None, f"entry {index} is neither durable nor journaled"
         try:
             link.sync_upto(position, waited_ms_max)
-        except SyncTimeoutError:
+        except JournalSyncTimeout:
             raise SyncTimeout(index, waited_ms_max) from None
         except StoreFailed:
             pass  # _journal_failed failed this store too; the caller's loop raises it
