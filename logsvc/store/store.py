@@ -55,12 +55,14 @@ from logsvc.store import records
 from logsvc.store.errors import (
     Compacted,
     Corruption,
+    EntryTruncated,
     JournalSyncTimeout,
     RecordTooLarge,
     StoreClosed,
     StoreError,
     StoreFailed,
     StoreLocked,
+    SyncTimeout,
     io_error,
 )
 from logsvc.store.fs import DirLock, FileSystem, OsFileSystem, WritableFile
@@ -69,6 +71,7 @@ from logsvc.store.limits import DEFAULT_LIMITS, StoreLimits
 from logsvc.store.meta import Meta, save_meta
 from logsvc.store.records import Entry
 from logsvc.store.recovery import RecoveryReport, recover, segment_file_name
+from logsvc.store.segment import Segment
 from logsvc.store.waiters import Waiters
 
 if TYPE_CHECKING:  # journal.py imports this module; the store only holds what it is given
@@ -80,22 +83,6 @@ log = logging.getLogger("logsvc.store")
 READ_RETRIES_MAX = 3
 # How long close() waits for the syncer thread to stop.
 SYNCER_JOIN_S_MAX = 30.0
-
-
-class SyncTimeout(StoreError):
-    def __init__(self, index: int, waited_ms: int) -> None:
-        super().__init__(f"entry {index} not durable after {waited_ms} ms")
-        self.index = index
-        self.waited_ms = waited_ms
-
-
-class EntryTruncated(StoreError):
-    """A waited-for entry was removed by a suffix truncation before it became durable."""
-
-    def __init__(self, index: int, last_index: int) -> None:
-        super().__init__(f"entry {index} was truncated (log now ends at {last_index})")
-        self.index = index
-        self.last_index = last_index
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,43 +102,6 @@ class StoreStats:
     sync_seconds_total: float
     failed: bool
     recovery: RecoveryReport
-
-
-@dataclass(slots=True, eq=False)
-class _Segment:
-    first_index: int
-    path: str
-    offsets: array.array[int]  # file offset of each record
-    term_runs: list[tuple[int, int]]  # (first index, term) where the term changes
-    size_bytes: int  # logical end: header + every record, including buffered ones
-    written_bytes: int  # handed to the OS
-    synced_bytes: int  # covered by a returned fdatasync
-    pending: bytearray  # encoded, not yet written (starts with the header if not on disk)
-    on_disk: bool
-    file: WritableFile | None = None
-
-    @property
-    def last_index(self) -> int:
-        return self.first_index + len(self.offsets) - 1
-
-    def term_at(self, index: int) -> int:
-        position = bisect.bisect_right(self.term_runs, (index, 2**64)) - 1
-        assert position >= 0
-        return self.term_runs[position][1]
-
-    def record_end(self, index: int) -> int:
-        position = index - self.first_index + 1
-        return self.offsets[position] if position < len(self.offsets) else self.size_bytes
-
-    def cut(self, index: int) -> int:
-        """Forget records from `index` on; return the new size."""
-        position = index - self.first_index
-        new_size = self.offsets[position]
-        del self.offsets[position:]
-        while self.term_runs and self.term_runs[-1][0] >= index:
-            self.term_runs.pop()
-        self.size_bytes = new_size
-        return new_size
 
 
 class ShardStore:
@@ -224,8 +174,8 @@ class ShardStore:
         self._listeners: list[Callable[[int, StoreFailed | None], None]] = []
         self._syncer_cv = threading.Condition(self._mu)
         self._meta = meta
-        self._segments: list[_Segment] = []
-        self._obsolete: list[_Segment] = []
+        self._segments: list[Segment] = []
+        self._obsolete: list[Segment] = []
         self._first_index = meta.first_index
         self._last_index = meta.first_index - 1
         self._written_index = self._last_index
@@ -692,7 +642,7 @@ class ShardStore:
         self._recovery = report
         for path, scan in scans:
             size = scan.end_bytes
-            segment = _Segment(
+            segment = Segment(
                 first_index=scan.first_index,
                 path=path,
                 offsets=scan.offsets,
@@ -741,7 +691,7 @@ class ShardStore:
         self._cache_bytes += len(entry.payload)
         self._evict_cache_locked()
 
-    def _segment_for_append(self, entry: Entry) -> _Segment:
+    def _segment_for_append(self, entry: Entry) -> Segment:
         record_bytes = records.RECORD_HEADER_BYTES + len(entry.payload)
         if self._segments and not self._roll_requested:
             active = self._segments[-1]
@@ -749,7 +699,7 @@ class ShardStore:
                 return active
         self._roll_requested = False
         header = records.encode_segment_header(entry.index)
-        segment = _Segment(
+        segment = Segment(
             first_index=entry.index,
             path=os.path.join(self._dir, segment_file_name(entry.index)),
             offsets=array.array("I"),
@@ -764,7 +714,7 @@ class ShardStore:
         self._segments.append(segment)
         return segment
 
-    def _segment_of(self, index: int) -> _Segment:
+    def _segment_of(self, index: int) -> Segment:
         position = bisect.bisect_right(self._segments, index, key=lambda s: s.first_index) - 1
         assert position >= 0
         segment = self._segments[position]
@@ -792,7 +742,7 @@ class ShardStore:
             self._last_index = self._written_index = self._durable_index = index - 1
             self._segment_durable_index = index - 1
             self._journal_marks.clear()
-        keep: list[_Segment] = []
+        keep: list[Segment] = []
         for segment in self._segments:
             if segment.last_index < index:
                 self._close_file(segment)
@@ -817,12 +767,12 @@ class ShardStore:
 
     # ----------------------------------------------------------------- internals: I/O
 
-    def _writable(self, segment: _Segment) -> WritableFile:
+    def _writable(self, segment: Segment) -> WritableFile:
         if segment.file is None:
             segment.file = self._fs.open_write(segment.path, create=False)
         return segment.file
 
-    def _close_file(self, segment: _Segment) -> None:
+    def _close_file(self, segment: Segment) -> None:
         if segment.file is not None:
             handle, segment.file = segment.file, None
             with contextlib.suppress(OSError):
@@ -896,7 +846,7 @@ class ShardStore:
                 listener(durable, None)
 
     def _write_chunks(
-        self, work: list[tuple[_Segment, bytes]], unsynced: list[_Segment], sync: bool
+        self, work: list[tuple[Segment, bytes]], unsynced: list[Segment], sync: bool
     ) -> int:
         """The I/O of a write-out, outside `_mu`; returns how many fdatasyncs it did."""
         fdatasyncs = 0
@@ -930,7 +880,7 @@ class ShardStore:
                 self._dir_dirty = False
         return fdatasyncs
 
-    def _segments_before(self, segment: _Segment) -> list[_Segment]:
+    def _segments_before(self, segment: Segment) -> list[Segment]:
         with self._mu:
             position = self._segments.index(segment)
             return [s for s in self._segments[:position] if s.synced_bytes < s.size_bytes]
