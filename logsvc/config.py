@@ -18,7 +18,9 @@ Schema (the documented examples are in `configs/`; only [node] differs between t
 files of one cluster, every other section must be identical on every node):
 
     [node]           id, data_dir, log_level = "info" (debug|info|warning|error),
-                     log_format = "text" (text|json: one JSON object a line, logsvc/logs.py)
+                     log_format = "text" (text|json: one JSON object a line, logsvc/logs.py),
+                     journal = "shard" (shard: each replica's store syncs its own files;
+                     node: one shared node journal, docs/decisions/0011-shared-journal.md)
     [cluster]        secret | secret_file (exactly one), token | token_file (exactly one)
     [[cluster.nodes]] id, data_address, admin_address, raft_host, raft_port_base
     [[shards]]       id, replicas (3 or 5 distinct ids of cluster.nodes)
@@ -101,6 +103,8 @@ SECRET_CHARS_MAX = 4096
 LOG_LEVELS: Final = ("debug", "info", "warning", "error")
 # "text" for a terminal; "json" (one object a line, see logsvc/logs.py) for a log pipeline.
 LOG_FORMATS: Final = ("text", "json")
+# [node] journal: where replicas make appends durable (docs/decisions/0011-shared-journal.md).
+JOURNAL_MODES: Final = ("shard", "node")
 
 # An even replica count tolerates no more failures than the odd count below it, and
 # needs a bigger quorum (Raft §5.2), so a shard has 3 or 5 replicas.
@@ -224,6 +228,8 @@ class NodeConfig:
     # Never in repr() (and so never in a log line that prints the config).
     secret: str = field(repr=False)  # the cluster secret: pysyncobj's password
     token: str = field(repr=False)  # the data plane and admin token
+    # "shard" (each replica's store syncs its own files) or "node" (one shared journal).
+    journal_mode: str = "shard"
     # Test only: canonical Raft address -> address to dial (LOGSVC_TEST_RAFT_DIAL, read by
     # `load_node_config`); empty in production.
     raft_dial: tuple[tuple[str, str], ...] = ()
@@ -394,7 +400,7 @@ def _inline_secret_keys(document: Mapping[str, object]) -> list[str]:
 # --------------------------------------------------------------------------- parsing
 
 TOP_KEYS: Final = ("node", "cluster", "shards", "limits", "raft")
-NODE_KEYS: Final = ("id", "data_dir", "log_level", "log_format")
+NODE_KEYS: Final = ("id", "data_dir", "log_level", "log_format", "journal")
 CLUSTER_KEYS: Final = ("secret", "secret_file", "token", "token_file", "nodes")
 CLUSTER_NODE_KEYS: Final = ("id", "data_address", "admin_address", "raft_host", "raft_port_base")
 SHARD_KEYS: Final = ("id", "replicas")
@@ -428,6 +434,13 @@ def parse_node_config(
         raise ConfigError(
             node.key("log_format"),
             f"must be one of {', '.join(LOG_FORMATS)} (got {log_format!r})",
+        )
+
+    journal_mode = node.string("journal", default="shard")
+    if journal_mode not in JOURNAL_MODES:
+        raise ConfigError(
+            node.key("journal"),
+            f"must be one of {', '.join(JOURNAL_MODES)} (got {journal_mode!r})",
         )
 
     cluster = root.table("cluster", CLUSTER_KEYS)
@@ -470,6 +483,7 @@ def parse_node_config(
         data_dir=data_dir,
         log_level=log_level,
         log_format=log_format,
+        journal_mode=journal_mode,
         nodes=nodes,
         shards=shards,
         store_limits=store_limits,

@@ -125,6 +125,7 @@ def _node_config(
     *,
     replica_count: int | None = None,
     raft_ms: dict[str, int] | None = None,
+    journal: str = "shard",
 ) -> str:
     """One node's config text. `replica_count` defaults to 5 when there are 5 or more
     nodes, else 3; `raft_ms` is the [raft] section (keys of `config.RAFT_KEYS`)."""
@@ -134,6 +135,7 @@ def _node_config(
         f'id = "{node.node_id}"',
         f'data_dir = "{node.node_id}"',
         'log_level = "info"',
+        f'journal = "{journal}"',
         "",
         "[cluster]",
         'secret_file = "secret"',
@@ -169,8 +171,20 @@ def up(dir_path: str, nodes: int = 3, shards: int = 2) -> dict[str, int]:
     return pids
 
 
-def start(dir_path: str, nodes: int = 3, shards: int = 2) -> dict[str, int]:
-    """Write the configs and client.toml, spawn the nodes; return their PIDs at once."""
+def start(
+    dir_path: str,
+    nodes: int = 3,
+    shards: int = 2,
+    *,
+    journal: str = "shard",
+    raft_threads: int | None = None,
+) -> dict[str, int]:
+    """Write the configs and client.toml, spawn the nodes; return their PIDs at once.
+    `journal`: the nodes' `[node] journal` ("shard" or "node", logsvc/config.py);
+    `raft_threads`: their `[raft] threads` (None: the default)."""
+    raft_ms = dict(DEV_RAFT_MS)
+    if raft_threads is not None:
+        raft_ms["threads"] = raft_threads
     assert 3 <= nodes <= NODES_MAX
     assert 1 <= shards <= SHARDS_MAX
     os.makedirs(dir_path, exist_ok=True)
@@ -182,7 +196,7 @@ def start(dir_path: str, nodes: int = 3, shards: int = 2) -> dict[str, int]:
     pids: dict[str, int] = {}
     for node in ports:
         config = os.path.join(dir_path, f"{node.node_id}.toml")
-        _write_private(config, _node_config(node, ports, shards))
+        _write_private(config, _node_config(node, ports, shards, raft_ms=raft_ms, journal=journal))
         pids[node.node_id] = _spawn(dir_path, node.node_id)
     _write_pids(dir_path, pids)
     addresses = [f"127.0.0.1:{node.data}" for node in ports]

@@ -85,8 +85,11 @@ import stat
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Final, Literal
+from typing import Final
 
+from logsvc.doctor_findings import SEVERITIES, Severity
+from logsvc.doctor_findings import Finding as Finding  # re-exported: callers import it here
+from logsvc.doctor_journal import check_node_journal
 from logsvc.node import placement
 from logsvc.quarantine import is_quarantine_name, move_aside
 from logsvc.shard import membership, small_file, snapshot_file
@@ -95,6 +98,7 @@ from logsvc.shard.limits import DEFAULT_SHARD_LIMITS, ShardLimits
 from logsvc.shard.state_machine import ShardStateMachine
 from logsvc.store import records
 from logsvc.store.fs import LOCK_FILE_NAME
+from logsvc.store.journal import JOURNAL_DIR_NAME
 from logsvc.store.meta import META_FILE_NAME, META_TMP_FILE_NAME, Meta, decode_meta
 from logsvc.store.recovery import SEGMENT_NAME
 
@@ -115,6 +119,7 @@ DATA_DIR_EXPECTED: Final = (
     placement.FILE_NAME,
     placement.ARCHIVE_DIR_NAME,
     "lost+found",
+    JOURNAL_DIR_NAME,  # the node journal (logsvc/doctor_journal.py checks it)
 )
 # The small checksummed files (logsvc/shard/small_file.py): (file name, magic, version).
 SMALL_FILES: Final = (
@@ -125,32 +130,6 @@ SHARD_DIR_NAME = re.compile(r"[1-9][0-9]{0,9}")
 # Directory entries looked at per directory: a data directory holds a few files per shard;
 # anything near this is not one of ours, and the rest is summarized instead of listed.
 DIR_ENTRIES_LISTED_MAX: Final = 10_000
-
-Severity = Literal["error", "warning", "info"]
-SEVERITIES: Final[tuple[Severity, ...]] = ("error", "warning", "info")
-
-
-@dataclass(frozen=True, slots=True)
-class Finding:
-    """One thing found. `code` is a stable slug for scripts (`torn_tail`, `segment_corrupt`,
-    ...); `message` is for people."""
-
-    severity: Severity
-    code: str
-    path: str
-    message: str
-    shard: int | None = None
-    offset_bytes: int | None = None
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "severity": self.severity,
-            "code": self.code,
-            "shard": self.shard,
-            "path": self.path,
-            "offset_bytes": self.offset_bytes,
-            "message": self.message,
-        }
 
 
 @dataclass(slots=True)
@@ -252,6 +231,7 @@ def examine(options: DoctorOptions) -> DoctorReport:
             )
         )
         return report
+    report.findings.extend(check_node_journal(data_dir, options.payload_bytes_max))
     for shard, path in shard_dirs:
         summary = ShardSummary(shard=shard, path=path, running=shard in running)
         findings: list[Finding] = []

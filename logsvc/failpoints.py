@@ -43,6 +43,10 @@ KNOWN_FAILPOINTS = frozenset(
         "store_after_sync_before_ack",
         # store.py: a new segment's name (or the first one) is about to be made durable
         "store_before_roll_dir_sync",
+        # journal.py: journal records handed to the OS, their fdatasync not yet started
+        "journal_after_write_before_sync",
+        # journal.py: the journal's fdatasync returned, no store told yet
+        "journal_after_sync_before_ack",
         # store.py save_vote: before / after the term and vote are written durably
         "meta_before_save",
         "meta_after_save",

@@ -78,6 +78,19 @@ def is_lost_page_tail(data: bytes | memoryview, lo_bytes: int) -> bool:
     return boundary + ZERO_RUN_BYTES_MIN <= len(data)
 
 
+def is_lost_page_rest(data: bytes | memoryview, lo_bytes: int, hi_bytes: int) -> bool:
+    """Whether `data[lo_bytes:hi_bytes]` starts with the zeroed rest of a page that never
+    reached the disk: zero from `lo_bytes` (not page-aligned; an aligned lost page holds a
+    whole zero sector) to the next page boundary, at least `ZERO_RUN_BYTES_MIN` bytes. The
+    page straddled the synced length: its synced part is on disk, the rest reads as zeros,
+    and the later pages of the same unsynced write may have been written back."""
+    assert 0 <= lo_bytes <= hi_bytes <= len(data)
+    boundary = -(-lo_bytes // PAGE_BYTES) * PAGE_BYTES
+    if boundary == lo_bytes or boundary > hi_bytes or boundary - lo_bytes < ZERO_RUN_BYTES_MIN:
+        return False
+    return not any(data[lo_bytes:boundary])
+
+
 def starts_with_zero_run(data: bytes | memoryview, lo_bytes: int) -> bool:
     """Whether `data` holds at least `ZERO_RUN_BYTES_MIN` zero bytes from `lo_bytes` on: a
     record or frame header that was never written (its checksum cannot be zero)."""

@@ -10,9 +10,13 @@ replica on every node when --nodes 3), then, in this order, prints one JSON obje
    node processes (`idle_cpu_cores_total`, and per node), each node's RSS, threads and open
    descriptors, and RSS per hosted replica (the whole process's RSS divided by its
    replicas: an upper bound on what an idle replica costs).
-3. `--active-shards` shards chosen at random, driven in closed loop by `--concurrency`
-   appenders (one record of `--record-bytes` each, waiting for the acknowledgement) for
-   `--load-seconds`: `appends_per_s`, p50/p99 latency.
+3. For each count of `--active-shards` (a comma list, default 1,100,1000 up to --shards),
+   that many shards chosen at random, driven in closed loop by `--concurrency` appenders
+   (one record of `--record-bytes` each, waiting for the acknowledgement) for
+   `--load-seconds`: `loads`, one object per count with `appends_per_s` and p50/p99
+   latency (the first count's figures are also at the top level, as before).
+   `--journal node` runs the nodes with the shared node journal
+   (docs/decisions/0011-shared-journal.md); `shard` (the default) is today's path.
 4. One node (the first) killed with SIGKILL: the shards it led, and for each the time from
    the kill until another node answered as their confirmed leader in a later term
    (`failover_s` max/p50/p99, `failed_over`/`led_by_killed`).
@@ -43,6 +47,7 @@ LEADERS_WAIT_S_MAX = 300.0
 FAILOVER_WAIT_S_MAX = 60.0
 CONCURRENCY_MAX = 4096
 SECONDS_MAX = 3600.0
+ACTIVE_SHARDS_DEFAULT = (1, 100, 1000)  # issue 22: one shard, a hundred, a thousand busy
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +56,9 @@ class ShardsBenchConfig:
     shards: int = 1000
     settle_seconds: float = 5.0
     idle_seconds: float = 30.0
-    active_shards: int = 100
+    active_shards: tuple[int, ...] = ACTIVE_SHARDS_DEFAULT
+    journal: str = "shard"
+    raft_threads: int | None = None  # the nodes' [raft] threads; None: the default
     concurrency: int = 256
     record_bytes: int = 100
     load_seconds: float = 10.0
@@ -96,12 +103,18 @@ def percentile(sorted_values: Sequence[float], fraction: float) -> float | None:
 def run(config: ShardsBenchConfig) -> dict[str, object]:
     assert 3 <= config.nodes <= devcluster.NODES_MAX
     assert 1 <= config.shards <= SHARDS_MAX
-    assert 1 <= config.active_shards <= config.shards
+    assert all(1 <= count <= config.shards for count in config.active_shards)
     base = config.dir or tempfile.mkdtemp(prefix="logsvc-bench-shards-")
     result: dict[str, object] = {"bench": "shards", **asdict(config)}
     try:
         started_s = time.monotonic()
-        pids = devcluster.start(base, nodes=config.nodes, shards=config.shards)
+        pids = devcluster.start(
+            base,
+            nodes=config.nodes,
+            shards=config.shards,
+            journal=config.journal,
+            raft_threads=config.raft_threads,
+        )
         client_config = load_client_config(os.path.join(base, "client.toml"))
         deadline_s = started_s + LEADERS_WAIT_S_MAX
         for address in client_config.addresses:
@@ -121,7 +134,9 @@ def run(config: ShardsBenchConfig) -> dict[str, object]:
             return result
         result.update(_idle(pids, config))
         gc_tuning.tune_for_latency()  # the client's own pauses would count as latency
-        result.update(asyncio.run(_load(base, config)))
+        loads = [asyncio.run(_load(base, config, count)) for count in config.active_shards]
+        result.update(loads[0])
+        result["loads"] = loads
         result.update(_failover(base, pids, led, config))
         return result
     finally:
@@ -157,10 +172,10 @@ def _idle(pids: dict[str, int], config: ShardsBenchConfig) -> dict[str, object]:
     }
 
 
-async def _load(base: str, config: ShardsBenchConfig) -> dict[str, object]:
+async def _load(base: str, config: ShardsBenchConfig, count: int) -> dict[str, object]:
     client = await connect(os.path.join(base, "client.toml"))
     rng = random.Random(config.seed)
-    active = rng.sample(range(1, config.shards + 1), config.active_shards)
+    active = rng.sample(range(1, config.shards + 1), count)
     payload = os.urandom(config.record_bytes)
     latencies_ms: list[float] = []
     errors = 0
@@ -254,7 +269,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--shards", type=int, default=defaults.shards)
     parser.add_argument("--settle-seconds", type=float, default=defaults.settle_seconds)
     parser.add_argument("--idle-seconds", type=float, default=defaults.idle_seconds)
-    parser.add_argument("--active-shards", type=int, default=defaults.active_shards)
+    parser.add_argument(
+        "--active-shards",
+        default=None,
+        help="comma list of active shard counts, one load each (default 1,100,1000 up to --shards)",
+    )
+    parser.add_argument("--journal", choices=("shard", "node"), default=defaults.journal)
+    parser.add_argument(
+        "--raft-threads", type=int, default=None, help="the nodes' [raft] threads (1..64)"
+    )
     parser.add_argument("--concurrency", type=int, default=defaults.concurrency)
     parser.add_argument("--record-bytes", type=int, default=defaults.record_bytes)
     parser.add_argument("--load-seconds", type=float, default=defaults.load_seconds)
@@ -266,12 +289,21 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv: Sequence[str]) -> ShardsBenchConfig:
     parser = build_parser()
     ns = parser.parse_args(argv)
+    if ns.active_shards is None:
+        active = tuple(n for n in ACTIVE_SHARDS_DEFAULT if n <= ns.shards) or (1,)
+    else:
+        try:
+            active = tuple(int(part) for part in ns.active_shards.split(","))
+        except ValueError:
+            parser.error(f"--active-shards: not a comma list of integers: {ns.active_shards!r}")
     config = ShardsBenchConfig(
         nodes=ns.nodes,
         shards=ns.shards,
         settle_seconds=ns.settle_seconds,
         idle_seconds=ns.idle_seconds,
-        active_shards=ns.active_shards,
+        active_shards=active,
+        journal=ns.journal,
+        raft_threads=ns.raft_threads,
         concurrency=ns.concurrency,
         record_bytes=ns.record_bytes,
         load_seconds=ns.load_seconds,
@@ -281,12 +313,13 @@ def parse_args(argv: Sequence[str]) -> ShardsBenchConfig:
     checks = (
         ("--nodes", 3 <= config.nodes <= devcluster.NODES_MAX),
         ("--shards", 1 <= config.shards <= SHARDS_MAX),
-        ("--active-shards", 1 <= config.active_shards <= config.shards),
+        ("--active-shards", all(1 <= n <= config.shards for n in config.active_shards)),
         ("--concurrency", 1 <= config.concurrency <= CONCURRENCY_MAX),
         ("--record-bytes", 1 <= config.record_bytes <= 1 << 20),
         ("--settle-seconds", 0 <= config.settle_seconds <= SECONDS_MAX),
         ("--idle-seconds", 0 < config.idle_seconds <= SECONDS_MAX),
         ("--load-seconds", 0 < config.load_seconds <= SECONDS_MAX),
+        ("--raft-threads", config.raft_threads is None or 1 <= config.raft_threads <= 64),
     )
     for flag, ok in checks:
         if not ok:

@@ -29,6 +29,7 @@ from logsvc.shard.raft.config import CONNECTION_RETRY_MS_DEFAULT
 from logsvc.shard.raft.patches import monotonic_s
 from logsvc.shard.replica import ShardReplica
 from logsvc.shard.scheduler import RaftScheduler
+from logsvc.store.errors import StoreError
 from logsvc.store.fs import FileSystem
 
 log = logging.getLogger("logsvc.node")
@@ -55,7 +56,14 @@ def serve(config_path: str, *, file_system: FileSystem | None = None) -> int:
     logs.configure_for_node(config)
     _raise_open_files_limit(len(config.shards_hosted()))
     gc_tuning.tune_for_latency()
-    asyncio.run(_run(config, file_system))
+    try:
+        asyncio.run(_run(config, file_system))
+    except StoreError as exc:
+        # The node journal (`[node] journal = "node"`) refused to open: damage it will not
+        # guess about (docs/decisions/0011). A replica's own errors never get here: they
+        # quarantine that replica only (hosting.py).
+        log.critical("the node cannot start: %s", exc)
+        return 1
     return 0
 
 

@@ -43,6 +43,8 @@ from logsvc.shard.scheduler import RaftScheduler
 from logsvc.shard.small_file import SmallFileCorrupt
 from logsvc.store import ShardStore, StoreError
 from logsvc.store.fs import FileSystem, OsFileSystem
+from logsvc.store.journal import JOURNAL_DIR_NAME, NodeJournal
+from logsvc.store.limits import DEFAULT_JOURNAL_LIMITS
 from logsvc.store.meta import load_meta
 
 log = logging.getLogger("logsvc.node")
@@ -80,6 +82,9 @@ class ShardHosting:
         # Hosted shards whose replica refused to open (corruption): shard id -> why.
         self.failed: dict[int, str] = {}
         self.replicas: dict[int, ShardReplica] = {}
+        # `[node] journal = "node"`: every replica's store journals into this one
+        # (docs/decisions/0011-shared-journal.md); opened (and replayed) before any replica.
+        self._node_journal: NodeJournal | None = None
 
     # ------------------------------------------------------------------ start and stop
 
@@ -89,6 +94,8 @@ class ShardHosting:
         guess which shards it hosts."""
         loop = asyncio.get_running_loop()
         self._placement = await loop.run_in_executor(None, self._load_placement)
+        if self._config.journal_mode == "node":
+            self._node_journal = await loop.run_in_executor(None, self._open_node_journal)
         # Several at once: opening a replica syncs its newest segment and its directory
         # (recovery), and those waits overlap (a thousand replicas in seconds, not a minute).
         opening = asyncio.Semaphore(OPENS_AT_ONCE_MAX)
@@ -140,6 +147,22 @@ class ShardHosting:
             await host.close()
         for replica in self.replicas.values():
             await loop.run_in_executor(None, replica.close)
+        if self._node_journal is not None:
+            await loop.run_in_executor(None, self._node_journal.close)
+
+    def _open_node_journal(self) -> NodeJournal:
+        store_limits = self._config.store_limits
+        return NodeJournal.open(
+            os.path.join(self._config.data_dir, JOURNAL_DIR_NAME),
+            base_dir=self._config.data_dir,
+            fs=self._fs,
+            limits=dataclasses.replace(
+                DEFAULT_JOURNAL_LIMITS,
+                record_payload_bytes_max=store_limits.record_payload_bytes_max,
+                sync_wait_ms_max=store_limits.sync_wait_ms_max,
+            ).validate(),
+            store_limits=store_limits,
+        )
 
     # ------------------------------------------------------------------ runtime changes
 
@@ -264,6 +287,7 @@ class ShardHosting:
             ),
             file_system=self._store_fs,
             raft_scheduler=self._raft_scheduler,
+            node_journal=self._node_journal,
         )
         replica = await loop.run_in_executor(None, ShardReplica, replica_config)
         replica.start()

@@ -58,6 +58,7 @@ from logsvc.store import (
     StoreLimits,
 )
 from logsvc.store.fs import FileSystem
+from logsvc.store.journal import NodeJournal
 
 log = logging.getLogger("logsvc.shard")
 
@@ -120,6 +121,9 @@ class ReplicaConfig:
     # The node's Raft scheduler (one per node: scheduler.py); None: the replica gets a
     # private one (tests that run single replicas). Unused by simulated replicas.
     raft_scheduler: RaftScheduler | None = None
+    # The node's shared journal (docs/decisions/0011-shared-journal.md); None: the store
+    # makes its appends durable in its own files.
+    node_journal: NodeJournal | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +177,7 @@ class ShardReplica:
                 # The Raft tick syncs the store once per tick, on the tick's own thread
                 # (the scheduler's worker): no syncer thread per replica.
                 background_sync=False,
+                journal=config.node_journal,
             )
         except Corruption as exc:
             self._events.emit("corruption", detail=str(exc))

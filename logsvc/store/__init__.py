@@ -8,16 +8,18 @@ from logsvc.store.errors import (
     Compacted,
     Corruption,
     DiskFull,
+    EntryTruncated,
     RecordTooLarge,
     StoreClosed,
     StoreError,
     StoreFailed,
     StoreIOError,
     StoreLocked,
+    SyncTimeout,
 )
 from logsvc.store.limits import DEFAULT_LIMITS, StoreLimits
 from logsvc.store.records import Entry
-from logsvc.store.store import EntryTruncated, ShardStore, StoreStats, SyncTimeout
+from logsvc.store.store import ShardStore, StoreStats
 
 __all__ = [
     "DEFAULT_LIMITS",

@@ -12,7 +12,11 @@ are assertions and crash. The tree:
     ├── StoreLocked(dir_path)                     another process holds the directory
     ├── Compacted(first_index)                    the index is below the log start
     ├── RecordTooLarge(size_bytes, max_bytes)
-    └── StoreClosed
+    ├── StoreClosed
+    ├── SyncTimeout(index, waited_ms)             a durability wait gave up
+    ├── EntryTruncated(index, last_index)         a waited-for entry was cut before durable
+    └── JournalSyncTimeout(waited_ms)             (journal.py) the node journal's I/O lock was
+                                                  busy too long; the store raises SyncTimeout
 """
 
 from __future__ import annotations
@@ -84,6 +88,30 @@ class RecordTooLarge(StoreError):
 class StoreClosed(StoreError):
     def __init__(self) -> None:
         super().__init__("store is closed")
+
+
+class SyncTimeout(StoreError):
+    def __init__(self, index: int, waited_ms: int) -> None:
+        super().__init__(f"entry {index} not durable after {waited_ms} ms")
+        self.index = index
+        self.waited_ms = waited_ms
+
+
+class EntryTruncated(StoreError):
+    """A waited-for entry was removed by a suffix truncation before it became durable."""
+
+    def __init__(self, index: int, last_index: int) -> None:
+        super().__init__(f"entry {index} was truncated (log now ends at {last_index})")
+        self.index = index
+        self.last_index = last_index
+
+
+class JournalSyncTimeout(StoreError):
+    """The node journal's disk did not finish the syncs ahead of this one in time."""
+
+    def __init__(self, waited_ms: int) -> None:
+        super().__init__(f"journal sync not done after {waited_ms} ms")
+        self.waited_ms = waited_ms
 
 
 def io_error(exc: OSError, op: str, path: str) -> StoreIOError:

@@ -71,3 +71,47 @@ class StoreLimits:
 
 
 DEFAULT_LIMITS = StoreLimits().validate()
+
+
+@dataclass(frozen=True, slots=True)
+class JournalLimits:
+    """Limits of the node journal (journal.py; docs/decisions/0011-shared-journal.md)."""
+
+    # A journal file is sealed and a new one started past this size. Sealed files are
+    # deleted once every store caught up with them, so this is also the granularity at
+    # which the journal gives space back.
+    file_bytes_max: int = 64 * MIB
+
+    # Live journal bytes (every file not yet deleted) above which the appending thread
+    # checkpoints the stores holding up the oldest file itself before returning: the
+    # journal, hence recovery time and disk use, stays bounded however far the background
+    # checkpoints fall behind.
+    bytes_max: int = 256 * MIB
+
+    # Encoded records kept in memory before they are written to the OS (still unsynced);
+    # past it the appending thread writes them out itself (no fsync).
+    write_buffer_bytes_max: int = 4 * MIB
+
+    # The largest entry payload (as StoreLimits.record_payload_bytes_max) and so the
+    # largest record recovery accepts.
+    record_payload_bytes_max: int = 16 * MIB
+
+    # How long a sync may wait for the journal (the disk busy with other shards' syncs)
+    # before giving up with SyncTimeout.
+    sync_wait_ms_max: int = 30_000
+
+    def validate(self) -> JournalLimits:
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{field.name}: must be a positive integer, got {value!r}")
+        if self.record_payload_bytes_max > records.PAYLOAD_BYTES_LIMIT:
+            raise ValueError(
+                f"record_payload_bytes_max: must be at most {records.PAYLOAD_BYTES_LIMIT}"
+            )
+        if self.file_bytes_max > self.bytes_max:
+            raise ValueError("file_bytes_max: must be at most bytes_max")
+        return self
+
+
+DEFAULT_JOURNAL_LIMITS = JournalLimits().validate()

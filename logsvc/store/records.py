@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import xxhash
 
-from logsvc.torn import has_zero_sector
+from logsvc.torn import has_zero_sector, is_lost_page_rest
 
 SEGMENT_MAGIC = b"LOGSVSEG"
 SEGMENT_VERSION = 1
@@ -274,7 +274,10 @@ def _classify_bad_tail(
             bad_offset,
             f"{reason}; a later record says entries up to {chain_hint} were durable",
         )
-    if not has_zero_sector(data, bad_offset, later.offset_bytes):
+    if not (
+        has_zero_sector(data, bad_offset, later.offset_bytes)
+        or is_lost_page_rest(data, bad_offset, later.offset_bytes)
+    ):
         raise ScanCorruption(bad_offset, f"{reason}; valid records follow the damaged bytes")
     scan.torn_reason = f"{reason} (unsynced pages lost; later unsynced records dropped)"
     scan.torn_records_dropped = chain_count

@@ -22,6 +22,14 @@ Order of durability for a segment roll: the old segment is fdatasynced before th
 is created, and the directory is fsynced before any entry in the new file is reported
 durable. So a sealed segment is always whole, and only the newest can have a torn tail.
 
+With a node journal (`open(..., journal=)`, journal.py, docs/decisions/0011): appends, vote
+saves and suffix truncations are also handed to the node's shared journal, and durability
+(`wait_durable`, `sync`, `save_vote`) means "the journal's fdatasync covering it returned";
+the segment files and `meta` become the checkpoint, written lazily and fdatasynced by
+`checkpoint()` (the journal's checkpointer, or `close()`). The segment records' durable-index
+hints then count only what the segment files themselves hold durably, so the torn-tail rule
+of a segment stays true. No syncer thread runs in this mode.
+
 Threads: any number of threads may call any method. Locks, always taken in this order:
 `_io_lock` (serializes file mutations) -> `_meta_lock` -> `_mu` (in-memory state; never held
 during I/O).
@@ -33,24 +41,28 @@ import array
 import bisect
 import contextlib
 import dataclasses
-import heapq
 import logging
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from logsvc.failpoints import failpoint
 from logsvc.store import records
 from logsvc.store.errors import (
     Compacted,
     Corruption,
+    EntryTruncated,
+    JournalSyncTimeout,
     RecordTooLarge,
     StoreClosed,
     StoreError,
     StoreFailed,
     StoreLocked,
+    SyncTimeout,
     io_error,
 )
 from logsvc.store.fs import DirLock, FileSystem, OsFileSystem, WritableFile
@@ -59,6 +71,11 @@ from logsvc.store.limits import DEFAULT_LIMITS, StoreLimits
 from logsvc.store.meta import Meta, save_meta
 from logsvc.store.records import Entry
 from logsvc.store.recovery import RecoveryReport, recover, segment_file_name
+from logsvc.store.segment import Segment
+from logsvc.store.waiters import Waiters
+
+if TYPE_CHECKING:  # journal.py imports this module; the store only holds what it is given
+    from logsvc.store.journal import JournalLink, NodeJournal
 
 log = logging.getLogger("logsvc.store")
 
@@ -66,22 +83,6 @@ log = logging.getLogger("logsvc.store")
 READ_RETRIES_MAX = 3
 # How long close() waits for the syncer thread to stop.
 SYNCER_JOIN_S_MAX = 30.0
-
-
-class SyncTimeout(StoreError):
-    def __init__(self, index: int, waited_ms: int) -> None:
-        super().__init__(f"entry {index} not durable after {waited_ms} ms")
-        self.index = index
-        self.waited_ms = waited_ms
-
-
-class EntryTruncated(StoreError):
-    """A waited-for entry was removed by a suffix truncation before it became durable."""
-
-    def __init__(self, index: int, last_index: int) -> None:
-        super().__init__(f"entry {index} was truncated (log now ends at {last_index})")
-        self.index = index
-        self.last_index = last_index
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,43 +104,6 @@ class StoreStats:
     recovery: RecoveryReport
 
 
-@dataclass(slots=True, eq=False)
-class _Segment:
-    first_index: int
-    path: str
-    offsets: array.array[int]  # file offset of each record
-    term_runs: list[tuple[int, int]]  # (first index, term) where the term changes
-    size_bytes: int  # logical end: header + every record, including buffered ones
-    written_bytes: int  # handed to the OS
-    synced_bytes: int  # covered by a returned fdatasync
-    pending: bytearray  # encoded, not yet written (starts with the header if not on disk)
-    on_disk: bool
-    file: WritableFile | None = None
-
-    @property
-    def last_index(self) -> int:
-        return self.first_index + len(self.offsets) - 1
-
-    def term_at(self, index: int) -> int:
-        position = bisect.bisect_right(self.term_runs, (index, 2**64)) - 1
-        assert position >= 0
-        return self.term_runs[position][1]
-
-    def record_end(self, index: int) -> int:
-        position = index - self.first_index + 1
-        return self.offsets[position] if position < len(self.offsets) else self.size_bytes
-
-    def cut(self, index: int) -> int:
-        """Forget records from `index` on; return the new size."""
-        position = index - self.first_index
-        new_size = self.offsets[position]
-        del self.offsets[position:]
-        while self.term_runs and self.term_runs[-1][0] >= index:
-            self.term_runs.pop()
-        self.size_bytes = new_size
-        return new_size
-
-
 class ShardStore:
     """See the module docstring. Create with `ShardStore.open(dir_path)`."""
 
@@ -152,6 +116,7 @@ class ShardStore:
         limits: StoreLimits = DEFAULT_LIMITS,
         clock_ms: Callable[[], float] | None = None,
         background_sync: bool = True,
+        journal: NodeJournal | None = None,
     ) -> ShardStore:
         """`background_sync=False` starts no syncer thread: syncs (and the deletion of
         segments below the log start) then happen only inside `sync()` / `wait_durable()`,
@@ -177,7 +142,14 @@ class ShardStore:
             lock.release()
             raise
         store._lock = lock
-        if background_sync:
+        if journal is not None:
+            store._background_sync = False  # the journal makes appends durable
+            try:
+                store._attach(journal)
+            except BaseException:
+                store.abandon()
+                raise
+        elif background_sync:
             store._start_syncer()
         else:
             store._background_sync = False
@@ -198,12 +170,12 @@ class ShardStore:
         self._io_lock = threading.Lock()
         self._meta_lock = threading.Lock()
         self._mu = threading.Lock()
-        self._waiters = _Waiters()
+        self._waiters = Waiters()
         self._listeners: list[Callable[[int, StoreFailed | None], None]] = []
         self._syncer_cv = threading.Condition(self._mu)
         self._meta = meta
-        self._segments: list[_Segment] = []
-        self._obsolete: list[_Segment] = []
+        self._segments: list[Segment] = []
+        self._obsolete: list[Segment] = []
         self._first_index = meta.first_index
         self._last_index = meta.first_index - 1
         self._written_index = self._last_index
@@ -230,6 +202,13 @@ class ShardStore:
         self._fdatasyncs = 0
         self._synced_bytes = 0
         self._sync_seconds_total = 0.0
+        # Journal mode (docs/decisions/0011): the link, and (journal position, last index)
+        # of each append not yet known durable, oldest first.
+        self._link: JournalLink | None = None
+        self._journal_marks: deque[tuple[int, int]] = deque()
+        self._journal_position_last = 0  # of this store's latest journaled operation
+        self._segment_durable_index = self._last_index  # durable in the segment files
+        self._meta_saved = meta  # what the `meta` file holds
 
     # ----------------------------------------------------------------- public: writes
 
@@ -247,8 +226,14 @@ class ShardStore:
                 self._append_locked(entry, now_ms)
             if entries:
                 self._syncer_cv.notify()
+                if self._link is not None:
+                    position = self._link.submit_entries(list(entries))
+                    self._journal_marks.append((position, entries[-1].index))
+                    self._journal_position_last = position
             flush = self._buffered_bytes > self._limits.write_buffer_bytes_max
             last = self._last_index
+        if self._link is not None and entries:
+            self._link.after_submit()
         if flush:
             # Back-pressure: the appending thread writes the buffer out itself (no fsync),
             # so the buffer stays bounded however fast entries arrive.
@@ -259,7 +244,10 @@ class ShardStore:
     def wait_durable(self, index: int, timeout_ms: int | None = None) -> None:
         """Block until every entry up to `index` is durable (group commit)."""
         waited_ms_max = self._limits.sync_wait_ms_max if timeout_ms is None else timeout_ms
-        if not self._background_sync:
+        if self._link is not None:
+            self._wait_journal(index, waited_ms_max)
+            self._link.after_wait()
+        elif not self._background_sync:
             self._sync_inline()
         started_ms = self._clock_ms()
         while True:
@@ -287,7 +275,12 @@ class ShardStore:
     def request_sync(self) -> int:
         """Ask for a sync of everything appended so far without waiting for it (callers on
         an event loop wait with `aio.AsyncDurability`); return the index it will cover.
-        Without a syncer thread (`background_sync=False`) the sync happens here and now."""
+        Without a syncer thread (`background_sync=False`, or a journal) the sync happens
+        here and now."""
+        if self._link is not None:
+            target = self.last_index
+            self.wait_durable(target)
+            return target
         if not self._background_sync:
             return self._sync_inline()
         with self._mu:
@@ -306,6 +299,15 @@ class ShardStore:
                 assert index >= self._first_index, "cannot cut into the truncated prefix"
                 if index > self._last_index:
                     return
+                position = None if self._link is None else self._link.submit_truncate(index)
+                if position is not None:
+                    self._journal_position_last = position
+            if position is not None and self._link is not None:
+                # Journaled first: a crash after the cut below replays it (decision 0011).
+                try:
+                    self._link.sync_upto(position)
+                except StoreError as exc:
+                    raise self._fail(exc) from exc
             self._write_out_locked(sync=True)
             with self._mu:
                 victims = [s for s in self._segments if s.first_index >= index]
@@ -337,6 +339,8 @@ class ShardStore:
                     self._cache_bytes -= len(self._cache.pop(dropped).payload)
                 self._cache_lo = min(self._cache_lo, index)
                 self._last_index = self._written_index = self._durable_index = index - 1
+                self._segment_durable_index = index - 1
+                self._journal_marks.clear()  # everything before the cut is durable
                 self._suffix_generation += 1
                 self._waiters.release_all()
         log.info("truncated suffix of %s from index %d", self._dir, index)
@@ -359,7 +363,7 @@ class ShardStore:
                     save_meta(self._fs, self._dir, meta)
                 except StoreError as exc:
                     raise self._fail(exc) from exc
-                self._meta = meta
+                self._meta = self._meta_saved = meta
                 failpoint("store_truncate_prefix_after_meta")
             with self._mu:
                 self._apply_prefix_locked(index)
@@ -384,7 +388,15 @@ class ShardStore:
             meta = dataclasses.replace(current, term=term, voted_for=voted_for)
             failpoint("meta_before_save")
             try:
-                save_meta(self._fs, self._dir, meta)
+                if self._link is not None:
+                    # Durable in the journal; `meta` gets it at the next checkpoint.
+                    with self._mu:
+                        position = self._link.submit_vote(term, voted_for)
+                        self._journal_position_last = position
+                    self._link.sync_upto(position)
+                else:
+                    save_meta(self._fs, self._dir, meta)
+                    self._meta_saved = meta
             except StoreError as exc:
                 raise self._fail(exc) from exc
             self._meta = meta
@@ -512,6 +524,15 @@ class ShardStore:
             self._syncer_cv.notify_all()
         if self._syncer is not None:
             self._syncer.join(SYNCER_JOIN_S_MAX)
+        if self._link is not None:
+            link, checkpointed = self._link, False
+            if flush and self._failed is None:
+                try:
+                    self._checkpoint_now()
+                    checkpointed = True
+                except StoreError as exc:
+                    log.error("final checkpoint of %s failed: %s", self._dir, exc)
+            link.detach(checkpointed=checkpointed)
         with self._io_lock:
             if flush and self._failed is None:
                 try:
@@ -534,13 +555,94 @@ class ShardStore:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
+    # ----------------------------------------------------------------- journal mode
+
+    def _attach(self, journal: NodeJournal) -> None:
+        link: JournalLink
+        link, ops = journal.attach(self._dir, self)
+        try:
+            if ops:  # an abandoned attachment of this directory journaled them
+                journal.replay_into(self, ops, self._dir)
+                journal.forget_abandoned(self._dir)
+        except BaseException:
+            link.detach(checkpointed=False)
+            raise
+        self._link = link  # from here on appends, votes and truncations are journaled
+
+    def checkpoint(self) -> None:
+        """Journal mode: make everything this store journaled durable in its own files
+        (segments fdatasynced, `meta` saved), then tell the journal, which may then delete
+        the journal files that held it (decision 0011). Called by the journal's checkpointer."""
+        try:
+            self._checkpoint_now()
+        except StoreClosed:
+            return  # closed meanwhile: close() checkpointed
+
+    def _checkpoint_now(self) -> None:
+        link = self._link
+        assert link is not None, "checkpoint() is for a store opened with a journal"
+        with self._io_lock:
+            if self._closed:
+                raise StoreClosed()
+            with self._meta_lock:
+                # Read under _meta_lock, whose holders submit votes, and before the buffer
+                # is taken: every operation counted here is in what is written below.
+                op_seq = link.current_op_seq()
+                meta = self._meta
+                self._write_out_locked(sync=True)
+                if meta != self._meta_saved:
+                    try:
+                        save_meta(self._fs, self._dir, meta)
+                    except StoreError as exc:
+                        raise self._fail(exc) from exc
+                    self._meta_saved = meta
+            self._delete_obsolete_locked()
+        link.checkpointed(op_seq)
+
+    def _wait_journal(self, index: int, waited_ms_max: int) -> None:
+        link = self._link
+        assert link is not None
+        with self._mu:
+            if self._durable_index >= index or self._failed is not None or self._closed:
+                return  # the caller's loop reports it
+            if index > self._last_index:
+                return
+            position = next((p for p, last in self._journal_marks if last >= index), None)
+        assert position is not None, f"entry {index} is neither durable nor journaled"
+        try:
+            link.sync_upto(position, waited_ms_max)
+        except JournalSyncTimeout:
+            raise SyncTimeout(index, waited_ms_max) from None
+        except StoreFailed:
+            pass  # _journal_failed failed this store too; the caller's loop raises it
+        except StoreError as exc:
+            raise self._fail(exc) from exc
+
+    def _journal_durable(self, position: int) -> None:
+        """The journal's fdatasync covering `position` returned (any thread)."""
+        with self._mu:
+            marks = self._journal_marks
+            durable = self._durable_index
+            while marks and marks[0][0] <= position:
+                durable = max(durable, marks.popleft()[1])
+            if durable == self._durable_index:
+                return
+            self._durable_index = durable
+            self._waiters.release_upto(durable)
+            listeners = list(self._listeners)
+        for listener in listeners:
+            listener(durable, None)
+
+    def _journal_failed(self, error: StoreError) -> None:
+        self._fail(error)
+
     # ----------------------------------------------------------------- internals: state
 
     def _adopt(self, scans: list[tuple[str, records.SegmentScan]], report: RecoveryReport) -> None:
         self._recovery = report
         for path, scan in scans:
             size = scan.end_bytes
-            segment = _Segment(
+            segment = Segment(
                 first_index=scan.first_index,
                 path=path,
                 offsets=scan.offsets,
@@ -555,6 +657,7 @@ class ShardStore:
         if self._segments:
             last = self._segments[-1].last_index
             self._last_index = self._written_index = self._durable_index = last
+            self._segment_durable_index = last
             self._cache_lo = last + 1
 
     def _check_writable(self) -> None:
@@ -572,8 +675,10 @@ class ShardStore:
         assert entry.term >= last_term, "terms never decrease along a log"
         segment = self._segment_for_append(entry)
         offset = segment.size_bytes
+        # The hint counts what the segment files hold durably, not the journal (decision
+        # 0011): a lazily written segment tail must still read as torn, not corrupt.
         size = records.encode_record_into(
-            segment.pending, entry.index, entry.term, self._durable_index, entry.payload
+            segment.pending, entry.index, entry.term, self._segment_durable_index, entry.payload
         )
         segment.offsets.append(offset)
         segment.size_bytes += size
@@ -586,7 +691,7 @@ class ShardStore:
         self._cache_bytes += len(entry.payload)
         self._evict_cache_locked()
 
-    def _segment_for_append(self, entry: Entry) -> _Segment:
+    def _segment_for_append(self, entry: Entry) -> Segment:
         record_bytes = records.RECORD_HEADER_BYTES + len(entry.payload)
         if self._segments and not self._roll_requested:
             active = self._segments[-1]
@@ -594,7 +699,7 @@ class ShardStore:
                 return active
         self._roll_requested = False
         header = records.encode_segment_header(entry.index)
-        segment = _Segment(
+        segment = Segment(
             first_index=entry.index,
             path=os.path.join(self._dir, segment_file_name(entry.index)),
             offsets=array.array("I"),
@@ -609,7 +714,7 @@ class ShardStore:
         self._segments.append(segment)
         return segment
 
-    def _segment_of(self, index: int) -> _Segment:
+    def _segment_of(self, index: int) -> Segment:
         position = bisect.bisect_right(self._segments, index, key=lambda s: s.first_index) - 1
         assert position >= 0
         segment = self._segments[position]
@@ -635,7 +740,9 @@ class ShardStore:
         self._first_index = index
         if index > self._last_index + 1:
             self._last_index = self._written_index = self._durable_index = index - 1
-        keep: list[_Segment] = []
+            self._segment_durable_index = index - 1
+            self._journal_marks.clear()
+        keep: list[Segment] = []
         for segment in self._segments:
             if segment.last_index < index:
                 self._close_file(segment)
@@ -660,12 +767,12 @@ class ShardStore:
 
     # ----------------------------------------------------------------- internals: I/O
 
-    def _writable(self, segment: _Segment) -> WritableFile:
+    def _writable(self, segment: Segment) -> WritableFile:
         if segment.file is None:
             segment.file = self._fs.open_write(segment.path, create=False)
         return segment.file
 
-    def _close_file(self, segment: _Segment) -> None:
+    def _close_file(self, segment: Segment) -> None:
         if segment.file is not None:
             handle, segment.file = segment.file, None
             with contextlib.suppress(OSError):
@@ -686,9 +793,20 @@ class ShardStore:
             target = self._last_index
             if sync:
                 self._policy.on_sync_started()
+            journal_position = self._journal_position_last
         started = time.monotonic()
         try:
+            if sync and self._link is not None and journal_position:
+                # Never durable in the segments before the journal (decision 0011): a torn
+                # journal tail then loses only what no sync ever covered, and replay may cut
+                # the segments back to the journal.
+                self._link.sync_upto(journal_position)
             fdatasyncs = self._write_chunks(work, unsynced if sync else [], sync)
+        except StoreError as exc:
+            failure = self._fail(exc)
+            with self._mu:
+                self._policy.on_sync_finished(self._clock_ms())
+            raise failure from exc
         except OSError as exc:
             failure = self._fail(io_error(exc, "write" if not sync else "sync", self._dir))
             with self._mu:
@@ -707,6 +825,10 @@ class ShardStore:
                 for segment in unsynced:
                     segment.synced_bytes = segment.written_bytes
                 self._durable_index = max(self._durable_index, target)
+                self._segment_durable_index = max(self._segment_durable_index, target)
+                marks = self._journal_marks
+                while marks and marks[0][1] <= target:
+                    marks.popleft()
                 self._policy.on_sync_finished(self._clock_ms())
                 self._syncs += 1
                 self._fdatasyncs += fdatasyncs
@@ -724,7 +846,7 @@ class ShardStore:
                 listener(durable, None)
 
     def _write_chunks(
-        self, work: list[tuple[_Segment, bytes]], unsynced: list[_Segment], sync: bool
+        self, work: list[tuple[Segment, bytes]], unsynced: list[Segment], sync: bool
     ) -> int:
         """The I/O of a write-out, outside `_mu`; returns how many fdatasyncs it did."""
         fdatasyncs = 0
@@ -758,7 +880,7 @@ class ShardStore:
                 self._dir_dirty = False
         return fdatasyncs
 
-    def _segments_before(self, segment: _Segment) -> list[_Segment]:
+    def _segments_before(self, segment: Segment) -> list[Segment]:
         with self._mu:
             position = self._segments.index(segment)
             return [s for s in self._segments[:position] if s.synced_bytes < s.size_bytes]
@@ -866,40 +988,6 @@ class ShardStore:
                     self._delete_obsolete_locked()
             except StoreError:
                 return  # the store is failed; waiters were told
-
-
-class _Waiters:
-    """Threads waiting for durability, woken only once their own index is durable.
-
-    A Condition's notify_all would wake every waiter on every sync, and most would go back
-    to sleep: with 64 writers that thundering herd, not the disk, bounded throughput. Each
-    waiter blocks on its own lock; a sync releases exactly the ones it covered. Called with
-    the store's `_mu` held. A waiter that timed out leaves its gate behind; releasing it
-    later is harmless, and release_all (failure, close, truncation) clears everything.
-    """
-
-    __slots__ = ("_heap", "_seq")
-
-    def __init__(self) -> None:
-        self._heap: list[tuple[int, int, threading.Lock]] = []
-        self._seq = 0
-
-    def add(self, index: int) -> threading.Lock:
-        gate = threading.Lock()
-        gate.acquire()
-        self._seq += 1
-        heapq.heappush(self._heap, (index, self._seq, gate))
-        return gate
-
-    def release_upto(self, durable_index: int) -> None:
-        heap = self._heap
-        while heap and heap[0][0] <= durable_index:
-            heapq.heappop(heap)[2].release()
-
-    def release_all(self) -> None:
-        heap, self._heap = self._heap, []
-        for _, _, gate in heap:
-            gate.release()
 
 
 @dataclass(frozen=True, slots=True)

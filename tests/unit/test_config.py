@@ -132,6 +132,7 @@ def test_production_example_parses_and_spells_out_the_defaults() -> None:
     assert config.raft_config_for(4).peers == ("10.0.1.14:7304", "10.0.1.15:7304")
     # The example documents the defaults: it must not drift from them.
     assert config.store_limits == StoreLimits()
+    assert config.journal_mode == "shard"  # today's path unless [node] journal = "node"
     assert config.server_limits == ServerLimits()
     assert config.shard_limits == ShardLimits()
     defaults = RaftConfig(self_address="", peers=(), secret="", snapshot_path="")
@@ -204,7 +205,8 @@ BAD: list[tuple[str, list[Edit], str, str]] = [
         "unknown key",
         [setting("node.dta_dir", "/x")],
         "node.dta_dir",
-        "unknown key (did you mean 'data_dir'?); allowed here: id, data_dir, log_level, log_format",
+        "unknown key (did you mean 'data_dir'?); allowed here: id, data_dir, log_level, "
+        "log_format, journal",
     ),
     (
         "unknown key in a node entry",
@@ -342,6 +344,12 @@ BAD: list[tuple[str, list[Edit], str, str]] = [
         [setting("cluster.nodes", {"id": "n1"})],
         "cluster.nodes",
         "must be an array of tables ([[cluster.nodes]]) (got a table)",
+    ),
+    (
+        "bad journal mode",
+        [setting("node.journal", "shared")],
+        "node.journal",
+        "must be one of shard, node (got 'shared')",
     ),
     (
         "bad log level",

@@ -34,11 +34,20 @@ ENV_TIME_SCALE = "CHAOS_TIME_SCALE"
 ENV_SCENARIOS = "CHAOS_SCENARIOS"
 ENV_KEEP = "CHAOS_KEEP"
 ENV_ARTIFACTS = "CHAOS_ARTIFACTS"
+# The nodes' [node] journal: "shard" (default) or "node" (the shared node journal,
+# docs/decisions/0011-shared-journal.md).
+ENV_JOURNAL = "CHAOS_JOURNAL"
 DEFAULT_SEED = 1
 
 
 def env_seed(default: int = DEFAULT_SEED) -> int:
     return int(os.environ.get(ENV_SEED, default))
+
+
+def env_journal() -> str:
+    journal = os.environ.get(ENV_JOURNAL, "shard")
+    assert journal in ("shard", "node"), f"{ENV_JOURNAL} must be shard or node"
+    return journal
 
 
 def env_time_scale() -> float:

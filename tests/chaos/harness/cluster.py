@@ -37,6 +37,7 @@ from logsvc import devcluster
 from logsvc.client import Client, ClientOptions, LogsvcError, connect
 from logsvc.devcluster import NodePorts
 from logsvc.wire.messages import ShardStatus
+from tests.chaos.harness.artifacts import env_journal
 from tests.chaos.history import RaftEvent, read_jsonl
 
 T = TypeVar("T")
@@ -158,7 +159,12 @@ class Cluster:
         for node in ports:
             config_path = os.path.join(self.cluster_dir, f"{node.node_id}.toml")
             text = devcluster._node_config(
-                node, ports, spec.shards, replica_count=spec.replicas, raft_ms=dict(spec.raft_ms)
+                node,
+                ports,
+                spec.shards,
+                replica_count=spec.replicas,
+                raft_ms=dict(spec.raft_ms),
+                journal=env_journal(),
             )
             devcluster._write_private(config_path, text + "\n" + spec.extra_config)
             self.nodes[node.node_id] = NodeProc(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from logsvc.store import meta, records
+from logsvc.store import journal_records, meta, records
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -66,3 +66,24 @@ def test_every_meta_byte_is_covered_by_the_checksum() -> None:
         damaged = bytearray(data)
         damaged[position] ^= 0x01
         assert isinstance(meta.decode_meta(bytes(damaged)), tuple), position
+
+
+def test_journal_vector_encodes_exactly_and_scans_back() -> None:
+    out = bytearray(journal_records.encode_file_header(1))
+    jr = journal_records
+    jr.encode_record_into(out, jr.TYPE_ATTACH, 1, 0, 0, 0, b"shards/1/journal")
+    jr.encode_record_into(out, jr.TYPE_ENTRY, 1, 0, 7, 3, b"hello")
+    jr.encode_record_into(out, jr.TYPE_VOTE, 1, 32, 5, 1, b"n2")
+    jr.encode_record_into(out, jr.TYPE_TRUNCATE, 1, 32, 7, 0, b"")
+    data = golden("journal_v1.hex")
+    assert bytes(out) == data
+    assert len(data) == 247
+    assert data[0:8] == b"LOGSVJNL"
+    assert int.from_bytes(data[24:32], "little") == records.xxh3(data[0:24])
+    scan = jr.scan_file(data, 1, newest=False, payload_bytes_max=1024)
+    assert [(r.rtype, r.store_id, r.synced_bytes, r.a, r.b, r.body) for r in scan.records] == [
+        (jr.TYPE_ATTACH, 1, 0, 0, 0, b"shards/1/journal"),
+        (jr.TYPE_ENTRY, 1, 0, 7, 3, b"hello"),
+        (jr.TYPE_VOTE, 1, 32, 5, 1, b"n2"),
+        (jr.TYPE_TRUNCATE, 1, 32, 7, 0, b""),
+    ]

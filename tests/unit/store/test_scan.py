@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from logsvc.store import records
+from logsvc.torn import PAGE_BYTES
 
 PAYLOAD_MAX = 1 << 20
 
@@ -140,3 +141,25 @@ def test_type_zero_and_reserved_bytes_are_rejected() -> None:
 def test_length_over_the_limit_is_rejected_before_reading_the_payload() -> None:
     record = records.encode_record(1, 1, 0, b"x" * 100)
     assert "exceeds the limit" in str(records.parse_record(record, 0, 50))
+
+
+def test_the_zeroed_rest_of_a_straddling_page_is_a_torn_tail_not_corruption() -> None:
+    """Power loss: the page holding the synced length was never written back, so it reads
+    as zeros from that length to its end (fewer than a sector's worth), while later pages of
+    the same unsynced write reached the disk. Their durable hints stay below the damaged
+    record: a torn tail (cut there), not corruption (found by tests/unit/store/
+    test_journal_crash.py's zeros power losses)."""
+    data = bytearray(records.encode_segment_header(1))
+    offsets = []
+    index = 1
+    while len(data) < 3 * PAGE_BYTES:
+        offsets.append(len(data))
+        data += records.encode_record(index, 1, 0, b"p" * 300)
+        index += 1
+    # The first record starting within 400 bytes before a page boundary: the synced length.
+    bad = next(o for o in offsets if 0 < PAGE_BYTES - o % PAGE_BYTES < 400 and o > PAGE_BYTES)
+    boundary = -(-bad // PAGE_BYTES) * PAGE_BYTES
+    data[bad:boundary] = bytes(boundary - bad)
+    scan = records.scan_segment(bytes(data), 1, newest=True, payload_bytes_max=1 << 20)
+    assert scan.end_bytes == bad
+    assert scan.torn_reason is not None
