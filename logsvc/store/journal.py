@@ -610,28 +610,28 @@ class NodeJournal:
             if self._closed or self._closing:
                 return
             self._closing = True
-            self._checkpoint_cv.notify_all()
-        if self._checkpointer is not None:
-            self._checkpointer.join(CHECKPOINTER_JOIN_S_MAX)
+        self._stop_checkpointer()
         with self._io_lock:
             if self._failed is None:
                 with contextlib.suppress(StoreError):
                     self._write_out_locked(sync=True)
-            with self._mu:
-                for journal_file in self._files:
-                    _close(journal_file)
-                self._closed = True
-        if self._lock is not None:
-            self._lock.release()
-            self._lock = None
+            self._close_files()
 
     def abandon(self) -> None:
         """Stop without writing anything more (kill -9; crash tests)."""
         with self._mu:
             self._closing = True
+        self._stop_checkpointer()
+        self._close_files()
+
+    def _stop_checkpointer(self) -> None:
+        """Wake the checkpointer thread (`_closing` is set) and wait for it to end."""
+        with self._mu:
             self._checkpoint_cv.notify_all()
         if self._checkpointer is not None:
             self._checkpointer.join(CHECKPOINTER_JOIN_S_MAX)
+
+    def _close_files(self) -> None:
         with self._mu:
             for journal_file in self._files:
                 _close(journal_file)
