@@ -393,18 +393,12 @@ def _replay_log(
     replayed = _Replayed(as_of, where)
     newest = 0
     kept_lsns = np.fromiter(plan.kept_lsns, dtype=np.int64, count=len(plan.kept_lsns))
-    ts_range = options.bounds.range("commit_ts")
-    ts_lo = ts_range.lo or 0
-    ts_hi = (1 << 64) - 1 if ts_range.hi is None else ts_range.hi
     dsns = Range(plan.first_dsn, plan.last_dsn)
     for unit in scope.units():
         for chunk in entry_chunks(unit, options.verify, options.bounds.range("lsn"), dsns):
             decoded = chunk.decoded
             chosen = np.flatnonzero(
-                decoded.is_txn
-                & (decoded.commit_ts >= ts_lo)
-                & (decoded.commit_ts <= ts_hi)
-                & np.isin(chunk.lsns, kept_lsns)
+                _transactions(decoded, options) & np.isin(chunk.lsns, kept_lsns)
             )
             if not replayed.chunk_in_order(decoded.dsns[chosen]):
                 return _replay_log_sorted(scope, options, plan, as_of, where)
@@ -412,6 +406,17 @@ def _replay_log(
                 newest = max(newest, int(decoded.commit_ts[chosen].max()))
             replayed.add_chunk(decoded, chosen)
     return replayed, newest
+
+
+def _transactions(decoded: DecodedEntries, options: ReadOptions) -> npt.NDArray[np.bool_]:
+    """The chunk's transaction entries whose commit_ts the options' bounds hold."""
+    ts_range = options.bounds.range("commit_ts")
+    ts_lo = ts_range.lo or 0
+    ts_hi = (1 << 64) - 1 if ts_range.hi is None else ts_range.hi
+    mask: npt.NDArray[np.bool_] = (
+        decoded.is_txn & (decoded.commit_ts >= ts_lo) & (decoded.commit_ts <= ts_hi)
+    )
+    return mask
 
 
 def _replay_one_pass(
@@ -431,17 +436,12 @@ def _replay_one_pass(
     newest = 0
     lsns_replayed: list[npt.NDArray[np.int64]] = []
     dsn_lo = dsn_hi = None
-    ts_range = options.bounds.range("commit_ts")
-    ts_lo = ts_range.lo or 0
-    ts_hi = (1 << 64) - 1 if ts_range.hi is None else ts_range.hi
     try:
         for unit in scope.units():
             chunks = entry_chunks(unit, options.verify, Range(), Range(), gathered.add_record)
             for chunk in chunks:
                 decoded = chunk.decoded
-                chosen = np.flatnonzero(
-                    decoded.is_txn & (decoded.commit_ts >= ts_lo) & (decoded.commit_ts <= ts_hi)
-                )
+                chosen = np.flatnonzero(_transactions(decoded, options))
                 if not len(chosen):
                     continue
                 dsns = decoded.dsns[chosen]
