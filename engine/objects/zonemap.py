@@ -31,11 +31,10 @@ import re
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
-import pyarrow.fs as pafs
 import xxhash
 
 from engine.errors import SchemaError
@@ -191,11 +190,12 @@ class Pruner:
         self._candidates = [index for index, zonemap in enumerate(zonemaps) if zonemap.row_count]
         self._dataset = None
         if self._candidates:
+            ds, parquet, never_opened = _dataset_parts()
             self._dataset = ds.FileSystemDataset.from_paths(
                 [str(index) for index in self._candidates],
                 schema=zonemaps[0].arrow_schema(),
-                format=_PARQUET,
-                filesystem=_NEVER_OPENED,
+                format=parquet,
+                filesystem=never_opened,
                 partitions=[zonemaps[index].guarantee for index in self._candidates],
             )
 
@@ -216,9 +216,17 @@ class Pruner:
 
 
 _NAN_LITERAL = re.compile(r"\bnan\b", re.IGNORECASE)
-_PARQUET = ds.ParquetFileFormat()
-_NEVER_OPENED = pafs.LocalFileSystem()
-"""`prune`'s dataset needs a file system; its paths ("0", "1", ...) are never opened."""
+
+
+@functools.cache
+def _dataset_parts() -> tuple[Any, Any, Any]:
+    """pyarrow.dataset, its Parquet format and a file system for `Pruner`'s dataset, whose
+    paths ("0", "1", ...) are never opened. Imported on first use: pyarrow.dataset imports
+    pandas (~0.2 s), which every reader of a zonemap that never prunes would pay at start."""
+    import pyarrow.dataset as ds
+    import pyarrow.fs as pafs
+
+    return ds, ds.ParquetFileFormat(), pafs.LocalFileSystem()
 
 
 # --- Building -----------------------------------------------------------------------------------
