@@ -22,10 +22,10 @@ string) into a fresh table. For each (writers, rows) case the same transactions 
 Closed loop: a writer starts its next transaction when its previous commit returned, until
 `--seconds` have passed (after `--warmup` seconds that are not counted). Prints one JSON line
 per measurement: commits and commits/s, latency percentiles (transaction start to commit
-return), process CPU per commit (`time.process_time()`: for "engine-logsvc" the engine's
-process only; the cluster's node processes are reported apart as `cluster_cpu_s`), and for
-the engine the WAL's group-commit factor (driver entries per driver record). Then one summary
-line. Timings are reported, never asserted.
+return; linear interpolation, logsvc/bench/measure.py), process CPU per commit (all its
+threads: for "engine-logsvc" the engine's process only; the cluster's node processes are
+reported apart as `cluster_cpu_s`), and for the engine the WAL's group-commit factor (driver
+entries per driver record). Then one summary line. Timings are reported, never asserted.
 
 `--wal logsvc` starts a local cluster (3 node processes, like `logsvc bench cluster`) in a
 temporary directory with one shard per logsvc measurement (so each engine starts on an empty
@@ -51,6 +51,8 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+
+from logsvc.bench.measure import own_cpu_s, percentile, processes_cpu_s
 
 WALS = ("file", "logsvc", "memory")
 SQLITE_MODES = ("full", "normal")
@@ -179,13 +181,6 @@ class _Recorder:
         }
 
 
-def percentile_of_sorted(sorted_ms: Sequence[float], fraction: float) -> float | None:
-    """The `fraction` quantile of ascending `sorted_ms` (nearest rank), rounded to 3 places."""
-    if not sorted_ms:
-        return None
-    return round(sorted_ms[min(len(sorted_ms) - 1, int(fraction * len(sorted_ms)))], 3)
-
-
 def _result(
     system: str,
     case: Case,
@@ -210,9 +205,9 @@ def _result(
         "commits": commits,
         "commits_per_s": round(commits / window, 1),
         "rows_per_s": round(commits * case.rows / window, 1),
-        "p50_ms": percentile_of_sorted(samples, 0.50),
-        "p99_ms": percentile_of_sorted(samples, 0.99),
-        "p999_ms": percentile_of_sorted(samples, 0.999),
+        "p50_ms": percentile(samples, 0.50),
+        "p99_ms": percentile(samples, 0.99),
+        "p999_ms": percentile(samples, 0.999),
         "max_ms": round(samples[-1], 3) if samples else None,
         # CPU over the whole measurement (drain included) per commit that returned in it.
         "cpu_us_per_commit": round(cpu_s * 1e6 / len(samples), 1) if samples else None,
@@ -339,8 +334,8 @@ async def measure_engine(
             checkpoints_before = checkpointer.taken if checkpointer is not None else 0
             driver_stats: Callable[[], Any] | None = getattr(eng, "driver_stats", None)
             before = driver_stats() if driver_stats is not None else None
-            cluster_before = cpu_of(cluster_pids)
-            cpu_before = time.process_time()
+            cluster_before = processes_cpu_s(cluster_pids or {})
+            cpu_before = own_cpu_s()
             started = clock()
             sampler = asyncio.get_running_loop().create_task(_sample_wal(eng, wal_high))
             try:
@@ -348,8 +343,8 @@ async def measure_engine(
             finally:
                 sampler.cancel()
             elapsed = clock() - started
-            cpu = time.process_time() - cpu_before
-            cluster_after = cpu_of(cluster_pids)
+            cpu = own_cpu_s() - cpu_before
+            cluster_after = processes_cpu_s(cluster_pids or {})
             after = driver_stats() if driver_stats is not None else None
             checkpoints = (
                 checkpointer.taken if checkpointer is not None else 0
@@ -476,19 +471,6 @@ async def _sample_wal(eng: Any, high: dict[str, Any]) -> None:
         await asyncio.sleep(WAL_SAMPLE_S)
 
 
-def cpu_of(pids: dict[str, int] | None) -> dict[str, float]:
-    """CPU seconds (user + system) of each process, from /proc (Linux)."""
-    out: dict[str, float] = {}
-    for name, pid in (pids or {}).items():
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        out[name] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return out
-
-
 # --- SQLite -----------------------------------------------------------------------------------
 
 
@@ -533,7 +515,7 @@ def _drive_sqlite(mode: str, case: Case, path: str) -> dict[str, Any]:
         timing["warm_deadline"] = clock() + case.warmup
 
     def start_measuring() -> None:
-        timing["cpu_before"] = time.process_time()
+        timing["cpu_before"] = own_cpu_s()
         timing["started"] = clock()
         timing["deadline"] = timing["started"] + case.seconds
 
@@ -599,7 +581,7 @@ def _drive_sqlite(mode: str, case: Case, path: str) -> dict[str, Any]:
     for thread in threads:
         thread.join(max(0.0, join_by - time.monotonic()))
     ended = clock()
-    cpu_after = time.process_time()
+    cpu_after = own_cpu_s()
     if failures:
         raise failures[0]
     if any(thread.is_alive() for thread in threads):

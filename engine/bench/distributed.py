@@ -68,7 +68,7 @@ import pyarrow as pa
 
 from engine.bench import cold_start
 from engine.bench.cold_start import DB_NAME
-from engine.bench.commit import Case, cpu_of, local_cluster, measure_sqlite, percentile_of_sorted
+from engine.bench.commit import Case, local_cluster, measure_sqlite
 from engine.cn.client import NetworkTN
 from engine.cn.node import ComputeNode
 from engine.compaction import Policy
@@ -77,6 +77,7 @@ from engine.logtail import TailEntry
 from engine.objects.store import LocalDirStore
 from engine.schema import Column, Schema
 from engine.tn.local import LocalPair, TNProcess, stop_all, wait_role, write_pair
+from logsvc.bench import measure
 
 SMALL_TABLE = "t"
 SMALL_SCHEMA = Schema([Column("id", "int64"), Column("payload", "string")], primary_key=["id"])
@@ -131,7 +132,8 @@ class Options:
 
 
 def percentile(samples: Sequence[float], fraction: float) -> float | None:
-    return percentile_of_sorted(sorted(samples), fraction)
+    """logsvc/bench/measure.py's rule (linear interpolation) over unsorted `samples`."""
+    return measure.percentile(sorted(samples), fraction)
 
 
 def _row(key: int) -> pa.RecordBatch:
@@ -471,12 +473,12 @@ async def _commits(
     if options.warmup > 0:
         await _writers(cn, keys, options.writers, options.warmup, ledger, None)
     mine = _Acks()
-    cpu_before, others_before = time.process_time(), cpu_of(pids)
+    cpu_before, others_before = measure.own_cpu_s(), measure.processes_cpu_s(pids)
     started = time.monotonic()
     await _writers(cn, keys, options.writers, options.seconds, ledger, mine)
     elapsed = time.monotonic() - started
     theirs_sent = await child.receive(options.seconds + CHILD_WAIT_S_MAX)
-    cpu, others_after = time.process_time() - cpu_before, cpu_of(pids)
+    cpu, others_after = measure.own_cpu_s() - cpu_before, measure.processes_cpu_s(pids)
     theirs = _Acks(
         array("q", theirs_sent["commit_ts"]),
         array("d", theirs_sent["at"]),

@@ -133,3 +133,14 @@ def test_window_rates_compare_the_first_and_last_windows() -> None:
         "rate_last_window": 5.0,
         "last_over_first": 0.5,
     }
+
+
+def test_a_measurement_takes_its_percentiles_by_the_shared_rule() -> None:
+    """logsvc/bench/measure.py's linear interpolation (issue 21: one rule for every
+    benchmark): p50 of 1, 2, 3, 4 ms is 2.5 ms (nearest rank said 3), p99 3.97 ms."""
+    recorder = commit._Recorder()
+    recorder.latencies_ms.extend([4.0, 1.0, 3.0, 2.0])  # in the order commits returned
+    case = commit.Case(writers=1, rows=1, seconds=1.0, warmup=0.0, input="arrow")
+    line = commit._result("engine-memory", case, 1.0, recorder, 0.004, "process")
+    assert (line["p50_ms"], line["p99_ms"], line["max_ms"]) == (2.5, 3.97, 4.0)
+    assert line["cpu_us_per_commit"] == 1000.0
