@@ -6,7 +6,8 @@ lines of JSON with its peer measured in the same run. One module per benchmark:
 * `distributed` (engine/bench/distributed.py, its cold start in engine/bench/cold_start.py):
   compute nodes over a TN pair on logsvc, against SQLite.
 
-Timings are reported, never asserted.
+Percentiles (linear interpolation) and CPU seconds are taken as in every benchmark of the
+repository (logsvc/bench/measure.py). Timings are reported, never asserted.
 """
 
 from __future__ import annotations
