@@ -104,7 +104,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def add_wal_options(parser: argparse.ArgumentParser) -> None:
-    """--wal, --client-config, --shard: where an engine's WAL is (also engine/workload.py)."""
+    """--wal, --client-config, --shard: where an engine's WAL is (also
+    engine/testing/workload.py)."""
     parser.add_argument("--wal", choices=["file", "logsvc"], default="file")
     parser.add_argument("--client-config", help="client.toml of the logsvc cluster")
     parser.add_argument("--shard", type=int, help="the logsvc shard of the WAL")
@@ -118,7 +119,7 @@ def wal_options_error(args: argparse.Namespace) -> str | None:
 
 def add_object_options(parser: argparse.ArgumentParser) -> None:
     """--objects and the --s3-* options: where an engine's objects are (module docstring;
-    also engine/workload.py)."""
+    also engine/testing/workload.py)."""
     parser.add_argument(
         "--objects",
         choices=["dir", "none", "s3"],

@@ -4,7 +4,7 @@ Starts three `logsvc serve` processes on 127.0.0.1 (four shards, three replicas 
 then shows what the service promises: appends acknowledged after a majority fsync, reads,
 a long-poll tail, a leader killed with SIGKILL while appends go on (no acknowledged record
 lost, none duplicated), the killed node catching up, a fenced writer refused, and
-truncation. Then the engine on shard 3 (engine/demo.py): an engine process killed with
+truncation. Then the engine on shard 3 (engine/testing/demo.py): an engine process killed with
 SIGKILL under commits and reopened with nothing lost, the shard's leader killed under its
 commits, and a second engine fencing the first. Then the engine as a service on shard 4
 (engine/tn/demo.py): an active and a standby TN, two compute nodes committing and querying
@@ -21,7 +21,7 @@ import shutil
 import tempfile
 import time
 
-from engine import demo as engine_demo
+from engine.testing import demo as engine_demo
 from engine.tn import demo as tn_demo
 from logsvc import devcluster
 from logsvc.client import Client, LogsvcError, StaleEpoch, Truncated, connect

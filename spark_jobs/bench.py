@@ -32,13 +32,14 @@ from typing import Any
 
 import pyarrow as pa
 
+from logsvc.bench.measure import stat_cpu_s
+
 ENTRIES_MAX = 100_000_000
 SUBMIT_AHEAD_MAX = 4096  # entries submitted before waiting (the driver's intake is 8192)
 SAMPLE_S = 0.1
 RUN_S_MAX = 3600
 TB = 10**12
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
-TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 GENERATED = "generated.json"  # in --dir: the entries and shards of the WALs there
 SESSION_ONLY = (
     "from spark_jobs.session import LEAN_JVM_CONF, get_spark; "
@@ -142,12 +143,12 @@ def _sample(root: int) -> dict[int, tuple[float, int, bool]]:
         stack.extend(tree.get(pid, []))
         try:
             with open(f"/proc/{pid}/stat") as file:
-                command, stat = file.read().split("(", 1)[1].rsplit(")", 1)
+                text = file.read()
         except OSError:
             continue
+        command, stat = text.split("(", 1)[1].rsplit(")", 1)
         fields = stat.split()
-        cpu = (int(fields[11]) + int(fields[12])) / TICKS_PER_S  # utime, stime
-        out[pid] = (cpu, int(fields[21]) * PAGE_BYTES, command.startswith("python"))
+        out[pid] = (stat_cpu_s(text), int(fields[21]) * PAGE_BYTES, command.startswith("python"))
     return out
 
 

@@ -1,6 +1,8 @@
 """What a job is, independent of the engine that runs it: its parameters, its result, and the
 pieces of logic both engines share (histogram buckets, percentiles, the audit's anomaly
-schema). Pure; no pyspark.
+schema). Pure; no pyspark. Percentiles are logsvc/bench/measure.py's rule, the one every
+benchmark uses: linear interpolation between the closest ranks, which is Spark SQL's exact
+`percentile`, so the local engine gives Spark's figures.
 
     replay_as_of   tables as of a commit timestamp (spark_jobs/replay.py)
     lsn_audit      DSN gaps, duplicate copies, conflicting copies, skipped copies, LSN gaps
@@ -14,7 +16,6 @@ schema). Pure; no pyspark.
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from logsvc.bench.measure import percentile
 from spark_jobs.filters import Bounds
 from spark_jobs.inputs import OBJECTS_DIR, WAL_DIR, LogInputs, Unit, list_units
 
@@ -108,21 +110,6 @@ def log2_bucket(value: int) -> int:
     """The lower bound of `value`'s power-of-two bucket: 0 for 0, else 2**floor(log2 value)."""
     assert value >= 0
     return 0 if value == 0 else 1 << (value.bit_length() - 1)
-
-
-def percentile(sorted_values: Sequence[int], fraction: float) -> float:
-    """Spark SQL's exact `percentile`: linear interpolation between the closest ranks,
-    position fraction * (n - 1)."""
-    assert sorted_values
-    position = fraction * (len(sorted_values) - 1)
-    lower = math.floor(position)
-    upper = math.ceil(position)
-    if lower == upper:
-        return float(sorted_values[lower])
-    weight = position - lower
-    # Rounded to the microsecond: Spark interpolates in another order, and the last bits of
-    # the two floats differ (39.2 against 39.20000000000001).
-    return round(sorted_values[lower] * (1 - weight) + sorted_values[upper] * weight, 3)
 
 
 ANOMALY = pa.schema(

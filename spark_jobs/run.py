@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from logsvc.bench.measure import own_cpu_s
 from spark_jobs import local, output
 from spark_jobs.engines import ENGINE_LOCAL, ENGINE_SPARK, ENGINES
 from spark_jobs.jobs import JobParams, JobResult
@@ -49,7 +50,7 @@ def run_job(
     Spark's console bar); `quiet`: Spark logs errors only (session.py)."""
     assert engine in ENGINES
     started = time.time()
-    cpu_started = time.process_time()
+    cpu_started = own_cpu_s()
     directory = output.run_dir(out, params.job, run_id or output.new_run_id())
     if engine == ENGINE_LOCAL:
         input_bytes = sum(unit.size_bytes for unit in params.units()) if progress else 0
@@ -99,7 +100,7 @@ def run_job(
         "summary": result.summary,
         "started_unix_s": round(started, 3),
         "wall_s": round(time.time() - started, 3),
-        "driver_cpu_s": round(time.process_time() - cpu_started, 3),
+        "driver_cpu_s": round(own_cpu_s() - cpu_started, 3),
     }
     if result.driver_records_decoded is not None:
         manifest["driver_records_decoded"] = result.driver_records_decoded

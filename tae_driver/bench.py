@@ -7,7 +7,8 @@ Why: the window is the driver's main knob (reference/matrixone-wal.md §2.3); th
 throughput grows with it (W = 1, 8, 64) over the group-fsync file backend and over a real
 logsvc cluster. A closed loop of `--clients` concurrent appenders (default enough to fill any
 window) each appends `--entry-bytes` entries back to back for `--seconds`; latency is from
-the call to `append` to its completion (in DSN order). Prints one JSON object.
+the call to `append` to its completion (in DSN order; percentiles by linear interpolation,
+logsvc/bench/measure.py). Prints one JSON object.
 
 `--backend logsvc` starts its own local cluster (3 node processes, one shard, in a temporary
 directory, like `logsvc bench cluster`), stops it and removes the directory afterwards; with
@@ -29,6 +30,7 @@ from array import array
 from typing import Any
 
 from logsvc import devcluster
+from logsvc.bench.measure import percentile
 from logsvc.config import load_client_config
 from tae_driver import limits, open_driver
 from tae_driver.backend import LogBackend
@@ -44,13 +46,6 @@ LOGSVC_NODES = 3
 
 def _apply(dsn: int, entry: bytes) -> ReplayDecision:
     return ReplayDecision.APPLY
-
-
-def _percentile(sorted_values: list[float], fraction: float) -> float:
-    if not sorted_values:
-        return 0.0
-    index = min(len(sorted_values) - 1, max(0, round(fraction * len(sorted_values)) - 1))
-    return sorted_values[index]
 
 
 async def run(
@@ -109,9 +104,9 @@ async def run(
             "mib_per_s": round(len(ordered) * entry_bytes / elapsed / limits.MiB, 2),
             "records": stats.records_appended,
             "entries_per_record": round(len(ordered) / max(1, stats.records_appended), 1),
-            "latency_ms_p50": round(_percentile(ordered, 0.50), 3),
-            "latency_ms_p99": round(_percentile(ordered, 0.99), 3),
-            "latency_ms_max": round(ordered[-1], 3) if ordered else 0.0,
+            "latency_ms_p50": percentile(ordered, 0.50),
+            "latency_ms_p99": percentile(ordered, 0.99),
+            "latency_ms_max": round(ordered[-1], 3) if ordered else None,
         }
         if isinstance(backend, FileBackend):
             file_stats = backend.stats()

@@ -16,7 +16,6 @@ import json
 import os
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -35,6 +34,7 @@ from engine.objects.bloom import BloomFilter
 from engine.objects.store import LocalDirStore, ObjectStore
 from engine.objects.zonemap import Pruner, ZoneMap, prune
 from engine.schema import Column, Schema
+from logsvc.bench.measure import percentile
 
 SCHEMA = Schema(
     [
@@ -48,15 +48,16 @@ SCHEMA = Schema(
 
 
 def _timed(run: Callable[[], object], repeat: int) -> dict[str, float]:
-    times = []
+    assert repeat >= 1
+    times_ms = []
     for _ in range(repeat):
         began = time.perf_counter()
         run()
-        times.append(time.perf_counter() - began)
-    return {
-        "min_ms": round(min(times) * 1e3, 3),
-        "median_ms": round(statistics.median(times) * 1e3, 3),
-    }
+        times_ms.append((time.perf_counter() - began) * 1e3)
+    times_ms.sort()
+    median_ms = percentile(times_ms, 0.5)
+    assert median_ms is not None  # repeat >= 1
+    return {"min_ms": round(times_ms[0], 3), "median_ms": median_ms}
 
 
 def _rows(first_id: int, count: int, rng: np.random.Generator) -> pa.Table:

@@ -33,9 +33,9 @@ from engine import Column, Schema
 from engine.cn.client import NetworkTN
 from engine.cn.node import ComputeNode
 from engine.compaction import Policy
-from engine.demo import shard_leader
 from engine.errors import WriteConflict
 from engine.objects.store import LocalDirStore
+from engine.testing.demo import shard_leader
 from engine.tn.limits import ClientOptions
 from engine.tn.local import LocalPair, TNProcess, role_of, stop_all, wait_role, write_pair
 from logsvc import devcluster

@@ -3,7 +3,8 @@
 Starts its own cluster (`dev-cluster`, one shard, 3 replicas, in a temporary directory),
 then C concurrent appenders on one asyncio client process each append a batch of N records
 of B bytes and wait for the acknowledgement (majority fsynced), for S seconds. Prints one
-JSON object: acknowledged records and appends per second, latency percentiles, fsyncs per
+JSON object: acknowledged records and appends per second, latency percentiles (linear
+interpolation, logsvc/bench/measure.py, as every benchmark's), fsyncs per
 second per replica and records per fsync (from the nodes' own counters, read with SIGUSR1
 before and after the run), CPU seconds of the server processes and of the client.
 """
@@ -21,6 +22,7 @@ import time
 from dataclasses import dataclass
 
 from logsvc import devcluster, gc_tuning
+from logsvc.bench.measure import own_cpu_s, percentile, processes_cpu_s
 from logsvc.client import LogsvcError, connect
 from logsvc.config import load_client_config
 
@@ -77,17 +79,20 @@ async def _drive(base: str, config: ClusterBenchConfig) -> dict[str, object]:
     await asyncio.gather(*(appender() for _ in range(config.concurrency)))
     pids = devcluster.read_pids(base)
     before = _stats(base, pids)
-    cpu_before = {node: _cpu_seconds(pid) for node, pid in pids.items()}
-    client_cpu_before = time.process_time()
+    cpu_before = processes_cpu_s(pids)
+    client_cpu_before = own_cpu_s()
     measuring = True
     started = time.monotonic()
     stop_at = started + config.seconds
     await asyncio.gather(*(appender() for _ in range(config.concurrency)))
     elapsed = time.monotonic() - started
-    client_cpu = time.process_time() - client_cpu_before
+    client_cpu = own_cpu_s() - client_cpu_before
     after = _stats(base, pids)
+    cpu_after = processes_cpu_s(pids)  # a node gone by now is left out of server_cpu_s
     server_cpu = {
-        node: round(_cpu_seconds(pid) - cpu_before[node], 2) for node, pid in pids.items()
+        node: round(cpu_after[node] - cpu_before[node], 2)
+        for node in pids
+        if node in cpu_before and node in cpu_after
     }
     await client.close()
     appends = len(latencies_ms)
@@ -103,9 +108,9 @@ async def _drive(base: str, config: ClusterBenchConfig) -> dict[str, object]:
         "seconds": round(elapsed, 3),
         "records_per_s": round(records / elapsed, 1),
         "appends_per_s": round(appends / elapsed, 1),
-        "p50_ms": _percentile(samples, 0.50),
-        "p99_ms": _percentile(samples, 0.99),
-        "p999_ms": _percentile(samples, 0.999),
+        "p50_ms": percentile(samples, 0.50),
+        "p99_ms": percentile(samples, 0.99),
+        "p999_ms": percentile(samples, 0.999),
         "fdatasyncs_per_s_per_replica": {n: round(c / elapsed, 1) for n, c in syncs.items()},
         "records_per_fdatasync": {
             n: round(records / c, 1) if c else None for n, c in syncs.items()
@@ -136,19 +141,6 @@ def _stats(base: str, pids: dict[str, int]) -> dict[str, dict[str, int]]:
                         found[node] = json.loads(match.group(1))
         time.sleep(0.05)
     return found
-
-
-def _cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    ticks = int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
-    return ticks / os.sysconf("SC_CLK_TCK")
-
-
-def _percentile(samples: list[float], fraction: float) -> float | None:
-    if not samples:
-        return None
-    return round(samples[min(len(samples) - 1, int(fraction * len(samples)))], 3)
 
 
 def main(config: ClusterBenchConfig) -> int:

@@ -4,8 +4,8 @@ For each system and each concurrency C, starts a fresh 3-member cluster on 127.0
 ports, data under the work directory, durable settings), waits until it is healthy and the
 machine is idle, then drives it in closed loop from one asyncio process: C workers each
 append one record of B bytes and wait for the durable acknowledgement, 1 s of warm-up, then
-S seconds measured. Prints one markdown table (system, concurrency, ops/s, p50, p99) and,
-with --json, one JSON line per measurement.
+S seconds measured. Prints one markdown table (system, concurrency, ops/s, p50, p99; linear
+interpolation, logsvc/bench/measure.py) and, with --json, one JSON line per measurement.
 
 - logsvc: `logsvc.bench.cluster_bench.run` (starts and stops its own 3-node cluster).
 - etcd (Debian `etcd-server`, 3.4): a put of a B-byte value to a fresh key, sent to the
@@ -49,7 +49,6 @@ import itertools
 import json
 import os
 import re
-import resource
 import shutil
 import signal
 import socket
@@ -62,6 +61,8 @@ import urllib.request
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from logsvc.bench.measure import own_cpu_s, percentile, process_cpu_s, reaped_children_cpu_s
 
 SYSTEMS = ("logsvc", "etcd", "jetstream")
 DEFAULT_CONCURRENCY = (1, 64, 256)
@@ -247,15 +248,6 @@ class Result:
         }
 
 
-def percentile(sorted_samples: Sequence[float], fraction: float) -> float | None:
-    """The sample at rank fraction*n (the same rule as `cluster_bench`), rounded to µs."""
-    assert 0.0 <= fraction <= 1.0
-    if not sorted_samples:
-        return None
-    index = min(len(sorted_samples) - 1, int(fraction * len(sorted_samples)))
-    return round(sorted_samples[index], 3)
-
-
 def _fmt(value: float | None, digits: int) -> str:
     if value is None:
         return "—"
@@ -354,10 +346,7 @@ class CpuSnapshot:
 
 def _cpu_snapshot() -> CpuSnapshot:
     busy, _ = _read_cpu_times()
-    own = 0.0
-    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
-        usage = resource.getrusage(who)
-        own += usage.ru_utime + usage.ru_stime
+    own = own_cpu_s() + reaped_children_cpu_s()
     return CpuSnapshot(time.monotonic(), busy / os.sysconf("SC_CLK_TCK"), own)
 
 
@@ -369,15 +358,6 @@ def foreign_fraction(before: CpuSnapshot, after: CpuSnapshot, cores: int) -> flo
         return 0.0
     others = (after.machine_busy_s - before.machine_busy_s) - (after.own_s - before.own_s)
     return max(0.0, others / (wall * cores))
-
-
-def _proc_cpu_seconds(pid: int) -> float:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _filesystem_of(path: str) -> str:
@@ -738,7 +718,8 @@ class Cluster:
         return " ".join(text.strip().splitlines()[-lines:])
 
     def cpu_seconds(self) -> float:
-        return sum(_proc_cpu_seconds(p.pid) for p in self.procs.values())
+        # A server already gone adds nothing (its CPU can no longer be read from /proc).
+        return sum(process_cpu_s(p.pid) or 0.0 for p in self.procs.values())
 
     def stop(self) -> None:
         for proc in self.procs.values():
@@ -827,12 +808,12 @@ async def closed_loop(
     warmup_errors, errors = errors, 0
     measuring = True
     server_before = server_cpu() if server_cpu else 0.0
-    cpu_before = time.process_time()
+    cpu_before = own_cpu_s()
     started = time.monotonic()
     stop_at = started + seconds
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     elapsed = time.monotonic() - started
-    client_cpu = time.process_time() - cpu_before
+    client_cpu = own_cpu_s() - cpu_before
     server_used = server_cpu() - server_before if server_cpu else None
     return LoopStats(
         ops=len(latencies),

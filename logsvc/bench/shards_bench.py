@@ -39,6 +39,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from logsvc import devcluster, gc_tuning
+from logsvc.bench.measure import percentile, stat_cpu_s
 from logsvc.client import LogsvcError, connect
 from logsvc.config import load_client_config
 
@@ -77,9 +78,7 @@ class NodeSample:
 def sample_node(pid: int) -> NodeSample:
     """A node process's CPU seconds so far, RSS, threads and open descriptors (/proc)."""
     with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    ticks = os.sysconf("SC_CLK_TCK")
-    cpu_s = (int(fields[11]) + int(fields[12])) / ticks
+        cpu_s = stat_cpu_s(f.read())
     rss_kb = 0
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -91,13 +90,6 @@ def sample_node(pid: int) -> NodeSample:
         threads=len(os.listdir(f"/proc/{pid}/task")),
         fds=len(os.listdir(f"/proc/{pid}/fd")),
     )
-
-
-def percentile(sorted_values: Sequence[float], fraction: float) -> float | None:
-    if not sorted_values:
-        return None
-    index = min(len(sorted_values) - 1, int(fraction * len(sorted_values)))
-    return sorted_values[index]
 
 
 def run(config: ShardsBenchConfig) -> dict[str, object]:
@@ -207,8 +199,8 @@ async def _load(base: str, config: ShardsBenchConfig, count: int) -> dict[str, o
     return {
         "load_active_shards": len(active),
         "appends_per_s": round(len(latencies_ms) / elapsed_s, 1),
-        "append_p50_ms": _round(percentile(latencies_ms, 0.50)),
-        "append_p99_ms": _round(percentile(latencies_ms, 0.99)),
+        "append_p50_ms": percentile(latencies_ms, 0.50),
+        "append_p99_ms": percentile(latencies_ms, 0.99),
         "append_errors": errors,
     }
 
@@ -248,8 +240,8 @@ def _failover(
         "failed_over": len(found),
         "not_failed_over": sorted(missing)[:20],
         "failover_s_max": _round(times[-1] if times else None),
-        "failover_s_p50": _round(percentile(times, 0.50)),
-        "failover_s_p99": _round(percentile(times, 0.99)),
+        "failover_s_p50": percentile(times, 0.50),
+        "failover_s_p99": percentile(times, 0.99),
     }
 
 

@@ -24,6 +24,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from logsvc.bench.measure import percentile
 from logsvc.store import Entry, ShardStore, StoreLimits
 from logsvc.store.aio import AsyncDurability
 from logsvc.store.fs import FileSystem, NoSyncFileSystem, OsFileSystem
@@ -99,8 +100,8 @@ def _drive(mode: str, store: ShardStore, config: BenchConfig) -> dict[str, objec
         "syncs_per_s": round(syncs / elapsed, 1),
         "fdatasyncs_per_s": round((after.fdatasyncs - before.fdatasyncs) / elapsed, 1),
         "records_per_sync": round(records / syncs, 2) if syncs else None,
-        "p50_ms": _percentile(samples, 0.50),
-        "p99_ms": _percentile(samples, 0.99),
+        "p50_ms": percentile(samples, 0.50),
+        "p99_ms": percentile(samples, 0.99),
     }
 
 
@@ -159,13 +160,6 @@ def _thread_writers(
     if failures:
         raise failures[0]
     return [x for mine in per_thread for x in mine]
-
-
-def _percentile(sorted_samples: list[float], fraction: float) -> float | None:
-    if not sorted_samples:
-        return None
-    position = min(len(sorted_samples) - 1, int(fraction * len(sorted_samples)))
-    return round(sorted_samples[position], 3)
 
 
 def main(modes: list[str], config: BenchConfig) -> int:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from engine import bench
+from engine.bench import cli
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -22,7 +22,7 @@ def test_the_distributed_bench_measures_every_phase(
 ) -> None:
     argv = ["distributed", "--writers", "4", "--seconds", "1", "--warmup", "0.2"]
     argv += ["--rows", "20000", "--load-batch-rows", "5000", "--probes", "20"]
-    assert bench.main([*argv, "--dir", str(tmp_path)]) == 0
+    assert cli.main([*argv, "--dir", str(tmp_path)]) == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.strip()]
     assert all(line["bench"] == "distributed" for line in lines)
     *figures, summary = lines

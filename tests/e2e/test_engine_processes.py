@@ -1,7 +1,7 @@
 """The engine in real processes over a real 3-node logsvc cluster, and over its file WAL
 (issue 13 "Real processes").
 
-An engine process (`python -m engine.workload`, 8 concurrent writers, each transaction one
+An engine process (`python -m engine.testing.workload`, 8 concurrent writers, each transaction one
 order and its lines in two tables) prints every commit once `commit()` returned. The tests
 SIGKILL it, or the logsvc leader of its shard, under load, then reopen the engine read-only
 (`--verify`) and check: every acknowledged transaction is there, every transaction is whole
@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.demo import Leader, shard_leader
-from engine.workload import Verified, WorkloadProcess, verify
+from engine.testing.demo import Leader, shard_leader
+from engine.testing.workload import Verified, WorkloadProcess, verify
 from logsvc import devcluster
 
 from .conftest import LocalCluster

@@ -2,9 +2,9 @@
 compacts, checkpoints and truncates its WAL (issue 14 "Crash (kill -9 of a process ...) at
 every step of flush, merge, checkpoint and WAL truncation").
 
-How: `python -m engine.workload` on its file WAL and a directory of objects (and, in the second
-test, objects in S3 on a moto server on loopback), with storage options that make it flush an
-open block after 150 ms, merge every three L1 blocks, compact a block a third dead, take a
+How: `python -m engine.testing.workload` on its file WAL and a directory of objects (and, in
+the second test, objects in S3 on a moto server on loopback), with storage options that make it
+flush an open block after 150 ms, merge every three L1 blocks, compact a block a third dead, take a
 checkpoint every 400 ms and truncate the WAL 8 entries below it, while 4 writers commit orders
 and every 4th transaction deletes an older order with its lines. Each round starts a process
 on the same directory, waits for its first acknowledgements, lets it run a random 0.3-2 s
@@ -32,7 +32,7 @@ import random
 import time
 from pathlib import Path
 
-from engine.workload import Verified, WorkloadProcess, verify
+from engine.testing.workload import Verified, WorkloadProcess, verify
 from tests.support.s3server import ACCESS_KEY, SECRET_KEY, MotoServer
 
 SEED = 1414

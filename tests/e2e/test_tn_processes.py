@@ -39,9 +39,9 @@ from engine.cn.client import NetworkTN
 from engine.cn.node import ComputeNode
 from engine.cn.port import TNStatus
 from engine.compaction import Policy
-from engine.demo import Leader, shard_leader
 from engine.errors import Fenced, WriteConflict
 from engine.objects.store import LocalDirStore
+from engine.testing.demo import Leader, shard_leader
 from engine.tn import local, messages
 from engine.tn.channel import Channel, probe
 from engine.tn.limits import ClientOptions

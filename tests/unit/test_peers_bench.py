@@ -1,7 +1,7 @@
 """The pure parts of `python -m logsvc.bench.peers`: argument parsing, the generated etcd
 command lines and NATS server configs (3 members on loopback, durable settings), the
-closed-loop driver against a fake operation, percentiles, /proc/stat parsing and the
-markdown table. Nothing here installs or starts etcd or NATS."""
+closed-loop driver against a fake operation, /proc/stat parsing and the markdown table
+(percentiles: tests/unit/test_bench_measure.py). Nothing here installs or starts etcd or NATS."""
 
 from __future__ import annotations
 
@@ -189,15 +189,6 @@ def test_pip_uses_this_interpreter_and_installs_into_the_peers_dir(tmp_path: Pat
 
 
 # ---------------------------------------------------------------- measuring
-
-
-def test_percentile_uses_the_cluster_bench_rule() -> None:
-    assert peers.percentile([], 0.5) is None
-    samples = [float(i) for i in range(1, 101)]  # 1..100
-    assert peers.percentile(samples, 0.50) == 51.0
-    assert peers.percentile(samples, 0.99) == 100.0
-    assert peers.percentile(samples, 1.0) == 100.0
-    assert peers.percentile([0.12345678], 0.5) == 0.123
 
 
 def test_cpu_times_and_busy_fraction() -> None:

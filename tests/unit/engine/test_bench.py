@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from engine import bench
+from engine.bench import cli, commit
 
 COMMON = {
     "bench",
@@ -40,7 +40,7 @@ def test_commit_bench_engine_and_sqlite_side_by_side(
 ) -> None:
     argv = ["commit", "--wal", "memory,file", "--writers", "1,4", "--rows", "1"]
     argv += ["--seconds", "0.3", "--warmup", "0", "--dir", str(tmp_path)]
-    assert bench.main(argv) == 0
+    assert cli.main(argv) == 0
     *measurements, last = _lines(capsys.readouterr().out)
     systems = ["engine-memory", "engine-file", "sqlite-full", "sqlite-normal"]
     assert [(m["system"], m["writers"]) for m in measurements] == [
@@ -65,9 +65,9 @@ def test_commit_bench_engine_and_sqlite_side_by_side(
 
 
 def test_ten_rows_per_txn_and_dict_input(tmp_path: Path) -> None:
-    case = bench.Case(writers=2, rows=10, seconds=0.2, warmup=0.05, input="dicts")
-    engine = asyncio.run(bench.measure_engine("memory", case, dir_path=str(tmp_path)))
-    sqlite = bench.measure_sqlite("normal", case, dir_path=str(tmp_path))
+    case = commit.Case(writers=2, rows=10, seconds=0.2, warmup=0.05, input="dicts")
+    engine = asyncio.run(commit.measure_engine("memory", case, dir_path=str(tmp_path)))
+    sqlite = commit.measure_sqlite("normal", case, dir_path=str(tmp_path))
     for result in (engine, sqlite):
         assert result["rows_per_txn"] == 10
         assert result["commits"] > 0
@@ -90,7 +90,7 @@ def test_ten_rows_per_txn_and_dict_input(tmp_path: Path) -> None:
 )
 def test_bad_arguments_are_refused(argv: list[str]) -> None:
     with pytest.raises(SystemExit) as exc:
-        bench.main(argv)
+        cli.main(argv)
     assert exc.value.code == 2
 
 
@@ -103,7 +103,7 @@ def test_a_preloaded_unmerged_table_is_measured_against_the_empty_one(
     argv = ["commit", "--wal", "memory", "--sqlite", "none", "--writers", "4", "--rows", "1"]
     argv += ["--seconds", "0.6", "--warmup", "0", "--dir", str(tmp_path)]
     argv += ["--preload-rows", "0,30000", "--unmerged"]
-    assert bench.main(argv) == 0
+    assert cli.main(argv) == 0
     empty, loaded, last = _lines(capsys.readouterr().out)
     assert (empty["preload_rows"], loaded["preload_rows"]) == (0, 30_000)
     assert empty["persisted_blocks"] == 0
@@ -122,7 +122,7 @@ def test_a_preloaded_unmerged_table_is_measured_against_the_empty_one(
 
 
 def test_window_rates_compare_the_first_and_last_windows() -> None:
-    recorder = bench._Recorder(started=100.0)
+    recorder = commit._Recorder(started=100.0)
     for second in range(9):
         for _ in range(10 if second < 3 else 5):
             recorder.returned(100.0 + second + 0.5)
@@ -133,3 +133,14 @@ def test_window_rates_compare_the_first_and_last_windows() -> None:
         "rate_last_window": 5.0,
         "last_over_first": 0.5,
     }
+
+
+def test_a_measurement_takes_its_percentiles_by_the_shared_rule() -> None:
+    """logsvc/bench/measure.py's linear interpolation (issue 21: one rule for every
+    benchmark): p50 of 1, 2, 3, 4 ms is 2.5 ms (nearest rank said 3), p99 3.97 ms."""
+    recorder = commit._Recorder()
+    recorder.latencies_ms.extend([4.0, 1.0, 3.0, 2.0])  # in the order commits returned
+    case = commit.Case(writers=1, rows=1, seconds=1.0, warmup=0.0, input="arrow")
+    line = commit._result("engine-memory", case, 1.0, recorder, 0.004, "process")
+    assert (line["p50_ms"], line["p99_ms"], line["max_ms"]) == (2.5, 3.97, 4.0)
+    assert line["cpu_us_per_commit"] == 1000.0

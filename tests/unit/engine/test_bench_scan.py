@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from engine import bench
+from engine.bench import cli
 
 
 def _lines(out: str) -> list[dict[str, Any]]:
@@ -23,7 +23,7 @@ def test_scan_bench_runs_every_system_with_the_same_answers(
     """`engine.bench scan`, tiny: the engine's scan, eng.sql and DuckDB (both its point
     lookups: tuples and Arrow) each answer every query, the same sums."""
     argv = ["scan", "--rows", "20000", "--repeat", "1", "--lookups", "3", "--dir", str(tmp_path)]
-    assert bench.main(argv) == 0
+    assert cli.main(argv) == 0
     *lines, last = _lines(capsys.readouterr().out)
     queries = {(line["query"], line["system"]) for line in lines if "query" in line}
     for system in ("engine", "engine_sql", "duckdb"):

@@ -171,8 +171,8 @@ NOT_RAISED_TO_CALLERS = {
     "engine.tn.channel.ChannelClosed",  # the CN client's transport: it moves to another TN
     "engine.tn.channel.ConnectionLost",  # likewise
     "engine.tn.local.LocalTNError",  # the harness that runs TN processes for tests and demos
-    "engine.bench_distributed.ChildFailed",  # a benchmark's child process
-    "engine.workload.VerifyFailed",  # the crash-test workload's read-back child process
+    "engine.bench.distributed.ChildFailed",  # a benchmark's child process
+    "engine.testing.workload.VerifyFailed",  # the crash-test workload's read-back child process
     "engine.cn.node.CheckpointRetired",  # caught inside the pull: the CN asks again
     "engine.wal.columns.ColumnsDamaged",  # the entry codec makes it WalCorruption (its DSN)
 }

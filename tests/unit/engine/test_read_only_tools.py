@@ -137,7 +137,8 @@ def test_engine_tables_beside_a_running_engine_process_shows_its_durable_commits
     """With `storage`, the engine also flushes, merges, checkpoints and truncates its WAL
     several times a second while it is looked at."""
     engine_dir = str(tmp_path / "engine")
-    command = [sys.executable, "-m", "engine.workload", "--dir", engine_dir, "--seconds", "120"]
+    workload_module = "engine.testing.workload"
+    command = [sys.executable, "-m", workload_module, "--dir", engine_dir, "--seconds", "120"]
     workload = subprocess.Popen(
         [*command, *storage],
         stdout=subprocess.PIPE,

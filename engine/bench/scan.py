@@ -33,7 +33,6 @@ import os
 import random
 import resource
 import shutil
-import statistics
 import tempfile
 import time
 from collections.abc import Callable, Coroutine
@@ -44,6 +43,7 @@ import pyarrow.compute as pc
 
 from engine.engine import Engine
 from engine.schema import Column, Schema
+from logsvc.bench.measure import percentile
 
 SCHEMA = Schema(
     [
@@ -103,7 +103,7 @@ def figure(name: str, system: str, times_ms: list[float], **extra: Any) -> dict[
         "query": name,
         "system": system,
         "ms_min": round(min(times_ms), 3),
-        "ms_median": round(statistics.median(times_ms), 3),
+        "ms_median": percentile(sorted(times_ms), 0.5),
         "runs": len(times_ms),
         **extra,
     }

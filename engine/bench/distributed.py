@@ -6,13 +6,13 @@ WAL is a shard of a 3-node logsvc cluster, all real processes on loopback.
 
 Phases, in this order, one JSON line each (then a summary line with the targets):
 
-1. "sqlite": SQLite in WAL mode, `synchronous=FULL` (engine/bench.py `measure_sqlite`), with
+1. "sqlite": SQLite in WAL mode, `synchronous=FULL` (engine/bench/commit.py `measure_sqlite`), with
    as many writer threads as the two compute nodes have writers together, before anything
    else starts: the durable single-machine baseline.
-2. "commits": a local dev-cluster (engine/bench.py `local_cluster`), an active TN and a
+2. "commits": a local dev-cluster (engine/bench/commit.py `local_cluster`), an active TN and a
    standby TN (`python -m engine serve [--standby]`, engine/tn/local.py) on shard 1; two
    `ComputeNode`s, each over its own `NetworkTN` in its own process (the second one is
-   `python -m engine.bench_distributed`, spoken to in lines of JSON), each following the
+   `python -m engine.bench.distributed`, spoken to in lines of JSON), each following the
    TN's pushes (`ComputeNode.follow`) and running `--writers` writer coroutines (closed
    loop: insert one ~100 B row, commit, again) for `--seconds` after `--warmup`. Commits/s
    over both, commit latency, and the logtail freshness under that load: for each commit
@@ -29,7 +29,7 @@ Phases, in this order, one JSON line each (then a summary line with the targets)
    exactly once (`lost`, `duplicates`; keys whose commit failed with an open outcome may be
    there or not).
 5. "load", "cold_start": the pair is stopped; one TN on shard 2, told by its tn.toml
-   `[maintenance]` to checkpoint every second. `--rows` rows (engine/bench_scan.py's
+   `[maintenance]` to checkpoint every second. `--rows` rows (engine/bench/scan.py's
    `orders`) are loaded through it in transactions of `--load-batch-rows` rows sent as write
    sets (the TN spills each one's rows to objects), then the benchmark waits until a
    checkpoint covers the load. Then a fresh `ComputeNode` (its own `NetworkTN`, an empty
@@ -66,9 +66,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from engine import bench_cold_start as cold_start
-from engine.bench import Case, cpu_of, local_cluster, measure_sqlite, percentile_of_sorted
-from engine.bench_cold_start import DB_NAME
+from engine.bench import cold_start
+from engine.bench.cold_start import DB_NAME
+from engine.bench.commit import Case, local_cluster, measure_sqlite
 from engine.cn.client import NetworkTN
 from engine.cn.node import ComputeNode
 from engine.compaction import Policy
@@ -77,6 +77,7 @@ from engine.logtail import TailEntry
 from engine.objects.store import LocalDirStore
 from engine.schema import Column, Schema
 from engine.tn.local import LocalPair, TNProcess, stop_all, wait_role, write_pair
+from logsvc.bench import measure
 
 SMALL_TABLE = "t"
 SMALL_SCHEMA = Schema([Column("id", "int64"), Column("payload", "string")], primary_key=["id"])
@@ -131,7 +132,8 @@ class Options:
 
 
 def percentile(samples: Sequence[float], fraction: float) -> float | None:
-    return percentile_of_sorted(sorted(samples), fraction)
+    """logsvc/bench/measure.py's rule (linear interpolation) over unsorted `samples`."""
+    return measure.percentile(sorted(samples), fraction)
 
 
 def _row(key: int) -> pa.RecordBatch:
@@ -295,7 +297,7 @@ class ChildFailed(RuntimeError):
 
 
 class _Child:
-    """The second compute node's process (`python -m engine.bench_distributed`), spoken to
+    """The second compute node's process (`python -m engine.bench.distributed`), spoken to
     in lines of JSON on its stdin and stdout, stopped by PID."""
 
     def __init__(self, process: asyncio.subprocess.Process, log_path: Path) -> None:
@@ -308,7 +310,7 @@ class _Child:
             process = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-m",
-                "engine.bench_distributed",
+                "engine.bench.distributed",
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=log,
@@ -471,12 +473,12 @@ async def _commits(
     if options.warmup > 0:
         await _writers(cn, keys, options.writers, options.warmup, ledger, None)
     mine = _Acks()
-    cpu_before, others_before = time.process_time(), cpu_of(pids)
+    cpu_before, others_before = measure.own_cpu_s(), measure.processes_cpu_s(pids)
     started = time.monotonic()
     await _writers(cn, keys, options.writers, options.seconds, ledger, mine)
     elapsed = time.monotonic() - started
     theirs_sent = await child.receive(options.seconds + CHILD_WAIT_S_MAX)
-    cpu, others_after = time.process_time() - cpu_before, cpu_of(pids)
+    cpu, others_after = measure.own_cpu_s() - cpu_before, measure.processes_cpu_s(pids)
     theirs = _Acks(
         array("q", theirs_sent["commit_ts"]),
         array("d", theirs_sent["at"]),
@@ -762,5 +764,5 @@ def _at_most(value: float | None, bound: float) -> bool | None:
 
 if __name__ == "__main__":
     if not __debug__:
-        sys.exit("engine.bench_distributed refuses to run under python -O (asserts stay on)")
+        sys.exit("engine.bench.distributed refuses to run under python -O (asserts stay on)")
     sys.exit(asyncio.run(_child_main()))

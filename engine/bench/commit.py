@@ -1,6 +1,6 @@
 """`python -m engine.bench commit`: the engine's commit throughput and latency, with SQLite
-measured side by side in the same run. (`scan`: engine/bench_scan.py; `distributed`, compute
-nodes over a TN pair on logsvc: engine/bench_distributed.py.)
+measured side by side in the same run. (`scan`: engine/bench/scan.py; `distributed`, compute
+nodes over a TN pair on logsvc: engine/bench/distributed.py.)
 
     python -m engine.bench commit --wal file,memory --writers 1,16,64 --rows 1 --seconds 5
     python -m engine.bench commit --wal logsvc --writers 64 --rows 1,10 --seconds 5
@@ -22,10 +22,10 @@ string) into a fresh table. For each (writers, rows) case the same transactions 
 Closed loop: a writer starts its next transaction when its previous commit returned, until
 `--seconds` have passed (after `--warmup` seconds that are not counted). Prints one JSON line
 per measurement: commits and commits/s, latency percentiles (transaction start to commit
-return), process CPU per commit (`time.process_time()`: for "engine-logsvc" the engine's
-process only; the cluster's node processes are reported apart as `cluster_cpu_s`), and for
-the engine the WAL's group-commit factor (driver entries per driver record). Then one summary
-line. Timings are reported, never asserted.
+return; linear interpolation, logsvc/bench/measure.py), process CPU per commit (all its
+threads: for "engine-logsvc" the engine's process only; the cluster's node processes are
+reported apart as `cluster_cpu_s`), and for the engine the WAL's group-commit factor (driver
+entries per driver record). Then one summary line. Timings are reported, never asserted.
 
 `--wal logsvc` starts a local cluster (3 node processes, like `logsvc bench cluster`) in a
 temporary directory with one shard per logsvc measurement (so each engine starts on an empty
@@ -35,15 +35,12 @@ whatever happens.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import datetime
-import json
 import os
 import shutil
 import sqlite3
-import sys
 import tempfile
 import threading
 import time
@@ -54,6 +51,8 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+
+from logsvc.bench.measure import own_cpu_s, percentile, processes_cpu_s
 
 WALS = ("file", "logsvc", "memory")
 SQLITE_MODES = ("full", "normal")
@@ -182,13 +181,6 @@ class _Recorder:
         }
 
 
-def percentile_of_sorted(sorted_ms: Sequence[float], fraction: float) -> float | None:
-    """The `fraction` quantile of ascending `sorted_ms` (nearest rank), rounded to 3 places."""
-    if not sorted_ms:
-        return None
-    return round(sorted_ms[min(len(sorted_ms) - 1, int(fraction * len(sorted_ms)))], 3)
-
-
 def _result(
     system: str,
     case: Case,
@@ -213,9 +205,9 @@ def _result(
         "commits": commits,
         "commits_per_s": round(commits / window, 1),
         "rows_per_s": round(commits * case.rows / window, 1),
-        "p50_ms": percentile_of_sorted(samples, 0.50),
-        "p99_ms": percentile_of_sorted(samples, 0.99),
-        "p999_ms": percentile_of_sorted(samples, 0.999),
+        "p50_ms": percentile(samples, 0.50),
+        "p99_ms": percentile(samples, 0.99),
+        "p999_ms": percentile(samples, 0.999),
         "max_ms": round(samples[-1], 3) if samples else None,
         # CPU over the whole measurement (drain included) per commit that returned in it.
         "cpu_us_per_commit": round(cpu_s * 1e6 / len(samples), 1) if samples else None,
@@ -342,8 +334,8 @@ async def measure_engine(
             checkpoints_before = checkpointer.taken if checkpointer is not None else 0
             driver_stats: Callable[[], Any] | None = getattr(eng, "driver_stats", None)
             before = driver_stats() if driver_stats is not None else None
-            cluster_before = cpu_of(cluster_pids)
-            cpu_before = time.process_time()
+            cluster_before = processes_cpu_s(cluster_pids or {})
+            cpu_before = own_cpu_s()
             started = clock()
             sampler = asyncio.get_running_loop().create_task(_sample_wal(eng, wal_high))
             try:
@@ -351,8 +343,8 @@ async def measure_engine(
             finally:
                 sampler.cancel()
             elapsed = clock() - started
-            cpu = time.process_time() - cpu_before
-            cluster_after = cpu_of(cluster_pids)
+            cpu = own_cpu_s() - cpu_before
+            cluster_after = processes_cpu_s(cluster_pids or {})
             after = driver_stats() if driver_stats is not None else None
             checkpoints = (
                 checkpointer.taken if checkpointer is not None else 0
@@ -479,19 +471,6 @@ async def _sample_wal(eng: Any, high: dict[str, Any]) -> None:
         await asyncio.sleep(WAL_SAMPLE_S)
 
 
-def cpu_of(pids: dict[str, int] | None) -> dict[str, float]:
-    """CPU seconds (user + system) of each process, from /proc (Linux)."""
-    out: dict[str, float] = {}
-    for name, pid in (pids or {}).items():
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        out[name] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return out
-
-
 # --- SQLite -----------------------------------------------------------------------------------
 
 
@@ -536,7 +515,7 @@ def _drive_sqlite(mode: str, case: Case, path: str) -> dict[str, Any]:
         timing["warm_deadline"] = clock() + case.warmup
 
     def start_measuring() -> None:
-        timing["cpu_before"] = time.process_time()
+        timing["cpu_before"] = own_cpu_s()
         timing["started"] = clock()
         timing["deadline"] = timing["started"] + case.seconds
 
@@ -602,7 +581,7 @@ def _drive_sqlite(mode: str, case: Case, path: str) -> dict[str, Any]:
     for thread in threads:
         thread.join(max(0.0, join_by - time.monotonic()))
     ended = clock()
-    cpu_after = time.process_time()
+    cpu_after = own_cpu_s()
     if failures:
         raise failures[0]
     if any(thread.is_alive() for thread in threads):
@@ -735,206 +714,3 @@ def summary(results: Sequence[dict[str, Any]], **params: Any) -> dict[str, Any]:
         **params,
         "cases": cases,
     }
-
-
-def _csv(kind: Callable[[str], Any], choices: Sequence[str] | None = None) -> Callable[[str], Any]:
-    def parse(text: str) -> list[Any]:
-        items = [part.strip() for part in text.split(",") if part.strip()]
-        if not items:
-            raise argparse.ArgumentTypeError("empty list")
-        if choices is not None:
-            if items == ["none"]:
-                return []
-            for item in items:
-                if item not in choices:
-                    raise argparse.ArgumentTypeError(f"{item!r} is not one of {', '.join(choices)}")
-        try:
-            values = [kind(item) for item in items]
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-        return list(dict.fromkeys(values))  # duplicates once, order kept
-
-    return parse
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m engine.bench",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    commands = parser.add_subparsers(dest="command", required=True)
-    commit = commands.add_parser("commit", help="commit throughput and latency vs SQLite")
-    commit.add_argument(
-        "--wal",
-        type=_csv(str, WALS),
-        default=["file"],
-        help="engine WALs, a comma list of file, logsvc, memory, or none (default: file)",
-    )
-    commit.add_argument(
-        "--sqlite",
-        type=_csv(str, SQLITE_MODES),
-        default=list(SQLITE_MODES),
-        help="SQLite synchronous modes, a comma list of full, normal, or none (default both)",
-    )
-    commit.add_argument("--writers", type=_csv(int), default=[1, 16, 64])
-    commit.add_argument("--rows", type=_csv(int), default=[1], help="rows per transaction")
-    commit.add_argument("--seconds", type=float, default=5.0, help="per measurement")
-    commit.add_argument(
-        "--warmup", type=float, default=WARMUP_S_DEFAULT, help="uncounted seconds before each"
-    )
-    commit.add_argument(
-        "--input",
-        choices=INPUTS,
-        default="arrow",
-        help="how the engine gets each transaction's rows: a pa.RecordBatch or a list of dicts",
-    )
-    commit.add_argument(
-        "--gc",
-        choices=GC_CHOICES,
-        default="default",
-        help="'tuned': logsvc.gc_tuning.tune_for_latency() first (as `logsvc bench cluster`)",
-    )
-    commit.add_argument(
-        "--preload-rows",
-        type=_csv(int),
-        default=[0],
-        help="rows with random keys in the engine's table before each measurement, a comma "
-        "list (issue 21: the rate must stay flat as the table grows; default 0)",
-    )
-    commit.add_argument(
-        "--unmerged",
-        action="store_true",
-        help="no merges in the engine (flushes and checkpoints run): a preload's blocks stay "
-        "one object each, all key ranges overlapping (>= 1,000 blocks from 8.2M rows)",
-    )
-    commit.add_argument(
-        "--history-retention-s",
-        type=float,
-        default=None,
-        help="the engine's history retention window (default: the engine's, an hour); the "
-        "end-of-run wal_bytes_end and object_bytes_end stay bounded by it",
-    )
-    commit.add_argument("--dir", default=None, help="where temporary directories go")
-    scan = commands.add_parser("scan", help="reads over checkpointed blocks vs DuckDB")
-    scan.add_argument("--rows", type=int, default=1_000_000)
-    scan.add_argument("--batch-rows", type=int, default=20_000, help="rows per load txn")
-    scan.add_argument("--lookups", type=int, default=200, help="point lookups per run")
-    scan.add_argument("--repeat", type=int, default=5, help="runs of each query")
-    scan.add_argument("--tail-mb", type=float, default=0.0, help="WAL tail before restart")
-    scan.add_argument("--cache-mb", type=int, default=256, help="the engine's buffer cache")
-    scan.add_argument("--no-duckdb", action="store_true", help="the engine's figures only")
-    scan.add_argument("--no-sql", action="store_true", help="skip the queries through eng.sql")
-    scan.add_argument("--dir", default=None, help="where temporary directories go")
-    dist = commands.add_parser(
-        "distributed", help="two CNs over a TN pair on logsvc: commits, freshness, failover"
-    )
-    dist.add_argument("--writers", type=int, default=16, help="writer coroutines per CN")
-    dist.add_argument("--seconds", type=float, default=10.0, help="the commit measurement")
-    dist.add_argument("--warmup", type=float, default=1.0, help="uncounted seconds before it")
-    dist.add_argument("--rows", type=int, default=10_000_000, help="the cold start's table")
-    dist.add_argument("--load-batch-rows", type=int, default=200_000, help="rows per load txn")
-    dist.add_argument("--probes", type=int, default=200, help="idle freshness commits")
-    dist.add_argument("--dir", default=None, help="where temporary directories go")
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    if not __debug__:
-        print("engine.bench refuses to run under python -O (asserts stay on)", file=sys.stderr)
-        return 2
-    parser = build_parser()
-    args = parser.parse_args(argv)
-
-    def emit(line: dict[str, Any]) -> None:
-        print(json.dumps(line), flush=True)
-
-    if args.command == "scan":
-        from engine import bench_scan
-
-        if not 1 <= args.rows <= 100_000_000 or not 1 <= args.batch_rows <= 100_000:
-            parser.error("--rows must be in [1, 1e8] and --batch-rows in [1, 1e5]")
-        emit(bench_scan.run(args, emit))
-        return 0
-    if args.command == "distributed":
-        from engine import bench_distributed as dist
-
-        if not 1 <= args.writers <= dist.WRITERS_MAX:
-            parser.error(f"--writers must be in [1, {dist.WRITERS_MAX}]")
-        if not 0 < args.seconds <= SECONDS_MAX or not 0 <= args.warmup <= WARMUP_S_MAX:
-            parser.error(
-                f"--seconds must be in (0, {SECONDS_MAX}], --warmup in [0, {WARMUP_S_MAX}]"
-            )
-        if not 1 <= args.rows <= dist.ROWS_MAX:
-            parser.error(f"--rows must be in [1, {dist.ROWS_MAX}]")
-        if not 1 <= args.load_batch_rows <= dist.LOAD_BATCH_ROWS_MAX:
-            parser.error(f"--load-batch-rows must be in [1, {dist.LOAD_BATCH_ROWS_MAX}]")
-        if not 1 <= args.probes <= dist.PROBES_MAX:
-            parser.error(f"--probes must be in [1, {dist.PROBES_MAX}]")
-        options = dist.Options(
-            writers=args.writers,
-            seconds=args.seconds,
-            warmup=args.warmup,
-            rows=args.rows,
-            load_batch_rows=args.load_batch_rows,
-            probes=args.probes,
-            dir_path=args.dir,
-        )
-        emit(dist.run(options, emit))
-        return 0
-    if not args.wal and not args.sqlite:
-        parser.error("nothing to measure: --wal none and --sqlite none")
-    if not all(1 <= w <= WRITERS_MAX for w in args.writers):
-        parser.error(f"--writers must each be in [1, {WRITERS_MAX}]")
-    if not all(1 <= r <= ROWS_MAX for r in args.rows):
-        parser.error(f"--rows must each be in [1, {ROWS_MAX}]")
-    if not 0 < args.seconds <= SECONDS_MAX:
-        parser.error(f"--seconds must be in (0, {SECONDS_MAX}]")
-    if not 0 <= args.warmup <= WARMUP_S_MAX:
-        parser.error(f"--warmup must be in [0, {WARMUP_S_MAX}]")
-    from engine import limits
-
-    window_s_max = limits.HISTORY_RETENTION_MS_MAX / 1000
-    if args.history_retention_s is not None and not 0 <= args.history_retention_s <= window_s_max:
-        parser.error(f"--history-retention-s must be in [0, {window_s_max:g}]")
-    if any(not 0 <= n <= PRELOAD_ROWS_MAX for n in args.preload_rows):
-        parser.error(f"--preload-rows must be in [0, {PRELOAD_ROWS_MAX}]")
-    if "logsvc" in args.wal:
-        from logsvc.devcluster import SHARDS_MAX
-
-        if len(args.writers) * len(args.rows) * len(args.preload_rows) > SHARDS_MAX:
-            parser.error(f"--wal logsvc takes at most {SHARDS_MAX} (writers, rows) cases")
-    if args.gc == "tuned":
-        from logsvc import gc_tuning
-
-        gc_tuning.tune_for_latency()
-
-    started = time.monotonic()
-    results = run(
-        args.wal,
-        args.sqlite,
-        args.writers,
-        args.rows,
-        args.seconds,
-        warmup=args.warmup,
-        input_kind=args.input,
-        dir_path=args.dir,
-        emit=emit,
-        preload_rows=args.preload_rows,
-        history_retention_s=args.history_retention_s,
-        unmerged=args.unmerged,
-    )
-    emit(
-        summary(
-            results,
-            input=args.input,
-            gc=args.gc,
-            row_bytes=ROW_BYTES,
-            total_s=round(time.monotonic() - started, 1),
-        )
-    )
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,4 +1,4 @@
-"""Phase 5 of `python -m engine.bench distributed` (engine/bench_distributed.py): a table
+"""Phase 5 of `python -m engine.bench distributed` (engine/bench/distributed.py): a table
 loaded through a TN as large write sets (the TN spills each to objects), a wait for a
 checkpoint that covers it, then a compute node's cold start to its first query, measured
 twice: as the TN answers a fresh node's first pull, and from the checkpoint (what a TN whose
@@ -15,7 +15,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from engine import bench_scan
+from engine.bench import scan as bench_scan
 from engine.cn.client import NetworkTN
 from engine.cn.node import ComputeNode
 from engine.cn.port import TNStatus

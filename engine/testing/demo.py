@@ -3,7 +3,7 @@ transactions through a logsvc shard, killed with SIGKILL and reopened with nothi
 shard's logsvc leader killed under its commits, and a second engine fencing the first.
 
 Everything printed is measured in this run: counts come from the engine process's own
-acknowledgements (`python -m engine.workload` prints each commit once it returned) and from
+acknowledgements (`python -m engine.testing.workload` prints each commit once it returned) and from
 reopening the WAL (`--verify`), times from the clock. Every engine process it starts is
 stopped by PID before it returns.
 """
@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from engine.workload import LINES_PER_ORDER, Verified, WorkloadProcess, verify
+from engine.testing.workload import LINES_PER_ORDER, Verified, WorkloadProcess, verify
 from logsvc import devcluster
 from logsvc.client import ClientOptions, LogsvcError, connect
 from logsvc.config import load_client_config

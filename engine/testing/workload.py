@@ -1,10 +1,10 @@
-"""`python -m engine.workload`: an engine process committing transactions, for crash tests
+"""`python -m engine.testing.workload`: an engine process committing transactions, for crash tests
 and the demo.
 
-    python -m engine.workload --dir D --wal logsvc --client-config client.toml --shard 3 \\
+    python -m engine.testing.workload --dir D --wal logsvc --client-config client.toml --shard 3 \\
         --writers 8 --seconds 10 --run-id 1
-    python -m engine.workload --dir D ... --verify          # JSON: what the WAL holds
-    python -m engine.workload --dir D --flush-age-ms 200 --merge-l1-blocks 4 \
+    python -m engine.testing.workload --dir D ... --verify          # JSON: what the WAL holds
+    python -m engine.testing.workload --dir D --flush-age-ms 200 --merge-l1-blocks 4 \
         --checkpoint-ms 500 --wal-reserve-entries 16 --delete-every 5   # storage busy too
 
 Every transaction inserts one row into `demo.orders` and `LINES_PER_ORDER` rows into
@@ -111,7 +111,7 @@ CAUSES_MAX = 16
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m engine.workload", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m engine.testing.workload", description=__doc__)
     parser.add_argument("--dir", required=True)
     add_wal_options(parser)
     parser.add_argument("--writers", type=int, default=8)
@@ -400,7 +400,7 @@ async def _storage_of(engine: Engine) -> dict[str, object]:
 
 
 class WorkloadProcess:
-    """A `python -m engine.workload` child, its acknowledged transactions read from its
+    """A `python -m engine.testing.workload` child, its acknowledged transactions read from its
     stdout by a thread. Stop it with `kill()` (SIGKILL) or wait for it with `wait()`; both are
     bounded, and `kill()` is safe to call in a `finally` whatever happened."""
 
@@ -414,7 +414,7 @@ class WorkloadProcess:
         """When each ack was read (time.monotonic()), in the order of `acked`."""
         self._lock = threading.Lock()
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "engine.workload", *args],
+            [sys.executable, "-m", "engine.testing.workload", *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -562,7 +562,7 @@ class Verified:
 def verify(args: Sequence[str], env: Mapping[str, str] | None = None) -> Verified:
     """Run `--verify` with the same engine arguments in a child process."""
     done = subprocess.run(
-        [sys.executable, "-m", "engine.workload", *args, "--verify"],
+        [sys.executable, "-m", "engine.testing.workload", *args, "--verify"],
         capture_output=True,
         text=True,
         timeout=120,
