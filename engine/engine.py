@@ -38,7 +38,7 @@ import dataclasses
 import datetime
 import os
 import weakref
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,8 +55,9 @@ from engine import (
     time_travel,
     writeset,
 )
-from engine import standby as standby_tail
+from engine import standby as standby_wal
 from engine.blockstore import ObjectBlockStore
+from engine.catalog import Catalog
 from engine.checkpoint.layout import Manifest
 from engine.checkpoint.runner import Checkpointer
 from engine.clock import HybridClock, wall_ms
@@ -73,14 +74,15 @@ from engine.errors import (
     WalFailed,
     WriteConflict,
 )
+from engine.load_scope import LoadScope
 from engine.logtail import Logtail, LogtailBuffer, LogtailUnavailable, TailEntry
 from engine.logtail import answer as logtail_answer
 from engine.maintenance import BlockStore, Maintenance
 from engine.objects.store import ObjectStore
 from engine.pipeline import CommitPipeline, Ticket
 from engine.state import ApplyError, EngineState
-from engine.storage import NOTHING_LOADED, LoadedBlocks, PersistedBlock
-from engine.storage.loader import BlockLoader, PinnedBlocks
+from engine.storage import PersistedBlock
+from engine.storage.loader import BlockLoader
 from engine.txn import Transaction, TransactionScope, TxnState
 from engine.waiter import CommitWaiter, wal_failure
 from engine.wal.codec import encode_entry
@@ -115,59 +117,6 @@ class EngineStats:
     """Times a standby fell behind the WAL's truncation and caught up from a checkpoint."""
     standby_tail_failures: int = 0
     """Failed attempts of a standby's tail (each retried, or the last one given up)."""
-
-
-class _Loaded:
-    """`async with engine._loaded(blocks, ...) as view`: what a read needs of persisted
-    blocks, loaded in a worker thread and pinned until the block ends. A class, not an
-    asynccontextmanager: every read enters one, and most need nothing loaded."""
-
-    __slots__ = ("_blocks", "_columns", "_keys", "_loader", "_pinned", "_whole")
-
-    def __init__(
-        self,
-        loader: BlockLoader | None,
-        blocks: Sequence[PersistedBlock],
-        keys: bool | str,
-        columns: Sequence[str] | None,
-        whole: bool = False,
-    ) -> None:
-        self._loader = loader
-        self._blocks = blocks
-        self._keys = keys
-        self._columns = columns
-        self._whole = whole
-        self._pinned: PinnedBlocks | None = None
-
-    async def __aenter__(self) -> LoadedBlocks:
-        if not self._blocks:
-            return NOTHING_LOADED
-        loader = self._loader
-        assert loader is not None, "persisted blocks without an object store"
-        # What the cache holds is pinned right here; only a miss costs a worker thread.
-        pinned = loader.load(
-            self._blocks,
-            keys=self._keys,
-            columns=self._columns,
-            whole_objects=self._whole,
-            cached_only=True,
-        )
-        if pinned is None:
-            pinned = await asyncio.to_thread(
-                loader.load,
-                self._blocks,
-                keys=self._keys,
-                columns=self._columns,
-                whole_objects=self._whole,
-            )
-        assert pinned is not None
-        self._pinned = pinned
-        return pinned
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self._pinned is not None:
-            self._pinned.release()
-            self._pinned = None
 
 
 class Engine:
@@ -205,7 +154,7 @@ class Engine:
         self._subscribers: list[Callable[[TailEntry], None]] = []
         self._origins_running: dict[tuple[str, int], asyncio.Future[int]] = {}
         self.standby = False
-        self._standby_tail: standby_tail.StandbyTail | None = None
+        self._standby_tail: standby_wal.StandbyTail | None = None
         """A standby's supervised tail of the WAL (engine/standby.py), until promotion."""
         self._window_records = limits.WAL_WINDOW_RECORDS
         self.txn_limits = limits.TxnLimits()
@@ -219,8 +168,9 @@ class Engine:
         """Transactions begun and not ended. Weak: a transaction its caller dropped without
         committing or rolling back stops counting (and stops pinning the conflict index)
         once it is garbage, instead of holding an open-transaction slot forever."""
-        self._open_views: weakref.WeakSet[Transaction] = weakref.WeakSet()
-        """Read-only views of `snapshot()` still open (they pin blocks like transactions)."""
+        self._pins: collections.Counter[int] = collections.Counter()
+        """Snapshot timestamps pinned (`pin`), with how many pins each: `snapshot()` views
+        and checkpoints being written keep blocks like open transactions do."""
         self._history_floor_ts = 0
         """The oldest timestamp the in-memory state still holds every version for (blocks
         dropped at or before it left memory); older ones come from `engine.time_travel`."""
@@ -344,11 +294,11 @@ class Engine:
             if engine._checkpointer is not None:
                 manifest = await asyncio.to_thread(engine._checkpointer.restore)
                 if manifest is not None:
-                    engine._restored_from(manifest)
+                    engine.restored_from(manifest)
             if standby:
-                engine._standby_tail = standby_tail.start(engine)
+                engine._standby_tail = standby_wal.start(engine)
             else:
-                await replay.replay_wal(engine)
+                engine._replay = await replay.replay_wal(engine)
             if engine._checkpointer is not None:
                 engine._checkpointer.fell_back()
             if engine._checkpointer is not None and not read_only:
@@ -383,12 +333,12 @@ class Engine:
             self._state.object_meta = store.meta
             self._state.block_created = store.held
 
-    def _adopt_state(self, state: EngineState) -> None:
+    def adopt_state(self, state: EngineState) -> None:
         """The state a checkpoint restored (before the WAL replay)."""
         self._state = state
         self._hook_state()
 
-    def _restored_from(self, manifest: Manifest) -> None:
+    def restored_from(self, manifest: Manifest) -> None:
         self._logtail.reset(manifest.ckp_ts)
         self._visible_dsn = manifest.ckp_dsn
         self._wal_entries_at_ckp = manifest.ckp_dsn
@@ -398,7 +348,7 @@ class Engine:
 
     # --- logtail and standby (issue 15, decision 0007) -----------------------------------------
 
-    def _became_visible(self, tail: TailEntry) -> None:
+    def became_visible(self, tail: TailEntry) -> None:
         """A committed entry is visible (or replayed): the logtail keeps it, and every
         subscriber hears of it, in commit order."""
         newest = self._checkpointer.newest if self._checkpointer is not None else None
@@ -416,7 +366,7 @@ class Engine:
         """The committed changes in (t0, t1] for a compute node (engine/logtail.py); t1 is
         clamped to `visible_ts`. `LogtailUnavailable` when neither memory nor a checkpoint
         can answer (the engine takes a checkpoint; ask again)."""
-        self._check_not_closed()
+        self.check_not_closed()
         checkpoints = (
             [(m.ckp_ts, m.name) for m in self._checkpointer.retained]
             if self._checkpointer is not None
@@ -434,9 +384,9 @@ class Engine:
 
     async def promote(self) -> None:
         """A standby becomes the writer (TN failover, issue 15; engine/standby.py)."""
-        await standby_tail.promote(self)
+        await standby_wal.promote(self)
 
-    def _checkpoint_logged(self, ckp_ts: int, name: str) -> None:
+    def checkpoint_logged(self, ckp_ts: int, name: str) -> None:
         """A standby tailed the writer's CKP entry: compute nodes behind it may be sent that
         checkpoint, and, since the writer may have deleted objects whose drop it covers, no
         entries from below it (engine/logtail.py)."""
@@ -448,7 +398,7 @@ class Engine:
         and the engine fails with `Fenced` (read-only, as after a fenced append), when a
         newer writer took it. An idle writer learns of a fencing only this way: the TN asks
         when a peer says it is active too (issue 20: a fenced TN said "active" for 19 s)."""
-        self._check_not_closed()
+        self.check_not_closed()
         confirm = getattr(self._backend, "confirm_lease", None)
         if confirm is None or self.read_only or self._failure is not None:
             return self._failure is None
@@ -472,14 +422,14 @@ class Engine:
         tail = self._standby_tail
         return tail.gave_up if tail is not None and self.standby else None
 
-    def _check_writable_storage(self) -> None:
-        self._check_not_closed()
+    def check_writable_storage(self) -> None:
+        self.check_not_closed()
         if self._failure is not None:
             raise self._failure_again()
         if self.read_only:
             raise BadInput("the engine was opened read-only")
 
-    def _checkpoint_taken(self, manifest: Manifest) -> None:
+    def checkpoint_taken(self, manifest: Manifest) -> None:
         # The checkpoint's own DSN, not `_visible_dsn` now: commits that landed while it was
         # being written are not in it, and must count towards the next one. (Counting them
         # as covered left a TN that went idle after a bulk load without a checkpoint of its
@@ -517,7 +467,7 @@ class Engine:
 
     def digest(self, ts: int | None = None) -> str:
         """A hash of the committed state visible at `ts` (default: now)."""
-        self._check_not_closed()
+        self.check_not_closed()
         return self._state.digest(self.visible_ts if ts is None else ts, self._loader)
 
     def driver_stats(self) -> DriverStats:
@@ -554,7 +504,7 @@ class Engine:
 
     async def begin(self) -> Transaction:
         """A new transaction reading the snapshot at `visible_ts`."""
-        self._check_not_closed()
+        self.check_not_closed()
         if len(self._open_txns) >= limits.TXNS_OPEN_MAX:
             raise Overloaded("open transactions", limits.TXNS_OPEN_MAX)
         txn = Transaction(self, self.visible_ts, read_only=self.read_only)
@@ -567,7 +517,7 @@ class Engine:
         conflicts with everything committed since. Only the in-memory history can be
         written from: older is `SnapshotUnavailable` naming `oldest_ts`, the oldest
         timestamp a transaction can start at."""
-        self._check_not_closed()
+        self.check_not_closed()
         if len(self._open_txns) >= limits.TXNS_OPEN_MAX:
             raise Overloaded("open transactions", limits.TXNS_OPEN_MAX)
         start_ts = await time_travel.resolve(self, start_ts)
@@ -608,7 +558,7 @@ class Engine:
         history retention window (decision 0010), it is rebuilt from a checkpoint and the
         WAL (`engine.time_travel`). A timestamp or wall time past what has happened is
         `TimestampInFuture`; one older than `oldest_ts` is `SnapshotUnavailable` naming it."""
-        self._check_not_closed()
+        self.check_not_closed()
         if (ts is None) == (at is None):
             raise BadInput("snapshot takes one of ts and at")
         read_ts = await time_travel.resolve(self, ts if at is None else at)
@@ -621,12 +571,11 @@ class Engine:
                     past_txn.state = TxnState.ROLLED_BACK
             return
         txn = Transaction(self, read_ts, read_only=True, registered=False)
-        self._open_views.add(txn)
-        try:
-            yield txn
-        finally:
-            txn.state = TxnState.ROLLED_BACK
-            self._open_views.discard(txn)
+        with self.pin(read_ts):
+            try:
+                yield txn
+            finally:
+                txn.state = TxnState.ROLLED_BACK
 
     async def sql(self, query: str, at: int | datetime.datetime | None = None) -> pa.Table:
         """One SELECT over the snapshot at `at` (None: `visible_ts`; a commit timestamp; an
@@ -638,7 +587,7 @@ class Engine:
             return await sql.run(view, query)
 
     @property
-    def _skip_decoding_below_checkpoint(self) -> bool:
+    def skip_decoding_below_checkpoint(self) -> bool:
         """A replay skips the entries the restored checkpoint holds without decoding them
         (engine/replay.py): under a history window the WAL kept below it is long."""
         return self._checkpointer is not None and self._checkpointer.history_retention_ms > 0
@@ -648,17 +597,17 @@ class Engine:
         """The oldest timestamp `snapshot()` can read now (decision 0010)."""
         return time_travel.oldest_ts(self)
 
-    def _loaded(
+    def loaded(
         self,
         blocks: Sequence[PersistedBlock],
         *,
         keys: bool | str = False,
         columns: Sequence[str] | None = None,
         whole_objects: bool = False,
-    ) -> _Loaded:
-        return _Loaded(self._loader, blocks, keys, columns, whole_objects)
+    ) -> LoadScope:
+        return LoadScope(self._loader, blocks, keys, columns, whole_objects)
 
-    def _txn_ended(self, txn: Transaction) -> None:
+    def txn_ended(self, txn: Transaction) -> None:
         self._open_txns.discard(txn)
 
     def _table_name(self, table_id: int) -> str:
@@ -669,35 +618,35 @@ class Engine:
         database = catalog.databases.get(table.db_id)
         return f"{database.name if database else table.db_id}.{table.name}"
 
-    def _check_not_closed(self) -> None:
+    def check_not_closed(self) -> None:
         if self._closed:
             raise EngineClosed("engine is closed")
 
     # --- commit -------------------------------------------------------------------------------
 
-    async def _commit(self, txn: Transaction) -> None:
+    async def commit_txn(self, txn: Transaction) -> None:
         if self._closed:  # not WalFailed from the closed driver: the caller closed it
-            txn._end(TxnState.ROLLED_BACK)
+            txn.end(TxnState.ROLLED_BACK)
             raise EngineClosed("engine is closed")
         maintenance = self._maintenance
         if (
             maintenance is not None
             and maintenance.over_memory
-            and txn._appends_rows()
+            and txn.appends_rows()
             and not await maintenance.wait_for_memory()
         ):
-            txn._end(TxnState.ROLLED_BACK)
+            txn.end(TxnState.ROLLED_BACK)
             raise Overloaded("l0 bytes", limits.L0_BYTES_HARD_MAX)
-        plan = txn._plan()
+        plan = txn.plan()
         if plan.empty:
             txn.commit_ts = txn.start_ts
-            txn._end(TxnState.COMMITTED)
+            txn.end(TxnState.COMMITTED)
             return
         if self._failure is not None:
-            txn._end(TxnState.ROLLED_BACK)
+            txn.end(TxnState.ROLLED_BACK)
             raise self._failure_again()
         if self.read_only:
-            txn._end(TxnState.ROLLED_BACK)
+            txn.end(TxnState.ROLLED_BACK)
             raise BadInput("the engine was opened read-only")
         loop = asyncio.get_running_loop()
         commit = CommitWaiter(txn, loop.create_future())
@@ -712,10 +661,10 @@ class Engine:
             try:
                 verdict = await self._check_old_snapshot(txn.start_ts, plan.rows, bulk)
             except BaseException:  # an object store error, or blocks that kept changing
-                txn._end(TxnState.ROLLED_BACK)
+                txn.end(TxnState.ROLLED_BACK)
                 raise
             if isinstance(verdict, KeyConflict):
-                txn._end(TxnState.ROLLED_BACK)
+                txn.end(TxnState.ROLLED_BACK)
                 raise conflict_error(verdict, self._table_name)
             checked_ts = verdict
         try:
@@ -730,28 +679,28 @@ class Engine:
                 checked_ts,
             )
         except Overloaded:
-            txn._end(TxnState.ROLLED_BACK)
+            txn.end(TxnState.ROLLED_BACK)
             raise
         if not isinstance(prepared, Ticket):
-            txn._end(TxnState.ROLLED_BACK)
+            txn.end(TxnState.ROLLED_BACK)
             raise conflict_error(prepared, self._table_name)
         ticket = prepared
-        deletes = rewrite_commit.resolve_moved(self, plan.deletes)
+        deletes = rewrite_commit.resolve_moved(self._state.catalog.tables, plan.deletes)
         if deletes is None:
             pipeline.cancel(ticket)
-            txn._end(TxnState.ROLLED_BACK)
+            txn.end(TxnState.ROLLED_BACK)
             raise WriteConflict(
                 "a row this transaction deletes was rewritten by a flush or merge and is no "
                 "longer where the transaction saw it"
             )
         allocations = []
         commands: list[Any] = list(plan.catalog_commands)
-        if txn._origin is not None:
-            commands.append(Origin(*txn._origin))
+        if txn.origin is not None:
+            commands.append(Origin(*txn.origin))
         commands.extend(deletes)
         for entry, spilled in plan.spills:
             allocations.append((entry.data, entry.data.reservation()))
-            commands.extend(spill.spill_commands(self, entry, spilled))
+            commands.extend(spill.spill_commands(self._state.pending_meta, entry, spilled))
         for entry, batch in plan.appends:
             allocations.append((entry.data, entry.data.reservation()))
             infos = entry.data.allocate(batch.num_rows)
@@ -760,37 +709,54 @@ class Engine:
             else:
                 commands.append(AppendRows(entry.db_id, entry.table_id, infos, batch))
         txn_entry = TxnEntry(txn.start_ts, ticket.commit_ts, memo_of(commands), tuple(commands))
-        try:
-            payload = encode_entry(txn_entry)
-            if len(payload) > limits.TXN_ENTRY_BYTES_MAX:
-                raise TxnTooLarge("txn_entry_bytes_max", len(payload), limits.TXN_ENTRY_BYTES_MAX)
-            durable = self._driver.submit(payload)
-        except BaseException as exc:
+
+        def undo() -> None:
             for data, mark in reversed(allocations):
                 data.restore(mark)
             for _, spilled in plan.spills:
                 for written in spilled.written:
                     self._state.pending_meta.pop((written.object_name, written.row_group), None)
-            pipeline.cancel(ticket)
-            txn._end(TxnState.ROLLED_BACK)
-            if isinstance(exc, driver_errors.Overloaded):
-                raise Overloaded("wal intake", exc.size_max) from None
-            if isinstance(exc, (driver_errors.DriverFailed, driver_errors.DriverClosed)):
-                self._fail(exc)
-                assert self._failure is not None
-                raise self._failure_again() from exc
-            raise
-        commit.entry = txn_entry
-        commit.payload = payload
-        commit.durable = durable
+            txn.end(TxnState.ROLLED_BACK)
+
+        self.submit_commit(ticket, txn_entry, undo)
         txn.state = TxnState.COMMITTING
-        durable.add_done_callback(lambda done: self._on_durable(ticket, done))
         self._since_prune += 1 + len(plan.rows) // 256
         if self._since_prune >= 64:  # every 64 commits, or every ~16k keys written
             self._prune()
         # Not shielded: a caller that is cancelled only stops waiting; the commit goes on
         # and becomes visible in its turn (`_on_durable` never needs its waiter).
         await commit.future
+
+    def submit_commit(
+        self, ticket: Ticket[CommitWaiter], entry: TxnEntry, undo: Callable[[], None]
+    ) -> None:
+        """Encode the prepared `entry` and hand it to the driver; once durable, `_on_durable`
+        makes it visible in its turn and answers `ticket`'s waiter. The one submit of every
+        commit: a transaction's (`commit_txn`) and a rewrite's (engine/rewrite_commit.py).
+
+        If it cannot be submitted, `undo` reverts what the caller reserved for it and the
+        ticket leaves the pipeline, then: `TxnTooLarge` (the entry is over
+        `TXN_ENTRY_BYTES_MAX`), `Overloaded` (the driver's intake is full), `WalFailed` or
+        `Fenced` (the driver failed: the engine is now read-only), or the error itself."""
+        try:
+            payload = encode_entry(entry)
+            if len(payload) > limits.TXN_ENTRY_BYTES_MAX:
+                raise TxnTooLarge("txn_entry_bytes_max", len(payload), limits.TXN_ENTRY_BYTES_MAX)
+            durable = self._driver.submit(payload)
+        except BaseException as exc:
+            undo()
+            self._pipeline.cancel(ticket)
+            if isinstance(exc, driver_errors.Overloaded):
+                raise Overloaded("wal intake", exc.size_max) from None
+            if isinstance(exc, (driver_errors.DriverFailed, driver_errors.DriverClosed)):
+                self._fail(exc)
+                raise self._failure_again() from exc
+            raise
+        commit = ticket.waiter
+        commit.entry = entry
+        commit.payload = payload
+        commit.durable = durable
+        durable.add_done_callback(lambda done: self._on_durable(ticket, done))
 
     async def _check_old_snapshot(
         self, start_ts: int, rows: list[RowWrite], bulk: list[BulkInsert]
@@ -803,12 +769,12 @@ class Engine:
             if table_id in tables
         }
 
-        def load(blocks: list[PersistedBlock]) -> _Loaded:
-            return self._loaded(blocks, keys=True, columns=old_snapshots.COLUMNS)
+        def load(blocks: list[PersistedBlock]) -> LoadScope:
+            return self.loaded(blocks, keys=True, columns=old_snapshots.COLUMNS)
 
         return await old_snapshots.check(datas, load, lambda: self.visible_ts, start_ts, rows, bulk)
 
-    def _discard_objects(self, names: list[str]) -> None:
+    def discard_objects(self, names: list[str]) -> None:
         """Objects written for a transaction that will never commit: deleted in the
         background (a failure leaves orphans, collected at the next open)."""
         store = self._block_store
@@ -858,8 +824,8 @@ class Engine:
             self._visible_dsn = max(self._visible_dsn, commit.dsn)
             if commit.txn is not None:
                 commit.txn.commit_ts = made_visible.commit_ts
-                commit.txn._end(TxnState.COMMITTED)
-            self._became_visible(TailEntry(made_visible.commit_ts, commit.dsn, commit.payload))
+                commit.txn.end(TxnState.COMMITTED)
+            self.became_visible(TailEntry(made_visible.commit_ts, commit.dsn, commit.payload))
             if not commit.future.done():
                 commit.future.set_result(None)
             filled = filled or _fills_a_block(entry)
@@ -885,7 +851,7 @@ class Engine:
         for ticket in self._pipeline.fail():
             commit = ticket.waiter
             if commit.txn is not None:
-                commit.txn._end(TxnState.UNKNOWN)
+                commit.txn.end(TxnState.UNKNOWN)
             if not commit.future.done():
                 error = type(self._failure)(str(self._failure))
                 error.__cause__ = exc
@@ -897,15 +863,165 @@ class Engine:
         oldest = min((txn.start_ts for txn in self._open_txns), default=self.visible_ts)
         self._pipeline.prune(oldest)
 
-    def _oldest_snapshot_ts(self) -> int:
+    def oldest_snapshot_ts(self) -> int:
         """No open transaction or snapshot reads below this: blocks dropped at or before it
         can be collected (`Maintenance` then raises `_history_floor_ts` past their drops)."""
         oldest = self.visible_ts
         for txn in self._open_txns:
             oldest = min(oldest, txn.start_ts)
-        for view in self._open_views:
-            oldest = min(oldest, view.start_ts)
+        if self._pins:
+            oldest = min(oldest, *self._pins)
         return oldest
+
+    # --- the host protocols' surface ----------------------------------------------------------
+    # What the engine's own modules need of it, each through the small Protocol it declares
+    # (txn.TxnHost, replay.ReplayHost, standby.StandbyHost, rewrite_commit.RewriteHost,
+    # maintenance.MaintenanceHost, checkpoint.runner.CheckpointHost, time_travel.
+    # TimeTravelHost, writeset.WriteSetHost): none of them imports this module (issue 21).
+    # For those modules, not the engine's users; the state stays the engine's own, and each
+    # change to it from outside is a method naming the rule it follows.
+
+    @property
+    def state(self) -> EngineState:
+        return self._state
+
+    @property
+    def catalog(self) -> Catalog:
+        return self._state.catalog
+
+    @property
+    def pipeline(self) -> CommitPipeline[CommitWaiter]:
+        return self._pipeline
+
+    @property
+    def clock(self) -> HybridClock:
+        return self._clock
+
+    @property
+    def driver(self) -> Driver:
+        return self._driver
+
+    @property
+    def backend(self) -> LogBackend:
+        return self._backend
+
+    @property
+    def window_records(self) -> int:
+        return self._window_records
+
+    @property
+    def block_store(self) -> BlockStore | None:
+        return self._block_store
+
+    @property
+    def spill_writer(self) -> BlockStore | None:
+        return self._block_store
+
+    @property
+    def loader(self) -> BlockLoader | None:
+        return self._loader
+
+    @property
+    def standby_tail(self) -> standby_wal.StandbyTail | None:
+        return self._standby_tail
+
+    @property
+    def origins_running(self) -> dict[tuple[str, int], asyncio.Future[int]]:
+        """A compute node's commits on their way, by origin (engine/writeset.py)."""
+        return self._origins_running
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def accepts_commits(self) -> bool:
+        """Neither failed, closed nor read-only: a rewrite may commit."""
+        return self._failure is None and not self._closed and not self.read_only
+
+    @property
+    def visible_dsn(self) -> int:
+        """The DSN of the last visible (or replayed) transaction's WAL entry."""
+        return self._visible_dsn
+
+    @property
+    def wal_first_dsn(self) -> int:
+        return self._wal_first_dsn
+
+    @property
+    def wal_entries_since_checkpoint(self) -> int:
+        return self._visible_dsn - self._wal_entries_at_ckp
+
+    @property
+    def logtail_full(self) -> bool:
+        return self._logtail.full()
+
+    @property
+    def history_floor_ts(self) -> int:
+        """The oldest timestamp the in-memory state holds every version for."""
+        return self._history_floor_ts
+
+    def replayed(self, dsn: int) -> None:
+        """A replay read the entry at `dsn` (applied, or already held)."""
+        self._visible_dsn = max(self._visible_dsn, dsn)
+
+    def replayed_duplicate(self, dsn: int) -> None:
+        """A replay read an entry the state already holds (a checkpoint's, or a copy)."""
+        self._visible_dsn = max(self._visible_dsn, dsn)
+        self._replay_duplicates += 1
+
+    def wal_starts_at(self, dsn: int) -> None:
+        """A replay's first entry: the WAL holds every entry from `dsn` on."""
+        self._wal_first_dsn = dsn
+
+    def wal_truncated_below(self, dsn: int) -> None:
+        """A checkpoint truncated the WAL below `dsn`."""
+        self._wal_first_dsn = max(self._wal_first_dsn, dsn)
+
+    def objects_collected_upto(self, ts: int) -> None:
+        """Objects of blocks dropped at or before `ts` may be gone (engine/logtail.py)."""
+        self._objects_floor_ts = max(self._objects_floor_ts, ts)
+
+    def history_dropped_upto(self, ts: int) -> None:
+        """Blocks dropped at or before `ts` left memory: history there is incomplete."""
+        self._history_floor_ts = max(self._history_floor_ts, ts)
+
+    def promoted(self, summary: ReplaySummary) -> None:
+        """A standby's tail read the WAL to its end (`summary`): it is the writer now."""
+        self._replay = summary
+        self.standby = False
+        self.read_only = False
+
+    def took_objects(self) -> None:
+        """A promoted standby owns its object store's lock (released at close)."""
+        self._owns_objects = True
+
+    def forget_logged_checkpoints(self) -> None:
+        """A promoted standby's own retained checkpoints say what it has from now on."""
+        self._logged_checkpoints.clear()
+
+    def new_driver(self) -> None:
+        """A fresh driver on the same backend (a standby's next tail: a replay runs once per
+        driver). The caller aborted the old one."""
+        self._driver = open_driver(self._backend, window=self._window_records)
+
+    def fail(self, exc: BaseException) -> WalFailed:
+        """The WAL failed with `exc`: the engine turns read-only (`_fail`); the error to raise."""
+        self._fail(exc)
+        return self._failure_again()
+
+    @contextlib.contextmanager
+    def pin(self, ts: int) -> Iterator[None]:
+        """`with engine.pin(ts):` the versions a snapshot at `ts` reads stay in memory (blocks
+        dropped after `ts` are not collected) until the block ends (a checkpoint being written
+        at `ts`, a read-only view)."""
+        self._pins[ts] += 1
+        try:
+            yield
+        finally:
+            self._pins[ts] -= 1
+            if self._pins[ts] <= 0:
+                del self._pins[ts]
 
     # --- closing -----------------------------------------------------------------------------
 

@@ -247,7 +247,7 @@ def _rewrites_due(engine: Engine, now_ms: int) -> int:
     if maintenance is None:
         return 0
     ts = engine.visible_ts
-    gc_ts = engine._oldest_snapshot_ts()
+    gc_ts = engine.oldest_snapshot_ts()
     tables = [t for t in engine._state.catalog.tables.values() if t.visible(ts)]
     memory_full = sum(compaction.l0_bytes(t.data) for t in tables) >= (
         maintenance.policy.l0_bytes_max

@@ -231,7 +231,7 @@ async def _scan_key_blocks(
     if not blocks:
         return []
     try:
-        async with txn._engine._loaded(blocks, keys=True, columns=read) as loaded:
+        async with txn.host.loaded(blocks, keys=True, columns=read) as loaded:
             return data.scan_key_range(
                 txn.start_ts, blocks, loaded, interval.lo, interval.hi, excluded, columns=read
             )
@@ -255,7 +255,7 @@ async def _scan_group(
     cannot hold it next to what other readers pin (one object that does not fit alone
     is `CacheFull`)."""
     try:
-        async with txn._engine._loaded(group, columns=read, whole_objects=True) as loaded:
+        async with txn.host.loaded(group, columns=read, whole_objects=True) as loaded:
             return [finish(data.scan_at(txn.start_ts, group, loaded, excluded, columns=read))]
     except CacheFull:
         halves = _split_by_object(group)
@@ -277,7 +277,7 @@ async def _spilled_parts(
     out = []
     for spilled in writes.spills:
         blocks = spilled.placeholders
-        async with txn._engine._loaded(blocks, columns=names) as loaded:
+        async with txn.host.loaded(blocks, columns=names) as loaded:
             for index, block in enumerate(blocks):
                 table = loaded.columns(block).select(names).cast(schema)
                 start = spilled.starts[index]

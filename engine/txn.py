@@ -21,7 +21,7 @@ import asyncio
 import enum
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -42,15 +42,59 @@ from engine.errors import (
 )
 from engine.keyset import KeySet
 from engine.limits import TxnLimits
+from engine.load_scope import LoadScope
 from engine.objects.bloom import key_hash
 from engine.rows import SmallRows, small_rows
 from engine.schema import Key, Schema, batch_keys, check_name, normalize_key, to_batch
-from engine.spill import Spill
+from engine.spill import Spill, SpillWriter
 from engine.storage import NOTHING_LOADED, PersistedBlock, RowVersion
 from engine.wal.entry import CatalogKind, CatalogOp, Delete, UpdateCatalog
 
-if TYPE_CHECKING:
-    from engine.engine import Engine
+
+class TxnHost(Protocol):
+    """What a transaction needs of what it runs on: the engine (engine/engine.py), a compute
+    node (engine/cn/node.py) or a historical state (engine/time_travel.py). A port, so that
+    this module imports none of them (issue 21: the engine's import cycle)."""
+
+    txn_limits: TxnLimits
+
+    @property
+    def catalog(self) -> Catalog:
+        """The catalog the transaction's snapshot reads (every version of it)."""
+        ...
+
+    @property
+    def spill_writer(self) -> SpillWriter | None:
+        """Where a large transaction's rows are written before its commit (None: it never
+        spills; it holds them in memory up to its limits)."""
+        ...
+
+    def loaded(
+        self,
+        blocks: Sequence[PersistedBlock],
+        *,
+        keys: bool | str = False,
+        columns: Sequence[str] | None = None,
+        whole_objects: bool = False,
+    ) -> LoadScope:
+        """What a read needs of persisted blocks, pinned for an `async with`."""
+        ...
+
+    async def commit_txn(self, txn: Transaction) -> None:
+        """Commit `txn` (ending it: committed, or rolled back with the error raised)."""
+        ...
+
+    def txn_ended(self, txn: Transaction) -> None:
+        """`txn` no longer counts as open (it pins nothing any more)."""
+        ...
+
+    def discard_objects(self, names: list[str]) -> None:
+        """Objects a transaction wrote and will never commit (its spills)."""
+        ...
+
+    def check_not_closed(self) -> None:
+        """Raise `EngineClosed` once the host is closed."""
+        ...
 
 
 class TxnState(enum.Enum):
@@ -169,12 +213,13 @@ class Transaction:
     """Begin with `engine.begin()` or `async with engine.transaction() as txn`."""
 
     def __init__(
-        self, engine: Engine, start_ts: int, *, read_only: bool = False, registered: bool = True
+        self, host: TxnHost, start_ts: int, *, read_only: bool = False, registered: bool = True
     ) -> None:
-        self._engine = engine
+        self.host = host
+        """What the transaction runs on (the engine, a compute node, a historical state)."""
         self._registered = registered
         """Counted among the engine's open transactions (snapshots are not)."""
-        self._catalog: Catalog = engine._state.catalog
+        self._catalog: Catalog = host.catalog
         self.start_ts = start_ts
         self.commit_ts: int | None = None
         self.read_only = read_only
@@ -187,7 +232,7 @@ class Transaction:
         self._writes: dict[int, _TableWrites] = {}
         self._guards: set[ConflictKey] = set()
         self._marks: set[ConflictKey] = set()
-        self._limits: TxnLimits = engine.txn_limits
+        self._limits: TxnLimits = host.txn_limits
         self._bytes = 0
         self._deletes = 0
         self._spilled_rows = 0
@@ -196,7 +241,7 @@ class Transaction:
         self._spill_ids = 0
         """Placeholder block ids of spills count down from here (negative: never a table's)."""
         self._spill_names: list[str] = []
-        self._origin: tuple[str, int] | None = None
+        self.origin: tuple[str, int] | None = None
         """A compute node's (client_id, seq) for this transaction (engine/writeset.py)."""
         self._busy = asyncio.Lock()
         """One operation at a time: an operation that loads persisted blocks awaits between
@@ -215,17 +260,19 @@ class Transaction:
         `WalFailed` when the WAL failed (the outcome is then decided by replay)."""
         self._check_open()
         async with self._busy:
-            await self._engine._commit(self)
+            await self.host.commit_txn(self)
 
     async def rollback(self) -> None:
         if self.state is TxnState.OPEN:
-            self._end(TxnState.ROLLED_BACK)
+            self.end(TxnState.ROLLED_BACK)
 
-    def _end(self, state: TxnState) -> None:
+    def end(self, state: TxnState) -> None:
+        """The host ends the transaction (its commit's outcome); callers use `commit()` or
+        `rollback()`."""
         if self.state in (TxnState.OPEN, TxnState.COMMITTING) and self._registered:
-            self._engine._txn_ended(self)
+            self.host.txn_ended(self)
         if state is TxnState.ROLLED_BACK and self._spill_names:
-            self._engine._discard_objects(self._spill_names)
+            self.host.discard_objects(self._spill_names)
             self._spill_names = []
         self.state = state
         self._writes.clear()
@@ -234,7 +281,7 @@ class Transaction:
     def _check_open(self) -> None:
         if self.state is not TxnState.OPEN:
             raise TxnClosed(f"transaction is {self.state.value}")
-        self._engine._check_not_closed()
+        self.host.check_not_closed()
 
     def _check_writable(self) -> None:
         self._check_open()
@@ -429,7 +476,7 @@ class Transaction:
             ]
         else:  # blocks whose bloom filter is read from their object
             candidates = {b.block_id: b for found in per_key for b in found}
-            async with self._engine._loaded(list(candidates.values()), keys="blooms") as blooms:
+            async with self.host.loaded(list(candidates.values()), keys="blooms") as blooms:
                 maybe = [
                     [
                         b
@@ -441,7 +488,7 @@ class Transaction:
         wanted = {b.block_id: b for found in maybe for b in found}
         if not wanted:
             return [data.version_among(key, start_ts, [], NOTHING_LOADED) for key in keys]
-        async with self._engine._loaded(list(wanted.values()), keys=True) as loaded:
+        async with self.host.loaded(list(wanted.values()), keys=True) as loaded:
             return [
                 data.version_among(key, start_ts, found, loaded)
                 for key, found in zip(keys, maybe, strict=True)
@@ -452,7 +499,7 @@ class Transaction:
     ) -> dict[str, Any]:
         index, offset = spilled.place(position)
         block = spilled.placeholders[index]
-        async with self._engine._loaded([block], columns=entry.schema.names) as loaded:
+        async with self.host.loaded([block], columns=entry.schema.names) as loaded:
             rows: list[dict[str, Any]] = (
                 loaded.columns(block).select(entry.schema.names).slice(offset, 1).to_pylist()
             )
@@ -461,7 +508,7 @@ class Transaction:
     async def _snapshot_row(self, entry: TableEntry, version: RowVersion) -> dict[str, Any]:
         block = entry.data.blocks[version.block_id]
         blocks = [block] if isinstance(block, PersistedBlock) else []
-        async with self._engine._loaded(blocks, columns=entry.schema.names) as loaded:
+        async with self.host.loaded(blocks, columns=entry.schema.names) as loaded:
             return entry.data.row(version, loaded)
 
     def _ensure_writes(self, entry: TableEntry) -> _TableWrites:
@@ -507,7 +554,7 @@ class Transaction:
             seen.add(key)
             if deleted is None or not deleted[at]:
                 outside.append(key)
-        spilling = self._engine._block_store is not None
+        spilling = self.host.spill_writer is not None
         for key, version in zip(
             outside, await self._snapshot_versions(entry, outside), strict=True
         ):
@@ -533,7 +580,7 @@ class Transaction:
         txn_limits = self._limits
         if self._inserted_rows + rows > txn_limits.rows_max:
             raise TxnTooLarge("txn_spill_rows_max", self._inserted_rows + rows, txn_limits.rows_max)
-        if size_bytes is None or self._engine._block_store is not None:
+        if size_bytes is None or self.host.spill_writer is not None:
             return
         if self._bytes + size_bytes > txn_limits.workspace_bytes_max:
             raise TxnTooLarge(
@@ -559,7 +606,9 @@ class Transaction:
         entry = writes.entry
         rows = spill.sort_rows(entry.schema, pa.Table.from_batches([batch]))
         self._spill_ids -= 1 << 20  # more blocks than one object can hold
-        made = await spill.write_spill(self._engine, entry, rows, self._spill_ids)
+        writer = self.host.spill_writer
+        assert writer is not None, "a spill without a spill writer"
+        made = await spill.write_spill(writer, entry, rows, self._spill_ids)
         writes.spills.append(made)
         self._spill_names.extend(w.object_name for w in made.written)
         self._spilled_rows += made.rows
@@ -732,7 +781,7 @@ class Transaction:
         ]
         parts: list[pa.Table] = []
         positions: list[int] = []
-        async with self._engine._loaded(persisted, columns=names) as loaded:
+        async with self.host.loaded(persisted, columns=names) as loaded:
             for block_id, offsets in by_block.items():
                 block = data.blocks[block_id]
                 if isinstance(block, PersistedBlock):
@@ -747,12 +796,14 @@ class Transaction:
         back[np.array(positions, dtype=np.int64)] = np.arange(len(positions), dtype=np.int64)
         return rows.take(pa.array(back)).combine_chunks()
 
-    def _appends_rows(self) -> bool:
+    def appends_rows(self) -> bool:
+        """The workspace inserts rows (its commit may wait for memory, engine/maintenance.py)."""
         return any(writes.inserted for writes in self._writes.values())
 
     # --- the commit plan ----------------------------------------------------------------------
 
-    def _plan(self) -> CommitPlan:
+    def plan(self) -> CommitPlan:
+        """What the host's commit needs of the workspace: its keys and WAL commands."""
         rows: list[RowWrite] = []
         guards = set(self._guards)
         marks = set(self._marks)
