@@ -931,6 +931,11 @@ class Engine:
         return self._origins_running
 
     @property
+    def replay_summary(self) -> ReplaySummary | None:
+        """What the replay at open (or a standby's, at promotion) read; None before it."""
+        return self._replay
+
+    @property
     def closed(self) -> bool:
         return self._closed
 

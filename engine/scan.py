@@ -70,11 +70,11 @@ async def scan_stream(
     the rest (SQL reads a table through it, engine/sql.py): memory holds one group, not the
     table. The transaction is busy while each part is made, not between parts, so two
     streams of one snapshot (a self-join) interleave instead of waiting for each other."""
-    txn = handle._txn
+    txn = handle.txn
     parts = scan_parts(txn, handle, columns, filter, counts)
     try:
         while True:
-            async with txn._busy:
+            async with txn.busy:
                 try:
                     part = await anext(parts)
                 except StopAsyncIteration:
@@ -92,9 +92,9 @@ async def scan_parts(
     counts: ScanCounts | None = None,
 ) -> AsyncGenerator[pa.Table, None]:
     """The scan in parts (at least one), each filtered and projected; `scan` joins them."""
-    txn._check_open()
-    txn._check_handle(handle)
-    entry = handle._entry
+    txn.check_open()
+    txn.check_handle(handle)
+    entry = handle.entry
     data = entry.data
     if columns is not None:
         if isinstance(columns, str):
@@ -104,7 +104,7 @@ async def scan_parts(
                 raise SchemaError(f"{handle.qualified}: unknown column {column!r}")
     if filter is not None and not isinstance(filter, pc.Expression):
         raise SchemaError(f"{handle.qualified}: filter must be a pyarrow.compute.Expression")
-    writes = txn._writes.get(entry.table_id)
+    writes = txn.table_writes(entry.table_id)
     excluded = writes.deleted_by_block if writes else None
     node = pruning.parse(filter) if filter is not None else None
     read = _columns_to_read(data.arrow_schema, columns, filter, node)

@@ -243,10 +243,10 @@ class Transaction:
         self._spill_names: list[str] = []
         self.origin: tuple[str, int] | None = None
         """A compute node's (client_id, seq) for this transaction (engine/writeset.py)."""
-        self._busy = asyncio.Lock()
+        self.busy = asyncio.Lock()
         """One operation at a time: an operation that loads persisted blocks awaits between
         its checks and its changes to the workspace, so two at once could both pass."""
-        self._ddl_count = 0
+        self.ddl_count = 0
         """DDL operations so far; table handles re-check their table when it moves."""
 
     def __repr__(self) -> str:
@@ -258,8 +258,8 @@ class Transaction:
         """Make every write durable and visible; returns once it is both. Raises a
         `TxnError` (WriteConflict, DuplicateKey, TxnTooLarge) after rolling back, or
         `WalFailed` when the WAL failed (the outcome is then decided by replay)."""
-        self._check_open()
-        async with self._busy:
+        self.check_open()
+        async with self.busy:
             await self.host.commit_txn(self)
 
     async def rollback(self) -> None:
@@ -278,13 +278,13 @@ class Transaction:
         self._writes.clear()
         self._new_tables.clear()
 
-    def _check_open(self) -> None:
+    def check_open(self) -> None:
         if self.state is not TxnState.OPEN:
             raise TxnClosed(f"transaction is {self.state.value}")
         self.host.check_not_closed()
 
     def _check_writable(self) -> None:
-        self._check_open()
+        self.check_open()
         if self.read_only:
             raise BadInput("a snapshot is read-only")
 
@@ -312,7 +312,7 @@ class Transaction:
         return entry
 
     def databases(self) -> list[str]:
-        self._check_open()
+        self.check_open()
         names = {e.name for e in self._catalog.databases_at(self.start_ts)}
         names = {n for n in names if self._visible_db(n)} | set(self._new_dbs)
         return sorted(names)
@@ -325,7 +325,7 @@ class Transaction:
         return True
 
     def tables(self, db: str) -> list[str]:
-        self._check_open()
+        self.check_open()
         database = self._database(db)
         names = {
             e.name
@@ -336,12 +336,12 @@ class Transaction:
         return sorted(names)
 
     def schema(self, db: str, name: str) -> Schema:
-        self._check_open()
+        self.check_open()
         return self._table(db, name).schema
 
     async def create_database(self, name: str) -> None:
         self._check_writable()
-        self._ddl_count += 1
+        self.ddl_count += 1
         check_name("database", name)
         if self._visible_db(name):
             raise AlreadyExists(f"database {name!r} exists")
@@ -357,7 +357,7 @@ class Transaction:
     async def drop_database(self, name: str) -> None:
         """Drop a database and every table in it."""
         self._check_writable()
-        self._ddl_count += 1
+        self.ddl_count += 1
         database = self._database(name)
         for table in self.tables(name):
             self._drop_table(database, self._table(name, table))
@@ -379,7 +379,7 @@ class Transaction:
 
     async def create_table(self, db: str, name: str, schema: Schema) -> None:
         self._check_writable()
-        self._ddl_count += 1
+        self.ddl_count += 1
         if not isinstance(schema, Schema):
             raise SchemaError(f"schema must be an engine.Schema, not {type(schema).__name__}")
         check_name("table", name)
@@ -408,7 +408,7 @@ class Transaction:
         self._drop_table(database, self._table(db, name))
 
     def _drop_table(self, database: DatabaseEntry, table: TableEntry) -> None:
-        self._ddl_count += 1
+        self.ddl_count += 1
         self._new_tables.pop((database.db_id, table.name), None)
         self._dropped_tables.add(table.table_id)
         writes = self._writes.pop(table.table_id, None)
@@ -434,21 +434,46 @@ class Transaction:
 
     def table(self, db: str, name: str) -> TableHandle:
         """The table `db.name` as this transaction sees it (`NotFound` if it does not)."""
-        self._check_open()
+        self.check_open()
         return TableHandle(self, db, name, self._table(db, name))
 
     # --- rows -----------------------------------------------------------------------------------
 
-    def _check_handle(self, handle: TableHandle) -> None:
+    # What `TableHandle` calls: one operation at a time (`busy`); `_insert`, `_delete`,
+    # `_update` and `_get` do the work (a compute node's transaction extends them).
+
+    async def insert_into(self, handle: TableHandle, rows: object) -> int:
+        async with self.busy:
+            return await self._insert(handle, rows)
+
+    async def delete_from(self, handle: TableHandle, keys: Iterable[object]) -> int:
+        async with self.busy:
+            return await self._delete(handle, keys)
+
+    async def update_in(
+        self, handle: TableHandle, keys: Iterable[object], values: dict[str, object]
+    ) -> int:
+        async with self.busy:
+            return await self._update(handle, keys, values)
+
+    async def get_from(self, handle: TableHandle, key: object) -> dict[str, Any] | None:
+        async with self.busy:
+            return await self._get(handle, key)
+
+    def table_writes(self, table_id: int) -> _TableWrites | None:
+        """This transaction's writes to the table (engine/scan.py reads them)."""
+        return self._writes.get(table_id)
+
+    def check_handle(self, handle: TableHandle) -> None:
         """The handle's table is still the one this transaction sees under its name.
         Only this transaction's own DDL can change that (its snapshot is fixed), so the
         lookup runs again only after DDL in it."""
-        if handle._ddl_seen == self._ddl_count:
+        if handle.ddl_seen == self.ddl_count:
             return
         current = self._table(handle.db, handle.name)
-        if current is not handle._entry:
+        if current is not handle.entry:
             raise NotFound(f"table {handle.db}.{handle.name} was dropped or replaced")
-        handle._ddl_seen = self._ddl_count
+        handle.ddl_seen = self.ddl_count
 
     async def _snapshot_versions(
         self, entry: TableEntry, keys: Sequence[Key]
@@ -520,8 +545,8 @@ class Transaction:
 
     async def _insert(self, handle: TableHandle, rows: object) -> int:
         self._check_writable()
-        self._check_handle(handle)
-        entry = handle._entry
+        self.check_handle(handle)
+        entry = handle.entry
         data = entry.data
         batch: pa.RecordBatch | SmallRows
         # Only a table's first insert in the transaction stays Python values (engine/rows.py):
@@ -623,7 +648,7 @@ class Transaction:
         out: list[Key] = []
         seen: set[Key] = set()
         for key in keys:
-            normalized = normalize_key(handle._entry.schema, key, handle.qualified)
+            normalized = normalize_key(handle.entry.schema, key, handle.qualified)
             if normalized not in seen:
                 seen.add(normalized)
                 out.append(normalized)
@@ -631,8 +656,8 @@ class Transaction:
 
     async def _delete(self, handle: TableHandle, keys: Iterable[object]) -> int:
         self._check_writable()
-        self._check_handle(handle)
-        entry = handle._entry
+        self.check_handle(handle)
+        entry = handle.entry
         normalized = self._normalized_keys(handle, keys)
         self._check_delete_size(len(normalized))
         found = await self._find_live(entry, normalized)
@@ -683,9 +708,9 @@ class Transaction:
         return count
 
     async def _get(self, handle: TableHandle, key: object) -> dict[str, Any] | None:
-        self._check_open()
-        self._check_handle(handle)
-        entry = handle._entry
+        self.check_open()
+        self.check_handle(handle)
+        entry = handle.entry
         normalized = normalize_key(entry.schema, key, handle.qualified)
         writes = self._writes.get(entry.table_id)
         if writes is not None:
@@ -708,8 +733,8 @@ class Transaction:
         large insert (issue 20: 300,000 rows took 31 s and then failed on the 1 MiB
         workspace, a `get` and a dict per row)."""
         self._check_writable()
-        self._check_handle(handle)
-        entry = handle._entry
+        self.check_handle(handle)
+        entry = handle.entry
         if not isinstance(values, dict) or not values:
             raise SchemaError(f"{handle.qualified}: update values must be a non-empty dict")
         for column in values:
@@ -858,14 +883,16 @@ class TableHandle:
     """A table as one transaction sees it. Methods are coroutines so that the same code runs
     unchanged against a remote engine (issue 15)."""
 
-    __slots__ = ("_ddl_seen", "_entry", "_txn", "db", "name")
+    __slots__ = ("db", "ddl_seen", "entry", "name", "txn")
 
     def __init__(self, txn: Transaction, db: str, name: str, entry: TableEntry) -> None:
-        self._txn = txn
+        self.txn = txn
         self.db = db
         self.name = name
-        self._entry = entry
-        self._ddl_seen = txn._ddl_count
+        self.entry = entry
+        """The table's catalog entry, as the transaction saw it when it made the handle."""
+        self.ddl_seen = txn.ddl_count
+        """The transaction's DDL count when `entry` was last checked (`check_handle`)."""
 
     @property
     def qualified(self) -> str:
@@ -873,37 +900,33 @@ class TableHandle:
 
     @property
     def schema(self) -> Schema:
-        return self._entry.schema
+        return self.entry.schema
 
     async def insert(self, rows: object) -> int:
         """Insert rows (a pyarrow Table or RecordBatch, a list of dicts, or one dict).
         Returns how many. `DuplicateKey` if a key is live in this transaction's view."""
-        async with self._txn._busy:
-            return await self._txn._insert(self, rows)
+        return await self.txn.insert_into(self, rows)
 
     async def delete(self, keys: Iterable[object]) -> int:
         """Delete the rows with these primary keys (tuples for a compound key). Keys that
         are not live are ignored; returns how many rows were deleted."""
-        async with self._txn._busy:
-            return await self._txn._delete(self, keys)
+        return await self.txn.delete_from(self, keys)
 
     async def update(self, keys: Iterable[object], values: dict[str, object]) -> int:
         """Set `values` (non-key columns) in the rows with these keys: a delete of each row
         and an insert of its new version. Returns how many rows were updated."""
-        async with self._txn._busy:
-            return await self._txn._update(self, keys, values)
+        return await self.txn.update_in(self, keys, values)
 
     async def get(self, key: object) -> dict[str, Any] | None:
-        async with self._txn._busy:
-            return await self._txn._get(self, key)
+        return await self.txn.get_from(self, key)
 
     async def scan(
         self, columns: Sequence[str] | None = None, filter: pc.Expression | None = None
     ) -> pa.Table:
         """Rows visible to the transaction, filtered, with the columns asked for (all by
         default). Row order is unspecified."""
-        async with self._txn._busy:
-            return await scan.scan(self._txn, self, columns, filter)
+        async with self.txn.busy:
+            return await scan.scan(self.txn, self, columns, filter)
 
 
 T = TypeVar("T", bound=Transaction)

@@ -92,7 +92,7 @@ class CNTransaction(Transaction):
     async def _insert(self, handle: TableHandle, rows: object) -> int:
         count = await super()._insert(handle, rows)
         if count and not self._muted:
-            entry = handle._entry
+            entry = handle.entry
             batch = to_batch(entry.schema, entry.data.arrow_schema, rows, handle.qualified)
             self.ops.append(
                 Op("insert", handle.db, handle.name, rows=pa.Table.from_batches([batch]))
