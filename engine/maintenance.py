@@ -29,6 +29,7 @@ from engine import compaction, limits, rewrite_commit
 from engine.clock import wall_ms
 from engine.compaction import COMMIT_TS_COLUMN, Policy, Rewrite, Task, WrittenBlock
 from engine.schema import Schema
+from engine.snapshot_reads import BlockReader
 from engine.storage import TS_NEVER, Block, L0Block, PersistedBlock, PersistedMeta
 from engine.storage.keyindex import U64Array
 from engine.storage.loader import BlockLoader
@@ -38,7 +39,6 @@ if TYPE_CHECKING:
     from engine.catalog import TableEntry
     from engine.checkpoint.layout import Manifest
     from engine.checkpoint.runner import Checkpointer
-    from engine.load_scope import LoadScope
 
 log = logging.getLogger("engine.maintenance")
 
@@ -77,7 +77,7 @@ class BlockStore(BlockWriter, BlockLoader, Protocol):
     def meta(self, cmd: CreateBlock) -> PersistedMeta: ...
 
 
-class MaintenanceHost(rewrite_commit.RewriteHost, Protocol):
+class MaintenanceHost(rewrite_commit.RewriteHost, BlockReader, Protocol):
     """What maintenance needs of the engine, besides a rewrite's commit (engine/engine.py
     implements it)."""
 
@@ -97,15 +97,6 @@ class MaintenanceHost(rewrite_commit.RewriteHost, Protocol):
         ...
 
     def history_dropped_upto(self, ts: int) -> None: ...
-
-    def loaded(
-        self,
-        blocks: Sequence[PersistedBlock],
-        *,
-        keys: bool | str = False,
-        columns: Sequence[str] | None = None,
-        whole_objects: bool = False,
-    ) -> LoadScope: ...
 
     async def checkpoint(self, *, global_: bool = False) -> Manifest | None: ...
 

@@ -37,7 +37,8 @@ from engine.storage import NOTHING_LOADED, Block, PersistedBlock, TableData, pru
 from engine.storage.masks import mask
 
 if TYPE_CHECKING:
-    from engine.txn import TableHandle, Transaction, _TableWrites
+    from engine.txn import TableHandle, Transaction
+    from engine.workspace import TableWrites
 
 
 @dataclass(slots=True)
@@ -268,7 +269,7 @@ async def _scan_group(
 
 
 async def _spilled_parts(
-    txn: Transaction, entry: TableEntry, writes: _TableWrites, columns: Sequence[str] | None
+    txn: Transaction, entry: TableEntry, writes: TableWrites, columns: Sequence[str] | None
 ) -> list[pa.Table]:
     """The transaction's spilled rows still live in it, as tables of the scanned columns
     (all of them here: the filter runs on the whole scan afterwards)."""

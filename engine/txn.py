@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import enum
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
@@ -28,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyroaring import BitMap, FrozenBitMap
 
-from engine import conflicts, limits, scan, spill
+from engine import conflicts, limits, scan, snapshot_reads, spill
 from engine.catalog import Catalog, DatabaseEntry, TableEntry
 from engine.conflicts import BulkInsert, ConflictKey, RowWrite
 from engine.errors import (
@@ -40,18 +39,16 @@ from engine.errors import (
     TxnClosed,
     TxnTooLarge,
 )
-from engine.keyset import KeySet
 from engine.limits import TxnLimits
-from engine.load_scope import LoadScope
-from engine.objects.bloom import key_hash
 from engine.rows import SmallRows, small_rows
 from engine.schema import Key, Schema, batch_keys, check_name, normalize_key, to_batch
+from engine.snapshot_reads import BlockReader
 from engine.spill import Spill, SpillWriter
-from engine.storage import NOTHING_LOADED, PersistedBlock, RowVersion
 from engine.wal.entry import CatalogKind, CatalogOp, Delete, UpdateCatalog
+from engine.workspace import CommitPlan, LiveKeys, TableWrites
 
 
-class TxnHost(Protocol):
+class TxnHost(BlockReader, Protocol):
     """What a transaction needs of what it runs on: the engine (engine/engine.py), a compute
     node (engine/cn/node.py) or a historical state (engine/time_travel.py). A port, so that
     this module imports none of them (issue 21: the engine's import cycle)."""
@@ -67,17 +64,6 @@ class TxnHost(Protocol):
     def spill_writer(self) -> SpillWriter | None:
         """Where a large transaction's rows are written before its commit (None: it never
         spills; it holds them in memory up to its limits)."""
-        ...
-
-    def loaded(
-        self,
-        blocks: Sequence[PersistedBlock],
-        *,
-        keys: bool | str = False,
-        columns: Sequence[str] | None = None,
-        whole_objects: bool = False,
-    ) -> LoadScope:
-        """What a read needs of persisted blocks, pinned for an `async with`."""
         ...
 
     async def commit_txn(self, txn: Transaction) -> None:
@@ -106,109 +92,6 @@ class TxnState(enum.Enum):
     """The WAL failed while the commit was in flight: it may be durable; replay decides."""
 
 
-class _TableWrites:
-    """One table's writes in a workspace."""
-
-    __slots__ = (
-        "batches",
-        "bytes",
-        "deleted",
-        "deleted_by_block",
-        "entry",
-        "inserted",
-        "spills",
-    )
-
-    def __init__(self, entry: TableEntry) -> None:
-        self.entry = entry
-        self.batches: list[pa.RecordBatch | SmallRows] = []
-        """Inserts in order: Arrow batches, or a small insert's values (engine/rows.py)."""
-        self.inserted: dict[Key, tuple[int, int]] = {}
-        """Keys inserted by this transaction and still live in it -> (batch, row)."""
-        self.deleted = KeySet()
-        """Keys live in the snapshot that this transaction deleted (their rows are in
-        `deleted_by_block`)."""
-        self.deleted_by_block: dict[int, BitMap] = {}
-        self.bytes = 0
-        self.spills: list[Spill] = []
-        """Inserted rows already written to objects (a large transaction, engine/spill.py)."""
-
-    def spilled(self, key: Key) -> tuple[Spill, int] | None:
-        """The spill holding `key` live in this transaction, and its position."""
-        for written in self.spills:
-            position = written.position(key)
-            if position is not None:
-                return written, position
-        return None
-
-    def live_inserts(self) -> pa.RecordBatch | None:
-        """The inserted rows still live in the transaction, as one batch."""
-        if not self.inserted:
-            return None
-        batches = [b if type(b) is pa.RecordBatch else b.batch() for b in self.batches]
-        if len(batches) == 1 and len(self.inserted) == batches[0].num_rows:
-            return batches[0]
-        table = pa.Table.from_batches(batches, schema=self.entry.data.arrow_schema)
-        if len(self.inserted) != table.num_rows:
-            starts = [0]
-            for batch in batches:
-                starts.append(starts[-1] + batch.num_rows)
-            keep = sorted(starts[b] + r for b, r in self.inserted.values())
-            table = table.take(pa.array(keep, type=pa.uint32()))
-        combined: list[pa.RecordBatch] = table.combine_chunks().to_batches()
-        assert len(combined) == 1
-        return combined[0]
-
-    def live_rows(self) -> pa.RecordBatch | SmallRows | None:
-        """`live_inserts`, but a lone small insert stays values (the commit path encodes it
-        without Arrow)."""
-        batches = self.batches
-        if len(batches) == 1 and len(self.inserted) == batches[0].num_rows:
-            return batches[0]
-        return self.live_inserts()
-
-    def own_row(self, key: Key) -> dict[str, object]:
-        batch_no, row_no = self.inserted[key]
-        batch = self.batches[batch_no]
-        if isinstance(batch, SmallRows):
-            return batch.row(row_no)
-        rows: list[dict[str, object]] = batch.slice(row_no, 1).to_pylist()
-        return rows[0]
-
-
-@dataclass(slots=True)
-class _Live:
-    """Where keys a delete or update names are live (`Transaction._find_live`)."""
-
-    own: list[Key] = field(default_factory=list)
-    """Inserted by this transaction, still in its workspace."""
-    spilled: list[tuple[Key, Spill, int]] = field(default_factory=list)
-    """Inserted by this transaction and spilled: (key, spill, position)."""
-    snapshot_keys: list[Key] = field(default_factory=list)
-    snapshot: list[RowVersion] = field(default_factory=list)
-    """Live in the snapshot: keys and their versions, in the same order."""
-
-
-@dataclass(slots=True)
-class CommitPlan:
-    """What a commit needs from the workspace."""
-
-    rows: list[RowWrite]
-    guards: set[ConflictKey]
-    marks: set[ConflictKey]
-    catalog_commands: list[UpdateCatalog]
-    appends: list[tuple[TableEntry, pa.RecordBatch | SmallRows]]
-    deletes: list[Delete]
-    spills: list[tuple[TableEntry, Spill]]
-    bulk: list[BulkInsert] = field(default_factory=list)
-    """Keys for the conflict check as sorted arrays: the deletes of tables where this
-    transaction deleted more than `TXN_BULK_KEYS_MIN` rows (its spills carry their own)."""
-
-    @property
-    def empty(self) -> bool:
-        return not (self.catalog_commands or self.appends or self.deletes or self.spills)
-
-
 class Transaction:
     """Begin with `engine.begin()` or `async with engine.transaction() as txn`."""
 
@@ -229,7 +112,7 @@ class Transaction:
         self._new_tables: dict[tuple[int, str], TableEntry] = {}
         self._dropped_tables: set[int] = set()
         self._catalog_commands: list[UpdateCatalog] = []
-        self._writes: dict[int, _TableWrites] = {}
+        self._writes: dict[int, TableWrites] = {}
         self._guards: set[ConflictKey] = set()
         self._marks: set[ConflictKey] = set()
         self._limits: TxnLimits = host.txn_limits
@@ -460,7 +343,7 @@ class Transaction:
         async with self.busy:
             return await self._get(handle, key)
 
-    def table_writes(self, table_id: int) -> _TableWrites | None:
+    def table_writes(self, table_id: int) -> TableWrites | None:
         """This transaction's writes to the table (engine/scan.py reads them)."""
         return self._writes.get(table_id)
 
@@ -475,71 +358,10 @@ class Transaction:
             raise NotFound(f"table {handle.db}.{handle.name} was dropped or replaced")
         handle.ddl_seen = self.ddl_count
 
-    async def _snapshot_versions(
-        self, entry: TableEntry, keys: Sequence[Key]
-    ) -> list[RowVersion | None]:
-        """The version of each key visible at the snapshot (None when not live). Persisted
-        blocks that may hold a key are loaded first (keys and blooms, in a worker thread)."""
-        if entry.create_ts == 0 or not keys:  # created in this transaction: nothing committed
-            return [None] * len(keys)
-        data = entry.data
-        start_ts = self.start_ts
-        if not data.persisted_held:
-            return [data.version_at(key, start_ts, NOTHING_LOADED) for key in keys]
-        # Blocks the table's key index names for a key (and unindexed blocks whose key
-        # range holds it); then only those whose bloom filter may hold it have their sorted
-        # keys loaded (most inserted keys are new: no candidate at all).
-        per_key = data.key_candidates_many(keys, start_ts)
-        if not any(per_key):
-            return [data.version_among(key, start_ts, [], NOTHING_LOADED) for key in keys]
-        # One hash per key asks every candidate's filter.
-        hashes = [key_hash(key) if found else 0 for key, found in zip(keys, per_key, strict=True)]
-        if all(b.bloom is not None for found in per_key for b in found):
-            maybe = [
-                [b for b in found if b.bloom is not None and b.bloom.might_contain_hash(hashed)]
-                for hashed, found in zip(hashes, per_key, strict=True)
-            ]
-        else:  # blocks whose bloom filter is read from their object
-            candidates = {b.block_id: b for found in per_key for b in found}
-            async with self.host.loaded(list(candidates.values()), keys="blooms") as blooms:
-                maybe = [
-                    [
-                        b
-                        for b in found
-                        if (f := blooms.bloom(b)) is None or f.might_contain_hash(hashed)
-                    ]
-                    for hashed, found in zip(hashes, per_key, strict=True)
-                ]
-        wanted = {b.block_id: b for found in maybe for b in found}
-        if not wanted:
-            return [data.version_among(key, start_ts, [], NOTHING_LOADED) for key in keys]
-        async with self.host.loaded(list(wanted.values()), keys=True) as loaded:
-            return [
-                data.version_among(key, start_ts, found, loaded)
-                for key, found in zip(keys, maybe, strict=True)
-            ]
-
-    async def _spilled_row(
-        self, entry: TableEntry, spilled: Spill, position: int
-    ) -> dict[str, Any]:
-        index, offset = spilled.place(position)
-        block = spilled.placeholders[index]
-        async with self.host.loaded([block], columns=entry.schema.names) as loaded:
-            rows: list[dict[str, Any]] = (
-                loaded.columns(block).select(entry.schema.names).slice(offset, 1).to_pylist()
-            )
-        return rows[0]
-
-    async def _snapshot_row(self, entry: TableEntry, version: RowVersion) -> dict[str, Any]:
-        block = entry.data.blocks[version.block_id]
-        blocks = [block] if isinstance(block, PersistedBlock) else []
-        async with self.host.loaded(blocks, columns=entry.schema.names) as loaded:
-            return entry.data.row(version, loaded)
-
-    def _ensure_writes(self, entry: TableEntry) -> _TableWrites:
+    def _ensure_writes(self, entry: TableEntry) -> TableWrites:
         writes = self._writes.get(entry.table_id)
         if writes is None:
-            writes = _TableWrites(entry)
+            writes = TableWrites(entry)
             self._writes[entry.table_id] = writes
         return writes
 
@@ -581,7 +403,9 @@ class Transaction:
                 outside.append(key)
         spilling = self.host.spill_writer is not None
         for key, version in zip(
-            outside, await self._snapshot_versions(entry, outside), strict=True
+            outside,
+            await snapshot_reads.versions_at(self.host, entry, outside, self.start_ts),
+            strict=True,
         ):
             if version is not None:
                 raise DuplicateKey(handle.qualified, key)
@@ -621,7 +445,7 @@ class Transaction:
         if self._deletes + keys > self._limits.deletes_max:
             raise TxnTooLarge("txn_deletes_max", self._deletes + keys, self._limits.deletes_max)
 
-    async def _spill(self, writes: _TableWrites) -> None:
+    async def _spill(self, writes: TableWrites) -> None:
         """Write the table's inserted rows to an object now (engine/spill.py); the workspace
         keeps their sorted keys. Runs with the transaction's lock held (one operation at a
         time), so nothing changes the workspace meanwhile."""
@@ -663,11 +487,11 @@ class Transaction:
         found = await self._find_live(entry, normalized)
         return self._delete_found(entry, found)
 
-    async def _find_live(self, entry: TableEntry, keys: list[Key]) -> _Live:
+    async def _find_live(self, entry: TableEntry, keys: list[Key]) -> LiveKeys:
         """Where each of `keys` (normalized, distinct) is live in this transaction's view:
         its own inserts, its spills, or the snapshot (keys live nowhere are left out)."""
         writes = self._writes.get(entry.table_id)
-        found = _Live()
+        found = LiveKeys()
         if writes is None:
             outside = keys
         else:
@@ -680,14 +504,14 @@ class Transaction:
                     found.spilled.append((key, *place))
                 elif not deleted[at]:
                     outside.append(key)
-        versions = await self._snapshot_versions(entry, outside)
+        versions = await snapshot_reads.versions_at(self.host, entry, outside, self.start_ts)
         for key, version in zip(outside, versions, strict=True):
             if version is not None:
                 found.snapshot_keys.append(key)
                 found.snapshot.append(version)
         return found
 
-    def _delete_found(self, entry: TableEntry, found: _Live) -> int:
+    def _delete_found(self, entry: TableEntry, found: LiveKeys) -> int:
         """Delete rows `_find_live` found (cannot fail: every check ran before)."""
         count = len(found.own) + len(found.spilled) + len(found.snapshot)
         if not count:
@@ -718,11 +542,11 @@ class Transaction:
                 return writes.own_row(normalized)
             found = writes.spilled(normalized) if writes.spills else None
             if found is not None:
-                return await self._spilled_row(entry, *found)
+                return await snapshot_reads.spilled_row(self.host, entry, *found)
             if normalized in writes.deleted:
                 return None
-        (version,) = await self._snapshot_versions(entry, [normalized])
-        return None if version is None else await self._snapshot_row(entry, version)
+        (version,) = await snapshot_reads.versions_at(self.host, entry, [normalized], self.start_ts)
+        return None if version is None else await snapshot_reads.row_at(self.host, entry, version)
 
     async def _update(
         self, handle: TableHandle, keys: Iterable[object], values: dict[str, object]
@@ -754,8 +578,8 @@ class Transaction:
         if writes is not None:
             rows.extend(writes.own_row(key) for key in found.own)
         for _, spill_of, position in found.spilled:
-            rows.append(await self._spilled_row(entry, spill_of, position))
-        snapshot = await self._snapshot_rows(entry, found.snapshot)
+            rows.append(await snapshot_reads.spilled_row(self.host, entry, spill_of, position))
+        snapshot = await snapshot_reads.rows_at(self.host, entry, found.snapshot)
         if not rows and snapshot.num_rows == 0:
             return 0
         qualified = handle.qualified
@@ -786,40 +610,6 @@ class Transaction:
             inserted += await self._insert(handle, batch)
         assert inserted == deleted
         return inserted
-
-    async def _snapshot_rows(self, entry: TableEntry, versions: list[RowVersion]) -> pa.Table:
-        """The rows at `versions` (of the snapshot), in that order, as one Arrow table of
-        the table's columns: one take per block, never a dict per row."""
-        data = entry.data
-        names = data.arrow_schema.names
-        if not versions:
-            return data.arrow_schema.empty_table()
-        by_block: dict[int, list[int]] = {}
-        order: dict[int, list[int]] = {}
-        for at, version in enumerate(versions):
-            by_block.setdefault(version.block_id, []).append(version.offset)
-            order.setdefault(version.block_id, []).append(at)
-        persisted = [
-            block
-            for block_id in by_block
-            if isinstance(block := data.blocks[block_id], PersistedBlock)
-        ]
-        parts: list[pa.Table] = []
-        positions: list[int] = []
-        async with self.host.loaded(persisted, columns=names) as loaded:
-            for block_id, offsets in by_block.items():
-                block = data.blocks[block_id]
-                if isinstance(block, PersistedBlock):
-                    columns = loaded.columns(block).select(names)
-                else:
-                    columns = block.table().select(names)
-                taken = columns.take(pa.array(offsets, type=pa.int64()))
-                parts.append(taken.cast(data.arrow_schema))
-                positions.extend(order[block_id])
-        rows = pa.concat_tables(parts)
-        back = np.empty(len(positions), dtype=np.int64)
-        back[np.array(positions, dtype=np.int64)] = np.arange(len(positions), dtype=np.int64)
-        return rows.take(pa.array(back)).combine_chunks()
 
     def appends_rows(self) -> bool:
         """The workspace inserts rows (its commit may wait for memory, engine/maintenance.py)."""
