@@ -20,7 +20,10 @@ ENGINE_DIR = Path(engine.__file__).parent
 SHELL = "engine.engine"
 
 HOSTED = (
+    "engine.core",
     "engine.txn",
+    "engine.workspace",
+    "engine.snapshot_reads",
     "engine.scan",
     "engine.spill",
     "engine.waiter",
