@@ -33,7 +33,15 @@ from engine import limits
 from engine.catalog import TableEntry
 from engine.errors import SchemaError
 from engine.objects.errors import CacheFull
-from engine.storage import NOTHING_LOADED, Block, PersistedBlock, TableData, pruning, scan_ranges
+from engine.storage import (
+    NOTHING_LOADED,
+    Block,
+    PersistedBlock,
+    TableData,
+    pruning,
+    scan_ranges,
+    table_scans,
+)
 from engine.storage.masks import mask
 
 if TYPE_CHECKING:
@@ -170,7 +178,9 @@ async def scan_parts(
                 for part in await _scan_group(txn, data, group, read, excluded, finish):
                     yield part
             in_memory = [b for b in blocks if not isinstance(b, PersistedBlock)]
-        parts = data.scan_at(txn.start_ts, in_memory, NOTHING_LOADED, excluded, columns=read)
+        parts = table_scans.rows_at(
+            data, txn.start_ts, in_memory, NOTHING_LOADED, excluded, columns=read
+        )
     else:
         parts = []
     if writes is not None and writes.spills:
@@ -233,8 +243,8 @@ async def _scan_key_blocks(
         return []
     try:
         async with txn.host.loaded(blocks, keys=True, columns=read) as loaded:
-            return data.scan_key_range(
-                txn.start_ts, blocks, loaded, interval.lo, interval.hi, excluded, columns=read
+            return table_scans.rows_in_key_range(
+                data, txn.start_ts, blocks, loaded, interval.lo, interval.hi, excluded, columns=read
             )
     except CacheFull:
         if len(blocks) == 1:
@@ -257,7 +267,11 @@ async def _scan_group(
     is `CacheFull`)."""
     try:
         async with txn.host.loaded(group, columns=read, whole_objects=True) as loaded:
-            return [finish(data.scan_at(txn.start_ts, group, loaded, excluded, columns=read))]
+            return [
+                finish(
+                    table_scans.rows_at(data, txn.start_ts, group, loaded, excluded, columns=read)
+                )
+            ]
     except CacheFull:
         halves = _split_by_object(group)
         if halves is None:
