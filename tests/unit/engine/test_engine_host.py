@@ -5,12 +5,16 @@ at `ts` while any pin on it is held (nested pins counted), so blocks dropped aft
 collected, and lets go when the last one ends; a rewrite whose submit fails goes through the
 engine's one submit (`Engine.submit_commit`): it is abandoned, and what it reserved (the
 block moves, the outputs' pending metadata, the block ids) is undone, the same as a
-transaction's; an oversized write is refused by that same submit with `TxnTooLarge`.
+transaction's; an oversized write is refused by that same submit with `TxnTooLarge`; a
+reopen's replay (through `ReplayHost`) counts the entries its checkpoint held as duplicates,
+with and without a history window, and applies the rest.
 """
 
 from __future__ import annotations
 
 import asyncio
+import datetime
+from pathlib import Path
 
 import pytest
 
@@ -111,5 +115,47 @@ def test_an_oversized_entry_is_refused_by_the_one_submit(monkeypatch: pytest.Mon
             await insert(eng, range(3))  # the engine goes on
         finally:
             await eng.close()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("retention", [datetime.timedelta(0), datetime.timedelta(hours=1)])
+def test_a_replay_counts_what_the_checkpoint_held_and_applies_the_rest(
+    tmp_path: Path, retention: datetime.timedelta
+) -> None:
+    """The replay handler through `ReplayHost`: entries the restored checkpoint holds are
+    counted as duplicates (decoded, or skipped undecoded under a history window), the rest
+    applied; the DSNs it reports are the WAL's."""
+
+    async def main() -> None:
+        policy = Policy(checkpoint_wal_reserve_entries=1000)  # the WAL keeps every entry
+        eng = await Engine.open(
+            str(tmp_path), policy=policy, maintenance=False, history_retention=retention
+        )
+        async with eng.transaction() as txn:
+            await txn.create_database("d")
+            await txn.create_table("d", "t", ROWS)
+        for i in range(4):
+            await insert(eng, range(i * 10, i * 10 + 10))
+        manifest = await eng.checkpoint()
+        assert manifest is not None
+        for i in range(4, 7):
+            await insert(eng, range(i * 10, i * 10 + 10))
+        digest = eng.digest()
+        await eng.close()
+
+        again = await Engine.open(
+            str(tmp_path), policy=policy, maintenance=False, history_retention=retention
+        )
+        try:
+            assert again.digest() == digest
+            assert again.stats().replay_duplicates == 1 + 4  # the DDL and four inserts
+            assert again.wal_first_dsn == 1
+            assert again.visible_dsn == again.driver.dsn()
+            async with again.transaction() as txn:
+                ids = (await txn.table("d", "t").scan()).column("id").to_pylist()
+            assert sorted(ids) == list(range(70))
+        finally:
+            await again.close()
 
     asyncio.run(main())
