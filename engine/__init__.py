@@ -13,8 +13,9 @@ whose write-ahead log goes through `tae_driver` to a local file log or a logsvc 
         await txn.table("shop", "orders").insert([{"id": 1, "amount": 9.5}])
     await eng.close()
 
-Modules, by the noun each holds: `engine` (the asyncio shell), `txn` (transactions and their
-workspace), `pipeline` (the commit pipeline core), `conflicts` (the conflict index),
+Modules, by the noun each holds: `engine` (the asyncio shell), `core` (the engine's state and
+what the modules it hosts may do with it), `txn` (transactions), `workspace` (a transaction's
+writes), `snapshot_reads`, `pipeline` (the commit pipeline core), `conflicts` (the conflict index),
 `catalog`, `storage` (a table's blocks and versions), `state` (applying committed entries),
 `clock` (hybrid logical clock), `schema`, `wal/` (entries and their codec, FORMAT.md),
 `sync` (SyncEngine), `cli` (`python -m engine`), `history` (commits from the WAL), `bench`,

@@ -77,43 +77,45 @@ class ObjectRefs:
 
 
 class _Pinned:
-    """What one read loaded, pinned until `release()`."""
+    """What one read loaded, pinned until `release()`. Its fields are filled by
+    `ObjectBlockStore.load` (this module's own helper, hence not underscored); readers use
+    the methods, by block."""
 
-    __slots__ = ("_blooms", "_columns", "_keys", "_objects", "_pins", "_released")
+    __slots__ = ("_released", "blooms_of", "columns_of", "keys_of", "objects_of", "pins")
 
     def __init__(self) -> None:
-        self._pins: list[Pin[Any, Any]] = []
-        self._keys: dict[int, BlockKeys] = {}
-        self._blooms: dict[int, BloomFilter] = {}
-        self._columns: dict[int, pa.Table] = {}
-        self._objects: dict[int, tuple[pa.Table, int]] = {}
+        self.pins: list[Pin[Any, Any]] = []
+        self.keys_of: dict[int, BlockKeys] = {}
+        self.blooms_of: dict[int, BloomFilter] = {}
+        self.columns_of: dict[int, pa.Table] = {}
+        self.objects_of: dict[int, tuple[pa.Table, int]] = {}
         self._released = False
 
     def keys(self, block: PersistedBlock) -> BlockKeys:
-        return self._keys[block.block_id]
+        return self.keys_of[block.block_id]
 
     def bloom(self, block: PersistedBlock) -> BloomFilter | None:
-        return self._blooms.get(block.block_id)
+        return self.blooms_of.get(block.block_id)
 
     def columns(self, block: PersistedBlock) -> pa.Table:
-        found = self._columns.get(block.block_id)
+        found = self.columns_of.get(block.block_id)
         if found is None:
-            table, start = self._objects[block.block_id]
+            table, start = self.objects_of[block.block_id]
             found = table.slice(start, block.rows)
         return found
 
     def object_rows(self, block: PersistedBlock) -> tuple[pa.Table, int] | None:
         """The loaded columns of the block's whole object and the block's first row in it
         (scans read whole objects, so the blocks of a segment come back as one run)."""
-        return self._objects.get(block.block_id)
+        return self.objects_of.get(block.block_id)
 
     def release(self) -> None:
         if self._released:
             return
         self._released = True
-        for pin in self._pins:
+        for pin in self.pins:
             pin.release()
-        self._pins.clear()
+        self.pins.clear()
 
 
 class ObjectBlockStore:
@@ -218,7 +220,7 @@ class ObjectBlockStore:
         def pin(key: Hashable, load: Any) -> Pin[Any, Any] | None:
             found = self.cache.peek(key) if cached_only else self.cache.pin(key, load)
             if found is not None:
-                pinned._pins.append(found)
+                pinned.pins.append(found)
             return found
 
         try:
@@ -234,14 +236,14 @@ class ObjectBlockStore:
                     if meta_pin is None:
                         pinned.release()
                         return None
-                    pinned._blooms[block.block_id] = meta_pin.value.blocks[group].bloom
+                    pinned.blooms_of[block.block_id] = meta_pin.value.blocks[group].bloom
                 if keys is True:
                     load_keys = functools.partial(_load_keys, self.store, name, group)
                     keys_pin = pin(("keys", name, group), load_keys)
                     if keys_pin is None:
                         pinned.release()
                         return None
-                    pinned._keys[block.block_id] = keys_pin.value
+                    pinned.keys_of[block.block_id] = keys_pin.value
                 if columns is not None:
                     arrays = []
                     for column in columns:
@@ -253,7 +255,7 @@ class ObjectBlockStore:
                             pinned.release()
                             return None
                         arrays.append(column_pin.value)
-                    pinned._columns[block.block_id] = pa.table(arrays, names=list(columns))
+                    pinned.columns_of[block.block_id] = pa.table(arrays, names=list(columns))
         except BaseException:
             pinned.release()
             raise
@@ -291,7 +293,7 @@ class ObjectBlockStore:
                     arrays.append(column_pin.value)
                 found = (pa.table(arrays, names=list(columns)), starts)
                 tables[name] = found
-            pinned._objects[block.block_id] = (found[0], found[1][block.row_group])
+            pinned.objects_of[block.block_id] = (found[0], found[1][block.row_group])
         return True
 
     # --- garbage -------------------------------------------------------------------------------

@@ -26,19 +26,22 @@ What the shell does, and why here (shared/STYLE.md "Pure cores, I/O at the edges
   when a newer engine holds the lease) and the engine turns read-only: nothing not durable is
   ever acknowledged, reads go on, and a reopen lets replay decide what survived.
 
+The engine's state, and the rules by which the modules it hosts (replay, standby, maintenance,
+the checkpointer, rewrites, time travel, compute nodes' write sets) read and change it, are
+`EngineCore` (engine/core.py); each of those modules names what it needs as a Protocol and
+none imports this one (issue 21).
+
 Single event loop; not thread-safe (`engine.SyncEngine` runs one on a thread for scripts).
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import dataclasses
 import datetime
 import os
-import weakref
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,13 +58,14 @@ from engine import (
     time_travel,
     writeset,
 )
-from engine import standby as standby_tail
+from engine import standby as standby_wal
 from engine.blockstore import ObjectBlockStore
 from engine.checkpoint.layout import Manifest
 from engine.checkpoint.runner import Checkpointer
 from engine.clock import HybridClock, wall_ms
 from engine.compaction import Policy
-from engine.conflicts import BulkInsert, ConflictIndex, KeyConflict, RowWrite, conflict_error
+from engine.conflicts import BulkInsert, KeyConflict, RowWrite, conflict_error
+from engine.core import EngineCore
 from engine.errors import (
     BadInput,
     EngineClosed,
@@ -73,20 +77,20 @@ from engine.errors import (
     WalFailed,
     WriteConflict,
 )
-from engine.logtail import Logtail, LogtailBuffer, LogtailUnavailable, TailEntry
+from engine.load_scope import LoadScope
+from engine.logtail import Logtail, LogtailUnavailable, TailEntry
 from engine.logtail import answer as logtail_answer
 from engine.maintenance import BlockStore, Maintenance
 from engine.objects.store import ObjectStore
-from engine.pipeline import CommitPipeline, Ticket
-from engine.state import ApplyError, EngineState
-from engine.storage import NOTHING_LOADED, LoadedBlocks, PersistedBlock
-from engine.storage.loader import BlockLoader, PinnedBlocks
+from engine.pipeline import Ticket
+from engine.state import ApplyError
+from engine.storage import PersistedBlock
 from engine.txn import Transaction, TransactionScope, TxnState
 from engine.waiter import CommitWaiter, wal_failure
 from engine.wal.codec import encode_entry
 from engine.wal.entry import Append, AppendRows, Origin, TxnEntry, memo_of
 from engine.writeset import WriteSet
-from tae_driver import Driver, LogBackend, open_driver
+from tae_driver import LogBackend, open_driver
 from tae_driver import errors as driver_errors
 from tae_driver.driver import DriverStats, ReplaySummary
 
@@ -117,129 +121,8 @@ class EngineStats:
     """Failed attempts of a standby's tail (each retried, or the last one given up)."""
 
 
-class _Loaded:
-    """`async with engine._loaded(blocks, ...) as view`: what a read needs of persisted
-    blocks, loaded in a worker thread and pinned until the block ends. A class, not an
-    asynccontextmanager: every read enters one, and most need nothing loaded."""
-
-    __slots__ = ("_blocks", "_columns", "_keys", "_loader", "_pinned", "_whole")
-
-    def __init__(
-        self,
-        loader: BlockLoader | None,
-        blocks: Sequence[PersistedBlock],
-        keys: bool | str,
-        columns: Sequence[str] | None,
-        whole: bool = False,
-    ) -> None:
-        self._loader = loader
-        self._blocks = blocks
-        self._keys = keys
-        self._columns = columns
-        self._whole = whole
-        self._pinned: PinnedBlocks | None = None
-
-    async def __aenter__(self) -> LoadedBlocks:
-        if not self._blocks:
-            return NOTHING_LOADED
-        loader = self._loader
-        assert loader is not None, "persisted blocks without an object store"
-        # What the cache holds is pinned right here; only a miss costs a worker thread.
-        pinned = loader.load(
-            self._blocks,
-            keys=self._keys,
-            columns=self._columns,
-            whole_objects=self._whole,
-            cached_only=True,
-        )
-        if pinned is None:
-            pinned = await asyncio.to_thread(
-                loader.load,
-                self._blocks,
-                keys=self._keys,
-                columns=self._columns,
-                whole_objects=self._whole,
-            )
-        assert pinned is not None
-        self._pinned = pinned
-        return pinned
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self._pinned is not None:
-            self._pinned.release()
-            self._pinned = None
-
-
-class Engine:
+class Engine(EngineCore):
     """Build with `await Engine.open(...)`."""
-
-    def __init__(
-        self,
-        path: str,
-        backend: LogBackend,
-        owns_backend: bool,
-        driver: Driver,
-        clock: HybridClock,
-        *,
-        read_only: bool,
-    ) -> None:
-        self.path = path
-        self._backend = backend
-        self._owns_backend = owns_backend
-        self._driver = driver
-        self._clock = clock
-        self.read_only = read_only
-        self._state = EngineState()
-        self._loader: BlockLoader | None = None
-        """The object store behind persisted blocks (engine/blockstore.py); None until the
-        engine has one."""
-        self._maintenance: Maintenance | None = None
-        self._block_store: BlockStore | None = None
-        self._owns_objects = False
-        self._background: set[asyncio.Future[Any]] = set()
-        self._checkpointer: Checkpointer | None = None
-        self._visible_dsn = 0
-        """The DSN of the last visible transaction's WAL entry."""
-        self._wal_entries_at_ckp = 0
-        self._logtail = LogtailBuffer(0, limits.LOGTAIL_BYTES_MAX)
-        self._subscribers: list[Callable[[TailEntry], None]] = []
-        self._origins_running: dict[tuple[str, int], asyncio.Future[int]] = {}
-        self.standby = False
-        self._standby_tail: standby_tail.StandbyTail | None = None
-        """A standby's supervised tail of the WAL (engine/standby.py), until promotion."""
-        self._window_records = limits.WAL_WINDOW_RECORDS
-        self.txn_limits = limits.TxnLimits()
-        """Per-transaction limits (`Engine.open(..., txn_limits=...)`)."""
-        self._pipeline: CommitPipeline[CommitWaiter] = CommitPipeline(
-            visible_ts=0,
-            queue_max=limits.COMMIT_QUEUE_MAX,
-            conflicts=ConflictIndex(keys_max=limits.CONFLICT_KEYS_MAX),
-        )
-        self._open_txns: weakref.WeakSet[Transaction] = weakref.WeakSet()
-        """Transactions begun and not ended. Weak: a transaction its caller dropped without
-        committing or rolling back stops counting (and stops pinning the conflict index)
-        once it is garbage, instead of holding an open-transaction slot forever."""
-        self._open_views: weakref.WeakSet[Transaction] = weakref.WeakSet()
-        """Read-only views of `snapshot()` still open (they pin blocks like transactions)."""
-        self._history_floor_ts = 0
-        """The oldest timestamp the in-memory state still holds every version for (blocks
-        dropped at or before it left memory); older ones come from `engine.time_travel`."""
-        self._wal_first_dsn = 1
-        """The WAL holds every entry from this DSN on (the first replayed; raised as the
-        checkpoints truncate it)."""
-        self._histories = time_travel.HistoricalStates()
-        self._objects_floor_ts = 0
-        """Objects of blocks dropped at or before this were deleted (engine/logtail.py)."""
-        self._logged_checkpoints: collections.deque[tuple[int, str]] = collections.deque(
-            maxlen=limits.CKP_RETAINED
-        )
-        """A standby's view of the writer's newest checkpoints (ckp_ts, manifest name), from
-        the CKP entries it tails: its own `retained` is what it restored at open."""
-        self._since_prune = 0
-        self._closed = False
-        self._failure: WalFailed | None = None
-        self._replay: ReplaySummary | None = None
-        self._replay_duplicates = 0
 
     # --- opening ------------------------------------------------------------------------------
 
@@ -344,11 +227,11 @@ class Engine:
             if engine._checkpointer is not None:
                 manifest = await asyncio.to_thread(engine._checkpointer.restore)
                 if manifest is not None:
-                    engine._restored_from(manifest)
+                    engine.restored_from(manifest)
             if standby:
-                engine._standby_tail = standby_tail.start(engine)
+                engine._standby_tail = standby_wal.start(engine)
             else:
-                await replay.replay_wal(engine)
+                engine._replay = await replay.replay_wal(engine)
             if engine._checkpointer is not None:
                 engine._checkpointer.fell_back()
             if engine._checkpointer is not None and not read_only:
@@ -377,34 +260,7 @@ class Engine:
             self._checkpointer.history_retention_ms = policy.history_retention_ms
         self._hook_state()
 
-    def _hook_state(self) -> None:
-        store = self._block_store
-        if store is not None:
-            self._state.object_meta = store.meta
-            self._state.block_created = store.held
-
-    def _adopt_state(self, state: EngineState) -> None:
-        """The state a checkpoint restored (before the WAL replay)."""
-        self._state = state
-        self._hook_state()
-
-    def _restored_from(self, manifest: Manifest) -> None:
-        self._logtail.reset(manifest.ckp_ts)
-        self._visible_dsn = manifest.ckp_dsn
-        self._wal_entries_at_ckp = manifest.ckp_dsn
-        self._history_floor_ts = manifest.ckp_ts
-        self._pipeline.visible_ts = manifest.ckp_ts
-        self._clock.observe(manifest.ckp_ts)
-
     # --- logtail and standby (issue 15, decision 0007) -----------------------------------------
-
-    def _became_visible(self, tail: TailEntry) -> None:
-        """A committed entry is visible (or replayed): the logtail keeps it, and every
-        subscriber hears of it, in commit order."""
-        newest = self._checkpointer.newest if self._checkpointer is not None else None
-        self._logtail.append(tail, keep_after_ts=newest.ckp_ts if newest is not None else 0)
-        for subscriber in tuple(self._subscribers):  # a callback may unsubscribe
-            subscriber(tail)
 
     def subscribe(self, callback: Callable[[TailEntry], None]) -> Callable[[], None]:
         """Call `callback` with every entry from now on as it becomes visible (on the event
@@ -416,7 +272,7 @@ class Engine:
         """The committed changes in (t0, t1] for a compute node (engine/logtail.py); t1 is
         clamped to `visible_ts`. `LogtailUnavailable` when neither memory nor a checkpoint
         can answer (the engine takes a checkpoint; ask again)."""
-        self._check_not_closed()
+        self.check_not_closed()
         checkpoints = (
             [(m.ckp_ts, m.name) for m in self._checkpointer.retained]
             if self._checkpointer is not None
@@ -434,21 +290,14 @@ class Engine:
 
     async def promote(self) -> None:
         """A standby becomes the writer (TN failover, issue 15; engine/standby.py)."""
-        await standby_tail.promote(self)
-
-    def _checkpoint_logged(self, ckp_ts: int, name: str) -> None:
-        """A standby tailed the writer's CKP entry: compute nodes behind it may be sent that
-        checkpoint, and, since the writer may have deleted objects whose drop it covers, no
-        entries from below it (engine/logtail.py)."""
-        self._logged_checkpoints.append((ckp_ts, name))
-        self._objects_floor_ts = max(self._objects_floor_ts, ckp_ts)
+        await standby_wal.promote(self)
 
     async def confirm_lease(self) -> bool:
         """A writer over a leased log (logsvc) asks whether it still holds the lease; False,
         and the engine fails with `Fenced` (read-only, as after a fenced append), when a
         newer writer took it. An idle writer learns of a fencing only this way: the TN asks
         when a peer says it is active too (issue 20: a fenced TN said "active" for 19 s)."""
-        self._check_not_closed()
+        self.check_not_closed()
         confirm = getattr(self._backend, "confirm_lease", None)
         if confirm is None or self.read_only or self._failure is not None:
             return self._failure is None
@@ -472,20 +321,6 @@ class Engine:
         tail = self._standby_tail
         return tail.gave_up if tail is not None and self.standby else None
 
-    def _check_writable_storage(self) -> None:
-        self._check_not_closed()
-        if self._failure is not None:
-            raise self._failure_again()
-        if self.read_only:
-            raise BadInput("the engine was opened read-only")
-
-    def _checkpoint_taken(self, manifest: Manifest) -> None:
-        # The checkpoint's own DSN, not `_visible_dsn` now: commits that landed while it was
-        # being written are not in it, and must count towards the next one. (Counting them
-        # as covered left a TN that went idle after a bulk load without a checkpoint of its
-        # last commits for as long as it stayed idle: the distributed benchmark waited.)
-        self._wal_entries_at_ckp = manifest.ckp_dsn
-
     async def checkpoint(self, *, global_: bool = False) -> Manifest | None:
         """Take a checkpoint now (the engine also takes them by itself, decision 0006):
         the state at `visible_ts` in objects, a CKP WAL entry, the WAL truncated below it.
@@ -494,30 +329,11 @@ class Engine:
             raise BadInput("checkpoints need an object store (objects='dir', 'memory', ...)")
         return await self._checkpointer.checkpoint(global_=global_)
 
-    @property
-    def checkpointer(self) -> Checkpointer | None:
-        return self._checkpointer
-
-    @property
-    def maintenance(self) -> Maintenance | None:
-        """Flushes, merges, compactions (None without an object store)."""
-        return self._maintenance
-
     # --- observations -----------------------------------------------------------------------
-
-    @property
-    def visible_ts(self) -> int:
-        """The newest commit timestamp visible to new transactions; every commit at or below
-        it is visible."""
-        return self._pipeline.visible_ts
-
-    @property
-    def failed(self) -> WalFailed | None:
-        return self._failure
 
     def digest(self, ts: int | None = None) -> str:
         """A hash of the committed state visible at `ts` (default: now)."""
-        self._check_not_closed()
+        self.check_not_closed()
         return self._state.digest(self.visible_ts if ts is None else ts, self._loader)
 
     def driver_stats(self) -> DriverStats:
@@ -554,7 +370,7 @@ class Engine:
 
     async def begin(self) -> Transaction:
         """A new transaction reading the snapshot at `visible_ts`."""
-        self._check_not_closed()
+        self.check_not_closed()
         if len(self._open_txns) >= limits.TXNS_OPEN_MAX:
             raise Overloaded("open transactions", limits.TXNS_OPEN_MAX)
         txn = Transaction(self, self.visible_ts, read_only=self.read_only)
@@ -567,7 +383,7 @@ class Engine:
         conflicts with everything committed since. Only the in-memory history can be
         written from: older is `SnapshotUnavailable` naming `oldest_ts`, the oldest
         timestamp a transaction can start at."""
-        self._check_not_closed()
+        self.check_not_closed()
         if len(self._open_txns) >= limits.TXNS_OPEN_MAX:
             raise Overloaded("open transactions", limits.TXNS_OPEN_MAX)
         start_ts = await time_travel.resolve(self, start_ts)
@@ -608,7 +424,7 @@ class Engine:
         history retention window (decision 0010), it is rebuilt from a checkpoint and the
         WAL (`engine.time_travel`). A timestamp or wall time past what has happened is
         `TimestampInFuture`; one older than `oldest_ts` is `SnapshotUnavailable` naming it."""
-        self._check_not_closed()
+        self.check_not_closed()
         if (ts is None) == (at is None):
             raise BadInput("snapshot takes one of ts and at")
         read_ts = await time_travel.resolve(self, ts if at is None else at)
@@ -621,12 +437,11 @@ class Engine:
                     past_txn.state = TxnState.ROLLED_BACK
             return
         txn = Transaction(self, read_ts, read_only=True, registered=False)
-        self._open_views.add(txn)
-        try:
-            yield txn
-        finally:
-            txn.state = TxnState.ROLLED_BACK
-            self._open_views.discard(txn)
+        with self.pin(read_ts):
+            try:
+                yield txn
+            finally:
+                txn.state = TxnState.ROLLED_BACK
 
     async def sql(self, query: str, at: int | datetime.datetime | None = None) -> pa.Table:
         """One SELECT over the snapshot at `at` (None: `visible_ts`; a commit timestamp; an
@@ -638,66 +453,35 @@ class Engine:
             return await sql.run(view, query)
 
     @property
-    def _skip_decoding_below_checkpoint(self) -> bool:
-        """A replay skips the entries the restored checkpoint holds without decoding them
-        (engine/replay.py): under a history window the WAL kept below it is long."""
-        return self._checkpointer is not None and self._checkpointer.history_retention_ms > 0
-
-    @property
     def oldest_ts(self) -> int:
         """The oldest timestamp `snapshot()` can read now (decision 0010)."""
         return time_travel.oldest_ts(self)
 
-    def _loaded(
-        self,
-        blocks: Sequence[PersistedBlock],
-        *,
-        keys: bool | str = False,
-        columns: Sequence[str] | None = None,
-        whole_objects: bool = False,
-    ) -> _Loaded:
-        return _Loaded(self._loader, blocks, keys, columns, whole_objects)
-
-    def _txn_ended(self, txn: Transaction) -> None:
-        self._open_txns.discard(txn)
-
-    def _table_name(self, table_id: int) -> str:
-        catalog = self._state.catalog
-        table = catalog.tables.get(table_id)
-        if table is None:
-            return f"table id {table_id}"
-        database = catalog.databases.get(table.db_id)
-        return f"{database.name if database else table.db_id}.{table.name}"
-
-    def _check_not_closed(self) -> None:
-        if self._closed:
-            raise EngineClosed("engine is closed")
-
     # --- commit -------------------------------------------------------------------------------
 
-    async def _commit(self, txn: Transaction) -> None:
+    async def commit_txn(self, txn: Transaction) -> None:
         if self._closed:  # not WalFailed from the closed driver: the caller closed it
-            txn._end(TxnState.ROLLED_BACK)
+            txn.end(TxnState.ROLLED_BACK)
             raise EngineClosed("engine is closed")
         maintenance = self._maintenance
         if (
             maintenance is not None
             and maintenance.over_memory
-            and txn._appends_rows()
+            and txn.appends_rows()
             and not await maintenance.wait_for_memory()
         ):
-            txn._end(TxnState.ROLLED_BACK)
+            txn.end(TxnState.ROLLED_BACK)
             raise Overloaded("l0 bytes", limits.L0_BYTES_HARD_MAX)
-        plan = txn._plan()
+        plan = txn.plan()
         if plan.empty:
             txn.commit_ts = txn.start_ts
-            txn._end(TxnState.COMMITTED)
+            txn.end(TxnState.COMMITTED)
             return
         if self._failure is not None:
-            txn._end(TxnState.ROLLED_BACK)
+            txn.end(TxnState.ROLLED_BACK)
             raise self._failure_again()
         if self.read_only:
-            txn._end(TxnState.ROLLED_BACK)
+            txn.end(TxnState.ROLLED_BACK)
             raise BadInput("the engine was opened read-only")
         loop = asyncio.get_running_loop()
         commit = CommitWaiter(txn, loop.create_future())
@@ -712,10 +496,10 @@ class Engine:
             try:
                 verdict = await self._check_old_snapshot(txn.start_ts, plan.rows, bulk)
             except BaseException:  # an object store error, or blocks that kept changing
-                txn._end(TxnState.ROLLED_BACK)
+                txn.end(TxnState.ROLLED_BACK)
                 raise
             if isinstance(verdict, KeyConflict):
-                txn._end(TxnState.ROLLED_BACK)
+                txn.end(TxnState.ROLLED_BACK)
                 raise conflict_error(verdict, self._table_name)
             checked_ts = verdict
         try:
@@ -730,28 +514,28 @@ class Engine:
                 checked_ts,
             )
         except Overloaded:
-            txn._end(TxnState.ROLLED_BACK)
+            txn.end(TxnState.ROLLED_BACK)
             raise
         if not isinstance(prepared, Ticket):
-            txn._end(TxnState.ROLLED_BACK)
+            txn.end(TxnState.ROLLED_BACK)
             raise conflict_error(prepared, self._table_name)
         ticket = prepared
-        deletes = rewrite_commit.resolve_moved(self, plan.deletes)
+        deletes = rewrite_commit.resolve_moved(self._state.catalog.tables, plan.deletes)
         if deletes is None:
             pipeline.cancel(ticket)
-            txn._end(TxnState.ROLLED_BACK)
+            txn.end(TxnState.ROLLED_BACK)
             raise WriteConflict(
                 "a row this transaction deletes was rewritten by a flush or merge and is no "
                 "longer where the transaction saw it"
             )
         allocations = []
         commands: list[Any] = list(plan.catalog_commands)
-        if txn._origin is not None:
-            commands.append(Origin(*txn._origin))
+        if txn.origin is not None:
+            commands.append(Origin(*txn.origin))
         commands.extend(deletes)
         for entry, spilled in plan.spills:
             allocations.append((entry.data, entry.data.reservation()))
-            commands.extend(spill.spill_commands(self, entry, spilled))
+            commands.extend(spill.spill_commands(self._state.pending_meta, entry, spilled))
         for entry, batch in plan.appends:
             allocations.append((entry.data, entry.data.reservation()))
             infos = entry.data.allocate(batch.num_rows)
@@ -760,37 +544,54 @@ class Engine:
             else:
                 commands.append(AppendRows(entry.db_id, entry.table_id, infos, batch))
         txn_entry = TxnEntry(txn.start_ts, ticket.commit_ts, memo_of(commands), tuple(commands))
-        try:
-            payload = encode_entry(txn_entry)
-            if len(payload) > limits.TXN_ENTRY_BYTES_MAX:
-                raise TxnTooLarge("txn_entry_bytes_max", len(payload), limits.TXN_ENTRY_BYTES_MAX)
-            durable = self._driver.submit(payload)
-        except BaseException as exc:
+
+        def undo() -> None:
             for data, mark in reversed(allocations):
                 data.restore(mark)
             for _, spilled in plan.spills:
                 for written in spilled.written:
                     self._state.pending_meta.pop((written.object_name, written.row_group), None)
-            pipeline.cancel(ticket)
-            txn._end(TxnState.ROLLED_BACK)
-            if isinstance(exc, driver_errors.Overloaded):
-                raise Overloaded("wal intake", exc.size_max) from None
-            if isinstance(exc, (driver_errors.DriverFailed, driver_errors.DriverClosed)):
-                self._fail(exc)
-                assert self._failure is not None
-                raise self._failure_again() from exc
-            raise
-        commit.entry = txn_entry
-        commit.payload = payload
-        commit.durable = durable
+            txn.end(TxnState.ROLLED_BACK)
+
+        self.submit_commit(ticket, txn_entry, undo)
         txn.state = TxnState.COMMITTING
-        durable.add_done_callback(lambda done: self._on_durable(ticket, done))
         self._since_prune += 1 + len(plan.rows) // 256
         if self._since_prune >= 64:  # every 64 commits, or every ~16k keys written
             self._prune()
         # Not shielded: a caller that is cancelled only stops waiting; the commit goes on
         # and becomes visible in its turn (`_on_durable` never needs its waiter).
         await commit.future
+
+    def submit_commit(
+        self, ticket: Ticket[CommitWaiter], entry: TxnEntry, undo: Callable[[], None]
+    ) -> None:
+        """Encode the prepared `entry` and hand it to the driver; once durable, `_on_durable`
+        makes it visible in its turn and answers `ticket`'s waiter. The one submit of every
+        commit: a transaction's (`commit_txn`) and a rewrite's (engine/rewrite_commit.py).
+
+        If it cannot be submitted, `undo` reverts what the caller reserved for it and the
+        ticket leaves the pipeline, then: `TxnTooLarge` (the entry is over
+        `TXN_ENTRY_BYTES_MAX`), `Overloaded` (the driver's intake is full), `WalFailed` or
+        `Fenced` (the driver failed: the engine is now read-only), or the error itself."""
+        try:
+            payload = encode_entry(entry)
+            if len(payload) > limits.TXN_ENTRY_BYTES_MAX:
+                raise TxnTooLarge("txn_entry_bytes_max", len(payload), limits.TXN_ENTRY_BYTES_MAX)
+            durable = self._driver.submit(payload)
+        except BaseException as exc:
+            undo()
+            self._pipeline.cancel(ticket)
+            if isinstance(exc, driver_errors.Overloaded):
+                raise Overloaded("wal intake", exc.size_max) from None
+            if isinstance(exc, (driver_errors.DriverFailed, driver_errors.DriverClosed)):
+                self._fail(exc)
+                raise self._failure_again() from exc
+            raise
+        commit = ticket.waiter
+        commit.entry = entry
+        commit.payload = payload
+        commit.durable = durable
+        durable.add_done_callback(lambda done: self._on_durable(ticket, done))
 
     async def _check_old_snapshot(
         self, start_ts: int, rows: list[RowWrite], bulk: list[BulkInsert]
@@ -803,12 +604,12 @@ class Engine:
             if table_id in tables
         }
 
-        def load(blocks: list[PersistedBlock]) -> _Loaded:
-            return self._loaded(blocks, keys=True, columns=old_snapshots.COLUMNS)
+        def load(blocks: list[PersistedBlock]) -> LoadScope:
+            return self.loaded(blocks, keys=True, columns=old_snapshots.COLUMNS)
 
         return await old_snapshots.check(datas, load, lambda: self.visible_ts, start_ts, rows, bulk)
 
-    def _discard_objects(self, names: list[str]) -> None:
+    def discard_objects(self, names: list[str]) -> None:
         """Objects written for a transaction that will never commit: deleted in the
         background (a failure leaves orphans, collected at the next open)."""
         store = self._block_store
@@ -858,8 +659,8 @@ class Engine:
             self._visible_dsn = max(self._visible_dsn, commit.dsn)
             if commit.txn is not None:
                 commit.txn.commit_ts = made_visible.commit_ts
-                commit.txn._end(TxnState.COMMITTED)
-            self._became_visible(TailEntry(made_visible.commit_ts, commit.dsn, commit.payload))
+                commit.txn.end(TxnState.COMMITTED)
+            self.became_visible(TailEntry(made_visible.commit_ts, commit.dsn, commit.payload))
             if not commit.future.done():
                 commit.future.set_result(None)
             filled = filled or _fills_a_block(entry)
@@ -867,13 +668,6 @@ class Engine:
             # A full block may be flushed now, not at the next interval: a bulk load fills
             # blocks faster than MAINTENANCE_INTERVAL_MS.
             self._maintenance.poke()
-
-    def _failure_again(self) -> WalFailed:
-        """A fresh copy of the engine's failure to raise, with its cause (who fenced it)."""
-        assert self._failure is not None
-        error = type(self._failure)(str(self._failure))
-        error.__cause__ = self._failure.__cause__
-        return error
 
     def _fail(self, exc: BaseException) -> None:
         if self._failure is None:
@@ -885,7 +679,7 @@ class Engine:
         for ticket in self._pipeline.fail():
             commit = ticket.waiter
             if commit.txn is not None:
-                commit.txn._end(TxnState.UNKNOWN)
+                commit.txn.end(TxnState.UNKNOWN)
             if not commit.future.done():
                 error = type(self._failure)(str(self._failure))
                 error.__cause__ = exc
@@ -897,15 +691,10 @@ class Engine:
         oldest = min((txn.start_ts for txn in self._open_txns), default=self.visible_ts)
         self._pipeline.prune(oldest)
 
-    def _oldest_snapshot_ts(self) -> int:
-        """No open transaction or snapshot reads below this: blocks dropped at or before it
-        can be collected (`Maintenance` then raises `_history_floor_ts` past their drops)."""
-        oldest = self.visible_ts
-        for txn in self._open_txns:
-            oldest = min(oldest, txn.start_ts)
-        for view in self._open_views:
-            oldest = min(oldest, view.start_ts)
-        return oldest
+    def fail(self, exc: BaseException) -> WalFailed:
+        """The WAL failed with `exc`: the engine turns read-only (`_fail`); the error to raise."""
+        self._fail(exc)
+        return self._failure_again()
 
     # --- closing -----------------------------------------------------------------------------
 

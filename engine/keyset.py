@@ -6,7 +6,7 @@ its deleted keys is membership (a get, an insert or a delete of the same key lat
 transaction) and, at commit, the keys for the conflict check. So integer keys that fit in
 int64 (the common primary key) are kept in a sorted numpy array, 8 bytes each, merged in
 from a small set every `_MERGE_AT` keys; other keys (strings, compound keys) stay in a set.
-The rows themselves are named by the block masks (`_TableWrites.deleted_by_block`).
+The rows themselves are named by the block masks (`workspace.TableWrites.deleted_by_block`).
 
 A pure data structure: no I/O, no engine state.
 """

@@ -29,6 +29,7 @@ from engine import compaction, limits, rewrite_commit
 from engine.clock import wall_ms
 from engine.compaction import COMMIT_TS_COLUMN, Policy, Rewrite, Task, WrittenBlock
 from engine.schema import Schema
+from engine.snapshot_reads import BlockReader
 from engine.storage import TS_NEVER, Block, L0Block, PersistedBlock, PersistedMeta
 from engine.storage.keyindex import U64Array
 from engine.storage.loader import BlockLoader
@@ -36,7 +37,8 @@ from engine.wal.entry import BlockLevel, CreateBlock
 
 if TYPE_CHECKING:
     from engine.catalog import TableEntry
-    from engine.engine import Engine
+    from engine.checkpoint.layout import Manifest
+    from engine.checkpoint.runner import Checkpointer
 
 log = logging.getLogger("engine.maintenance")
 
@@ -75,8 +77,32 @@ class BlockStore(BlockWriter, BlockLoader, Protocol):
     def meta(self, cmd: CreateBlock) -> PersistedMeta: ...
 
 
+class MaintenanceHost(rewrite_commit.RewriteHost, BlockReader, Protocol):
+    """What maintenance needs of the engine, besides a rewrite's commit (engine/engine.py
+    implements it)."""
+
+    @property
+    def checkpointer(self) -> Checkpointer | None: ...
+
+    @property
+    def wal_entries_since_checkpoint(self) -> int:
+        """WAL entries visible since the newest checkpoint's DSN."""
+        ...
+
+    @property
+    def logtail_full(self) -> bool: ...
+
+    def oldest_snapshot_ts(self) -> int:
+        """No open transaction, snapshot or pin reads below this."""
+        ...
+
+    def history_dropped_upto(self, ts: int) -> None: ...
+
+    async def checkpoint(self, *, global_: bool = False) -> Manifest | None: ...
+
+
 class Maintenance:
-    def __init__(self, engine: Engine, writer: BlockWriter, policy: Policy) -> None:
+    def __init__(self, engine: MaintenanceHost, writer: BlockWriter, policy: Policy) -> None:
         self._engine = engine
         self._writer = writer
         self.policy = policy
@@ -173,10 +199,10 @@ class Maintenance:
         blocks no reader can see. `freeze_all` seals every open block first (tests,
         shutdown flushes)."""
         engine = self._engine
-        if engine._failure is not None or engine._closed or engine.read_only:
+        if not engine.accepts_commits:
             return []
-        state = engine._state
-        gc_ts = engine._oldest_snapshot_ts()
+        state = engine.state
+        gc_ts = engine.oldest_snapshot_ts()
         tables = [t for t in state.catalog.tables.values() if t.visible(engine.visible_ts)]
         l0_total = sum(compaction.l0_bytes(t.data) for t in tables)
         self.l0_bytes = l0_total
@@ -252,7 +278,7 @@ class Maintenance:
             return
         finally:
             self._index_task = None
-        table = self._engine._state.catalog.tables.get(table_id)
+        table = self._engine.state.catalog.tables.get(table_id)
         if table is not None:
             for block, block_hashes in zip(blocks, hashes, strict=True):
                 table.data.index_block(block.block_id, block_hashes)
@@ -263,17 +289,17 @@ class Maintenance:
         the policy's `checkpoint_interval_ms` (default `CKP_INTERVAL_MS`) passed with anything
         new (issue 14: the WAL stays a bounded window; restart replays a bounded tail)."""
         engine = self._engine
-        checkpointer = engine._checkpointer
+        checkpointer = engine.checkpointer
         if checkpointer is None or self._checkpoint_task is not None:
             return
-        entries = engine._visible_dsn - engine._wal_entries_at_ckp
+        entries = engine.wal_entries_since_checkpoint
         due = (
             entries >= limits.CKP_WAL_ENTRIES
             or (
                 entries > 0
                 and now_ms - self._last_checkpoint_ms >= self.policy.checkpoint_interval_ms
             )
-            or (entries > 0 and (self._checkpoint_wanted or engine._logtail.full()))
+            or (entries > 0 and (self._checkpoint_wanted or engine.logtail_full))
         )
         self._checkpoint_wanted = False
         if not due:
@@ -305,8 +331,7 @@ class Maintenance:
 
     def _release(self, table_id: int, gone: Sequence[Block], dropped_ts: int) -> None:
         """`gone` left memory; history at or below `dropped_ts` is no longer complete."""
-        engine = self._engine
-        engine._history_floor_ts = max(engine._history_floor_ts, dropped_ts)
+        self._engine.history_dropped_upto(dropped_ts)
         persisted = [b for b in gone if isinstance(b, PersistedBlock)]
         if persisted:
             self._writer.collected(table_id, persisted)
@@ -341,7 +366,7 @@ class Maintenance:
 
     async def _rewrite(self, task: Task) -> tuple[list[WrittenBlock], bool]:
         engine = self._engine
-        table = engine._state.catalog.tables.get(task.table_id)
+        table = engine.state.catalog.tables.get(task.table_id)
         if table is None:
             return [], False
         data = table.data
@@ -355,7 +380,7 @@ class Maintenance:
         persisted = [b for b in blocks if isinstance(b, PersistedBlock)]
         names = [*table.schema.names, COMMIT_TS_COLUMN]
         inputs: list[tuple[int, int, pa.Table, np.ndarray]] = []
-        async with engine._loaded(persisted, columns=names) as loaded:
+        async with engine.loaded(persisted, columns=names) as loaded:
             for block in blocks:
                 if isinstance(block, L0Block):
                     rows, offsets = compaction.l0_rows(block, table.schema, start_ts)

@@ -148,7 +148,7 @@ def storage_stats(engine: Engine, now_ms: int | None = None) -> StorageStats:
     dropped = 0
     l0_bytes = 0
     persisted_rows = 0
-    for table in engine._state.catalog.tables.values():
+    for table in engine.state.catalog.tables.values():
         for block in table.data.blocks.values():
             if block.drop_ts != TS_NEVER:
                 dropped += 1
@@ -172,7 +172,7 @@ def storage_stats(engine: Engine, now_ms: int | None = None) -> StorageStats:
             age_s=(now_ms - newest.created_wall_ms) / 1000,
         )
     maintenance = engine.maintenance
-    store = engine._block_store
+    store = engine.block_store
     blockstore = store if isinstance(store, ObjectBlockStore) else None
     return StorageStats(
         objects=blockstore.store.description if blockstore is not None else None,
@@ -190,9 +190,9 @@ def storage_stats(engine: Engine, now_ms: int | None = None) -> StorageStats:
         checkpoint_fallbacks=checkpointer.fallbacks if checkpointer is not None else 0,
         wal_entries_retained=wal_entries_retained(engine),
         wal_entries_since_checkpoint=max(
-            0, engine._driver.committed_dsn() - (newest.ckp_dsn if newest is not None else 0)
+            0, engine.driver.committed_dsn() - (newest.ckp_dsn if newest is not None else 0)
         ),
-        wal_bytes_retained=wal_bytes(engine._backend),
+        wal_bytes_retained=wal_bytes(engine.backend),
         cache=blockstore.cache_stats() if blockstore is not None else None,
         rewrites_done=dict(maintenance.rewrites_done) if maintenance is not None else {},
         rewrites_abandoned=maintenance.rewrites_abandoned if maintenance is not None else 0,
@@ -211,14 +211,14 @@ def storage_stats(engine: Engine, now_ms: int | None = None) -> StorageStats:
 
 def wal_entries_retained(engine: Engine) -> int:
     """Entries the WAL holds above its truncation point (cheap: the driver's record map)."""
-    driver = engine._driver
+    driver = engine.driver
     records = driver.lsn_map()  # a writable driver's view of the log above its truncation
     first = min((r.start_dsn for r in records if r.holds_dsns), default=None)
     if first is not None:
         return max(0, driver.committed_dsn() - first + 1)
-    if engine.read_only and engine._replay is not None:
+    if engine.read_only and engine.replay_summary is not None:
         # A reader never appends: what its replay read is exactly what the log holds.
-        return engine._replay.entries_handled
+        return engine.replay_summary.entries_handled
     return 0
 
 
@@ -247,8 +247,8 @@ def _rewrites_due(engine: Engine, now_ms: int) -> int:
     if maintenance is None:
         return 0
     ts = engine.visible_ts
-    gc_ts = engine._oldest_snapshot_ts()
-    tables = [t for t in engine._state.catalog.tables.values() if t.visible(ts)]
+    gc_ts = engine.oldest_snapshot_ts()
+    tables = [t for t in engine.state.catalog.tables.values() if t.visible(ts)]
     memory_full = sum(compaction.l0_bytes(t.data) for t in tables) >= (
         maintenance.policy.l0_bytes_max
     )
@@ -271,11 +271,11 @@ def audit_objects(engine: Engine) -> ObjectAudit:
     """List the object store (blocking) and compare it with what the engine refers to: every
     persisted block it holds (live or kept for a snapshot) and every retained checkpoint's
     manifest and objects. Only the engine's prefixes (data/, ckp/) are listed."""
-    store = engine._block_store
+    store = engine.block_store
     if not isinstance(store, ObjectBlockStore):
         return ObjectAudit(0, 0, 0, (), ())
     referenced: set[str] = set()
-    for table in engine._state.catalog.tables.values():
+    for table in engine.state.catalog.tables.values():
         for block in table.data.blocks.values():
             if isinstance(block, PersistedBlock):
                 referenced.add(block.object_name)

@@ -9,30 +9,54 @@ can be prepared in between), which is what makes the carried deletes exact.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
 
 from pyroaring import BitMap, FrozenBitMap
 
 from engine import conflicts
+from engine.catalog import TableEntry
+from engine.clock import HybridClock
 from engine.compaction import Rewrite, Task, WrittenBlock
-from engine.pipeline import Ticket
+from engine.errors import Overloaded, TxnTooLarge, WalFailed
+from engine.pipeline import CommitPipeline, Ticket
+from engine.state import EngineState
 from engine.storage import TS_NEVER
 from engine.storage.moves import Move
 from engine.waiter import CommitWaiter
-from engine.wal.codec import encode_entry
 from engine.wal.entry import CreateBlock, Delete, DropBlock, TxnEntry, memo_of
-from tae_driver import errors as driver_errors
-
-if TYPE_CHECKING:
-    from engine.engine import Engine
 
 
-def resolve_moved(engine: Engine, deletes: list[Delete]) -> list[Delete] | None:
+class RewriteHost(Protocol):
+    """What a rewrite's commit needs of the engine (engine/engine.py implements it)."""
+
+    @property
+    def state(self) -> EngineState: ...
+
+    @property
+    def accepts_commits(self) -> bool: ...
+
+    @property
+    def visible_ts(self) -> int: ...
+
+    @property
+    def pipeline(self) -> CommitPipeline[CommitWaiter]: ...
+
+    @property
+    def clock(self) -> HybridClock: ...
+
+    def submit_commit(
+        self, ticket: Ticket[CommitWaiter], entry: TxnEntry, undo: Callable[[], None]
+    ) -> None:
+        """The engine's one submit (`Engine.submit_commit`): on failure `undo` runs, the
+        ticket is cancelled and a typed error raised."""
+        ...
+
+
+def resolve_moved(tables: Mapping[int, TableEntry], deletes: list[Delete]) -> list[Delete] | None:
     """`deletes` with rows of blocks a rewrite moved re-resolved to where they are now
     (decision 0006); None when one did not survive the move. Runs after the conflict
     check, which proved no other commit wrote those keys since the snapshot."""
-    tables = engine._state.catalog.tables
     if not any(d.block_id in tables[d.table_id].data.moves for d in deletes):
         return deletes
     merged: dict[tuple[int, int, int], BitMap] = {}
@@ -50,15 +74,19 @@ def resolve_moved(engine: Engine, deletes: list[Delete]) -> list[Delete] | None:
 
 
 async def commit_rewrite(
-    engine: Engine, task: Task, start_ts: int, rewrite: Rewrite, outputs: Sequence[WrittenBlock]
+    engine: RewriteHost,
+    task: Task,
+    start_ts: int,
+    rewrite: Rewrite,
+    outputs: Sequence[WrittenBlock],
 ) -> int | None:
     """Commit a flush, merge or compaction whose objects are written (decision 0006):
     the outputs enter, the inputs leave, and the deletes committed on the inputs since
     `start_ts` (applied, or still queued in the pipeline) are carried onto the outputs.
     Returns its commit_ts, or None when it no longer applies (the table or an input is
     gone, the engine failed): the caller deletes the objects."""
-    table = engine._state.catalog.tables.get(task.table_id)
-    if engine._failure is not None or engine._closed or engine.read_only:
+    table = engine.state.catalog.tables.get(task.table_id)
+    if not engine.accepts_commits:
         return None
     if table is None or not table.visible(engine.visible_ts):
         return None
@@ -69,12 +97,12 @@ async def commit_rewrite(
             return None
     loop = asyncio.get_running_loop()
     commit = CommitWaiter(None, loop.create_future())
-    pipeline = engine._pipeline
+    pipeline = engine.pipeline
     guards = (
         conflicts.catalog_table_drop(table.table_id),
         conflicts.catalog_db_drop(table.db_id),
     )
-    prepared = pipeline.prepare(start_ts, (), guards, (), engine._clock.next, commit)
+    prepared = pipeline.prepare(start_ts, (), guards, (), engine.clock.next, commit)
     if not isinstance(prepared, Ticket):
         return None
     ticket = prepared
@@ -110,7 +138,7 @@ async def commit_rewrite(
                 out.rows,
             )
         )
-        engine._state.pending_meta[(out.object_name, out.row_group)] = out.meta
+        engine.state.pending_meta[(out.object_name, out.row_group)] = out.meta
     for index, carried_rows in sorted(carried.items()):
         commands.append(
             Delete(table.db_id, table.table_id, output_ids[index], FrozenBitMap(carried_rows))
@@ -119,25 +147,17 @@ async def commit_rewrite(
     for block_id in task.inputs:
         data.moves.register(block_id, Move(rewrite.positions[block_id], output_ids))
     entry = TxnEntry(start_ts, ticket.commit_ts, memo_of(commands), tuple(commands))
-    try:
-        payload = encode_entry(entry)
-        durable = engine._driver.submit(payload)
-    except BaseException as exc:
+
+    def undo() -> None:
         for block_id in task.inputs:
             data.moves.forget(block_id)
         for out in outputs:
-            engine._state.pending_meta.pop((out.object_name, out.row_group), None)
+            engine.state.pending_meta.pop((out.object_name, out.row_group), None)
         data.restore(mark)
-        pipeline.cancel(ticket)
-        if isinstance(exc, driver_errors.Overloaded):
-            return None
-        if isinstance(exc, (driver_errors.DriverFailed, driver_errors.DriverClosed)):
-            engine._fail(exc)
-            return None
-        raise
-    commit.entry = entry
-    commit.durable = durable
-    commit.payload = payload
-    durable.add_done_callback(lambda done: engine._on_durable(ticket, done))
+
+    try:
+        engine.submit_commit(ticket, entry, undo)
+    except (Overloaded, TxnTooLarge, WalFailed):
+        return None  # not submitted (the WAL's intake is full, or it failed): abandoned
     await commit.future
     return ticket.commit_ts

@@ -33,11 +33,20 @@ from engine import limits
 from engine.catalog import TableEntry
 from engine.errors import SchemaError
 from engine.objects.errors import CacheFull
-from engine.storage import NOTHING_LOADED, Block, PersistedBlock, TableData, pruning, scan_ranges
+from engine.storage import (
+    NOTHING_LOADED,
+    Block,
+    PersistedBlock,
+    TableData,
+    pruning,
+    scan_ranges,
+    table_scans,
+)
 from engine.storage.masks import mask
 
 if TYPE_CHECKING:
-    from engine.txn import TableHandle, Transaction, _TableWrites
+    from engine.txn import TableHandle, Transaction
+    from engine.workspace import TableWrites
 
 
 @dataclass(slots=True)
@@ -70,11 +79,11 @@ async def scan_stream(
     the rest (SQL reads a table through it, engine/sql.py): memory holds one group, not the
     table. The transaction is busy while each part is made, not between parts, so two
     streams of one snapshot (a self-join) interleave instead of waiting for each other."""
-    txn = handle._txn
+    txn = handle.txn
     parts = scan_parts(txn, handle, columns, filter, counts)
     try:
         while True:
-            async with txn._busy:
+            async with txn.busy:
                 try:
                     part = await anext(parts)
                 except StopAsyncIteration:
@@ -92,9 +101,9 @@ async def scan_parts(
     counts: ScanCounts | None = None,
 ) -> AsyncGenerator[pa.Table, None]:
     """The scan in parts (at least one), each filtered and projected; `scan` joins them."""
-    txn._check_open()
-    txn._check_handle(handle)
-    entry = handle._entry
+    txn.check_open()
+    txn.check_handle(handle)
+    entry = handle.entry
     data = entry.data
     if columns is not None:
         if isinstance(columns, str):
@@ -104,7 +113,7 @@ async def scan_parts(
                 raise SchemaError(f"{handle.qualified}: unknown column {column!r}")
     if filter is not None and not isinstance(filter, pc.Expression):
         raise SchemaError(f"{handle.qualified}: filter must be a pyarrow.compute.Expression")
-    writes = txn._writes.get(entry.table_id)
+    writes = txn.table_writes(entry.table_id)
     excluded = writes.deleted_by_block if writes else None
     node = pruning.parse(filter) if filter is not None else None
     read = _columns_to_read(data.arrow_schema, columns, filter, node)
@@ -169,7 +178,9 @@ async def scan_parts(
                 for part in await _scan_group(txn, data, group, read, excluded, finish):
                     yield part
             in_memory = [b for b in blocks if not isinstance(b, PersistedBlock)]
-        parts = data.scan_at(txn.start_ts, in_memory, NOTHING_LOADED, excluded, columns=read)
+        parts = table_scans.rows_at(
+            data, txn.start_ts, in_memory, NOTHING_LOADED, excluded, columns=read
+        )
     else:
         parts = []
     if writes is not None and writes.spills:
@@ -231,9 +242,9 @@ async def _scan_key_blocks(
     if not blocks:
         return []
     try:
-        async with txn._engine._loaded(blocks, keys=True, columns=read) as loaded:
-            return data.scan_key_range(
-                txn.start_ts, blocks, loaded, interval.lo, interval.hi, excluded, columns=read
+        async with txn.host.loaded(blocks, keys=True, columns=read) as loaded:
+            return table_scans.rows_in_key_range(
+                data, txn.start_ts, blocks, loaded, interval.lo, interval.hi, excluded, columns=read
             )
     except CacheFull:
         if len(blocks) == 1:
@@ -255,8 +266,12 @@ async def _scan_group(
     cannot hold it next to what other readers pin (one object that does not fit alone
     is `CacheFull`)."""
     try:
-        async with txn._engine._loaded(group, columns=read, whole_objects=True) as loaded:
-            return [finish(data.scan_at(txn.start_ts, group, loaded, excluded, columns=read))]
+        async with txn.host.loaded(group, columns=read, whole_objects=True) as loaded:
+            return [
+                finish(
+                    table_scans.rows_at(data, txn.start_ts, group, loaded, excluded, columns=read)
+                )
+            ]
     except CacheFull:
         halves = _split_by_object(group)
         if halves is None:
@@ -268,7 +283,7 @@ async def _scan_group(
 
 
 async def _spilled_parts(
-    txn: Transaction, entry: TableEntry, writes: _TableWrites, columns: Sequence[str] | None
+    txn: Transaction, entry: TableEntry, writes: TableWrites, columns: Sequence[str] | None
 ) -> list[pa.Table]:
     """The transaction's spilled rows still live in it, as tables of the scanned columns
     (all of them here: the filter runs on the whole scan afterwards)."""
@@ -277,7 +292,7 @@ async def _spilled_parts(
     out = []
     for spilled in writes.spills:
         blocks = spilled.placeholders
-        async with txn._engine._loaded(blocks, columns=names) as loaded:
+        async with txn.host.loaded(blocks, columns=names) as loaded:
             for index, block in enumerate(blocks):
                 table = loaded.columns(block).select(names).cast(schema)
                 start = spilled.starts[index]

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -33,7 +33,17 @@ from engine.wal.entry import BlockLevel, CreateBlock, Delete
 
 if TYPE_CHECKING:
     from engine.catalog import TableEntry
-    from engine.engine import Engine
+    from engine.storage import PersistedMeta
+
+
+class SpillWriter(Protocol):
+    """What a spill needs of the block store (engine/blockstore.py): one rewrite's object."""
+
+    def write_rewrite(
+        self, table_id: int, level: BlockLevel, schema: Schema, rewrite: Rewrite
+    ) -> list[WrittenBlock]:
+        """Write the rewrite's outputs as one object (durable when this returns)."""
+        ...
 
 
 @dataclass(slots=True)
@@ -134,9 +144,12 @@ def spill_of(
     return spill
 
 
-def spill_commands(engine: Engine, entry: TableEntry, spilled: Spill) -> list[Any]:
+def spill_commands(
+    pending_meta: dict[tuple[str, int], PersistedMeta], entry: TableEntry, spilled: Spill
+) -> list[Any]:
     """A spill's CreateBlock commands (ids in commit order), and Deletes on the new
-    blocks for rows the transaction deleted again (dead from the blocks' birth)."""
+    blocks for rows the transaction deleted again (dead from the blocks' birth). Each
+    block's metadata goes to `pending_meta` (the state's, read when the entry applies)."""
     ids = entry.data.allocate_block_ids(len(spilled.written))
     level = BlockLevel.L1 if len(spilled.written) == 1 else BlockLevel.L2
     commands: list[Any] = []
@@ -152,7 +165,7 @@ def spill_commands(engine: Engine, entry: TableEntry, spilled: Spill) -> list[An
                 written.rows,
             )
         )
-        engine._state.pending_meta[(written.object_name, written.row_group)] = written.meta
+        pending_meta[(written.object_name, written.row_group)] = written.meta
     dead: dict[int, BitMap] = {}
     for position in spilled.deleted:
         index, offset = spilled.place(position)
@@ -162,10 +175,10 @@ def spill_commands(engine: Engine, entry: TableEntry, spilled: Spill) -> list[An
     return commands
 
 
-async def write_spill(engine: Engine, entry: TableEntry, rows: pa.Table, first_id: int) -> Spill:
+async def write_spill(
+    store: SpillWriter, entry: TableEntry, rows: pa.Table, first_id: int
+) -> Spill:
     """Write a large transaction's sorted rows as a block object (engine/spill.py)."""
-    store = engine._block_store
-    assert store is not None
     written = await asyncio.to_thread(
         store.write_rewrite,
         entry.table_id,

@@ -35,19 +35,50 @@ import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from engine import limits, replay
 from engine.blockstore import ObjectBlockStore
+from engine.checkpoint.layout import Manifest
 from engine.errors import BadInput, StandbyFailed
-from tae_driver import ReplayMode, open_driver
+from engine.replay import ReplayHost
+from tae_driver import LogBackend, ReplayMode
 from tae_driver.driver import ReplaySummary
 from tae_driver.errors import TailTruncated
 
 if TYPE_CHECKING:
-    from engine.engine import Engine
+    from engine.maintenance import BlockStore, Maintenance
 
 log = logging.getLogger("engine.standby")
+
+
+class StandbyHost(ReplayHost, Protocol):
+    """What a standby's tail and its promotion need of the engine, besides a replay's
+    (engine/engine.py implements it)."""
+
+    @property
+    def backend(self) -> LogBackend: ...
+
+    @property
+    def block_store(self) -> BlockStore | None: ...
+
+    @property
+    def maintenance(self) -> Maintenance | None: ...
+
+    @property
+    def standby_tail(self) -> StandbyTail | None: ...
+
+    def new_driver(self) -> None: ...
+
+    def restored_from(self, manifest: Manifest) -> None: ...
+
+    def promoted(self, summary: ReplaySummary) -> None:
+        """The tail read the WAL to its end: the engine is the writer from now on."""
+        ...
+
+    def took_objects(self) -> None: ...
+
+    def forget_logged_checkpoints(self) -> None: ...
 
 
 @dataclass(slots=True)
@@ -80,7 +111,7 @@ class StandbyTail:
     """The standby's supervised tail: one task, started by `start`, ended by `promote` (or
     cancelled at close)."""
 
-    def __init__(self, engine: Engine, retries: TailRetries | None = None) -> None:
+    def __init__(self, engine: StandbyHost, retries: TailRetries | None = None) -> None:
         self._engine = engine
         self._retries = retries or TailRetries()
         self._failure: str | None = None
@@ -101,7 +132,7 @@ class StandbyTail:
     def failure(self) -> str | None:
         """Why the tail is failing now, or None while it tails (a retry that has read from
         the log since clears it)."""
-        driver = self._engine._driver
+        driver = self._engine.driver
         if self._failure is not None and driver is not self._failed_driver and driver.tail_reads:
             self._failure = None
         if self.gave_up is not None:
@@ -117,7 +148,7 @@ class StandbyTail:
         """Read the WAL to its end and finish as the writer (the caller took the lease)."""
         assert self._task is not None
         self._promoting = True
-        self._engine._driver.stop_tailing(ReplayMode.FOR_WRITE)
+        self._engine.driver.stop_tailing(ReplayMode.FOR_WRITE)
         self._wake.set()
         return await self._task
 
@@ -144,8 +175,8 @@ class StandbyTail:
                 if from_checkpoint:
                     await self._catch_up()
                 if self._promoting:
-                    engine._driver.stop_tailing(ReplayMode.FOR_WRITE)
-                return await engine._driver.replay(replay.handler(engine), ReplayMode.FOREVER)
+                    engine.driver.stop_tailing(ReplayMode.FOR_WRITE)
+                return await engine.driver.replay(replay.handler(engine), ReplayMode.FOREVER)
             except asyncio.CancelledError:
                 raise
             except TailTruncated as exc:
@@ -153,22 +184,22 @@ class StandbyTail:
                     "the standby fell behind the WAL's truncation (%s, DSN %d applied): "
                     "catching up from the newest checkpoint",
                     exc,
-                    engine._visible_dsn,
+                    engine.visible_dsn,
                 )
                 from_checkpoint = True
                 continue
             except Exception as exc:
                 problem = f"{type(exc).__name__}: {exc}"
                 self.failures += 1
-                delay_ms = self._retries.failed(engine._visible_dsn)
+                delay_ms = self._retries.failed(engine.visible_dsn)
                 if delay_ms is None:
                     self.gave_up = StandbyFailed(
                         f"the standby's tail of the WAL failed {self._retries.attempts_max} "
-                        f"times at DSN {engine._visible_dsn} without progress; last: {problem}"
+                        f"times at DSN {engine.visible_dsn} without progress; last: {problem}"
                     )
                     raise self.gave_up from exc
                 self._failure = problem
-                self._failed_driver = engine._driver
+                self._failed_driver = engine.driver
                 log.error(
                     "standby tail failed (attempt %d of %d; retrying from the newest "
                     "checkpoint in %d ms): %s",
@@ -192,24 +223,23 @@ class StandbyTail:
         """A driver for the next attempt: a replay runs once per driver, and a failed one
         keeps its failure. The backend (the shard's client) is the same."""
         engine = self._engine
-        old = engine._driver
-        await old.abort()
-        engine._driver = open_driver(engine._backend, window=engine._window_records)
+        await engine.driver.abort()
+        engine.new_driver()
 
     async def _catch_up(self) -> None:
         """Load the newest checkpoint when it is ahead of the standby's state (the replay
         then starts at its DSN, skipping nothing it holds); else the tail retries from where
         the state is."""
         engine = self._engine
-        checkpointer = engine._checkpointer
+        checkpointer = engine.checkpointer
         if checkpointer is None:
             return  # no object store: the WAL was never truncated by a checkpoint
-        found = await asyncio.to_thread(checkpointer.read_newest, engine._visible_dsn)
+        found = await asyncio.to_thread(checkpointer.read_newest, engine.visible_dsn)
         if found is None:
             return
         manifest, state, older = found
         checkpointer.adopt(manifest, state, older)
-        engine._restored_from(manifest)
+        engine.restored_from(manifest)
         self.catchups += 1
         log.warning(
             "the standby caught up from checkpoint %s (ckp_dsn %d, ckp_ts %d)",
@@ -219,34 +249,32 @@ class StandbyTail:
         )
 
 
-def start(engine: Engine) -> StandbyTail:
+def start(engine: StandbyHost) -> StandbyTail:
     tail = StandbyTail(engine)
     tail.start()
     return tail
 
 
-async def promote(engine: Engine) -> None:
+async def promote(engine: StandbyHost) -> None:
     """A standby becomes the writer (TN failover, issue 15): take the WAL's lease with a
     new epoch (the old writer's next append is fenced), read the WAL to its end, then
     serve commits, flushes and checkpoints."""
     if not engine.standby:
         raise BadInput("only a standby engine can be promoted")
-    tail = engine._standby_tail
+    tail = engine.standby_tail
     assert tail is not None
     if tail.gave_up is not None:
         raise StandbyFailed(f"this standby cannot be promoted: {tail.gave_up}")
-    acquire = getattr(engine._backend, "acquire_lease", None)
+    acquire = getattr(engine.backend, "acquire_lease", None)
     if acquire is not None:
         await acquire()
-    engine._replay = await tail.promote()
-    engine.standby = False  # the tail object stays for its counters (stats, metrics)
-    engine.read_only = False
+    engine.promoted(await tail.promote())  # the tail object stays for its counters
     replay.settle(engine)
-    store = engine._block_store
+    store = engine.block_store
     if isinstance(store, ObjectBlockStore) and await asyncio.to_thread(store.writable):
-        engine._owns_objects = True  # its lock is released at close, not at exit
-    if engine._checkpointer is not None:
-        await engine._checkpointer.collect_orphans()  # adopts the writer's newer checkpoints
-    engine._logged_checkpoints.clear()  # from now on its own retained ones say it
-    if engine._maintenance is not None:
-        engine._maintenance.start()
+        engine.took_objects()  # its lock is released at close, not at exit
+    if engine.checkpointer is not None:
+        await engine.checkpointer.collect_orphans()  # adopts the writer's newer checkpoints
+    engine.forget_logged_checkpoints()  # from now on its own retained ones say it
+    if engine.maintenance is not None:
+        engine.maintenance.start()

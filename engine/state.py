@@ -16,7 +16,14 @@ import xxhash
 
 from engine import limits
 from engine.catalog import Catalog
-from engine.storage import ApplyError, MetaSource, NothingLoaded, PersistedBlock, PersistedMeta
+from engine.storage import (
+    ApplyError,
+    MetaSource,
+    NothingLoaded,
+    PersistedBlock,
+    PersistedMeta,
+    table_scans,
+)
 from engine.storage.loader import BlockLoader
 from engine.wal.entry import (
     Append,
@@ -181,11 +188,11 @@ class EngineState:
                     pinned = loader.load(persisted, columns=table.schema.names)
                     assert pinned is not None  # (it loads what the cache lacks)
                     try:
-                        parts = data.scan_at(ts, blocks, pinned)
+                        parts = table_scans.rows_at(data, ts, blocks, pinned)
                     finally:
                         pinned.release()
                 else:
-                    parts = data.scan_at(ts, blocks, NothingLoaded())
+                    parts = table_scans.rows_at(data, ts, blocks, NothingLoaded())
                 keyed: list[tuple[str, dict[str, object]]] = []
                 for part in parts:
                     key_columns = [part.column(i).to_pylist() for i in table.schema.key_indexes]

@@ -21,15 +21,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from collections.abc import AsyncIterator, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 from engine import limits
 from engine.blockstore import ObjectBlockStore
+from engine.catalog import Catalog
 from engine.checkpoint import files
 from engine.checkpoint.errors import CheckpointCorrupt
 from engine.checkpoint.layout import Manifest
-from engine.clock import make_ts, ts_at_datetime, ts_isoformat, ts_physical_ms
+from engine.clock import HybridClock, make_ts, ts_at_datetime, ts_isoformat, ts_physical_ms
 from engine.errors import (
     BadInput,
     Overloaded,
@@ -37,15 +38,62 @@ from engine.errors import (
     TimestampInFuture,
     WalCorruption,
 )
+from engine.limits import TxnLimits
+from engine.load_scope import LoadScope
 from engine.objects.errors import ObjectsError
+from engine.pipeline import CommitPipeline
 from engine.state import ApplyError, EngineState
+from engine.storage import PersistedBlock
+from engine.storage.loader import BlockLoader
+from engine.txn import Transaction, TxnState
+from engine.waiter import CommitWaiter
 from engine.wal.codec import decode_entry
 from engine.wal.entry import TxnEntry
-from tae_driver import ReplayDecision, ReplayMode, open_driver
+from tae_driver import LogBackend, ReplayDecision, ReplayMode, open_driver
 from tae_driver import errors as driver_errors
 
 if TYPE_CHECKING:
-    from engine.engine import Engine
+    from engine.checkpoint.runner import Checkpointer
+    from engine.errors import WalFailed
+    from engine.maintenance import BlockStore
+
+
+class TimeTravelHost(Protocol):
+    """What snapshots by wall time and below the in-memory history need of the engine
+    (engine/engine.py implements it)."""
+
+    txn_limits: TxnLimits
+
+    @property
+    def visible_ts(self) -> int: ...
+
+    @property
+    def failed(self) -> WalFailed | None: ...
+
+    @property
+    def clock(self) -> HybridClock: ...
+
+    @property
+    def pipeline(self) -> CommitPipeline[CommitWaiter]: ...
+
+    @property
+    def checkpointer(self) -> Checkpointer | None: ...
+
+    @property
+    def history_floor_ts(self) -> int: ...
+
+    @property
+    def block_store(self) -> BlockStore | None: ...
+
+    @property
+    def loader(self) -> BlockLoader | None: ...
+
+    @property
+    def backend(self) -> LogBackend: ...
+
+    @property
+    def window_records(self) -> int: ...
+
 
 TS_OR_WALL = int | datetime.datetime
 """What `snapshot(at)` takes: a commit timestamp, or an aware wall time."""
@@ -54,7 +102,7 @@ TS_OR_WALL = int | datetime.datetime
 # --- the timestamp a snapshot reads at ------------------------------------------------------
 
 
-async def resolve(engine: Engine, at: object) -> int:
+async def resolve(engine: TimeTravelHost, at: object) -> int:
     """The snapshot timestamp of `at` (a commit timestamp, or a time-zone-aware datetime).
 
     A commit timestamp above `visible_ts`, or a wall time later than the engine's clock, is
@@ -80,7 +128,7 @@ async def resolve(engine: Engine, at: object) -> int:
     except ValueError as exc:
         raise BadInput(f"snapshot at {at!r}: {exc}") from None
     wall = ts_physical_ms(target)
-    clock = engine._clock
+    clock = engine.clock
     # A commit issued from now on gets a timestamp above both the clock's last one and the
     # current millisecond: a target below either can no longer gain a commit.
     with contextlib.suppress(TimeoutError):
@@ -101,7 +149,7 @@ async def resolve(engine: Engine, at: object) -> int:
     # Commits prepared before now, with timestamps at or below the target, not visible yet.
     waiting = [
         ticket.waiter.future
-        for ticket in engine._pipeline.queued()
+        for ticket in engine.pipeline.queued()
         if ticket.commit_ts <= target and not ticket.waiter.future.done()
     ]
     if waiting:
@@ -126,11 +174,11 @@ async def resolve(engine: Engine, at: object) -> int:
 # --- how far back --------------------------------------------------------------------------
 
 
-def _start_for(engine: Engine, ts: int) -> Manifest | None:
+def _start_for(engine: TimeTravelHost, ts: int) -> Manifest | None:
     """Where a state at `ts` below the in-memory floor is rebuilt from: a retained
     checkpoint, or None (the empty state: the WAL still starts at its first entry and no
     checkpoint was ever taken or restored). `SnapshotUnavailable` when nothing can."""
-    checkpointer = engine._checkpointer
+    checkpointer = engine.checkpointer
     if checkpointer is None:
         raise unavailable(engine, ts)
     usable = [m for m in checkpointer.history_starts() if m.ckp_ts <= ts]
@@ -141,11 +189,11 @@ def _start_for(engine: Engine, ts: int) -> Manifest | None:
     raise unavailable(engine, ts)
 
 
-def oldest_ts(engine: Engine) -> int:
+def oldest_ts(engine: TimeTravelHost) -> int:
     """The oldest timestamp `snapshot()` can read now: the in-memory floor, or lower, the
     oldest checkpoint the history retention window keeps with its WAL."""
-    floor = engine._history_floor_ts
-    checkpointer = engine._checkpointer
+    floor = engine.history_floor_ts
+    checkpointer = engine.checkpointer
     if checkpointer is None or checkpointer.history_retention_ms == 0:
         return floor
     if checkpointer.history_from_empty():
@@ -154,9 +202,9 @@ def oldest_ts(engine: Engine) -> int:
     return min(floor, starts[0].ckp_ts) if starts else floor
 
 
-def unavailable(engine: Engine, ts: int) -> SnapshotUnavailable:
+def unavailable(engine: TimeTravelHost, ts: int) -> SnapshotUnavailable:
     oldest = oldest_ts(engine)
-    checkpointer = engine._checkpointer
+    checkpointer = engine.checkpointer
     window_ms = checkpointer.history_retention_ms if checkpointer is not None else 0
     why = (
         f"the history retention window is {window_ms} ms"
@@ -178,18 +226,19 @@ class HistoricalStates:
     at most `HISTORY_VIEWS_MAX` alive at once."""
 
     def __init__(self) -> None:
-        self._cached: tuple[int, Engine] | None = None
+        self._cached: tuple[int, HistoricalView] | None = None
         self._open = 0
         self._lock = asyncio.Lock()
 
     @contextlib.asynccontextmanager
-    async def view(self, engine: Engine, ts: int) -> AsyncIterator[Engine]:
-        """A read-only engine holding the committed state at `ts` (below the in-memory
-        floor); the window's anchor stays at or below `ts` while it is open."""
+    async def view(self, engine: TimeTravelHost, ts: int) -> AsyncIterator[HistoricalView]:
+        """A read-only host for transactions (`txn.TxnHost`) holding the committed state at
+        `ts` (below the in-memory floor); the window's anchor stays at or below `ts` while it
+        is open."""
         start = _start_for(engine, ts)
         if self._open >= limits.HISTORY_VIEWS_MAX:
             raise Overloaded("historical snapshots", limits.HISTORY_VIEWS_MAX)
-        checkpointer = engine._checkpointer
+        checkpointer = engine.checkpointer
         assert checkpointer is not None
         pin_ts = start.ckp_ts if isinstance(start, Manifest) else 0
         checkpointer.pins[pin_ts] += 1
@@ -215,8 +264,54 @@ class _Reached(Exception):
     """The replay passed the snapshot's timestamp: stop reading."""
 
 
-async def _rebuild(engine: Engine, start: Manifest | None, ts: int) -> Engine:
-    store = engine._block_store
+class HistoricalView:
+    """The committed state at a timestamp below the engine's in-memory floor, as a
+    read-only host for `Transaction` (engine/txn.py `TxnHost`): its reads share the
+    engine's object store and cache; it never commits a write."""
+
+    def __init__(
+        self, state: EngineState, loader: BlockLoader | None, txn_limits: TxnLimits
+    ) -> None:
+        self.state = state
+        self.txn_limits = txn_limits
+        self._loader = loader
+
+    @property
+    def catalog(self) -> Catalog:
+        return self.state.catalog
+
+    @property
+    def spill_writer(self) -> None:
+        return None  # read-only: nothing is ever written
+
+    def loaded(
+        self,
+        blocks: Sequence[PersistedBlock],
+        *,
+        keys: bool | str = False,
+        columns: Sequence[str] | None = None,
+        whole_objects: bool = False,
+    ) -> LoadScope:
+        return LoadScope(self._loader, blocks, keys, columns, whole_objects)
+
+    async def commit_txn(self, txn: Transaction) -> None:
+        # Its transactions are read-only snapshots: every write raised, the plan is empty.
+        assert txn.plan().empty, "a write in a historical snapshot"
+        txn.commit_ts = txn.start_ts
+        txn.end(TxnState.COMMITTED)
+
+    def txn_ended(self, txn: Transaction) -> None:
+        pass  # its snapshots are not registered: nothing counts them
+
+    def discard_objects(self, names: list[str]) -> None:
+        assert not names, "a historical snapshot wrote objects"
+
+    def check_not_closed(self) -> None:
+        pass  # it lives while its snapshot is open (the engine checked it at the start)
+
+
+async def _rebuild(engine: TimeTravelHost, start: Manifest | None, ts: int) -> HistoricalView:
+    store = engine.block_store
     assert isinstance(store, ObjectBlockStore)
     try:
         if start is None:
@@ -232,27 +327,14 @@ async def _rebuild(engine: Engine, start: Manifest | None, ts: int) -> Engine:
         raise SnapshotUnavailable(
             f"snapshot at {ts}: its history cannot be read ({exc})", oldest_ts(engine)
         ) from exc
-    view = type(engine)(
-        engine.path,
-        engine._backend,
-        False,
-        engine._driver,
-        engine._clock,
-        read_only=True,
-    )
-    view._state = state
-    view._loader = engine._loader
-    view.txn_limits = engine.txn_limits
-    view._pipeline.visible_ts = ts
-    view._history_floor_ts = start.ckp_ts if start is not None else 0  # what it holds
-    return view
+    return HistoricalView(state, engine.loader, engine.txn_limits)
 
 
-async def _replay_to(engine: Engine, state: EngineState, start_dsn: int, ts: int) -> None:
+async def _replay_to(engine: TimeTravelHost, state: EngineState, start_dsn: int, ts: int) -> None:
     """Apply the WAL entries after `start_dsn` with commit timestamps up to `ts` to `state`,
     through a driver of its own on the engine's backend (reads only; it stops at the first
     entry past `ts`, since commit_ts order is DSN order)."""
-    driver = open_driver(engine._backend, window=engine._window_records)
+    driver = open_driver(engine.backend, window=engine.window_records)
     first: list[int] = []
 
     def handle(dsn: int, payload: bytes) -> ReplayDecision:

@@ -20,15 +20,14 @@ from __future__ import annotations
 import asyncio
 import enum
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyroaring import BitMap, FrozenBitMap
 
-from engine import conflicts, limits, scan, spill
+from engine import conflicts, limits, scan, snapshot_reads, spill
 from engine.catalog import Catalog, DatabaseEntry, TableEntry
 from engine.conflicts import BulkInsert, ConflictKey, RowWrite
 from engine.errors import (
@@ -40,17 +39,48 @@ from engine.errors import (
     TxnClosed,
     TxnTooLarge,
 )
-from engine.keyset import KeySet
 from engine.limits import TxnLimits
-from engine.objects.bloom import key_hash
 from engine.rows import SmallRows, small_rows
 from engine.schema import Key, Schema, batch_keys, check_name, normalize_key, to_batch
-from engine.spill import Spill
-from engine.storage import NOTHING_LOADED, PersistedBlock, RowVersion
+from engine.snapshot_reads import BlockReader
+from engine.spill import Spill, SpillWriter
 from engine.wal.entry import CatalogKind, CatalogOp, Delete, UpdateCatalog
+from engine.workspace import CommitPlan, LiveKeys, TableWrites
 
-if TYPE_CHECKING:
-    from engine.engine import Engine
+
+class TxnHost(BlockReader, Protocol):
+    """What a transaction needs of what it runs on: the engine (engine/engine.py), a compute
+    node (engine/cn/node.py) or a historical state (engine/time_travel.py). A port, so that
+    this module imports none of them (issue 21: the engine's import cycle)."""
+
+    txn_limits: TxnLimits
+
+    @property
+    def catalog(self) -> Catalog:
+        """The catalog the transaction's snapshot reads (every version of it)."""
+        ...
+
+    @property
+    def spill_writer(self) -> SpillWriter | None:
+        """Where a large transaction's rows are written before its commit (None: it never
+        spills; it holds them in memory up to its limits)."""
+        ...
+
+    async def commit_txn(self, txn: Transaction) -> None:
+        """Commit `txn` (ending it: committed, or rolled back with the error raised)."""
+        ...
+
+    def txn_ended(self, txn: Transaction) -> None:
+        """`txn` no longer counts as open (it pins nothing any more)."""
+        ...
+
+    def discard_objects(self, names: list[str]) -> None:
+        """Objects a transaction wrote and will never commit (its spills)."""
+        ...
+
+    def check_not_closed(self) -> None:
+        """Raise `EngineClosed` once the host is closed."""
+        ...
 
 
 class TxnState(enum.Enum):
@@ -62,119 +92,17 @@ class TxnState(enum.Enum):
     """The WAL failed while the commit was in flight: it may be durable; replay decides."""
 
 
-class _TableWrites:
-    """One table's writes in a workspace."""
-
-    __slots__ = (
-        "batches",
-        "bytes",
-        "deleted",
-        "deleted_by_block",
-        "entry",
-        "inserted",
-        "spills",
-    )
-
-    def __init__(self, entry: TableEntry) -> None:
-        self.entry = entry
-        self.batches: list[pa.RecordBatch | SmallRows] = []
-        """Inserts in order: Arrow batches, or a small insert's values (engine/rows.py)."""
-        self.inserted: dict[Key, tuple[int, int]] = {}
-        """Keys inserted by this transaction and still live in it -> (batch, row)."""
-        self.deleted = KeySet()
-        """Keys live in the snapshot that this transaction deleted (their rows are in
-        `deleted_by_block`)."""
-        self.deleted_by_block: dict[int, BitMap] = {}
-        self.bytes = 0
-        self.spills: list[Spill] = []
-        """Inserted rows already written to objects (a large transaction, engine/spill.py)."""
-
-    def spilled(self, key: Key) -> tuple[Spill, int] | None:
-        """The spill holding `key` live in this transaction, and its position."""
-        for written in self.spills:
-            position = written.position(key)
-            if position is not None:
-                return written, position
-        return None
-
-    def live_inserts(self) -> pa.RecordBatch | None:
-        """The inserted rows still live in the transaction, as one batch."""
-        if not self.inserted:
-            return None
-        batches = [b if type(b) is pa.RecordBatch else b.batch() for b in self.batches]
-        if len(batches) == 1 and len(self.inserted) == batches[0].num_rows:
-            return batches[0]
-        table = pa.Table.from_batches(batches, schema=self.entry.data.arrow_schema)
-        if len(self.inserted) != table.num_rows:
-            starts = [0]
-            for batch in batches:
-                starts.append(starts[-1] + batch.num_rows)
-            keep = sorted(starts[b] + r for b, r in self.inserted.values())
-            table = table.take(pa.array(keep, type=pa.uint32()))
-        combined: list[pa.RecordBatch] = table.combine_chunks().to_batches()
-        assert len(combined) == 1
-        return combined[0]
-
-    def live_rows(self) -> pa.RecordBatch | SmallRows | None:
-        """`live_inserts`, but a lone small insert stays values (the commit path encodes it
-        without Arrow)."""
-        batches = self.batches
-        if len(batches) == 1 and len(self.inserted) == batches[0].num_rows:
-            return batches[0]
-        return self.live_inserts()
-
-    def own_row(self, key: Key) -> dict[str, object]:
-        batch_no, row_no = self.inserted[key]
-        batch = self.batches[batch_no]
-        if isinstance(batch, SmallRows):
-            return batch.row(row_no)
-        rows: list[dict[str, object]] = batch.slice(row_no, 1).to_pylist()
-        return rows[0]
-
-
-@dataclass(slots=True)
-class _Live:
-    """Where keys a delete or update names are live (`Transaction._find_live`)."""
-
-    own: list[Key] = field(default_factory=list)
-    """Inserted by this transaction, still in its workspace."""
-    spilled: list[tuple[Key, Spill, int]] = field(default_factory=list)
-    """Inserted by this transaction and spilled: (key, spill, position)."""
-    snapshot_keys: list[Key] = field(default_factory=list)
-    snapshot: list[RowVersion] = field(default_factory=list)
-    """Live in the snapshot: keys and their versions, in the same order."""
-
-
-@dataclass(slots=True)
-class CommitPlan:
-    """What a commit needs from the workspace."""
-
-    rows: list[RowWrite]
-    guards: set[ConflictKey]
-    marks: set[ConflictKey]
-    catalog_commands: list[UpdateCatalog]
-    appends: list[tuple[TableEntry, pa.RecordBatch | SmallRows]]
-    deletes: list[Delete]
-    spills: list[tuple[TableEntry, Spill]]
-    bulk: list[BulkInsert] = field(default_factory=list)
-    """Keys for the conflict check as sorted arrays: the deletes of tables where this
-    transaction deleted more than `TXN_BULK_KEYS_MIN` rows (its spills carry their own)."""
-
-    @property
-    def empty(self) -> bool:
-        return not (self.catalog_commands or self.appends or self.deletes or self.spills)
-
-
 class Transaction:
     """Begin with `engine.begin()` or `async with engine.transaction() as txn`."""
 
     def __init__(
-        self, engine: Engine, start_ts: int, *, read_only: bool = False, registered: bool = True
+        self, host: TxnHost, start_ts: int, *, read_only: bool = False, registered: bool = True
     ) -> None:
-        self._engine = engine
+        self.host = host
+        """What the transaction runs on (the engine, a compute node, a historical state)."""
         self._registered = registered
         """Counted among the engine's open transactions (snapshots are not)."""
-        self._catalog: Catalog = engine._state.catalog
+        self._catalog: Catalog = host.catalog
         self.start_ts = start_ts
         self.commit_ts: int | None = None
         self.read_only = read_only
@@ -184,10 +112,10 @@ class Transaction:
         self._new_tables: dict[tuple[int, str], TableEntry] = {}
         self._dropped_tables: set[int] = set()
         self._catalog_commands: list[UpdateCatalog] = []
-        self._writes: dict[int, _TableWrites] = {}
+        self._writes: dict[int, TableWrites] = {}
         self._guards: set[ConflictKey] = set()
         self._marks: set[ConflictKey] = set()
-        self._limits: TxnLimits = engine.txn_limits
+        self._limits: TxnLimits = host.txn_limits
         self._bytes = 0
         self._deletes = 0
         self._spilled_rows = 0
@@ -196,12 +124,12 @@ class Transaction:
         self._spill_ids = 0
         """Placeholder block ids of spills count down from here (negative: never a table's)."""
         self._spill_names: list[str] = []
-        self._origin: tuple[str, int] | None = None
+        self.origin: tuple[str, int] | None = None
         """A compute node's (client_id, seq) for this transaction (engine/writeset.py)."""
-        self._busy = asyncio.Lock()
+        self.busy = asyncio.Lock()
         """One operation at a time: an operation that loads persisted blocks awaits between
         its checks and its changes to the workspace, so two at once could both pass."""
-        self._ddl_count = 0
+        self.ddl_count = 0
         """DDL operations so far; table handles re-check their table when it moves."""
 
     def __repr__(self) -> str:
@@ -213,31 +141,33 @@ class Transaction:
         """Make every write durable and visible; returns once it is both. Raises a
         `TxnError` (WriteConflict, DuplicateKey, TxnTooLarge) after rolling back, or
         `WalFailed` when the WAL failed (the outcome is then decided by replay)."""
-        self._check_open()
-        async with self._busy:
-            await self._engine._commit(self)
+        self.check_open()
+        async with self.busy:
+            await self.host.commit_txn(self)
 
     async def rollback(self) -> None:
         if self.state is TxnState.OPEN:
-            self._end(TxnState.ROLLED_BACK)
+            self.end(TxnState.ROLLED_BACK)
 
-    def _end(self, state: TxnState) -> None:
+    def end(self, state: TxnState) -> None:
+        """The host ends the transaction (its commit's outcome); callers use `commit()` or
+        `rollback()`."""
         if self.state in (TxnState.OPEN, TxnState.COMMITTING) and self._registered:
-            self._engine._txn_ended(self)
+            self.host.txn_ended(self)
         if state is TxnState.ROLLED_BACK and self._spill_names:
-            self._engine._discard_objects(self._spill_names)
+            self.host.discard_objects(self._spill_names)
             self._spill_names = []
         self.state = state
         self._writes.clear()
         self._new_tables.clear()
 
-    def _check_open(self) -> None:
+    def check_open(self) -> None:
         if self.state is not TxnState.OPEN:
             raise TxnClosed(f"transaction is {self.state.value}")
-        self._engine._check_not_closed()
+        self.host.check_not_closed()
 
     def _check_writable(self) -> None:
-        self._check_open()
+        self.check_open()
         if self.read_only:
             raise BadInput("a snapshot is read-only")
 
@@ -265,7 +195,7 @@ class Transaction:
         return entry
 
     def databases(self) -> list[str]:
-        self._check_open()
+        self.check_open()
         names = {e.name for e in self._catalog.databases_at(self.start_ts)}
         names = {n for n in names if self._visible_db(n)} | set(self._new_dbs)
         return sorted(names)
@@ -278,7 +208,7 @@ class Transaction:
         return True
 
     def tables(self, db: str) -> list[str]:
-        self._check_open()
+        self.check_open()
         database = self._database(db)
         names = {
             e.name
@@ -289,12 +219,12 @@ class Transaction:
         return sorted(names)
 
     def schema(self, db: str, name: str) -> Schema:
-        self._check_open()
+        self.check_open()
         return self._table(db, name).schema
 
     async def create_database(self, name: str) -> None:
         self._check_writable()
-        self._ddl_count += 1
+        self.ddl_count += 1
         check_name("database", name)
         if self._visible_db(name):
             raise AlreadyExists(f"database {name!r} exists")
@@ -310,7 +240,7 @@ class Transaction:
     async def drop_database(self, name: str) -> None:
         """Drop a database and every table in it."""
         self._check_writable()
-        self._ddl_count += 1
+        self.ddl_count += 1
         database = self._database(name)
         for table in self.tables(name):
             self._drop_table(database, self._table(name, table))
@@ -332,7 +262,7 @@ class Transaction:
 
     async def create_table(self, db: str, name: str, schema: Schema) -> None:
         self._check_writable()
-        self._ddl_count += 1
+        self.ddl_count += 1
         if not isinstance(schema, Schema):
             raise SchemaError(f"schema must be an engine.Schema, not {type(schema).__name__}")
         check_name("table", name)
@@ -361,7 +291,7 @@ class Transaction:
         self._drop_table(database, self._table(db, name))
 
     def _drop_table(self, database: DatabaseEntry, table: TableEntry) -> None:
-        self._ddl_count += 1
+        self.ddl_count += 1
         self._new_tables.pop((database.db_id, table.name), None)
         self._dropped_tables.add(table.table_id)
         writes = self._writes.pop(table.table_id, None)
@@ -387,94 +317,58 @@ class Transaction:
 
     def table(self, db: str, name: str) -> TableHandle:
         """The table `db.name` as this transaction sees it (`NotFound` if it does not)."""
-        self._check_open()
+        self.check_open()
         return TableHandle(self, db, name, self._table(db, name))
 
     # --- rows -----------------------------------------------------------------------------------
 
-    def _check_handle(self, handle: TableHandle) -> None:
+    # What `TableHandle` calls: one operation at a time (`busy`); `_insert`, `_delete`,
+    # `_update` and `_get` do the work (a compute node's transaction extends them).
+
+    async def insert_into(self, handle: TableHandle, rows: object) -> int:
+        async with self.busy:
+            return await self._insert(handle, rows)
+
+    async def delete_from(self, handle: TableHandle, keys: Iterable[object]) -> int:
+        async with self.busy:
+            return await self._delete(handle, keys)
+
+    async def update_in(
+        self, handle: TableHandle, keys: Iterable[object], values: dict[str, object]
+    ) -> int:
+        async with self.busy:
+            return await self._update(handle, keys, values)
+
+    async def get_from(self, handle: TableHandle, key: object) -> dict[str, Any] | None:
+        async with self.busy:
+            return await self._get(handle, key)
+
+    def table_writes(self, table_id: int) -> TableWrites | None:
+        """This transaction's writes to the table (engine/scan.py reads them)."""
+        return self._writes.get(table_id)
+
+    def check_handle(self, handle: TableHandle) -> None:
         """The handle's table is still the one this transaction sees under its name.
         Only this transaction's own DDL can change that (its snapshot is fixed), so the
         lookup runs again only after DDL in it."""
-        if handle._ddl_seen == self._ddl_count:
+        if handle.ddl_seen == self.ddl_count:
             return
         current = self._table(handle.db, handle.name)
-        if current is not handle._entry:
+        if current is not handle.entry:
             raise NotFound(f"table {handle.db}.{handle.name} was dropped or replaced")
-        handle._ddl_seen = self._ddl_count
+        handle.ddl_seen = self.ddl_count
 
-    async def _snapshot_versions(
-        self, entry: TableEntry, keys: Sequence[Key]
-    ) -> list[RowVersion | None]:
-        """The version of each key visible at the snapshot (None when not live). Persisted
-        blocks that may hold a key are loaded first (keys and blooms, in a worker thread)."""
-        if entry.create_ts == 0 or not keys:  # created in this transaction: nothing committed
-            return [None] * len(keys)
-        data = entry.data
-        start_ts = self.start_ts
-        if not data.persisted_held:
-            return [data.version_at(key, start_ts, NOTHING_LOADED) for key in keys]
-        # Blocks the table's key index names for a key (and unindexed blocks whose key
-        # range holds it); then only those whose bloom filter may hold it have their sorted
-        # keys loaded (most inserted keys are new: no candidate at all).
-        per_key = data.key_candidates_many(keys, start_ts)
-        if not any(per_key):
-            return [data.version_among(key, start_ts, [], NOTHING_LOADED) for key in keys]
-        # One hash per key asks every candidate's filter.
-        hashes = [key_hash(key) if found else 0 for key, found in zip(keys, per_key, strict=True)]
-        if all(b.bloom is not None for found in per_key for b in found):
-            maybe = [
-                [b for b in found if b.bloom is not None and b.bloom.might_contain_hash(hashed)]
-                for hashed, found in zip(hashes, per_key, strict=True)
-            ]
-        else:  # blocks whose bloom filter is read from their object
-            candidates = {b.block_id: b for found in per_key for b in found}
-            async with self._engine._loaded(list(candidates.values()), keys="blooms") as blooms:
-                maybe = [
-                    [
-                        b
-                        for b in found
-                        if (f := blooms.bloom(b)) is None or f.might_contain_hash(hashed)
-                    ]
-                    for hashed, found in zip(hashes, per_key, strict=True)
-                ]
-        wanted = {b.block_id: b for found in maybe for b in found}
-        if not wanted:
-            return [data.version_among(key, start_ts, [], NOTHING_LOADED) for key in keys]
-        async with self._engine._loaded(list(wanted.values()), keys=True) as loaded:
-            return [
-                data.version_among(key, start_ts, found, loaded)
-                for key, found in zip(keys, maybe, strict=True)
-            ]
-
-    async def _spilled_row(
-        self, entry: TableEntry, spilled: Spill, position: int
-    ) -> dict[str, Any]:
-        index, offset = spilled.place(position)
-        block = spilled.placeholders[index]
-        async with self._engine._loaded([block], columns=entry.schema.names) as loaded:
-            rows: list[dict[str, Any]] = (
-                loaded.columns(block).select(entry.schema.names).slice(offset, 1).to_pylist()
-            )
-        return rows[0]
-
-    async def _snapshot_row(self, entry: TableEntry, version: RowVersion) -> dict[str, Any]:
-        block = entry.data.blocks[version.block_id]
-        blocks = [block] if isinstance(block, PersistedBlock) else []
-        async with self._engine._loaded(blocks, columns=entry.schema.names) as loaded:
-            return entry.data.row(version, loaded)
-
-    def _ensure_writes(self, entry: TableEntry) -> _TableWrites:
+    def _ensure_writes(self, entry: TableEntry) -> TableWrites:
         writes = self._writes.get(entry.table_id)
         if writes is None:
-            writes = _TableWrites(entry)
+            writes = TableWrites(entry)
             self._writes[entry.table_id] = writes
         return writes
 
     async def _insert(self, handle: TableHandle, rows: object) -> int:
         self._check_writable()
-        self._check_handle(handle)
-        entry = handle._entry
+        self.check_handle(handle)
+        entry = handle.entry
         data = entry.data
         batch: pa.RecordBatch | SmallRows
         # Only a table's first insert in the transaction stays Python values (engine/rows.py):
@@ -507,9 +401,11 @@ class Transaction:
             seen.add(key)
             if deleted is None or not deleted[at]:
                 outside.append(key)
-        spilling = self._engine._block_store is not None
+        spilling = self.host.spill_writer is not None
         for key, version in zip(
-            outside, await self._snapshot_versions(entry, outside), strict=True
+            outside,
+            await snapshot_reads.versions_at(self.host, entry, outside, self.start_ts),
+            strict=True,
         ):
             if version is not None:
                 raise DuplicateKey(handle.qualified, key)
@@ -533,7 +429,7 @@ class Transaction:
         txn_limits = self._limits
         if self._inserted_rows + rows > txn_limits.rows_max:
             raise TxnTooLarge("txn_spill_rows_max", self._inserted_rows + rows, txn_limits.rows_max)
-        if size_bytes is None or self._engine._block_store is not None:
+        if size_bytes is None or self.host.spill_writer is not None:
             return
         if self._bytes + size_bytes > txn_limits.workspace_bytes_max:
             raise TxnTooLarge(
@@ -549,7 +445,7 @@ class Transaction:
         if self._deletes + keys > self._limits.deletes_max:
             raise TxnTooLarge("txn_deletes_max", self._deletes + keys, self._limits.deletes_max)
 
-    async def _spill(self, writes: _TableWrites) -> None:
+    async def _spill(self, writes: TableWrites) -> None:
         """Write the table's inserted rows to an object now (engine/spill.py); the workspace
         keeps their sorted keys. Runs with the transaction's lock held (one operation at a
         time), so nothing changes the workspace meanwhile."""
@@ -559,7 +455,9 @@ class Transaction:
         entry = writes.entry
         rows = spill.sort_rows(entry.schema, pa.Table.from_batches([batch]))
         self._spill_ids -= 1 << 20  # more blocks than one object can hold
-        made = await spill.write_spill(self._engine, entry, rows, self._spill_ids)
+        writer = self.host.spill_writer
+        assert writer is not None, "a spill without a spill writer"
+        made = await spill.write_spill(writer, entry, rows, self._spill_ids)
         writes.spills.append(made)
         self._spill_names.extend(w.object_name for w in made.written)
         self._spilled_rows += made.rows
@@ -574,7 +472,7 @@ class Transaction:
         out: list[Key] = []
         seen: set[Key] = set()
         for key in keys:
-            normalized = normalize_key(handle._entry.schema, key, handle.qualified)
+            normalized = normalize_key(handle.entry.schema, key, handle.qualified)
             if normalized not in seen:
                 seen.add(normalized)
                 out.append(normalized)
@@ -582,18 +480,18 @@ class Transaction:
 
     async def _delete(self, handle: TableHandle, keys: Iterable[object]) -> int:
         self._check_writable()
-        self._check_handle(handle)
-        entry = handle._entry
+        self.check_handle(handle)
+        entry = handle.entry
         normalized = self._normalized_keys(handle, keys)
         self._check_delete_size(len(normalized))
         found = await self._find_live(entry, normalized)
         return self._delete_found(entry, found)
 
-    async def _find_live(self, entry: TableEntry, keys: list[Key]) -> _Live:
+    async def _find_live(self, entry: TableEntry, keys: list[Key]) -> LiveKeys:
         """Where each of `keys` (normalized, distinct) is live in this transaction's view:
         its own inserts, its spills, or the snapshot (keys live nowhere are left out)."""
         writes = self._writes.get(entry.table_id)
-        found = _Live()
+        found = LiveKeys()
         if writes is None:
             outside = keys
         else:
@@ -606,14 +504,14 @@ class Transaction:
                     found.spilled.append((key, *place))
                 elif not deleted[at]:
                     outside.append(key)
-        versions = await self._snapshot_versions(entry, outside)
+        versions = await snapshot_reads.versions_at(self.host, entry, outside, self.start_ts)
         for key, version in zip(outside, versions, strict=True):
             if version is not None:
                 found.snapshot_keys.append(key)
                 found.snapshot.append(version)
         return found
 
-    def _delete_found(self, entry: TableEntry, found: _Live) -> int:
+    def _delete_found(self, entry: TableEntry, found: LiveKeys) -> int:
         """Delete rows `_find_live` found (cannot fail: every check ran before)."""
         count = len(found.own) + len(found.spilled) + len(found.snapshot)
         if not count:
@@ -634,9 +532,9 @@ class Transaction:
         return count
 
     async def _get(self, handle: TableHandle, key: object) -> dict[str, Any] | None:
-        self._check_open()
-        self._check_handle(handle)
-        entry = handle._entry
+        self.check_open()
+        self.check_handle(handle)
+        entry = handle.entry
         normalized = normalize_key(entry.schema, key, handle.qualified)
         writes = self._writes.get(entry.table_id)
         if writes is not None:
@@ -644,11 +542,11 @@ class Transaction:
                 return writes.own_row(normalized)
             found = writes.spilled(normalized) if writes.spills else None
             if found is not None:
-                return await self._spilled_row(entry, *found)
+                return await snapshot_reads.spilled_row(self.host, entry, *found)
             if normalized in writes.deleted:
                 return None
-        (version,) = await self._snapshot_versions(entry, [normalized])
-        return None if version is None else await self._snapshot_row(entry, version)
+        (version,) = await snapshot_reads.versions_at(self.host, entry, [normalized], self.start_ts)
+        return None if version is None else await snapshot_reads.row_at(self.host, entry, version)
 
     async def _update(
         self, handle: TableHandle, keys: Iterable[object], values: dict[str, object]
@@ -659,8 +557,8 @@ class Transaction:
         large insert (issue 20: 300,000 rows took 31 s and then failed on the 1 MiB
         workspace, a `get` and a dict per row)."""
         self._check_writable()
-        self._check_handle(handle)
-        entry = handle._entry
+        self.check_handle(handle)
+        entry = handle.entry
         if not isinstance(values, dict) or not values:
             raise SchemaError(f"{handle.qualified}: update values must be a non-empty dict")
         for column in values:
@@ -680,8 +578,8 @@ class Transaction:
         if writes is not None:
             rows.extend(writes.own_row(key) for key in found.own)
         for _, spill_of, position in found.spilled:
-            rows.append(await self._spilled_row(entry, spill_of, position))
-        snapshot = await self._snapshot_rows(entry, found.snapshot)
+            rows.append(await snapshot_reads.spilled_row(self.host, entry, spill_of, position))
+        snapshot = await snapshot_reads.rows_at(self.host, entry, found.snapshot)
         if not rows and snapshot.num_rows == 0:
             return 0
         qualified = handle.qualified
@@ -713,46 +611,14 @@ class Transaction:
         assert inserted == deleted
         return inserted
 
-    async def _snapshot_rows(self, entry: TableEntry, versions: list[RowVersion]) -> pa.Table:
-        """The rows at `versions` (of the snapshot), in that order, as one Arrow table of
-        the table's columns: one take per block, never a dict per row."""
-        data = entry.data
-        names = data.arrow_schema.names
-        if not versions:
-            return data.arrow_schema.empty_table()
-        by_block: dict[int, list[int]] = {}
-        order: dict[int, list[int]] = {}
-        for at, version in enumerate(versions):
-            by_block.setdefault(version.block_id, []).append(version.offset)
-            order.setdefault(version.block_id, []).append(at)
-        persisted = [
-            block
-            for block_id in by_block
-            if isinstance(block := data.blocks[block_id], PersistedBlock)
-        ]
-        parts: list[pa.Table] = []
-        positions: list[int] = []
-        async with self._engine._loaded(persisted, columns=names) as loaded:
-            for block_id, offsets in by_block.items():
-                block = data.blocks[block_id]
-                if isinstance(block, PersistedBlock):
-                    columns = loaded.columns(block).select(names)
-                else:
-                    columns = block.table().select(names)
-                taken = columns.take(pa.array(offsets, type=pa.int64()))
-                parts.append(taken.cast(data.arrow_schema))
-                positions.extend(order[block_id])
-        rows = pa.concat_tables(parts)
-        back = np.empty(len(positions), dtype=np.int64)
-        back[np.array(positions, dtype=np.int64)] = np.arange(len(positions), dtype=np.int64)
-        return rows.take(pa.array(back)).combine_chunks()
-
-    def _appends_rows(self) -> bool:
+    def appends_rows(self) -> bool:
+        """The workspace inserts rows (its commit may wait for memory, engine/maintenance.py)."""
         return any(writes.inserted for writes in self._writes.values())
 
     # --- the commit plan ----------------------------------------------------------------------
 
-    def _plan(self) -> CommitPlan:
+    def plan(self) -> CommitPlan:
+        """What the host's commit needs of the workspace: its keys and WAL commands."""
         rows: list[RowWrite] = []
         guards = set(self._guards)
         marks = set(self._marks)
@@ -807,14 +673,16 @@ class TableHandle:
     """A table as one transaction sees it. Methods are coroutines so that the same code runs
     unchanged against a remote engine (issue 15)."""
 
-    __slots__ = ("_ddl_seen", "_entry", "_txn", "db", "name")
+    __slots__ = ("db", "ddl_seen", "entry", "name", "txn")
 
     def __init__(self, txn: Transaction, db: str, name: str, entry: TableEntry) -> None:
-        self._txn = txn
+        self.txn = txn
         self.db = db
         self.name = name
-        self._entry = entry
-        self._ddl_seen = txn._ddl_count
+        self.entry = entry
+        """The table's catalog entry, as the transaction saw it when it made the handle."""
+        self.ddl_seen = txn.ddl_count
+        """The transaction's DDL count when `entry` was last checked (`check_handle`)."""
 
     @property
     def qualified(self) -> str:
@@ -822,37 +690,33 @@ class TableHandle:
 
     @property
     def schema(self) -> Schema:
-        return self._entry.schema
+        return self.entry.schema
 
     async def insert(self, rows: object) -> int:
         """Insert rows (a pyarrow Table or RecordBatch, a list of dicts, or one dict).
         Returns how many. `DuplicateKey` if a key is live in this transaction's view."""
-        async with self._txn._busy:
-            return await self._txn._insert(self, rows)
+        return await self.txn.insert_into(self, rows)
 
     async def delete(self, keys: Iterable[object]) -> int:
         """Delete the rows with these primary keys (tuples for a compound key). Keys that
         are not live are ignored; returns how many rows were deleted."""
-        async with self._txn._busy:
-            return await self._txn._delete(self, keys)
+        return await self.txn.delete_from(self, keys)
 
     async def update(self, keys: Iterable[object], values: dict[str, object]) -> int:
         """Set `values` (non-key columns) in the rows with these keys: a delete of each row
         and an insert of its new version. Returns how many rows were updated."""
-        async with self._txn._busy:
-            return await self._txn._update(self, keys, values)
+        return await self.txn.update_in(self, keys, values)
 
     async def get(self, key: object) -> dict[str, Any] | None:
-        async with self._txn._busy:
-            return await self._txn._get(self, key)
+        return await self.txn.get_from(self, key)
 
     async def scan(
         self, columns: Sequence[str] | None = None, filter: pc.Expression | None = None
     ) -> pa.Table:
         """Rows visible to the transaction, filtered, with the columns asked for (all by
         default). Row order is unspecified."""
-        async with self._txn._busy:
-            return await scan.scan(self._txn, self, columns, filter)
+        async with self.txn.busy:
+            return await scan.scan(self.txn, self, columns, filter)
 
 
 T = TypeVar("T", bound=Transaction)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pyarrow as pa
 
@@ -23,7 +23,27 @@ from engine.errors import BadInput, SnapshotUnavailable
 from engine.schema import Key, Schema
 
 if TYPE_CHECKING:
-    from engine.engine import Engine
+    from engine.state import EngineState
+    from engine.txn import Transaction
+
+
+class WriteSetHost(Protocol):
+    """What running a compute node's write set needs of the engine (engine/engine.py)."""
+
+    @property
+    def state(self) -> EngineState: ...
+
+    @property
+    def visible_ts(self) -> int: ...
+
+    @property
+    def history_floor_ts(self) -> int: ...
+
+    @property
+    def origins_running(self) -> dict[tuple[str, int], asyncio.Future[int]]: ...
+
+    async def begin_at(self, start_ts: int) -> Transaction: ...
+
 
 OP_KINDS = frozenset(
     {
@@ -64,26 +84,26 @@ class WriteSet:
     seq: int
 
 
-async def execute(engine: Engine, write_set: WriteSet) -> int:
+async def execute(engine: WriteSetHost, write_set: WriteSet) -> int:
     """Run a compute node's transaction; its commit_ts (its start_ts when it wrote nothing).
     Raises what a local commit raises (WriteConflict, DuplicateKey, NotFound, ...), and
     `SnapshotUnavailable` when the TN no longer holds the snapshot it started from (retry
     the transaction from a newer one)."""
     origin = (write_set.client_id, write_set.seq)
-    done = engine._state.origins.commit_ts(*origin)
+    done = engine.state.origins.commit_ts(*origin)
     if done is not None:
         return done  # a retry of a commit that landed
-    running = engine._origins_running.get(origin)
+    running = engine.origins_running.get(origin)
     if running is not None:
         return await asyncio.shield(running)  # the same commit, still on its way
     # The write set runs as its own task: a caller cancelled while the commit waits for the
     # WAL must not let a retry of the same origin run the write set a second time.
     task = asyncio.ensure_future(_run(engine, write_set))
-    engine._origins_running[origin] = task
+    engine.origins_running[origin] = task
 
     def forget(finished: asyncio.Future[int]) -> None:
-        if engine._origins_running.get(origin) is finished:
-            del engine._origins_running[origin]
+        if engine.origins_running.get(origin) is finished:
+            del engine.origins_running[origin]
         if not finished.cancelled():
             finished.exception()  # retrieved: nobody may be waiting any more
 
@@ -91,16 +111,16 @@ async def execute(engine: Engine, write_set: WriteSet) -> int:
     return await asyncio.shield(task)
 
 
-async def _run(engine: Engine, write_set: WriteSet) -> int:
+async def _run(engine: WriteSetHost, write_set: WriteSet) -> int:
     start_ts = write_set.start_ts
-    floor = engine._history_floor_ts
+    floor = engine.history_floor_ts
     if not floor <= start_ts <= engine.visible_ts:
         raise SnapshotUnavailable(
             f"a transaction from {start_ts}: this engine holds snapshots in "
             f"[{floor}, {engine.visible_ts}]; start it again"
         )
     txn = await engine.begin_at(start_ts)
-    txn._origin = (write_set.client_id, write_set.seq)
+    txn.origin = (write_set.client_id, write_set.seq)
     try:
         for op in write_set.ops:
             await _apply(txn, op)

@@ -15,7 +15,8 @@ import collections
 import contextlib
 import logging
 import uuid
-from typing import TYPE_CHECKING
+from contextlib import AbstractContextManager
+from typing import Protocol
 
 from engine import limits
 from engine.blockstore import DATA_PREFIX, ObjectBlockStore
@@ -23,24 +24,66 @@ from engine.checkpoint import files, layout, retention
 from engine.checkpoint import plan as checkpoint_plan
 from engine.checkpoint.errors import CheckpointCorrupt, CheckpointDamaged
 from engine.checkpoint.layout import Manifest
-from engine.clock import TS_MAX, ts_at_wall_ms, wall_ms
+from engine.clock import TS_MAX, HybridClock, ts_at_wall_ms, wall_ms
+from engine.errors import WalFailed
 from engine.objects.errors import ObjectsError
 from engine.objects.store import ObjectStore
 from engine.state import EngineState
 from engine.storage import PersistedBlock
-from engine.txn import Transaction
 from engine.wal.codec import encode_entry
 from engine.wal.entry import CheckpointEntry
+from tae_driver import Driver
 from tae_driver import errors as driver_errors
-
-if TYPE_CHECKING:
-    from engine.engine import Engine
 
 log = logging.getLogger("engine.checkpoint")
 
 
+class CheckpointHost(Protocol):
+    """What the checkpointer needs of the engine (engine/engine.py implements it)."""
+
+    @property
+    def state(self) -> EngineState: ...
+
+    @property
+    def visible_ts(self) -> int: ...
+
+    @property
+    def visible_dsn(self) -> int: ...
+
+    @property
+    def wal_first_dsn(self) -> int: ...
+
+    @property
+    def clock(self) -> HybridClock: ...
+
+    @property
+    def driver(self) -> Driver: ...
+
+    def adopt_state(self, state: EngineState) -> None:
+        """Make a restored checkpoint's state the engine's (before the WAL replay)."""
+        ...
+
+    def check_writable_storage(self) -> None:
+        """Raise unless the engine may write (open, not failed, not read-only)."""
+        ...
+
+    def pin(self, ts: int) -> AbstractContextManager[None]:
+        """Keep the versions a snapshot at `ts` reads in memory while the block runs."""
+        ...
+
+    def fail(self, exc: BaseException) -> WalFailed:
+        """The WAL failed: the engine turns read-only; the error to raise."""
+        ...
+
+    def wal_truncated_below(self, dsn: int) -> None: ...
+
+    def objects_collected_upto(self, ts: int) -> None: ...
+
+    def checkpoint_taken(self, manifest: Manifest) -> None: ...
+
+
 class Checkpointer:
-    def __init__(self, engine: Engine, blocks: ObjectBlockStore) -> None:
+    def __init__(self, engine: CheckpointHost, blocks: ObjectBlockStore) -> None:
         self._engine = engine
         self._blocks = blocks
         self._lock = asyncio.Lock()
@@ -108,7 +151,7 @@ class Checkpointer:
                 log.warning("checkpoint %s cannot be read: %s", names[position], exc)
                 self.skipped.append((names[position], damage))
                 continue
-            engine._adopt_state(state)
+            engine.adopt_state(state)
             self._hold_blocks(state)
             older: list[Manifest] = []
             for name in names[max(0, position - self._retained_max + 1) : position]:
@@ -155,7 +198,7 @@ class Checkpointer:
         self._blocks.forget_refs()
         self.retained = []
         self.skipped = []  # what the open could not read is no longer the state's source
-        self._engine._adopt_state(state)
+        self._engine.adopt_state(state)
         self._hold_blocks(state)
         for manifest in _below(older, newest):
             self._retain(manifest)
@@ -241,7 +284,7 @@ class Checkpointer:
         window), lowered to the oldest open historical view; `TS_MAX` without a window."""
         if self.history_retention_ms == 0:
             return TS_MAX
-        start_ms = max(0, self._engine._clock.now_ms() - self.history_retention_ms)
+        start_ms = max(0, self._engine.clock.now_ms() - self.history_retention_ms)
         cutoff = ts_at_wall_ms(start_ms)
         return min(cutoff, *self.pins) if self.pins else cutoff
 
@@ -256,7 +299,7 @@ class Checkpointer:
         if self.history_retention_ms == 0:
             return []
         floor_ts = self.anchor.ckp_ts if self.anchor is not None else 0
-        first_dsn = self._engine._wal_first_dsn
+        first_dsn = self._engine.wal_first_dsn
         return [m for m in self.retained if m.ckp_ts >= floor_ts and m.ckp_dsn + 1 >= first_dsn]
 
     def history_from_empty(self) -> bool:
@@ -265,7 +308,7 @@ class Checkpointer:
         return (
             self.history_retention_ms > 0
             and self.anchor is None
-            and self._engine._wal_first_dsn <= 1
+            and self._engine.wal_first_dsn <= 1
         )
 
     def _retain(self, manifest: Manifest) -> None:
@@ -314,7 +357,7 @@ class Checkpointer:
 
     async def _checkpoint(self, global_: bool) -> Manifest | None:
         engine = self._engine
-        engine._check_writable_storage()
+        engine.check_writable_storage()
         ckp_ts = engine.visible_ts
         newest = self.newest
         if newest is not None and ckp_ts <= newest.ckp_ts:
@@ -323,20 +366,16 @@ class Checkpointer:
         globally = (
             global_ or self._previous is None or self._since_global + 1 >= limits.CKP_GLOBAL_EVERY
         )
-        ckp_dsn = engine._visible_dsn
+        ckp_dsn = engine.visible_dsn
         plan = checkpoint_plan.plan(
-            engine._state,
+            engine.state,
             ckp_ts,
             ckp_dsn,
             None if globally else self._previous,
             uuid.uuid4().hex[:8],
         )
-        view = Transaction(engine, ckp_ts, read_only=True, registered=False)
-        engine._open_views.add(view)  # blocks dropped after ckp_ts stay until it is written
-        try:
+        with engine.pin(ckp_ts):  # blocks dropped after ckp_ts stay until it is written
             manifest = await asyncio.to_thread(files.write, self._store, plan, wall_ms())
-        finally:
-            engine._open_views.discard(view)
         self._retain(manifest)
         kept = self._keep()
         assert kept is not None
@@ -350,17 +389,15 @@ class Checkpointer:
         )
         entry = CheckpointEntry(ckp_ts, truncate_dsn, manifest.name)
         try:
-            await engine._driver.append(encode_entry(entry))
+            await engine.driver.append(encode_entry(entry))
         except driver_errors.DriverError as exc:
             # Typed as a commit's failure is (`Fenced` when a newer writer took the lease;
             # it used to escape as the driver's DriverFailed). The manifest stays: the new
             # writer retires it (`_retire_strays`), or the next open collects it.
-            engine._fail(exc)
-            assert engine._failure is not None
-            raise type(engine._failure)(str(engine._failure)) from exc
+            raise engine.fail(exc) from exc
         if truncate_dsn:
-            engine._driver.truncate(truncate_dsn)
-            engine._wal_first_dsn = max(engine._wal_first_dsn, truncate_dsn + 1)
+            engine.driver.truncate(truncate_dsn)
+            engine.wal_truncated_below(truncate_dsn + 1)
         self._previous = plan.previous_for_next()
         self._since_global = 0 if globally else self._since_global + 1
         self.anchor = anchor
@@ -373,11 +410,11 @@ class Checkpointer:
         if retired or deleted:
             # Entries below ckp_ts may create blocks whose objects are now gone: a compute
             # node behind it starts from this checkpoint (engine/logtail.py).
-            engine._objects_floor_ts = max(engine._objects_floor_ts, ckp_ts)
+            engine.objects_collected_upto(ckp_ts)
         self.taken += 1
         self.last_duration_ms = (asyncio.get_running_loop().time() - started) * 1000
         self.last_bytes = sum(t.nbytes for t in plan.dumps.values())
-        engine._checkpoint_taken(manifest)
+        engine.checkpoint_taken(manifest)
         return manifest
 
     async def _retire_old(self, kept: retention.Kept) -> int:

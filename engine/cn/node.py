@@ -26,18 +26,19 @@ import datetime
 import uuid
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
-from typing import Any
 
 import pyarrow as pa
 
 from engine import as_of, limits, sql
 from engine.blockstore import ObjectBlockStore
+from engine.catalog import Catalog
 from engine.checkpoint import files
 from engine.checkpoint.errors import CheckpointCorrupt
 from engine.checkpoint.layout import Manifest
 from engine.clock import TS_MAX
 from engine.cn.port import TNPort
 from engine.errors import BadInput, EngineClosed, Overloaded, SnapshotUnavailable
+from engine.load_scope import LoadScope
 from engine.logtail import LogtailUnavailable, TailEntry
 from engine.objects.errors import ObjectNotFound
 from engine.objects.store import ObjectStore
@@ -66,7 +67,7 @@ class CNTransaction(Transaction):
     snapshot, plus the list of operations the TN replays at commit."""
 
     def __init__(self, node: ComputeNode, start_ts: int) -> None:
-        super().__init__(node, start_ts)  # type: ignore[arg-type]
+        super().__init__(node, start_ts)
         self.ops: list[Op] = []
         self._muted = False
         """While an update runs the base class's delete and insert: the TN replays the
@@ -91,7 +92,7 @@ class CNTransaction(Transaction):
     async def _insert(self, handle: TableHandle, rows: object) -> int:
         count = await super()._insert(handle, rows)
         if count and not self._muted:
-            entry = handle._entry
+            entry = handle.entry
             batch = to_batch(entry.schema, entry.data.arrow_schema, rows, handle.qualified)
             self.ops.append(
                 Op("insert", handle.db, handle.name, rows=pa.Table.from_batches([batch]))
@@ -172,39 +173,45 @@ class ComputeNode:
         if self._store is not None:
             self._state.object_meta = self._store.meta
 
-    # --- what engine/txn.py needs of its engine -------------------------------------------------
+    # --- what engine/txn.py needs of its host (txn.TxnHost) -------------------------------------
 
     @property
     def visible_ts(self) -> int:
         return self.applied_ts
 
-    def _check_not_closed(self) -> None:
+    @property
+    def catalog(self) -> Catalog:
+        return self._state.catalog
+
+    @property
+    def spill_writer(self) -> None:
+        return None  # never spills: the TN replays the operations
+
+    def check_not_closed(self) -> None:
         if self._closed:
             raise EngineClosed("compute node is closed")
 
-    def _loaded(
+    def loaded(
         self,
         blocks: Sequence[PersistedBlock],
         *,
-        keys: bool = False,
+        keys: bool | str = False,
         columns: Sequence[str] | None = None,
         whole_objects: bool = False,
-    ) -> Any:
-        from engine.engine import _Loaded
+    ) -> LoadScope:
+        return LoadScope(self._loader, blocks, keys, columns, whole_objects)
 
-        return _Loaded(self._loader, blocks, keys, columns, whole_objects)
-
-    def _txn_ended(self, txn: Transaction) -> None:
+    def txn_ended(self, txn: Transaction) -> None:
         self._open_txns.discard(txn)
 
-    def _discard_objects(self, names: list[str]) -> None:
+    def discard_objects(self, names: list[str]) -> None:
         return None  # never spills
 
-    async def _commit(self, txn: Transaction) -> None:
+    async def commit_txn(self, txn: Transaction) -> None:
         assert isinstance(txn, CNTransaction)
         if not txn.ops:
             txn.commit_ts = txn.start_ts
-            txn._end(TxnState.COMMITTED)
+            txn.end(TxnState.COMMITTED)
             return
         self._seq += 1
         write_set = WriteSet(txn.start_ts, tuple(txn.ops), self.client_id, self._seq)
@@ -213,17 +220,17 @@ class ComputeNode:
             commit_ts = await self._port.commit(write_set)
         except BaseException:
             txn.state = TxnState.OPEN
-            txn._end(TxnState.ROLLED_BACK)
+            txn.end(TxnState.ROLLED_BACK)
             raise
         txn.commit_ts = commit_ts
-        txn._end(TxnState.COMMITTED)
+        txn.end(TxnState.COMMITTED)
 
     # --- catching up ---------------------------------------------------------------------------
 
     async def catch_up(self, ts: int | None = None) -> int:
         """Pull logtail until the state is at `ts` (default: the TN's visible timestamp, as
         of now). Returns the timestamp reached (at most the TN's visible one)."""
-        self._check_not_closed()
+        self.check_not_closed()
         if ts is not None:
             async with self._pull_lock:
                 return await self._pull_to(ts)
@@ -329,7 +336,7 @@ class ComputeNode:
     async def follow(self) -> None:
         """Keep up with the TN as it commits: subscribe, then pull what came before. Pushed
         entries are applied in order; a gap or an overflow falls back to a pull."""
-        self._check_not_closed()
+        self.check_not_closed()
         if self._follow_task is not None:
             return
         # None in the queue wakes the drain for a pull: the subscription skipped entries.
@@ -379,7 +386,7 @@ class ComputeNode:
                 f"snapshot at {at}: this compute node holds [{self._history_floor_ts}, "
                 f"{self.applied_ts}]"
             )
-        view = Transaction(self, at, read_only=True, registered=False)  # type: ignore[arg-type]
+        view = Transaction(self, at, read_only=True, registered=False)
         try:
             yield view
         finally:

@@ -88,7 +88,7 @@ class Pin(Generic[K, V]):
     def release(self) -> None:
         assert not self._released, "pin released twice"
         self._released = True
-        self._cache._release(self.key, self._entry)
+        self._cache.unpin(self.key, self._entry)
 
     def __enter__(self) -> V:
         return self.value
@@ -220,7 +220,8 @@ class BufferCache(Generic[K, V]):
         entry.pin_count += 1
         return Pin(self, key, entry)
 
-    def _release(self, key: K, entry: _Entry[V]) -> None:
+    def unpin(self, key: K, entry: _Entry[V]) -> None:
+        """One pin of `entry` ended (`Pin.release` calls this; callers release the pin)."""
         with self._lock:
             assert entry.pin_count > 0
             entry.pin_count -= 1

@@ -11,7 +11,7 @@ one module).
 
 Retries: the AWS SDK's default strategy, `S3_ATTEMPTS_MAX` attempts of each request for the
 errors the SDK deems retryable (connection refused or reset, timeouts, 5xx, throttling), with
-exponential backoff (limits.py says how long). Then the error is typed (`_typed_error`):
+exponential backoff (limits.py says how long). Then the error is typed (`typed_error`):
 
 * network errors, timeouts, 5xx, SlowDown/throttling: `ObjectStoreUnavailable`;
 * a missing key: `ObjectNotFound`; a missing bucket: `ObjectStoreFailed` (checked with a
@@ -145,14 +145,14 @@ class S3ObjectStore:
             with self._fs.open_output_stream(path, metadata={}) as out:
                 out.write(data)
         except OSError as exc:
-            raise self._typed_error(name, exc) from None
+            raise self.typed_error(name, exc) from None
 
     def get(self, name: str) -> bytes:
         path = self._path(name)
         try:
             return self._read_all(path)
         except OSError as exc:
-            raise self._typed_error(name, exc) from None
+            raise self.typed_error(name, exc) from None
 
     def get_range(self, name: str, offset: int, length: int) -> bytes:
         path = self._path(name)
@@ -161,7 +161,7 @@ class S3ObjectStore:
                 check_range(self.description, name, offset, length, source.size())
                 data: bytes = source.read_at(length, offset) if length else b""
         except OSError as exc:
-            raise self._typed_error(name, exc) from None
+            raise self.typed_error(name, exc) from None
         if len(data) != length:
             raise ObjectStoreFailed(self.description, name, "short read inside the object")
         return data
@@ -173,7 +173,7 @@ class S3ObjectStore:
         try:
             source = self._fs.open_input_file(path)
         except OSError as exc:
-            raise self._typed_error(name, exc) from None
+            raise self.typed_error(name, exc) from None
         return pa.PythonFile(_TypedErrorsFile(self, name, source), mode="r")
 
     def size(self, name: str) -> int:
@@ -181,7 +181,7 @@ class S3ObjectStore:
         try:
             info = self._fs.get_file_info(path)
         except OSError as exc:
-            raise self._typed_error(name, exc) from None
+            raise self.typed_error(name, exc) from None
         if info.type != pafs.FileType.File:
             raise self._not_found(name)
         size_bytes: int = info.size
@@ -196,7 +196,7 @@ class S3ObjectStore:
         try:
             infos = self._fs.get_file_info(selector)
         except OSError as exc:
-            raise self._typed_error("", exc) from None
+            raise self.typed_error("", exc) from None
         found = []
         skip = len(self._base) + 1
         for info in infos:
@@ -215,7 +215,7 @@ class S3ObjectStore:
         except FileNotFoundError:
             return
         except OSError as exc:
-            raise self._typed_error(name, exc) from None
+            raise self.typed_error(name, exc) from None
 
     def check_bucket(self) -> None:
         """`ObjectStoreFailed` if the bucket does not exist, `ObjectStoreUnavailable` if the
@@ -223,7 +223,7 @@ class S3ObjectStore:
         try:
             exists = self._fs.get_file_info(self.bucket).type == pafs.FileType.Directory
         except OSError as exc:
-            raise self._typed_error("", exc) from None
+            raise self.typed_error("", exc) from None
         if not exists:
             raise ObjectStoreFailed(self.description, "", "the bucket does not exist")
 
@@ -244,7 +244,8 @@ class S3ObjectStore:
             return ObjectStoreFailed(self.description, name, "the bucket does not exist")
         return ObjectNotFound(self.description, name)
 
-    def _typed_error(self, name: str, exc: OSError) -> ObjectStoreError:
+    def typed_error(self, name: str, exc: OSError) -> ObjectStoreError:
+        """`exc` from a request for `name` as the store's typed error (its readers use it)."""
         if isinstance(exc, (FileNotFoundError, IsADirectoryError, NotADirectoryError)):
             return self._not_found(name)
         return _typed_aws_error(self.description, name, exc)
@@ -292,7 +293,7 @@ class _TypedErrorsFile(io.RawIOBase):
         try:
             data: bytes = self._source.read(size if size is not None and size >= 0 else None)
         except OSError as exc:
-            raise self._store._typed_error(self._name, exc) from None
+            raise self._store.typed_error(self._name, exc) from None
         return data
 
     def close(self) -> None:
