@@ -104,9 +104,12 @@ class Channel:
             raise BadReply(f"Authenticate answered with {type(reply).__name__}")
         return channel
 
-    async def call(self, request: Request, *, timeout_s: float | None = None) -> Reply:
-        """Send `request` and wait for its answer (see the module docstring for what is
-        raised). `BadRequest` when the request breaks a rule: nothing is sent."""
+    async def call(
+        self, request: Request | messages.Encoded, *, timeout_s: float | None = None
+    ) -> Reply:
+        """Send `request` (or a body `messages.encode_body` checked already) and wait for its
+        answer (see the module docstring for what is raised). `BadRequest` when the request
+        breaks a rule: nothing is sent."""
         if self.broken:
             raise ChannelClosed(f"the connection to {self.address} is closed")
         request_id = next(self._ids)
