@@ -360,8 +360,12 @@ def _rows_bytes(rows: object) -> tuple[str, bytes]:
     for field in rows.schema:
         if field.type not in _ENGINE_ARROW_TYPES:
             raise BadRequest(f"insert column {field.name!r}: {field.type} is not an engine type")
-    columns = [column.combine_chunks() for column in rows.columns]
-    batch = pa.RecordBatch.from_arrays(columns, schema=rows.schema)
+    batches = rows.to_batches()
+    if len(batches) == 1:
+        batch = batches[0]  # what a compute node's insert op holds: no copy
+    else:
+        columns = [column.combine_chunks() for column in rows.columns]
+        batch = pa.RecordBatch.from_arrays(columns, schema=rows.schema)
     kind = INSERT_COLUMNS
     # A null in a non-nullable column travels as Arrow, for the TN to refuse as it always
     # did (SchemaError): the compact body cannot even hold it.
