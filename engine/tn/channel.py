@@ -118,13 +118,7 @@ class Channel:
         self._pending[request_id] = future
         timeout = self._options.request_timeout_s if timeout_s is None else timeout_s
         try:
-            # Sent now, not at the end of this loop turn (FrameWriter's coalescing): a
-            # compute node's writers run their transactions in bursts (a group of commits
-            # answered together), and coalescing made the first request of a burst wait for
-            # the CPU of all the others before the TN could start on it (issue 21: 7-11 ms of
-            # a 30-50 ms commit; 2 ms so). One send per request costs far less than that.
             self._out.write(frame)
-            self._out.flush()
             try:  # the wait for the TN to read the request counts against the timeout too
                 async with asyncio.timeout(timeout):  # no task per call (`wait_for` makes one)
                     if self._out.over_limit():
