@@ -149,7 +149,13 @@ async def _apply(txn: Any, op: Op) -> None:
         if op.kind == "insert":
             if op.rows is None:
                 raise BadInput("insert without rows")
-            await table.insert(op.rows)
+            rows: object = op.rows
+            batches = op.rows.to_batches()
+            if len(batches) == 1:
+                # One batch (what the TN protocol decodes) takes `to_batch`'s fast path when
+                # its schema is the table's; a Table always took the general conversion.
+                rows = batches[0]
+            await table.insert(rows)
         elif op.kind == "delete":
             await table.delete(list(op.keys))
         else:

@@ -86,8 +86,9 @@ class NetworkTN:
         return await _pull(self._read, t0, t1)
 
     async def commit(self, write_set: WriteSet) -> int:
-        request = messages.Commit(write_set)
-        messages.encode_request(1, request)  # a request that breaks a rule: BadRequest now
+        # Encoded and checked once, here (a request that breaks a rule: BadRequest now), and
+        # only framed again for each attempt.
+        request = messages.encode_body(messages.Commit(write_set))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._options.failover_wait_s_max
         delay = self._options.backoff_s_first

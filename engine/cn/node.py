@@ -42,7 +42,7 @@ from engine.load_scope import LoadScope
 from engine.logtail import LogtailUnavailable, TailEntry
 from engine.objects.errors import ObjectNotFound
 from engine.objects.store import ObjectStore
-from engine.schema import Schema, to_batch
+from engine.schema import Schema
 from engine.state import ApplyError, EngineState
 from engine.storage import PersistedBlock
 from engine.tn import limits as tn_limits
@@ -92,8 +92,13 @@ class CNTransaction(Transaction):
     async def _insert(self, handle: TableHandle, rows: object) -> int:
         count = await super()._insert(handle, rows)
         if count and not self._muted:
-            entry = handle.entry
-            batch = to_batch(entry.schema, entry.data.arrow_schema, rows, handle.qualified)
+            # The rows as the workspace took them, checked and converted once (a compute
+            # node's transaction never spills: the last batch is this insert's).
+            writes = self.table_writes(handle.entry.table_id)
+            assert writes is not None
+            added = writes.batches[-1]
+            batch = added if isinstance(added, pa.RecordBatch) else added.batch()
+            assert batch.num_rows == count
             self.ops.append(
                 Op("insert", handle.db, handle.name, rows=pa.Table.from_batches([batch]))
             )

@@ -104,9 +104,12 @@ class Channel:
             raise BadReply(f"Authenticate answered with {type(reply).__name__}")
         return channel
 
-    async def call(self, request: Request, *, timeout_s: float | None = None) -> Reply:
-        """Send `request` and wait for its answer (see the module docstring for what is
-        raised). `BadRequest` when the request breaks a rule: nothing is sent."""
+    async def call(
+        self, request: Request | messages.Encoded, *, timeout_s: float | None = None
+    ) -> Reply:
+        """Send `request` (or a body `messages.encode_body` checked already) and wait for its
+        answer (see the module docstring for what is raised). `BadRequest` when the request
+        breaks a rule: nothing is sent."""
         if self.broken:
             raise ChannelClosed(f"the connection to {self.address} is closed")
         request_id = next(self._ids)
@@ -117,7 +120,10 @@ class Channel:
         try:
             self._out.write(frame)
             try:  # the wait for the TN to read the request counts against the timeout too
-                reply = await asyncio.wait_for(self._sent_then(future), timeout)
+                async with asyncio.timeout(timeout):  # no task per call (`wait_for` makes one)
+                    if self._out.over_limit():
+                        await self._out.drain_if_over()
+                    reply = await future
             except TimeoutError:
                 raise TimeoutError(
                     f"no answer from the TN at {self.address} within {timeout} s"
@@ -127,11 +133,6 @@ class Channel:
         if isinstance(reply, messages.ErrorReply):
             raise exception_of(reply.code, reply.message, reply.args)
         return reply
-
-    async def _sent_then(self, future: asyncio.Future[Reply]) -> Reply:
-        if self._out.over_limit():
-            await self._out.drain_if_over()
-        return await future
 
     async def subscribe(self, on_push: PushHandler, on_end: EndHandler) -> int:
         """Subscribe on this channel; returns `from_ts`. `on_push(entries)` is then called,

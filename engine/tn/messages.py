@@ -25,9 +25,12 @@ frames, so a logsvc client that dials a TN (or a CN that dials a logsvc node) is
 
 Values inside a write set (keys, update values, a DuplicateKey's key) are msgpack scalars,
 compound keys arrays; dates and timestamps, which msgpack lacks, are two ext types of fixed
-size (FORMAT.md "Values"). Inserted rows are the WAL's own Arrow IPC stream
-(engine/wal/codec.py `encode_batch`), decoded with the WAL's refusals (no compression, the
-engine's column types only). Schemas are the checkpoint's JSON (engine/checkpoint/layout.py).
+size (FORMAT.md "Values"). Inserted rows are the WAL's own encodings, decoded with the
+WAL's refusals: up to 32 rows the compact column body of an AppendColumns command (op kind
+`insert_columns`, engine/wal/columns.py: no Arrow IPC messages to build, parse and validate
+for a one-row insert, issue 21), larger inserts one Arrow IPC stream (kind `insert`,
+engine/wal/codec.py `encode_batch`: no compression, the engine's column types only).
+Schemas are the checkpoint's JSON (engine/checkpoint/layout.py).
 
 Encoding checks the rules first (the client's `BadRequest`; a reply that breaks one is a
 server bug: assert), decoding checks the same rules, so whatever decodes re-encodes.
@@ -53,6 +56,7 @@ from engine.schema import TYPES
 from engine.tn import limits
 from engine.tn.errors import ARGS_SHAPES, BadReply, BadRequest, ErrorCode
 from engine.wal.codec import _read_batch, encode_batch
+from engine.wal.columns import ColumnsDamaged, decode_columns, encode_columns
 from engine.writeset import OP_KINDS, Op, WriteSet
 from logsvc.wire.errors import ProtocolError, WrongFrameKind
 from logsvc.wire.frames import Frame, FrameDecoder, FrameKind, encode_frame
@@ -65,6 +69,7 @@ __all__ = [
     "Checkpoints",
     "Commit",
     "Committed",
+    "Encoded",
     "ErrorReply",
     "Frame",
     "LogtailPage",
@@ -82,6 +87,7 @@ __all__ = [
     "WrongFrameKind",
     "decode_reply",
     "decode_request",
+    "encode_body",
     "encode_reply",
     "encode_request",
     "reply_decoder",
@@ -255,6 +261,11 @@ _I64 = struct.Struct("<q")
 _EPOCH_DATE = datetime.date(1970, 1, 1)
 _EPOCH_DATETIME = datetime.datetime(1970, 1, 1)
 _ENGINE_ARROW_TYPES = frozenset(TYPES.values())
+INSERT_COLUMNS = "insert_columns"
+"""The wire kind of an insert of at most 32 rows (engine/wal/columns.py
+`APPEND_COLUMNS_ROWS_MAX`) sent as an AppendColumns body; it decodes to an `insert` op. A TN
+older than it answers BAD_REQUEST "unknown operation" (typed, at once)."""
+
 _SCALARS = (type(None), bool, int, float, str, bytes, datetime.date, datetime.datetime)
 
 REQUEST_WIRE = WireLimits(
@@ -281,10 +292,25 @@ def reply_decoder() -> FrameDecoder:
 # --- Requests: encode -----------------------------------------------------------------------------
 
 
-def encode_request(request_id: int, msg: Request) -> bytes:
+def encode_request(request_id: int, msg: Request | Encoded) -> bytes:
     """The whole frame of a request. `BadRequest` (code TOO_LARGE for a size) when it breaks
     a rule of FORMAT.md: nothing is sent."""
     assert 1 <= request_id <= limits.U64_MAX
+    body = msg.body if isinstance(msg, Encoded) else encode_body(msg).body
+    return encode_frame(FrameKind.REQUEST, request_id, body, REQUEST_WIRE)
+
+
+@dataclass(frozen=True, slots=True)
+class Encoded:
+    """A request's body, encoded and checked once (`encode_body`): a commit sent again after
+    a failover is framed again under a new request id, never encoded again."""
+
+    body: bytes
+
+
+def encode_body(msg: Request) -> Encoded:
+    """The body of a request, checked against every rule of FORMAT.md (`BadRequest`, code
+    TOO_LARGE for a size, when it breaks one: nothing is sent)."""
     body = _pack_request(msg)
     if len(body) > limits.REQUEST_BODY_BYTES_MAX:
         raise BadRequest(
@@ -292,8 +318,8 @@ def encode_request(request_id: int, msg: Request) -> bytes:
             ErrorCode.TOO_LARGE,
         )
     # Every rule is checked by decoding what was encoded: one set of rules, on both sides.
-    decode_request(Frame(FrameKind.REQUEST, request_id, body))
-    return encode_frame(FrameKind.REQUEST, request_id, body, REQUEST_WIRE)
+    decode_request(Frame(FrameKind.REQUEST, 1, body))
+    return Encoded(body)
 
 
 def _pack_request(msg: Request) -> bytes:
@@ -318,27 +344,48 @@ def _pack_request(msg: Request) -> bytes:
 
 def _op_fields(op: Op) -> tuple[object, ...]:
     schema = None if op.schema is None else schema_json(op.schema)
-    rows = None if op.rows is None else _rows_bytes(op.rows)
+    kind = op.kind
+    rows = None
+    if op.rows is not None:
+        kind, rows = _rows_bytes(op.rows)
     values = tuple((column, value) for column, value in op.values.items())
-    return (op.kind, op.database, op.table, schema, rows, tuple(op.keys), values)
+    return (kind, op.database, op.table, schema, rows, tuple(op.keys), values)
 
 
-def _rows_bytes(rows: object) -> bytes:
+def _rows_bytes(rows: object) -> tuple[str, bytes]:
+    """The wire kind of an insert and its rows: `insert_columns` and an AppendColumns body
+    for a small batch, else `insert` and an Arrow IPC stream."""
     if not isinstance(rows, pa.Table):
         raise BadRequest(f"insert rows must be a pyarrow Table, not {type(rows).__name__}")
     for field in rows.schema:
         if field.type not in _ENGINE_ARROW_TYPES:
             raise BadRequest(f"insert column {field.name!r}: {field.type} is not an engine type")
-    columns = [column.combine_chunks() for column in rows.columns]
-    batch = pa.RecordBatch.from_arrays(columns, schema=rows.schema)
-    data = encode_batch(batch)
+    batches = rows.to_batches()
+    if len(batches) == 1:
+        batch = batches[0]  # what a compute node's insert op holds: no copy
+    else:
+        columns = [column.combine_chunks() for column in rows.columns]
+        batch = pa.RecordBatch.from_arrays(columns, schema=rows.schema)
+    kind = INSERT_COLUMNS
+    # A null in a non-nullable column travels as Arrow, for the TN to refuse as it always
+    # did (SchemaError): the compact body cannot even hold it.
+    parts = None
+    if batch.num_columns and not any(
+        column.null_count and not field.nullable
+        for column, field in zip(batch.columns, batch.schema, strict=True)
+    ):
+        parts = encode_columns(batch)
+    if parts is not None:
+        data = b"".join(parts)
+    else:
+        kind, data = "insert", encode_batch(batch)
     if len(data) > limits.OP_ROWS_BYTES_MAX:
         raise BadRequest(
             f"insert of {len(data)} bytes of Arrow is over op_rows_bytes_max "
             f"({limits.OP_ROWS_BYTES_MAX})",
             ErrorCode.TOO_LARGE,
         )
-    return data
+    return kind, data
 
 
 # --- Requests: decode -----------------------------------------------------------------------------
@@ -391,7 +438,10 @@ def _decode_op(value: object, index: int) -> Op:
     fields = _Fields(value, _bad_request, where)
     fields.expect("an op", 7, counts_op=False)
     kind = fields.text("kind", 32, bytes_min=1)
-    if kind not in OP_KINDS:
+    wire_kind = kind
+    if kind == INSERT_COLUMNS:
+        kind = "insert"  # the same operation, its rows in the compact encoding
+    elif kind not in OP_KINDS:
         raise BadRequest(f"{where}.kind: unknown operation {kind!r}")
     database = fields.text("database", limits.NAME_BYTES_MAX, bytes_min=1)
     table = fields.text("table", limits.NAME_BYTES_MAX)
@@ -418,7 +468,12 @@ def _decode_op(value: object, index: int) -> Op:
         except (CheckpointCorrupt, RecursionError, ValueError, TypeError, AttributeError) as exc:
             raise BadRequest(f"{where}.schema: {exc}") from None
     rows = None
-    if rows_bytes is not None:
+    if rows_bytes is not None and wire_kind == INSERT_COLUMNS:
+        try:
+            rows = pa.Table.from_batches([decode_columns(memoryview(rows_bytes))])
+        except ColumnsDamaged as exc:
+            raise BadRequest(f"{where}.rows: not an AppendColumns body ({exc})") from None
+    elif rows_bytes is not None:
         try:
             rows = pa.Table.from_batches([_read_batch(rows_bytes)])
         except Exception as exc:  # any failure of Arrow on these bytes is a bad request

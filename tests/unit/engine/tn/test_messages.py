@@ -58,6 +58,8 @@ from engine.tn.messages import (
     reply_decoder,
     request_decoder,
 )
+from engine.wal.codec import encode_batch
+from engine.wal.columns import encode_columns
 from engine.writeset import Op, WriteSet
 from logsvc.wire.errors import ProtocolError, TruncatedFrame, UnsupportedVersion
 from logsvc.wire.frames import Frame, FrameKind, encode_frame
@@ -83,6 +85,18 @@ ROWS = pa.table(
 )
 
 
+BIG_ROWS = pa.table(
+    {
+        "id": list(range(33)),
+        "day": [DAY] * 33,
+        "note": ["n"] * 32 + [None],
+        "at": [AT] * 33,
+    },
+    schema=SHOP.to_arrow(),
+)
+"""One row over the compact encoding's 32: an Arrow IPC stream (kind `insert`)."""
+
+
 def ws(*ops: Op, start_ts: int = 100, seq: int = 3) -> WriteSet:
     return WriteSet(start_ts, tuple(ops), "cn-1", seq)
 
@@ -104,7 +118,16 @@ REQUESTS: list[tuple[str, int, Request]] = [
             )
         ),
     ),
-    ("request_commit_rows_v1.hex", 5, Commit(ws(Op("insert", "shop", "orders", rows=ROWS)))),
+    (
+        "request_commit_rows_ipc_v1.hex",
+        5,
+        Commit(ws(Op("insert", "shop", "orders", rows=BIG_ROWS))),
+    ),
+    (
+        "request_commit_columns_v1.hex",
+        10,
+        Commit(ws(Op("insert", "shop", "orders", rows=ROWS))),
+    ),
     (
         "request_commit_values_v1.hex",
         6,
@@ -163,7 +186,7 @@ REPLIES: list[tuple[str, int, Reply]] = [
     ("reply_error_connection_v1.hex", 0, ErrorReply(ErrorCode.BAD_REQUEST, "bad frame magic")),
 ]
 
-ARROW_VECTORS = {"request_commit_rows_v1.hex"}
+ARROW_VECTORS = {"request_commit_rows_ipc_v1.hex"}
 """Vectors holding an Arrow IPC stream: their bytes are pyarrow's serialization, which may
 change with pyarrow while the format does not. They must decode; encoding is compared
 through decoding (the other vectors are compared byte for byte)."""
@@ -226,8 +249,71 @@ def test_every_message_has_a_vector_and_every_vector_a_message() -> None:
         "delete",
         "update",
     }
-    listed = {name for name, _, _ in REQUESTS + REPLIES}
+    listed = {name for name, _, _ in REQUESTS + REPLIES} | set(OLDER_CLIENT_VECTORS)
     assert listed == {path.name for path in GOLDEN.glob("*.hex")}
+
+
+OLDER_CLIENT_VECTORS = {
+    "request_commit_rows_v1.hex": (5, Commit(ws(Op("insert", "shop", "orders", rows=ROWS)))),
+}
+"""Frames a client older than the compact insert sends (two rows as Arrow IPC): they still
+decode to the same operation."""
+
+
+@pytest.mark.parametrize("name", sorted(OLDER_CLIENT_VECTORS))
+def test_an_older_clients_frames_still_decode(name: str) -> None:
+    request_id, msg = OLDER_CLIENT_VECTORS[name]
+    frame = only_frame(golden(name), reply=False)
+    assert frame.request_id == request_id
+    assert decode_request(frame) == msg
+
+
+def test_a_small_insert_travels_as_columns_and_a_large_one_as_arrow() -> None:
+    small = only_frame(golden("request_commit_columns_v1.hex"), reply=False).body
+    assert b"\xaeinsert_columns" in small and b"\xa6insert" not in small
+    large = only_frame(golden("request_commit_rows_ipc_v1.hex"), reply=False).body
+    assert b"\xa6insert" in large and b"insert_columns" not in large
+    # The columns body is the WAL's AppendColumns body, byte for byte.
+    batch = pa.RecordBatch.from_arrays(
+        [c.combine_chunks() for c in ROWS.columns], schema=ROWS.schema
+    )
+    parts = encode_columns(batch)
+    assert parts is not None
+    assert b"".join(parts) in small
+
+
+def test_a_one_row_insert_is_a_fraction_of_its_arrow_stream() -> None:
+    one = ROWS.slice(0, 1)
+    frame = encode_request(1, Commit(ws(Op("insert", "shop", "orders", rows=one))))
+    assert (
+        len(frame)
+        < len(
+            encode_batch(
+                pa.RecordBatch.from_arrays(
+                    [c.combine_chunks() for c in one.columns], schema=one.schema
+                )
+            )
+        )
+        // 2
+    )
+
+
+def test_a_null_in_a_non_nullable_column_still_travels_as_arrow() -> None:
+    """The compact body cannot hold it: the TN refuses it as it always did (SchemaError)."""
+    loose = pa.table({"id": [None]}, schema=pa.schema([pa.field("id", pa.int64(), False)]))
+    body = encode_request(1, Commit(ws(Op("insert", "shop", "t", rows=loose))))[32:]
+    assert b"insert_columns" not in body
+
+
+def test_damaged_columns_are_a_bad_request() -> None:
+    data = golden("request_commit_columns_v1.hex")
+    body = bytearray(only_frame(data, reply=False).body)
+    head = body.index(b"\xaeinsert_columns")
+    at = body.index(b"\x02\x00\x00\x00", head)  # the columns body's row count, 2
+    body[at] = 0  # no rows
+    with pytest.raises(BadRequest, match="AppendColumns") as caught:
+        decode_request(Frame(FrameKind.REQUEST, 1, bytes(body)))
+    assert caught.value.code == ErrorCode.BAD_REQUEST
 
 
 def test_the_worked_examples_of_format_md_are_the_vectors() -> None:

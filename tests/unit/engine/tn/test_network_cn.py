@@ -386,3 +386,49 @@ def test_a_logtail_longer_than_a_page_arrives_whole() -> None:
             await engine.close()
 
     run(main)
+
+
+def test_one_cn_has_many_commits_in_flight_on_one_connection_at_once() -> None:
+    """A compute node's concurrent transactions are not sent one at a time: with the TN's WAL
+    holding every append, all of them reach the TN over the CN's one connection and wait
+    there together; released, each gets its own commit_ts (issue 21, target 5)."""
+
+    async def body() -> None:
+        wal = MemoryBackend()
+        objects = MemoryObjectStore()
+        tn = await TN.start(wal, objects)
+        await create_table(tn.engine)
+        client = NetworkTN([tn.address], TOKEN, FAST)
+        cn = ComputeNode(client, objects)
+        count = 8
+
+        async def insert(key: int) -> int:
+            async with cn.transaction() as txn:
+                await txn.table("d", "t").insert(rows(key))
+            assert txn.commit_ts is not None
+            return txn.commit_ts
+
+        try:
+            await cn.catch_up()
+            wal.hold_appends = True
+            tasks = [asyncio.ensure_future(insert(key)) for key in range(count)]
+            await wait_for(lambda: tn.server.requests_inflight == count)
+            assert tn.server.connections == 1
+            assert not any(task.done() for task in tasks)
+            wal.hold_appends = False
+            deadline = time.monotonic() + 10
+            while not all(task.done() for task in tasks):
+                assert time.monotonic() < deadline, "commits not answered after the release"
+                for held in wal.held():
+                    await wal.release(held)
+                await asyncio.sleep(0.01)
+            commit_ts = [task.result() for task in tasks]
+            assert len(set(commit_ts)) == count
+            async with cn.snapshot() as view:
+                assert [row["id"] for row in await scan(view)] == list(range(count))
+        finally:
+            await cn.close()
+            await client.close()
+            await tn.close()
+
+    run(body)
