@@ -54,6 +54,13 @@ class Policy:
     history_retention_ms: int = limits.HISTORY_RETENTION_MS
     """How far back `snapshot(ts)` works across restarts, checkpoints and rewrites: the WAL
     and objects are kept for it (decision 0010; 0: only since the newest checkpoint)."""
+    snapshot_grace_ms: int = 0
+    """Blocks a rewrite dropped stay in memory this long (wall time) after their drop even
+    when no registered reader is older: a compute node's transaction begins at the TN's
+    newest state and reaches the TN a round trip and its own work later, unregistered until
+    then; a flush in between would refuse it with `SnapshotUnavailable`. 0 for an embedded
+    engine (every reader registers when it begins); a TN's default is
+    `limits.CN_SNAPSHOT_GRACE_MS`."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -203,6 +203,14 @@ row appended, so the default is short: an analyst's "what did this look like thi
 is an `Engine.open(..., history_retention=...)` or a TN's `[maintenance]` away). 0 keeps
 nothing below the newest checkpoint (the engine before issue 24)."""
 
+CN_SNAPSHOT_GRACE_MS = 10_000
+"""A TN keeps the blocks a flush, merge or compaction dropped this long before it collects
+them (`Policy.snapshot_grace_ms`), so a compute node's transaction that began within it still
+finds its snapshot when its write set arrives (issue 21: one flush refused every in-flight CN
+transaction at once). Ten seconds covers a transaction's round trips under load many times;
+the memory it holds is what the table's rewrites dropped in that time (at 10 MB/s of rows,
+100 MB). A longer transaction gets `SnapshotUnavailable` and starts again."""
+
 HISTORY_RETENTION_MS_MAX = 30 * 24 * 3600 * 1000
 """A longer window is surely a unit mistake (seconds typed as milliseconds...): Delta Lake's
 default log retention."""

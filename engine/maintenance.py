@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 
 from engine import compaction, limits, rewrite_commit
-from engine.clock import wall_ms
+from engine.clock import make_ts, wall_ms
 from engine.compaction import COMMIT_TS_COLUMN, Policy, Rewrite, Task, WrittenBlock
 from engine.schema import Schema
 from engine.snapshot_reads import BlockReader
@@ -202,7 +202,11 @@ class Maintenance:
         if not engine.accepts_commits:
             return []
         state = engine.state
+        now_ms = wall_ms()
         gc_ts = engine.oldest_snapshot_ts()
+        grace_ms = self.policy.snapshot_grace_ms
+        if grace_ms:
+            gc_ts = min(gc_ts, make_ts(max(0, now_ms - grace_ms)))
         tables = [t for t in state.catalog.tables.values() if t.visible(engine.visible_ts)]
         l0_total = sum(compaction.l0_bytes(t.data) for t in tables)
         self.l0_bytes = l0_total
@@ -212,7 +216,6 @@ class Maintenance:
             self._relieved.clear()
         memory_full = l0_total >= self.policy.l0_bytes_max
         started: list[asyncio.Task[None]] = []
-        now_ms = wall_ms()
         for table in state.catalog.tables.values():
             if table.delete_ts <= gc_ts and table.data.blocks:
                 # Dropped before every reader's snapshot: its blocks are unreachable.

@@ -24,8 +24,9 @@ tn.toml:
     [watch]    optional: probe_interval_ms, probe_timeout_ms, failures_to_promote,
                failure_window_ms_max (engine/tn/watch.py)
     [maintenance] optional: flush_age_ms, checkpoint_interval_ms,
-               checkpoint_wal_reserve_entries, history_retention_ms (engine/compaction.py
-               Policy; the defaults are engine/limits.py's; 0 ms: no history window)
+               checkpoint_wal_reserve_entries, history_retention_ms, snapshot_grace_ms
+               (engine/compaction.py Policy; the defaults are engine/limits.py's; 0 ms: no
+               history window; snapshot_grace_ms defaults to CN_SNAPSHOT_GRACE_MS)
 
 cn.toml:
 
@@ -354,6 +355,7 @@ MAINTENANCE_KEYS = (
     "checkpoint_interval_ms",
     "checkpoint_wal_reserve_entries",
     "history_retention_ms",
+    "snapshot_grace_ms",
 )
 MAINTENANCE_MS_MIN = 100
 """Below this the engine would flush or checkpoint at every maintenance round (every
@@ -362,10 +364,15 @@ MAINTENANCE_MS_MAX = 24 * 3600 * 1000
 WAL_RESERVE_ENTRIES_MAX = 10_000_000
 
 
+TN_POLICY = Policy(snapshot_grace_ms=engine_limits.CN_SNAPSHOT_GRACE_MS)
+"""A TN's maintenance without a `[maintenance]` table: the engine's defaults, and compute
+nodes' snapshots kept for `CN_SNAPSHOT_GRACE_MS` after a rewrite drops them."""
+
+
 def _maintenance(table: _Table | None) -> Policy:
     if table is None:
-        return Policy()
-    values: dict[str, int] = {}
+        return TN_POLICY
+    values: dict[str, int] = {"snapshot_grace_ms": TN_POLICY.snapshot_grace_ms}
     for name in MAINTENANCE_KEYS:
         if name in table:
             value = table.integer(name)
@@ -373,6 +380,8 @@ def _maintenance(table: _Table | None) -> Policy:
                 low, high = 0, WAL_RESERVE_ENTRIES_MAX
             elif name == "history_retention_ms":
                 low, high = 0, engine_limits.HISTORY_RETENTION_MS_MAX  # 0: no window
+            elif name == "snapshot_grace_ms":
+                low, high = 0, MAINTENANCE_MS_MAX  # 0: a flush may refuse in-flight CN txns
             else:
                 low, high = MAINTENANCE_MS_MIN, MAINTENANCE_MS_MAX
             if not low <= value <= high:

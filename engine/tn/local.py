@@ -106,6 +106,8 @@ def _write_tn_config(
             f"checkpoint_wal_reserve_entries = {maintenance.checkpoint_wal_reserve_entries}\n"
             f"history_retention_ms = {maintenance.history_retention_ms}\n"
         )
+        if maintenance.snapshot_grace_ms:  # else the TN's own default (config.TN_POLICY)
+            more += f"snapshot_grace_ms = {maintenance.snapshot_grace_ms}\n"
     path.write_text(
         f"""\
 [tn]

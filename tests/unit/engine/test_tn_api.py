@@ -30,7 +30,9 @@ from engine import (
     SnapshotUnavailable,
     WriteConflict,
 )
+from engine import limits as engine_limits
 from engine.blockstore import ObjectBlockStore
+from engine.compaction import Policy
 from engine.logtail import LogtailBuffer, LogtailUnavailable, TailEntry, answer
 from engine.objects.store import LocalDirStore, MemoryObjectStore
 from engine.state import EngineState
@@ -299,5 +301,44 @@ def test_a_promoted_standby_closes_the_store_it_opened_for_writing(tmp_path: Pat
         assert promoted._lock is not None  # the directory's lock, taken at promotion
         await standby.close()
         assert promoted._lock is None  # released by the engine that opened it
+
+    run(main)
+
+
+@pytest.mark.parametrize("grace_ms", [0, engine_limits.CN_SNAPSHOT_GRACE_MS])
+def test_a_flush_between_a_cn_begin_and_its_write_set_refuses_it_only_without_the_grace(
+    grace_ms: int,
+) -> None:
+    """A compute node begins at the TN's newest state; its write set arrives later, and the
+    TN does not know of it until then. A flush in between drops the L0 block that snapshot
+    reads, and with nobody registered below, the next maintenance round collects it: with no
+    grace every in-flight CN transaction is then refused (what the distributed benchmark
+    showed); a TN's grace keeps the dropped blocks, so the write set runs."""
+
+    async def main() -> None:
+        wal, objects = MemoryBackend(), MemoryObjectStore()
+        eng = await fresh(wal, objects, policy=Policy(snapshot_grace_ms=grace_ms))
+        try:
+            await shop(eng)
+            await eng.execute(
+                WriteSet(eng.visible_ts, (Op("insert", "d", "t", rows=rows(1)),), "c", 1)
+            )
+            start = eng.visible_ts  # what the compute node's begin saw
+            maintenance = eng.maintenance
+            assert maintenance is not None
+            await maintenance.settle(freeze_all=True)  # the flush drops the L0 block
+            maintenance.step()  # and collects what no registered reader holds
+            write = WriteSet(start, (Op("insert", "d", "t", rows=rows(2)),), "c", 2)
+            if not grace_ms:
+                assert eng.history_floor_ts > start
+                with pytest.raises(SnapshotUnavailable):
+                    await eng.execute(write)
+                return
+            assert eng.history_floor_ts <= start
+            assert await eng.execute(write) > start
+            async with eng.transaction() as txn:
+                assert await txn.table("d", "t").get(2) == {"id": 2, "v": "v2"}
+        finally:
+            await eng.close()
 
     run(main)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from engine import limits as engine_limits
 from engine.cli import main
 from engine.compaction import Policy
 from engine.tn.config import load_cn, load_tn
@@ -85,7 +86,7 @@ def test_the_examples_load(base: Path) -> None:
     assert tn.objects.dir == str(base / "objects") and tn.data_dir == str(base / "tn1")
     assert tn.client_config == str(base / "cluster" / "client.toml")
     assert tn.watch == WatchPolicy()
-    assert tn.maintenance == Policy()
+    assert tn.maintenance == Policy(snapshot_grace_ms=engine_limits.CN_SNAPSHOT_GRACE_MS)
     cn = load_cn(str(base / "cn.toml"))
     assert cn.tns == ("127.0.0.1:7901", "127.0.0.1:7902") and cn.token == TOKEN
     assert cn.objects.dir == str(base / "objects")
@@ -100,6 +101,7 @@ def test_maintenance_overrides_the_engine_defaults(base: Path) -> None:
         checkpoint_interval_ms=1000,
         checkpoint_wal_reserve_entries=7,
         history_retention_ms=86_400_000,
+        snapshot_grace_ms=engine_limits.CN_SNAPSHOT_GRACE_MS,
     )
 
 
