@@ -54,7 +54,6 @@ from engine import (
     replay,
     rewrite_commit,
     spill,
-    sql,
     time_travel,
     writeset,
 )
@@ -450,6 +449,10 @@ class Engine(EngineCore):
         bad or writing query, `SqlUnavailable` without DuckDB (`pip install 'logsvc[sql]'`)."""
         scope = self.snapshot(self.visible_ts) if at is None else self.snapshot(at=at)
         async with scope as view:
+            # engine/sql.py pulls in pyarrow.dataset and pandas (~0.3 s): imported by the
+            # first query, not by every process that opens an engine.
+            from engine import sql
+
             return await sql.run(view, query)
 
     @property

@@ -29,7 +29,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 
 import pyarrow as pa
 
-from engine import as_of, limits, sql
+from engine import as_of, limits
 from engine.blockstore import ObjectBlockStore
 from engine.catalog import Catalog
 from engine.checkpoint import files
@@ -403,6 +403,10 @@ class ComputeNode:
         if isinstance(at, datetime.datetime):
             at = as_of.snapshot_ts(at, await self.catch_up())
         async with self.snapshot(at) as view:
+            # engine/sql.py pulls in pyarrow.dataset and pandas (~0.3 s): imported by the
+            # first query, not by every process that opens an engine.
+            from engine import sql
+
             return await sql.run(view, query)
 
     async def begin(self) -> CNTransaction:
