@@ -417,7 +417,7 @@ def _table_state(eng: Any) -> dict[str, Any]:
     """The table the writers insert into, as they start: its persisted blocks, how many of
     them a writer's key falls in the key range of (what a check by range and bloom probes),
     and the key index's size (engine/storage/keyindex.py)."""
-    (table,) = [t for t in eng._state.catalog.tables.values() if t.name == TABLE_NAME]
+    (table,) = [t for t in eng.state.catalog.tables.values() if t.name == TABLE_NAME]
     data = table.data
     live = [b for b in data.persisted_blocks() if b.visible(eng.visible_ts)]
     index = getattr(data, "key_index", None)
@@ -439,13 +439,13 @@ def _stored_bytes(eng: Any) -> dict[str, Any]:
     from engine import metrics
 
     checkpointer = eng.checkpointer
-    store = eng._block_store.store if eng._block_store is not None else None
+    store = eng.block_store.store if eng.block_store is not None else None
     objects = store.list("") if store is not None else []
     return {
         "history_retention_ms": (
             checkpointer.history_retention_ms if checkpointer is not None else None
         ),
-        "wal_bytes_end": metrics.wal_bytes(eng._backend),
+        "wal_bytes_end": metrics.wal_bytes(eng.backend),
         "object_bytes_end": sum(info.size_bytes for info in objects),
         "objects_end": len(objects),
         "checkpoints_retained_end": len(checkpointer.retained) if checkpointer else 0,
@@ -465,7 +465,7 @@ async def _sample_wal(eng: Any, high: dict[str, Any]) -> None:
 
     while True:
         high["entries"] = max(high["entries"], metrics.wal_entries_retained(eng))
-        size = metrics.wal_bytes(eng._backend)
+        size = metrics.wal_bytes(eng.backend)
         if size is not None:
             high["bytes"] = max(high["bytes"] or 0, size)
         await asyncio.sleep(WAL_SAMPLE_S)

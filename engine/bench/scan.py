@@ -167,7 +167,7 @@ async def measure(
         assert manifest is not None
         checkpointer = eng.checkpointer
         assert checkpointer is not None
-        objects_bytes = sum(i.size_bytes for i in checkpointer._store.list(""))
+        objects_bytes = sum(i.size_bytes for i in checkpointer.store.list(""))
         emit(
             {
                 "bench": "scan",
@@ -325,7 +325,7 @@ async def _engine_sql(
 
 
 def _cache(eng: Engine) -> dict[str, Any]:
-    store = eng._block_store
+    store = eng.block_store
     stats = getattr(store, "cache_stats", None)
     if stats is None:
         return {}

@@ -112,7 +112,7 @@ class Checkpointer:
         or below each, so the WAL and objects they replay stay until they close."""
 
     @property
-    def _store(self) -> ObjectStore:
+    def store(self) -> ObjectStore:
         # Looked up each time, not kept: a promoted standby's directory store is replaced
         # by a writable one (`ObjectBlockStore.writable`), and checkpoints must go there.
         return self._blocks.store
@@ -136,12 +136,12 @@ class Checkpointer:
         fallback (`fell_back`, a warning and a metric). Issue 20: a damaged checkpoint was
         skipped with a log line, then the open failed on "missing WAL entries"."""
         engine = self._engine
-        names = files.manifests(self._store)
+        names = files.manifests(self.store)
         self.skipped = []
         for position in range(len(names) - 1, -1, -1):
             try:
-                newest = files.read_manifest(self._store, names[position])
-                state = files.read(self._store, newest, self._blocks.meta)
+                newest = files.read_manifest(self.store, names[position])
+                state = files.read(self.store, newest, self._blocks.meta)
             except (CheckpointCorrupt, ObjectsError) as exc:
                 if isinstance(exc, CheckpointCorrupt):
                     damage = exc
@@ -156,7 +156,7 @@ class Checkpointer:
             older: list[Manifest] = []
             for name in names[max(0, position - self._retained_max + 1) : position]:
                 with contextlib.suppress(CheckpointCorrupt, ObjectsError):
-                    older.append(files.read_manifest(self._store, name))
+                    older.append(files.read_manifest(self.store, name))
             for manifest in _below(older, newest):
                 self._retain(manifest)
             self._retain(newest)
@@ -179,17 +179,17 @@ class Checkpointer:
         nothing the standby lacks). The newest, not an older readable one: the WAL was
         truncated below the newest, so only it is sure to cover the gap; one that cannot be
         read raises (CheckpointCorrupt, ObjectsError) and the standby retries later."""
-        names = files.manifests(self._store)
+        names = files.manifests(self.store)
         if not names:
             return None
-        newest = files.read_manifest(self._store, names[-1])
+        newest = files.read_manifest(self.store, names[-1])
         if newest.ckp_dsn <= applied_dsn:
             return None
-        state = files.read(self._store, newest, self._blocks.meta)
+        state = files.read(self.store, newest, self._blocks.meta)
         older: list[Manifest] = []
         for name in names[max(0, len(names) - self._retained_max) : -1]:
             with contextlib.suppress(CheckpointCorrupt, ObjectsError):
-                older.append(files.read_manifest(self._store, name))
+                older.append(files.read_manifest(self.store, name))
         return newest, state, older
 
     def adopt(self, newest: Manifest, state: EngineState, older: list[Manifest]) -> None:
@@ -258,12 +258,12 @@ class Checkpointer:
 
         def newer() -> list[Manifest]:
             found = []
-            for name in files.manifests(self._store):
+            for name in files.manifests(self.store):
                 ckp_ts = layout.ckp_ts_of(name)
                 if ckp_ts is None or not newest_ts < ckp_ts <= visible_ts or name in damaged:
                     continue
                 with contextlib.suppress(CheckpointCorrupt, ObjectsError):
-                    found.append(files.read_manifest(self._store, name))
+                    found.append(files.read_manifest(self.store, name))
             return found
 
         for manifest in await asyncio.to_thread(newer):
@@ -327,7 +327,7 @@ class Checkpointer:
         # promoted after following flushes and merges deleted them, and its restart failed).
         referenced = self._blocks.refs.names() | retained | self._blocks.pending_names()
         orphans = await asyncio.to_thread(
-            files.orphans, self._store, referenced, (DATA_PREFIX, layout.PREFIX)
+            files.orphans, self.store, referenced, (DATA_PREFIX, layout.PREFIX)
         )
         newest = self.newest
         if self.history_retention_ms > 0 and newest is not None:
@@ -341,7 +341,7 @@ class Checkpointer:
         # Older manifests first, so no checkpoint ever names a deleted object.
         orphans.sort(key=lambda name: (not name.endswith(layout.MANIFEST_NAME), name))
         for name in orphans:
-            await asyncio.to_thread(files.retire, self._store, name, ())
+            await asyncio.to_thread(files.retire, self.store, name, ())
         self.orphans_deleted += len(orphans)
         if orphans:
             log.info("deleted %d orphaned objects", len(orphans))
@@ -375,7 +375,7 @@ class Checkpointer:
             uuid.uuid4().hex[:8],
         )
         with engine.pin(ckp_ts):  # blocks dropped after ckp_ts stay until it is written
-            manifest = await asyncio.to_thread(files.write, self._store, plan, wall_ms())
+            manifest = await asyncio.to_thread(files.write, self.store, plan, wall_ms())
         self._retain(manifest)
         kept = self._keep()
         assert kept is not None
@@ -429,7 +429,7 @@ class Checkpointer:
                 name for name in old.objects if self._blocks.refs.drop(name, ("ckp", old.ckp_ts))
             ]
             self.objects_retired += await asyncio.to_thread(
-                files.retire, self._store, old.name, garbage
+                files.retire, self.store, old.name, garbage
             )
             deleted += len(garbage)
         newest = self.newest
@@ -451,18 +451,18 @@ class Checkpointer:
         objects that a retained checkpoint or a block still uses stay (`used`)."""
         strays = [
             name
-            for name in files.manifests(self._store)
+            for name in files.manifests(self.store)
             if name not in used and (layout.ckp_ts_of(name) or 0) <= newest_ts
         ]
         deleted = 0
         for name in strays:
             try:
-                names = files.read_manifest(self._store, name).objects
+                names = files.read_manifest(self.store, name).objects
             except (CheckpointCorrupt, ObjectsError):
                 names = ()  # its objects go with the next open's orphans
             garbage = [o for o in names if o not in used]
             log.warning("retiring checkpoint %s: no WAL entry names it (a fenced writer's)", name)
-            self.objects_retired += files.retire(self._store, name, garbage)
+            self.objects_retired += files.retire(self.store, name, garbage)
             deleted += len(garbage)
         return deleted
 
