@@ -36,8 +36,8 @@ from spark_jobs.errors import BadInput, InputCorrupt, ReplayFailed
 from spark_jobs.filters import Range
 from spark_jobs.jobs import JobParams, JobResult
 from spark_jobs.journal import VERIFY_TRUE
-from spark_jobs.records import DriverRecord
-from spark_jobs.schemas import schema_to_json, signed64
+from spark_jobs.records import DriverRecord, record_fields
+from spark_jobs.schemas import schema_to_json
 from spark_jobs.walread import (
     LEVEL_AUDIT,
     LEVEL_COMMAND,
@@ -45,7 +45,6 @@ from spark_jobs.walread import (
     read_level,
     txn_entries,
 )
-from tae_driver.record import EntriesRecord, payload_checksum
 
 
 def logs_of(params: JobParams) -> list[tuple[str, int]]:
@@ -119,35 +118,39 @@ class PlanInput:
     def add(
         self,
         kind: str,
-        lsn: int,
-        start_dsn: int,
-        count: int,
-        safe_dsn: int,
-        checksum: int,
+        lsn: int | None,
+        start_dsn: int | None,
+        count: int | None,
+        safe_dsn: int | None,
+        checksum: int | None,
         skip_dsns: Iterable[int],
         skip_lsns: Iterable[int],
     ) -> None:
         if kind in ("entry", "marker"):
+            assert lsn is not None and start_dsn is not None and count is not None
+            assert safe_dsn is not None and checksum is not None
             self.by_lsn[lsn] = replay.DriverRecord(lsn, start_dsn, count, safe_dsn, checksum)
         elif kind == "skip":
             self.skips.extend(zip(skip_dsns, skip_lsns, strict=True))
         elif kind == "truncate":
+            assert lsn is not None
             self.truncated = max(self.truncated, lsn)
 
     def add_record(self, found: DriverRecord) -> None:
-        rec, decoded = found.rec, found.decoded
-        if rec.payload is None:
-            if rec.kind == "truncate":
-                assert rec.lsn is not None
-                self.truncated = max(self.truncated, rec.lsn)
-        elif isinstance(decoded, EntriesRecord):
-            assert rec.lsn is not None
-            checksum = signed64(payload_checksum(rec.payload))
-            self.by_lsn[rec.lsn] = replay.DriverRecord(
-                rec.lsn, decoded.start_dsn, decoded.count, decoded.safe_dsn, checksum
-            )
-        elif decoded is not None:  # a skip record; a payload that does not decode is damage
-            self.skips.extend(decoded.pairs)
+        """`add` for one record as a reader passes it, mapped as the audit level maps it
+        (records.record_fields: one mapping for both)."""
+        fields = record_fields(found)
+        pairs = fields.skip_pairs
+        self.add(
+            fields.kind,
+            found.rec.lsn,
+            fields.start_dsn,
+            fields.count,
+            fields.safe_dsn,
+            fields.checksum,
+            [dsn for dsn, _ in pairs],
+            [lsn for _, lsn in pairs],
+        )
 
     def plan(self, where: str, base: replay.BaseState) -> replay.ReplayPlan:
         return replay.plan_replay(self.by_lsn.values(), self.skips, self.truncated, where, base)

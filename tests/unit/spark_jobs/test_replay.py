@@ -25,11 +25,14 @@ import pytest
 
 from spark_jobs import local, local_replay, replay, walread
 from spark_jobs.errors import CopiesDisagree, LogHole, ReplayRefused
+from spark_jobs.filters import Range
 from spark_jobs.inputs import file_input
 from spark_jobs.jobs import JobParams
+from spark_jobs.records import driver_records
 from spark_jobs.walread import ReadOptions
 from tests.unit.spark_jobs.logs import (
     History,
+    anomalies_log,
     encode_record,
     encode_skip,
     engine_history,
@@ -227,3 +230,25 @@ def test_an_origin_command_is_read_and_changes_no_row(tmp_path: Path) -> None:
     rows = walread.read_level(JobParams("x", file_input(wal)), ReadOptions("command")).to_pylist()
     [origin] = [r for r in rows if r["cmd_kind"] == "origin"]
     assert (origin["name"], origin["origin_seq"], origin["dsn"]) == ("cn-1", 7, 4)
+
+
+def test_the_plan_reads_a_record_as_the_audit_level_does(tmp_path: Path) -> None:
+    """PlanInput gathered from the driver records as a reader passes them (one-read replay)
+    equals PlanInput from the audit level's rows (two-read replay), on a log with every kind
+    of record: entries, duplicates, a conflicting copy, a skip record, a marker, a truncation.
+    Both go through records.record_fields."""
+    wal = str(tmp_path / "wal")
+    anomalies_log(wal)
+    unit_params = JobParams("x", file_input(wal))
+    from_rows = local_replay.PlanInput()
+    audit = walread.read_level(unit_params, ReadOptions("audit"))
+    for row in audit.select(local_replay.PLAN_COLUMNS).to_pylist():
+        from_rows.add(*(row[name] for name in local_replay.PLAN_COLUMNS))
+    from_records = local_replay.PlanInput()
+    for unit in unit_params.units():
+        for found in driver_records(unit, "true", Range()):
+            from_records.add_record(found)
+    assert from_rows.truncated > 0 and from_rows.skips and len(from_rows.by_lsn) > 5
+    assert from_records.by_lsn == from_rows.by_lsn
+    assert from_records.skips == from_rows.skips
+    assert from_records.truncated == from_rows.truncated
