@@ -2,7 +2,11 @@
 spark_jobs.jvm_archive build` into the cache directory without printing the dump's
 warnings, then mapped by the driver JVM of a per-log job's session (seen in the JVM's
 /proc/<pid>/maps) while it runs lsn_audit.
-Two JVMs (the build's, the run's): minutes on a loaded 2-core box."""
+Two JVMs (the build's, the run's): two minutes on a loaded 2-core box, so it runs only when
+asked (tests/unit/spark_jobs/test_jvm_archive.py covers the rest without a JVM):
+
+    LOGSVC_SPARK_JVM_ARCHIVE=1 .venv/bin/python -m pytest -q tests/spark/test_jvm_archive.py
+"""
 
 from __future__ import annotations
 
@@ -16,6 +20,12 @@ import pytest
 from spark_jobs import jvm_archive, output
 from spark_jobs.session import LEAN_JVM_OPTIONS
 from tests.unit.spark_jobs.logs import History, engine_history
+
+if os.environ.get("LOGSVC_SPARK_JVM_ARCHIVE") != "1":
+    pytest.skip(
+        "building a JVM class-data archive takes minutes here: LOGSVC_SPARK_JVM_ARCHIVE=1 to run",
+        allow_module_level=True,
+    )
 
 RUN_S_MAX = 400
 
