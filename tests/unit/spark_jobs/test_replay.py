@@ -23,7 +23,8 @@ from typing import Any
 
 import pytest
 
-from spark_jobs import local, local_replay, replay, walread
+from spark_jobs import entries as entries_module
+from spark_jobs import local, local_replay, replay, spill, walread
 from spark_jobs.errors import CopiesDisagree, LogHole, ReplayRefused
 from spark_jobs.filters import Range
 from spark_jobs.inputs import file_input
@@ -33,9 +34,13 @@ from spark_jobs.walread import ReadOptions
 from tests.unit.spark_jobs.logs import (
     History,
     anomalies_log,
+    append_entry,
+    bound_replay_memory,
+    delete_entry,
     encode_record,
     encode_skip,
     engine_history,
+    in_memory,
     kv_entries,
     records_of,
     write_file_wal,
@@ -45,7 +50,7 @@ from tests.unit.spark_jobs.logs import (
 def replayed(wal: str, as_of: int) -> dict[str, list[dict[str, Any]]]:
     result = local.run(JobParams("replay_as_of", file_input(wal), as_of=as_of))
     return {
-        name.split("/", 1)[1].replace("/", "."): table.to_pylist()
+        name.split("/", 1)[1].replace("/", "."): in_memory(table).to_pylist()
         for name, table in result.tables.items()
     }
 
@@ -252,3 +257,57 @@ def test_the_plan_reads_a_record_as_the_audit_level_does(tmp_path: Path) -> None
     assert from_records.by_lsn == from_rows.by_lsn
     assert from_records.skips == from_rows.skips
     assert from_records.truncated == from_rows.truncated
+
+
+def test_a_replay_in_bounded_memory_equals_the_unbounded_one(
+    history: History, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 23: a worker's memory bounded whatever the log's size. Under a small bound a
+    real engine's tables (updates, deletes, a table dropped and created again) are spilled
+    as sorted runs and merged (spark_jobs/spill.py): the same rows in the same order."""
+    timestamps = [*history.timestamps[:: max(1, len(history.timestamps) // 6)], 2**62]
+    unbounded = {ts: replayed(history.path, ts) for ts in timestamps}
+    bound_replay_memory(monkeypatch, 4 << 10)
+    for ts in timestamps:
+        assert replayed(history.path, ts) == unbounded[ts], ts
+        expected = history.scans.get(ts)
+        if expected is not None:
+            assert unbounded[ts] == expected, ts
+    result = local.run(JobParams("replay_as_of", file_input(history.path), as_of=2**62))
+    assert result.summary["logs"][0]["rows_spilled_runs"] >= 2
+
+
+def test_many_small_transactions_are_held_near_the_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """3,000 one-row appends and a delete of three rows after every tenth, read 64 entries
+    at a time: under a 2 KiB bound, rows and deleted keys are spilled in many runs (merged
+    three at a time, in rounds), the result equals the unbounded replay and the model, and
+    what was held at once stayed within the bound plus one chunk's rows (the old replay held
+    every row of a table until the end: `rows_held_bytes_peak` did not exist)."""
+    entries = kv_entries(2)
+    expected = []
+    ts = 2000
+    for i in range(3000):
+        ts += 10
+        entries.append(append_entry(ts - 5, ts, 1, 2, i, [i]))
+        if i % 10 == 9:
+            ts += 10
+            entries.append(delete_entry(ts - 5, ts, 1, 2, [i - 9, i - 6, i - 3]))
+    deleted = {i - d for i in range(9, 3000, 10) for d in (9, 6, 3)}
+    expected = [i for i in range(3000) if i not in deleted]
+    wal = str(tmp_path / "wal")
+    write_file_wal(wal, records_of(entries, per_record=50))
+    monkeypatch.setattr(entries_module, "CHUNK_ENTRIES_MAX", 64)
+    unbounded = replayed(wal, 2**62)
+    assert [row["k"] for row in unbounded["db.kv"]] == expected
+    held = 2 << 10
+    bound_replay_memory(monkeypatch, held)
+    result = local.run(JobParams("replay_as_of", file_input(wal), as_of=2**62))
+    [log] = result.summary["logs"]
+    [table] = result.tables.values()
+    assert isinstance(table, spill.SpilledTable)
+    assert in_memory(table).to_pylist() == unbounded["db.kv"]
+    assert log["rows_spilled_runs"] >= 20
+    assert in_memory(table).nbytes > 10 * held
+    assert log["rows_held_bytes_peak"] <= 2 * held
