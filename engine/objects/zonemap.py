@@ -31,11 +31,10 @@ import re
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
-import pyarrow.fs as pafs
 import xxhash
 
 from engine.errors import SchemaError
@@ -191,11 +190,15 @@ class Pruner:
         self._candidates = [index for index, zonemap in enumerate(zonemaps) if zonemap.row_count]
         self._dataset = None
         if self._candidates:
+            import pyarrow.dataset as ds  # here: it imports pandas (~0.2 s), which a reader
+            # that never prunes (a Spark worker, the CLI) should not pay
+
+            parquet, never_opened = _dataset_parts()
             self._dataset = ds.FileSystemDataset.from_paths(
                 [str(index) for index in self._candidates],
                 schema=zonemaps[0].arrow_schema(),
-                format=_PARQUET,
-                filesystem=_NEVER_OPENED,
+                format=parquet,
+                filesystem=never_opened,
                 partitions=[zonemaps[index].guarantee for index in self._candidates],
             )
 
@@ -216,9 +219,16 @@ class Pruner:
 
 
 _NAN_LITERAL = re.compile(r"\bnan\b", re.IGNORECASE)
-_PARQUET = ds.ParquetFileFormat()
-_NEVER_OPENED = pafs.LocalFileSystem()
-"""`prune`'s dataset needs a file system; its paths ("0", "1", ...) are never opened."""
+
+
+@functools.cache
+def _dataset_parts() -> tuple[Any, Any]:
+    """The file format and file system of `prune`'s datasets (made once): its paths ("0",
+    "1", ...) are never opened."""
+    import pyarrow.dataset as ds
+    import pyarrow.fs as pafs
+
+    return ds.ParquetFileFormat(), pafs.LocalFileSystem()
 
 
 # --- Building -----------------------------------------------------------------------------------
