@@ -237,7 +237,7 @@ BATCHES_PACKED_AT = 4096
 as one part."""
 
 ROWS_HELD_BYTES_MAX = REPLAY_ROWS_HELD_BYTES_MAX
-"""spark_jobs/limits.py; a module attribute so a test can replay under a small bound."""
+"""spark_jobs/limits.py, unless the job's `rows_held_bytes` says otherwise."""
 
 
 class _Replayed:
@@ -245,9 +245,10 @@ class _Replayed:
     a log is not held in memory whole: an entry whose commit_ts is not above every earlier
     one's is a repeated transaction; one past TS changes nothing."""
 
-    def __init__(self, as_of: int, where: str) -> None:
+    def __init__(self, as_of: int, where: str, params: JobParams) -> None:
         self.as_of = as_of
         self.where = where
+        self.held_bytes = params.rows_held_bytes or ROWS_HELD_BYTES_MAX
         self.catalog: list[replay.CatalogCommand] = []
         self.spill_dir = spill.SpillDir("spark_jobs-replay-")
         self.changes: dict[int, _TableChanges] = {}
@@ -260,7 +261,7 @@ class _Replayed:
         found = self.changes.get(table_id)
         if found is None:
             where = f"{self.where} table id {table_id}"
-            found = _TableChanges(ROWS_HELD_BYTES_MAX, self.spill_dir, where)
+            found = _TableChanges(self.held_bytes, self.spill_dir, where)
             self.changes[table_id] = found
         return found
 
@@ -367,7 +368,13 @@ def replay_log(
     as_of = params.as_of
     verify = params.verify or VERIFY_TRUE
     where = f"replica {replica} shard {shard}"
-    scope = JobParams(params.job, params.inputs, frozenset({shard}), frozenset({replica}))
+    scope = JobParams(
+        params.job,
+        params.inputs,
+        frozenset({shard}),
+        frozenset({replica}),
+        rows_held_bytes=params.rows_held_bytes,
+    )
     store, base = base_of(params, shard, as_of)
     # Every entry of the plan is read (not only those at or below TS): the newest
     # commit in the log says whether TS is past it, and rule 4 needs every earlier entry.
@@ -394,7 +401,7 @@ def replay_log(
     spilled_runs = held_peak = 0
     for table in live:
         found = changes.get(table.table_id) or _TableChanges(
-            ROWS_HELD_BYTES_MAX, replayed.spill_dir, where
+            replayed.held_bytes, replayed.spill_dir, where
         )
         data = _live_rows(store, base, table, found)
         spilled_runs += found.rows.spilled + found.deleted.spilled
@@ -423,7 +430,7 @@ def _replay_log(
     """The plan's entries of one log replayed as they are read (many at a time: spark_jobs/
     entries.py), and its newest commit_ts. A log not read in DSN order (not seen so far) is
     read again, held and sorted."""
-    replayed = _Replayed(as_of, where)
+    replayed = _Replayed(as_of, where, scope)
     newest = 0
     kept_lsns = np.fromiter(plan.kept_lsns, dtype=np.int64, count=len(plan.kept_lsns))
     dsns = Range(plan.first_dsn, plan.last_dsn)
@@ -465,7 +472,7 @@ def _replay_one_pass(
     if not options.bounds.range("lsn").unbounded:
         return None
     gathered = PlanInput()
-    replayed = _Replayed(as_of, where)
+    replayed = _Replayed(as_of, where, scope)
     newest = 0
     lsns_replayed: list[npt.NDArray[np.int64]] = []
     dsn_lo = dsn_hi = None
@@ -508,7 +515,7 @@ def _replay_log_sorted(
         for rec, dsn, entry in txn_entries(unit, options)
         if rec.lsn in plan.kept_lsns and plan.first_dsn <= dsn <= plan.last_dsn
     ]
-    replayed = _Replayed(as_of, where)
+    replayed = _Replayed(as_of, where, scope)
     newest = 0
     for dsn, entry in sorted(held, key=lambda pair: pair[0]):
         newest = max(newest, entry.commit_ts)
