@@ -225,7 +225,7 @@ class _TableChanges:
         rows: pa.RecordBatch,
     ) -> None:
         """Rows of many one-append entries at once (engine.wal.batch), one run per row."""
-        keys = _keys(block_ids.astype(np.int64), offsets.astype(np.int64), self.where)
+        keys = _keys(block_ids, offsets, self.where)
         self.add_rows_at(SOURCE_APPENDED, keys, pa.Table.from_batches([rows]))
 
     def delete(self, keys: npt.NDArray[np.uint64]) -> None:
@@ -621,9 +621,10 @@ def _live_rows(
 
 
 def _keys(
-    block_ids: npt.NDArray[np.int64], offsets: npt.NDArray[np.int64], where: str
+    block_ids: npt.NDArray[Any], offsets: npt.NDArray[Any], where: str
 ) -> npt.NDArray[np.uint64]:
     """(block_id, offset) of each row as one uint64 (spill.key_of)."""
-    if len(block_ids) and int(block_ids.max()) >= 1 << (64 - KEY_OFFSET_BITS):
-        raise ReplayFailed(f"{where}: block id {int(block_ids.max())} too large for this reader")
-    return spill.key_of(block_ids, offsets)
+    ids = block_ids.astype(np.uint64)  # a negative id (none is) would be large here
+    if len(ids) and int(ids.max()) >= 1 << (64 - KEY_OFFSET_BITS):
+        raise ReplayFailed(f"{where}: block id {int(ids.max())} too large for this reader")
+    return spill.key_of(ids, offsets)

@@ -19,12 +19,14 @@ merged a group at a time first). Python objects per row: none.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -144,6 +146,13 @@ class SortedRuns:
         self.runs.append(path)
         self.spilled += 1
 
+    def drop_runs(self) -> None:
+        """The runs' files removed (once merged)."""
+        for path in self.runs:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
+        self.runs = []
+
     def merged(self) -> Iterator[tuple[Keys, Seqs, pa.Table | None]]:
         """Every row in (key, seq) order, a bounded chunk at a time: the runs (the rows still
         held are spilled first), merged SPILL_MERGE_FAN_IN at a time."""
@@ -258,7 +267,7 @@ def _merge(paths: list[str], cast: Callable[[pa.Table], pa.Table]) -> Iterator[C
 class SpilledTable:
     """A table's rows in an Arrow IPC file on local disk (`batches` reads them one batch at a
     time); the file goes with `close` (output.write_table calls it once written) or with
-    its SpillDir."""
+    its SpillDir (kept alive by this reference)."""
 
     path: str
     schema: pa.Schema
@@ -276,10 +285,12 @@ class SpilledTable:
         return pa.Table.from_batches(list(self.batches()), schema=self.schema)
 
     def close(self) -> None:
-        self.spill_dir.close()
+        """Its file removed (the other tables of its log keep theirs)."""
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(self.path)
 
 
-def key_of(block_ids: npt.NDArray[np.int64], offsets: npt.NDArray[np.int64]) -> Keys:
+def key_of(block_ids: npt.NDArray[Any], offsets: npt.NDArray[Any]) -> Keys:
     """(block_id, offset) as one uint64 (offsets are u32: engine/FORMAT.md Append info)."""
     return (block_ids.astype(np.uint64) << np.uint64(32)) | offsets.astype(np.uint64)
 
@@ -333,4 +344,6 @@ def live_table(
             writer.write_table(kept)
     finally:
         writer.close()
+    rows.drop_runs()
+    dead.drop_runs()
     return SpilledTable(path, schema, count, rows.spill_dir)

@@ -18,24 +18,30 @@ test_checkpoint_replay.py).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from spark_jobs import entries as entries_module
-from spark_jobs import local, local_replay, replay, spill, walread
+from spark_jobs import local, local_replay, replay, walread
 from spark_jobs.errors import CopiesDisagree, LogHole, ReplayRefused
 from spark_jobs.filters import Range
 from spark_jobs.inputs import file_input
 from spark_jobs.jobs import JobParams
 from spark_jobs.records import driver_records
+from spark_jobs.run import run_job
 from spark_jobs.walread import ReadOptions
 from tests.unit.spark_jobs.logs import (
     History,
     anomalies_log,
     append_entry,
     bound_replay_memory,
+    create_db_entry,
+    create_table_entry,
     delete_entry,
     encode_record,
     encode_skip,
@@ -280,34 +286,43 @@ def test_a_replay_in_bounded_memory_equals_the_unbounded_one(
 def test_many_small_transactions_are_held_near_the_bound(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """3,000 one-row appends and a delete of three rows after every tenth, read 64 entries
-    at a time: under a 2 KiB bound, rows and deleted keys are spilled in many runs (merged
-    three at a time, in rounds), the result equals the unbounded replay and the model, and
-    what was held at once stayed within the bound plus one chunk's rows (the old replay held
-    every row of a table until the end: `rows_held_bytes_peak` did not exist)."""
-    entries = kv_entries(2)
-    expected = []
+    """3,000 one-row appends to each of two tables (two databases) and a delete of three rows
+    after every tenth, read 64 entries at a time: under a 2 KiB bound, rows and deleted keys
+    are spilled in many runs (merged three at a time, in rounds), the Parquet outputs equal
+    the unbounded replay's and the model, and what was held at once stayed within the bound
+    plus one chunk's rows (the old replay held every row of a table until the end:
+    `rows_held_bytes_peak` did not exist)."""
+    entries = [*kv_entries(2), create_db_entry(1100, 1101, 3, "db2")]
+    entries.append(create_table_entry(1101, 1102, 3, 4))
     ts = 2000
     for i in range(3000):
-        ts += 10
-        entries.append(append_entry(ts - 5, ts, 1, 2, i, [i]))
+        for db_id, table_id in ((1, 2), (3, 4)):
+            ts += 10
+            entries.append(append_entry(ts - 5, ts, db_id, table_id, i, [i]))
         if i % 10 == 9:
             ts += 10
             entries.append(delete_entry(ts - 5, ts, 1, 2, [i - 9, i - 6, i - 3]))
     deleted = {i - d for i in range(9, 3000, 10) for d in (9, 6, 3)}
-    expected = [i for i in range(3000) if i not in deleted]
+    expected = {"db/kv": [i for i in range(3000) if i not in deleted], "db2/kv": list(range(3000))}
     wal = str(tmp_path / "wal")
     write_file_wal(wal, records_of(entries, per_record=50))
     monkeypatch.setattr(entries_module, "CHUNK_ENTRIES_MAX", 64)
-    unbounded = replayed(wal, 2**62)
-    assert [row["k"] for row in unbounded["db.kv"]] == expected
+
+    def outputs(run_id: str) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
+        params = JobParams("replay_as_of", file_input(wal), as_of=2**62)
+        done = run_job(params, engine="local", out=str(tmp_path / "out"), run_id=run_id)
+        tables = {
+            name.split("/", 1)[1]: pq.read_table(os.path.join(done.run_dir, name)).to_pylist()
+            for name in done.manifest["outputs"]
+        }
+        return done.manifest["summary"]["logs"][0], tables
+
+    _, unbounded = outputs("unbounded")
+    assert {name: [row["k"] for row in rows] for name, rows in unbounded.items()} == expected
     held = 2 << 10
     bound_replay_memory(monkeypatch, held)
-    result = local.run(JobParams("replay_as_of", file_input(wal), as_of=2**62))
-    [log] = result.summary["logs"]
-    [table] = result.tables.values()
-    assert isinstance(table, spill.SpilledTable)
-    assert in_memory(table).to_pylist() == unbounded["db.kv"]
+    log, bounded = outputs("bounded")
+    assert bounded == unbounded
     assert log["rows_spilled_runs"] >= 20
-    assert in_memory(table).nbytes > 10 * held
+    assert sum(pa.Table.from_pylist(rows).nbytes for rows in bounded.values()) > 20 * held
     assert log["rows_held_bytes_peak"] <= 2 * held
