@@ -155,7 +155,8 @@ def use_option(java_options: str) -> str | None:
     if not enabled():
         return None
     path = archive_path(java_options)
-    if path is None or not is_archive(path):
+    # Spark splits extraJavaOptions at spaces: a cache path with one cannot be passed.
+    if path is None or " " in path or not is_archive(path):
         return None
     return f"-XX:SharedArchiveFile={path}"
 
@@ -174,6 +175,8 @@ def build(java_options: str) -> str:
     path = archive_path(java_options)
     if path is None:
         raise ArchiveNotBuilt("no java binary or no Spark jars found")
+    if " " in path:
+        raise ArchiveNotBuilt(f"{path}: a JVM option cannot name a path with a space")
     directory = os.path.dirname(path)
     os.makedirs(directory, exist_ok=True)
     temp = f"{path}.tmp-{os.getpid()}"
