@@ -240,7 +240,7 @@ def build_in_background(java_options: str) -> bool:
     if not enabled() or use_option(java_options) is not None:
         return False
     path = archive_path(java_options)
-    if path is None:
+    if path is None or " " in path:
         return False
     os.makedirs(os.path.dirname(path), exist_ok=True)
     lock = os.path.join(os.path.dirname(path), LOCK)
