@@ -32,3 +32,8 @@ def test_the_spark_driver_imports_no_pandas() -> None:
 def test_an_audit_task_imports_only_the_audit() -> None:
     task = "from spark_jobs import audit, error_transport, output, records"
     assert imported_after(task) == []
+
+
+def test_a_replay_task_imports_no_pandas() -> None:
+    task = "from spark_jobs import error_transport, local_replay, output, records"
+    assert imported_after(task) == ["spark_jobs.checkpoints"]  # it reads checkpoints
