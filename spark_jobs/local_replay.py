@@ -145,11 +145,11 @@ class PlanInput:
             fields.kind,
             found.rec.lsn,
             fields.start_dsn,
-            fields.count,
+            fields.record_count,
             fields.safe_dsn,
             fields.checksum,
-            [dsn for dsn, _ in pairs],
-            [lsn for _, lsn in pairs],
+            [dsn for dsn, _ in pairs] if pairs else (),
+            [lsn for _, lsn in pairs] if pairs else (),
         )
 
     def plan(self, where: str, base: replay.BaseState) -> replay.ReplayPlan:

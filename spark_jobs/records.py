@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from spark_jobs.errors import InputCorrupt
 from spark_jobs.filters import Range
@@ -155,8 +156,7 @@ def driver_records(unit: Unit, verify: str, lsns: Range) -> Iterator[DriverRecor
         yield DriverRecord(rec, decoded)
 
 
-@dataclass(frozen=True, slots=True)
-class RecordFields:
+class RecordFields(NamedTuple):  # a tuple: made once per record on every read of a log
     """What the audit level (walread `_audit_level`: one row per backend record) and the
     replay plan (local_replay.PlanInput) read of one record: `record_fields` is the one
     mapping from a DriverRecord to them, so the two reads of a log cannot disagree."""
@@ -165,7 +165,7 @@ class RecordFields:
     """"entry", "marker" (no entries), "skip", "truncate", KIND_TORN or KIND_CORRUPT (damaged
     framing, or a payload that does not decode)."""
     start_dsn: int | None  # skip: 0; no payload or damage: None
-    count: int | None  # entries, or skip pairs; no payload or damage: None
+    record_count: int | None  # entries, or skip pairs; no payload or damage: None
     safe_dsn: int | None  # skip: 0; no payload or damage: None
     checksum: int | None
     """The record's checksum field as a signed BIGINT (schemas.signed64); None without a

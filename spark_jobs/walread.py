@@ -618,7 +618,7 @@ def _audit_level(unit: Unit, options: ReadOptions) -> Iterator[pa.RecordBatch]:
         scalars["lsn"].append(found.rec.lsn)
         scalars["kind"].append(fields.kind)
         scalars["start"].append(fields.start_dsn)
-        scalars["count"].append(fields.count)
+        scalars["count"].append(fields.record_count)
         scalars["safe"].append(fields.safe_dsn)
         scalars["checksum"].append(fields.checksum)
         scalars["error"].append(fields.error)
