@@ -187,6 +187,7 @@ class _TableChanges:
         self._arrived = 0
         self._pending: list[pa.RecordBatch] = []
         self._pending_runs: list[tuple[int, int, int]] = []
+        self._pending_bytes = 0
 
     def seqs(self, source: int, count: int) -> npt.NDArray[np.int64]:
         first = self._arrived
@@ -200,10 +201,15 @@ class _TableChanges:
 
     def append(self, cmd: Append) -> None:
         """One Append command's rows (entries decoded one by one); gathered BATCHES_PACKED_AT
-        at a time (a one-row batch alone costs ~6 KB of objects)."""
+        at a time (a one-row batch alone costs ~6 KB of objects), or a quarter of the bound's
+        bytes, whichever comes first (they count towards it once added)."""
         self._pending.append(cmd.batch)
         self._pending_runs.extend((i.block_id, i.offset, i.rows) for i in cmd.infos)
-        if len(self._pending) >= BATCHES_PACKED_AT:
+        self._pending_bytes += cmd.batch.nbytes
+        if (
+            len(self._pending) >= BATCHES_PACKED_AT
+            or self._pending_bytes >= self.rows.bytes_max // 4
+        ):
             self.flush_appends()
 
     def flush_appends(self) -> None:
@@ -211,7 +217,7 @@ class _TableChanges:
             return
         runs = np.asarray(self._pending_runs, dtype=np.int64).reshape(-1, 3)
         rows = pa.Table.from_batches(self._pending).combine_chunks()
-        self._pending, self._pending_runs = [], []
+        self._pending, self._pending_runs, self._pending_bytes = [], [], 0
         per_run = runs[:, 2]
         ids = np.repeat(runs[:, 0], per_run)
         starts = np.repeat(np.cumsum(per_run) - per_run, per_run)
