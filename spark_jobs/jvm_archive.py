@@ -48,6 +48,8 @@ import sys
 import time
 from collections.abc import Iterator
 
+from spark_jobs.errors import JvmArchiveNotBuilt
+
 FORMAT_VERSION = 1
 """Part of the fingerprint: raise it when what `build` runs changes."""
 
@@ -74,10 +76,6 @@ LOCK_STALE_S = BUILD_S_MAX + 60.0
 """A lock file older than this is a build that died without removing it."""
 
 assert JVM_EXIT_WAIT_S_MAX < BUILD_S_MAX < LOCK_STALE_S
-
-
-class ArchiveNotBuilt(Exception):
-    """`build` did not produce an archive (the reason says why)."""
 
 
 def enabled() -> bool:
@@ -174,9 +172,9 @@ def build(java_options: str) -> str:
     so call it where none runs, e.g. `python -m spark_jobs.jvm_archive build`). Its path."""
     path = archive_path(java_options)
     if path is None:
-        raise ArchiveNotBuilt("no java binary or no Spark jars found")
+        raise JvmArchiveNotBuilt("no java binary or no Spark jars found")
     if " " in path:
-        raise ArchiveNotBuilt(f"{path}: a JVM option cannot name a path with a space")
+        raise JvmArchiveNotBuilt(f"{path}: a JVM option cannot name a path with a space")
     directory = os.path.dirname(path)
     os.makedirs(directory, exist_ok=True)
     temp = f"{path}.tmp-{os.getpid()}"
@@ -200,9 +198,9 @@ def build(java_options: str) -> str:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
-            raise ArchiveNotBuilt(f"the JVM did not exit within {wait_s:.0f} s") from None
+            raise JvmArchiveNotBuilt(f"the JVM did not exit within {wait_s:.0f} s") from None
         if not is_archive(temp):
-            raise ArchiveNotBuilt(f"the JVM exited ({process.returncode}) without an archive")
+            raise JvmArchiveNotBuilt(f"the JVM exited ({process.returncode}) without an archive")
         os.replace(temp, path)
     finally:
         with contextlib.suppress(FileNotFoundError):
@@ -294,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         try:
             built = build(args.options)
-        except (ArchiveNotBuilt, OSError) as exc:
+        except (JvmArchiveNotBuilt, OSError, RuntimeError) as exc:  # RuntimeError: no JVM started
             print(f"jvm archive: not built: {exc}", file=sys.stderr)
             return 1
         print(f"jvm archive: built {built}")
