@@ -328,7 +328,10 @@ def _class_archive(env: dict[str, str]) -> dict[str, Any]:
         return {"used": False, "why": f"{jvm_archive.ARCHIVE_ENV}=0"}
     built: dict[str, Any] = {}
     if jvm_archive.use_option(LEAN_JVM_OPTIONS) is None:
-        usage, _ = measure([sys.executable, "-m", "spark_jobs.jvm_archive", "build"], env)
+        try:
+            usage, _ = measure([sys.executable, "-m", "spark_jobs.jvm_archive", "build"], env)
+        except RuntimeError as exc:  # the runs go without: said in the output
+            return {"used": False, "why": str(exc)[-500:]}
         built = {"built_now_cpu_s": round(usage.cpu_s, 2), "built_now_wall_s": round(usage.wall_s)}
     used = jvm_archive.use_option(LEAN_JVM_OPTIONS) is not None
     return {"used": used, "path": jvm_archive.archive_path(LEAN_JVM_OPTIONS), **built}
