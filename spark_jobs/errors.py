@@ -11,7 +11,8 @@ prints it and exits 1 (2 for bad usage). Programmer errors are asserts.
      ├── ReplayFailed      a replayed entry does not apply (the engine would refuse it)
      ├── ObjectsUnreadable a checkpoint or block object replay needs is missing or damaged
      ├── DataLost          a stream's next LSNs were truncated away before it read them
-     └── ChangesRefused    the change stream cannot decode what the retained log holds
+     ├── ChangesRefused    the change stream cannot decode what the retained log holds
+     └── JvmArchiveNotBuilt the driver JVM's class-data archive could not be built
 """
 
 from __future__ import annotations
@@ -83,3 +84,9 @@ class ChangesRefused(SparkJobError):
     """The change stream cannot turn the retained log into changes: a table whose schema is
     not in it (created below the log's truncation point, held only by a checkpoint, which
     the stream does not read), or a replay rule the log breaks (a hole, an overlap)."""
+
+
+class JvmArchiveNotBuilt(SparkJobError):
+    """`python -m spark_jobs.jvm_archive build` made no archive (no java or Spark jars, a
+    cache path the JVM cannot be given, a JVM that did not exit or wrote none): runs go on
+    without one (spark_jobs/jvm_archive.py)."""

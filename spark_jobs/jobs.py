@@ -44,6 +44,10 @@ class JobParams:
     bucket_ms: int = BUCKET_MS_DEFAULT
     objects: tuple[tuple[int, str], ...] = ()
     """(shard, objects directory) given explicitly; see `objects_dir`."""
+    rows_held_bytes: int | None = None
+    """replay_as_of: bytes of a table's rows (and, apart, of its deleted keys) held in memory
+    before they are spilled to local disk (spark_jobs/spill.py); None: the default,
+    limits.REPLAY_ROWS_HELD_BYTES_MAX."""
 
     def objects_dir(self, shard: int) -> str | None:
         """The engine's objects directory for `shard`'s log: the one given, else for a file
@@ -70,6 +74,7 @@ class JobParams:
             "as_of": self.as_of,
             "bucket_ms": self.bucket_ms if self.job == "write_stats" else None,
             "objects": {str(shard): d for shard, d in self.objects} or None,
+            **({"rows_held_bytes": self.rows_held_bytes} if self.rows_held_bytes else {}),
         }
 
 

@@ -52,4 +52,22 @@ the driver's Python process (a simple stream reader, one ordered stream), which 
 batch's rows until Spark plans it, so this bounds that process's memory (about 1 KiB a
 change: ~50 MiB)."""
 
+REPLAY_ROWS_HELD_BYTES_MAX = 256 << 20
+"""Bytes of one table's replayed rows (Arrow bytes, plus 16 a row for their sort key) and,
+apart, of its deleted row keys, a replay holds in memory before it writes them to local disk
+as a sorted run (spark_jobs/spill.py): what keeps a Python worker's memory bounded whatever
+a log's size (issue 23: at most 1 GB a worker). Why 256 MiB: a 2.5M-entry log of the
+benchmark's one-row transactions (~100 MiB of rows) stays in memory as before, and a
+worker's other holdings (a 64 MiB segment, a decoded chunk of 16,384 entries, the merge
+below) still leave room under 1 GB."""
+
+SPILL_BATCH_BYTES_MAX = 4 << 20
+"""Arrow bytes of one batch of a spilled run (about: by the run's average row): what the
+merge holds per run."""
+
+SPILL_MERGE_FAN_IN = 16
+"""Runs merged at once; more are merged a group at a time into longer runs first. With
+SPILL_BATCH_BYTES_MAX: at most 64 MiB of batches held, about 3x that while a merged chunk
+is put in order."""
+
 assert STREAM_READ_BYTES_MAX <= 16 << 20  # logsvc's own read cap (logsvc/wire/limits.py)

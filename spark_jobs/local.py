@@ -9,17 +9,15 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-import numpy as np
-import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from spark_jobs import checkpoints, jobs, plot
+from spark_jobs.audit import lsn_audit
 from spark_jobs.jobs import JobParams, JobResult
-from spark_jobs.journal import VERIFY_REPORT, VERIFY_TRUE
+from spark_jobs.journal import VERIFY_TRUE
 from spark_jobs.local_replay import replay_as_of
 from spark_jobs.walread import (
-    LEVEL_AUDIT,
     LEVEL_COMMAND,
     LEVEL_ENTRY,
     LEVEL_RECORD,
@@ -39,207 +37,6 @@ def run(params: JobParams) -> JobResult:
         "inventory": inventory,
     }[params.job]
     return runner(params)
-
-
-# --- lsn_audit -----------------------------------------------------------------------------------
-
-
-def lsn_audit(params: JobParams) -> JobResult:
-    anomalies: list[dict[str, Any]] = []
-    logs = []
-    for replica, shard in audit_logs(params):
-        audited = audit_of(params, replica, shard)
-        if audited is not None:
-            anomalies.extend(audited[0])
-            logs.append(audited[1])
-    result = JobResult(tables={"anomalies": anomaly_table(anomalies)})
-    result.summary = {"logs": logs, "anomalies": len(anomalies)}
-    result.lines = audit_lines(result.summary)
-    return result
-
-
-def audit_logs(params: JobParams) -> list[tuple[str, int]]:
-    """The (replica, shard) logs of the input, in order: the unit of the audit (each log is
-    audited alone, so one log's records are held at a time; on Spark, one task per log)."""
-    return sorted({(unit.replica, unit.shard) for unit in params.units()})
-
-
-def audit_of(
-    params: JobParams, replica: str, shard: int
-) -> tuple[list[dict[str, Any]], dict[str, Any]] | None:
-    """One log's anomalies and summary (`audit_log`); None when the log holds no record."""
-    scope = JobParams(params.job, params.inputs, frozenset({shard}), frozenset({replica}))
-    options = ReadOptions(LEVEL_AUDIT, params.verify or VERIFY_REPORT, scope.bounds())
-    records = read_level(scope, options)
-    if not records.num_rows:
-        return None
-    return audit_log(replica, shard, records)
-
-
-def anomaly_table(anomalies: list[dict[str, Any]]) -> pa.Table:
-    table = (
-        pa.Table.from_pylist(anomalies, schema=jobs.ANOMALY)
-        if anomalies
-        else jobs.ANOMALY.empty_table()
-    )
-    return jobs.sort_table(table, jobs.ANOMALY_ORDER)
-
-
-def _ints(table: pa.Table, name: str) -> npt.NDArray[np.int64]:
-    return np.asarray(table.column(name).to_numpy(zero_copy_only=False), dtype=np.int64)
-
-
-def audit_log(
-    replica: str, shard: int, rows: pa.Table
-) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """One log's audit, column-wise (numpy over the record level): what is proportional to
-    the entries is vectorized; only anomalies (rare) are built row by row."""
-
-    def anomaly(kind: str, **values: Any) -> dict[str, Any]:
-        base = dict.fromkeys(jobs.ANOMALY.names)
-        base.update(replica=replica, shard=shard, kind=kind, **values)
-        return base
-
-    found: list[dict[str, Any]] = []
-    kind = rows.column("kind")
-    records = rows.filter(pc.equal(kind, "entry"))
-    skips_table = rows.filter(pc.equal(kind, "skip"))
-    skips = set(
-        zip(
-            pc.list_flatten(skips_table.column("skip_dsns")).to_pylist(),
-            pc.list_flatten(skips_table.column("skip_lsns")).to_pylist(),
-            strict=True,
-        )
-    )
-    # One row per DSN copy, made from the records: entry i of a record has DSN start + i.
-    counts = _ints(records, "record_count")
-    owner = np.repeat(np.arange(len(counts)), counts)  # the record of each copy
-    firsts = np.cumsum(counts) - counts
-    start = _ints(records, "record_start_dsn")
-    lsn = _ints(records, "lsn")[owner]
-    dsn_all = start[owner] + (np.arange(len(owner)) - firsts[owner])
-    checksum_all = np.asarray(
-        pc.list_flatten(records.column("entry_checksums")).to_numpy(zero_copy_only=False),
-        dtype=np.int64,
-    )
-    assert len(checksum_all) == len(owner)
-    skipped_record = np.zeros(len(counts), dtype=bool)
-    if skips:
-        record_lsns = _ints(records, "lsn")
-        for i in range(len(counts)):
-            skipped_record[i] = (int(start[i]), int(record_lsns[i])) in skips
-    skipped = skipped_record[owner]
-    if skipped.any():
-        segments = records.column("segment").to_pylist()
-        offsets = records.column("offset_bytes").to_pylist()
-        for copy in np.flatnonzero(skipped).tolist():
-            at = int(owner[copy])
-            found.append(
-                anomaly(
-                    "skipped",
-                    dsn_lo=int(dsn_all[copy]),
-                    dsn_hi=int(dsn_all[copy]),
-                    lsn_lo=int(lsn[copy]),
-                    lsn_hi=int(lsn[copy]),
-                    copies=1,
-                    segment=segments[at],
-                    offset_bytes=offsets[at],
-                )
-            )
-    live = ~skipped
-    dsn, lsn_live, checksum = dsn_all[live], lsn[live], checksum_all[live]
-    order = np.lexsort((lsn_live, dsn))
-    dsn, lsn_live, checksum = dsn[order], lsn_live[order], checksum[order]
-    dsns, first, counts = np.unique(dsn, return_index=True, return_counts=True)
-    duplicates = conflicts = 0
-    for i in np.flatnonzero(counts > 1).tolist():
-        lo, n = int(first[i]), int(counts[i])
-        held = checksum[lo : lo + n]
-        kind_found = "duplicate" if len(np.unique(held)) == 1 else "conflict"
-        duplicates += kind_found == "duplicate"
-        conflicts += kind_found == "conflict"
-        copies_lsn = lsn_live[lo : lo + n]
-        found.append(
-            anomaly(
-                kind_found,
-                dsn_lo=int(dsns[i]),
-                dsn_hi=int(dsns[i]),
-                lsn_lo=int(copies_lsn.min()),
-                lsn_hi=int(copies_lsn.max()),
-                copies=n,
-            )
-        )
-    gaps = 0
-    for i in np.flatnonzero(np.diff(dsns) > 1).tolist():
-        gaps += 1
-        found.append(anomaly("gap", dsn_lo=int(dsns[i]) + 1, dsn_hi=int(dsns[i + 1]) - 1))
-    positioned = rows.filter(pc.is_in(kind, pa.array(["entry", "marker", "skip"])))
-    all_lsn = _ints(positioned, "lsn")
-    lsns, lsn_first = np.unique(all_lsn, return_index=True)
-    lsn_gaps = 0
-    gap_at = np.flatnonzero(np.diff(lsns) > 1)
-    if len(gap_at):
-        segments = positioned.column("segment").take(pa.array(lsn_first)).to_pylist()
-        for i in gap_at.tolist():
-            lsn_gaps += 1
-            across = segments[i] != segments[i + 1]
-            found.append(
-                anomaly(
-                    "lsn_gap",
-                    lsn_lo=int(lsns[i]) + 1,
-                    lsn_hi=int(lsns[i + 1]) - 1,
-                    segment=segments[i + 1],
-                    detail="across segments" if across else "within a segment",
-                )
-            )
-    truncates = rows.filter(pc.equal(kind, "truncate"))
-    truncated = int(_ints(truncates, "lsn").max()) if truncates.num_rows else 0
-    damage = rows.filter(pc.is_in(kind, pa.array(["corrupt", "torn_tail"])))
-    for row in damage.to_pylist():
-        found.append(
-            anomaly(
-                row["kind"],
-                segment=row["segment"],
-                offset_bytes=row["offset_bytes"],
-                detail=row["error"],
-            )
-        )
-    summary = {
-        "replica": replica,
-        "shard": shard,
-        "entry_copies": int(live.sum()),
-        "distinct_dsns": len(dsns),
-        "dsn_min": int(dsns[0]) if len(dsns) else None,
-        "dsn_max": int(dsns[-1]) if len(dsns) else None,
-        "lsn_min": int(lsns[0]) if len(lsns) else None,
-        "lsn_max": int(lsns[-1]) if len(lsns) else None,
-        "gaps": gaps,
-        "duplicates": duplicates,
-        "conflicts": conflicts,
-        "skipped_copies": int(skipped.sum()),
-        "lsn_gaps": lsn_gaps,
-        "damaged": damage.num_rows,
-        "truncated_lsn": truncated,
-    }
-    return found, summary
-
-
-def audit_lines(summary: dict[str, Any]) -> list[str]:
-    lines = []
-    for log in summary["logs"]:
-        verdict = (
-            "clean"
-            if not (log["gaps"] or log["conflicts"] or log["lsn_gaps"] or log["damaged"])
-            else "PROBLEMS"
-        )
-        lines.append(
-            f"lsn_audit: replica {log['replica']} shard {log['shard']}: {verdict}: DSNs "
-            f"{log['dsn_min']}-{log['dsn_max']} ({log['distinct_dsns']} distinct, "
-            f"{log['entry_copies']} copies), gaps {log['gaps']}, duplicates {log['duplicates']}, "
-            f"conflicts {log['conflicts']}, skipped copies {log['skipped_copies']}, LSN gaps "
-            f"{log['lsn_gaps']}, damaged {log['damaged']}, truncated at LSN {log['truncated_lsn']}"
-        )
-    return lines or ["lsn_audit: no log in the input"]
 
 
 # --- replica_diff --------------------------------------------------------------------------------

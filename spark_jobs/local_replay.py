@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -30,14 +29,15 @@ from engine.wal.entry import (
     TxnEntry,
     UpdateCatalog,
 )
-from spark_jobs import checkpoints, replay
+from spark_jobs import checkpoints, replay, spill
 from spark_jobs.entries import entry_chunks
 from spark_jobs.errors import BadInput, InputCorrupt, ReplayFailed
 from spark_jobs.filters import Range
 from spark_jobs.jobs import JobParams, JobResult
 from spark_jobs.journal import VERIFY_TRUE
-from spark_jobs.records import DriverRecord
-from spark_jobs.schemas import schema_to_json, signed64
+from spark_jobs.limits import REPLAY_ROWS_HELD_BYTES_MAX
+from spark_jobs.records import DriverRecord, record_fields
+from spark_jobs.schemas import schema_to_json
 from spark_jobs.walread import (
     LEVEL_AUDIT,
     LEVEL_COMMAND,
@@ -45,7 +45,6 @@ from spark_jobs.walread import (
     read_level,
     txn_entries,
 )
-from tae_driver.record import EntriesRecord, payload_checksum
 
 
 def logs_of(params: JobParams) -> list[tuple[str, int]]:
@@ -119,35 +118,39 @@ class PlanInput:
     def add(
         self,
         kind: str,
-        lsn: int,
-        start_dsn: int,
-        count: int,
-        safe_dsn: int,
-        checksum: int,
+        lsn: int | None,
+        start_dsn: int | None,
+        count: int | None,
+        safe_dsn: int | None,
+        checksum: int | None,
         skip_dsns: Iterable[int],
         skip_lsns: Iterable[int],
     ) -> None:
         if kind in ("entry", "marker"):
+            assert lsn is not None and start_dsn is not None and count is not None
+            assert safe_dsn is not None and checksum is not None
             self.by_lsn[lsn] = replay.DriverRecord(lsn, start_dsn, count, safe_dsn, checksum)
         elif kind == "skip":
             self.skips.extend(zip(skip_dsns, skip_lsns, strict=True))
         elif kind == "truncate":
+            assert lsn is not None
             self.truncated = max(self.truncated, lsn)
 
     def add_record(self, found: DriverRecord) -> None:
-        rec, decoded = found.rec, found.decoded
-        if rec.payload is None:
-            if rec.kind == "truncate":
-                assert rec.lsn is not None
-                self.truncated = max(self.truncated, rec.lsn)
-        elif isinstance(decoded, EntriesRecord):
-            assert rec.lsn is not None
-            checksum = signed64(payload_checksum(rec.payload))
-            self.by_lsn[rec.lsn] = replay.DriverRecord(
-                rec.lsn, decoded.start_dsn, decoded.count, decoded.safe_dsn, checksum
-            )
-        elif decoded is not None:  # a skip record; a payload that does not decode is damage
-            self.skips.extend(decoded.pairs)
+        """`add` for one record as a reader passes it, mapped as the audit level maps it
+        (records.record_fields: one mapping for both)."""
+        fields = record_fields(found)
+        pairs = fields.skip_pairs
+        self.add(
+            fields.kind,
+            found.rec.lsn,
+            fields.start_dsn,
+            fields.record_count,
+            fields.safe_dsn,
+            fields.checksum,
+            [dsn for dsn, _ in pairs] if pairs else (),
+            [lsn for _, lsn in pairs] if pairs else (),
+        )
 
     def plan(self, where: str, base: replay.BaseState) -> replay.ReplayPlan:
         return replay.plan_replay(self.by_lsn.values(), self.skips, self.truncated, where, base)
@@ -164,24 +167,62 @@ def base_of(
     return store, replay.BaseState(choice.checkpoint, choice.why_none(), choice.ignored)
 
 
-@dataclass(slots=True)
-class _TableChanges:
-    """What the replayed entries (ckp_ts < commit_ts <= TS) do to one table."""
+SOURCE_CHECKPOINT, SOURCE_CREATED, SOURCE_APPENDED = 0, 1, 2
+SEQ_SOURCE_SHIFT = 48
+"""A row's `seq` (spark_jobs/spill.py: the order of rows with one key) is its source, then
+its arrival: the order in which the rows of all sources were concatenated before."""
 
-    batches: list[pa.RecordBatch] = field(default_factory=list)
-    runs: list[tuple[int, int, int]] = field(default_factory=list)
-    """(block_id, first offset, rows) of each Append info, in batch order, after `run_arrays`."""
-    run_arrays: list[npt.NDArray[np.int64]] = field(default_factory=list)
-    """Earlier runs, packed (n x 3) when the batches were."""
-    deleted: list[npt.NDArray[np.uint64]] = field(default_factory=list)  # keys, see _key
-    created: list[CreateBlock] = field(default_factory=list)
-    dropped: set[int] = field(default_factory=set)
+
+class _TableChanges:
+    """What the replayed entries (ckp_ts < commit_ts <= TS) do to one table: its appended
+    rows and deleted keys (spill.SortedRuns: held up to `bytes_max` each, then written to
+    local disk sorted), its created and dropped blocks."""
+
+    def __init__(self, bytes_max: int, spill_dir: spill.SpillDir, where: str) -> None:
+        self.where = where
+        self.rows = spill.SortedRuns(bytes_max, spill_dir, where, with_rows=True)
+        self.deleted = spill.SortedRuns(bytes_max, spill_dir, where, with_rows=False)
+        self.created: list[CreateBlock] = []
+        self.dropped: set[int] = set()
+        self._arrived = 0
+        self._pending: list[pa.RecordBatch] = []
+        self._pending_runs: list[tuple[int, int, int]] = []
+        self._pending_bytes = 0
+
+    def seqs(self, source: int, count: int) -> npt.NDArray[np.int64]:
+        first = self._arrived
+        self._arrived += count
+        base = np.int64(source << SEQ_SOURCE_SHIFT)
+        return base + np.arange(first, first + count, dtype=np.int64)
+
+    def add_rows_at(self, source: int, keys: npt.NDArray[np.uint64], rows: pa.Table) -> None:
+        self.flush_appends()
+        self.rows.add(keys, self.seqs(source, len(keys)), rows)
 
     def append(self, cmd: Append) -> None:
-        self.batches.append(cmd.batch)
-        self.runs.extend((i.block_id, i.offset, i.rows) for i in cmd.infos)
-        if len(self.batches) >= BATCHES_PACKED_AT:
-            self.pack()
+        """One Append command's rows (entries decoded one by one); gathered BATCHES_PACKED_AT
+        at a time (a one-row batch alone costs ~6 KB of objects), or a quarter of the bound's
+        bytes, whichever comes first (they count towards it once added)."""
+        self._pending.append(cmd.batch)
+        self._pending_runs.extend((i.block_id, i.offset, i.rows) for i in cmd.infos)
+        self._pending_bytes += cmd.batch.nbytes
+        if (
+            len(self._pending) >= BATCHES_PACKED_AT
+            or self._pending_bytes >= self.rows.bytes_max // 4
+        ):
+            self.flush_appends()
+
+    def flush_appends(self) -> None:
+        if not self._pending:
+            return
+        runs = np.asarray(self._pending_runs, dtype=np.int64).reshape(-1, 3)
+        rows = pa.Table.from_batches(self._pending).combine_chunks()
+        self._pending, self._pending_runs, self._pending_bytes = [], [], 0
+        per_run = runs[:, 2]
+        ids = np.repeat(runs[:, 0], per_run)
+        starts = np.repeat(np.cumsum(per_run) - per_run, per_run)
+        offsets = np.repeat(runs[:, 1], per_run) + np.arange(len(starts)) - starts
+        self.rows.add(_keys(ids, offsets, self.where), self.seqs(SOURCE_APPENDED, len(ids)), rows)
 
     def add_rows(
         self,
@@ -190,38 +231,19 @@ class _TableChanges:
         rows: pa.RecordBatch,
     ) -> None:
         """Rows of many one-append entries at once (engine.wal.batch), one run per row."""
-        if self.runs:
-            self.run_arrays.append(np.asarray(self.runs, dtype=np.int64).reshape(-1, 3))
-            self.runs = []
-        self.batches.append(rows)
-        runs = np.empty((len(block_ids), 3), dtype=np.int64)
-        runs[:, 0] = block_ids
-        runs[:, 1] = offsets
-        runs[:, 2] = 1
-        self.run_arrays.append(runs)
-        if len(self.batches) >= BATCHES_PACKED_AT:
-            self.pack()
+        keys = _keys(block_ids, offsets, self.where)
+        self.add_rows_at(SOURCE_APPENDED, keys, pa.Table.from_batches([rows]))
 
-    def pack(self) -> None:
-        """The batches so far as one, the runs as one array: a decoded one-row batch costs
-        about 6 KB of objects, and a log of millions of one-row transactions held them all
-        (15 GB at 2.5M entries)."""
-        if len(self.batches) > 1:
-            combined = pa.Table.from_batches(self.batches).combine_chunks()
-            self.batches = combined.to_batches()
-        if self.runs:
-            self.run_arrays.append(np.asarray(self.runs, dtype=np.int64).reshape(-1, 3))
-            self.runs = []
-
-    def all_runs(self) -> npt.NDArray[np.int64]:
-        self.pack()
-        if not self.run_arrays:
-            return np.empty((0, 3), dtype=np.int64)
-        return np.concatenate(self.run_arrays)
+    def delete(self, keys: npt.NDArray[np.uint64]) -> None:
+        self.deleted.add(keys, np.zeros(len(keys), dtype=np.int64))
 
 
 BATCHES_PACKED_AT = 4096
-"""Append batches of one table kept separate before they are packed into one."""
+"""Append batches of one table (entries decoded one by one) gathered before they are added
+as one part."""
+
+ROWS_HELD_BYTES_MAX = REPLAY_ROWS_HELD_BYTES_MAX
+"""spark_jobs/limits.py, unless the job's `rows_held_bytes` says otherwise."""
 
 
 class _Replayed:
@@ -229,15 +251,25 @@ class _Replayed:
     a log is not held in memory whole: an entry whose commit_ts is not above every earlier
     one's is a repeated transaction; one past TS changes nothing."""
 
-    def __init__(self, as_of: int, where: str) -> None:
+    def __init__(self, as_of: int, where: str, params: JobParams) -> None:
         self.as_of = as_of
         self.where = where
+        self.held_bytes = params.rows_held_bytes or ROWS_HELD_BYTES_MAX
         self.catalog: list[replay.CatalogCommand] = []
-        self.changes: dict[int, _TableChanges] = defaultdict(_TableChanges)
+        self.spill_dir = spill.SpillDir("spark_jobs-replay-")
+        self.changes: dict[int, _TableChanges] = {}
         self.replayed = 0
         self.repeated = 0
         self._highest = -1
         self._last_dsn = -1
+
+    def table(self, table_id: int) -> _TableChanges:
+        found = self.changes.get(table_id)
+        if found is None:
+            where = f"{self.where} table id {table_id}"
+            found = _TableChanges(self.held_bytes, self.spill_dir, where)
+            self.changes[table_id] = found
+        return found
 
     def in_order(self, dsn: int) -> bool:
         return dsn > self._last_dsn
@@ -284,9 +316,9 @@ class _Replayed:
         for rows in decoded.tables:
             keep = applied[rows.entries]
             if keep.all():
-                self.changes[rows.table_id].add_rows(rows.block_ids, rows.offsets, rows.columns)
+                self.table(rows.table_id).add_rows(rows.block_ids, rows.offsets, rows.columns)
             elif keep.any():
-                self.changes[rows.table_id].add_rows(
+                self.table(rows.table_id).add_rows(
                     rows.block_ids[keep], rows.offsets[keep], rows.columns.filter(pa.array(keep))
                 )
 
@@ -307,14 +339,14 @@ class _Replayed:
                     )
                 )
             elif isinstance(cmd, Append):
-                self.changes[cmd.table_id].append(cmd)
+                self.table(cmd.table_id).append(cmd)
             elif isinstance(cmd, Delete):
                 offsets = np.asarray(cmd.rows.to_array(), dtype=np.uint64)
-                self.changes[cmd.table_id].deleted.append(_key(cmd.block_id, offsets, self.where))
+                self.table(cmd.table_id).delete(_key(cmd.block_id, offsets, self.where))
             elif isinstance(cmd, CreateBlock):
-                self.changes[cmd.table_id].created.append(cmd)
+                self.table(cmd.table_id).created.append(cmd)
             elif isinstance(cmd, DropBlock):
-                self.changes[cmd.table_id].dropped.add(cmd.block_id)
+                self.table(cmd.table_id).dropped.add(cmd.block_id)
             else:
                 assert isinstance(cmd, Origin)  # who asked (issue 15): no data
 
@@ -342,7 +374,13 @@ def replay_log(
     as_of = params.as_of
     verify = params.verify or VERIFY_TRUE
     where = f"replica {replica} shard {shard}"
-    scope = JobParams(params.job, params.inputs, frozenset({shard}), frozenset({replica}))
+    scope = JobParams(
+        params.job,
+        params.inputs,
+        frozenset({shard}),
+        frozenset({replica}),
+        rows_held_bytes=params.rows_held_bytes,
+    )
     store, base = base_of(params, shard, as_of)
     # Every entry of the plan is read (not only those at or below TS): the newest
     # commit in the log says whether TS is past it, and rule 4 needs every earlier entry.
@@ -364,10 +402,16 @@ def replay_log(
             f"{where}: the WAL names persisted blocks (CreateBlock) but no objects "
             "directory was given or found: --objects"
         )
-    tables: dict[str, pa.Table] = {}
+    tables: dict[str, pa.Table | spill.SpilledTable] = {}
     tables_summary = {}
+    spilled_runs = held_peak = 0
     for table in live:
-        data = _live_rows(store, base, table, changes.get(table.table_id, _TableChanges()))
+        found = changes.get(table.table_id) or _TableChanges(
+            replayed.held_bytes, replayed.spill_dir, where
+        )
+        data = _live_rows(store, base, table, found)
+        spilled_runs += found.rows.spilled + found.deleted.spilled
+        held_peak = max(held_peak, found.rows.peak_held_bytes, found.deleted.peak_held_bytes)
         name = f"shard-{shard}/{table.db_name}/{table.name}"
         tables[name] = data
         tables_summary[f"{table.db_name}.{table.name}"] = data.num_rows
@@ -380,6 +424,8 @@ def replay_log(
         "repeated_transactions_ignored": replayed.repeated,
         "newest_commit_ts": newest_commit_ts,
         "tables": tables_summary,
+        "rows_spilled_runs": spilled_runs,
+        "rows_held_bytes_peak": held_peak,
     }
     return summary, tables
 
@@ -390,7 +436,7 @@ def _replay_log(
     """The plan's entries of one log replayed as they are read (many at a time: spark_jobs/
     entries.py), and its newest commit_ts. A log not read in DSN order (not seen so far) is
     read again, held and sorted."""
-    replayed = _Replayed(as_of, where)
+    replayed = _Replayed(as_of, where, scope)
     newest = 0
     kept_lsns = np.fromiter(plan.kept_lsns, dtype=np.int64, count=len(plan.kept_lsns))
     dsns = Range(plan.first_dsn, plan.last_dsn)
@@ -432,7 +478,7 @@ def _replay_one_pass(
     if not options.bounds.range("lsn").unbounded:
         return None
     gathered = PlanInput()
-    replayed = _Replayed(as_of, where)
+    replayed = _Replayed(as_of, where, scope)
     newest = 0
     lsns_replayed: list[npt.NDArray[np.int64]] = []
     dsn_lo = dsn_hi = None
@@ -475,7 +521,7 @@ def _replay_log_sorted(
         for rec, dsn, entry in txn_entries(unit, options)
         if rec.lsn in plan.kept_lsns and plan.first_dsn <= dsn <= plan.last_dsn
     ]
-    replayed = _Replayed(as_of, where)
+    replayed = _Replayed(as_of, where, scope)
     newest = 0
     for dsn, entry in sorted(held, key=lambda pair: pair[0]):
         newest = max(newest, entry.commit_ts)
@@ -536,19 +582,19 @@ def _live_rows(
     base: replay.BaseState,
     table: replay.LiveTable,
     changes: _TableChanges,
-) -> pa.Table:
-    """The table's rows at TS (replay.py "The rows at TS"), ordered by (block_id, offset)."""
+) -> pa.Table | spill.SpilledTable:
+    """The table's rows at TS (replay.py "The rows at TS"), ordered by (block_id, offset):
+    the base checkpoint's blocks and the created ones (each read and added in turn), then the
+    appended rows already held or spilled, less deletes and dropped blocks (spill.py)."""
     arrow = table.schema.to_arrow()
-    parts: list[pa.Table] = []
-    block_ids: list[npt.NDArray[np.int64]] = []
-    offsets: list[npt.NDArray[np.int64]] = []
-    dead = list(changes.deleted)
     where = f"table {table.db_name}.{table.name}"
+    changes.rows.schema = arrow
+    changes.flush_appends()
 
-    def persisted(block_id: int, rows: pa.Table) -> None:
-        parts.append(rows)
-        block_ids.append(np.full(rows.num_rows, block_id, np.int64))
-        offsets.append(np.arange(rows.num_rows, dtype=np.int64))
+    def persisted(source: int, block_id: int, rows: pa.Table) -> None:
+        ids = np.full(rows.num_rows, block_id, np.int64)
+        keys = _keys(ids, np.arange(rows.num_rows, dtype=np.int64), where)
+        changes.add_rows_at(source, keys, rows)
 
     if base.checkpoint is not None:
         assert store is not None
@@ -566,9 +612,9 @@ def _live_rows(
                 block.rows,
                 dump=block.level == LEVEL_L0_DUMP,
             )
-            persisted(block.block_id, rows)
+            persisted(SOURCE_CHECKPOINT, block.block_id, rows)
         for block_id, gone in checkpoints.deleted_offsets(store, blocks, base.ckp_ts).items():
-            dead.append(_key(block_id, gone.astype(np.uint64), where))
+            changes.delete(_key(block_id, gone.astype(np.uint64), where))
     for created in changes.created:
         if created.block_id in changes.dropped:
             continue
@@ -576,35 +622,15 @@ def _live_rows(
         rows = checkpoints.block_rows(
             store, table.schema, created.object_name, created.row_group, created.rows, dump=False
         )
-        persisted(created.block_id, rows)
-    if changes.batches:
-        parts.append(pa.Table.from_batches(changes.batches))
-        runs = changes.all_runs()
-        rows_per_run = runs[:, 2]
-        block_ids.append(np.repeat(runs[:, 0], rows_per_run))
-        starts = np.repeat(np.cumsum(rows_per_run) - rows_per_run, rows_per_run)
-        offsets.append(np.repeat(runs[:, 1], rows_per_run) + np.arange(len(starts)) - starts)
-    if not parts:
-        return arrow.empty_table()
-    try:
-        rows = pa.concat_tables([part.cast(arrow) for part in parts])
-    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-        raise ReplayFailed(f"{where}: rows do not fit the table's schema: {exc}") from None
-    ids = np.concatenate(block_ids)  # in the order of `parts`: persisted, then appended
-    offs = np.concatenate(offsets)
-    assert len(ids) == rows.num_rows, (len(ids), rows.num_rows)
-    keep = np.ones(len(ids), dtype=bool)
-    if changes.dropped:
-        keep &= ~np.isin(ids, np.fromiter(changes.dropped, np.int64))
-    if dead:
-        keys = _key_array(ids, offs)
-        keep &= ~np.isin(keys, np.concatenate(dead))
-    order = np.lexsort((offs[keep], ids[keep]))
-    kept = np.flatnonzero(keep)[order]
-    return rows.take(pa.array(kept))
+        persisted(SOURCE_CREATED, created.block_id, rows)
+    return spill.live_table(changes.rows, changes.deleted, changes.dropped, arrow)
 
 
-def _key_array(
-    ids: npt.NDArray[np.int64], offsets: npt.NDArray[np.int64]
+def _keys(
+    block_ids: npt.NDArray[Any], offsets: npt.NDArray[Any], where: str
 ) -> npt.NDArray[np.uint64]:
-    return (ids.astype(np.uint64) << np.uint64(KEY_OFFSET_BITS)) | offsets.astype(np.uint64)
+    """(block_id, offset) of each row as one uint64 (spill.key_of)."""
+    ids = block_ids.astype(np.uint64)  # a negative id (none is) would be large here
+    if len(ids) and int(ids.max()) >= 1 << (64 - KEY_OFFSET_BITS):
+        raise ReplayFailed(f"{where}: block id {int(ids.max())} too large for this reader")
+    return spill.key_of(ids, offsets)

@@ -67,21 +67,31 @@ def write_file(directory: str, name: str, data: bytes) -> str:
 
 
 def write_table(directory: str, name: str, table: Any, part: int = 0) -> int:
-    """A pyarrow `table` as the Parquet file `name/part-<part>.parquet` of a run directory
+    """A pyarrow `table`, or a replay's spill.SpilledTable (written a batch at a time, then
+    its file removed), as the Parquet file `name/part-<part>.parquet` of a run directory
     (local or S3: one put), by whichever process holds it: the local engine, or a Spark task
     writing its log's tables. Its row count."""
     import io
 
     import pyarrow.parquet as pq  # here: the CLI starts without pyarrow
 
+    def write(where: Any) -> None:
+        if not hasattr(table, "batches"):
+            pq.write_table(table, where)
+            return
+        with pq.ParquetWriter(where, table.schema) as writer:
+            for batch in table.batches():
+                writer.write_batch(batch)
+        table.close()
+
     file_name = f"{name}/part-{part:05d}.parquet"
     if is_s3(directory):
         sink = io.BytesIO()
-        pq.write_table(table, sink)
+        write(sink)
         put(directory, file_name, sink.getvalue())
     else:
         os.makedirs(os.path.join(directory, name), exist_ok=True)
-        pq.write_table(table, os.path.join(directory, file_name))
+        write(os.path.join(directory, file_name))
     rows: int = table.num_rows
     return rows
 

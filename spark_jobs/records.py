@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from spark_jobs.errors import InputCorrupt
 from spark_jobs.filters import Range
@@ -28,7 +29,7 @@ from spark_jobs.journal import (
 )
 from tae_driver.backends import segment as file_segment
 from tae_driver.errors import CorruptRecord, StorageCorruption
-from tae_driver.record import DecodedRecord, decode
+from tae_driver.record import DecodedRecord, EntriesRecord, decode, payload_checksum
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,3 +154,41 @@ def driver_records(unit: Unit, verify: str, lsns: Range) -> Iterator[DriverRecor
             yield DriverRecord(rec, None, reason)
             continue
         yield DriverRecord(rec, decoded)
+
+
+class RecordFields(NamedTuple):  # a tuple: made once per record on every read of a log
+    """What the audit level (walread `_audit_level`: one row per backend record) and the
+    replay plan (local_replay.PlanInput) read of one record: `record_fields` is the one
+    mapping from a DriverRecord to them, so the two reads of a log cannot disagree."""
+
+    kind: str
+    """"entry", "marker" (no entries), "skip", "truncate", KIND_TORN or KIND_CORRUPT (damaged
+    framing, or a payload that does not decode)."""
+    start_dsn: int | None  # skip: 0; no payload or damage: None
+    record_count: int | None  # entries, or skip pairs; no payload or damage: None
+    safe_dsn: int | None  # skip: 0; no payload or damage: None
+    checksum: int | None
+    """The record's checksum field as a signed BIGINT (schemas.signed64); None without a
+    decoded payload."""
+    skip_pairs: tuple[tuple[int, int], ...]  # (DSN, LSN) of a skip record; else empty
+    error: str | None
+
+
+_TWO_63, _TWO_64 = 1 << 63, 1 << 64
+
+
+def record_fields(found: DriverRecord) -> RecordFields:
+    rec, decoded = found.rec, found.decoded
+    if rec.payload is None:
+        return RecordFields(rec.kind, None, None, None, None, (), rec.error)
+    if decoded is None:
+        return RecordFields(KIND_CORRUPT, None, None, None, None, (), found.error)
+    checksum = payload_checksum(rec.payload)
+    checksum = checksum - _TWO_64 if checksum >= _TWO_63 else checksum
+    if not isinstance(decoded, EntriesRecord):
+        pairs = decoded.pairs
+        return RecordFields("skip", 0, len(pairs), 0, checksum, pairs, None)
+    kind = "entry" if decoded.count else "marker"
+    return RecordFields(
+        kind, decoded.start_dsn, decoded.count, decoded.safe_dsn, checksum, (), None
+    )

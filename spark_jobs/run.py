@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from logsvc.bench.measure import own_cpu_s
-from spark_jobs import local, output
+from spark_jobs import jvm_archive, local, output
 from spark_jobs.engines import ENGINE_LOCAL, ENGINE_SPARK, ENGINES
 from spark_jobs.jobs import JobParams, JobResult
 from spark_jobs.objectstores import is_s3, open_objects
@@ -52,6 +52,7 @@ def run_job(
     started = time.time()
     cpu_started = own_cpu_s()
     directory = output.run_dir(out, params.job, run_id or output.new_run_id())
+    class_archive: str | None = None  # a per-log Spark job's driver JVM (jvm_archive.py)
     if engine == ENGINE_LOCAL:
         input_bytes = sum(unit.size_bytes for unit in params.units()) if progress else 0
         with LocalProgress(input_bytes) if progress else contextlib.nullcontext():
@@ -62,13 +63,23 @@ def run_job(
     else:
         own = spark is None
         if own:
-            from spark_jobs.session import LEAN_JVM_CONF, PER_LOG_JOBS, get_spark
+            from spark_jobs.session import (
+                LEAN_JVM_OPTIONS,
+                PER_LOG_JOBS,
+                get_spark,
+                launched_by_spark_submit,
+                lean_jvm_conf,
+            )
 
             per_log = params.job in PER_LOG_JOBS
+            archived = per_log and not launched_by_spark_submit()  # else the JVM runs already
+            archive = jvm_archive.use_option(LEAN_JVM_OPTIONS) if archived else None
+            if archived:
+                class_archive = "used" if archive else "none" if jvm_archive.enabled() else "off"
             spark = get_spark(
                 f"spark_jobs {params.job}",
                 master,
-                LEAN_JVM_CONF if per_log else None,
+                lean_jvm_conf(archive) if per_log else None,
                 quiet=quiet,
                 progress=progress,
                 data_sources=not per_log,
@@ -85,6 +96,9 @@ def run_job(
         finally:
             if own:
                 spark.stop()
+        if class_archive == "none":  # for the next run (jvm_archive.py)
+            started_build = jvm_archive.build_in_background(LEAN_JVM_OPTIONS)
+            class_archive = "none (a build started)" if started_build else class_archive
     outputs = {name: {"path": name, "rows": count} for name, count in rows.items()}
     for name, data in result.files.items():
         output.write_file(directory, name, data)
@@ -102,6 +116,8 @@ def run_job(
         "wall_s": round(time.time() - started, 3),
         "driver_cpu_s": round(own_cpu_s() - cpu_started, 3),
     }
+    if class_archive is not None:
+        manifest["jvm_class_archive"] = class_archive
     if result.driver_records_decoded is not None:
         manifest["driver_records_decoded"] = result.driver_records_decoded
     output.write_manifest(directory, manifest)

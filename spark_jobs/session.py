@@ -58,6 +58,15 @@ LEAN_JVM_CONF: Mapping[str, str] = {
 }
 
 
+def lean_jvm_conf(archive_option: str | None) -> dict[str, str]:
+    """LEAN_JVM_CONF, the driver JVM mapping its class-data archive when `archive_option`
+    (spark_jobs/jvm_archive.py `use_option`) is given."""
+    conf = dict(LEAN_JVM_CONF)
+    if archive_option:
+        conf["spark.driver.extraJavaOptions"] = f"{LEAN_JVM_OPTIONS} {archive_option}"
+    return conf
+
+
 # Everything at ERROR and above to stderr, nothing else (log4j2 properties syntax). The
 # PythonGatewayServer logger at the root's level too: a driver launched by pyspark
 # initializes Spark's logging from that class as a shell would, compares the level configured

@@ -24,7 +24,7 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from spark_jobs import error_transport, jobs, local, local_replay, output
+from spark_jobs import audit, error_transport, jobs, local, local_replay, output
 from spark_jobs import records as record_reader  # by module: a task counts in its own worker
 from spark_jobs.errors import SparkJobError
 from spark_jobs.jobs import JobParams, JobResult
@@ -149,25 +149,25 @@ def replay_as_of(spark: SparkSession, params: JobParams, directory: str) -> JobR
 
 
 def lsn_audit(spark: SparkSession, params: JobParams, directory: str) -> JobResult:
-    """local.audit_of once per log, in the executors: each writes its anomalies as one part
+    """audit.audit_of once per log, in the executors: each writes its anomalies as one part
     of the `anomalies` dataset (parts in log order, rows sorted within, so the dataset is in
     jobs.ANOMALY_ORDER, which begins with the log), and answers its summary."""
 
     def audit_task(replica: str, shard: int, index: int) -> dict[str, Any]:
-        audited = local.audit_of(params, replica, shard)
+        audited = audit.audit_of(params, replica, shard)
         found, summary = ([], None) if audited is None else audited
-        rows = output.write_table(directory, ANOMALIES, local.anomaly_table(found), part=index)
+        rows = output.write_table(directory, ANOMALIES, audit.anomaly_table(found), part=index)
         return {"summary": summary, "anomalies": rows}
 
-    logs = local.audit_logs(params)
+    logs = audit.audit_logs(params)
     done, decoded = per_log(spark, logs, audit_task)
     if not logs:
-        output.write_table(directory, ANOMALIES, local.anomaly_table([]))
+        output.write_table(directory, ANOMALIES, audit.anomaly_table([]))
     result = JobResult(driver_records_decoded=decoded)
     result.written[ANOMALIES] = sum(answer["anomalies"] for answer in done)
     summaries = [answer["summary"] for answer in done if answer["summary"] is not None]
     result.summary = {"logs": summaries, "anomalies": result.written[ANOMALIES]}
-    result.lines = local.audit_lines(result.summary)
+    result.lines = audit.audit_lines(result.summary)
     return result
 
 

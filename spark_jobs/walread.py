@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -58,7 +58,7 @@ from spark_jobs.journal import (
     VERIFY_TRUE,
     read_journal,
 )
-from spark_jobs.records import BackendRecord, driver_records, read_file
+from spark_jobs.records import BackendRecord, DriverRecord, driver_records, read_file, record_fields
 from spark_jobs.rows import rows_level
 from spark_jobs.schemas import signed64
 from tae_driver.backends import segment as file_segment
@@ -611,23 +611,25 @@ def _audit_level(unit: Unit, options: ReadOptions) -> Iterator[pa.RecordBatch]:
     skip_ends: list[int] = [0]
     xxh3 = xxhash.xxh3_64_intdigest
 
-    def row(
-        rec: BackendRecord,
-        kind: str,
-        start: int | None,
-        count: int | None,
-        safe: int | None = None,
-    ) -> None:
-        scalars["safe"].append(safe)
-        checksum = None if rec.payload is None else payload_checksum(rec.payload)
-        scalars["checksum"].append(None if checksum is None else signed64(checksum))
-        scalars["segment"].append(rec.segment)
-        scalars["offset_bytes"].append(rec.offset_bytes)
-        scalars["lsn"].append(rec.lsn)
-        scalars["kind"].append(kind)
-        scalars["start"].append(start)
-        scalars["count"].append(count)
-        scalars["error"].append(rec.error)
+    def row(found: DriverRecord) -> None:
+        fields = record_fields(found)
+        scalars["segment"].append(found.rec.segment)
+        scalars["offset_bytes"].append(found.rec.offset_bytes)
+        scalars["lsn"].append(found.rec.lsn)
+        scalars["kind"].append(fields.kind)
+        scalars["start"].append(fields.start_dsn)
+        scalars["count"].append(fields.record_count)
+        scalars["safe"].append(fields.safe_dsn)
+        scalars["checksum"].append(fields.checksum)
+        scalars["error"].append(fields.error)
+        if fields.skip_pairs:
+            skip_dsns.extend(dsn for dsn, _ in fields.skip_pairs)
+            skip_lsns.extend(lsn for _, lsn in fields.skip_pairs)
+        elif fields.kind == "entry" and options.entry_checksums:
+            assert isinstance(found.decoded, EntriesRecord)
+            checksums.extend(
+                h - _TWO_64 if h >= _TWO_63 else h for h in map(xxh3, found.decoded.entries)
+            )
         checksum_ends.append(len(checksums))
         skip_ends.append(len(skip_dsns))
 
@@ -657,28 +659,7 @@ def _audit_level(unit: Unit, options: ReadOptions) -> Iterator[pa.RecordBatch]:
         return pa.RecordBatch.from_arrays(arrays, schema=schemas.AUDIT)
 
     for found in driver_records(unit, options.verify, lsn_range):
-        rec, decoded = found.rec, found.decoded
-        if rec.payload is None:
-            row(rec, rec.kind, None, None)
-        else:
-            if decoded is None:
-                damaged = BackendRecord(
-                    rec.segment, rec.offset_bytes, rec.lsn, rec.raft_index, None, KIND_CORRUPT
-                )
-                row(replace(damaged, error=found.error), KIND_CORRUPT, None, None)
-                continue
-            if not isinstance(decoded, EntriesRecord):
-                skip_dsns.extend(dsn for dsn, _ in decoded.pairs)
-                skip_lsns.extend(lsn for _, lsn in decoded.pairs)
-                row(rec, "skip", 0, len(decoded.pairs), 0)
-            elif decoded.count == 0:
-                row(rec, "marker", decoded.start_dsn, 0, decoded.safe_dsn)
-            else:
-                if options.entry_checksums:
-                    checksums.extend(
-                        h - _TWO_64 if h >= _TWO_63 else h for h in map(xxh3, decoded.entries)
-                    )
-                row(rec, "entry", decoded.start_dsn, decoded.count, decoded.safe_dsn)
+        row(found)
         if len(scalars["lsn"]) >= AUDIT_RECORDS_MAX:
             yield take()
     if scalars["lsn"]:

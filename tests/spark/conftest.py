@@ -5,6 +5,7 @@ are missing: `./dev test` installs both, so in CI it runs."""
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Iterator
 from typing import Any
@@ -14,6 +15,12 @@ import pytest
 pytest.importorskip("pyspark", reason="pyspark is not installed (the spark extra)")
 if shutil.which("java") is None:
     pytest.skip("no java on PATH (Spark needs a Java 17 runtime)", allow_module_level=True)
+
+
+# A run of the suite builds no JVM class-data archive into the user's cache (a per-log job
+# run through the CLI would start one: spark_jobs/jvm_archive.py); test_jvm_archive.py
+# builds one in a temporary cache directory.
+os.environ.setdefault("SPARK_JOBS_JVM_ARCHIVE", "0")
 
 
 @pytest.fixture(scope="session")

@@ -118,6 +118,23 @@ def test_replay_on_spark_equals_the_engine(spark: Any, history: History, tmp_pat
         assert got == history.scans[ts], ts
 
 
+def test_replay_on_spark_in_bounded_memory(spark: Any, history: History, tmp_path: Path) -> None:
+    """A replay task holding at most 4 KiB of a table's rows spills sorted runs in its Python
+    worker, merges them and writes the result a batch at a time (spark_jobs/spill.py): the
+    same outputs as the local engine under the same bound, and the engine's scan."""
+    ts = history.timestamps[-1]
+    params = JobParams("replay_as_of", file_input(history.path), as_of=ts, rows_held_bytes=4096)
+    manifest, _ = both_engines(spark, params, tmp_path)
+    [log] = manifest["summary"]["logs"]
+    assert log["rows_spilled_runs"] >= 2
+    run_dir = os.path.join(tmp_path, "spark", "replay_as_of", manifest["run_id"])
+    got = {
+        name.split("/", 1)[1].replace("/", "."): rows
+        for name, rows in read_outputs(run_dir).items()
+    }
+    assert got == history.scans[ts]
+
+
 def test_replay_on_spark_over_logsvc(spark: Any, logsvc_logs: LogsvcLogs, tmp_path: Path) -> None:
     ts = logsvc_logs.engine.timestamps[-3]
     params = JobParams(

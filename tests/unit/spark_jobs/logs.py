@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
+import pytest
 from pyroaring import FrozenBitMap
 
 from engine import Column, Schema, SyncEngine
@@ -41,6 +42,7 @@ from engine.wal.entry import (
     TxnEntry,
     UpdateCatalog,
 )
+from spark_jobs import local_replay, spill
 from tae_driver.backends.file import FileBackend
 from tae_driver.record import encode_record, encode_skip
 
@@ -501,3 +503,16 @@ def storage_history(base: str, big_rows: int = 9000) -> StorageHistory:
 
     asyncio.run(run())
     return history
+
+
+def in_memory(table: pa.Table | spill.SpilledTable) -> pa.Table:
+    return table.read_all() if isinstance(table, spill.SpilledTable) else table
+
+
+def bound_replay_memory(monkeypatch: pytest.MonkeyPatch, held_bytes: int) -> None:
+    """Replay holds at most `held_bytes` of a table's rows (and, apart, of its deleted keys)
+    before spilling a run; runs are written in batches of ~1 KiB and merged 3 at a time, so
+    a small log exercises multi-batch runs and merges in several rounds."""
+    monkeypatch.setattr(local_replay, "ROWS_HELD_BYTES_MAX", held_bytes)
+    monkeypatch.setattr(spill, "SPILL_BATCH_BYTES_MAX", 1024)
+    monkeypatch.setattr(spill, "SPILL_MERGE_FAN_IN", 3)

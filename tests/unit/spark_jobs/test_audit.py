@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from spark_jobs import local
+from spark_jobs import audit, local
 from spark_jobs.errors import InputCorrupt
 from spark_jobs.inputs import file_input, list_units
 from spark_jobs.jobs import JobParams
@@ -119,7 +119,7 @@ def test_a_flipped_byte_followed_by_valid_frames_is_corruption_not_a_torn_tail(
     assert [a["kind"] for a in anomalies] == ["corrupt"]
     assert anomalies[0]["offset_bytes"] == 32
     assert "valid frames follow" in anomalies[0]["detail"]
-    assert "PROBLEMS" in "\n".join(local.audit_lines(result.summary))
+    assert "PROBLEMS" in "\n".join(audit.audit_lines(result.summary))
     with pytest.raises(InputCorrupt) as info:
         local.run(JobParams("replay_as_of", file_input(str(wal)), as_of=10**15))
     assert info.value.offset_bytes == 32

@@ -18,21 +18,35 @@ test_checkpoint_replay.py).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
+from spark_jobs import entries as entries_module
 from spark_jobs import local, local_replay, replay, walread
 from spark_jobs.errors import CopiesDisagree, LogHole, ReplayRefused
+from spark_jobs.filters import Range
 from spark_jobs.inputs import file_input
 from spark_jobs.jobs import JobParams
+from spark_jobs.records import driver_records
+from spark_jobs.run import run_job
 from spark_jobs.walread import ReadOptions
 from tests.unit.spark_jobs.logs import (
     History,
+    anomalies_log,
+    append_entry,
+    bound_replay_memory,
+    create_db_entry,
+    create_table_entry,
+    delete_entry,
     encode_record,
     encode_skip,
     engine_history,
+    in_memory,
     kv_entries,
     records_of,
     write_file_wal,
@@ -42,7 +56,7 @@ from tests.unit.spark_jobs.logs import (
 def replayed(wal: str, as_of: int) -> dict[str, list[dict[str, Any]]]:
     result = local.run(JobParams("replay_as_of", file_input(wal), as_of=as_of))
     return {
-        name.split("/", 1)[1].replace("/", "."): table.to_pylist()
+        name.split("/", 1)[1].replace("/", "."): in_memory(table).to_pylist()
         for name, table in result.tables.items()
     }
 
@@ -227,3 +241,88 @@ def test_an_origin_command_is_read_and_changes_no_row(tmp_path: Path) -> None:
     rows = walread.read_level(JobParams("x", file_input(wal)), ReadOptions("command")).to_pylist()
     [origin] = [r for r in rows if r["cmd_kind"] == "origin"]
     assert (origin["name"], origin["origin_seq"], origin["dsn"]) == ("cn-1", 7, 4)
+
+
+def test_the_plan_reads_a_record_as_the_audit_level_does(tmp_path: Path) -> None:
+    """PlanInput gathered from the driver records as a reader passes them (one-read replay)
+    equals PlanInput from the audit level's rows (two-read replay), on a log with every kind
+    of record: entries, duplicates, a conflicting copy, a skip record, a marker, a truncation.
+    Both go through records.record_fields."""
+    wal = str(tmp_path / "wal")
+    anomalies_log(wal)
+    unit_params = JobParams("x", file_input(wal))
+    from_rows = local_replay.PlanInput()
+    audit = walread.read_level(unit_params, ReadOptions("audit"))
+    for row in audit.select(local_replay.PLAN_COLUMNS).to_pylist():
+        from_rows.add(*(row[name] for name in local_replay.PLAN_COLUMNS))
+    from_records = local_replay.PlanInput()
+    for unit in unit_params.units():
+        for found in driver_records(unit, "true", Range()):
+            from_records.add_record(found)
+    assert from_rows.truncated > 0 and from_rows.skips and len(from_rows.by_lsn) > 5
+    assert from_records.by_lsn == from_rows.by_lsn
+    assert from_records.skips == from_rows.skips
+    assert from_records.truncated == from_rows.truncated
+
+
+def test_a_replay_in_bounded_memory_equals_the_unbounded_one(
+    history: History, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 23: a worker's memory bounded whatever the log's size. Under a small bound a
+    real engine's tables (updates, deletes, a table dropped and created again) are spilled
+    as sorted runs and merged (spark_jobs/spill.py): the same rows in the same order."""
+    timestamps = [*history.timestamps[:: max(1, len(history.timestamps) // 6)], 2**62]
+    unbounded = {ts: replayed(history.path, ts) for ts in timestamps}
+    bound_replay_memory(monkeypatch, 4 << 10)
+    for ts in timestamps:
+        assert replayed(history.path, ts) == unbounded[ts], ts
+        expected = history.scans.get(ts)
+        if expected is not None:
+            assert unbounded[ts] == expected, ts
+    result = local.run(JobParams("replay_as_of", file_input(history.path), as_of=2**62))
+    assert result.summary["logs"][0]["rows_spilled_runs"] >= 2
+
+
+def test_many_small_transactions_are_held_near_the_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """3,000 one-row appends to each of two tables (two databases) and a delete of three rows
+    after every tenth, read 64 entries at a time: under a 2 KiB bound, rows and deleted keys
+    are spilled in many runs (merged three at a time, in rounds), the Parquet outputs equal
+    the unbounded replay's and the model, and what was held at once stayed within the bound
+    plus one chunk's rows (the old replay held every row of a table until the end:
+    `rows_held_bytes_peak` did not exist)."""
+    entries = [*kv_entries(2), create_db_entry(1100, 1101, 3, "db2")]
+    entries.append(create_table_entry(1101, 1102, 3, 4))
+    ts = 2000
+    for i in range(3000):
+        for db_id, table_id in ((1, 2), (3, 4)):
+            ts += 10
+            entries.append(append_entry(ts - 5, ts, db_id, table_id, i, [i]))
+        if i % 10 == 9:
+            ts += 10
+            entries.append(delete_entry(ts - 5, ts, 1, 2, [i - 9, i - 6, i - 3]))
+    deleted = {i - d for i in range(9, 3000, 10) for d in (9, 6, 3)}
+    expected = {"db/kv": [i for i in range(3000) if i not in deleted], "db2/kv": list(range(3000))}
+    wal = str(tmp_path / "wal")
+    write_file_wal(wal, records_of(entries, per_record=50))
+    monkeypatch.setattr(entries_module, "CHUNK_ENTRIES_MAX", 64)
+
+    def outputs(run_id: str) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
+        params = JobParams("replay_as_of", file_input(wal), as_of=2**62)
+        done = run_job(params, engine="local", out=str(tmp_path / "out"), run_id=run_id)
+        tables = {
+            name.split("/", 1)[1]: pq.read_table(os.path.join(done.run_dir, name)).to_pylist()
+            for name in done.manifest["outputs"]
+        }
+        return done.manifest["summary"]["logs"][0], tables
+
+    _, unbounded = outputs("unbounded")
+    assert {name: [row["k"] for row in rows] for name, rows in unbounded.items()} == expected
+    held = 2 << 10
+    bound_replay_memory(monkeypatch, held)
+    log, bounded = outputs("bounded")
+    assert bounded == unbounded
+    assert log["rows_spilled_runs"] >= 20
+    assert sum(pa.Table.from_pylist(rows).nbytes for rows in bounded.values()) > 20 * held
+    assert log["rows_held_bytes_peak"] <= 2 * held
