@@ -94,8 +94,15 @@ exit codes:
 """
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        # One line naming what is wrong (the usage block is `--help`'s to show).
+        print(f"{self.prog}: error: {message} (see --help)", file=sys.stderr)
+        sys.exit(EXIT_USAGE)
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="python -m spark_jobs",
         description="Jobs over the engine's WAL and logsvc's segment files, on Spark or on "
         "the local engine (pyarrow).",

@@ -215,3 +215,11 @@ def _wait_for(condition: Any, timeout_s: float = 30.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "condition not met in time"
         time.sleep(0.01)
+
+
+def test_a_bad_argument_is_one_line_naming_it_and_exit_2(capsys: Any) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["replay_as_of", "--file-wal", "x"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--out" in err and "usage:" not in err
