@@ -7,13 +7,13 @@ from __future__ import annotations
 
 AUTO_SPARK_INPUT_BYTES_MIN = 1 << 30
 """`--engine auto` runs a job on Spark when its input (the log units it reads: WAL segment
-files, logsvc shard journals) holds at least this many bytes, else on the local engine.
-Why 1 GiB: a Spark job pays 5-8 CPU-seconds before its first
-row (JVM with the class-data archive, session, Python workers; without the archive 8-12) and
-then 1.4-1.9x the local engine's CPU per entry (README "Measured": Spark per core is
-0.53-0.7x local at 10M entries), so it only pays off once several cores share a log the local
-engine takes tens of seconds over. 1 GiB is about 6M entries (172 bytes each in the
-benchmark): the local audit reads it in about 6 CPU-s and replay in about 12. `--master` (a cluster named by the user)
+files, logsvc shard journals) holds at least this many bytes, else on the local engine. Why
+1 GiB: a Spark job pays 5-8 CPU-seconds before its first row (JVM with the class-data
+archive, session, Python workers; without the archive 8-12) and then 1.4-1.9x the local
+engine's CPU per entry (README "Measured": Spark per core is 0.53-0.7x local at 10M
+entries), so it only pays off once several cores share a log the local engine takes tens of
+seconds over. 1 GiB is about 6M entries (172 bytes each in the benchmark): the local audit
+reads it in about 6 CPU-s and replay in about 12. `--master` (a cluster named by the user)
 or a run under spark-submit always means Spark, whatever the size."""
 
 PROGRESS_INTERVAL_S = 0.5
