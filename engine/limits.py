@@ -306,6 +306,25 @@ them costs milliseconds per query); past it the database is closed and a new one
 SQL_QUERY_CHARS_MAX = 1 << 20
 """Longest SQL text accepted (a query, not a data load)."""
 
+SQL_DIRECT_ROWS_MAX = 1 << 18
+"""Most persisted rows (whole blocks meeting the key bounds) SQL's direct path reads into
+memory before DuckDB runs (engine/sql.py `_direct`): a few MiB for a narrow table. A query
+whose key bounds meet more is streamed a group at a time instead."""
+
+SQL_INLINE_ROWS_MAX = 1 << 14
+"""Most rows a direct query hands DuckDB on the engine's event loop itself (only a query of
+sums, counts and comparisons: tens of microseconds per thousand rows, under ~2 ms in all);
+more, or anything costlier, runs on the query's thread (two hand-overs, which on a loaded
+machine each wait for a core)."""
+
+SQL_TEMPLATES_KEPT_MAX = 1024
+"""Query templates (engine/sql_keys.py) whose plans are kept, least recently used dropped:
+a plan is a few hundred bytes, and reading one costs DuckDB's parse (~0.3 ms)."""
+
+SQL_TEMPLATE_SCHEMAS_MAX = 8
+"""Table schemas per template whose answer schema is kept (a table's schema rarely
+changes); past it the answer schema is found again per query."""
+
 SQL_PULL_WAIT_S_MAX = 600.0
 """Longest a DuckDB thread waits for the engine's loop to produce one part of a scan (a
 group of whole objects loaded through the cache: seconds from S3 at worst); past it the

@@ -209,6 +209,25 @@ _KEY_TYPES = (pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(), pa.uint
 """Key types whose every value is an int64 (uint64's are not: no key path for them)."""
 
 
+def key_rows_bound(handle: TableHandle, filter: pc.Expression) -> int | None:
+    """For SQL's direct path (engine/sql.py): how many persisted rows a scan of `handle` with
+    `filter` loads through the key path (whole blocks, before slicing; 0 when the table has
+    no persisted block); None when it would not take the key path. Bounds, not counts: it
+    reads nothing."""
+    data = handle._entry.data
+    if handle._entry.create_ts == 0 or not data.persisted_held:
+        return 0
+    keyed = _key_range(data, pruning.parse(filter), handle._txn.start_ts)
+    if keyed is None:
+        return None
+    return sum(b.rows for b in keyed[1])
+
+
+def integer_key(handle: TableHandle) -> str | None:
+    """The table's primary key column when it is one integer column the key path serves."""
+    return _integer_key(handle._entry.data)
+
+
 def _integer_key(data: TableData) -> str | None:
     primary_key = data.schema.primary_key
     if len(primary_key) != 1:
