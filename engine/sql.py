@@ -617,12 +617,19 @@ async def _direct(
         if bounds is None:
             return None
         key_type = schema.field(key).type
-        lo, hi = max(bounds.lo, _type_min(key_type)), min(bounds.hi, _type_max(key_type))
+        low, high = _type_min(key_type), _type_max(key_type)
+        lo, hi = max(bounds.lo, low), min(bounds.hi, high)
         field = pc.field(key)
-        if lo < hi:
+        if lo >= hi:  # a point, or nothing (lo > hi): the bloom filter answers a point
+            key_filter = field == pa.scalar(max(low, min(lo, high)), key_type)
+        elif lo > low and hi < high:
             key_filter = (field >= pa.scalar(lo, key_type)) & (field <= pa.scalar(hi, key_type))
-        else:  # a point, or nothing (lo > hi): the bloom filter answers a point
-            key_filter = field == pa.scalar(min(lo, _type_max(key_type)), key_type)
+        elif lo > low:  # (the type's own end is not written: the key path reads it whole)
+            key_filter = field >= pa.scalar(lo, key_type)
+        elif hi < high:
+            key_filter = field <= pa.scalar(hi, key_type)
+        else:
+            return None
         rows_max = key_rows_bound(handle, key_filter)
         if rows_max is None or rows_max > limits.SQL_DIRECT_ROWS_MAX:
             return None
