@@ -80,6 +80,7 @@ from engine.errors import Overloaded, SqlError, SqlUnavailable
 from engine.scan import ScanCounts, integer_key, key_rows_bound, scan_stream
 
 if TYPE_CHECKING:
+    from engine.schema import Schema
     from engine.txn import TableHandle, Transaction
 
 T = TypeVar("T")
@@ -392,7 +393,7 @@ class _Connection:
         for key in [k for k in self.sources if k[1].lower() in mentioned and k not in current]:
             self._drop(key)
         for (db, name), handle in current.items():
-            schema = handle.schema.to_arrow()
+            schema = _arrow_schema(handle.schema)
             source = self.sources.get((db, name))
             if source is None or not source.declared.equals(schema):
                 if source is not None:
@@ -571,7 +572,9 @@ class _Template:
 
     def __init__(self, plan: sql_keys.KeyPlan | None) -> None:
         self.plan = plan
-        self.answers: dict[pa.Schema, pa.Schema | None] = {}
+        # By the id of the table's `Schema` (kept in the value: an id is only unique while
+        # its object lives); hashing a pyarrow schema per query costs more than the lookup.
+        self.answers: dict[int, tuple[Schema, pa.Schema | None]] = {}
 
 
 _TEMPLATES: OrderedDict[str, _Template] = OrderedDict()
@@ -612,7 +615,7 @@ async def _direct(
         key = integer_key(handle)
         if key is None:
             return None
-        schema = handle.schema.to_arrow()
+        schema = _arrow_schema(handle.schema)
         bounds = sql_keys.key_bounds(plan, key, schema.names, values)
         if bounds is None:
             return None
@@ -636,7 +639,9 @@ async def _direct(
         answer_columns = sql_keys.projected(plan, schema.names) if bounds.exact else None
         answer_schema = None
         if answer_columns is not None:
-            answer_schema = _answer_schema(duckdb, conn, entry, tables, db, name, schema, query)
+            answer_schema = _answer_schema(
+                duckdb, conn, entry, tables, db, name, handle.schema, schema, query
+            )
         read = list(dict.fromkeys(answer_columns)) if answer_columns and answer_schema else None
         if read is None:
             read = sql_keys.columns_read(plan, schema.names)
@@ -731,14 +736,16 @@ def _answer_schema(
     tables: list[tuple[str, str, TableHandle]],
     db: str,
     name: str,
+    declared: Schema,
     schema: pa.Schema,
     query: str,
 ) -> pa.Schema | None:
     """DuckDB's answer schema for a query that only lists columns (its names, its types),
     from running it once over no rows; None when a type differs from the column's, so the
     rows cannot stand for DuckDB's answer."""
-    if schema in entry.answers:
-        return entry.answers[schema]
+    kept = entry.answers.get(id(declared))
+    if kept is not None and kept[0] is declared:
+        return kept[1]
     plan = entry.plan
     assert plan is not None
     columns = sql_keys.projected(plan, schema.names)
@@ -757,8 +764,24 @@ def _answer_schema(
     ):
         found = empty.schema
     if len(entry.answers) < limits.SQL_TEMPLATE_SCHEMAS_MAX:
-        entry.answers[schema] = found
+        entry.answers[id(declared)] = (declared, found)
     return found
+
+
+_ARROW_SCHEMAS: dict[int, tuple[Schema, pa.Schema]] = {}
+"""Tables' Arrow schemas by the id of their `Schema` (`Schema.to_arrow` builds a new one
+per call); cleared past `SQL_TEMPLATES_KEPT_MAX` entries."""
+
+
+def _arrow_schema(declared: Schema) -> pa.Schema:
+    kept = _ARROW_SCHEMAS.get(id(declared))
+    if kept is not None and kept[0] is declared:
+        return kept[1]
+    schema = declared.to_arrow()
+    if len(_ARROW_SCHEMAS) >= limits.SQL_TEMPLATES_KEPT_MAX:
+        _ARROW_SCHEMAS.clear()
+    _ARROW_SCHEMAS[id(declared)] = (declared, schema)
+    return schema
 
 
 def _rows_source(
