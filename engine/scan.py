@@ -33,6 +33,7 @@ from engine import limits
 from engine.catalog import TableEntry
 from engine.errors import SchemaError
 from engine.objects.errors import CacheFull
+from engine.schema import normalize_key
 from engine.storage import NOTHING_LOADED, Block, PersistedBlock, TableData, pruning, scan_ranges
 from engine.storage.masks import mask
 
@@ -221,6 +222,25 @@ def key_rows_bound(handle: TableHandle, filter: pc.Expression) -> int | None:
     if keyed is None:
         return None
     return sum(b.rows for b in keyed[1])
+
+
+async def key_point(handle: TableHandle, key: int, columns: Sequence[str]) -> pa.Table | None:
+    """The row of the integer key `key` visible to the handle's transaction, found as `get`
+    finds it (the table's key index and blooms, one block's keys), as a table of `columns`
+    (no row: empty); None when the transaction has written to the table itself (the scan
+    merges its own rows). For SQL's direct path: a point through the key index costs a
+    fraction of a key-path scan (no block ranges, no filter, no part to finish)."""
+    txn = handle._txn
+    async with txn._busy:
+        txn._check_open()
+        txn._check_handle(handle)
+        entry = handle._entry
+        if entry.table_id in txn._writes:
+            return None
+        normalized = normalize_key(entry.schema, key, handle.qualified)
+        (version,) = await txn._snapshot_versions(entry, [normalized])
+        rows = await txn._snapshot_rows(entry, [version] if version is not None else [])
+    return rows.select(list(columns))
 
 
 def integer_key(handle: TableHandle) -> str | None:

@@ -77,7 +77,7 @@ import pyarrow.dataset as ds
 
 from engine import limits, sql_keys
 from engine.errors import Overloaded, SqlError, SqlUnavailable
-from engine.scan import ScanCounts, integer_key, key_rows_bound, scan_stream
+from engine.scan import ScanCounts, integer_key, key_point, key_rows_bound, scan_stream
 
 if TYPE_CHECKING:
     from engine.schema import Schema
@@ -633,9 +633,11 @@ async def _direct(
             key_filter = field <= pa.scalar(hi, key_type)
         else:
             return None
-        rows_max = key_rows_bound(handle, key_filter)
-        if rows_max is None or rows_max > limits.SQL_DIRECT_ROWS_MAX:
-            return None
+        point = lo == hi and bounds.points is None
+        if not point:
+            rows_max = key_rows_bound(handle, key_filter)
+            if rows_max is None or rows_max > limits.SQL_DIRECT_ROWS_MAX:
+                return None
         answer_columns = sql_keys.projected(plan, schema.names) if bounds.exact else None
         answer_schema = None
         if answer_columns is not None:
@@ -647,11 +649,14 @@ async def _direct(
             read = sql_keys.columns_read(plan, schema.names)
         if bounds.points is not None and read is not None and key not in read:
             read = [c for c in schema.names if c in read or c == key]
-        counts = ScanCounts()
-        parts = [p async for p in scan_stream(handle, read, key_filter, counts)]
-        rows = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
-        if lo > hi:
-            rows = rows.slice(0, 0)
+        counts = ScanCounts()  # (a point read through the key index counts no blocks)
+        names = read if read is not None else schema.names
+        rows = schema.empty_table().select(names) if lo > hi else None
+        if rows is None and point:  # through the key index, as `get` reads a row
+            rows = await key_point(handle, lo, names)
+        if rows is None:
+            parts = [p async for p in scan_stream(handle, read, key_filter, counts)]
+            rows = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
         if bounds.points is not None:
             points = pa.array(sorted(bounds.points), type=key_type)
             rows = rows.filter(pc.is_in(rows.column(key), value_set=points))
