@@ -21,15 +21,24 @@ weaker: a RecordBatchReader or an object exporting `__arrow_c_stream__` is offer
 columns nor filters; parsing DuckDB's plan ourselves would re-derive what its binder hands
 the Dataset. A key filter (`id = 5`, `id >= a and id < b`) takes the scan's key path
 (engine/scan.py): the blocks whose key ranges meet it, each sliced by binary search.
-`python -m engine.bench scan` times the four queries through `sql` against DuckDB's native
-table in the same run (README, "The engine's reads against DuckDB"). What a query costs
-besides the engine's scan, on a quiet machine: DuckDB planning and scanning a Python
-dataset, ~1 ms even for one row (against ~0.35 ms for its own point lookup: the floor of
-this route), parsing (~0.1 ms), and four hand-overs between the loop and the query's
-thread (to it, a scan step and back, the answer). Each hand-over waits for a core, so on a
-loaded machine a small query's time grows by several times (a 10,000-key range sum: 3.7 ms
-on a quiet 2-core box, 12.4 ms at load 7 to 14, while the engine's own scan was 1.1-1.3 ms
-in both). A large scan streams at about the engine's scan speed.
+
+The direct path. Planning and scanning a Python dataset costs DuckDB ~1 ms even for one row
+(three times its own point lookup), and a streamed query makes four hand-overs between the
+loop and the query's thread, each waiting for a core on a loaded machine. So a query over
+one table whose WHERE bounds the integer key (engine/sql_keys.py says exactly which) is
+answered before any of that (`_direct`): its template's plan is kept (DuckDB's parse tree,
+read once per template), the engine reads the key rows at the snapshot (a point through the
+key index as `get` does, a range through the scan's key path, at most
+`SQL_DIRECT_ROWS_MAX` rows of blocks), and DuckDB runs the query over them as a plain Arrow
+stream (`RowsTable`: nothing to plan, nothing pushed down, DuckDB applies the whole WHERE
+itself), on the loop when the query is sums and comparisons over at most
+`SQL_INLINE_ROWS_MAX` rows, on the query's thread otherwise. A query that only lists
+columns with a WHERE of key bounds alone is answered with the rows, in DuckDB's answer
+schema (found once by running the query over no rows; any type DuckDB would change keeps
+DuckDB running). Anything else, and any DuckDB error on the direct path, is streamed as
+above, so errors read as they always did. `python -m engine.bench scan` times the four
+queries through `sql` against DuckDB's native table in the same run (README, "The engine's
+reads against DuckDB"). A large scan streams at about the engine's scan speed.
 
 Threads. DuckDB runs each query on one thread (`limits.SQL_THREADS_MAX`: an engine table is
 one Arrow stream, which DuckDB scans on one thread anyway) and pulls the stream from it.
@@ -54,8 +63,9 @@ DuckDB compares names). Only the tables whose names the query mentions are set u
 
 Connections. Opening a DuckDB database costs ~15 ms, more than a range query, so a pool
 keeps up to `SQL_QUERIES_MAX` in-memory databases for the process, one per running query
-(so two queries at different snapshots never share a catalog). A query's schemas and views
-are made in a transaction rolled back after it: the next query finds an empty catalog.
+(so two queries at different snapshots never share a catalog), and as many for the direct
+path, whose views read `RowsTable`s. A database keeps its views between queries and makes
+them again only when the tables a query names changed (`_Connection`).
 """
 
 from __future__ import annotations
