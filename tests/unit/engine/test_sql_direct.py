@@ -187,6 +187,8 @@ selects = st.sampled_from(
         ("id, a + 1 as b", " order by id desc"),
         ("distinct s", ""),
         ("id, f", " order by f nulls first, id limit 3"),
+        ("upper(s) as u, id", ""),  # not cheap: DuckDB on the query's thread
+        ("id, row_number() over (order by id) as r", ""),
     ]
 )
 
