@@ -321,6 +321,11 @@ SQL_TEMPLATES_KEPT_MAX = 1024
 """Query templates (engine/sql_keys.py) whose plans are kept, least recently used dropped:
 a plan is a few hundred bytes, and reading one costs DuckDB's parse (~0.3 ms)."""
 
+SQL_DIRECT_QUERY_CHARS_MAX = 4096
+"""Longest query the direct path considers (its template is kept: at most
+`SQL_TEMPLATES_KEPT_MAX` of these, 4 MiB); a longer one is streamed. A point or range
+query is a line."""
+
 SQL_TEMPLATE_SCHEMAS_MAX = 8
 """Table schemas per template whose answer schema is kept (a table's schema rarely
 changes); past it the answer schema is found again per query."""

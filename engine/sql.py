@@ -596,11 +596,14 @@ async def _direct(
 ) -> pa.Table | None:
     """The answer by the direct path (engine/sql_keys.py), or None when it does not apply:
     one table whose integer key the WHERE bounds to at most `SQL_DIRECT_ROWS_MAX` rows of
-    persisted blocks. The engine's scan reads those rows at the snapshot (the key path:
-    exactly `scan`'s visibility), then DuckDB runs the query over them, on the loop when the
+    persisted blocks. The engine reads those rows at the snapshot (a point through the key
+    index as `get`, a range through `scan`'s key path, or `scan` for a transaction's own
+    writes: `scan`'s visibility), then DuckDB runs the query over them, on the loop when the
     query is cheap and the rows few (`SQL_INLINE_ROWS_MAX`: no hand-over to a thread), or a
     query that only lists columns is answered with the rows themselves. Any DuckDB error
     sends the query down the streamed path, which reports it as always."""
+    if len(query) > limits.SQL_DIRECT_QUERY_CHARS_MAX:
+        return None
     numeric = duckdb.token_type.numeric_const
     try:
         tokens = duckdb.tokenize(query)
