@@ -314,6 +314,30 @@ them costs milliseconds per query); past it the database is closed and a new one
 SQL_QUERY_CHARS_MAX = 1 << 20
 """Longest SQL text accepted (a query, not a data load)."""
 
+SQL_DIRECT_ROWS_MAX = 1 << 18
+"""Most persisted rows (whole blocks meeting the key bounds) SQL's direct path reads into
+memory before DuckDB runs (engine/sql.py `_direct`): a few MiB for a narrow table. A query
+whose key bounds meet more is streamed a group at a time instead."""
+
+SQL_INLINE_ROWS_MAX = 1 << 14
+"""Most rows a direct query hands DuckDB on the engine's event loop itself (only a query of
+sums, counts and comparisons: tens of microseconds per thousand rows, under ~2 ms in all);
+more, or anything costlier, runs on the query's thread (two hand-overs, which on a loaded
+machine each wait for a core)."""
+
+SQL_TEMPLATES_KEPT_MAX = 1024
+"""Query templates (engine/sql_keys.py) whose plans are kept, least recently used dropped:
+a plan is a few hundred bytes, and reading one costs DuckDB's parse (~0.3 ms)."""
+
+SQL_DIRECT_QUERY_CHARS_MAX = 4096
+"""Longest query the direct path considers (its template is kept: at most
+`SQL_TEMPLATES_KEPT_MAX` of these, 4 MiB); a longer one is streamed. A point or range
+query is a line."""
+
+SQL_TEMPLATE_SCHEMAS_MAX = 8
+"""Table schemas per template whose answer schema is kept (a table's schema rarely
+changes); past it the answer schema is found again per query."""
+
 SQL_PULL_WAIT_S_MAX = 600.0
 """Longest a DuckDB thread waits for the engine's loop to produce one part of a scan (a
 group of whole objects loaded through the cache: seconds from S3 at worst); past it the
@@ -333,5 +357,6 @@ assert 1 <= STANDBY_TAIL_RETRY_MS_MIN <= STANDBY_TAIL_RETRY_MS_MAX
 assert STANDBY_TAIL_ATTEMPTS_MAX >= 1
 assert SQL_QUERIES_MAX >= 1 and SQL_THREADS_MAX >= 1
 assert SQL_RESULT_BYTES_MAX <= SQL_MEMORY_BYTES_MAX
+assert SQL_INLINE_ROWS_MAX <= SQL_DIRECT_ROWS_MAX
 assert 0 <= HISTORY_RETENTION_MS <= HISTORY_RETENTION_MS_MAX
 assert CKP_HISTORY_RETAINED_MAX > CKP_RETAINED

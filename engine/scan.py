@@ -29,10 +29,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyroaring import BitMap
 
-from engine import limits
+from engine import limits, snapshot_reads
 from engine.catalog import TableEntry
 from engine.errors import SchemaError
 from engine.objects.errors import CacheFull
+from engine.schema import normalize_key
 from engine.storage import (
     NOTHING_LOADED,
     Block,
@@ -218,6 +219,46 @@ def _key_range(
 
 _KEY_TYPES = (pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(), pa.uint16(), pa.uint32())
 """Key types whose every value is an int64 (uint64's are not: no key path for them)."""
+
+
+def key_rows_bound(handle: TableHandle, filter: pc.Expression) -> int | None:
+    """For SQL's direct path (engine/sql.py): how many persisted rows a scan of `handle` with
+    `filter` loads through the key path (whole blocks, before slicing; 0 when the table has
+    no persisted block); None when it would not take the key path. Bounds, not counts: it
+    reads nothing."""
+    data = handle.entry.data
+    if handle.entry.create_ts == 0 or not data.persisted_held:
+        return 0
+    keyed = _key_range(data, pruning.parse(filter), handle.txn.start_ts)
+    if keyed is None:
+        return None
+    return sum(b.rows for b in keyed[1])
+
+
+async def key_point(handle: TableHandle, key: int, columns: Sequence[str]) -> pa.Table | None:
+    """The row of the integer key `key` visible to the handle's transaction, found as `get`
+    finds it (the table's key index and blooms, one block's keys), as a table of `columns`
+    (no row: empty); None when the transaction has written to the table itself (the scan
+    merges its own rows). For SQL's direct path: a point through the key index costs a
+    fraction of a key-path scan (no block ranges, no filter, no part to finish)."""
+    txn = handle.txn
+    async with txn.busy:
+        txn.check_open()
+        txn.check_handle(handle)
+        entry = handle.entry
+        if txn.table_writes(entry.table_id) is not None:
+            return None
+        normalized = normalize_key(entry.schema, key, handle.qualified)
+        (version,) = await snapshot_reads.versions_at(txn.host, entry, [normalized], txn.start_ts)
+        rows = await snapshot_reads.rows_at(
+            txn.host, entry, [version] if version is not None else []
+        )
+    return rows.select(list(columns))
+
+
+def integer_key(handle: TableHandle) -> str | None:
+    """The table's primary key column when it is one integer column the key path serves."""
+    return _integer_key(handle.entry.data)
 
 
 def _integer_key(data: TableData) -> str | None:

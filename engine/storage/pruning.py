@@ -22,6 +22,7 @@ keeps more blocks, and `!=` of it prunes nothing.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Sequence
@@ -73,7 +74,14 @@ Node = Compare | Junction
 
 def parse(expression: pc.Expression) -> Node | None:
     """The filter as comparisons and junctions, or None when it is anything else."""
-    text = str(expression)
+    return _parse_text(str(expression))
+
+
+@functools.lru_cache(maxsize=256)
+def _parse_text(text: str) -> Node | None:
+    """`parse` of a filter's canonical text, kept for the last few texts: SQL's direct path
+    (engine/sql.py) asks the key path's bounds of a filter, then scans with it (the nodes
+    are frozen, so sharing them is safe)."""
     tokens: list[tuple[str, str]] = []
     position = 0
     while position < len(text):

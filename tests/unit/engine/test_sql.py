@@ -301,7 +301,13 @@ def test_an_older_at_sees_the_old_rows_by_timestamp_and_by_wall_time() -> None:
     run(main)
 
 
-def test_a_range_filter_and_the_columns_reach_the_scan_and_prune_blocks() -> None:
+def test_a_range_filter_and_the_columns_reach_the_scan_and_prune_blocks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The streamed path's pushdown (the direct path would read these 100 keys itself:
+    # tests/unit/engine/test_sql_direct.py).
+    monkeypatch.setattr(limits, "SQL_DIRECT_ROWS_MAX", 0)
+
     async def main() -> None:
         eng = await open_engine()
         try:
