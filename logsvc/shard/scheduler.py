@@ -21,7 +21,16 @@ and ~3 ms of CPU a second per idle replica). Here instead (docs/decisions/0005-.
   every replica with a member on them; and a lapsed node's replicas are woken one at a time
   per reconnect interval, so a quiet node still redials a peer that restarts.
 
-Threads per node: `workers` (`WORKERS_DEFAULT`, 4; the config's `[raft] threads`),
+* Syncs nobody's reply waits on (a leader's own appends: pysyncobj's AppendEntries to the
+  followers already left) run on the worker's syncer thread (`sync_later`), so the worker
+  goes on receiving the followers' acknowledgements meanwhile: a leader's entry commits as
+  soon as a majority holds it durably, which need not include the leader
+  (logsvc/shard/raft/adapter.py counts the leader only up to its durable index). A sync
+  that a held reply waits on (a follower's acknowledgement, a vote) stays on the worker, in
+  the tick: handing it over would add a thread hop before the reply.
+
+Threads per node: `workers` (`WORKERS_DEFAULT`, 4; the config's `[raft] threads`), and
+one syncer per worker (asleep on a condition, no timer, while nothing is asked of it),
 independent of the shard count. Every queue is bounded by the number of hosted replicas (a
 replica is in a worker's runnable set at most once; timers are one per replica, stale
 entries dropped as they surface).
@@ -170,6 +179,61 @@ class _Requests:
     stop: bool = False
 
 
+class _Syncer:
+    """A worker's syncer thread: runs the syncs its replicas hand it (`request`), each
+    replica's at most once at a time, then wakes the replica so that its next tick acts on
+    what became durable. The pending set is bounded by the worker's replicas (one entry
+    each); idle, the thread waits on its condition with no timer."""
+
+    def __init__(self, worker: _Worker) -> None:
+        self._worker = worker
+        self._cv = threading.Condition(threading.Lock())
+        self._pending: dict[Tickable, Callable[[], None]] = {}
+        self._stopping = False
+        self.thread: threading.Thread | None = None
+
+    def request(self, node: Tickable, sync: Callable[[], None]) -> None:
+        """Run `sync()` (which must not raise) on the syncer thread soon, then wake `node`."""
+        with self._cv:
+            if self._stopping:
+                return
+            self._pending[node] = sync
+            if self.thread is None:  # started on first use: a node that never leads needs none
+                self.thread = threading.Thread(
+                    target=self._run, name=f"raft-syncer-{self._worker.number}", daemon=True
+                )
+                self.thread.start()
+            self._cv.notify()
+
+    def forget(self, node: Tickable) -> None:
+        with self._cv:
+            self._pending.pop(node, None)
+
+    def stop(self) -> None:
+        with self._cv:
+            self._stopping = True
+            self._pending.clear()
+            self._cv.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._pending and not self._stopping:
+                    self._cv.wait()
+                if self._stopping:
+                    return
+                pending, self._pending = self._pending, {}
+            for node, sync in pending.items():
+                try:
+                    sync()
+                except Exception:  # the replica's own errors are kept by `sync`: a bug
+                    log.exception("background sync of %s failed", node.label)
+                with self._cv:  # not once stopped: the worker closes its wake-up descriptor
+                    if self._stopping:
+                        return
+                    self._worker.wake(node)
+
+
 class _Worker:
     def __init__(self, scheduler: RaftScheduler, number: int) -> None:
         self._scheduler = scheduler
@@ -187,6 +251,7 @@ class _Worker:
         self._timer_seq = itertools.count()
         self._runnable: dict[Tickable, None] = {}
         self.replicas = 0  # assigned (for balancing)
+        self.syncer = _Syncer(self)
         self.thread = threading.Thread(target=self._run, name=f"raft-worker-{number}", daemon=True)
 
     # ------------------------------------------------------------------ sockets
@@ -348,6 +413,7 @@ class _Worker:
     def _drop(self, node: Tickable, then: Callable[[], None] | None) -> None:
         entry = self._entries.pop(node, None)
         self._runnable.pop(node, None)
+        self.syncer.forget(node)  # a sync already running finishes; its wake is ignored
         if entry is not None:
             entry.poller.owner = None
             entry.removed = True
@@ -362,6 +428,7 @@ class _Worker:
                 self._scheduler.forget(node)
 
     def _close(self) -> None:
+        self.syncer.stop()
         for node in list(self._entries):
             self._drop(node, None)
         with contextlib.suppress(OSError):
@@ -466,6 +533,13 @@ class RaftScheduler:
         if worker is not None:
             worker.wake(node)
 
+    def sync_later(self, node: Tickable, sync: Callable[[], None]) -> None:
+        """Run `sync()` on `node`'s worker's syncer thread, then wake `node` (from its tick).
+        `sync` must not raise: it keeps its error for the replica's next tick."""
+        worker = self._worker_of.get(node)
+        if worker is not None:
+            worker.syncer.request(node, sync)
+
     def update_peers(self, node: Tickable) -> None:
         """`node`'s peer nodes changed (a membership change): re-index it."""
         peers = node.peer_nodes()
@@ -483,6 +557,10 @@ class RaftScheduler:
         for worker in self._workers:
             if worker.thread.is_alive():
                 worker.thread.join(REMOVE_WAIT_S_MAX)
+            syncer = worker.syncer.thread
+            if syncer is not None and syncer.is_alive():
+                # A sync in progress ends when the disk answers (the store bounds it).
+                syncer.join(REMOVE_WAIT_S_MAX)
 
     # ------------------------------------------------------------------ node liveness
 
