@@ -27,7 +27,11 @@ and ~3 ms of CPU a second per idle replica). Here instead (docs/decisions/0005-.
   soon as a majority holds it durably, which need not include the leader
   (logsvc/shard/raft/adapter.py counts the leader only up to its durable index). A sync
   that a held reply waits on (a follower's acknowledgement, a vote) stays on the worker, in
-  the tick: handing it over would add a thread hop before the reply.
+  the tick: handing it over would add a thread hop before the reply. Except over the node
+  journal (`[node] journal = "node"`), where one journal sync covers every replica's
+  appends: a replica ticked while others of the same round are still to be ticked defers
+  that sync and its held replies to the end of the round (`defer_to_round_end`), so one
+  fdatasync, by the round's last replica, answers them all.
 
 Threads per node: `workers` (`WORKERS_DEFAULT`, 4; the config's `[raft] threads`), and
 one syncer per worker (asleep on a condition, no timer, while nothing is asked of it),
@@ -252,6 +256,8 @@ class _Worker:
         self._runnable: dict[Tickable, None] = {}
         self.replicas = 0  # assigned (for balancing)
         self.syncer = _Syncer(self)
+        self._round_left = 0  # replicas of the current round not ticked yet
+        self._round_end: dict[Tickable, Callable[[], None]] = {}
         self.thread = threading.Thread(target=self._run, name=f"raft-worker-{number}", daemon=True)
 
     # ------------------------------------------------------------------ sockets
@@ -345,9 +351,32 @@ class _Worker:
             if self.number == 0:
                 self._scheduler.duties(now_s)
             runnable, self._runnable = self._runnable, {}
+            self._round_left = len(runnable)
             for node in runnable:
+                self._round_left -= 1
                 self._tick(node)
+            if self._round_end:
+                self._finish_round()
         self._close()
+
+    def defer_to_round_end(self, node: Tickable, finish: Callable[[], None]) -> bool:
+        """From `node`'s tick: run `finish()` once this round's other replicas are ticked;
+        False (nothing deferred) when `node` is the round's last."""
+        assert threading.current_thread() is self.thread
+        if self._round_left == 0:
+            return False
+        self._round_end[node] = finish
+        return True
+
+    def _finish_round(self) -> None:
+        pending, self._round_end = self._round_end, {}
+        for node, finish in pending.items():
+            if node not in self._entries:
+                continue  # removed during the round
+            try:
+                finish()
+            except Exception:  # the replica's own errors are handled inside: a bug
+                log.exception("end of round of %s failed", node.label)
 
     def _wait_s(self) -> float:
         due_s = float("inf")
@@ -539,6 +568,15 @@ class RaftScheduler:
         worker = self._worker_of.get(node)
         if worker is not None:
             worker.syncer.request(node, sync)
+
+    def defer_to_round_end(self, node: Tickable, finish: Callable[[], None]) -> bool:
+        """From `node`'s tick (its worker's thread): run `finish()` on that worker after
+        the current round's other replicas are ticked; False, nothing deferred, when none
+        are left to tick (the caller does it now)."""
+        worker = self._worker_of.get(node)
+        if worker is None or threading.current_thread() is not worker.thread:
+            return False
+        return worker.defer_to_round_end(node, finish)
 
     def update_peers(self, node: Tickable) -> None:
         """`node`'s peer nodes changed (a membership change): re-index it."""
