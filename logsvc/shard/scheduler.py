@@ -185,19 +185,21 @@ class _Requests:
 
 class _Syncer:
     """A worker's syncer thread: runs the syncs its replicas hand it (`request`), each
-    replica's at most once at a time, then wakes the replica so that its next tick acts on
-    what became durable. The pending set is bounded by the worker's replicas (one entry
-    each); idle, the thread waits on its condition with no timer."""
+    replica's at most once at a time, then wakes the replica when the sync says its next
+    tick has something to act on (what became durable may commit, or it failed). The
+    pending set is bounded by the worker's replicas (one entry each); idle, the thread
+    waits on its condition with no timer."""
 
     def __init__(self, worker: _Worker) -> None:
         self._worker = worker
         self._cv = threading.Condition(threading.Lock())
-        self._pending: dict[Tickable, Callable[[], None]] = {}
+        self._pending: dict[Tickable, Callable[[], bool]] = {}
         self._stopping = False
         self.thread: threading.Thread | None = None
 
-    def request(self, node: Tickable, sync: Callable[[], None]) -> None:
-        """Run `sync()` (which must not raise) on the syncer thread soon, then wake `node`."""
+    def request(self, node: Tickable, sync: Callable[[], bool]) -> None:
+        """Run `sync()` (which must not raise) on the syncer thread soon, then wake `node`
+        if it returned True."""
         with self._cv:
             if self._stopping:
                 return
@@ -229,9 +231,12 @@ class _Syncer:
                 pending, self._pending = self._pending, {}
             for node, sync in pending.items():
                 try:
-                    sync()
+                    wake = sync()
                 except Exception:  # the replica's own errors are kept by `sync`: a bug
                     log.exception("background sync of %s failed", node.label)
+                    wake = True
+                if not wake:
+                    continue
                 with self._cv:  # not once stopped: the worker closes its wake-up descriptor
                     if self._stopping:
                         return
@@ -562,9 +567,10 @@ class RaftScheduler:
         if worker is not None:
             worker.wake(node)
 
-    def sync_later(self, node: Tickable, sync: Callable[[], None]) -> None:
-        """Run `sync()` on `node`'s worker's syncer thread, then wake `node` (from its tick).
-        `sync` must not raise: it keeps its error for the replica's next tick."""
+    def sync_later(self, node: Tickable, sync: Callable[[], bool]) -> None:
+        """Run `sync()` on `node`'s worker's syncer thread, then wake `node` if it returns
+        True (from its tick). `sync` must not raise: it keeps its error for the replica's
+        next tick (and returns True)."""
         worker = self._worker_of.get(node)
         if worker is not None:
             worker.syncer.request(node, sync)

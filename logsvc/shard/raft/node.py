@@ -411,14 +411,21 @@ class RaftNode:
             if shard:
                 logs.bind_shard(None)
 
-    def _sync_in_background(self) -> None:
-        """On the worker's syncer thread; never raises (the error waits for the tick)."""
+    def _sync_in_background(self) -> bool:
+        """On the worker's syncer thread; never raises (the error waits for the tick).
+        True (wake the replica) if the sync failed, made durable an entry not yet
+        committed (the next commit count may take it), or entries were appended meanwhile
+        (the next tick asks for their sync); else no tick is needed: the followers' acks
+        committed everything it covered already."""
         try:
-            self._journal.store.sync()
+            durable = self._journal.store.sync()
         except StoreError as exc:
             self._sync_error = exc
+            return True
         finally:
             self._sync_in_flight = False
+        store = self._journal.store
+        return int(self._raft.raftCommitIndex) < durable or store.sync_needed
 
     def _run_tick_calls(self) -> None:
         if not self._tick_calls:
