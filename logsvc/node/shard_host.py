@@ -73,6 +73,10 @@ class ShardHost:
         self._proposals = asyncio.Semaphore(limits.proposals_inflight_per_shard_max)
         self._reads_inflight = 0
         self._tail_waiters = 0
+        # Tail reads in progress (reading or waiting): while none is, an apply wakes nothing
+        # (a loop wake-up per apply on every replica, for nobody, cost CPU the Raft path
+        # needs). Counted before a tail first looks, so an apply it could miss still wakes it.
+        self._tailing = 0
         self._applied = asyncio.Event()
         self._wake_pending = False
         # A group must also fit the shard's own limits (its Raft entry is one command).
@@ -274,6 +278,15 @@ class ShardHost:
         """Records at or after `from_lsn`, waiting up to `wait_ms` for the first one."""
         wait_ms = min(max(wait_ms, 0), self._limits.tail_wait_ms_max)
         deadline = self._loop.time() + wait_ms / 1000.0
+        self._tailing += 1
+        try:
+            return await self._tail(from_lsn, max_bytes, records_max, deadline)
+        finally:
+            self._tailing -= 1
+
+    async def _tail(
+        self, from_lsn: int, max_bytes: int, records_max: int, deadline: float
+    ) -> ReadResult:
         while True:
             applied = self._applied
             result = await self.read(from_lsn, max_bytes, records_max)
@@ -291,8 +304,9 @@ class ShardHost:
                 self._tail_waiters -= 1
 
     def _from_tick_thread(self, _next_lsn: int) -> None:
-        # Coalesced: at most one pending wake-up of the loop, however many applies.
-        if self._wake_pending:
+        # Coalesced: at most one pending wake-up of the loop, however many applies; none
+        # while no tail read is in progress (one that starts after this apply reads it).
+        if self._wake_pending or not self._tailing:
             return
         self._wake_pending = True
         with contextlib.suppress(RuntimeError):  # the loop closed during shutdown

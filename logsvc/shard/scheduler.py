@@ -21,7 +21,20 @@ and ~3 ms of CPU a second per idle replica). Here instead (docs/decisions/0005-.
   every replica with a member on them; and a lapsed node's replicas are woken one at a time
   per reconnect interval, so a quiet node still redials a peer that restarts.
 
-Threads per node: `workers` (`WORKERS_DEFAULT`, 4; the config's `[raft] threads`),
+* Syncs nobody's reply waits on (a leader's own appends: pysyncobj's AppendEntries to the
+  followers already left) run on the worker's syncer thread (`sync_later`), so the worker
+  goes on receiving the followers' acknowledgements meanwhile: a leader's entry commits as
+  soon as a majority holds it durably, which need not include the leader
+  (logsvc/shard/raft/adapter.py counts the leader only up to its durable index). A sync
+  that a held reply waits on (a follower's acknowledgement, a vote) stays on the worker, in
+  the tick: handing it over would add a thread hop before the reply. Except over the node
+  journal (`[node] journal = "node"`), where one journal sync covers every replica's
+  appends: a replica ticked while others of the same round are still to be ticked defers
+  that sync and its held replies to the end of the round (`defer_to_round_end`), so one
+  fdatasync, by the round's last replica, answers them all.
+
+Threads per node: `workers` (`WORKERS_DEFAULT`, 4; the config's `[raft] threads`), and
+one syncer per worker (asleep on a condition, no timer, while nothing is asked of it),
 independent of the shard count. Every queue is bounded by the number of hosted replicas (a
 replica is in a worker's runnable set at most once; timers are one per replica, stale
 entries dropped as they surface).
@@ -170,6 +183,66 @@ class _Requests:
     stop: bool = False
 
 
+class _Syncer:
+    """A worker's syncer thread: runs the syncs its replicas hand it (`request`), each
+    replica's at most once at a time, then wakes the replica when the sync says its next
+    tick has something to act on (what became durable may commit, or it failed). The
+    pending set is bounded by the worker's replicas (one entry each); idle, the thread
+    waits on its condition with no timer."""
+
+    def __init__(self, worker: _Worker) -> None:
+        self._worker = worker
+        self._cv = threading.Condition(threading.Lock())
+        self._pending: dict[Tickable, Callable[[], bool]] = {}
+        self._stopping = False
+        self.thread: threading.Thread | None = None
+
+    def request(self, node: Tickable, sync: Callable[[], bool]) -> None:
+        """Run `sync()` (which must not raise) on the syncer thread soon, then wake `node`
+        if it returned True."""
+        with self._cv:
+            if self._stopping:
+                return
+            self._pending[node] = sync
+            if self.thread is None:  # started on first use: a node that never leads needs none
+                self.thread = threading.Thread(
+                    target=self._run, name=f"raft-syncer-{self._worker.number}", daemon=True
+                )
+                self.thread.start()
+            self._cv.notify()
+
+    def forget(self, node: Tickable) -> None:
+        with self._cv:
+            self._pending.pop(node, None)
+
+    def stop(self) -> None:
+        with self._cv:
+            self._stopping = True
+            self._pending.clear()
+            self._cv.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._pending and not self._stopping:
+                    self._cv.wait()
+                if self._stopping:
+                    return
+                pending, self._pending = self._pending, {}
+            for node, sync in pending.items():
+                try:
+                    wake = sync()
+                except Exception:  # the replica's own errors are kept by `sync`: a bug
+                    log.exception("background sync of %s failed", node.label)
+                    wake = True
+                if not wake:
+                    continue
+                with self._cv:  # not once stopped: the worker closes its wake-up descriptor
+                    if self._stopping:
+                        return
+                    self._worker.wake(node)
+
+
 class _Worker:
     def __init__(self, scheduler: RaftScheduler, number: int) -> None:
         self._scheduler = scheduler
@@ -187,6 +260,9 @@ class _Worker:
         self._timer_seq = itertools.count()
         self._runnable: dict[Tickable, None] = {}
         self.replicas = 0  # assigned (for balancing)
+        self.syncer = _Syncer(self)
+        self._round_left = 0  # replicas of the current round not ticked yet
+        self._round_end: dict[Tickable, Callable[[], None]] = {}
         self.thread = threading.Thread(target=self._run, name=f"raft-worker-{number}", daemon=True)
 
     # ------------------------------------------------------------------ sockets
@@ -280,9 +356,32 @@ class _Worker:
             if self.number == 0:
                 self._scheduler.duties(now_s)
             runnable, self._runnable = self._runnable, {}
+            self._round_left = len(runnable)
             for node in runnable:
+                self._round_left -= 1
                 self._tick(node)
+            if self._round_end:
+                self._finish_round()
         self._close()
+
+    def defer_to_round_end(self, node: Tickable, finish: Callable[[], None]) -> bool:
+        """From `node`'s tick: run `finish()` once this round's other replicas are ticked;
+        False (nothing deferred) when `node` is the round's last."""
+        assert threading.current_thread() is self.thread
+        if self._round_left == 0:
+            return False
+        self._round_end[node] = finish
+        return True
+
+    def _finish_round(self) -> None:
+        pending, self._round_end = self._round_end, {}
+        for node, finish in pending.items():
+            if node not in self._entries:
+                continue  # removed during the round
+            try:
+                finish()
+            except Exception:  # the replica's own errors are handled inside: a bug
+                log.exception("end of round of %s failed", node.label)
 
     def _wait_s(self) -> float:
         due_s = float("inf")
@@ -348,6 +447,7 @@ class _Worker:
     def _drop(self, node: Tickable, then: Callable[[], None] | None) -> None:
         entry = self._entries.pop(node, None)
         self._runnable.pop(node, None)
+        self.syncer.forget(node)  # a sync already running finishes; its wake is ignored
         if entry is not None:
             entry.poller.owner = None
             entry.removed = True
@@ -362,6 +462,7 @@ class _Worker:
                 self._scheduler.forget(node)
 
     def _close(self) -> None:
+        self.syncer.stop()
         for node in list(self._entries):
             self._drop(node, None)
         with contextlib.suppress(OSError):
@@ -466,6 +567,23 @@ class RaftScheduler:
         if worker is not None:
             worker.wake(node)
 
+    def sync_later(self, node: Tickable, sync: Callable[[], bool]) -> None:
+        """Run `sync()` on `node`'s worker's syncer thread, then wake `node` if it returns
+        True (from its tick). `sync` must not raise: it keeps its error for the replica's
+        next tick (and returns True)."""
+        worker = self._worker_of.get(node)
+        if worker is not None:
+            worker.syncer.request(node, sync)
+
+    def defer_to_round_end(self, node: Tickable, finish: Callable[[], None]) -> bool:
+        """From `node`'s tick (its worker's thread): run `finish()` on that worker after
+        the current round's other replicas are ticked; False, nothing deferred, when none
+        are left to tick (the caller does it now)."""
+        worker = self._worker_of.get(node)
+        if worker is None or threading.current_thread() is not worker.thread:
+            return False
+        return worker.defer_to_round_end(node, finish)
+
     def update_peers(self, node: Tickable) -> None:
         """`node`'s peer nodes changed (a membership change): re-index it."""
         peers = node.peer_nodes()
@@ -483,6 +601,10 @@ class RaftScheduler:
         for worker in self._workers:
             if worker.thread.is_alive():
                 worker.thread.join(REMOVE_WAIT_S_MAX)
+            syncer = worker.syncer.thread
+            if syncer is not None and syncer.is_alive():
+                # A sync in progress ends when the disk answers (the store bounds it).
+                syncer.join(REMOVE_WAIT_S_MAX)
 
     # ------------------------------------------------------------------ node liveness
 

@@ -420,6 +420,19 @@ class ShardStore:
             return self._durable_index
 
     @property
+    def shares_journal(self) -> bool:
+        """Whether this store writes through the node journal (decision 0011): then one
+        journal sync makes every linked store's appends so far durable at once."""
+        return self._link is not None
+
+    @property
+    def sync_needed(self) -> bool:
+        """Whether `sync()` has anything to do: entries appended and not yet durable, or
+        segments below the log start still to delete."""
+        with self._mu:
+            return self._durable_index < self._last_index or bool(self._obsolete)
+
+    @property
     def term(self) -> int:
         return self._meta.term
 

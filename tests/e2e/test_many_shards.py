@@ -33,8 +33,9 @@ SAMPLE = 40
 LEADERS_WAIT_S_MAX = 120.0
 FAILOVER_WAIT_S_MAX = 90.0
 QUIET_WAIT_S_MAX = 30.0
-# A node's threads: the event loop, the Raft workers ([raft] threads, 4), the default
-# executor and the readers (bounded by their pools), whatever the shard count.
+# A node's threads: the event loop, the Raft workers ([raft] threads, 4) and their syncers
+# (one each, once a replica on it leads), the default executor and the readers (bounded by
+# their pools), whatever the shard count.
 THREADS_MAX = 24
 
 

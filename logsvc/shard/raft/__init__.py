@@ -11,9 +11,10 @@ Hole (pysyncobj.md §8.4)                 Fix
 1/2 no fsync; acks before durability      `StoreJournal` writes into the shard store; the
                                            transport holds every next_node_idx, request_vote
                                            and response_vote until one store.sync() after the
-                                           tick (group commit), and the tick loop syncs
-                                           before the leader's next commit check, so the
-                                           leader only counts itself on durable entries
+                                           tick (group commit); the leader's own sync runs
+                                           beside the tick (scheduler's syncer) and its
+                                           commit count takes it only up to its durable
+                                           index (`_logsvc_count_durable_leader`)
 (term/vote)                               `setCurrentTerm` -> `store.save_vote`: durable
                                            before pysyncobj sends the vote request or reply
 3 nextIndex rewind, blind truncation      `_on_message`: a late success ack never moves

@@ -61,10 +61,15 @@ class ShardRaft(SyncObj):  # type: ignore[misc]
       `__tryLogCompaction`          compaction at snapshot points only (hole 6)
       `__loadDumpFile`              a bad snapshot is fatal; journal reset to it (hole 4)
       `__applyLogEntries`           the commit index goes out with the next AppendEntries,
-                                    due within commit_notice_ms, not in one of its own
+                                    due within commit_notice_ms, not in one of its own;
+                                    first, on a leader, its count is redone counting the
+                                    leader only up to its durable index (its sync runs
+                                    beside the tick: `_logsvc_count_durable_leader`)
     State read or written
       `__raftCommitIndex`           clamped to what the leader vouched for (hole 3);
-                                    raised by an agreed quiesce request; wake-up checks
+                                    raised by an agreed quiesce request; wake-up checks;
+                                    lowered with `__leaderCommitIndex` and the journal's
+                                    hint to what a durable majority holds (leader)
       `__raftLastApplied`           the index `apply` is at; set by a snapshot install
       `__raftNextIndex`             a late ack never lowers it, a refusal never raises it
       `__raftMatchIndex`            followers' progress (progress view, learners, quiet)
@@ -98,6 +103,7 @@ class ShardRaft(SyncObj):  # type: ignore[misc]
 
     # pysyncobj's private state that the fixes below read and write (0.3.17 names).
     _SyncObj__raftCommitIndex: int
+    _SyncObj__leaderCommitIndex: int
     _SyncObj__newAppendEntriesTime: float
     _SyncObj__raftElectionDeadline: float
     _SyncObj__raftLastApplied: int
@@ -122,6 +128,7 @@ class ShardRaft(SyncObj):  # type: ignore[misc]
         self._logsvc_messages = 0  # Raft messages and connection changes seen (all ticks)
         self._logsvc_quiesce_after_s = config.quiesce_after_ms / 1000.0
         self._logsvc_commit_notice_s = config.commit_notice_ms / 1000.0
+        self._logsvc_commit_floor = 0  # the commit index before pysyncobj last counted
         self._logsvc_election_max_s = config.election_timeout_ms_max / 1000.0
         self._logsvc_node_of: Callable[[str], str] = node_of if node_of is not None else str
         self._logsvc_liveness = (
@@ -241,6 +248,10 @@ class ShardRaft(SyncObj):  # type: ignore[misc]
         """The tick's one journal sync, then the replies held for it (the transport's)."""
         self._SyncObj__transport.flush()
 
+    def logsvc_holds_replies(self) -> bool:
+        """Whether the transport holds messages until the next sync (acks, votes)."""
+        return bool(self._SyncObj__transport.held())
+
     def logsvc_hold_election(self, deadline_s: float) -> None:
         """No election before `deadline_s` (a joining replica not yet in the log's members)."""
         self._SyncObj__raftElectionDeadline = deadline_s
@@ -260,6 +271,8 @@ class ShardRaft(SyncObj):  # type: ignore[misc]
             # What pysyncobj's first tick does when the snapshot file exists (hole 4 fix).
             self._logsvc_snapshot_at_start = False
             self._SyncObj__loadDumpFile(clearJournal=False)
+        # What is committed before pysyncobj counts again (`_logsvc_count_durable_leader`).
+        self._logsvc_commit_floor = int(self._SyncObj__raftCommitIndex)
         super()._onTick(timeToWait)
 
     def _logsvc_dial_node(self, node: Any) -> Any:
@@ -313,6 +326,8 @@ class ShardRaft(SyncObj):  # type: ignore[misc]
         # leader then sends a commit-index-only AppendEntries in the same tick. Instead the
         # next AppendEntries is due within commit_notice_ms (RaftConfig says why): any
         # AppendEntries sent before then carries the commit index and moves it on.
+        if self._SyncObj__raftState == pysyncobj_syncobj._RAFT_STATE.LEADER:
+            self._logsvc_count_durable_leader()  # pysyncobj counted; applies follow
         need_send = bool(SyncObj._SyncObj__applyLogEntries(self))
         if not need_send or not self._logsvc_commit_notice_s or not self._isLeader():
             return need_send
@@ -320,6 +335,37 @@ class ShardRaft(SyncObj):  # type: ignore[misc]
         if notice_s < self._SyncObj__newAppendEntriesTime:
             self._SyncObj__newAppendEntriesTime = notice_s
         return False
+
+    def _logsvc_count_durable_leader(self) -> None:
+        """Decision 0001: an entry is committed once a majority holds it durably. pysyncobj
+        counts the leader for every entry in its log, but the leader's own sync may still be
+        running (RaftNode hands it to the worker's syncer so that the followers' acks are
+        received meanwhile): recount the entries above the leader's durable index without
+        it, and lower the commit index pysyncobj just raised to what that allows. Called
+        right after pysyncobj's count, before anything applies or sends it."""
+        commit = int(self._SyncObj__raftCommitIndex)
+        journal = self._logsvc_journal
+        durable = journal.store.durable_index
+        if commit <= durable:
+            return  # pysyncobj counted the leader only where it holds the entry durably
+        floor = self._logsvc_commit_floor  # committed before this count
+        others = self._SyncObj__otherNodes
+        match = self._SyncObj__raftMatchIndex
+        term = self._SyncObj__raftCurrentTerm
+        found = floor
+        # Highest first: the count only falls as the index rises (each node holds a prefix),
+        # and Raft §5.4.2 commits by counting only an entry of the current term.
+        for index in range(commit, floor, -1):
+            count = 1 if index <= durable else 0
+            count += sum(1 for node in others if match.get(node, 0) >= index)
+            if count > (len(others) + 1) / 2 and journal.term_at(index) == term:
+                found = index
+                break
+        if found == commit:
+            return
+        self._SyncObj__raftCommitIndex = found
+        self._SyncObj__leaderCommitIndex = found
+        journal.setRaftCommitIndex(found)  # the hint pysyncobj keeps (hole 13)
 
     @replicated  # type: ignore[untyped-decorator]
     def _logsvc_apply(self, encoded: bytes) -> object:

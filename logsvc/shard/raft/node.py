@@ -134,6 +134,10 @@ class RaftNode:
         self._tick_calls: deque[Callable[[], None]] = deque()
         self._tick_calls_lock = threading.Lock()
         self.ticks = 0  # counted (tests and benchmarks see how often a replica ticks)
+        # A sync handed to the worker's syncer thread (scheduler.sync_later): at most one at
+        # a time; its error, kept for the next tick (the syncer never raises into us).
+        self._sync_in_flight = False
+        self._sync_error: StoreError | None = None
 
     def start(self) -> None:
         assert not self._started
@@ -337,12 +341,12 @@ class RaftNode:
                 # tick acts), in one tick of ours instead of two per event. Every reply
                 # that promises durability still leaves only after the sync.
                 self._poller.poll(0.0)
-                raft.logsvc_flush()
+                self._flush()
             now_s = monotonic_s()
             self._messages_before = raft._logsvc_messages
             raft._logsvc_quiesce_before(now_s)
             raft.doTick(wait_s)
-            raft.logsvc_flush()  # one sync for the tick, then the held replies
+            self._flush()  # one sync for the tick, then the held replies
             now_s = monotonic_s()
             raft._logsvc_quiesce_after(now_s)
             raft._logsvc_send_alive(now_s)
@@ -359,6 +363,69 @@ class RaftNode:
             if shard:
                 logs.bind_shard(None)  # the worker's own lines name no shard
         return self._fatal is None
+
+    def _flush(self) -> None:
+        """The tick's sync. A reply held for it (an acknowledgement, a vote) waits: sync here
+        and send it (over the node journal, at the end of the worker's round when other
+        replicas are still to tick: one journal sync then covers them all). Otherwise (a
+        leader's own appends: its AppendEntries already left) the sync goes to the worker's
+        syncer thread and this worker goes on receiving the followers' acknowledgements
+        meanwhile; the adapter counts this replica in a commit only up to its durable
+        index, and the syncer wakes it when the sync is done. The simulator (no scheduler)
+        always syncs here."""
+        raft = self._raft
+        if self._sync_error is not None:
+            error, self._sync_error = self._sync_error, None
+            raise error
+        if self._poller is None or self._scheduler is None:
+            raft.logsvc_flush()
+            return
+        if raft.logsvc_holds_replies():
+            store = self._journal.store
+            if not store.shares_journal or not self._scheduler.defer_to_round_end(
+                self, self._flush_at_round_end
+            ):
+                raft.logsvc_flush()
+            return
+        if self._sync_in_flight or not self._journal.store.sync_needed:
+            return  # the syncer wakes us when the one running is done; we look again then
+        self._sync_in_flight = True
+        self._scheduler.sync_later(self, self._sync_in_background)
+
+    def _flush_at_round_end(self) -> None:
+        """The deferred sync and held replies (node journal), on the worker after its round:
+        the round's last sync covered this store's appends too, so this sends at once."""
+        if self._fatal is not None or self._stopped:
+            return
+        shard = self._events.shard if self._events is not None else 0
+        if shard:
+            logs.bind_shard(shard)
+        try:
+            self._raft.logsvc_flush()
+        except (RaftFatal, StoreError) as exc:
+            self._die(exc)
+        except Exception as exc:  # a bug: stop rather than go on in an unknown state
+            log.exception("raft flush failed on %s", self._config.self_address)
+            self._die(exc)
+        finally:
+            if shard:
+                logs.bind_shard(None)
+
+    def _sync_in_background(self) -> bool:
+        """On the worker's syncer thread; never raises (the error waits for the tick).
+        True (wake the replica) if the sync failed, made durable an entry not yet
+        committed (the next commit count may take it), or entries were appended meanwhile
+        (the next tick asks for their sync); else no tick is needed: the followers' acks
+        committed everything it covered already."""
+        try:
+            durable = self._journal.store.sync()
+        except StoreError as exc:
+            self._sync_error = exc
+            return True
+        finally:
+            self._sync_in_flight = False
+        store = self._journal.store
+        return int(self._raft.raftCommitIndex) < durable or store.sync_needed
 
     def _run_tick_calls(self) -> None:
         if not self._tick_calls:

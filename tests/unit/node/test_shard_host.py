@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, cast
@@ -23,7 +24,13 @@ from logsvc.node.limits import ServerLimits
 from logsvc.node.shard_host import AppendOutcome, ShardHost
 from logsvc.shard.commands import AppendBatch, Appended, AppendGroup, Command, GroupAppended
 from logsvc.shard.limits import DEFAULT_SHARD_LIMITS
-from logsvc.shard.replica import NotLeader, OutcomeUnknown, Overloaded, ShardReplica
+from logsvc.shard.replica import (
+    NotLeader,
+    OutcomeUnknown,
+    Overloaded,
+    ReadResult,
+    ShardReplica,
+)
 
 
 class _Replica:
@@ -221,5 +228,64 @@ def test_a_group_with_no_answer_times_out_once_and_frees_its_slot() -> None:
         assert isinstance(first[1], OutcomeUnknown)
         assert second[2] == Appended(1, 1, duplicate=False)
         await host.close()
+
+    asyncio.run(scenario())
+
+
+class _TailedReplica(_Replica):
+    """Also `read` (records once `apply` made them) and the apply listeners, which `apply`
+    calls from another thread as the Raft tick would."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.listeners: list[Callable[[int], None]] = []
+        self.records: list[bytes] = []
+
+    def add_apply_listener(self, listener: Callable[[int], None]) -> None:
+        self.listeners.append(listener)
+
+    def read(self, lsn: int, max_bytes: int, records_max: int) -> ReadResult:
+        return ReadResult(tuple(self.records[lsn - 1 :]), lsn, len(self.records) + 1)
+
+    def apply(self, record: bytes) -> None:
+        def tick() -> None:
+            self.records.append(record)
+            for listener in self.listeners:
+                listener(len(self.records) + 1)
+
+        thread = threading.Thread(target=tick)
+        thread.start()
+        thread.join()
+
+
+def test_an_apply_wakes_the_loop_only_for_a_tail_read() -> None:
+    """With no tail read in progress an apply schedules nothing on the loop (it used to wake
+    it for every apply); a tail read waiting for records is woken by the apply at once."""
+
+    async def scenario() -> None:
+        replica = _TailedReplica()
+        host = _host(replica)
+        loop = asyncio.get_running_loop()
+        scheduled: list[str] = []  # the host's own wake-ups (the executor's reads use it too)
+        real = loop.call_soon_threadsafe
+
+        def counting(callback: Any, *args: Any, **kwargs: Any) -> Any:
+            if getattr(callback, "__name__", "") == "_wake_tails":
+                scheduled.append("wake")
+            return real(callback, *args, **kwargs)
+
+        loop.call_soon_threadsafe = counting  # type: ignore[method-assign,assignment]
+        try:
+            replica.apply(b"nobody-tails")
+            assert scheduled == []
+            tail = asyncio.ensure_future(host.tail(2, 1 << 20, 30_000, 100))
+            await _until(lambda: host._tail_waiters == 1)  # read nothing, now waiting
+            replica.apply(b"wanted")
+            result = await asyncio.wait_for(tail, 5.0)  # not the tail's 30 s
+            assert result.records == (b"wanted",)
+            assert scheduled == ["wake"]
+        finally:
+            loop.call_soon_threadsafe = real  # type: ignore[method-assign]
+            await host.close()
 
     asyncio.run(scenario())

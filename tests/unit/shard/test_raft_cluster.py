@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from pysyncobj.transport import TCPTransport
 
+from logsvc.shard.raft import node as raft_node
 from logsvc.shard.raft import transport as raft_transport
 from tests.support.faultfs import FaultFS
 
@@ -127,14 +128,19 @@ def test_without_the_sync_before_replies_acknowledged_commands_are_lost(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Stock pysyncobj acknowledges before anything is on disk; emulate that by holding
-    replies but never syncing. The same power loss then loses acknowledged commands."""
+    replies but never syncing (neither in the tick nor on the worker's syncer). The same
+    power loss then loses acknowledged commands."""
 
     def flush_without_sync(self: raft_transport._DurableTransport) -> None:
         outbox, self._outbox = self._outbox, []
         for node, message in outbox:
             TCPTransport.send(self, node, message)
 
+    def background_sync_without_sync(self: raft_node.RaftNode) -> None:
+        self._sync_in_flight = False  # a leader's own appends: never synced either
+
     monkeypatch.setattr(raft_transport._DurableTransport, "flush", flush_without_sync)
+    monkeypatch.setattr(raft_node.RaftNode, "_sync_in_background", background_sync_without_sync)
     cluster = Cluster(str(tmp_path), fault_fs=True)
     try:
         cluster.start_all()

@@ -185,3 +185,55 @@ def test_liveness_duties_carry_alive_messages_and_wake_on_changes() -> None:
         until(lambda: other.count() > woke_o, "the wake when it is back")
     finally:
         sched.close()
+
+
+def test_a_deferred_step_runs_after_the_rounds_other_replicas() -> None:
+    """`defer_to_round_end` (the node journal's shared sync): a replica ticked while others
+    of its round are still to tick runs its step after them; the round's last replica, or
+    a replica alone, is told to do it now. The round is made by holding the worker in a
+    blocker's tick while both are woken (an event, no sleep)."""
+    sched = scheduler(workers=1)
+    sched.start()
+    order: list[str] = []
+    answers: dict[str, bool] = {}
+    armed = threading.Event()
+    release = threading.Event()
+    blocking = threading.Event()
+
+    class Deferring(Fake):
+        def tick(self) -> float | None:
+            super().tick()
+            if self.label == "blocker":
+                if armed.is_set():
+                    blocking.set()
+                    assert release.wait(WAIT_S_MAX)
+                return None
+            order.append(f"tick {self.label}")
+            answers[self.label] = sched.defer_to_round_end(
+                self, lambda: order.append(f"end {self.label}")
+            )
+            return None
+
+    blocker, first, second = Deferring("blocker"), Deferring("a"), Deferring("b")
+    try:
+        for fake in (blocker, first, second):
+            add(sched, fake)
+        until(lambda: min(f.count() for f in (blocker, first, second)) == 1, "first ticks")
+        until(lambda: len(order) == 2 + sum(answers.values()), "their deferred steps")
+        order.clear()
+        armed.set()
+        sched.wake(blocker)
+        assert blocking.wait(WAIT_S_MAX)
+        sched.wake(first)
+        sched.wake(second)
+        release.set()
+        until(lambda: "end a" in order, "the deferred step")
+        assert order == ["tick a", "tick b", "end a"]
+        assert answers == {"a": True, "b": False}
+        sched.wake(first)  # alone in its round: nothing deferred
+        until(lambda: order[-1] == "tick a", "a lone tick")
+        assert answers["a"] is False
+        assert sched.defer_to_round_end(first, lambda: None) is False  # not on its worker
+    finally:
+        release.set()
+        sched.close()
