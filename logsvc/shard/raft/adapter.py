@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import math
+import random
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -16,7 +17,7 @@ import pysyncobj.tcp_connection as pysyncobj_tcp_connection
 from pysyncobj import SyncObj, SyncObjConf, replicated
 from pysyncobj.node import TCPNode
 
-from logsvc.shard import quiescence, scheduler, snapshot_file
+from logsvc.shard import quiescence, scheduler, snapshot_file, standing
 from logsvc.shard.liveness import NodeLiveness
 from logsvc.shard.raft.chunks import ChunkAssembler
 from logsvc.shard.raft.config import RaftConfig, RaftFatal, RaftHandler
@@ -68,7 +69,10 @@ class ShardRaft(SyncObj):  # type: ignore[misc]
       `__raftLastApplied`           the index `apply` is at; set by a snapshot install
       `__raftNextIndex`             a late ack never lowers it, a refusal never raises it
       `__raftMatchIndex`            followers' progress (progress view, learners, quiet)
-      `__raftElectionDeadline`      held while quiet or joining; restarted from liveness
+      `__raftElectionDeadline`      held while quiet or joining; restarted from liveness;
+                                    set in the survivors' order when the leader is lost
+                                    (standing.py), and at once for a voter that refused
+                                    a stale candidate's new term
       `__newAppendEntriesTime`      inf while quiet (no heartbeats); 0 to heartbeat now;
                                     within commit_notice_ms after a commit;
                                     the leader's next deadline for the scheduler
@@ -149,6 +153,8 @@ class ShardRaft(SyncObj):  # type: ignore[misc]
         self._logsvc_chunks = ChunkAssembler()
         self._logsvc_dial = dict(config.dial_overrides)
         self._logsvc_proposing = False  # inside the leader's own membership change
+        # (term, leader) whose loss last set our election timer in the survivors' order.
+        self._logsvc_stood_for: tuple[int, str] | None = None
         # Our sealing instead of pysyncobj's Fernet (see `encryptor` below): every
         # connection pysyncobj creates, from SyncObj.__init__ on, reads it.
         self._logsvc_sealer = MessageSealer(config.secret)
@@ -353,6 +359,9 @@ class ShardRaft(SyncObj):  # type: ignore[misc]
         if kind == "append_entries" and "prevLogIdx" in message:
             self._logsvc_on_append_entries(node, message, deliver)
             return
+        if kind == "request_vote":
+            self._logsvc_on_request_vote(node, message, deliver)
+            return
         if kind == "append_entries":
             # A snapshot chunk. Stock then sets commitIndex = min(leaderCommit, our last
             # index) though nothing in our log was checked against the leader's: a lagging
@@ -390,6 +399,44 @@ class ShardRaft(SyncObj):  # type: ignore[misc]
                 next_index[node] = before
             return
         deliver(node, message)
+
+    def _logsvc_on_request_vote(
+        self, node: Any, message: dict[str, Any], deliver: Callable[[Any, dict[str, Any]], None]
+    ) -> None:
+        """pysyncobj's handling, then: a new term from a candidate whose log is behind ours
+        (it cannot win our vote, nor, if ours is the newest, anyone's) leaves the shard
+        without a leader until someone else stands; we stand in the survivors' order
+        from now (standing.py, the candidate left out) instead of after a full random
+        timeout. Only timers change: votes and terms are pysyncobj's."""
+        term_before = int(self.raftCurrentTerm)
+        journal = self._logsvc_journal
+        last_index = journal.store.last_index
+        ours = (int(journal.entry(last_index)[2]), last_index)
+        deliver(node, message)
+        try:
+            theirs = (int(message["last_log_term"]), int(message["last_log_index"]))
+            new_term = int(message["term"]) > term_before
+        except (KeyError, TypeError, ValueError):
+            return
+        if (
+            new_term
+            and theirs < ours
+            and not self._logsvc_learner
+            and self._SyncObj__raftState == pysyncobj_syncobj._RAFT_STATE.FOLLOWER
+            and self._getLeader() is None
+        ):
+            now_s = pysyncobj_syncobj.monotonicTime()
+            conf = self._SyncObj__conf
+            voters = [str(n.id) for n in self._SyncObj__otherNodes]
+            rank = standing.standing_rank(str(node.id), self._logsvc_self_address, voters)
+            self._SyncObj__raftElectionDeadline = standing.stand_at_s(
+                rank,
+                now_s - float(conf.raftMinTimeout),
+                now_s,
+                float(conf.raftMinTimeout),
+                float(conf.raftMaxTimeout),
+                random.random(),
+            )
 
     def _logsvc_on_append_entries(
         self, node: Any, message: dict[str, Any], deliver: Callable[[Any, dict[str, Any]], None]
@@ -456,12 +503,26 @@ class ShardRaft(SyncObj):  # type: ignore[misc]
             self._SyncObj__transport.send(
                 node, {"type": _LEARNER, "address": self._logsvc_self_address}
             )
+        now_s = pysyncobj_syncobj.monotonicTime()
+        address = str(node.id)
+        if not up and self._logsvc_follows(address) and not self._logsvc_follower_q.quiet:
+            self._logsvc_stand_in_turn(address, now_s, "the connection to the leader closed")
         if not self._logsvc_quiesce_after_s:
             return
-        now_s = pysyncobj_syncobj.monotonicTime()
         follower = self._logsvc_follower_q
-        if not up and follower.quiet and follower.leader == str(node.id):
-            self._logsvc_lost_leader(now_s, "the connection to the leader closed")
+        if not up and follower.quiet:
+            if follower.leader == address:
+                self._logsvc_lost_leader(now_s, "the connection to the leader closed")
+            # Another follower's connection: nothing for a quiet follower to do (waking
+            # would only restart its election timer against a leader that stays quiet).
+            return
+        if not up and self._logsvc_leader_q is not None and self._logsvc_leader_q.quiet:
+            # A quiet leader's follower dropped: nothing to send it, and heartbeats to the
+            # others would wake a shard that has nothing to do. When a node dies, that is
+            # every shard it follows in: a failover's survivors then heartbeated two
+            # thirds of their shards while electing the rest. The follower's side acts on
+            # the loss; the connection coming back (or news of it) wakes this leader.
+            return
         self._logsvc_wake(now_s)
 
     def _logsvc_wake(self, now_s: float) -> None:
@@ -518,14 +579,47 @@ class ShardRaft(SyncObj):  # type: ignore[misc]
         self._logsvc_refresh_connections(now_s)
         if leader is None:
             return
-        last_heard_s = self._logsvc_liveness.last_heard(self._logsvc_node_of(leader))
-        timeout_s = float(self._SyncObj__generateRaftTimeout())
-        spread_s = timeout_s - float(self._SyncObj__conf.raftMinTimeout)
-        self._SyncObj__raftElectionDeadline = max(last_heard_s + timeout_s, now_s + spread_s)
+        self._logsvc_stand_in_turn(leader, now_s, f"quiet follower woke: {why}")
+
+    def _logsvc_follows(self, address: str) -> bool:
+        """A voting follower whose leader (as pysyncobj knows it) is `address`."""
+        leader = self._getLeader()
+        return (
+            not self._logsvc_learner
+            and self._SyncObj__raftState == pysyncobj_syncobj._RAFT_STATE.FOLLOWER
+            and leader is not None
+            and str(leader.id) == address
+        )
+
+    def _logsvc_stand_in_turn(self, leader: str, now_s: float, why: str) -> None:
+        """The leader `leader` is lost: our election timer as the survivors' order says
+        (standing.py), counted from when its node was last heard from (as if its heartbeats
+        had stopped then; now without node liveness). Once per leader and term."""
+        if self._logsvc_learner:
+            return
+        self._logsvc_stood_for = (int(self.raftCurrentTerm), leader)
+        last_heard_s = (
+            self._logsvc_liveness.last_heard(self._logsvc_node_of(leader))
+            if self._logsvc_quiesce_after_s
+            else now_s
+        )
+        voters = [str(node.id) for node in self._SyncObj__otherNodes]
+        rank = standing.standing_rank(leader, self._logsvc_self_address, voters)
+        conf = self._SyncObj__conf
+        self._SyncObj__raftElectionDeadline = standing.stand_at_s(
+            rank,
+            last_heard_s,
+            now_s,
+            float(conf.raftMinTimeout),
+            float(conf.raftMaxTimeout),
+            random.random(),  # pysyncobj's own timeouts draw from the same generator
+        )
         log.info(
-            "quiet follower woke: %s; election timer from %.2f s ago",
+            "%s; leader last heard %.2f s ago, standing %s in %.2f s",
             why,
             now_s - last_heard_s,
+            "first" if rank == 0 else f"{rank + 1}th",
+            self._SyncObj__raftElectionDeadline - now_s,
             extra={"term": self.raftCurrentTerm},
         )
 
@@ -583,6 +677,22 @@ class ShardRaft(SyncObj):  # type: ignore[misc]
             node, {"type": _QUIESCE_ACK, "term": request.term, "seq": request.seq, "ok": agreed}
         )
 
+    def logsvc_before_events(self, now_s: float) -> None:
+        """Before the tick delivers its socket events: a quiet (or quiescing) replica's
+        connections to live nodes count as just read from. pysyncobj checks a connection's
+        read timeout on every event *before* reading it, so the first message on a
+        connection quiet for longer than connection_timeout (a vote request, a woken
+        leader's AppendEntries, an `alive`) closed it unread: its follower then lost its
+        leader and stood (idle shards churned, and failover votes were lost)."""
+        if self._logsvc_quiesce_after_s and (
+            self.logsvc_quiet
+            or (
+                self._logsvc_leader_q is not None
+                and self._logsvc_leader_q.mode is quiescence.Mode.QUIESCING
+            )
+        ):
+            self._logsvc_refresh_connections(now_s)
+
     def _logsvc_quiesce_before(self, now_s: float) -> None:
         """Before a tick: keep a quiet follower's election timer and a quiet leader's
         heartbeat and fallback timers from firing; wake a quiet follower whose leader's
@@ -608,6 +718,16 @@ class ShardRaft(SyncObj):  # type: ignore[misc]
                 self._logsvc_lost_leader(now_s, "the leader's node lapsed")
             else:
                 self._SyncObj__raftElectionDeadline = now_s + self._logsvc_election_max_s
+        else:
+            leader_node = self._getLeader()
+            if leader_node is not None:
+                address = str(leader_node.id)
+                if (
+                    self._logsvc_stood_for != (int(self.raftCurrentTerm), address)
+                    and self._logsvc_follows(address)
+                    and self._logsvc_liveness.lapsed(self._logsvc_node_of(address), now_s)
+                ):
+                    self._logsvc_stand_in_turn(address, now_s, "the leader's node lapsed")
         leader_q = self._logsvc_leader_q
         if leader_q is not None and leader_q.mode is not quiescence.Mode.ACTIVE:
             self._SyncObj__newAppendEntriesTime = math.inf

@@ -330,6 +330,7 @@ class RaftNode:
             logs.bind_shard(shard)
         try:
             self._run_tick_calls()
+            raft.logsvc_before_events(monotonic_s())
             if self._poller is not None:
                 # Receive what the worker collected, sync and send the held replies, then
                 # run pysyncobj's tick (timers, commit check, applies) on it: the order of

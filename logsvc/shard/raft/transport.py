@@ -21,6 +21,8 @@ class _Journal(Protocol):
     @property
     def store(self) -> ShardStore: ...
 
+    def flush_vote(self) -> None: ...
+
 
 class TransportOwner(Protocol):
     """What the transport needs of its SyncObj (adapter.ShardRaft), so that this module
@@ -86,6 +88,9 @@ class _DurableMixin(Transport):  # type: ignore[misc]
             if len(self._outbox) >= OUTBOX_MESSAGES_MAX:
                 self.flush()
             return True
+        # Not held (AppendEntries, our own messages...): still never ahead of the term and
+        # vote it was sent in (a no-op unless pysyncobj set them during this tick).
+        owner._logsvc_journal.flush_vote()
         return bool(super().send(node, message))
 
     def _onNodeConnected(self, node: Any) -> None:
@@ -118,6 +123,7 @@ class _DurableMixin(Transport):  # type: ignore[misc]
         """Sync the journal, then send what was held. Called after every tick."""
         owner: TransportOwner = self._syncObj
         failpoint("raft_before_flush_sync")
+        owner._logsvc_journal.flush_vote()  # the tick's term and vote, in one write
         owner._logsvc_journal.store.sync()
         outbox, self._outbox = self._outbox, []
         # pysyncobj sends a response_vote only to grant a vote (already durable, above).
