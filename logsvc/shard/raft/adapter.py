@@ -525,6 +525,23 @@ class ShardRaft(SyncObj):  # type: ignore[misc]
             return
         self._logsvc_wake(now_s)
 
+    def _logsvc_dial_failed(self, node: Any) -> None:
+        """A dial to `node` failed (the transport's report): node liveness coalesces the
+        next dials of every replica here to that node (liveness.py)."""
+        if self._logsvc_quiesce_after_s and isinstance(node, TCPNode):
+            now_s = pysyncobj_syncobj.monotonicTime()
+            self._logsvc_liveness.dial_failed(self._logsvc_node_of(str(node.id)), now_s)
+
+    def logsvc_may_dial(self, node: Any) -> bool:
+        """Whether the transport may dial `node` now (liveness.py `may_dial`)."""
+        if not self._logsvc_quiesce_after_s or not isinstance(node, TCPNode):
+            return True  # without quiescence the liveness table is not fed
+        return self._logsvc_liveness.may_dial(
+            self._logsvc_node_of(str(node.id)),
+            pysyncobj_syncobj.monotonicTime(),
+            float(self._SyncObj__conf.connectionRetryTime),
+        )
+
     def _logsvc_wake(self, now_s: float) -> None:
         """Activity: a quiet follower is an ordinary one again; a quiescing or quiet leader
         heartbeats at once."""
@@ -856,7 +873,16 @@ class ShardRaft(SyncObj):  # type: ignore[misc]
             # below (or the connection's event) is when it can.
         if not quiet:
             connected = self._SyncObj__connectedNodes
-            if any(node not in connected for node in self._SyncObj__otherNodes):
+            liveness, node_of = self._logsvc_liveness, self._logsvc_node_of
+            if any(
+                node not in connected
+                and not (
+                    self._logsvc_quiesce_after_s and liveness.unreachable(node_of(str(node.id)))
+                )
+                for node in self._SyncObj__otherNodes
+            ):
+                # (An unreachable node is redialled for all by the scheduler's rotation
+                # once it lapses, and its return wakes every replica with a member there.)
                 due_s = min(due_s, now_s + float(self._SyncObj__conf.connectionRetryTime))
         return None if due_s == math.inf else max(due_s, now_s)
 

@@ -41,6 +41,10 @@ class TransportOwner(Protocol):
 
     def _logsvc_on_connection(self, node: Any, up: bool) -> None: ...
 
+    def _logsvc_dial_failed(self, node: Any) -> None: ...
+
+    def logsvc_may_dial(self, node: Any) -> bool: ...
+
     def logsvc_is_connected(self, node: Any) -> bool: ...
 
 
@@ -114,7 +118,18 @@ class _DurableMixin(Transport):  # type: ignore[misc]
         # only a connection that was up is news.
         if owner.logsvc_is_connected(node):
             owner._logsvc_on_connection(node, up=False)
+        else:
+            owner._logsvc_dial_failed(node)
         super()._onNodeDisconnected(node)
+
+    def _connectIfNecessarySingle(self, node: Any) -> Any:
+        # pysyncobj (TCPTransport) dials a peer whose connection is down once per
+        # connectionRetryTime, from every replica: a dead node's peers are dialled by
+        # their node's liveness table instead, once per interval for all (liveness.py).
+        owner: TransportOwner = self._syncObj
+        if not owner.logsvc_is_connected(node) and not owner.logsvc_may_dial(node):
+            return False
+        return super()._connectIfNecessarySingle(node)
 
     def held(self) -> list[tuple[Any, dict[str, Any]]]:
         return self._outbox

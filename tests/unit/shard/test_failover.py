@@ -264,3 +264,21 @@ def _record_saves(store: ShardStore, into: list[tuple[int, str | None]]) -> None
         save_vote(term, voted_for)
 
     store.save_vote = recording  # type: ignore[method-assign]
+
+
+# ------------------------------------------------------------------ dials to a dead node
+
+
+def test_dials_to_a_node_that_refused_are_one_per_interval_for_all_until_it_is_heard() -> None:
+    liveness = NodeLiveness("n1", interval_s=0.1, lapse_s=1.0, now_s=0.0)
+    liveness.heard("n2", 0.5)
+    assert all(liveness.may_dial("n2", 1.0, retry_s=1.0) for _ in range(3))  # not failed
+    liveness.dial_failed("n2", 1.0)
+    assert liveness.unreachable("n2")
+    asked = [liveness.may_dial("n2", 1.0 + i * 0.01, retry_s=1.0) for i in range(50)]
+    assert asked == [True] + [False] * 49  # the first replica to ask dials for all
+    assert liveness.may_dial("n2", 2.01, retry_s=1.0)  # the next interval
+    assert not liveness.may_dial("n2", 2.02, retry_s=1.0)
+    liveness.heard("n2", 2.5)  # the dial got through: messages flow
+    assert not liveness.unreachable("n2")
+    assert all(liveness.may_dial("n2", 2.6, retry_s=1.0) for _ in range(3))
