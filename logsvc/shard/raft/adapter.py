@@ -874,15 +874,15 @@ class ShardRaft(SyncObj):  # type: ignore[misc]
         if not quiet:
             connected = self._SyncObj__connectedNodes
             liveness, node_of = self._logsvc_liveness, self._logsvc_node_of
+            liveness_fed = bool(self._logsvc_quiesce_after_s)
             if any(
                 node not in connected
-                and not (
-                    self._logsvc_quiesce_after_s and liveness.unreachable(node_of(str(node.id)))
-                )
+                and not (liveness_fed and liveness.lapsed(node_of(str(node.id)), now_s))
                 for node in self._SyncObj__otherNodes
             ):
-                # (An unreachable node is redialled for all by the scheduler's rotation
-                # once it lapses, and its return wakes every replica with a member there.)
+                # (A lapsed node is redialled by the scheduler's rotation, one replica per
+                # reconnect interval, and its return wakes every replica with a member
+                # there: no tick per replica and second for it.)
                 due_s = min(due_s, now_s + float(self._SyncObj__conf.connectionRetryTime))
         return None if due_s == math.inf else max(due_s, now_s)
 
