@@ -852,38 +852,36 @@ class ShardRaft(SyncObj):  # type: ignore[misc]
         if self._logsvc_snapshot_at_start:
             return now_s
         due_s = math.inf
-        quiet = False
         if self._isLeader():
             leader_q = self._logsvc_leader_q
             if leader_q is None or leader_q.mode is quiescence.Mode.ACTIVE:
                 due_s = min(due_s, float(self._SyncObj__newAppendEntriesTime))
             if leader_q is not None:
-                check_s = leader_q.next_check_s(now_s)
-                if check_s is None:
-                    quiet = True
-                else:
+                check_s = leader_q.next_check_s(now_s)  # None: quiet
+                if check_s is not None:
                     due_s = min(due_s, check_s)
         elif self._logsvc_follower_q.quiet:
-            quiet = True
+            pass  # no election timer while quiet
         elif not self._logsvc_learner:  # a learner never stands: no election timer
             election_s = float(self._SyncObj__raftElectionDeadline)
             if election_s > now_s or self._SyncObj__connectedNodes or not self._SyncObj__otherNodes:
                 due_s = min(due_s, election_s)
             # else: due, but pysyncobj stands only once connected to someone: the redial
             # below (or the connection's event) is when it can.
-        if not quiet:
-            connected = self._SyncObj__connectedNodes
-            liveness, node_of = self._logsvc_liveness, self._logsvc_node_of
-            liveness_fed = bool(self._logsvc_quiesce_after_s)
-            if any(
-                node not in connected
-                and not (liveness_fed and liveness.lapsed(node_of(str(node.id)), now_s))
-                for node in self._SyncObj__otherNodes
-            ):
-                # (A lapsed node is redialled by the scheduler's rotation, one replica per
-                # reconnect interval, and its return wakes every replica with a member
-                # there: no tick per replica and second for it.)
-                due_s = min(due_s, now_s + float(self._SyncObj__conf.connectionRetryTime))
+        # A peer's connection down: tick to redial it, quiet or not (a quiet replica no
+        # longer wakes when another replica's connection drops, and would otherwise stay
+        # cut off from a live peer it needs once its leader is lost). A lapsed node is
+        # redialled by the scheduler's rotation instead, one replica per reconnect
+        # interval, and its return wakes every replica with a member there.
+        connected = self._SyncObj__connectedNodes
+        liveness, node_of = self._logsvc_liveness, self._logsvc_node_of
+        liveness_fed = bool(self._logsvc_quiesce_after_s)
+        if any(
+            node not in connected
+            and not (liveness_fed and liveness.lapsed(node_of(str(node.id)), now_s))
+            for node in self._SyncObj__otherNodes
+        ):
+            due_s = min(due_s, now_s + float(self._SyncObj__conf.connectionRetryTime))
         return None if due_s == math.inf else max(due_s, now_s)
 
     @property
