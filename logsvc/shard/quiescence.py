@@ -17,8 +17,9 @@ ranges quiesce (docs/decisions/0005-scheduler-quiescence.md):
 3. Once every follower it asked has agreed, the leader is quiet: it sends nothing more.
 
 Waking: the leader on any proposal, membership change, transfer, any Raft message other
-than an ack, a connection change, a follower that was not part of the agreement coming back
-to life, or a refusal; it then heartbeats at once (and its followers, on that first
+than an ack, a connection coming up (not one of an agreeing follower going down: that
+follower acts on the loss itself), a follower that was not part of the agreement coming
+back to life, or a refusal; it then heartbeats at once (and its followers, on that first
 AppendEntries, wake too). A follower on any Raft message, on losing its connection to the
 leader, or when the leader's node lapses in the node liveness table (logsvc/shard/
 liveness.py): then it is an ordinary follower whose election timer started when the
