@@ -86,7 +86,8 @@ class ShardRaft(SyncObj):  # type: ignore[misc]
       `__serializer`                replaced by `_SnapshotTransfer` (file-system port);
       `__needLoadDumpFile`          off: `_onTick` loads it through the port instead
       `__transport`                 our own messages, the held replies, the tick's flush
-      `__conf`                      bindRetryTime, connectionRetryTime, raftMinTimeout
+      `__conf`                      bindRetryTime, connectionRetryTime, raftMinTimeout,
+                                    raftMaxTimeout (the survivors' order, standing.py)
       `__generateRaftTimeout`       a random election timeout drawn as pysyncobj does
       `__updateClusterConfiguration`  set pysyncobj's peers to the log's configuration
       `__onSetCodeVersion`          what pysyncobj's own snapshot load does last
@@ -95,7 +96,8 @@ class ShardRaft(SyncObj):  # type: ignore[misc]
                                     its peer's node is live (`_logsvc_refresh_connections`)
     On its behalf elsewhere in this package: transport.py overrides the transport's
     `send`, `addNode`, `setOnMessageReceivedCallback` and `_on(Readonly)Node(Dis)connected`
-    hooks; journal.py subclasses pysyncobj's `Journal`; patches.py replaces the module
+    hooks, and `_connectIfNecessarySingle` (dials to a node that refused are coalesced per
+    node, liveness.py); journal.py subclasses pysyncobj's `Journal`; patches.py replaces the module
     globals `createJournal`, `createPoller`, `PIPE_NOTIFIER_ENABLED`, the pickle protocol,
     `tcp_connection.zlib` and (simulator only) `monotonicTime`.
     """
