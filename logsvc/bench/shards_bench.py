@@ -252,6 +252,7 @@ def _failover(
         )
     )
     times = sorted(at_s - killed_s for at_s in found.values())
+    slowest = sorted(found.items(), key=lambda item: item[1], reverse=True)[:5]
     return {
         "killed": victim,
         "led_by_killed": len(theirs),
@@ -260,6 +261,7 @@ def _failover(
         "failover_s_max": _round(times[-1] if times else None),
         "failover_s_p50": _round(percentile(times, 0.50)),
         "failover_s_p99": _round(percentile(times, 0.99)),
+        "failover_slowest": [[shard, _round(at_s - killed_s)] for shard, at_s in slowest],
     }
 
 

@@ -174,3 +174,34 @@ def test_an_isolated_leader_is_replaced_and_catches_up_after_heal(shard: MeshedS
     for replica in shard.replicas.values():
         records = replica.read(1, 1 << 20).records
         assert records == (*batch("a", 10), *batch("b", 10), *batch("c", 5))
+
+
+def test_a_follower_cut_off_from_its_leader_alone_does_not_disrupt_the_shard(
+    shard: MeshedShard,
+) -> None:
+    """Pre-vote (logsvc/shard/prevote.py): only the link between the leader and one
+    follower fails. That follower's election timer runs out again and again, but the
+    other follower still hears the leader and refuses it a pre-vote, so it never stands:
+    no term changes, the leader stays, and after the heal it catches up in that term. Stock
+    Raft (and this build before pre-vote) let it stand with a higher term that deposed
+    the leader."""
+    shard.start_all()
+    shard.append(1, batch("a", 5))
+    old = shard.leader()
+    term = shard.replicas[old].status()["term"]
+    cut = sorted(set(shard.replicas) - {old})[0]
+    shard.mesh.set_link(old, cut, "blackhole")
+    # Past the connection timeout (1 s) and several election timeouts (0.4-0.9 s).
+    until = time.monotonic() + 5.0
+    wait_until(lambda: time.monotonic() > until, "five seconds of the cut link")
+    assert {n: r.status()["term"] for n, r in shard.replicas.items()} == dict.fromkeys(
+        shard.replicas, term
+    )
+    assert shard.leader() == old
+
+    shard.mesh.heal()
+    shard.append(2, batch("b", 5))
+    wait_until(shard.converged, "the cut follower to catch up")
+    assert {n: r.status()["term"] for n, r in shard.replicas.items()} == dict.fromkeys(
+        shard.replicas, term
+    )

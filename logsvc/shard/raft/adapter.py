@@ -17,7 +17,7 @@ import pysyncobj.tcp_connection as pysyncobj_tcp_connection
 from pysyncobj import SyncObj, SyncObjConf, replicated
 from pysyncobj.node import TCPNode
 
-from logsvc.shard import quiescence, scheduler, snapshot_file, standing
+from logsvc.shard import prevote, quiescence, scheduler, snapshot_file, standing
 from logsvc.shard.liveness import NodeLiveness
 from logsvc.shard.raft.chunks import ChunkAssembler
 from logsvc.shard.raft.config import RaftConfig, RaftFatal, RaftHandler
@@ -43,7 +43,10 @@ _ALIVE = "logsvc_alive"  # node liveness: the sender's node is up (liveness.py)
 _QUIESCE = "logsvc_quiesce"  # leader -> follower: agree to go quiet (quiescence.py)
 _QUIESCE_ACK = "logsvc_quiesce_ack"  # follower -> leader: agreed, or not (`ok`)
 _LEARNER = "logsvc_learner"  # learner -> member: "this read-only connection is <address>"
+_PREVOTE = "logsvc_prevote"  # would-be candidate -> peers: would you vote for me (prevote.py)
+_PREVOTE_ACK = "logsvc_prevote_ack"  # the answer (`granted`)
 _OWN_MESSAGES = frozenset({_ALIVE, _QUIESCE, _QUIESCE_ACK, _LEARNER})
+_PREVOTE_MESSAGES = frozenset({_PREVOTE, _PREVOTE_ACK})
 # How often a quiescing leader asks again the followers that did not answer.
 QUIESCE_RESEND_S = 0.5
 
@@ -70,6 +73,7 @@ class ShardRaft(SyncObj):  # type: ignore[misc]
       `__raftNextIndex`             a late ack never lowers it, a refusal never raises it
       `__raftMatchIndex`            followers' progress (progress view, learners, quiet)
       `__raftElectionDeadline`      held while quiet or joining; restarted from liveness;
+                                    held during a pre-vote round, 0 once it is won;
                                     set in the survivors' order when the leader is lost
                                     (standing.py), and at once for a voter that refused
                                     a stale candidate's new term
@@ -90,6 +94,9 @@ class ShardRaft(SyncObj):  # type: ignore[misc]
                                     raftMaxTimeout (the survivors' order, standing.py)
       `__generateRaftTimeout`       a random election timeout drawn as pysyncobj does
       `__updateClusterConfiguration`  set pysyncobj's peers to the log's configuration
+      `__connectedToAnyone`, `__transferInProgress`  pre-vote asks only when pysyncobj
+                                    would stand now, and never for a leader's transfer
+                                    (TimeoutNow: the leader asked for it)
       `__onSetCodeVersion`          what pysyncobj's own snapshot load does last
       `_isLeader`, `_getLeader`     role and leader (no public equivalent)
       `_TcpConnection__lastReadTime`  a quiet shard's connection is not timed out while
@@ -157,6 +164,15 @@ class ShardRaft(SyncObj):  # type: ignore[misc]
         self._logsvc_proposing = False  # inside the leader's own membership change
         # (term, leader) whose loss last set our election timer in the survivors' order.
         self._logsvc_stood_for: tuple[int, str] | None = None
+        # Pre-vote (prevote.py): the round asking, the term it won, silent rounds in a row.
+        self._logsvc_prevote: prevote.PreVoteRound | None = None
+        self._logsvc_prevote_won: tuple[int, float] = (0, 0.0)  # (term, when)
+        self._logsvc_prevote_silent = 0
+        # A leader's AppendEntries of a term below ours arrived: pysyncobj ignores it
+        # without an answer, so that leader never learns our term and never replicates to
+        # us again. Our next election skips pre-vote (its request_vote is how the leader
+        # learns the term; Raft's answer to a stale AppendEntries, which etcd sends).
+        self._logsvc_behind_leader_seen = False
         # Our sealing instead of pysyncobj's Fernet (see `encryptor` below): every
         # connection pysyncobj creates, from SyncObj.__init__ on, reads it.
         self._logsvc_sealer = MessageSealer(config.secret)
@@ -345,6 +361,13 @@ class ShardRaft(SyncObj):  # type: ignore[misc]
             if isinstance(address, str) and not isinstance(node, TCPNode):
                 self._logsvc_learners[node] = address
             return
+        if kind in _PREVOTE_MESSAGES:
+            if isinstance(node, TCPNode):  # never from a learner (it does not stand)
+                now_s = pysyncobj_syncobj.monotonicTime()
+                if self._logsvc_quiesce_after_s:
+                    self._logsvc_liveness.heard(self._logsvc_node_of(str(node.id)), now_s)
+                self._logsvc_on_prevote_message(node, str(node.id), kind, message)
+            return
         if self._logsvc_quiesce_after_s:
             now_s = pysyncobj_syncobj.monotonicTime()
             sender = str(node.id)
@@ -358,6 +381,10 @@ class ShardRaft(SyncObj):  # type: ignore[misc]
                 # to the leader's own AppendEntries (catching up shows in its match index).
                 self._logsvc_wake(now_s)
         self._logsvc_messages += 1
+        if kind == "append_entries" and not self._isLeader():
+            term = message.get("term")
+            if isinstance(term, int) and term < int(self.raftCurrentTerm):
+                self._logsvc_behind_leader_seen = True
         if kind == "append_entries" and "prevLogIdx" in message:
             self._logsvc_on_append_entries(node, message, deliver)
             return
@@ -401,6 +428,115 @@ class ShardRaft(SyncObj):  # type: ignore[misc]
                 next_index[node] = before
             return
         deliver(node, message)
+
+    # -- pre-vote (prevote.py) ---------------------------------------------------------------
+
+    def logsvc_prevote_gate(self, now_s: float) -> None:
+        """Right before pysyncobj's tick: if it would stand now (its election timer ran out
+        and it is connected to someone), ask the peers first unless a pre-vote for that
+        term was won; hold its timer meanwhile. A leader's transfer (TimeoutNow) stands at
+        once, as Raft's pre-vote allows."""
+        if self._logsvc_learner or self._SyncObj__selfNode is None:
+            return
+        if self._SyncObj__raftState == pysyncobj_syncobj._RAFT_STATE.LEADER:
+            self._logsvc_prevote = None
+            return
+        if self._SyncObj__raftElectionDeadline >= now_s or self._SyncObj__transferInProgress:
+            return
+        if not self._SyncObj__connectedToAnyone():
+            return
+        proposed = int(self.raftCurrentTerm) + 1
+        won_term, won_s = self._logsvc_prevote_won
+        if won_term == proposed and now_s - won_s < float(self._SyncObj__conf.raftMinTimeout):
+            return  # won just now: pysyncobj stands in this tick
+        previous = self._logsvc_prevote
+        if previous is not None and previous.term == proposed and not previous.answered:
+            self._logsvc_prevote_silent += 1
+        else:
+            self._logsvc_prevote_silent = 0
+        if self._logsvc_behind_leader_seen:
+            # A leader of a lower term exists that cannot reach us (see __init__): stand.
+            self._logsvc_behind_leader_seen = False
+            self._logsvc_prevote_won = (proposed, now_s)
+            return
+        if self._logsvc_prevote_silent >= prevote.SILENT_ROUNDS_MAX:
+            log.warning(
+                "no peer answered %d pre-vote rounds: standing without one",
+                self._logsvc_prevote_silent,
+                extra={"term": self.raftCurrentTerm},
+            )
+            self._logsvc_prevote_won = (proposed, now_s)
+            return
+        peers = self._SyncObj__otherNodes
+        round_ = prevote.PreVoteRound(proposed, len(peers) + 1)
+        self._logsvc_prevote = round_
+        if round_.won:  # a group of one
+            self._logsvc_prevote_won = (proposed, now_s)
+            return
+        journal = self._logsvc_journal
+        last_index = journal.store.last_index
+        message = {
+            "type": _PREVOTE,
+            "term": proposed,
+            "last_log_index": last_index,
+            "last_log_term": int(journal.entry(last_index)[2]),
+        }
+        connected = self._SyncObj__connectedNodes
+        for node in peers:
+            if node in connected:
+                self._SyncObj__transport.send(node, dict(message))
+        # Asked: ask again (or stand, once won) within a quarter of the timeout's range.
+        conf = self._SyncObj__conf
+        span_s = float(conf.raftMaxTimeout) - float(conf.raftMinTimeout)
+        self._SyncObj__raftElectionDeadline = now_s + span_s / 4 * (1.0 + random.random())
+
+    def _logsvc_on_prevote_message(
+        self, node: Any, sender: str, kind: str, message: dict[str, Any]
+    ) -> None:
+        try:
+            term = int(message["term"])
+        except (KeyError, TypeError, ValueError):
+            log.warning("ignoring a malformed %s from %s", kind, sender)
+            return
+        if kind == _PREVOTE_ACK:
+            round_ = self._logsvc_prevote
+            if round_ is None or self._isLeader():
+                return
+            won = round_.on_answer(sender, term, bool(message.get("granted")))
+            if won and term == int(self.raftCurrentTerm) + 1:
+                now_s = pysyncobj_syncobj.monotonicTime()
+                self._logsvc_prevote_won = (term, now_s)
+                self._SyncObj__raftElectionDeadline = 0.0  # stand in this very tick
+                self._logsvc_messages += 1
+            return
+        try:
+            candidate_last = (int(message["last_log_term"]), int(message["last_log_index"]))
+        except (KeyError, TypeError, ValueError):
+            log.warning("ignoring a malformed %s from %s", kind, sender)
+            return
+        journal = self._logsvc_journal
+        last_index = journal.store.last_index
+        leader = self._getLeader()
+        leader_live = False
+        if leader is not None and leader in self._SyncObj__connectedNodes:
+            address = str(leader.id)
+            now_s = pysyncobj_syncobj.monotonicTime()
+            lapsed = bool(self._logsvc_quiesce_after_s) and self._logsvc_liveness.lapsed(
+                self._logsvc_node_of(address), now_s
+            )
+            lost = self._logsvc_stood_for == (int(self.raftCurrentTerm), address)
+            leader_live = not (lapsed or lost)
+        granted = prevote.grants(
+            proposed_term=term,
+            candidate_last=candidate_last,
+            own_term=int(self.raftCurrentTerm),
+            own_last=(int(journal.entry(last_index)[2]), last_index),
+            leading=bool(self._isLeader()),
+            leader_live=leader_live,
+        )
+        self._SyncObj__transport.send(
+            node, {"type": _PREVOTE_ACK, "term": term, "granted": granted}
+        )
 
     def _logsvc_on_request_vote(
         self, node: Any, message: dict[str, Any], deliver: Callable[[Any, dict[str, Any]], None]

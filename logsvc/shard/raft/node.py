@@ -342,6 +342,7 @@ class RaftNode:
             now_s = monotonic_s()
             self._messages_before = raft._logsvc_messages
             raft._logsvc_quiesce_before(now_s)
+            raft.logsvc_prevote_gate(monotonic_s())
             raft.doTick(wait_s)
             raft.logsvc_flush()  # one sync for the tick, then the held replies
             now_s = monotonic_s()

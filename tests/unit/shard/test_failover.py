@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from logsvc.shard import scheduler
+from logsvc.shard import prevote, scheduler
 from logsvc.shard.liveness import NodeLiveness
 from logsvc.shard.quiescence import LeaderQuiescence, LeaderView, Mode, Peer
 from logsvc.shard.raft.adapter import ShardRaft
@@ -285,3 +285,46 @@ def test_dials_to_a_node_that_refused_are_one_per_interval_for_all_until_it_is_h
     liveness.heard("n2", 2.5)  # the dial got through: messages flow
     assert not liveness.unreachable("n2")
     assert all(liveness.may_dial("n2", 2.6, retry_s=1.0) for _ in range(3))
+
+
+# ------------------------------------------------------------------ pre-vote (pure)
+
+
+@pytest.mark.parametrize(
+    ("case", "changes", "granted"),
+    [
+        ("no leader, log as long", {}, True),
+        ("a live leader", {"leader_live": True}, False),
+        ("leading itself", {"leading": True}, False),
+        ("the candidate's log behind", {"candidate_last": (3, 9)}, False),
+        ("the candidate's last term older", {"candidate_last": (2, 50)}, False),
+        ("the candidate's log ahead", {"candidate_last": (4, 1)}, True),
+        ("not above our term", {"proposed_term": 5}, False),
+    ],
+)
+def test_when_a_peer_grants_a_pre_vote(
+    case: str, changes: dict[str, object], granted: bool
+) -> None:
+    arguments: dict[str, object] = {
+        "proposed_term": 6,
+        "candidate_last": (3, 10),
+        "own_term": 5,
+        "own_last": (3, 10),
+        "leading": False,
+        "leader_live": False,
+    }
+    arguments.update(changes)
+    assert prevote.grants(**arguments) is granted, case  # type: ignore[arg-type]
+
+
+def test_a_pre_vote_round_is_won_by_a_majority_counting_the_candidate() -> None:
+    three = prevote.PreVoteRound(term=6, voters=3)
+    assert not three.on_answer("b", 5, True)  # an answer to an older round
+    assert not three.on_answer("b", 6, False)
+    assert three.answered == {"b"}
+    assert three.on_answer("c", 6, True)  # itself and c: two of three
+    assert not three.on_answer("c", 6, True)  # won once
+    five = prevote.PreVoteRound(term=6, voters=5)
+    assert not five.on_answer("b", 6, True)
+    assert five.on_answer("c", 6, True)
+    assert prevote.PreVoteRound(term=2, voters=1).won  # a group of one
