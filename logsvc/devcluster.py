@@ -28,7 +28,7 @@ from logsvc.client import ClientOptions, LogsvcError, connect
 from logsvc.config import load_client_config
 
 # One short attempt per probe: a node that does not answer is asked again next round.
-_PROBE_OPTIONS = ClientOptions(
+PROBE_OPTIONS = ClientOptions(
     request_timeout_s=2.0,
     retry_s_max=2.0,  # bounds the one attempt's wait (0 would give up before trying)
     attempts_max=1,
@@ -302,7 +302,7 @@ async def leaders_confirmed(
     waiting = set(shards)
     found: dict[int, Led] = {}
     probes = {
-        address: await connect([address], token, options=_PROBE_OPTIONS)
+        address: await connect([address], token, options=PROBE_OPTIONS)
         for address in addresses
         if address != not_at
     }

@@ -24,7 +24,7 @@ events order against the workload's history and the nemesis log.
 Kinds (what emits them):
 
     start       replica opened; term = the durable term recovered (replica.py)
-    term        the durable term changed (raft/journal.py StoreJournal.setCurrentTerm)
+    term        the durable term changed (raft/journal.py StoreJournal.flush_vote)
     vote        a vote for `voted_for` in `term` was made durable (same place, right after
                 the store's save_vote returned; a candidate's vote for itself included)
     leader      this replica became leader in `term` (raft/node.py tick loop)

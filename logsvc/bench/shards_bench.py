@@ -19,7 +19,10 @@ replica on every node when --nodes 3), then, in this order, prints one JSON obje
    (docs/decisions/0011-shared-journal.md); `shard` (the default) is today's path.
 4. One node (the first) killed with SIGKILL: the shards it led, and for each the time from
    the kill until another node answered as their confirmed leader in a later term
-   (`failover_s` max/p50/p99, `failed_over`/`led_by_killed`).
+   (`failover_s` max/p50/p99, `failed_over`/`led_by_killed`). Each such shard is probed
+   on its own (both survivors asked, then `FAILOVER_PROBE_PAUSE_S`, again), so a shard's
+   time is its own answer's, never held up by a slow answer about another shard.
+   `--failover-only` skips 2 and 3 (after `--settle-seconds`, when idle shards are quiet).
 
 Every process is stopped by PID at the end (`dev-cluster down`); every wait is bounded.
 Timings are what this machine did in this run: compare runs of one sitting.
@@ -40,12 +43,17 @@ from dataclasses import asdict, dataclass
 
 from logsvc import devcluster, gc_tuning
 from logsvc.bench.measure import percentile, stat_cpu_s
-from logsvc.client import LogsvcError, connect
+from logsvc.client import Client, LogsvcError, connect
 from logsvc.config import load_client_config
 
 SHARDS_MAX = devcluster.SHARDS_MAX
 LEADERS_WAIT_S_MAX = 300.0
 FAILOVER_WAIT_S_MAX = 60.0
+# Failover probes: per shard, the pause between two rounds of asking the survivors (the
+# time resolution), and the status requests in flight at once (what the probing costs the
+# survivors while they elect: bounded).
+FAILOVER_PROBE_PAUSE_S = 0.05
+FAILOVER_PROBES_AT_ONCE_MAX = 64
 CONCURRENCY_MAX = 4096
 SECONDS_MAX = 3600.0
 ACTIVE_SHARDS_DEFAULT = (1, 100, 1000)  # issue 22: one shard, a hundred, a thousand busy
@@ -60,6 +68,7 @@ class ShardsBenchConfig:
     active_shards: tuple[int, ...] = ACTIVE_SHARDS_DEFAULT
     journal: str = "shard"
     raft_threads: int | None = None  # the nodes' [raft] threads; None: the default
+    failover_only: bool = False  # skip the idle and load phases
     concurrency: int = 256
     record_bytes: int = 100
     load_seconds: float = 10.0
@@ -124,11 +133,14 @@ def run(config: ShardsBenchConfig) -> dict[str, object]:
         result["shards_without_leader"] = len(missing)
         if missing:
             return result
-        result.update(_idle(pids, config))
-        gc_tuning.tune_for_latency()  # the client's own pauses would count as latency
-        loads = [asyncio.run(_load(base, config, count)) for count in config.active_shards]
-        result.update(loads[0])
-        result["loads"] = loads
+        if config.failover_only:
+            time.sleep(config.settle_seconds)  # idle shards go quiet, as they would be
+        else:
+            result.update(_idle(pids, config))
+            gc_tuning.tune_for_latency()  # the client's own pauses would count as latency
+            loads = [asyncio.run(_load(base, config, count)) for count in config.active_shards]
+            result.update(loads[0])
+            result["loads"] = loads
         result.update(_failover(base, pids, led, config))
         return result
     finally:
@@ -224,16 +236,15 @@ def _failover(
     killed_s = time.monotonic()
     devcluster.kill_node(base, victim)
     found, missing = asyncio.run(
-        devcluster.leaders_confirmed(
-            client_config.addresses,
+        _new_leaders(
+            [a for a in client_config.addresses if a != victim_address],
             client_config.token,
             theirs,
-            FAILOVER_WAIT_S_MAX,
-            not_at=victim_address,
-            term_above=theirs,
+            killed_s + FAILOVER_WAIT_S_MAX,
         )
     )
-    times = sorted(entry.at_s - killed_s for entry in found.values())
+    times = sorted(at_s - killed_s for at_s in found.values())
+    slowest = sorted(found.items(), key=lambda item: item[1], reverse=True)[:5]
     return {
         "killed": victim,
         "led_by_killed": len(theirs),
@@ -242,7 +253,45 @@ def _failover(
         "failover_s_max": _round(times[-1] if times else None),
         "failover_s_p50": percentile(times, 0.50),
         "failover_s_p99": percentile(times, 0.99),
+        "failover_slowest": [[shard, _round(at_s - killed_s)] for shard, at_s in slowest],
     }
+
+
+async def _new_leaders(
+    survivors: Sequence[str], token: str, terms: dict[int, int], deadline_s: float
+) -> tuple[dict[int, float], set[int]]:
+    """For each shard of `terms` (shard -> the killed leader's term), when a survivor first
+    answered as its confirmed leader in a later term (time.monotonic()); and the shards
+    without one by `deadline_s`. One probing loop per shard, bounded in flight."""
+    probes = [
+        await connect([address], token, options=devcluster.PROBE_OPTIONS) for address in survivors
+    ]
+    in_flight = asyncio.Semaphore(FAILOVER_PROBES_AT_ONCE_MAX)
+    found: dict[int, float] = {}
+
+    async def ask(probe: Client, shard: int) -> bool:
+        async with in_flight:
+            try:
+                status = await probe.status(shard)
+            except (LogsvcError, OSError, TimeoutError):
+                return False
+        if status.is_leader and status.term > terms[shard] and shard not in found:
+            found[shard] = time.monotonic()
+        return shard in found
+
+    async def follow(shard: int) -> None:
+        while time.monotonic() < deadline_s:
+            answers = await asyncio.gather(*(ask(probe, shard) for probe in probes))
+            if any(answers):
+                return
+            await asyncio.sleep(FAILOVER_PROBE_PAUSE_S)
+
+    try:
+        await asyncio.gather(*(follow(shard) for shard in terms))
+    finally:
+        for probe in probes:
+            await probe.close()
+    return found, set(terms) - set(found)
 
 
 def _round(value: float | None) -> float | None:
@@ -270,6 +319,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--raft-threads", type=int, default=None, help="the nodes' [raft] threads (1..64)"
     )
+    parser.add_argument(
+        "--failover-only",
+        action="store_true",
+        help="skip the idle and load phases: start, settle, kill a node, time the failover",
+    )
     parser.add_argument("--concurrency", type=int, default=defaults.concurrency)
     parser.add_argument("--record-bytes", type=int, default=defaults.record_bytes)
     parser.add_argument("--load-seconds", type=float, default=defaults.load_seconds)
@@ -296,6 +350,7 @@ def parse_args(argv: Sequence[str]) -> ShardsBenchConfig:
         active_shards=active,
         journal=ns.journal,
         raft_threads=ns.raft_threads,
+        failover_only=ns.failover_only,
         concurrency=ns.concurrency,
         record_bytes=ns.record_bytes,
         load_seconds=ns.load_seconds,

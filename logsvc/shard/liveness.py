@@ -8,6 +8,13 @@ one small `alive` message per peer node and heartbeat interval when nothing else
 from it for `lapse_s` (the election timeout's minimum): a quiet follower then behaves as
 an active one whose leader stopped heartbeating.
 
+Dials are coalesced per node too: once a dial to a node failed and nothing was heard from
+it since, its replicas here dial it at most once per reconnect interval *in all* (the first
+to ask), not each on its own. When a node dies, every replica that dials it would
+otherwise try every second (a thousand failed connects a second per survivor, on the CPU
+the survivors' elections need); the first dial that gets through brings messages, and
+with them every replica's own dials back.
+
 Pure bookkeeping under one lock (any thread may report a message); time is an input.
 """
 
@@ -39,6 +46,8 @@ class NodeLiveness:
         self._heard: dict[str, float] = {}
         self._sent: dict[str, float] = {}
         self._lapsed: set[str] = set()
+        self._dial_failed: dict[str, float] = {}  # node -> when a dial to it last failed
+        self._dialled: dict[str, float] = {}  # node -> the last dial let through while failed
         # Nodes are not lapsed before anything could be heard from them: a node that just
         # started counts every peer as heard at its start.
         self._started_s = now_s
@@ -56,6 +65,10 @@ class NodeLiveness:
         """Something was sent to `node`."""
         self._sent[node] = now_s
 
+    def dial_failed(self, node: str, now_s: float) -> None:
+        """A connection attempt to `node` failed (refused, timed out, reset)."""
+        self._dial_failed[node] = now_s
+
     # ------------------------------------------------------------------ questions
 
     def last_heard(self, node: str) -> float:
@@ -67,6 +80,22 @@ class NodeLiveness:
         if node == self.self_node:
             return False
         return now_s - self.last_heard(node) > self.lapse_s
+
+    def unreachable(self, node: str) -> bool:
+        """A dial to `node` failed and nothing was heard from it since."""
+        failed = self._dial_failed.get(node)
+        return failed is not None and self._heard.get(node, float("-inf")) <= failed
+
+    def may_dial(self, node: str, now_s: float, retry_s: float) -> bool:
+        """Whether a replica may dial `node` now: always while it is not `unreachable`;
+        otherwise for the first to ask per `retry_s` (that one dial stands for all)."""
+        if not self.unreachable(node):
+            return True
+        with self._lock:
+            if now_s - self._dialled.get(node, float("-inf")) < retry_s:
+                return False
+            self._dialled[node] = now_s
+            return True
 
     def send_due(self, node: str, now_s: float) -> bool:
         """Nothing sent to `node` for an interval: an `alive` message is due."""

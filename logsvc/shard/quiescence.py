@@ -17,8 +17,9 @@ ranges quiesce (docs/decisions/0005-scheduler-quiescence.md):
 3. Once every follower it asked has agreed, the leader is quiet: it sends nothing more.
 
 Waking: the leader on any proposal, membership change, transfer, any Raft message other
-than an ack, a connection change, a follower that was not part of the agreement coming back
-to life, or a refusal; it then heartbeats at once (and its followers, on that first
+than an ack, a connection coming up (not one of an agreeing follower going down: that
+follower acts on the loss itself), a follower that was not part of the agreement coming
+back to life, or a refusal; it then heartbeats at once (and its followers, on that first
 AppendEntries, wake too). A follower on any Raft message, on losing its connection to the
 leader, or when the leader's node lapses in the node liveness table (logsvc/shard/
 liveness.py): then it is an ordinary follower whose election timer started when the
@@ -33,7 +34,7 @@ stands in for them.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 class Mode(enum.Enum):
@@ -139,13 +140,26 @@ class LeaderQuiescence:
         if fingerprint != self._fingerprint or view.busy:
             self._fingerprint = fingerprint
             return self.wake(now_s), None
-        if not quiescible(view):
-            return self.wake(now_s), None
         if self.mode is Mode.QUIET:
             agreed = self._request.targets if self._request is not None else ()
+            # A follower that agreed and then lost its connection needs nothing from a quiet
+            # leader (it acts on the loss itself; the connection's return wakes the
+            # leader): counted as connected, or a node's death would wake every shard it
+            # followed in while the survivors elect the ones it led.
+            relaxed = replace(
+                view,
+                peers=tuple(
+                    replace(peer, connected=True) if peer.address in agreed else peer
+                    for peer in view.peers
+                ),
+            )
+            if not quiescible(relaxed):
+                return self.wake(now_s), None
             if any(peer.alive and peer.address not in agreed for peer in view.peers):
                 return self.wake(now_s), None  # a follower back to life must catch up first
             return False, None
+        if not quiescible(view):
+            return self.wake(now_s), None
         if self.mode is Mode.ACTIVE:
             if now_s - self._idle_since_s < self._after_s:
                 return False, None

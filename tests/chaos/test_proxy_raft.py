@@ -12,6 +12,7 @@ seconds; every replica and the mesh are stopped in `finally`.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -174,3 +175,59 @@ def test_an_isolated_leader_is_replaced_and_catches_up_after_heal(shard: MeshedS
     for replica in shard.replicas.values():
         records = replica.read(1, 1 << 20).records
         assert records == (*batch("a", 10), *batch("b", 10), *batch("c", 5))
+
+
+class _SlowerShard(MeshedShard):
+    """A node's own timing (election 1-2.5 s, heartbeats 100 ms, connection 2.5 s): a
+    loaded machine must not make a live leader look dead to the follower that still
+    hears it (that would be a lapse, and then standing is right)."""
+
+    def config(self, node: str) -> ReplicaConfig:
+        config = super().config(node)
+        raft = dataclasses.replace(
+            config.raft,
+            election_timeout_ms_min=1000,
+            election_timeout_ms_max=2500,
+            heartbeat_ms=100,
+            leader_fallback_ms=5000,
+            connection_timeout_ms=2500,
+        )
+        return dataclasses.replace(config, raft=raft)
+
+
+def test_a_follower_cut_off_from_its_leader_alone_does_not_disrupt_the_shard(
+    tmp_path: Path,
+) -> None:
+    """Pre-vote (logsvc/shard/prevote.py): only the link between the leader and one
+    follower fails. That follower's election timer runs out again and again, but the
+    other follower still hears the leader and refuses it a pre-vote, so it never stands:
+    no term changes, the leader stays, and after the heal it catches up in that term. Stock
+    Raft (and this build before pre-vote) let it stand with a higher term that deposed
+    the leader."""
+    shard = _SlowerShard(tmp_path)
+    try:
+        shard.start_all()
+        shard.append(1, batch("a", 5))
+        wait_until(shard.converged, "every replica holding the first append")
+        old = shard.leader()
+        term = shard.replicas[old].status()["term"]
+        wait_until(
+            lambda: all(r.status()["term"] == term for r in shard.replicas.values()),
+            "every replica in the leader's term",
+        )
+        cut = sorted(set(shard.replicas) - {old})[0]
+        shard.mesh.set_link(old, cut, "blackhole")
+        # Past the connection timeout (2.5 s) and a few election timeouts (1-2.5 s).
+        until = time.monotonic() + 8.0
+        wait_until(lambda: time.monotonic() > until, "eight seconds of the cut link")
+        terms = {n: r.status()["term"] for n, r in shard.replicas.items()}
+        assert terms == dict.fromkeys(shard.replicas, term)
+        assert shard.leader() == old
+
+        shard.mesh.heal()
+        shard.append(2, batch("b", 5))
+        wait_until(shard.converged, "the cut follower to catch up")
+        terms = {n: r.status()["term"] for n, r in shard.replicas.items()}
+        assert terms == dict.fromkeys(shard.replicas, term)
+    finally:
+        shard.close()

@@ -15,8 +15,9 @@ Hole (pysyncobj.md §8.4)                 Fix
                                            beside the tick (scheduler's syncer) and its
                                            commit count takes it only up to its durable
                                            index (`_logsvc_count_durable_leader`)
-(term/vote)                               `setCurrentTerm` -> `store.save_vote`: durable
-                                           before pysyncobj sends the vote request or reply
+(term/vote)                               `setCurrentTerm` held, then `store.save_vote`
+                                           (once per tick) before anything is sent: the
+                                           tick's flush, or a send that is not held
 3 nextIndex rewind, blind truncation      `_on_message`: a late success ack never moves
                                            nextIndex back, a refusal never moves it forward
                                            (stock could livelock a lagging follower with a

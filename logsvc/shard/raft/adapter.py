@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import math
+import random
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -16,7 +17,7 @@ import pysyncobj.tcp_connection as pysyncobj_tcp_connection
 from pysyncobj import SyncObj, SyncObjConf, replicated
 from pysyncobj.node import TCPNode
 
-from logsvc.shard import quiescence, scheduler, snapshot_file
+from logsvc.shard import prevote, quiescence, scheduler, snapshot_file, standing
 from logsvc.shard.liveness import NodeLiveness
 from logsvc.shard.raft.chunks import ChunkAssembler
 from logsvc.shard.raft.config import RaftConfig, RaftFatal, RaftHandler
@@ -42,7 +43,10 @@ _ALIVE = "logsvc_alive"  # node liveness: the sender's node is up (liveness.py)
 _QUIESCE = "logsvc_quiesce"  # leader -> follower: agree to go quiet (quiescence.py)
 _QUIESCE_ACK = "logsvc_quiesce_ack"  # follower -> leader: agreed, or not (`ok`)
 _LEARNER = "logsvc_learner"  # learner -> member: "this read-only connection is <address>"
+_PREVOTE = "logsvc_prevote"  # would-be candidate -> peers: would you vote for me (prevote.py)
+_PREVOTE_ACK = "logsvc_prevote_ack"  # the answer (`granted`)
 _OWN_MESSAGES = frozenset({_ALIVE, _QUIESCE, _QUIESCE_ACK, _LEARNER})
+_PREVOTE_MESSAGES = frozenset({_PREVOTE, _PREVOTE_ACK})
 # How often a quiescing leader asks again the followers that did not answer.
 QUIESCE_RESEND_S = 0.5
 
@@ -73,7 +77,11 @@ class ShardRaft(SyncObj):  # type: ignore[misc]
       `__raftLastApplied`           the index `apply` is at; set by a snapshot install
       `__raftNextIndex`             a late ack never lowers it, a refusal never raises it
       `__raftMatchIndex`            followers' progress (progress view, learners, quiet)
-      `__raftElectionDeadline`      held while quiet or joining; restarted from liveness
+      `__raftElectionDeadline`      held while quiet or joining; restarted from liveness;
+                                    held during a pre-vote round, 0 once it is won;
+                                    set in the survivors' order when the leader is lost
+                                    (standing.py), and at once for a voter that refused
+                                    a stale candidate's new term
       `__newAppendEntriesTime`      inf while quiet (no heartbeats); 0 to heartbeat now;
                                     within commit_notice_ms after a commit;
                                     the leader's next deadline for the scheduler
@@ -87,16 +95,21 @@ class ShardRaft(SyncObj):  # type: ignore[misc]
       `__serializer`                replaced by `_SnapshotTransfer` (file-system port);
       `__needLoadDumpFile`          off: `_onTick` loads it through the port instead
       `__transport`                 our own messages, the held replies, the tick's flush
-      `__conf`                      bindRetryTime, connectionRetryTime, raftMinTimeout
+      `__conf`                      bindRetryTime, connectionRetryTime, raftMinTimeout,
+                                    raftMaxTimeout (the survivors' order, standing.py)
       `__generateRaftTimeout`       a random election timeout drawn as pysyncobj does
       `__updateClusterConfiguration`  set pysyncobj's peers to the log's configuration
+      `__connectedToAnyone`, `__transferInProgress`  pre-vote asks only when pysyncobj
+                                    would stand now, and never for a leader's transfer
+                                    (TimeoutNow: the leader asked for it)
       `__onSetCodeVersion`          what pysyncobj's own snapshot load does last
       `_isLeader`, `_getLeader`     role and leader (no public equivalent)
       `_TcpConnection__lastReadTime`  a quiet shard's connection is not timed out while
                                     its peer's node is live (`_logsvc_refresh_connections`)
     On its behalf elsewhere in this package: transport.py overrides the transport's
     `send`, `addNode`, `setOnMessageReceivedCallback` and `_on(Readonly)Node(Dis)connected`
-    hooks; journal.py subclasses pysyncobj's `Journal`; patches.py replaces the module
+    hooks, and `_connectIfNecessarySingle` (dials to a node that refused are coalesced per
+    node, liveness.py); journal.py subclasses pysyncobj's `Journal`; patches.py replaces the module
     globals `createJournal`, `createPoller`, `PIPE_NOTIFIER_ENABLED`, the pickle protocol,
     `tcp_connection.zlib` and (simulator only) `monotonicTime`.
     """
@@ -156,6 +169,17 @@ class ShardRaft(SyncObj):  # type: ignore[misc]
         self._logsvc_chunks = ChunkAssembler()
         self._logsvc_dial = dict(config.dial_overrides)
         self._logsvc_proposing = False  # inside the leader's own membership change
+        # (term, leader) whose loss last set our election timer in the survivors' order.
+        self._logsvc_stood_for: tuple[int, str] | None = None
+        # Pre-vote (prevote.py): the round asking, the term it won, silent rounds in a row.
+        self._logsvc_prevote: prevote.PreVoteRound | None = None
+        self._logsvc_prevote_won: tuple[int, float] = (0, 0.0)  # (term, when)
+        self._logsvc_prevote_silent = 0
+        # A leader's AppendEntries of a term below ours arrived: pysyncobj ignores it
+        # without an answer, so that leader never learns our term and never replicates to
+        # us again. Our next election skips pre-vote (its request_vote is how the leader
+        # learns the term; Raft's answer to a stale AppendEntries, which etcd sends).
+        self._logsvc_behind_leader_seen = False
         # Our sealing instead of pysyncobj's Fernet (see `encryptor` below): every
         # connection pysyncobj creates, from SyncObj.__init__ on, reads it.
         self._logsvc_sealer = MessageSealer(config.secret)
@@ -383,6 +407,13 @@ class ShardRaft(SyncObj):  # type: ignore[misc]
             if isinstance(address, str) and not isinstance(node, TCPNode):
                 self._logsvc_learners[node] = address
             return
+        if kind in _PREVOTE_MESSAGES:
+            if isinstance(node, TCPNode):  # never from a learner (it does not stand)
+                now_s = pysyncobj_syncobj.monotonicTime()
+                if self._logsvc_quiesce_after_s:
+                    self._logsvc_liveness.heard(self._logsvc_node_of(str(node.id)), now_s)
+                self._logsvc_on_prevote_message(node, str(node.id), kind, message)
+            return
         if self._logsvc_quiesce_after_s:
             now_s = pysyncobj_syncobj.monotonicTime()
             sender = str(node.id)
@@ -396,8 +427,15 @@ class ShardRaft(SyncObj):  # type: ignore[misc]
                 # to the leader's own AppendEntries (catching up shows in its match index).
                 self._logsvc_wake(now_s)
         self._logsvc_messages += 1
+        if kind == "append_entries" and not self._isLeader():
+            term = message.get("term")
+            if isinstance(term, int) and term < int(self.raftCurrentTerm):
+                self._logsvc_behind_leader_seen = True
         if kind == "append_entries" and "prevLogIdx" in message:
             self._logsvc_on_append_entries(node, message, deliver)
+            return
+        if kind == "request_vote":
+            self._logsvc_on_request_vote(node, message, deliver)
             return
         if kind == "append_entries":
             # A snapshot chunk. Stock then sets commitIndex = min(leaderCommit, our last
@@ -436,6 +474,153 @@ class ShardRaft(SyncObj):  # type: ignore[misc]
                 next_index[node] = before
             return
         deliver(node, message)
+
+    # -- pre-vote (prevote.py) ---------------------------------------------------------------
+
+    def logsvc_prevote_gate(self, now_s: float) -> None:
+        """Right before pysyncobj's tick: if it would stand now (its election timer ran out
+        and it is connected to someone), ask the peers first unless a pre-vote for that
+        term was won; hold its timer meanwhile. A leader's transfer (TimeoutNow) stands at
+        once, as Raft's pre-vote allows."""
+        if self._logsvc_learner or self._SyncObj__selfNode is None:
+            return
+        if self._SyncObj__raftState == pysyncobj_syncobj._RAFT_STATE.LEADER:
+            self._logsvc_prevote = None
+            return
+        if self._SyncObj__raftElectionDeadline >= now_s or self._SyncObj__transferInProgress:
+            return
+        if not self._SyncObj__connectedToAnyone():
+            return
+        proposed = int(self.raftCurrentTerm) + 1
+        won_term, won_s = self._logsvc_prevote_won
+        if won_term == proposed and now_s - won_s < float(self._SyncObj__conf.raftMinTimeout):
+            return  # won just now: pysyncobj stands in this tick
+        previous = self._logsvc_prevote
+        if previous is not None and previous.term == proposed and not previous.answered:
+            self._logsvc_prevote_silent += 1
+        else:
+            self._logsvc_prevote_silent = 0
+        if self._logsvc_behind_leader_seen:
+            # A leader of a lower term exists that cannot reach us (see __init__): stand.
+            self._logsvc_behind_leader_seen = False
+            self._logsvc_prevote_won = (proposed, now_s)
+            return
+        if self._logsvc_prevote_silent >= prevote.SILENT_ROUNDS_MAX:
+            log.warning(
+                "no peer answered %d pre-vote rounds: standing without one",
+                self._logsvc_prevote_silent,
+                extra={"term": self.raftCurrentTerm},
+            )
+            self._logsvc_prevote_won = (proposed, now_s)
+            return
+        peers = self._SyncObj__otherNodes
+        round_ = prevote.PreVoteRound(proposed, len(peers) + 1)
+        self._logsvc_prevote = round_
+        if round_.won:  # a group of one
+            self._logsvc_prevote_won = (proposed, now_s)
+            return
+        journal = self._logsvc_journal
+        last_index = journal.store.last_index
+        message = {
+            "type": _PREVOTE,
+            "term": proposed,
+            "last_log_index": last_index,
+            "last_log_term": int(journal.entry(last_index)[2]),
+        }
+        connected = self._SyncObj__connectedNodes
+        for node in peers:
+            if node in connected:
+                self._SyncObj__transport.send(node, dict(message))
+        # Asked: ask again (or stand, once won) within a quarter of the timeout's range.
+        conf = self._SyncObj__conf
+        span_s = float(conf.raftMaxTimeout) - float(conf.raftMinTimeout)
+        self._SyncObj__raftElectionDeadline = now_s + span_s / 4 * (1.0 + random.random())
+
+    def _logsvc_on_prevote_message(
+        self, node: Any, sender: str, kind: str, message: dict[str, Any]
+    ) -> None:
+        try:
+            term = int(message["term"])
+        except (KeyError, TypeError, ValueError):
+            log.warning("ignoring a malformed %s from %s", kind, sender)
+            return
+        if kind == _PREVOTE_ACK:
+            round_ = self._logsvc_prevote
+            if round_ is None or self._isLeader():
+                return
+            won = round_.on_answer(sender, term, bool(message.get("granted")))
+            if won and term == int(self.raftCurrentTerm) + 1:
+                now_s = pysyncobj_syncobj.monotonicTime()
+                self._logsvc_prevote_won = (term, now_s)
+                self._SyncObj__raftElectionDeadline = 0.0  # stand in this very tick
+                self._logsvc_messages += 1
+            return
+        try:
+            candidate_last = (int(message["last_log_term"]), int(message["last_log_index"]))
+        except (KeyError, TypeError, ValueError):
+            log.warning("ignoring a malformed %s from %s", kind, sender)
+            return
+        journal = self._logsvc_journal
+        last_index = journal.store.last_index
+        leader = self._getLeader()
+        leader_live = False
+        if leader is not None and leader in self._SyncObj__connectedNodes:
+            address = str(leader.id)
+            now_s = pysyncobj_syncobj.monotonicTime()
+            lapsed = bool(self._logsvc_quiesce_after_s) and self._logsvc_liveness.lapsed(
+                self._logsvc_node_of(address), now_s
+            )
+            lost = self._logsvc_stood_for == (int(self.raftCurrentTerm), address)
+            leader_live = not (lapsed or lost)
+        granted = prevote.grants(
+            proposed_term=term,
+            candidate_last=candidate_last,
+            own_term=int(self.raftCurrentTerm),
+            own_last=(int(journal.entry(last_index)[2]), last_index),
+            leading=bool(self._isLeader()),
+            leader_live=leader_live,
+        )
+        self._SyncObj__transport.send(
+            node, {"type": _PREVOTE_ACK, "term": term, "granted": granted}
+        )
+
+    def _logsvc_on_request_vote(
+        self, node: Any, message: dict[str, Any], deliver: Callable[[Any, dict[str, Any]], None]
+    ) -> None:
+        """pysyncobj's handling, then: a new term from a candidate whose log is behind ours
+        (it cannot win our vote, nor, if ours is the newest, anyone's) leaves the shard
+        without a leader until someone else stands; we stand in the survivors' order
+        from now (standing.py, the candidate left out) instead of after a full random
+        timeout. Only timers change: votes and terms are pysyncobj's."""
+        term_before = int(self.raftCurrentTerm)
+        journal = self._logsvc_journal
+        last_index = journal.store.last_index
+        ours = (int(journal.entry(last_index)[2]), last_index)
+        deliver(node, message)
+        try:
+            theirs = (int(message["last_log_term"]), int(message["last_log_index"]))
+            new_term = int(message["term"]) > term_before
+        except (KeyError, TypeError, ValueError):
+            return
+        if (
+            new_term
+            and theirs < ours
+            and not self._logsvc_learner
+            and self._SyncObj__raftState == pysyncobj_syncobj._RAFT_STATE.FOLLOWER
+            and self._getLeader() is None
+        ):
+            now_s = pysyncobj_syncobj.monotonicTime()
+            conf = self._SyncObj__conf
+            voters = [str(n.id) for n in self._SyncObj__otherNodes]
+            rank = standing.standing_rank(str(node.id), self._logsvc_self_address, voters)
+            self._SyncObj__raftElectionDeadline = standing.stand_at_s(
+                rank,
+                now_s - float(conf.raftMinTimeout),
+                now_s,
+                float(conf.raftMinTimeout),
+                float(conf.raftMaxTimeout),
+                random.random(),
+            )
 
     def _logsvc_on_append_entries(
         self, node: Any, message: dict[str, Any], deliver: Callable[[Any, dict[str, Any]], None]
@@ -502,13 +687,44 @@ class ShardRaft(SyncObj):  # type: ignore[misc]
             self._SyncObj__transport.send(
                 node, {"type": _LEARNER, "address": self._logsvc_self_address}
             )
+        now_s = pysyncobj_syncobj.monotonicTime()
+        address = str(node.id)
+        if not up and self._logsvc_follows(address) and not self._logsvc_follower_q.quiet:
+            self._logsvc_stand_in_turn(address, now_s, "the connection to the leader closed")
         if not self._logsvc_quiesce_after_s:
             return
-        now_s = pysyncobj_syncobj.monotonicTime()
         follower = self._logsvc_follower_q
-        if not up and follower.quiet and follower.leader == str(node.id):
-            self._logsvc_lost_leader(now_s, "the connection to the leader closed")
+        if not up and follower.quiet:
+            if follower.leader == address:
+                self._logsvc_lost_leader(now_s, "the connection to the leader closed")
+            # Another follower's connection: nothing for a quiet follower to do (waking
+            # would only restart its election timer against a leader that stays quiet).
+            return
+        if not up and self._logsvc_leader_q is not None and self._logsvc_leader_q.quiet:
+            # A quiet leader's follower dropped: nothing to send it, and heartbeats to the
+            # others would wake a shard that has nothing to do. When a node dies, that is
+            # every shard it follows in: a failover's survivors then heartbeated two
+            # thirds of their shards while electing the rest. The follower's side acts on
+            # the loss; the connection coming back (or news of it) wakes this leader.
+            return
         self._logsvc_wake(now_s)
+
+    def _logsvc_dial_failed(self, node: Any) -> None:
+        """A dial to `node` failed (the transport's report): node liveness coalesces the
+        next dials of every replica here to that node (liveness.py)."""
+        if self._logsvc_quiesce_after_s and isinstance(node, TCPNode):
+            now_s = pysyncobj_syncobj.monotonicTime()
+            self._logsvc_liveness.dial_failed(self._logsvc_node_of(str(node.id)), now_s)
+
+    def logsvc_may_dial(self, node: Any) -> bool:
+        """Whether the transport may dial `node` now (liveness.py `may_dial`)."""
+        if not self._logsvc_quiesce_after_s or not isinstance(node, TCPNode):
+            return True  # without quiescence the liveness table is not fed
+        return self._logsvc_liveness.may_dial(
+            self._logsvc_node_of(str(node.id)),
+            pysyncobj_syncobj.monotonicTime(),
+            float(self._SyncObj__conf.connectionRetryTime),
+        )
 
     def _logsvc_wake(self, now_s: float) -> None:
         """Activity: a quiet follower is an ordinary one again; a quiescing or quiet leader
@@ -564,14 +780,47 @@ class ShardRaft(SyncObj):  # type: ignore[misc]
         self._logsvc_refresh_connections(now_s)
         if leader is None:
             return
-        last_heard_s = self._logsvc_liveness.last_heard(self._logsvc_node_of(leader))
-        timeout_s = float(self._SyncObj__generateRaftTimeout())
-        spread_s = timeout_s - float(self._SyncObj__conf.raftMinTimeout)
-        self._SyncObj__raftElectionDeadline = max(last_heard_s + timeout_s, now_s + spread_s)
+        self._logsvc_stand_in_turn(leader, now_s, f"quiet follower woke: {why}")
+
+    def _logsvc_follows(self, address: str) -> bool:
+        """A voting follower whose leader (as pysyncobj knows it) is `address`."""
+        leader = self._getLeader()
+        return (
+            not self._logsvc_learner
+            and self._SyncObj__raftState == pysyncobj_syncobj._RAFT_STATE.FOLLOWER
+            and leader is not None
+            and str(leader.id) == address
+        )
+
+    def _logsvc_stand_in_turn(self, leader: str, now_s: float, why: str) -> None:
+        """The leader `leader` is lost: our election timer as the survivors' order says
+        (standing.py), counted from when its node was last heard from (as if its heartbeats
+        had stopped then; now without node liveness). Once per leader and term."""
+        if self._logsvc_learner:
+            return
+        self._logsvc_stood_for = (int(self.raftCurrentTerm), leader)
+        last_heard_s = (
+            self._logsvc_liveness.last_heard(self._logsvc_node_of(leader))
+            if self._logsvc_quiesce_after_s
+            else now_s
+        )
+        voters = [str(node.id) for node in self._SyncObj__otherNodes]
+        rank = standing.standing_rank(leader, self._logsvc_self_address, voters)
+        conf = self._SyncObj__conf
+        self._SyncObj__raftElectionDeadline = standing.stand_at_s(
+            rank,
+            last_heard_s,
+            now_s,
+            float(conf.raftMinTimeout),
+            float(conf.raftMaxTimeout),
+            random.random(),  # pysyncobj's own timeouts draw from the same generator
+        )
         log.info(
-            "quiet follower woke: %s; election timer from %.2f s ago",
+            "%s; leader last heard %.2f s ago, standing %s in %.2f s",
             why,
             now_s - last_heard_s,
+            "first" if rank == 0 else f"{rank + 1}th",
+            self._SyncObj__raftElectionDeadline - now_s,
             extra={"term": self.raftCurrentTerm},
         )
 
@@ -629,6 +878,22 @@ class ShardRaft(SyncObj):  # type: ignore[misc]
             node, {"type": _QUIESCE_ACK, "term": request.term, "seq": request.seq, "ok": agreed}
         )
 
+    def logsvc_before_events(self, now_s: float) -> None:
+        """Before the tick delivers its socket events: a quiet (or quiescing) replica's
+        connections to live nodes count as just read from. pysyncobj checks a connection's
+        read timeout on every event *before* reading it, so the first message on a
+        connection quiet for longer than connection_timeout (a vote request, a woken
+        leader's AppendEntries, an `alive`) closed it unread: its follower then lost its
+        leader and stood (idle shards churned, and failover votes were lost)."""
+        if self._logsvc_quiesce_after_s and (
+            self.logsvc_quiet
+            or (
+                self._logsvc_leader_q is not None
+                and self._logsvc_leader_q.mode is quiescence.Mode.QUIESCING
+            )
+        ):
+            self._logsvc_refresh_connections(now_s)
+
     def _logsvc_quiesce_before(self, now_s: float) -> None:
         """Before a tick: keep a quiet follower's election timer and a quiet leader's
         heartbeat and fallback timers from firing; wake a quiet follower whose leader's
@@ -654,6 +919,16 @@ class ShardRaft(SyncObj):  # type: ignore[misc]
                 self._logsvc_lost_leader(now_s, "the leader's node lapsed")
             else:
                 self._SyncObj__raftElectionDeadline = now_s + self._logsvc_election_max_s
+        else:
+            leader_node = self._getLeader()
+            if leader_node is not None:
+                address = str(leader_node.id)
+                if (
+                    self._logsvc_stood_for != (int(self.raftCurrentTerm), address)
+                    and self._logsvc_follows(address)
+                    and self._logsvc_liveness.lapsed(self._logsvc_node_of(address), now_s)
+                ):
+                    self._logsvc_stand_in_turn(address, now_s, "the leader's node lapsed")
         leader_q = self._logsvc_leader_q
         if leader_q is not None and leader_q.mode is not quiescence.Mode.ACTIVE:
             self._SyncObj__newAppendEntriesTime = math.inf
@@ -761,29 +1036,36 @@ class ShardRaft(SyncObj):  # type: ignore[misc]
         if self._logsvc_snapshot_at_start:
             return now_s
         due_s = math.inf
-        quiet = False
         if self._isLeader():
             leader_q = self._logsvc_leader_q
             if leader_q is None or leader_q.mode is quiescence.Mode.ACTIVE:
                 due_s = min(due_s, float(self._SyncObj__newAppendEntriesTime))
             if leader_q is not None:
-                check_s = leader_q.next_check_s(now_s)
-                if check_s is None:
-                    quiet = True
-                else:
+                check_s = leader_q.next_check_s(now_s)  # None: quiet
+                if check_s is not None:
                     due_s = min(due_s, check_s)
         elif self._logsvc_follower_q.quiet:
-            quiet = True
+            pass  # no election timer while quiet
         elif not self._logsvc_learner:  # a learner never stands: no election timer
             election_s = float(self._SyncObj__raftElectionDeadline)
             if election_s > now_s or self._SyncObj__connectedNodes or not self._SyncObj__otherNodes:
                 due_s = min(due_s, election_s)
             # else: due, but pysyncobj stands only once connected to someone: the redial
             # below (or the connection's event) is when it can.
-        if not quiet:
-            connected = self._SyncObj__connectedNodes
-            if any(node not in connected for node in self._SyncObj__otherNodes):
-                due_s = min(due_s, now_s + float(self._SyncObj__conf.connectionRetryTime))
+        # A peer's connection down: tick to redial it, quiet or not (a quiet replica no
+        # longer wakes when another replica's connection drops, and would otherwise stay
+        # cut off from a live peer it needs once its leader is lost). A lapsed node is
+        # redialled by the scheduler's rotation instead, one replica per reconnect
+        # interval, and its return wakes every replica with a member there.
+        connected = self._SyncObj__connectedNodes
+        liveness, node_of = self._logsvc_liveness, self._logsvc_node_of
+        liveness_fed = bool(self._logsvc_quiesce_after_s)
+        if any(
+            node not in connected
+            and not (liveness_fed and liveness.lapsed(node_of(str(node.id)), now_s))
+            for node in self._SyncObj__otherNodes
+        ):
+            due_s = min(due_s, now_s + float(self._SyncObj__conf.connectionRetryTime))
         return None if due_s == math.inf else max(due_s, now_s)
 
     @property

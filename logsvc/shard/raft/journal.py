@@ -67,6 +67,8 @@ class StoreJournal(Journal):  # type: ignore[misc]
         self._events = events
         self._reset_pending = False
         self._commit_hint = store.first_index
+        # (term, votedFor) set by pysyncobj and not yet durable: see `setCurrentTerm`.
+        self._pending_vote: tuple[int, str | None] | None = None
         self._memo: dict[int, tuple[bytes, int, int]] = {}
         # The configurations of this log, kept durable (membership.py); set by RaftNode.
         self.membership: shard_membership.ReplicaMembership | None = None
@@ -126,22 +128,23 @@ class StoreJournal(Journal):  # type: ignore[misc]
         return min(self._commit_hint, max(self._store.durable_index, self._store.first_index))
 
     def setCurrentTerm(self, term: int, votedForNodeId: Any) -> None:
+        # Held until `flush_vote`, which the transport calls before any message leaves
+        # (the tick's flush, or a send that is not held): a voter's "new term, no vote"
+        # then "voted for X" in one tick is one durable write, not two (each is a file
+        # write, two fsyncs and a rename; they were half the survivors' time in a
+        # 1,000-shard failover). A term or vote that never left needs no durability: a
+        # replica that crashes before the flush restarts as if it never saw it.
         voted = None if votedForNodeId is None else str(votedForNodeId)
-        if term == self._store.term and voted == self._store.voted_for:
+        if (term, voted) == self._vote():
             return
-        term_before, voted_before = self._store.term, self._store.voted_for
-        self._store.save_vote(term, voted)  # durable before pysyncobj sends anything
-        if self._events is not None:
-            if term != term_before:
-                self._events.emit("term", term=term)
-            if voted is not None and (term != term_before or voted != voted_before):
-                self._events.emit("vote", term=term, voted_for=voted)
+        assert term >= self._vote()[0], "term must never go backwards"
+        self._pending_vote = (term, voted)
 
     def getCurrentTerm(self) -> int:
-        return self._store.term
+        return self._vote()[0]
 
     def getVotedForNodeId(self) -> str | None:
-        return self._store.voted_for
+        return self._vote()[1]
 
     def onOneSecondTimer(self) -> None:
         return None
@@ -151,6 +154,34 @@ class StoreJournal(Journal):  # type: ignore[misc]
     @property
     def store(self) -> ShardStore:
         return self._store
+
+    def _vote(self) -> tuple[int, str | None]:
+        """(currentTerm, votedFor) as pysyncobj set them, durable or not yet."""
+        if self._pending_vote is not None:
+            return self._pending_vote
+        return self._store.term, self._store.voted_for
+
+    @property
+    def vote_pending(self) -> bool:
+        """A term or vote set that `flush_vote` has not made durable yet."""
+        return self._pending_vote is not None
+
+    def flush_vote(self) -> None:
+        """Make the term and vote pysyncobj last set durable (`store.save_vote`); the
+        transport calls it before sending anything (hole 1/2: a vote request or reply, or
+        any message of a new term, leaves only once its term and vote are durable)."""
+        pending = self._pending_vote
+        if pending is None:
+            return
+        term, voted = pending
+        term_before, voted_before = self._store.term, self._store.voted_for
+        self._store.save_vote(term, voted)
+        self._pending_vote = None
+        if self._events is not None:
+            if term != term_before:
+                self._events.emit("term", term=term)
+            if voted is not None and (term != term_before or voted != voted_before):
+                self._events.emit("vote", term=term, voted_for=voted)
 
     def entry(self, index: int) -> tuple[bytes, int, int]:
         found = self._memo.get(index)

@@ -334,6 +334,7 @@ class RaftNode:
             logs.bind_shard(shard)
         try:
             self._run_tick_calls()
+            raft.logsvc_before_events(monotonic_s())
             if self._poller is not None:
                 # Receive what the worker collected, sync and send the held replies, then
                 # run pysyncobj's tick (timers, commit check, applies) on it: the order of
@@ -345,6 +346,7 @@ class RaftNode:
             now_s = monotonic_s()
             self._messages_before = raft._logsvc_messages
             raft._logsvc_quiesce_before(now_s)
+            raft.logsvc_prevote_gate(monotonic_s())
             raft.doTick(wait_s)
             self._flush()  # one sync for the tick, then the held replies
             now_s = monotonic_s()

@@ -21,6 +21,8 @@ class _Journal(Protocol):
     @property
     def store(self) -> ShardStore: ...
 
+    def flush_vote(self) -> None: ...
+
 
 class TransportOwner(Protocol):
     """What the transport needs of its SyncObj (adapter.ShardRaft), so that this module
@@ -38,6 +40,10 @@ class TransportOwner(Protocol):
     def _logsvc_note_sent(self, node: Any) -> None: ...
 
     def _logsvc_on_connection(self, node: Any, up: bool) -> None: ...
+
+    def _logsvc_dial_failed(self, node: Any) -> None: ...
+
+    def logsvc_may_dial(self, node: Any) -> bool: ...
 
     def logsvc_is_connected(self, node: Any) -> bool: ...
 
@@ -86,6 +92,9 @@ class _DurableMixin(Transport):  # type: ignore[misc]
             if len(self._outbox) >= OUTBOX_MESSAGES_MAX:
                 self.flush()
             return True
+        # Not held (AppendEntries, our own messages...): still never ahead of the term and
+        # vote it was sent in (a no-op unless pysyncobj set them during this tick).
+        owner._logsvc_journal.flush_vote()
         return bool(super().send(node, message))
 
     def _onNodeConnected(self, node: Any) -> None:
@@ -109,7 +118,18 @@ class _DurableMixin(Transport):  # type: ignore[misc]
         # only a connection that was up is news.
         if owner.logsvc_is_connected(node):
             owner._logsvc_on_connection(node, up=False)
+        else:
+            owner._logsvc_dial_failed(node)
         super()._onNodeDisconnected(node)
+
+    def _connectIfNecessarySingle(self, node: Any) -> Any:
+        # pysyncobj (TCPTransport) dials a peer whose connection is down once per
+        # connectionRetryTime, from every replica: a dead node's peers are dialled by
+        # their node's liveness table instead, once per interval for all (liveness.py).
+        owner: TransportOwner = self._syncObj
+        if not owner.logsvc_is_connected(node) and not owner.logsvc_may_dial(node):
+            return False
+        return super()._connectIfNecessarySingle(node)
 
     def held(self) -> list[tuple[Any, dict[str, Any]]]:
         return self._outbox
@@ -118,6 +138,7 @@ class _DurableMixin(Transport):  # type: ignore[misc]
         """Sync the journal, then send what was held. Called after every tick."""
         owner: TransportOwner = self._syncObj
         failpoint("raft_before_flush_sync")
+        owner._logsvc_journal.flush_vote()  # the tick's term and vote, in one write
         owner._logsvc_journal.store.sync()
         outbox, self._outbox = self._outbox, []
         # pysyncobj sends a response_vote only to grant a vote (already durable, above).

@@ -207,6 +207,7 @@ class Simulation:
             self.nodes,
             options.clients,
             truncates=options.truncates and not options.lying_disk,
+            lying_disk=options.lying_disk,
         )
         self.observer = Observer(self.clock, {a: n for n, a in addresses.items()})
         self.network.after_delivery = lambda name: self.observer.after_tick(self.nodes[name])

@@ -1,0 +1,61 @@
+"""Pre-vote (Raft thesis §9.6): a replica asks before it stands, pure.
+
+Standing raises the term, and a higher term deposes a live leader wherever it arrives: a
+follower cut off from its leader alone (one link down, the others up) would otherwise stand
+again and again, each time forcing a healthy shard through an election it did not need. So
+a replica whose election timer fires first asks its peers `would you vote for me in term T
++ 1?`, changing nothing durable; it stands (pysyncobj's election, unchanged) only once a
+majority, itself included, said yes. A peer says yes only if the candidate's log is at
+least as up to date as its own, T + 1 is above its term, and it has no live leader itself
+(it is not leading, and the leader it follows is disconnected, on a lapsed node, or lost).
+
+Answers change nothing either: Raft's safety is untouched (terms and votes are
+pysyncobj's); only who gets to start an election is filtered. A peer that never answers
+(an older build without pre-vote) must not keep the shard leaderless: after
+`SILENT_ROUNDS_MAX` rounds in which nobody answered, the replica stands as plain Raft does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Rounds in a row without a single answer after which a replica stands without pre-vote.
+SILENT_ROUNDS_MAX = 2
+
+
+def grants(
+    *,
+    proposed_term: int,
+    candidate_last: tuple[int, int],
+    own_term: int,
+    own_last: tuple[int, int],
+    leading: bool,
+    leader_live: bool,
+) -> bool:
+    """Would this replica vote for the candidate in `proposed_term`? `*_last`: (term,
+    index) of the last log entry."""
+    return proposed_term > own_term and candidate_last >= own_last and not (leading or leader_live)
+
+
+@dataclass(slots=True)
+class PreVoteRound:
+    """One round of asking, for standing in `term`; `voters` counts the candidate."""
+
+    term: int
+    voters: int
+    granted: set[str] = field(default_factory=set)
+    answered: set[str] = field(default_factory=set)
+
+    @property
+    def won(self) -> bool:
+        return 2 * (len(self.granted) + 1) > self.voters
+
+    def on_answer(self, sender: str, term: int, granted: bool) -> bool:
+        """An answer; True the first time the round is won by it."""
+        if term != self.term:
+            return False  # an answer to an older round
+        was = self.won
+        self.answered.add(sender)
+        if granted:
+            self.granted.add(sender)
+        return self.won and not was

@@ -1,0 +1,330 @@
+"""Failover of many shards (issue 22): the survivors' standing order (logsvc/shard/standing.py),
+what a node's death costs the shards it did not lead, and the durable vote written once.
+
+Proves: every survivor computes the same order, different per shard, the first spread over
+the survivors; the first stands one election timeout minimum after the leader was last
+heard, the next a whole range later; a quiet leader stays quiet when a follower that agreed
+loses its connection (but still wakes without a live majority); a quiet shard's
+connections survive their first message after a silence longer than connection_timeout
+(pysyncobj checked the read timeout before reading it, and closed them); after a quiet
+leader is killed, its shard elects the first survivor in one term, and the voter writes its
+new term and vote once. Real replicas on loopback where pysyncobj is involved; waits are
+bounded polls.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from logsvc.shard import prevote, scheduler
+from logsvc.shard.liveness import NodeLiveness
+from logsvc.shard.quiescence import LeaderQuiescence, LeaderView, Mode, Peer
+from logsvc.shard.raft.adapter import ShardRaft
+from logsvc.shard.raft.config import FailReason, RaftConfig
+from logsvc.shard.raft.node import RaftNode
+from logsvc.shard.raft.patches import monotonic_s
+from logsvc.shard.standing import stand_at_s, standing_rank
+from logsvc.store import ShardStore
+from tests.unit.shard.raft_harness import (
+    LIMITS,
+    SECRET,
+    Cluster,
+    RecordingHandler,
+    free_ports,
+    wait_until,
+)
+
+# ------------------------------------------------------------------ the order (pure)
+
+
+def test_every_survivor_computes_the_same_order_and_each_has_its_own_place() -> None:
+    leader, survivors = "10.0.0.1:7001", ["10.0.0.2:7001", "10.0.0.3:7001"]
+    members = [leader, *survivors]
+    ranks = [standing_rank(leader, s, members) for s in survivors]
+    assert sorted(ranks) == [0, 1]
+    # The same whether the caller lists the leader or itself among the voters, and in any
+    # order: each survivor passes its peers, which include the lost leader.
+    for s in survivors:
+        peers = [m for m in reversed(members) if m != s]
+        assert standing_rank(leader, s, peers) == standing_rank(leader, s, members)
+
+
+def test_the_first_to_stand_is_spread_over_the_survivors() -> None:
+    firsts = {"a": 0, "b": 0}
+    for port in range(7000, 8000):  # each shard's replicas have their own ports
+        leader = f"127.0.0.1:{port}"
+        a, b = f"127.0.0.2:{port}", f"127.0.0.3:{port}"
+        first = a if standing_rank(leader, a, [leader, a, b]) == 0 else "b"
+        firsts["a" if first == a else "b"] += 1
+    assert 400 <= firsts["a"] <= 600, firsts
+
+
+def test_the_first_stands_after_the_minimum_the_next_a_range_later() -> None:
+    heard, now = 100.0, 100.2
+    first = stand_at_s(0, heard, now, 1.0, 2.5, jitter=0.0)
+    second = stand_at_s(1, heard, now, 1.0, 2.5, jitter=0.999)
+    assert first == pytest.approx(101.0)
+    assert second == pytest.approx(102.5 + 0.999 * 1.5 / 4)
+    assert stand_at_s(0, heard, now, 1.0, 2.5, jitter=0.999) < stand_at_s(
+        1, heard, now, 1.0, 2.5, 0.0
+    )
+    # Learned late (a lapse noticed after the minimum): never in the past.
+    assert stand_at_s(0, heard, 103.0, 1.0, 2.5, jitter=0.0) == pytest.approx(103.0)
+
+
+# ------------------------------------------------------------------ a quiet leader (pure)
+
+
+def _quiet_leader(peers: tuple[Peer, ...]) -> LeaderQuiescence:
+    leader = LeaderQuiescence(quiesce_after_s=1.0, resend_s=0.5)
+    view = LeaderView(3, 10, 3, 10, 10, False, peers)
+    leader.observe(view, 0.0)
+    _, request = leader.observe(view, 1.5)
+    assert request is not None
+    for address in request.targets:
+        leader.on_ack(address, request.term, request.seq, True, 1.6)
+    assert leader.mode is Mode.QUIET
+    return leader
+
+
+def test_a_quiet_leader_stays_quiet_when_an_agreed_follower_disconnects() -> None:
+    b, c = Peer("b", 10, True, True), Peer("c", 10, True, True)
+    leader = _quiet_leader((b, c))
+    gone = dataclasses.replace(c, connected=False)
+    assert leader.observe(LeaderView(3, 10, 3, 10, 10, False, (b, gone)), 2.0) == (False, None)
+    assert leader.mode is Mode.QUIET
+    # Without a live majority it still wakes (and so steps down once it finds no one).
+    lapsed = (dataclasses.replace(b, alive=False), dataclasses.replace(gone, alive=False))
+    woke, _ = leader.observe(LeaderView(3, 10, 3, 10, 10, False, lapsed), 2.1)
+    assert woke
+    assert not leader.quiet
+
+
+# ------------------------------------------------------------------ real replicas
+
+QUIET_CONFIG = {
+    "quiesce_after_ms": 200,
+    "connection_timeout_ms": 1000,  # pysyncobj: at least the election timeout max
+}
+
+
+def _await_all(condition: Callable[[], bool], what: str) -> None:
+    wait_until(condition, what, seconds=30.0)
+
+
+def test_a_quiet_connection_survives_its_first_message_after_a_long_silence(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three nodes (a scheduler each, as a node process has) hosting four shards: the
+    `alive` messages ride on one shard's connections per peer node, so the others read
+    nothing while quiet. Woken by a proposal after 2 x connection_timeout, every shard
+    commits in its term, with its leader: no connection closed under its first message."""
+    closed: list[str] = []
+    on_connection = ShardRaft._logsvc_on_connection
+
+    def recording(raft: ShardRaft, node: object, up: bool) -> None:
+        if not up:
+            closed.append(f"{raft._logsvc_self_address} -> {getattr(node, 'id', node)}")
+        on_connection(raft, node, up)
+
+    monkeypatch.setattr(ShardRaft, "_logsvc_on_connection", recording)
+    nodes = ["n1", "n2", "n3"]
+    shards = 4
+    ports = free_ports(len(nodes) * shards)
+    address = {
+        (n, s): f"127.0.0.1:{ports[i * shards + s]}"
+        for i, n in enumerate(nodes)
+        for s in range(shards)
+    }
+    node_of_address = {a: n for (n, _), a in address.items()}
+    now = monotonic_s()
+    scheds = {
+        n: scheduler.RaftScheduler(
+            # A node's heartbeat interval; a longer lapse than a node's (1 s) so that a
+            # worker starved on a loaded machine does not lapse a live node (a lapsed
+            # node's connections are left to pysyncobj's read timeout, as they should).
+            NodeLiveness(n, interval_s=0.1, lapse_s=2.0, now_s=now),
+            lambda a: node_of_address.get(a, a),
+            workers=1,
+            reconnect_s=1.0,
+            clock=monotonic_s,
+        )
+        for n in nodes
+    }
+    replicas: dict[tuple[str, int], RaftNode] = {}
+    stores: list[ShardStore] = []
+    try:
+        for sched in scheds.values():
+            sched.start()
+        for (n, s), own in address.items():
+            path = tmp_path / n / str(s)
+            os.makedirs(path)
+            store = ShardStore.open(str(path / "journal"), limits=LIMITS)
+            stores.append(store)
+            config = RaftConfig(
+                self_address=own,
+                peers=tuple(address[(m, s)] for m in nodes if m != n),
+                secret=SECRET,
+                snapshot_path=str(path / "snapshot"),
+                election_timeout_ms_min=1000,
+                election_timeout_ms_max=2500,
+                heartbeat_ms=100,
+                leader_fallback_ms=5000,
+                quiesce_after_ms=QUIET_CONFIG["quiesce_after_ms"],
+                connection_timeout_ms=2500,
+            )
+            replicas[(n, s)] = RaftNode(config, store, RecordingHandler(), raft_scheduler=scheds[n])
+            replicas[(n, s)].start()
+
+        def leaders() -> dict[int, RaftNode]:
+            return {s: r for (_, s), r in replicas.items() if r.is_leader}
+
+        _await_all(lambda: len(leaders()) == shards, "a leader in every shard")
+        for leader in leaders().values():
+            _propose(leader, b"first")
+        _await_all(lambda: all(r.quiet for r in replicas.values()), "every replica quiet")
+        before = {s: (r.self_address, r.term) for s, r in leaders().items()}
+        silent_until = time.monotonic() + 2 * 2.5
+        _await_all(lambda: time.monotonic() > silent_until, "2 x connection_timeout of quiet")
+        assert all(r.quiet for r in replicas.values())
+        assert closed == []
+
+        for leader_address, _ in before.values():
+            leader = next(r for r in replicas.values() if r.self_address == leader_address)
+            _propose(leader, b"second")
+        assert closed == [], "connections closed under their first message"
+        after = {s: (r.self_address, r.term) for s, r in leaders().items()}
+        assert after == before, "a shard changed leader or term when woken"
+    finally:
+        for replica in replicas.values():
+            replica.stop()
+        for sched in scheds.values():
+            sched.close()
+        for store in stores:
+            store.close()
+
+
+def _propose(leader: RaftNode, command: bytes) -> None:
+    done = threading.Event()
+    outcome: list[int] = []
+
+    def callback(_result: object, reason: int) -> None:
+        outcome.append(reason)
+        done.set()
+
+    leader.propose(command, callback)
+    assert done.wait(20.0), "no outcome for a proposal"
+    assert outcome == [FailReason.SUCCESS]
+
+
+def test_a_quiet_shard_elects_its_first_survivor_in_one_term_and_votes_are_written_once(
+    tmp_path: Path,
+) -> None:
+    cluster = Cluster(str(tmp_path), raft_overrides=dict(QUIET_CONFIG))
+    saves: dict[str, list[tuple[int, str | None]]] = {}
+    try:
+        cluster.start_all()
+        cluster.propose([b"one"])
+        _await_all(
+            lambda: all(r.node is not None and r.node.quiet for r in cluster.replicas),
+            "every replica quiet",
+        )
+        old = cluster.leader()
+        assert old.node is not None
+        term = old.node.term
+        survivors = [r for r in cluster.replicas if r is not old]
+        for replica in survivors:
+            assert replica.store is not None
+            saves[replica.address] = []
+            _record_saves(replica.store, saves[replica.address])
+        members = [r.address for r in cluster.replicas]
+        first = next(r for r in survivors if standing_rank(old.address, r.address, members) == 0)
+        cluster.kill(old)
+        new = cluster.leader()
+        assert new is first
+        assert new.node is not None and new.node.term == term + 1
+        voter = next(r for r in survivors if r is not first)
+        # The voter learned the new term from the vote request and voted in the same tick:
+        # one durable write (pysyncobj sets "term, no vote" then "voted for"; each was one).
+        assert [v for v in saves[voter.address] if v[0] == term + 1] == [(term + 1, first.address)]
+        assert saves[first.address][0] == (term + 1, first.address)
+    finally:
+        cluster.close()
+
+
+def _record_saves(store: ShardStore, into: list[tuple[int, str | None]]) -> None:
+    save_vote = store.save_vote
+
+    def recording(term: int, voted_for: str | None) -> None:
+        into.append((term, voted_for))
+        save_vote(term, voted_for)
+
+    store.save_vote = recording  # type: ignore[method-assign]
+
+
+# ------------------------------------------------------------------ dials to a dead node
+
+
+def test_dials_to_a_node_that_refused_are_one_per_interval_for_all_until_it_is_heard() -> None:
+    liveness = NodeLiveness("n1", interval_s=0.1, lapse_s=1.0, now_s=0.0)
+    liveness.heard("n2", 0.5)
+    assert all(liveness.may_dial("n2", 1.0, retry_s=1.0) for _ in range(3))  # not failed
+    liveness.dial_failed("n2", 1.0)
+    assert liveness.unreachable("n2")
+    asked = [liveness.may_dial("n2", 1.0 + i * 0.01, retry_s=1.0) for i in range(50)]
+    assert asked == [True] + [False] * 49  # the first replica to ask dials for all
+    assert liveness.may_dial("n2", 2.01, retry_s=1.0)  # the next interval
+    assert not liveness.may_dial("n2", 2.02, retry_s=1.0)
+    liveness.heard("n2", 2.5)  # the dial got through: messages flow
+    assert not liveness.unreachable("n2")
+    assert all(liveness.may_dial("n2", 2.6, retry_s=1.0) for _ in range(3))
+
+
+# ------------------------------------------------------------------ pre-vote (pure)
+
+
+@pytest.mark.parametrize(
+    ("case", "changes", "granted"),
+    [
+        ("no leader, log as long", {}, True),
+        ("a live leader", {"leader_live": True}, False),
+        ("leading itself", {"leading": True}, False),
+        ("the candidate's log behind", {"candidate_last": (3, 9)}, False),
+        ("the candidate's last term older", {"candidate_last": (2, 50)}, False),
+        ("the candidate's log ahead", {"candidate_last": (4, 1)}, True),
+        ("not above our term", {"proposed_term": 5}, False),
+    ],
+)
+def test_when_a_peer_grants_a_pre_vote(
+    case: str, changes: dict[str, object], granted: bool
+) -> None:
+    arguments: dict[str, object] = {
+        "proposed_term": 6,
+        "candidate_last": (3, 10),
+        "own_term": 5,
+        "own_last": (3, 10),
+        "leading": False,
+        "leader_live": False,
+    }
+    arguments.update(changes)
+    assert prevote.grants(**arguments) is granted, case  # type: ignore[arg-type]
+
+
+def test_a_pre_vote_round_is_won_by_a_majority_counting_the_candidate() -> None:
+    three = prevote.PreVoteRound(term=6, voters=3)
+    assert not three.on_answer("b", 5, True)  # an answer to an older round
+    assert not three.on_answer("b", 6, False)
+    assert three.answered == {"b"}
+    assert three.on_answer("c", 6, True)  # itself and c: two of three
+    assert not three.on_answer("c", 6, True)  # won once
+    five = prevote.PreVoteRound(term=6, voters=5)
+    assert not five.on_answer("b", 6, True)
+    assert five.on_answer("c", 6, True)
+    assert prevote.PreVoteRound(term=2, voters=1).won  # a group of one
