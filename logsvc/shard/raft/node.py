@@ -382,6 +382,9 @@ class RaftNode:
         if self._poller is None or self._scheduler is None:
             raft.logsvc_flush()
             return
+        # A term or vote set this tick is durable before anything of it is synced or sent:
+        # a lone replica sends nothing, and its own appends go to the syncer below.
+        self._journal.flush_vote()
         if raft.logsvc_holds_replies():
             store = self._journal.store
             if not store.shares_journal or not self._scheduler.defer_to_round_end(
