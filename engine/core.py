@@ -18,7 +18,7 @@ import asyncio
 import collections
 import contextlib
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from engine import limits, time_travel
@@ -29,12 +29,11 @@ from engine.checkpoint.runner import Checkpointer
 from engine.clock import HybridClock
 from engine.conflicts import ConflictIndex
 from engine.errors import BadInput, EngineClosed, WalFailed
-from engine.load_scope import LoadScope
+from engine.load_scope import LoadsBlocks
 from engine.logtail import LogtailBuffer, TailEntry
 from engine.maintenance import BlockStore, Maintenance
 from engine.pipeline import CommitPipeline
 from engine.state import EngineState
-from engine.storage import PersistedBlock
 from engine.storage.loader import BlockLoader
 from engine.txn import Transaction
 from engine.waiter import CommitWaiter
@@ -42,7 +41,7 @@ from tae_driver import Driver, LogBackend, open_driver
 from tae_driver.driver import ReplaySummary
 
 
-class EngineCore:
+class EngineCore(LoadsBlocks):
     """The engine's state (`Engine` builds it; see engine/engine.py)."""
 
     def __init__(
@@ -194,16 +193,6 @@ class EngineCore:
         """A replay skips the entries the restored checkpoint holds without decoding them
         (engine/replay.py): under a history window the WAL kept below it is long."""
         return self._checkpointer is not None and self._checkpointer.history_retention_ms > 0
-
-    def loaded(
-        self,
-        blocks: Sequence[PersistedBlock],
-        *,
-        keys: bool | str = False,
-        columns: Sequence[str] | None = None,
-        whole_objects: bool = False,
-    ) -> LoadScope:
-        return LoadScope(self._loader, blocks, keys, columns, whole_objects)
 
     def txn_ended(self, txn: Transaction) -> None:
         self._open_txns.discard(txn)

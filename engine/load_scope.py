@@ -69,3 +69,20 @@ class LoadScope:
         if self._pinned is not None:
             self._pinned.release()
             self._pinned = None
+
+
+class LoadsBlocks:
+    """`TxnHost.loaded` for a host that reads blocks through `_loader` (the engine, a compute
+    node, a historical view): one definition instead of one per host."""
+
+    _loader: BlockLoader | None
+
+    def loaded(
+        self,
+        blocks: Sequence[PersistedBlock],
+        *,
+        keys: bool | str = False,
+        columns: Sequence[str] | None = None,
+        whole_objects: bool = False,
+    ) -> LoadScope:
+        return LoadScope(self._loader, blocks, keys, columns, whole_objects)

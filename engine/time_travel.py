@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Protocol
 
 from engine import limits
@@ -39,11 +39,10 @@ from engine.errors import (
     WalCorruption,
 )
 from engine.limits import TxnLimits
-from engine.load_scope import LoadScope
+from engine.load_scope import LoadsBlocks
 from engine.objects.errors import ObjectsError
 from engine.pipeline import CommitPipeline
 from engine.state import ApplyError, EngineState
-from engine.storage import PersistedBlock
 from engine.storage.loader import BlockLoader
 from engine.txn import Transaction, TxnState
 from engine.waiter import CommitWaiter
@@ -264,7 +263,7 @@ class _Reached(Exception):
     """The replay passed the snapshot's timestamp: stop reading."""
 
 
-class HistoricalView:
+class HistoricalView(LoadsBlocks):
     """The committed state at a timestamp below the engine's in-memory floor, as a
     read-only host for `Transaction` (engine/txn.py `TxnHost`): its reads share the
     engine's object store and cache; it never commits a write."""
@@ -283,16 +282,6 @@ class HistoricalView:
     @property
     def spill_writer(self) -> None:
         return None  # read-only: nothing is ever written
-
-    def loaded(
-        self,
-        blocks: Sequence[PersistedBlock],
-        *,
-        keys: bool | str = False,
-        columns: Sequence[str] | None = None,
-        whole_objects: bool = False,
-    ) -> LoadScope:
-        return LoadScope(self._loader, blocks, keys, columns, whole_objects)
 
     async def commit_txn(self, txn: Transaction) -> None:
         # Its transactions are read-only snapshots: every write raised, the plan is empty.

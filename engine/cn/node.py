@@ -25,7 +25,7 @@ import contextlib
 import datetime
 import uuid
 import weakref
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable
 
 import pyarrow as pa
 
@@ -38,13 +38,12 @@ from engine.checkpoint.layout import Manifest
 from engine.clock import TS_MAX
 from engine.cn.port import TNPort
 from engine.errors import BadInput, EngineClosed, Overloaded, SnapshotUnavailable
-from engine.load_scope import LoadScope
+from engine.load_scope import LoadsBlocks
 from engine.logtail import LogtailUnavailable, TailEntry
 from engine.objects.errors import ObjectNotFound
 from engine.objects.store import ObjectStore
 from engine.schema import Schema
 from engine.state import ApplyError, EngineState
-from engine.storage import PersistedBlock
 from engine.tn import limits as tn_limits
 from engine.txn import TableHandle, Transaction, TransactionScope, TxnState
 from engine.wal.codec import decode_entry
@@ -132,7 +131,7 @@ class CheckpointRetired(Exception):
     (a newer one exists). The pull asks again; never leaves `_pull_to`."""
 
 
-class ComputeNode:
+class ComputeNode(LoadsBlocks):
     def __init__(
         self,
         port: TNPort,
@@ -195,16 +194,6 @@ class ComputeNode:
     def check_not_closed(self) -> None:
         if self._closed:
             raise EngineClosed("compute node is closed")
-
-    def loaded(
-        self,
-        blocks: Sequence[PersistedBlock],
-        *,
-        keys: bool | str = False,
-        columns: Sequence[str] | None = None,
-        whole_objects: bool = False,
-    ) -> LoadScope:
-        return LoadScope(self._loader, blocks, keys, columns, whole_objects)
 
     def txn_ended(self, txn: Transaction) -> None:
         self._open_txns.discard(txn)
