@@ -18,8 +18,6 @@ a key range past `SQL_DIRECT_ROWS_MAX` is streamed.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable, Coroutine
 from typing import Any
 
 import duckdb
@@ -31,45 +29,10 @@ from hypothesis import strategies as st
 from engine import limits, sql
 from engine.engine import Engine
 from engine.errors import SqlError
-from engine.objects.store import MemoryObjectStore
-from engine.schema import Column, Schema
 from engine.txn import Transaction
-from tae_driver.backends.memory import MemoryBackend
 
-SCHEMA = Schema(
-    [
-        Column("id", "int64"),
-        Column("a", "int32", nullable=True),
-        Column("f", "float64", nullable=True),
-        Column("s", "string", nullable=True),
-    ],
-    primary_key=["id"],
-)
-
-
-def run(test: Callable[[], Coroutine[Any, Any, None]]) -> None:
-    asyncio.run(test())
-
-
-def rows(ids: list[int], seed: int) -> pa.Table:
-    a = [None if (i + seed) % 5 == 0 else (i * 7 + seed) % 20 - 5 for i in ids]
-    f = [None if (i + seed) % 7 == 0 else ((i * 3 + seed) % 13) / 2 - 2 for i in ids]
-    s = [None if (i + seed) % 4 == 0 else f"s{(i + seed) % 6}" for i in ids]
-    return pa.table({"id": ids, "a": a, "f": f, "s": s}, schema=SCHEMA.to_arrow())
-
-
-async def open_engine(**options: Any) -> Engine:
-    eng = await Engine.open("unused", MemoryBackend(), objects=MemoryObjectStore(), **options)
-    async with eng.transaction() as txn:
-        await txn.create_database("shop")
-        await txn.create_table("shop", "t", SCHEMA)
-    return eng
-
-
-async def settle(eng: Engine) -> None:
-    maintenance = eng.maintenance
-    assert maintenance is not None
-    await maintenance.settle(freeze_all=True, rounds_max=10_000)
+# The table and helpers the streamed path's tests use: both paths read the same data.
+from tests.unit.engine.test_sql import open_engine, rows, run, settle
 
 
 async def apply(eng: Engine, step: tuple[str, int, int, int]) -> None:
