@@ -26,10 +26,12 @@ same way before and after. Linux only (/proc), as the benchmarks are.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 PERCENTILE_DIGITS = 3
 """Decimal places of a percentile: microseconds for samples in ms, milliseconds in s."""
@@ -97,3 +99,100 @@ def reaped_children_cpu_s() -> float:
     waited for (and of their reaped descendants): what /proc can no longer tell."""
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
+
+
+# ---------------------------------------------------------------------------- a quiet machine
+# A benchmark that compares us with a peer measures both on a machine nobody else is using:
+# it waits until the machine is idle before a measurement and tells how much CPU others used
+# during it (logsvc/bench/peers.py).
+
+IDLE_WAIT_S_MAX = 30.0
+IDLE_WINDOW_S = 0.5
+IDLE_WINDOWS_NEEDED = 4  # 2 s quiet in a row
+IDLE_BUSY_MAX = 0.15  # fraction of all cores' time
+
+
+def cpu_times(stat_text: str) -> tuple[int, int]:
+    """(busy, total) jiffies from the aggregate `cpu` line of /proc/stat.
+
+    Busy is user + nice + system + steal: time charged to processes (or taken by the
+    host). irq and softirq are left out of busy, since loopback traffic is handled there
+    and is not charged to any process, so it would pass for someone else's CPU."""
+    for line in stat_text.splitlines():
+        fields = line.split()
+        if fields and fields[0] == "cpu":
+            values = [int(v) for v in fields[1:9]] + [0] * max(0, 9 - len(fields))
+            user, nice, system, _idle, _iowait, _irq, _softirq, steal = values[:8]
+            total = sum(values[:8])  # guest time is already counted in user
+            return user + nice + system + steal, total
+    raise ValueError("no aggregate cpu line in /proc/stat")
+
+
+def busy_fraction(before: tuple[int, int], after: tuple[int, int]) -> float:
+    busy = after[0] - before[0]
+    total = after[1] - before[1]
+    return busy / total if total > 0 else 0.0
+
+
+def read_cpu_times() -> tuple[int, int]:
+    with open("/proc/stat") as f:
+        return cpu_times(f.read())
+
+
+def wait_for_idle(
+    max_wait_s: float = IDLE_WAIT_S_MAX, busy_max: float = IDLE_BUSY_MAX
+) -> tuple[bool, float]:
+    """Wait until the machine is idle-ish (IDLE_WINDOWS_NEEDED quiet windows in a row).
+
+    Returns (settled, last busy fraction); never waits longer than max_wait_s."""
+    deadline = time.monotonic() + max_wait_s
+    quiet = 0
+    busy = 1.0
+    previous = read_cpu_times()
+    while time.monotonic() < deadline:
+        time.sleep(IDLE_WINDOW_S)
+        current = read_cpu_times()
+        busy = busy_fraction(previous, current)
+        previous = current
+        quiet = quiet + 1 if busy <= busy_max else 0
+        if quiet >= IDLE_WINDOWS_NEEDED:
+            return True, busy
+    return False, busy
+
+
+@dataclass(frozen=True, slots=True)
+class CpuSnapshot:
+    wall_s: float
+    machine_busy_s: float  # all processes, all cores
+    own_s: float  # this process and its reaped children (the clusters it started)
+
+
+def cpu_snapshot() -> CpuSnapshot:
+    busy, _ = read_cpu_times()
+    own = own_cpu_s() + reaped_children_cpu_s()
+    return CpuSnapshot(time.monotonic(), busy / os.sysconf("SC_CLK_TCK"), own)
+
+
+def foreign_fraction(before: CpuSnapshot, after: CpuSnapshot, cores: int) -> float:
+    """Share of the machine's CPU used by processes other than ours between two snapshots
+    (taken around a whole measurement, after its servers were stopped and reaped)."""
+    wall = after.wall_s - before.wall_s
+    if wall <= 0 or cores <= 0:
+        return 0.0
+    others = (after.machine_busy_s - before.machine_busy_s) - (after.own_s - before.own_s)
+    return max(0.0, others / (wall * cores))
+
+
+def filesystem_of(path: str) -> str:
+    """The type of the filesystem holding path (so a reader sees fsync is real)."""
+    best, kind = "", "?"
+    real = os.path.realpath(path)
+    with contextlib.suppress(OSError), open("/proc/mounts") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) >= 3:
+                mount = parts[1]
+                inside = real == mount or real.startswith(mount.rstrip("/") + "/")
+                if inside and len(mount) >= len(best):
+                    best, kind = mount, parts[2]
+    return kind

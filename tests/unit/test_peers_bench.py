@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from logsvc.bench import peers
+from logsvc.bench import measure, peer_install, peer_servers, peers
 
 PORTS_6 = [20001, 20002, 20003, 20004, 20005, 20006]
 PORTS_9 = [30001, 30002, 30003, 30004, 30005, 30006, 30007, 30008, 30009]
@@ -93,7 +93,7 @@ def test_bad_arguments_exit_2_naming_the_option(
 
 
 def test_etcd_members_get_distinct_loopback_ports() -> None:
-    members = peers.etcd_members(PORTS_6)
+    members = peer_servers.etcd_members(PORTS_6)
     assert [m.name for m in members] == ["e1", "e2", "e3"]
     ports = [p for m in members for p in (m.client_port, m.peer_port)]
     assert sorted(ports) == PORTS_6
@@ -101,8 +101,8 @@ def test_etcd_members_get_distinct_loopback_ports() -> None:
 
 
 def test_etcd_command_names_all_three_members_and_stays_durable() -> None:
-    members = peers.etcd_members(PORTS_6)
-    cmd = peers.etcd_command("/usr/bin/etcd", members[1], members, "/w/e2", "tok")
+    members = peer_servers.etcd_members(PORTS_6)
+    cmd = peer_servers.etcd_command("/usr/bin/etcd", members[1], members, "/w/e2", "tok")
     assert cmd[0] == "/usr/bin/etcd"
     flags = dict(zip(cmd[1::2], cmd[2::2], strict=True))
     assert flags["--name"] == "e2"
@@ -123,18 +123,18 @@ def test_etcd_command_names_all_three_members_and_stays_durable() -> None:
 
 def test_apt_candidate() -> None:
     policy = "etcd-server:\n  Installed: (none)\n  Candidate: 3.4.23-4+b4\n  Version table:\n"
-    assert peers.parse_apt_candidate(policy) == "3.4.23-4+b4"
-    assert peers.parse_apt_candidate("x:\n  Candidate: (none)\n") is None
-    assert peers.parse_apt_candidate("") is None
+    assert peer_install.parse_apt_candidate(policy) == "3.4.23-4+b4"
+    assert peer_install.parse_apt_candidate("x:\n  Candidate: (none)\n") is None
+    assert peer_install.parse_apt_candidate("") is None
 
 
 # ---------------------------------------------------------------- nats
 
 
 def test_nats_config_is_durable_clustered_and_loopback_only() -> None:
-    nodes = peers.nats_nodes(PORTS_9)
+    nodes = peer_servers.nats_nodes(PORTS_9)
     assert [n.name for n in nodes] == ["n1", "n2", "n3"]
-    text = peers.nats_config(nodes[0], nodes, "/w/n1")
+    text = peer_servers.nats_config(nodes[0], nodes, "/w/n1")
     lines = [line.strip() for line in text.splitlines()]
     assert "sync_interval: always" in lines
     assert 'store_dir: "/w/n1"' in lines
@@ -152,65 +152,66 @@ def test_nats_config_is_durable_clustered_and_loopback_only() -> None:
 
 
 def test_nats_stream_is_file_storage_r3() -> None:
-    params = peers.nats_stream_params()
+    params = peer_servers.nats_stream_params()
     assert params["storage"] == "file"
     assert params["num_replicas"] == 3
-    assert params["name"] == peers.NATS_STREAM
-    assert params["subjects"] == [peers.NATS_SUBJECT]
+    assert params["name"] == peer_servers.NATS_STREAM
+    assert params["subjects"] == [peer_servers.NATS_SUBJECT]
 
 
 def test_versions() -> None:
-    assert peers.parse_version("nats-server: v2.15.1") == (2, 15, 1)
-    debian = peers.parse_version("nats-server: v2.9.10")  # Debian's: no sync_interval
+    assert peer_install.parse_version("nats-server: v2.15.1") == (2, 15, 1)
+    debian = peer_install.parse_version("nats-server: v2.9.10")  # Debian's: no sync_interval
     assert debian == (2, 9, 10)
-    assert debian < peers.NATS_SERVER_VERSION_MIN
-    assert peers.parse_version("no version") is None
+    assert debian < peer_install.NATS_SERVER_VERSION_MIN
+    assert peer_install.parse_version("no version") is None
 
 
 def test_pip_uses_this_interpreter_and_installs_into_the_peers_dir(tmp_path: Path) -> None:
-    cmd = peers.pip_install_command(["nats-py==2.16.0"], str(tmp_path))
+    cmd = peer_install.pip_install_command(["nats-py==2.16.0"], str(tmp_path))
     assert cmd[:4] == [sys.executable, "-m", "pip", "install"]
     assert cmd[cmd.index("--target") + 1] == str(tmp_path)  # never the interpreter's env
     assert cmd[-1] == "nats-py==2.16.0"
     # The default directory is outside any virtualenv (the project's .venv stays exactly
     # its lock file), and one per Python version.
-    assert not os.path.abspath(peers.PEERS_DIR_DEFAULT).startswith(sys.prefix + os.sep)
-    assert f"py{sys.version_info.major}.{sys.version_info.minor}" in peers.PEERS_DIR_DEFAULT
+    assert not os.path.abspath(peer_install.PEERS_DIR_DEFAULT).startswith(sys.prefix + os.sep)
+    assert f"py{sys.version_info.major}.{sys.version_info.minor}" in peer_install.PEERS_DIR_DEFAULT
     before = list(sys.path)
     try:
-        where = peers.use_peers_dir(str(tmp_path / "peers"))
+        where = peer_install.use_peers_dir(str(tmp_path / "peers"))
         assert sys.path[0] == where and os.path.isdir(where)
-        peers.use_peers_dir(where)
+        peer_install.use_peers_dir(where)
         assert sys.path.count(where) == 1
     finally:
         sys.path[:] = before
-    assert all("==" in pin for pin in (peers.NATS_SERVER_PIN, peers.NATS_PY_PIN, peers.AIOHTTP_PIN))
-    assert all("==" in pin for pin in peers.AETCD_PINS)
+    pins = (peer_install.NATS_SERVER_PIN, peer_install.NATS_PY_PIN, peer_install.AIOHTTP_PIN)
+    assert all("==" in pin for pin in pins)
+    assert all("==" in pin for pin in peer_install.AETCD_PINS)
 
 
 # ---------------------------------------------------------------- measuring
 
 
 def test_cpu_times_and_busy_fraction() -> None:
-    before = peers.cpu_times("cpu  100 0 100 700 100 0 0 0 0 0\ncpu0 1 2 3 4\n")
-    after = peers.cpu_times("intr 5\ncpu  150 0 150 1500 100 0 0 0 0 0\n")
+    before = measure.cpu_times("cpu  100 0 100 700 100 0 0 0 0 0\ncpu0 1 2 3 4\n")
+    after = measure.cpu_times("intr 5\ncpu  150 0 150 1500 100 0 0 0 0 0\n")
     assert before == (200, 1000)
     assert after == (300, 1900)
-    assert peers.busy_fraction(before, after) == pytest.approx(100 / 900)
-    assert peers.busy_fraction(after, after) == 0.0
+    assert measure.busy_fraction(before, after) == pytest.approx(100 / 900)
+    assert measure.busy_fraction(after, after) == 0.0
     # irq and softirq (loopback traffic) count as neither busy nor idle; steal is busy
-    assert peers.cpu_times("cpu  10 1 20 500 5 7 9 3 0 0\n") == (34, 555)
+    assert measure.cpu_times("cpu  10 1 20 500 5 7 9 3 0 0\n") == (34, 555)
     with pytest.raises(ValueError):
-        peers.cpu_times("cpu0 1 2 3 4\n")
+        measure.cpu_times("cpu0 1 2 3 4\n")
 
 
 def test_foreign_cpu_is_machine_busy_minus_our_own() -> None:
-    before = peers.CpuSnapshot(wall_s=100.0, machine_busy_s=50.0, own_s=10.0)
-    after = peers.CpuSnapshot(wall_s=110.0, machine_busy_s=62.0, own_s=20.0)
-    assert peers.foreign_fraction(before, after, 2) == pytest.approx(2.0 / 20.0)
-    quiet = peers.CpuSnapshot(wall_s=110.0, machine_busy_s=59.0, own_s=20.0)
-    assert peers.foreign_fraction(before, quiet, 2) == 0.0  # never negative
-    assert peers.foreign_fraction(before, before, 2) == 0.0
+    before = measure.CpuSnapshot(wall_s=100.0, machine_busy_s=50.0, own_s=10.0)
+    after = measure.CpuSnapshot(wall_s=110.0, machine_busy_s=62.0, own_s=20.0)
+    assert measure.foreign_fraction(before, after, 2) == pytest.approx(2.0 / 20.0)
+    quiet = measure.CpuSnapshot(wall_s=110.0, machine_busy_s=59.0, own_s=20.0)
+    assert measure.foreign_fraction(before, quiet, 2) == 0.0  # never negative
+    assert measure.foreign_fraction(before, before, 2) == 0.0
 
 
 def test_closed_loop_counts_ops_latencies_and_errors() -> None:
@@ -282,7 +283,7 @@ def test_a_system_that_cannot_be_had_is_a_skipped_row_and_exit_1(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     def no_etcd(system: str, opts: peers.Options) -> peers.Prepared:
-        raise peers.Skip("`apt-get install -y etcd-server` exited 100: E: Unable to locate")
+        raise peer_install.Skip("`apt-get install -y etcd-server` exited 100: E: Unable to locate")
 
     def never(*args: object) -> peers.Result:
         raise AssertionError("nothing is measured for a skipped system")
