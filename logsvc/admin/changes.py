@@ -29,7 +29,7 @@ from logsvc.admin.errors import AlreadyAReplica, ChangeRefused, NotAReplica, Unk
 from logsvc.config import REPLICA_COUNTS
 
 if TYPE_CHECKING:
-    from logsvc.admin.port import ShardStatus
+    from logsvc.admin.status import ShardStatus
 
 # A follower within this many Raft entries of the leader's log counts as caught up (the
 # `caught_up` of a shard's status): a healthy follower under load trails by the entries in

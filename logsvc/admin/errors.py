@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:
-    from logsvc.admin.port import NodeRef
+    from logsvc.admin.status import NodeRef
 
 
 class AdminError(Exception):

@@ -32,7 +32,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from logsvc.admin.limits import DEFAULT_ADMIN_LIMITS, AdminLimits
-from logsvc.admin.port import EXPOSITION_CONTENT_TYPE, ShardStatus
+from logsvc.admin.port import EXPOSITION_CONTENT_TYPE
+from logsvc.admin.status import ShardStatus
 from logsvc.store import StoreStats
 
 assert EXPOSITION_CONTENT_TYPE == CONTENT_TYPE_PLAIN_0_0_4, "generate_latest's format"

@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from logsvc.admin.port import ShardStatus
+from logsvc.admin.status import ShardStatus
 
 REPLICA_FAILED = "replica_failed"
 NO_LEADER = "no_leader"

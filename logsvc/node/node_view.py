@@ -33,7 +33,7 @@ from typing import Any, Final
 
 from logsvc.admin import changes, errors
 from logsvc.admin.metrics import Metrics
-from logsvc.admin.port import ClusterInfo, NodeRef, ReplicaStatus, ShardPlacement, ShardStatus
+from logsvc.admin.status import ClusterInfo, NodeRef, ReplicaStatus, ShardPlacement, ShardStatus
 from logsvc.config import NodeConfig
 from logsvc.node import peer_admin
 from logsvc.node.hosting import ShardHosting

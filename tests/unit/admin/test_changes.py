@@ -15,7 +15,8 @@ import pytest
 
 from logsvc.admin import changes
 from logsvc.admin.errors import AlreadyAReplica, ChangeRefused, NotAReplica, UnknownNode
-from logsvc.admin.port import ReplicaStatus, ShardStatus, example_view
+from logsvc.admin.port import example_view
+from logsvc.admin.status import ReplicaStatus, ShardStatus
 
 NODES = ("n1", "n2", "n3", "n4", "n5", "n6", "n7")
 

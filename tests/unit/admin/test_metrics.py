@@ -19,7 +19,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from logsvc.admin.limits import AdminLimits
 from logsvc.admin.metrics import Metrics
-from logsvc.admin.port import ReplicaStatus, ShardStatus, example_view
+from logsvc.admin.port import example_view
+from logsvc.admin.status import ReplicaStatus, ShardStatus
 from logsvc.store import StoreStats
 from logsvc.store.recovery import RecoveryReport
 

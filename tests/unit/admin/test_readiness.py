@@ -19,7 +19,8 @@ from logsvc.admin import readiness
 from logsvc.admin.app import create_app
 from logsvc.admin.errors import Unavailable
 from logsvc.admin.limits import DEFAULT_ADMIN_LIMITS, AdminLimits
-from logsvc.admin.port import FakeNodeView, ShardStatus, example_view
+from logsvc.admin.port import FakeNodeView, example_view
+from logsvc.admin.status import ShardStatus
 
 from .conftest import AUTH, TOKEN
 

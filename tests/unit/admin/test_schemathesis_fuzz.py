@@ -47,7 +47,8 @@ from schemathesis.specs.openapi.checks import (
 
 from logsvc.admin.app import create_app
 from logsvc.admin.gate import HEALTH_PATH
-from logsvc.admin.port import ClusterInfo, FakeNodeView, ShardStatus, example_view
+from logsvc.admin.port import FakeNodeView, example_view
+from logsvc.admin.status import ClusterInfo, ShardStatus
 
 from .conftest import AUTH, TOKEN
 
