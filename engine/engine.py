@@ -76,6 +76,7 @@ from engine.errors import (
     WalFailed,
     WriteConflict,
 )
+from engine.layout import WAL_DIR_NAME
 from engine.load_scope import LoadScope
 from engine.logtail import Logtail, LogtailUnavailable, TailEntry
 from engine.logtail import answer as logtail_answer
@@ -92,8 +93,6 @@ from engine.writeset import WriteSet
 from tae_driver import LogBackend, open_driver
 from tae_driver import errors as driver_errors
 from tae_driver.driver import DriverStats, ReplaySummary
-
-WAL_DIR_NAME = opening.WAL_DIR_NAME
 
 
 @dataclass(frozen=True, slots=True)

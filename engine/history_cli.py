@@ -51,6 +51,7 @@ from engine.history import (
     row_json,
     row_text,
 )
+from engine.layout import WAL_DIR_NAME
 from engine.objects.errors import ObjectNotFound
 from engine.objects.store import ObjectStore
 from engine.wal.codec import decode_entry
@@ -124,8 +125,8 @@ def run(args: argparse.Namespace, objects: object) -> int:
 async def history(args: argparse.Namespace, objects: object, out: TextIO) -> None:
     path = os.fspath(args.dir)
     wal = args.wal
-    if wal == "file" and not os.path.isdir(os.path.join(path, opening.WAL_DIR_NAME)):
-        raise NotFound(f"no engine here: {os.path.join(path, opening.WAL_DIR_NAME)} does not exist")
+    if wal == "file" and not os.path.isdir(os.path.join(path, WAL_DIR_NAME)):
+        raise NotFound(f"no engine here: {os.path.join(path, WAL_DIR_NAME)} does not exist")
     with opening.typed_open_errors(path):
         if opening.uses_directory(wal, objects):
             opening.check_engine_dir(path, wal, create=True)  # read-only: checks, creates nothing

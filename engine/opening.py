@@ -23,12 +23,11 @@ from engine.errors import (
     NotFound,
     OpenFailed,
 )
+from engine.layout import OBJECTS_DIR_NAME, WAL_DIR_NAME
 from engine.objects.store import LocalDirStore, MemoryObjectStore, ObjectStore
 from tae_driver import LogBackend
 from tae_driver import errors as driver_errors
 
-WAL_DIR_NAME = "wal"
-OBJECTS_DIR_NAME = "objects"
 WAL_QUARANTINE_PREFIX = "quarantine"
 """What the file backend may set aside in `wal/` (damaged segments kept for a repair)."""
 NAMES_SHOWN_MAX = 5

@@ -27,7 +27,7 @@ import sys
 from dataclasses import dataclass
 
 from engine.errors import WalCorruption
-from engine.opening import WAL_DIR_NAME
+from engine.layout import WAL_DIR_NAME
 from engine.wal.codec import decode_entry
 from engine.wal.entry import TxnEntry
 from logsvc.quarantine import QUARANTINE_PREFIX
