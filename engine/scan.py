@@ -1,6 +1,6 @@
-"""A transaction's scan of a table (`TableHandle.scan`): the blocks visible at its snapshot,
-pruned by zonemap, minus its own deletes, plus its own inserts and spilled rows, filtered
-and projected.
+"""A transaction's scan of a table (engine/txn.py `TableHandle.scan`): the blocks visible at
+its snapshot, pruned by zonemap, minus its own deletes, plus its own inserts and spilled
+rows, filtered and projected.
 
 Persisted blocks are read a group of whole objects at a time (`SCAN_GROUP_ROWS`), each group
 loaded through the buffer cache, filtered and unpinned before the next, so a table larger
@@ -21,9 +21,10 @@ engine/test_scan_key_path.py checks them against each other and a model).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -46,8 +47,44 @@ from engine.storage import (
 from engine.storage.masks import mask
 
 if TYPE_CHECKING:
-    from engine.txn import TableHandle, Transaction
+    from engine.snapshot_reads import BlockReader
     from engine.workspace import TableWrites
+
+
+class ScanningTxn(Protocol):
+    """What a scan needs of its transaction (engine/txn.py `Transaction`): a port, so that
+    this module and txn.py, which calls it, do not import each other."""
+
+    start_ts: int
+    busy: asyncio.Lock
+    """Held while a part of the scan is made (the transaction's reads and writes take turns)."""
+
+    @property
+    def host(self) -> BlockReader:
+        """What the transaction runs on: reads its persisted blocks."""
+        ...
+
+    def table_writes(self, table_id: int) -> TableWrites | None:
+        """The transaction's own writes to the table (merged into the scan)."""
+        ...
+
+
+class ScannedTable(Protocol):
+    """A table as a transaction sees it (engine/txn.py `TableHandle`)."""
+
+    entry: TableEntry
+
+    @property
+    def qualified(self) -> str:
+        """`db.table`, for error messages."""
+        ...
+
+    @property
+    def txn(self) -> ScanningTxn: ...
+
+    def check(self) -> None:
+        """Raise unless its transaction is open and the table is still the one it sees."""
+        ...
 
 
 @dataclass(slots=True)
@@ -61,8 +98,8 @@ class ScanCounts:
 
 
 async def scan(
-    txn: Transaction,
-    handle: TableHandle,
+    txn: ScanningTxn,
+    handle: ScannedTable,
     columns: Sequence[str] | None,
     filter: pc.Expression | None,
 ) -> pa.Table:
@@ -71,7 +108,7 @@ async def scan(
 
 
 async def scan_stream(
-    handle: TableHandle,
+    handle: ScannedTable,
     columns: Sequence[str] | None,
     filter: pc.Expression | None,
     counts: ScanCounts | None = None,
@@ -95,15 +132,14 @@ async def scan_stream(
 
 
 async def scan_parts(
-    txn: Transaction,
-    handle: TableHandle,
+    txn: ScanningTxn,
+    handle: ScannedTable,
     columns: Sequence[str] | None,
     filter: pc.Expression | None,
     counts: ScanCounts | None = None,
 ) -> AsyncGenerator[pa.Table, None]:
     """The scan in parts (at least one), each filtered and projected; `scan` joins them."""
-    txn.check_open()
-    txn.check_handle(handle)
+    handle.check()
     entry = handle.entry
     data = entry.data
     if columns is not None:
@@ -221,7 +257,7 @@ _KEY_TYPES = (pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(), pa.uint
 """Key types whose every value is an int64 (uint64's are not: no key path for them)."""
 
 
-def key_rows_bound(handle: TableHandle, filter: pc.Expression) -> int | None:
+def key_rows_bound(handle: ScannedTable, filter: pc.Expression) -> int | None:
     """For SQL's direct path (engine/sql.py): how many persisted rows a scan of `handle` with
     `filter` loads through the key path (whole blocks, before slicing; 0 when the table has
     no persisted block); None when it would not take the key path. Bounds, not counts: it
@@ -235,7 +271,7 @@ def key_rows_bound(handle: TableHandle, filter: pc.Expression) -> int | None:
     return sum(b.rows for b in keyed[1])
 
 
-async def key_point(handle: TableHandle, key: int, columns: Sequence[str]) -> pa.Table | None:
+async def key_point(handle: ScannedTable, key: int, columns: Sequence[str]) -> pa.Table | None:
     """The row of the integer key `key` visible to the handle's transaction, found as `get`
     finds it (the table's key index and blooms, one block's keys), as a table of `columns`
     (no row: empty); None when the transaction has written to the table itself (the scan
@@ -243,8 +279,7 @@ async def key_point(handle: TableHandle, key: int, columns: Sequence[str]) -> pa
     fraction of a key-path scan (no block ranges, no filter, no part to finish)."""
     txn = handle.txn
     async with txn.busy:
-        txn.check_open()
-        txn.check_handle(handle)
+        handle.check()
         entry = handle.entry
         if txn.table_writes(entry.table_id) is not None:
             return None
@@ -256,7 +291,7 @@ async def key_point(handle: TableHandle, key: int, columns: Sequence[str]) -> pa
     return rows.select(list(columns))
 
 
-def integer_key(handle: TableHandle) -> str | None:
+def integer_key(handle: ScannedTable) -> str | None:
     """The table's primary key column when it is one integer column the key path serves."""
     return _integer_key(handle.entry.data)
 
@@ -270,7 +305,7 @@ def _integer_key(data: TableData) -> str | None:
 
 
 async def _scan_key_blocks(
-    txn: Transaction,
+    txn: ScanningTxn,
     data: TableData,
     blocks: list[PersistedBlock],
     read: list[str],
@@ -296,7 +331,7 @@ async def _scan_key_blocks(
 
 
 async def _scan_group(
-    txn: Transaction,
+    txn: ScanningTxn,
     data: TableData,
     group: list[PersistedBlock],
     read: list[str],
@@ -324,7 +359,7 @@ async def _scan_group(
 
 
 async def _spilled_parts(
-    txn: Transaction, entry: TableEntry, writes: TableWrites, columns: Sequence[str] | None
+    txn: ScanningTxn, entry: TableEntry, writes: TableWrites, columns: Sequence[str] | None
 ) -> list[pa.Table]:
     """The transaction's spilled rows still live in it, as tables of the scanned columns
     (all of them here: the filter runs on the whole scan afterwards)."""

@@ -710,6 +710,12 @@ class TableHandle:
     async def get(self, key: object) -> dict[str, Any] | None:
         return await self.txn.get_from(self, key)
 
+    def check(self) -> None:
+        """Raise unless the transaction is open and the table is still the one it sees
+        (engine/scan.py's `ScannedTable`)."""
+        self.txn.check_open()
+        self.txn.check_handle(self)
+
     async def scan(
         self, columns: Sequence[str] | None = None, filter: pc.Expression | None = None
     ) -> pa.Table:
