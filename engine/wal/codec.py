@@ -623,6 +623,10 @@ def _decode_append_columns(reader: _Reader) -> Append:
 
 
 def _decode_delete(reader: _Reader) -> Delete:
+    return Delete(*_delete_fields(reader))
+
+
+def _delete_fields(reader: _Reader) -> tuple[int, int, int, FrozenBitMap]:
     db_id, table_id, block_id = reader.unpack(_BLOCK_REF)
     at = reader.pos
     raw = bytes(reader.sized(_U32))
@@ -634,18 +638,18 @@ def _decode_delete(reader: _Reader) -> Delete:
         raise reader.fail(REASON_BITMAP, at) from None
     if not rows or rows.serialize() != raw:
         raise reader.fail(REASON_BITMAP, at)
-    return Delete(db_id, table_id, block_id, rows)
+    return db_id, table_id, block_id, rows
 
 
 def _decode_delete_keys(reader: _Reader) -> Delete:
     """A Delete, then its rows' keys (version 3): the rest of the command."""
-    delete = _decode_delete(reader)
+    db_id, table_id, block_id, rows = _delete_fields(reader)
     at = reader.pos
     try:
-        keys = decode_keys(reader.take(len(reader.data) - at), len(delete.rows))
+        keys = decode_keys(reader.take(len(reader.data) - at), len(rows))
     except KeysDamaged as exc:
         raise reader.fail(REASON_KEYS + ": " + exc.reason, at + exc.offset) from None
-    return Delete(delete.db_id, delete.table_id, delete.block_id, delete.rows, keys)
+    return Delete(db_id, table_id, block_id, rows, keys)
 
 
 def _decode_create_block(reader: _Reader) -> CreateBlock:

@@ -81,6 +81,10 @@ _encoded: dict[tuple[tuple[str, str], ...], bytes] = {}
 """Key columns -> their definitions' bytes (key_count and each (name, type))."""
 _decoded: dict[bytes, tuple[tuple[str, str], ...]] = {}
 """Definitions' bytes -> key columns."""
+_RECENT_MAX = 4
+_recent: list[tuple[bytes, tuple[tuple[str, str], ...]]] = []
+"""The definitions last read, newest first: matched by `startswith` before any parsing (a
+log's deletes name a few tables' keys over and over)."""
 
 
 class KeysDamaged(Exception):
@@ -152,10 +156,27 @@ def _encode_column(type_name: str, values: tuple[Any, ...], parts: list[bytes]) 
         parts.append(b"".join(data))
 
 
-def decode_keys(section: memoryview, count: int) -> DeletedKeys:
+_STRUCTS_CACHED_MAX = 256
+_structs: dict[tuple[str, int], struct.Struct] = {}
+
+
+def _unpack(code: str, count: int, data: bytes, pos: int) -> tuple[Any, ...]:
+    """`count` values of struct code `code` at `pos` (the caller checked the size)."""
+    if count > 64:
+        return struct.unpack_from(f"<{count}{code}", data, pos)
+    packer = _structs.get((code, count))
+    if packer is None:
+        if len(_structs) >= _STRUCTS_CACHED_MAX:
+            _structs.clear()
+        packer = _structs[(code, count)] = struct.Struct(f"<{count}{code}")
+    return packer.unpack_from(data, pos)
+
+
+def decode_keys(section: memoryview | bytes, count: int) -> DeletedKeys:
     """The `count` keys of a keys section (the whole rest of the command). Raises
     `KeysDamaged`; `count` is the mask's cardinality, unchecked against the bytes yet."""
     assert count > 0
+    section = bytes(section)  # one copy of the keys (within the entry's size): bytes read faster
     pos, columns = _read_definitions(section)
     size = len(section)
     decoded: list[tuple[Any, ...]] = []
@@ -165,7 +186,7 @@ def decode_keys(section: memoryview, count: int) -> DeletedKeys:
             code, width, _, back = fixed
             if count * width > size - pos:
                 raise KeysDamaged(REASON_TRUNCATED, pos)
-            raw: tuple[Any, ...] = struct.unpack_from(f"<{count}{code}", section, pos)
+            raw: tuple[Any, ...] = _unpack(code, count, section, pos)
             if back is not None:
                 try:
                     raw = tuple(back(v) for v in raw)
@@ -209,8 +230,13 @@ def decode_keys(section: memoryview, count: int) -> DeletedKeys:
     return DeletedKeys(columns, values)
 
 
-def _read_definitions(section: memoryview) -> tuple[int, tuple[tuple[str, str], ...]]:
+def _read_definitions(section: bytes) -> tuple[int, tuple[tuple[str, str], ...]]:
     """Where the values start, and the key columns."""
+    for raw, columns in _recent:
+        # Definitions are read field by field from their start: the same leading bytes
+        # always parse to the same definitions, ending at the same place.
+        if section.startswith(raw):
+            return len(raw), columns
     size = len(section)
     if size < 2:
         raise KeysDamaged(REASON_TRUNCATED, 0)
@@ -228,14 +254,16 @@ def _read_definitions(section: memoryview) -> tuple[int, tuple[tuple[str, str], 
         pos += 1 + section[pos]
         if pos > size:
             raise KeysDamaged(REASON_TRUNCATED, at)
-    raw = bytes(section[:pos])
-    columns = _decoded.get(raw)
-    if columns is None:
-        columns = _parse_definitions(raw, count)
+    raw = section[:pos]
+    known = _decoded.get(raw)
+    if known is None:
+        known = _parse_definitions(raw, count)
         if len(_decoded) >= _DEFINITIONS_CACHED_MAX:
             _decoded.pop(next(iter(_decoded)))
-        _decoded[raw] = columns
-    return pos, columns
+        _decoded[raw] = known
+    _recent.insert(0, (raw, known))
+    del _recent[_RECENT_MAX:]
+    return pos, known
 
 
 def _parse_definitions(raw: bytes, count: int) -> tuple[tuple[str, str], ...]:
