@@ -88,7 +88,7 @@ from engine.storage import PersistedBlock
 from engine.txn import Transaction, TransactionScope, TxnState
 from engine.waiter import CommitWaiter, wal_failure
 from engine.wal.codec import encode_entry
-from engine.wal.entry import Append, AppendRows, Origin, TxnEntry, memo_of
+from engine.wal.entry import Append, AppendRows, Origin, TxnEntry, memo_of, without_delete_keys
 from engine.writeset import WriteSet
 from tae_driver import LogBackend, open_driver
 from tae_driver import errors as driver_errors
@@ -573,10 +573,16 @@ class Engine(EngineCore):
 
         If it cannot be submitted, `undo` reverts what the caller reserved for it and the
         ticket leaves the pipeline, then: `TxnTooLarge` (the entry is over
-        `TXN_ENTRY_BYTES_MAX`), `Overloaded` (the driver's intake is full), `WalFailed` or
+        `TXN_ENTRY_BYTES_MAX` even without its deleted rows' keys, which are left out when
+        they alone do not fit), `Overloaded` (the driver's intake is full), `WalFailed` or
         `Fenced` (the driver failed: the engine is now read-only), or the error itself."""
         try:
             payload = encode_entry(entry)
+            if len(payload) > limits.TXN_ENTRY_BYTES_MAX:
+                keyless = without_delete_keys(entry)
+                if keyless is not None:  # the deleted rows' keys did not fit: logged without
+                    entry = keyless
+                    payload = encode_entry(entry)
             if len(payload) > limits.TXN_ENTRY_BYTES_MAX:
                 raise TxnTooLarge("txn_entry_bytes_max", len(payload), limits.TXN_ENTRY_BYTES_MAX)
             durable = self._driver.submit(payload)

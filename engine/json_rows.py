@@ -47,11 +47,12 @@ def json_lines(table: pa.Table) -> Iterator[str]:
     """One JSON object per row of `table`, keys in column order."""
     for batch in table.to_batches(max_chunksize=BATCH_ROWS):
         for row in batch.to_pylist():
-            document = {name: _json_value(value) for name, value in row.items()}
+            document = {name: json_value(value) for name, value in row.items()}
             yield json.dumps(document, ensure_ascii=False, allow_nan=False)
 
 
-def _json_value(value: Any) -> Any:
+def json_value(value: Any) -> Any:
+    """A column's Python value as the JSON value above (json.dumps it)."""
     if isinstance(value, float) and not math.isfinite(value):
         return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
     if isinstance(value, datetime.date):  # datetime.datetime too

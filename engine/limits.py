@@ -46,6 +46,14 @@ integer key; a Python object for other keys, engine/keyset.py) and, past
 conflict-index entry per key. So deletes go as far as inserts do (issue 20: it was 100,000,
 a conflict-index entry each)."""
 
+DELETE_KEYS_LOGGED_MAX = 65_536
+"""Rows of one transaction whose primary keys its WAL entry carries (the DeleteKeys command,
+issue 23: the change stream gives each delete its key). The workspace remembers each deleted
+row's key by (block, offset) until then, about 40 bytes a row; past it the transaction forgets
+them and logs its deletes without keys (engine/FORMAT.md "DeleteKeys"), as it does when the
+keys would take its entry past `TXN_ENTRY_BYTES_MAX`: 65,536 integer keys are 512 KiB, a
+quarter of an entry, so the memory stays bounded and a large delete never fails for its keys."""
+
 TXN_BULK_KEYS_MIN = 4096
 """A transaction that deleted more rows of one table than this hands their keys to the
 conflict index as one sorted array (`conflicts.BulkInsert`), as a large insert does."""
@@ -351,6 +359,8 @@ assert COMMIT_QUEUE_MAX <= driver_limits.INTAKE_ENTRIES_MAX
 assert CN_OP_KEYS_MAX <= CONFLICT_KEYS_MAX
 assert TXN_BULK_KEYS_MIN < CN_OP_KEYS_MAX <= TXN_DELETES_MAX
 assert BLOCK_ROWS_MAX < 2**32
+assert BLOCK_ROWS_MAX <= 2**16  # a deleted row's offset is remembered as a u16 (workspace.py)
+assert DELETE_KEYS_LOGGED_MAX * 8 < TXN_ENTRY_BYTES_MAX  # integer keys fit an entry
 assert L0_BYTES_HARD_MAX > L0_BYTES_MAX
 
 assert 1 <= STANDBY_TAIL_RETRY_MS_MIN <= STANDBY_TAIL_RETRY_MS_MAX

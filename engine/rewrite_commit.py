@@ -20,11 +20,12 @@ from engine.clock import HybridClock
 from engine.compaction import Rewrite, Task, WrittenBlock
 from engine.errors import Overloaded, TxnTooLarge, WalFailed
 from engine.pipeline import CommitPipeline, Ticket
+from engine.schema import Key
 from engine.state import EngineState
 from engine.storage import TS_NEVER
 from engine.storage.moves import Move
 from engine.waiter import CommitWaiter
-from engine.wal.entry import CreateBlock, Delete, DropBlock, TxnEntry, memo_of
+from engine.wal.entry import CreateBlock, Delete, DeletedKeys, DropBlock, TxnEntry, memo_of
 
 
 class RewriteHost(Protocol):
@@ -60,17 +61,34 @@ def resolve_moved(tables: Mapping[int, TableEntry], deletes: list[Delete]) -> li
     if not any(d.block_id in tables[d.table_id].data.moves for d in deletes):
         return deletes
     merged: dict[tuple[int, int, int], BitMap] = {}
+    keys: dict[tuple[int, int, int], dict[int, Key]] = {}
+    key_columns: dict[int, tuple[tuple[str, str], ...]] = {}
     for delete in deletes:
         moves = tables[delete.table_id].data.moves
+        if delete.keys is not None:  # each row's key goes where the row went
+            key_columns[delete.table_id] = delete.keys.columns
+            for offset, key in zip(delete.rows, delete.keys.values, strict=True):
+                place = moves.resolve_row(delete.block_id, offset)
+                if place is None:
+                    return None
+                target = (delete.db_id, delete.table_id, place[0])
+                merged.setdefault(target, BitMap()).add(place[1])
+                keys.setdefault(target, {})[place[1]] = key
+            continue
         where = moves.resolve(delete.block_id, BitMap(delete.rows))
         if where is None:
             return None
         for block_id, rows in where.items():
             merged.setdefault((delete.db_id, delete.table_id, block_id), BitMap()).update(rows)
-    return [
-        Delete(db_id, table_id, block_id, FrozenBitMap(rows))
-        for (db_id, table_id, block_id), rows in sorted(merged.items())
-    ]
+    resolved = []
+    for target, rows in sorted(merged.items()):
+        db_id, table_id, block_id = target
+        known = keys.get(target, {})
+        deleted = None
+        if len(known) == len(rows):  # a transaction logs keys for all its deletes or none
+            deleted = DeletedKeys(key_columns[table_id], tuple(known[row] for row in rows))
+        resolved.append(Delete(db_id, table_id, block_id, FrozenBitMap(rows), deleted))
+    return resolved
 
 
 async def commit_rewrite(
@@ -139,6 +157,8 @@ async def commit_rewrite(
             )
         )
         engine.state.pending_meta[(out.object_name, out.row_group)] = out.meta
+    # Without keys: a carried delete repeats deletes logged before (with their keys, issue
+    # 23); the change stream gives a rewrite's entry no change.
     for index, carried_rows in sorted(carried.items()):
         commands.append(
             Delete(table.db_id, table.table_id, output_ids[index], FrozenBitMap(carried_rows))

@@ -89,6 +89,9 @@ class Schema:
     primary_key: tuple[str, ...]
     key_indexes: tuple[int, ...] = field(init=False, repr=False, compare=False)
     """Positions of the key columns, in key order."""
+    key_columns: tuple[tuple[str, str], ...] = field(init=False, repr=False, compare=False)
+    """(name, type) of the key columns, in key order: what a WAL DeleteKeys command names
+    (engine/wal/entry.py `DeletedKeys`)."""
     name_set: frozenset[str] = field(init=False, repr=False, compare=False)
     arrow_nullable: pa.Schema = field(init=False, repr=False, compare=False)
     """The Arrow schema with every field nullable (how batches are usually built)."""
@@ -126,6 +129,7 @@ class Schema:
                     "which cannot be a key"
                 )
         object.__setattr__(self, "key_indexes", tuple(names.index(k) for k in pk))
+        object.__setattr__(self, "key_columns", tuple((k, by_name[k].type) for k in pk))
         object.__setattr__(self, "name_set", frozenset(names))
         object.__setattr__(
             self, "arrow_nullable", pa.schema([pa.field(c.name, c.arrow_type) for c in cols])

@@ -6,10 +6,10 @@ Why: a transaction's rows otherwise ride in its one WAL entry (at most
 data in one table, the workspace sorts those rows by key and writes them as a block object
 (the same Parquet as a flush's, `__commit_ts` 0 meaning "committed with the block"); only
 metadata stays: the object's blocks and their sorted keys. The commit then logs a
-CreateBlock per block (plus Deletes on them for rows the transaction deleted again), and its
-conflict check uses the sorted keys (`conflicts.BulkInsert`) instead of a key entry per row.
-An object whose transaction does not commit is deleted (rollback, conflict) or collected as
-an orphan at the next open (a crash).
+CreateBlock per block (plus Deletes on them, with their keys, for rows the transaction
+deleted again), and its conflict check uses the sorted keys (`conflicts.BulkInsert`)
+instead of a key entry per row. An object whose transaction does not commit is deleted
+(rollback, conflict) or collected as an orphan at the next open (a crash).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from engine.compaction import COMMIT_TS_COLUMN, Rewrite, WrittenBlock
 from engine.conflicts import BulkInsert
 from engine.schema import Key, Schema
 from engine.storage import PersistedBlock
-from engine.wal.entry import BlockLevel, CreateBlock, Delete
+from engine.wal.entry import BlockLevel, CreateBlock, Delete, DeletedKeys
 
 if TYPE_CHECKING:
     from engine.catalog import TableEntry
@@ -166,12 +166,24 @@ def spill_commands(
             )
         )
         pending_meta[(written.object_name, written.row_group)] = written.meta
-    dead: dict[int, BitMap] = {}
-    for position in spilled.deleted:
+    dead: dict[int, tuple[BitMap, list[Key]]] = {}
+    sorted_keys = spilled.sorted_keys
+    numeric = isinstance(sorted_keys, np.ndarray)
+    # Their keys, as a transaction's deletes have (issue 23), within the same bound.
+    with_keys = len(spilled.deleted) <= limits.DELETE_KEYS_LOGGED_MAX
+    for position in spilled.deleted:  # ascending: each block's offsets too
         index, offset = spilled.place(position)
-        dead.setdefault(index, BitMap()).add(offset)
-    for index, offsets in sorted(dead.items()):
-        commands.append(Delete(entry.db_id, entry.table_id, ids[index], FrozenBitMap(offsets)))
+        offsets, keys = dead.setdefault(index, (BitMap(), []))
+        offsets.add(offset)
+        if with_keys:
+            key = sorted_keys[position]
+            keys.append(int(key) if numeric else key)
+    key_columns = entry.schema.key_columns
+    for index, (offsets, keys) in sorted(dead.items()):
+        deleted = DeletedKeys(key_columns, tuple(keys)) if with_keys else None
+        commands.append(
+            Delete(entry.db_id, entry.table_id, ids[index], FrozenBitMap(offsets), deleted)
+        )
     return commands
 
 

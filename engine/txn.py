@@ -44,7 +44,7 @@ from engine.rows import SmallRows, small_rows
 from engine.schema import Key, Schema, batch_keys, check_name, normalize_key, to_batch
 from engine.snapshot_reads import BlockReader
 from engine.spill import Spill, SpillWriter
-from engine.wal.entry import CatalogKind, CatalogOp, Delete, UpdateCatalog
+from engine.wal.entry import CatalogKind, CatalogOp, Delete, DeletedKeys, UpdateCatalog
 from engine.workspace import CommitPlan, LiveKeys, TableWrites
 
 
@@ -118,6 +118,8 @@ class Transaction:
         self._limits: TxnLimits = host.txn_limits
         self._bytes = 0
         self._deletes = 0
+        self._delete_keys_dropped = False
+        """More than `DELETE_KEYS_LOGGED_MAX` rows deleted: the deletes log no keys."""
         self._spilled_rows = 0
         self._inserted_rows = 0
         """Rows inserted so far (spilled or not): at most `TXN_SPILL_ROWS_MAX`."""
@@ -529,6 +531,14 @@ class Transaction:
                 masks = by_block[version.block_id] = BitMap()
             masks.add(version.offset)
         self._deletes += len(found.snapshot)
+        if self._delete_keys_dropped:
+            return count
+        if self._deletes > limits.DELETE_KEYS_LOGGED_MAX:
+            self._delete_keys_dropped = True  # memory bounded: the deletes log no keys
+            for table_writes in self._writes.values():
+                table_writes.deleted_keys.clear()
+        else:
+            writes.record_deleted_keys(found.snapshot_keys, found.snapshot)
         return count
 
     async def _get(self, handle: TableHandle, key: object) -> dict[str, Any] | None:
@@ -652,15 +662,14 @@ class Transaction:
                 for key in writes.deleted:
                     if key not in writes.inserted:
                         rows.append(RowWrite((table_id, key), False, False))
+            key_columns = entry.schema.key_columns
             for block_id in sorted(writes.deleted_by_block):
-                deletes.append(
-                    Delete(
-                        entry.db_id,
-                        table_id,
-                        block_id,
-                        FrozenBitMap(writes.deleted_by_block[block_id]),
-                    )
-                )
+                mask = FrozenBitMap(writes.deleted_by_block[block_id])
+                logged_keys = None
+                if not self._delete_keys_dropped:
+                    logged_keys = DeletedKeys(key_columns, writes.keys_of_block(block_id))
+                    assert len(logged_keys.values) == len(mask)
+                deletes.append(Delete(entry.db_id, table_id, block_id, mask, logged_keys))
             batch = writes.live_rows()
             if batch is not None:
                 appends.append((entry, batch))

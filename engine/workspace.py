@@ -7,6 +7,7 @@ operations over them and the checks each runs first. engine/scan.py reads a tabl
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -30,6 +31,7 @@ class TableWrites:
         "bytes",
         "deleted",
         "deleted_by_block",
+        "deleted_keys",
         "entry",
         "inserted",
         "spills",
@@ -45,9 +47,33 @@ class TableWrites:
         """Keys live in the snapshot that this transaction deleted (their rows are in
         `deleted_by_block`)."""
         self.deleted_by_block: dict[int, BitMap] = {}
+        self.deleted_keys: dict[int, tuple[array[int], list[Key]]] = {}
+        """block_id -> (offsets, keys) of the rows in `deleted_by_block`, in the order they
+        were deleted, for the WAL's DeleteKeys (issue 23). Emptied for good when the
+        transaction deletes more than `limits.DELETE_KEYS_LOGGED_MAX` rows
+        (`Transaction._delete_found`): its deletes are then logged without keys."""
         self.bytes = 0
         self.spills: list[Spill] = []
         """Inserted rows already written to objects (a large transaction, engine/spill.py)."""
+
+    def record_deleted_keys(self, keys: list[Key], versions: list[RowVersion]) -> None:
+        """Remember the keys of deleted snapshot rows, by block and offset."""
+        by_block = self.deleted_keys
+        for key, version in zip(keys, versions, strict=True):
+            found = by_block.get(version.block_id)
+            if found is None:
+                found = by_block[version.block_id] = (array("H"), [])
+            found[0].append(version.offset)
+            found[1].append(key)
+
+    def keys_of_block(self, block_id: int) -> tuple[Key, ...]:
+        """The keys of the rows deleted from `block_id`, in offset order (a Delete's
+        `DeletedKeys.values`)."""
+        offsets, keys = self.deleted_keys[block_id]
+        if len(keys) == 1:
+            return (keys[0],)
+        order = sorted(range(len(keys)), key=offsets.__getitem__)
+        return tuple(keys[at] for at in order)
 
     def spilled(self, key: Key) -> tuple[Spill, int] | None:
         """The spill holding `key` live in this transaction, and its position."""

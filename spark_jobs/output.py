@@ -4,8 +4,11 @@ run directory without it is incomplete). The manifest holds the job, its paramet
 inputs, the engine, every output with its row count, the summary, and the times.
 
 OUT is a local directory or `s3://bucket/prefix` (objectstores.py says how S3 is
-configured): there the run is the objects under `prefix/<job>/<run-id>/`, each put whole
-(an object appears complete or not at all), the manifest last.
+configured): there the run is the objects under `prefix/<job>/<run-id>/`, the manifest last.
+A table's Parquet file is streamed up as it is written (a multipart upload a part at a time,
+`S3ObjectStore.put_stream`: a worker holds one 10 MiB part, not the whole file, however large
+the output; issue 23); the other files are small and put whole. Either way an object
+appears complete or not at all.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import datetime
 import json
 import os
 import secrets
+from collections.abc import Callable
 from typing import Any
 
 from engine.objects.errors import ObjectNotFound, ObjectsError
@@ -57,6 +61,20 @@ def put(location: str, name: str, data: bytes) -> str:
     return f"{location}/{name}"
 
 
+def put_stream(location: str, name: str, produce: Callable[[Any], None]) -> str:
+    """An object `name` under an S3 run location, written by `produce(out)` as it goes."""
+    assert is_s3(location)
+    from engine.objects.s3 import S3ObjectStore  # pyarrow's S3 client: only for s3://
+
+    store = open_objects(location, read_only=False)
+    assert isinstance(store, S3ObjectStore)
+    try:
+        store.put_stream(name, produce)
+    except ObjectsError as exc:
+        raise ObjectsUnreadable(f"{location}/{name}", f"cannot write: {exc}") from None
+    return f"{location}/{name}"
+
+
 def write_file(directory: str, name: str, data: bytes) -> str:
     if is_s3(directory):
         return put(directory, name, data)
@@ -69,10 +87,8 @@ def write_file(directory: str, name: str, data: bytes) -> str:
 def write_table(directory: str, name: str, table: Any, part: int = 0) -> int:
     """A pyarrow `table`, or a replay's spill.SpilledTable (written a batch at a time, then
     its file removed), as the Parquet file `name/part-<part>.parquet` of a run directory
-    (local or S3: one put), by whichever process holds it: the local engine, or a Spark task
-    writing its log's tables. Its row count."""
-    import io
-
+    (local, or S3: streamed up a part at a time), by whichever process holds it: the local
+    engine, or a Spark task writing its log's tables. Its row count."""
     import pyarrow.parquet as pq  # here: the CLI starts without pyarrow
 
     def write(where: Any) -> None:
@@ -86,9 +102,7 @@ def write_table(directory: str, name: str, table: Any, part: int = 0) -> int:
 
     file_name = f"{name}/part-{part:05d}.parquet"
     if is_s3(directory):
-        sink = io.BytesIO()
-        write(sink)
-        put(directory, file_name, sink.getvalue())
+        put_stream(directory, file_name, write)
     else:
         os.makedirs(os.path.join(directory, name), exist_ok=True)
         write(os.path.join(directory, file_name))

@@ -27,13 +27,21 @@ Changes (one row each), in DSN order and command order within a transaction:
     create_table     db.t      key columns JSON   {"columns": [[name, type, nullable]...]}
     drop_table       db.t      null               null
     insert           db.t      the key, JSON      the row, JSON (engine/json_rows.py's values)
-    delete           db.t      null               null (block_id, row_offset name the row)
+    delete           db.t      the key, JSON      null (block_id, row_offset name the row too)
     insert_block     db.t      null               {"object", "row_group", "rows"}
 
-A delete names its row as the WAL does, by `(block_id, row_offset)`: the deleted row's key is
-in its block, not in the log. `insert_block` is a large transaction's rows written straight to
-an object (decision 0006; a CreateBlock without a DropBlock in its entry); flush, merge and
-compaction (CreateBlock with DropBlock) move rows without changing them and give no change.
+A key is written the same way for an insert and a delete of the same row: the key column's
+JSON value, or a JSON array of them in key order for a compound key. A delete's key comes from
+the WAL's DeleteKeys command (engine/FORMAT.md, entry version 3, issue 23); it is null for a
+delete logged without keys: by a build before version 3, or by a transaction that deleted more
+than `DELETE_KEYS_LOGGED_MAX` rows or whose keys did not fit its entry (engine/limits.py); its
+`(block_id, row_offset)` still names the row. `insert_block` is a large transaction's rows
+written straight to an object (decision 0006; a CreateBlock without a DropBlock in its entry):
+its rows are not in the log, so they are not emitted one by one (a consumer reads the object);
+rows the same transaction deleted again come as deletes of that block, with their keys. Flush,
+merge and compaction (CreateBlock with DropBlock) move rows without changing them and give no
+change: not their CreateBlocks, nor the deletes they carry onto their outputs (those rows'
+deletes were emitted from the entries that deleted them).
 """
 
 from __future__ import annotations
@@ -44,7 +52,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from engine.json_rows import json_lines
+from engine.json_rows import json_lines, json_value
 from engine.schema import Schema
 from engine.wal.batch import KIND_DAMAGED, decode_entries
 from engine.wal.entry import (
@@ -236,11 +244,8 @@ class ChangeReader:
                     self._inserts(table, cmd, ts, dsn, lsn)
             elif isinstance(cmd, Delete):
                 table = self._table(cmd.table_id, dsn)
-                if self._rows:
-                    for offset in cmd.rows:
-                        out.append(
-                            (table.name, "delete", None, None, ts, dsn, lsn, cmd.block_id, offset)
-                        )
+                if self._rows and not moves_rows:
+                    self._deletes(table, cmd, ts, dsn, lsn)
             elif isinstance(cmd, CreateBlock) and not moves_rows:
                 table = self._table(cmd.table_id, dsn)
                 if self._rows:
@@ -303,6 +308,18 @@ class ChangeReader:
             "checkpoint truncates the log, or read that table's history from its checkpoint "
             "with `python -m spark_jobs replay_as_of`"
         )
+
+    def _deletes(self, table: _Table, cmd: Delete, ts: int, dsn: int, lsn: int) -> None:
+        out = self._changes
+        block_id = cmd.block_id
+        if cmd.keys is None:  # an old entry, or too many keys to log (the docstring)
+            for offset in cmd.rows:
+                out.append((table.name, "delete", None, None, ts, dsn, lsn, block_id, offset))
+            return
+        compound = len(cmd.keys.columns) > 1
+        for offset, value in zip(cmd.rows, cmd.keys.values, strict=True):
+            key = json.dumps([json_value(v) for v in value] if compound else json_value(value))
+            out.append((table.name, "delete", key, None, ts, dsn, lsn, block_id, offset))
 
     def _inserts(self, table: _Table, cmd: Append, ts: int, dsn: int, lsn: int) -> None:
         key_names = table.schema.primary_key

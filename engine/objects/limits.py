@@ -54,6 +54,13 @@ S3_REQUEST_TIMEOUT_S = 30.0
 """Seconds of silence on a connection before a request is abandoned (per attempt; curl's
 low-speed limit, not a bound on a whole large upload)."""
 
+S3_PART_BYTES = 10 * MiB
+"""Bytes a streamed write (`S3ObjectStore.put_stream`) holds before it sends them as one part
+of a multipart upload: pyarrow's part size (`kPartUploadSize` in Arrow's s3fs.cc, fixed so
+that 10,000 parts reach about 98 GB; Python cannot set it). With background writes off it is
+also the most the stream holds at once. Named here so the bound is written down; the tests
+check the memory a large streamed write peaks at against it."""
+
 # --- Bloom filters (bloom.py) ------------------------------------------------------------------
 
 BLOOM_BITS_PER_KEY_DEFAULT = 12

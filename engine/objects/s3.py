@@ -31,12 +31,22 @@ names objects uniquely, so only a retried put of identical bytes ever meets an e
 A put interrupted (connection cut, server killed) leaves no object under its name; a
 multipart upload interrupted may leave its parts on the server until a lifecycle rule
 aborts incomplete uploads (configure one on a real bucket).
+
+Streamed writes (`put_stream`, issue 23: the Spark jobs' outputs, whatever their size) go up
+a part at a time through a second client with pyarrow's background writes off: pyarrow's S3
+stream buffers `S3_PART_BYTES` (its 10 MiB part size) and, with background writes on, hands
+each full part to its I/O pool with a copy and no cap on the parts in flight, so a writer
+faster than the network would grow without bound; off, each part is sent before the next is
+buffered. pyarrow offers no abort from Python (its stream completes the upload even when
+closed after an error), so a failed streamed write deletes the object it completed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import re
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
@@ -111,20 +121,23 @@ class S3ObjectStore:
         self.bucket = bucket
         self.prefix = prefix
         self._base = f"{bucket}/{prefix}" if prefix else bucket
-        self._fs = S3FileSystem(
-            access_key=access_key,
-            secret_key=secret_key,
-            region=region,
-            scheme=scheme,
-            endpoint_override=endpoint,
-            connect_timeout=connect_timeout_s,
-            request_timeout=request_timeout_s,
-            retry_strategy=pafs.AwsDefaultS3RetryStrategy(max_attempts=attempts_max),
+        self._options: dict[str, Any] = {
+            "access_key": access_key,
+            "secret_key": secret_key,
+            "region": region,
+            "scheme": scheme,
+            "endpoint_override": endpoint,
+            "connect_timeout": connect_timeout_s,
+            "request_timeout": request_timeout_s,
+            "retry_strategy": pafs.AwsDefaultS3RetryStrategy(max_attempts=attempts_max),
             # Small objects in one PutObject instead of a multipart upload of one part.
-            allow_delayed_open=True,
-            allow_bucket_creation=False,
-            allow_bucket_deletion=False,
-        )
+            "allow_delayed_open": True,
+            "allow_bucket_creation": False,
+            "allow_bucket_deletion": False,
+        }
+        self._fs = S3FileSystem(**self._options)
+        self._stream_fs: S3FileSystem | None = None
+        """The client of `put_stream` (module docstring), made on its first use."""
 
     def _path(self, name: str) -> str:
         return f"{self._base}/{check_name(self.description, name)}"
@@ -146,6 +159,39 @@ class S3ObjectStore:
                 out.write(data)
         except OSError as exc:
             raise self.typed_error(name, exc) from None
+
+    def put_stream(self, name: str, produce: Callable[[pa.NativeFile], None]) -> int:
+        """Write object `name` from `produce(out)`, which writes its bytes to `out` in any
+        number of writes; its size in bytes. Memory stays at one part (`S3_PART_BYTES`)
+        whatever the size: a multipart upload, each part sent before the next is buffered (an
+        object below one part is one PutObject). The object is complete when this returns;
+        an error (typed as the store's, or `produce`'s own) leaves no object under `name`
+        (what pyarrow completed is deleted; the module docstring says why).
+
+        Unlike `put`, an existing object of that name is replaced: this is for a job's output
+        files (a retried task writes its part again), not for the engine's immutable
+        objects."""
+        path = self._path(name)
+        if self._stream_fs is None:
+            self._stream_fs = S3FileSystem(**self._options, background_writes=False)
+        try:
+            with self._stream_fs.open_output_stream(path, metadata={}) as out:
+                try:
+                    produce(out)
+                    size_bytes: int = out.tell()
+                except BaseException:
+                    # Completes the upload (pyarrow cannot abort it): deleted below.
+                    with contextlib.suppress(OSError):
+                        out.close()
+                    raise
+        except BaseException as exc:
+            # The first error is the one to report; a leftover is outside any manifest.
+            with contextlib.suppress(ObjectStoreError):
+                self.delete(name)
+            if isinstance(exc, OSError):
+                raise self.typed_error(name, exc) from None
+            raise
+        return size_bytes
 
     def get(self, name: str) -> bytes:
         path = self._path(name)

@@ -44,6 +44,21 @@ class Moves:
     def forget(self, block_id: int) -> None:
         self._moves.pop(block_id, None)
 
+    def resolve_row(self, block_id: int, offset: int) -> tuple[int, int] | None:
+        """Where row `offset` of `block_id` is now, as (block_id, offset), following moves of
+        moves; None when it did not survive a move. `resolve`, row by row: a delete's keys
+        follow its rows (issue 23)."""
+        for _ in range(64):
+            move = self._moves.get(block_id)
+            if move is None:
+                return block_id, offset
+            position = int(move.positions[offset])
+            if position < 0:
+                return None
+            index, offset = divmod(position, limits.BLOCK_ROWS_MAX)
+            block_id = move.output_ids[index]
+        raise AssertionError("a cycle of moves")
+
     def resolve(self, block_id: int, offsets: BitMap) -> dict[int, BitMap] | None:
         """Where `offsets` of `block_id` are now (following moves of moves), or None when
         one of them did not survive a move (it was dead at that rewrite's snapshot)."""

@@ -393,6 +393,12 @@ class TableData:
             raise ApplyError(
                 f"delete in {self.name}: a row of block {cmd.block_id} is already deleted"
             )
+        if cmd.keys is not None and cmd.keys.columns != self.schema.key_columns:
+            # The keys themselves are the log's word (checking them would read the block).
+            raise ApplyError(
+                f"delete in {self.name}: its keys name columns {list(cmd.keys.columns)}, "
+                f"the table's key is {list(self.schema.key_columns)}"
+            )
         block.deletes.add(commit_ts, cmd.rows)
         self.live_rows -= len(cmd.rows)
 

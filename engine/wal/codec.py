@@ -48,13 +48,15 @@ from engine.wal.entry import (
     TxnEntry,
     UpdateCatalog,
 )
+from engine.wal.keys import KeysDamaged, decode_keys, encode_keys
 
 MAGIC = b"TE"
-VERSION = 2
+VERSION = 3
 """What `encode_entry` writes by default. Version 2 adds the AppendColumns command (a small
-append's columns, bare: engine/wal/columns.py); the other bytes are version 1's, and version 1
-entries still read."""
-VERSIONS = frozenset({1, 2})
+append's columns, bare: engine/wal/columns.py), version 3 the DeleteKeys command (a Delete with
+its rows' primary keys: engine/wal/keys.py); the other bytes are version 1's, an entry is
+written in the lowest version its commands need, and entries of every version still read."""
+VERSIONS = frozenset({1, 2, 3})
 
 _HEADER = struct.Struct("<2sBBIIQ")
 """magic, version, entry type, reserved (0), body length, checksum."""
@@ -77,6 +79,10 @@ CMD_CREATE_BLOCK = 4
 CMD_DROP_BLOCK = 5
 CMD_ORIGIN = 6
 CMD_APPEND_COLUMNS = 7
+CMD_DELETE_KEYS = 8
+
+_CMD_VERSION_MIN = {CMD_APPEND_COLUMNS: 2, CMD_DELETE_KEYS: 3}
+"""The first entry version of each command type added after version 1."""
 
 CLIENT_ID_BYTES_MAX = 255
 """Longest client id of an Origin command (UTF-8 bytes)."""
@@ -127,6 +133,7 @@ REASON_INFOS = "append infos do not cover the batch"
 REASON_ARROW = "Arrow IPC batch does not decode"
 REASON_COLUMNS = "AppendColumns does not decode"
 REASON_BITMAP = "delete mask does not decode"
+REASON_KEYS = "DeleteKeys keys do not decode"
 REASON_EMPTY = "a transaction entry without commands"
 REASON_BLOCK = "bad block command"
 
@@ -216,10 +223,25 @@ def _encode_command(cmd: Command, parts: list[bytes | pa.Buffer], version: int) 
         assert cmd.rows
         mask = cmd.rows.serialize()
         size = _DELETE_HEAD.size - _CMD_HEAD.size + len(mask)
+        if cmd.keys is None or version < 3:  # before version 3 a Delete has no keys
+            parts.append(
+                _DELETE_HEAD.pack(
+                    CMD_DELETE, size, cmd.db_id, cmd.table_id, cmd.block_id, len(mask)
+                )
+            )
+            parts.append(mask)
+            return 1
+        assert len(cmd.keys.values) == len(cmd.rows)
+        keys = encode_keys(cmd.keys)
+        size += sum(len(part) for part in keys)
         parts.append(
-            _DELETE_HEAD.pack(CMD_DELETE, size, cmd.db_id, cmd.table_id, cmd.block_id, len(mask))
+            _DELETE_HEAD.pack(
+                CMD_DELETE_KEYS, size, cmd.db_id, cmd.table_id, cmd.block_id, len(mask)
+            )
         )
         parts.append(mask)
+        parts += keys
+        return 3
     elif type(cmd) is CreateBlock:
         assert cmd.db_id != 0 and cmd.table_id != 0 and cmd.block_id != 0 and cmd.rows > 0
         name = cmd.object_name.encode()
@@ -261,8 +283,9 @@ def _encode_command(cmd: Command, parts: list[bytes | pa.Buffer], version: int) 
 
 
 def encode_entry(entry: TxnEntry | CheckpointEntry, *, version: int = VERSION) -> bytes:
-    """The entry's bytes (engine/FORMAT.md) in `version` (1: every append as Arrow IPC; the
-    golden vectors of version 1 and tests of old logs write it). The caller checks the size
+    """The entry's bytes (engine/FORMAT.md) in `version` (1: every append as Arrow IPC; 1 and
+    2: every Delete without its keys; the golden vectors of old versions and tests of old logs
+    write them), or a lower one when its commands need no more. The caller checks the size
     against `limits.TXN_ENTRY_BYTES_MAX` (the engine raises `TxnTooLarge`); everything else the
     decoder would refuse is an assertion here."""
     assert version in VERSIONS
@@ -275,8 +298,8 @@ def encode_entry(entry: TxnEntry | CheckpointEntry, *, version: int = VERSION) -
         parts = [_TXN_HEAD.pack(entry.start_ts, entry.commit_ts, len(memo))]
         parts.extend(_MEMO.pack(m.db_id, m.table_id, m.block_id) for m in memo)
         parts.append(_U32.pack(len(entry.commands)))
-        # An entry with nothing of version 2 in it is written as version 1: the same bytes
-        # as before, readable by older builds.
+        # An entry with nothing of version 2 or 3 in it is written as version 1 (2): the
+        # same bytes as before, readable by older builds.
         needs = 1
         for cmd in entry.commands:
             needs = max(needs, _encode_command(cmd, parts, version))
@@ -452,7 +475,7 @@ def _decode_txn(reader: _Reader, version: int) -> TxnEntry:
         at = reader.pos
         kind, size = reader.unpack(_CMD_HEAD)
         decode = _COMMANDS.get(kind)
-        if decode is None or (kind == CMD_APPEND_COLUMNS and version < 2):
+        if decode is None or version < _CMD_VERSION_MIN.get(kind, 1):
             raise reader.fail(REASON_COMMAND, at)
         start = reader.base + reader.pos
         body = _Reader(reader.take(size, at + 1), reader.dsn, start)
@@ -600,6 +623,10 @@ def _decode_append_columns(reader: _Reader) -> Append:
 
 
 def _decode_delete(reader: _Reader) -> Delete:
+    return Delete(*_delete_fields(reader))
+
+
+def _delete_fields(reader: _Reader) -> tuple[int, int, int, FrozenBitMap]:
     db_id, table_id, block_id = reader.unpack(_BLOCK_REF)
     at = reader.pos
     raw = bytes(reader.sized(_U32))
@@ -611,7 +638,18 @@ def _decode_delete(reader: _Reader) -> Delete:
         raise reader.fail(REASON_BITMAP, at) from None
     if not rows or rows.serialize() != raw:
         raise reader.fail(REASON_BITMAP, at)
-    return Delete(db_id, table_id, block_id, rows)
+    return db_id, table_id, block_id, rows
+
+
+def _decode_delete_keys(reader: _Reader) -> Delete:
+    """A Delete, then its rows' keys (version 3): the rest of the command."""
+    db_id, table_id, block_id, rows = _delete_fields(reader)
+    at = reader.pos
+    try:
+        keys = decode_keys(reader.take(len(reader.data) - at), len(rows))
+    except KeysDamaged as exc:
+        raise reader.fail(REASON_KEYS + ": " + exc.reason, at + exc.offset) from None
+    return Delete(db_id, table_id, block_id, rows, keys)
 
 
 def _decode_create_block(reader: _Reader) -> CreateBlock:
@@ -657,4 +695,5 @@ _COMMANDS: dict[int, Callable[[_Reader], Command]] = {
     CMD_DROP_BLOCK: _decode_drop_block,
     CMD_ORIGIN: _decode_origin,
     CMD_APPEND_COLUMNS: _decode_append_columns,
+    CMD_DELETE_KEYS: _decode_delete_keys,
 }

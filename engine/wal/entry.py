@@ -7,7 +7,9 @@ The seed's Transaction Entry (shared/reference/seeds "WAL Practical"): a transac
 * `UpdateCatalog`: Dest (database or table id) + EntryNode (create@ or delete@ = the entry's
   commit_ts; a created table's schema);
 * `Append`: AppendInfo list (where the rows land: block and offset) + Batch (Arrow);
-* `Delete`: Destination (table and block) + delete mask (a roaring bitmap of row offsets);
+* `Delete`: Destination (table and block) + delete mask (a roaring bitmap of row offsets),
+  and (version 3, issue 23) the deleted rows' primary keys, as MatrixOne's tombstones carry
+  them: a reader of the log alone (the change stream) can say which rows died;
 * `CreateBlock` / `DropBlock`: a persisted block (an object's row group) enters or leaves a
   table: flush, merge and compaction transactions, and large transactions (decision 0006).
 
@@ -26,6 +28,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 from pyroaring import FrozenBitMap
@@ -102,13 +105,36 @@ class AppendRows:
 
 
 @dataclass(frozen=True, slots=True)
+class DeletedKeys:
+    """The primary keys of a Delete's rows (engine/FORMAT.md "DeleteKeys", version 3).
+
+    `columns` are the table's key columns in key order, (name, type name) each
+    (`Schema.key_columns`); `values[i]` is the key of the i-th smallest offset of the
+    command's `rows`, in the form `engine.schema.batch_keys` gives (a scalar for a one-column
+    key, a tuple for a compound one; date32 a `datetime.date`, timestamp[us] a naive
+    `datetime.datetime`)."""
+
+    columns: tuple[tuple[str, str], ...]
+    values: tuple[Any, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Delete:
-    """Rows deleted from one block of a table: `rows` holds their offsets in the block."""
+    """Rows deleted from one block of a table: `rows` holds their offsets in the block.
+
+    `keys`: their primary keys (`DeletedKeys`, one per row in offset order), which a user
+    transaction's commit logs for every row it deletes (engine/txn.py `plan`). None in
+    entries older than version 3, in a rewrite's carried deletes (they repeat deletes logged
+    before, with their keys: engine/rewrite_commit.py), and when the keys would not fit the
+    entry (engine/FORMAT.md "DeleteKeys": past `DELETE_KEYS_LOGGED_MAX` rows or
+    `TXN_ENTRY_BYTES_MAX` bytes). Rows are named by `rows` either way; the keys change
+    nothing a replay does."""
 
     db_id: int
     table_id: int
     block_id: int
     rows: FrozenBitMap
+    keys: DeletedKeys | None = None
 
 
 class BlockLevel(enum.IntEnum):
@@ -192,6 +218,19 @@ class CheckpointEntry:
 
 
 Entry = TxnEntry | CheckpointEntry
+
+
+def without_delete_keys(entry: TxnEntry) -> TxnEntry | None:
+    """`entry` with its Deletes' keys left out, or None when none has keys: what the commit
+    logs when the keys would take the entry past `TXN_ENTRY_BYTES_MAX` (a large delete never
+    fails for its keys; engine/FORMAT.md "DeleteKeys")."""
+    if not any(type(cmd) is Delete and cmd.keys is not None for cmd in entry.commands):
+        return None
+    commands = tuple(
+        Delete(cmd.db_id, cmd.table_id, cmd.block_id, cmd.rows) if type(cmd) is Delete else cmd
+        for cmd in entry.commands
+    )
+    return TxnEntry(entry.start_ts, entry.commit_ts, entry.memo, commands)
 
 
 def memo_of(commands: Sequence[Command]) -> tuple[MemoItem, ...]:

@@ -23,6 +23,7 @@ from engine.wal.entry import (
     CheckpointEntry,
     CreateBlock,
     Delete,
+    DeletedKeys,
     DropBlock,
     MemoItem,
     Origin,
@@ -79,6 +80,71 @@ ALL_TYPES_ROWS = [
     {"k": 2, "ks": "b"},
     {"k": 3, "ks": "ü", "b": False, "bin": b"", "f64": 1e300},
 ]
+
+KEY_TYPES_COLUMNS = (
+    ("i8", "int8"),
+    ("i16", "int16"),
+    ("i32", "int32"),
+    ("i64", "int64"),
+    ("u8", "uint8"),
+    ("u16", "uint16"),
+    ("u32", "uint32"),
+    ("u64", "uint64"),
+    ("b", "bool"),
+    ("s", "string"),
+    ("bin", "binary"),
+    ("d", "date32"),
+    ("ts", "timestamp[us]"),
+)
+"""A compound key of every key type (engine.schema.KEY_TYPES), for `ac_delete_keys_types_v3`."""
+
+KEY_TYPES_VALUES = (
+    (
+        -8,
+        -16,
+        -32,
+        -(1 << 40),
+        8,
+        16,
+        32,
+        (1 << 64) - 1,
+        True,
+        "ü",
+        b"\x00\x01",
+        datetime.date(2026, 11, 24),
+        datetime.datetime(2026, 11, 24, 12, 0, 0, 1),
+    ),
+    (
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        False,
+        "",
+        b"",
+        datetime.date(1970, 1, 1),
+        datetime.datetime(1970, 1, 1),
+    ),
+    (
+        127,
+        -(1 << 15),
+        (1 << 31) - 1,
+        -1,
+        255,
+        (1 << 16) - 1,
+        (1 << 32) - 1,
+        1,
+        True,
+        "abc",
+        b"\xff",
+        datetime.date(1969, 12, 31),
+        datetime.datetime(1969, 12, 31, 23, 59, 59, 999999),
+    ),
+)
 
 ENTRIES: dict[str, TxnEntry | CheckpointEntry] = {
     "ac_create_v1": TxnEntry(
@@ -175,6 +241,30 @@ ENTRIES: dict[str, TxnEntry | CheckpointEntry] = {
                 pa.RecordBatch.from_pylist(
                     [{"id": 42, "customer": 7, "note": "hi"}], schema=ORDERS.to_arrow()
                 ),
+            ),
+        ),
+    ),
+    # Version 3 (issue 23): a Delete with its rows' primary keys (DeleteKeys). The worked
+    # example of FORMAT.md, and three rows of a compound key of every key type.
+    "ac_delete_keys_v3": TxnEntry(
+        start_ts=1000,
+        commit_ts=1001,
+        memo=(MemoItem(1, 2, 1),),
+        commands=(
+            Delete(1, 2, 1, FrozenBitMap([1, 5]), DeletedKeys((("id", "int64"),), (42, 43))),
+        ),
+    ),
+    "ac_delete_keys_types_v3": TxnEntry(
+        start_ts=1100,
+        commit_ts=1101,
+        memo=(MemoItem(1, 4, 2),),
+        commands=(
+            Delete(
+                1,
+                4,
+                2,
+                FrozenBitMap([0, 9, 70000]),
+                DeletedKeys(KEY_TYPES_COLUMNS, KEY_TYPES_VALUES),
             ),
         ),
     ),

@@ -175,6 +175,7 @@ NOT_RAISED_TO_CALLERS = {
     "engine.testing.workload.VerifyFailed",  # the crash-test workload's read-back child process
     "engine.cn.node.CheckpointRetired",  # caught inside the pull: the CN asks again
     "engine.wal.columns.ColumnsDamaged",  # the entry codec makes it WalCorruption (its DSN)
+    "engine.wal.keys.KeysDamaged",  # likewise, for a DeleteKeys command's keys
 }
 
 

@@ -51,6 +51,7 @@ from engine.wal.entry import (
     CheckpointEntry,
     CreateBlock,
     Delete,
+    DeletedKeys,
     DropBlock,
     EntryType,
     MemoItem,
@@ -361,8 +362,8 @@ def test_zeroed_extended_and_versioned_entries_are_refused() -> None:
     assert reason_of(bytes(len(entry))) == codec.REASON_MAGIC
     assert reason_of(entry[:20] + bytes(len(entry) - 20)) == codec.REASON_CHECKSUM
     assert reason_of(entry + b"\x00") == codec.REASON_LENGTH
-    assert reason_of(entry[:2] + b"\x03" + entry[3:]) == codec.REASON_VERSION
-    assert reason_of(reseal(entry[:2] + b"\x03" + entry[3:])) == codec.REASON_VERSION
+    assert reason_of(entry[:2] + b"\x04" + entry[3:]) == codec.REASON_VERSION
+    assert reason_of(reseal(entry[:2] + b"\x04" + entry[3:])) == codec.REASON_VERSION
     assert reason_of(reseal(entry[:2] + b"\x00" + entry[3:])) == codec.REASON_VERSION
     assert reason_of(bytes(limits.TXN_ENTRY_BYTES_MAX + 1)) == codec.REASON_TOO_LARGE
 
@@ -713,6 +714,36 @@ def appends(draw: st.DrawFn) -> Append:
     return Append(draw(ids), draw(ids), infos, batch)
 
 
+KEY_VALUES: dict[str, st.SearchStrategy[object]] = {
+    "int8": st.integers(-(1 << 7), (1 << 7) - 1),
+    "int16": st.integers(-(1 << 15), (1 << 15) - 1),
+    "int32": st.integers(-(1 << 31), (1 << 31) - 1),
+    "int64": st.integers(-(1 << 63), (1 << 63) - 1),
+    "uint8": st.integers(0, (1 << 8) - 1),
+    "uint16": st.integers(0, (1 << 16) - 1),
+    "uint32": st.integers(0, (1 << 32) - 1),
+    "uint64": st.integers(0, (1 << 64) - 1),
+    "bool": st.booleans(),
+    "string": st.text(max_size=8),
+    "binary": st.binary(max_size=8),
+    "date32": st.dates(),
+    "timestamp[us]": st.datetimes(),
+}
+assert set(KEY_VALUES) == KEY_TYPES
+
+
+@st.composite
+def deleted_keys(draw: st.DrawFn, count: int) -> DeletedKeys:
+    """The keys of `count` deleted rows: one to three key columns of any key types."""
+    key_names = draw(st.lists(names, min_size=1, max_size=3, unique=True))
+    key_columns = tuple((name, draw(st.sampled_from(sorted(KEY_TYPES)))) for name in key_names)
+    rows = [
+        tuple(draw(KEY_VALUES[type_name]) for _, type_name in key_columns) for _ in range(count)
+    ]
+    values = tuple(row[0] for row in rows) if len(key_columns) == 1 else tuple(rows)
+    return DeletedKeys(key_columns, values)
+
+
 @st.composite
 def entries(draw: st.DrawFn) -> Entry:
     if draw(st.integers(min_value=0, max_value=4)) == 0:
@@ -773,7 +804,8 @@ def entries(draw: st.DrawFn) -> Entry:
             commands.append(draw(appends()))
         else:
             rows = FrozenBitMap(draw(st.lists(u32s, min_size=1, max_size=20)))
-            commands.append(Delete(draw(ids), draw(ids), draw(ids), rows))
+            keys = draw(st.none() | deleted_keys(len(rows)))
+            commands.append(Delete(draw(ids), draw(ids), draw(ids), rows, keys))
     return TxnEntry(start, commit, memo, tuple(commands))
 
 

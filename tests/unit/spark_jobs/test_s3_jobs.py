@@ -13,13 +13,16 @@ does the same on Spark, where the executors read the objects.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import shutil
+import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -176,3 +179,51 @@ def test_s3_locations_fail_with_clear_errors(
     monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
     assert cli.main([*argv, "--objects", "s3://engine/eng1"]) == cli.EXIT_USAGE
     assert "needs AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY" in capsys.readouterr().err
+
+
+class _LargeOutput:
+    """A replay's spilled table as `output.write_table` takes one (spill.SpilledTable's shape):
+    `batches` of incompressible 1 KiB values made as they are read, 24 MiB in all."""
+
+    schema = pa.schema([pa.field("n", pa.int64()), pa.field("blob", pa.binary())])
+    batch_rows = 1024
+    batch_count = 24
+    num_rows = batch_rows * batch_count
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    def batches(self) -> Iterator[pa.RecordBatch]:
+        for index in range(self.batch_count):
+            first = index * self.batch_rows
+            numbers = list(range(first, first + self.batch_rows))
+            blobs = [hashlib.shake_256(str(n).encode()).digest(1024) for n in numbers]
+            yield pa.record_batch([pa.array(numbers, pa.int64()), pa.array(blobs)], self.schema)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_a_large_output_is_streamed_to_s3_not_held_whole(
+    s3_env: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Parquet file goes up as it is written (issue 23): the Python heap never holds it
+    (before, it was written whole into a BytesIO, then put), and it reads back whole."""
+    location = f"s3://{OUT_BUCKET}/stream/run-1"
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3_env)
+    small = pa.table({"n": [1]})
+    assert output.write_table(location, "small", small) == 1  # imports and clients made
+    table = _LargeOutput()
+    tracemalloc.start()
+    try:
+        rows = output.write_table(location, "big", table)
+        _, python_peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert rows == table.num_rows and table.closed
+    assert python_peak < 8 * 1024 * 1024  # the file is over 24 MiB
+    store = open_objects(location)
+    assert store.size("big/part-00000.parquet") > 24 * 1024 * 1024
+    back = pq.read_table(store.open_input("big/part-00000.parquet"))
+    assert back.num_rows == table.num_rows
+    assert back.column("n").to_pylist() == list(range(table.num_rows))

@@ -2,25 +2,35 @@
 codec and micro-batch planning (spark_jobs/stream_offsets.py), and the change stream's reader
 (spark_jobs/stream_changes.py) on driver records built with the writers' own encoders: DSN
 order out of LSN order, cuts only where nothing is pending, a resumed reader (tae_driver's
-Replayer at `resolved_dsn`) continuing exactly, and the catalog rolled back past a cut."""
+Replayer at `resolved_dsn`) continuing exactly, and the catalog rolled back past a cut. A delete
+comes with its key (the WAL's DeleteKeys, issue 23; null when logged without keys) and a
+rewrite's carried deletes give no change; on a real engine's log every delete's key is its
+row's insert's key, byte for byte."""
 
 from __future__ import annotations
 
+import asyncio
+import datetime
 import json
 
 import pyarrow as pa
 import pytest
 from pyroaring import FrozenBitMap
 
+from engine import Engine
 from engine.schema import Column, Schema
 from engine.wal.codec import encode_entry
 from engine.wal.entry import (
     Append,
     AppendInfo,
+    BlockLevel,
     CatalogKind,
     CatalogOp,
     Command,
+    CreateBlock,
     Delete,
+    DeletedKeys,
+    DropBlock,
     TxnEntry,
     UpdateCatalog,
     memo_of,
@@ -28,6 +38,8 @@ from engine.wal.entry import (
 from spark_jobs.errors import BadInput, ChangesRefused, DataLost
 from spark_jobs.stream_changes import Catalog, Change, ChangeReader, ChangesOffset
 from spark_jobs.stream_offsets import Lost, Offsets, Retained, plan_end, ranges
+from tae_driver.backend import RecordKind
+from tae_driver.backends.memory import MemoryBackend
 from tae_driver.record import encode_record
 
 # --- offsets and planning -----------------------------------------------------------------
@@ -159,3 +171,75 @@ def test_the_catalog_past_the_last_cut_is_rolled_back() -> None:
     _, cuts, point = _read(ChangesOffset(0, 0, False), catalog, pending)
     assert cuts == [] and point == ChangesOffset(0, 0, False)
     assert catalog.table(10) is None and catalog.database(1) is None
+
+
+# --- deletes with their keys (issue 23) ------------------------------------------------------
+
+
+def test_a_delete_comes_with_its_key_and_a_rewrite_gives_no_change() -> None:
+    keyed = Delete(1, 10, 7, FrozenBitMap([1]), DeletedKeys((("id", "int64"),), (2,)))
+    flush = (
+        CreateBlock(1, 10, 8, BlockLevel.L1, "data/10/8.parquet", 0, 2),
+        Delete(1, 10, 8, FrozenBitMap([1])),  # carried: repeats the delete of DSN 3
+        DropBlock(1, 10, 7),
+    )
+    records = [
+        (1, encode_record(1, 0, [CREATE])),
+        (2, encode_record(2, 1, [_entry(20, _insert(7, 0, [1, 2]))])),
+        (3, encode_record(3, 2, [_entry(30, keyed)])),
+        (4, encode_record(4, 3, [_entry(40, *flush)])),
+        (5, encode_record(5, 4, [_entry(50, Delete(1, 10, 8, FrozenBitMap([0])))])),
+    ]
+    out, _, _ = _read(ChangesOffset(0, 0, False), Catalog(), records)
+    assert [(c[1], c[2], c[5], c[7], c[8]) for c in out[2:]] == [
+        ("insert", "1", 2, 7, 0),
+        ("insert", "2", 2, 7, 1),
+        ("delete", "2", 3, 7, 1),
+        ("delete", None, 5, 8, 0),  # logged without keys (an older build): null
+    ]
+
+
+def test_an_engines_deletes_carry_the_keys_their_inserts_had() -> None:
+    """A real engine's log: each delete's key is, byte for byte, its row's insert's key (a
+    compound key of a string, a date and binary: JSON strings, ISO dates, base64)."""
+    schema = Schema(
+        [
+            Column("s", "string"),
+            Column("d", "date32"),
+            Column("b", "binary"),
+            Column("n", "int64", nullable=True),
+        ],
+        ["d", "s", "b"],
+    )
+    day = datetime.date(2026, 11, 27)
+
+    def key(i: int) -> tuple[datetime.date, str, bytes]:
+        return (day + datetime.timedelta(days=i), f"ü{i}", bytes([i, 255]))
+
+    async def main() -> MemoryBackend:
+        wal = MemoryBackend()
+        eng = await Engine.open("unused", wal, maintenance=False, objects="none")
+        try:
+            async with eng.transaction() as txn:
+                await txn.create_database("d")
+                await txn.create_table("d", "t", schema)
+            async with eng.transaction() as txn:
+                rows = [{"s": key(i)[1], "d": key(i)[0], "b": key(i)[2], "n": i} for i in range(12)]
+                await txn.table("d", "t").insert(rows)
+            async with eng.transaction() as txn:
+                await txn.table("d", "t").delete([key(9), key(2)])
+            async with eng.transaction() as txn:
+                await txn.table("d", "t").update([key(4)], {"n": -1})
+        finally:
+            await eng.close()
+        return wal
+
+    wal = asyncio.run(main())
+    records = [(r.lsn, r.payload) for r in wal.records() if r.kind == RecordKind.USER]
+    out, _, _ = _read(ChangesOffset(0, 0, False), Catalog(), records)
+    inserted = {(c[7], c[8]): c[2] for c in out if c[1] == "insert"}
+    deleted = [c for c in out if c[1] == "delete"]
+    assert [(c[7], c[8]) for c in deleted] == [(1, 2), (1, 9), (1, 4)]
+    for change in deleted:
+        assert change[2] is not None and change[2] == inserted[(change[7], change[8])]
+    assert json.loads(deleted[0][2] or "") == ["2026-11-29", "ü2", "Av8="]
