@@ -51,7 +51,7 @@ def command_level_unbatched(unit: Unit, verify: str, bounds: Bounds) -> Iterator
             continue
         digest = xxhash.xxh3_64_intdigest
         checksums = np.fromiter(
-            (digest(chunk.payloads[i]) for i in chosen.tolist()), dtype=np.uint64, count=len(chosen)
+            (digest(chunk.payload(i)) for i in chosen.tolist()), dtype=np.uint64, count=len(chosen)
         ).view(np.int64)  # schemas.signed64, for all at once
         fast = decoded.kinds[chosen] == KIND_FAST
         parts: list[tuple[np.ndarray, pa.RecordBatch]] = []
@@ -65,11 +65,12 @@ def command_level_unbatched(unit: Unit, verify: str, bounds: Bounds) -> Iterator
                 index = int(chosen[position])
                 entry = decoded.entries[index]
                 assert isinstance(entry, TxnEntry)
+                found = chunk.record(index)
                 rec = BackendRecord(
-                    chunk.segments[index],
-                    chunk.offsets[index],
+                    found.segment,
+                    found.offset_bytes,
                     int(chunk.lsns[index]),
-                    chunk.raft_indexes[index],
+                    found.raft_index,
                     None,
                     "record",
                 )
@@ -117,10 +118,10 @@ def _fast_rows(
     values = {
         "replica": pa.array([unit.replica] * n, pa.string()),
         "shard": pa.array(np.full(n, unit.shard, np.int32)),
-        "segment": pa.array([chunk.segments[i] for i in chosen.tolist()], pa.string()),
-        "offset_bytes": pa.array(np.asarray(chunk.offsets, dtype=np.int64)[chosen]),
+        "segment": pa.array([chunk.record(i).segment for i in chosen.tolist()], pa.string()),
+        "offset_bytes": pa.array(chunk.offsets_bytes(chosen)),
         "lsn": pa.array(chunk.lsns[chosen]),
-        "raft_index": pa.array([chunk.raft_indexes[i] for i in chosen.tolist()], pa.int64()),
+        "raft_index": pa.array([chunk.record(i).raft_index for i in chosen.tolist()], pa.int64()),
         "dsn": pa.array(decoded.dsns[chosen]),
         "start_ts": pa.array(decoded.start_ts[chosen].astype(np.int64)),
         "commit_ts": pa.array(decoded.commit_ts[chosen].astype(np.int64)),

@@ -29,6 +29,7 @@ from engine.wal.entry import (
     TxnEntry,
     UpdateCatalog,
 )
+from engine.wal.from_numpy import arrow_array
 from spark_jobs import checkpoints, replay, spill
 from spark_jobs.entries import entry_chunks
 from spark_jobs.errors import BadInput, InputCorrupt, ReplayFailed
@@ -319,7 +320,7 @@ class _Replayed:
                 self.table(rows.table_id).add_rows(rows.block_ids, rows.offsets, rows.columns)
             elif keep.any():
                 self.table(rows.table_id).add_rows(
-                    rows.block_ids[keep], rows.offsets[keep], rows.columns.filter(pa.array(keep))
+                    rows.block_ids[keep], rows.offsets[keep], rows.columns.filter(arrow_array(keep))
                 )
 
     def _apply(self, dsn: int, entry: TxnEntry) -> None:

@@ -7,7 +7,10 @@ the verify rules every level shares (spark_jobs/walread.py describes them):
   `corrupt` or `torn_tail`, `false` skips the backend's checksums);
 * `driver_records`: the same, each payload decoded by `tae_driver.record.decode`; a record
   that does not decode raises `InputCorrupt` unless verify is `report` (then it comes with
-  `decoded=None` and the reason).
+  `decoded=None` and the reason). With `split=False` (verify `true` or `false` only) an
+  ENTRIES record comes as an `EntriesBody`, checked but for the walk of its entries, which
+  the reader does for many records at once and reports with `record_corrupt`
+  (spark_jobs/entries.py).
 """
 
 from __future__ import annotations
@@ -29,7 +32,14 @@ from spark_jobs.journal import (
 )
 from tae_driver.backends import segment as file_segment
 from tae_driver.errors import CorruptRecord, StorageCorruption
-from tae_driver.record import DecodedRecord, EntriesRecord, decode, payload_checksum
+from tae_driver.record import (
+    DecodedRecord,
+    EntriesBody,
+    SkipRecord,
+    decode,
+    decode_unsplit,
+    payload_checksum,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,8 +124,9 @@ class DriverRecord:
     """A backend record and, when it holds a payload, the driver record decoded from it."""
 
     rec: BackendRecord
-    decoded: DecodedRecord | None
-    """None: no payload (a TRUNCATE or damaged framing), or a payload that does not decode."""
+    decoded: DecodedRecord | EntriesBody | None
+    """None: no payload (a TRUNCATE or damaged framing), or a payload that does not decode.
+    An `EntriesBody` only from `driver_records(split=False)`."""
     error: str | None = None
     """Why the payload does not decode (verify `report` only)."""
 
@@ -134,10 +145,15 @@ class DecodeCount:
 DECODES = DecodeCount()
 
 
-def driver_records(unit: Unit, verify: str, lsns: Range) -> Iterator[DriverRecord]:
+def driver_records(
+    unit: Unit, verify: str, lsns: Range, *, split: bool = True
+) -> Iterator[DriverRecord]:
     """Every backend record of `unit` whose LSN `lsns` holds, with its driver record decoded
     (the one place that does; a record outside `lsns` is not decoded, so its damage is not
-    seen)."""
+    seen). `split=False`: ENTRIES records come unsplit (`EntriesBody`); the caller walks
+    their bodies and names a body that does not parse with `record_corrupt` (verify
+    `report`, which yields damage as rows as it is read, always splits)."""
+    lazy = not split and verify != VERIFY_REPORT
     for rec in backend_records(unit, verify):
         if not lsns.holds(rec.lsn):
             continue
@@ -146,14 +162,22 @@ def driver_records(unit: Unit, verify: str, lsns: Range) -> Iterator[DriverRecor
             continue
         DECODES.total += 1
         try:
-            decoded = decode(rec.payload)
+            decoded = decode_unsplit(rec.payload) if lazy else decode(rec.payload)
         except CorruptRecord as exc:
-            reason = f"driver record at LSN {rec.lsn}: {exc}"
             if verify != VERIFY_REPORT:
-                raise InputCorrupt(unit.path, rec.offset_bytes, reason) from None
-            yield DriverRecord(rec, None, reason)
+                raise record_corrupt(unit, rec, exc) from None
+            yield DriverRecord(rec, None, _reason(rec, exc))
             continue
         yield DriverRecord(rec, decoded)
+
+
+def record_corrupt(unit: Unit, rec: BackendRecord, exc: CorruptRecord) -> InputCorrupt:
+    """The error for a driver record that does not decode (verify `true` or `false`)."""
+    return InputCorrupt(unit.path, rec.offset_bytes, _reason(rec, exc))
+
+
+def _reason(rec: BackendRecord, exc: CorruptRecord) -> str:
+    return f"driver record at LSN {rec.lsn}: {exc}"
 
 
 class RecordFields(NamedTuple):  # a tuple: made once per record on every read of a log
@@ -185,7 +209,7 @@ def record_fields(found: DriverRecord) -> RecordFields:
         return RecordFields(KIND_CORRUPT, None, None, None, None, (), found.error)
     checksum = payload_checksum(rec.payload)
     checksum = checksum - _TWO_64 if checksum >= _TWO_63 else checksum
-    if not isinstance(decoded, EntriesRecord):
+    if isinstance(decoded, SkipRecord):
         pairs = decoded.pairs
         return RecordFields("skip", 0, len(pairs), 0, checksum, pairs, None)
     kind = "entry" if decoded.count else "marker"

@@ -32,6 +32,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from engine.wal.from_numpy import arrow_array
 from spark_jobs.errors import ReplayFailed
 from spark_jobs.limits import SPILL_BATCH_BYTES_MAX, SPILL_MERGE_FAN_IN
 
@@ -133,7 +134,7 @@ class SortedRuns:
             return keys, seqs, rows
         order = np.lexsort((seqs, keys))
         if rows is not None:
-            rows = rows.take(pa.array(order))
+            rows = rows.take(arrow_array(order))
         return keys[order], seqs[order], rows
 
     def spill(self) -> None:
@@ -184,7 +185,7 @@ def _write_run(path: str, chunks: Iterable[Chunk]) -> None:
     writer = None
     try:
         for keys, seqs, rows in chunks:
-            columns = [pa.array(keys, pa.uint64()), pa.array(seqs, pa.int64())]
+            columns = [arrow_array(keys.astype(np.uint64)), arrow_array(seqs.astype(np.int64))]
             names = [KEY, SEQ]
             if rows is not None:
                 columns += rows.columns
@@ -259,7 +260,7 @@ def _merge(paths: list[str], cast: Callable[[pa.Table], pa.Table]) -> Iterator[C
         tables = [p[2] for p in pieces if p[2] is not None]
         rows = None
         if tables:
-            rows = pa.concat_tables([cast(t) for t in tables]).take(pa.array(order))
+            rows = pa.concat_tables([cast(t) for t in tables]).take(arrow_array(order))
         yield keys[order], seqs[order], rows
 
 
@@ -315,7 +316,7 @@ def live_table(
             keep &= ~np.isin(keys >> np.uint64(32), dropped_ids)
         if len(dead_keys):
             keep &= ~np.isin(keys, dead_keys)
-        return table if keep.all() else table.filter(pa.array(keep))
+        return table if keep.all() else table.filter(arrow_array(keep))
     path = rows.spill_dir.new_file("live")
     count = 0
     dead_chunks = dead.merged()
@@ -339,7 +340,7 @@ def live_table(
             if len(dead_held):
                 keep &= ~np.isin(keys, dead_held)
             dead_held = dead_held[dead_held > top]
-            kept = table if keep.all() else table.filter(pa.array(keep))
+            kept = table if keep.all() else table.filter(arrow_array(keep))
             count += kept.num_rows
             writer.write_table(kept)
     finally:

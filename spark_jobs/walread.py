@@ -62,7 +62,7 @@ from spark_jobs.records import BackendRecord, DriverRecord, driver_records, read
 from spark_jobs.rows import rows_level
 from spark_jobs.schemas import signed64
 from tae_driver.backends import segment as file_segment
-from tae_driver.record import EntriesRecord, payload_checksum
+from tae_driver.record import EntriesRecord, SkipRecord, payload_checksum
 
 LEVEL_SEGMENT = "segment"
 LEVEL_RAFT = "raft"
@@ -316,7 +316,7 @@ def _wal_rows(unit: Unit, options: ReadOptions) -> Iterator[tuple[object, ...]]:
                 yield row if level == LEVEL_RECORD else (*row, *blank_entry)
             continue
         record_checksum = signed64(payload_checksum(rec.payload))
-        if not isinstance(decoded, EntriesRecord):  # a skip record: one row per pair
+        if isinstance(decoded, SkipRecord):  # one row per pair
             if level != LEVEL_COMMAND and dsn_range.unbounded and ts_range.unbounded:
                 for dsn, lsn in decoded.pairs:
                     row = (
@@ -337,6 +337,7 @@ def _wal_rows(unit: Unit, options: ReadOptions) -> Iterator[tuple[object, ...]]:
                     )
                     yield row if level == LEVEL_RECORD else (*row, *blank_entry)
             continue
+        assert isinstance(decoded, EntriesRecord)  # driver_records splits unless asked not to
         record_head = (decoded.start_dsn, decoded.count, decoded.safe_dsn, record_checksum)
         if decoded.count == 0:
             if level != LEVEL_COMMAND and dsn_range.unbounded and ts_range.unbounded:
@@ -531,7 +532,7 @@ def _record_level(unit: Unit, options: ReadOptions) -> Iterator[pa.RecordBatch]:
                 continue
             head["record_checksum"] = signed64(payload_checksum(rec.payload))
             head["checksum_ok"] = True
-            if not isinstance(decoded, EntriesRecord):
+            if isinstance(decoded, SkipRecord):
                 if plain:
                     pairs = decoded.pairs
                     head.update(kind="skip", record_start_dsn=0, record_count=len(pairs))
@@ -542,6 +543,7 @@ def _record_level(unit: Unit, options: ReadOptions) -> Iterator[pa.RecordBatch]:
                     }
                     out.add(len(pairs), head, lists)
             else:
+                assert isinstance(decoded, EntriesRecord)  # split: driver_records' default
                 head["record_start_dsn"] = decoded.start_dsn
                 head["record_count"] = decoded.count
                 head["safe_dsn"] = decoded.safe_dsn

@@ -16,6 +16,9 @@ Why it looks like this (reference/matrixone-wal.md §2.2, §2.5; layout in FORMA
 
 Pure functions only; `decode` raises `CorruptRecord(reason, offset)` with one of the REASON_*
 strings below, so tests and callers can tell a torn payload from a bad checksum.
+`decode_unsplit` is `decode` less its last check, the walk of the entries' size prefixes
+(`EntriesBody.split`): for readers that walk many bodies at once without a bytes object per
+entry (spark_jobs/entries.py, issue 23).
 """
 
 from __future__ import annotations
@@ -143,6 +146,40 @@ def decode(payload: bytes) -> DecodedRecord:
     """Decode one record, checking, in this order: size, length field, checksum, magic,
     version, flags, type, body and DSN fields (FORMAT.md). Raises `CorruptRecord` at the
     first failure."""
+    decoded = decode_unsplit(payload)
+    if isinstance(decoded, EntriesBody):
+        return decoded.split()
+    return decoded
+
+
+@dataclass(frozen=True, slots=True)
+class EntriesBody:
+    """An ENTRIES record checked up to its entries (`decode_unsplit`): every check of `decode`
+    but the last, the walk of its entries' size prefixes, which `split` does. A reader that
+    walks many records' bodies at once (spark_jobs/entries.py) takes these, so that no bytes
+    object is made per entry; when its walk finds a body that does not parse, `split` raises
+    the `CorruptRecord` that `decode` would have raised."""
+
+    start_dsn: int
+    safe_dsn: int
+    count: int
+    payload: bytes
+    """The whole record: entry `i`'s size prefix is at RECORD_HEADER_BYTES for i = 0, each
+    entry's bytes follow its prefix, and the last ends at the payload's end."""
+
+    @property
+    def end_dsn(self) -> int:
+        return self.start_dsn + self.count - 1
+
+    def split(self) -> EntriesRecord:
+        """The entries, or `CorruptRecord(REASON_BODY, offset)` when the body does not parse
+        to exactly `count` entries."""
+        return _split(self.payload, self.count, self.start_dsn, self.safe_dsn)
+
+
+def decode_unsplit(payload: bytes) -> EntriesBody | SkipRecord:
+    """`decode` without the walk of an ENTRIES record's body (`EntriesBody.split`, the last
+    check): the same checks in the same order, the same `CorruptRecord` for each."""
     size = len(payload)
     if size < limits.RECORD_HEADER_BYTES:
         raise CorruptRecord(REASON_SHORT, size, f"{size} bytes, header needs 40")
@@ -162,27 +199,29 @@ def decode(payload: bytes) -> DecodedRecord:
     if flags != 0:
         raise CorruptRecord(REASON_FLAGS, OFFSET_FLAGS, f"{flags:#x}")
     if raw_type == RecordType.ENTRIES:
-        return _decode_entries(payload, count, start_dsn, safe_dsn)
+        if count > limits.RECORD_ENTRIES_MAX:
+            raise CorruptRecord(REASON_BODY, OFFSET_COUNT, f"{count} entries")
+        if start_dsn < 1 or start_dsn + count - 1 > _U64_MAX:
+            raise CorruptRecord(REASON_DSN, OFFSET_START_DSN, f"start DSN {start_dsn}")
+        if safe_dsn >= start_dsn:
+            raise CorruptRecord(
+                REASON_DSN, OFFSET_SAFE_DSN, f"safe {safe_dsn} >= start {start_dsn}"
+            )
+        return EntriesBody(start_dsn, safe_dsn, count, payload)
     if raw_type == RecordType.SKIP:
         return _decode_skip(payload, count, start_dsn, safe_dsn)
     raise CorruptRecord(REASON_TYPE, OFFSET_TYPE, f"type {raw_type}")
 
 
-def _decode_entries(payload: bytes, count: int, start_dsn: int, safe_dsn: int) -> EntriesRecord:
-    if count > limits.RECORD_ENTRIES_MAX:
-        raise CorruptRecord(REASON_BODY, OFFSET_COUNT, f"{count} entries")
-    if start_dsn < 1 or start_dsn + count - 1 > _U64_MAX:
-        raise CorruptRecord(REASON_DSN, OFFSET_START_DSN, f"start DSN {start_dsn}")
-    if safe_dsn >= start_dsn:
-        raise CorruptRecord(REASON_DSN, OFFSET_SAFE_DSN, f"safe {safe_dsn} >= start {start_dsn}")
+def _split(payload: bytes, count: int, start_dsn: int, safe_dsn: int) -> EntriesRecord:
     entries: list[bytes] = []
     append = entries.append
     unpack_size = _ENTRY_SIZE.unpack_from
     prefix = _ENTRY_SIZE.size
     offset = limits.RECORD_HEADER_BYTES
     size = len(payload)
-    # The hot loop of every replay (one turn per entry): one bound test per entry; a size
-    # prefix past the end is found by the (rare) unpack error.
+    # One turn per entry: one bound test per entry; a size prefix past the end is found by
+    # the (rare) unpack error.
     for _ in range(count):
         try:
             (entry_size,) = unpack_size(payload, offset)

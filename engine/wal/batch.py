@@ -39,6 +39,7 @@ from engine.errors import WalCorruption
 from engine.wal import codec
 from engine.wal.columns import _FIXED_BYTES, APPEND_COLUMNS_ROWS_MAX, _parse_definitions
 from engine.wal.entry import Append, AppendInfo, CheckpointEntry, MemoItem, TxnEntry
+from engine.wal.from_numpy import arrow_array
 
 Entry = TxnEntry | CheckpointEntry
 
@@ -145,6 +146,22 @@ def decode_entries(payloads: Sequence[bytes], dsns: Sequence[int]) -> DecodedEnt
     """Decode `payloads` (entries with DSNs `dsns`): the fast shape in columns, every other entry
     by `decode_entry`. Never raises for damage: a damaged entry's error is in `errors`."""
     count = len(payloads)
+    lengths = np.fromiter(map(len, payloads), dtype=np.int64, count=count)
+    ends = np.cumsum(lengths)
+    return decode_entries_at(b"".join(payloads), ends - lengths, ends, dsns)
+
+
+def decode_entries_at(
+    data: bytes,
+    starts: npt.NDArray[np.int64],
+    ends: npt.NDArray[np.int64],
+    dsns: Sequence[int] | npt.NDArray[np.int64],
+) -> DecodedEntries:
+    """`decode_entries` of the entries `data[starts[i]:ends[i]]`: places in one buffer, rising
+    and not overlapping, with anything between them (a reader passes the driver records'
+    payloads joined, and the places of their entries: no bytes object per entry)."""
+    count = len(starts)
+    assert len(ends) == count
     assert len(dsns) == count
     dsn_array = np.asarray(dsns, dtype=np.int64).reshape(count)
     out = DecodedEntries(
@@ -160,26 +177,26 @@ def decode_entries(payloads: Sequence[bytes], dsns: Sequence[int]) -> DecodedEnt
         db_ids=np.zeros(count, dtype=np.uint64),
     )
     fast = np.zeros(count, dtype=np.bool_)
-    if count:
-        lengths = np.fromiter(map(len, payloads), dtype=np.int64, count=count)
-        ends = np.cumsum(lengths)
-        if ends[-1] < 1 << 31:  # a binary array's offsets (a call never holds 2 GiB: callers chunk)
-            joined = b"".join(payloads)
-            reader = _Gather(np.frombuffer(joined, dtype=np.uint8), ends - lengths, ends)
-            reader.array = pa.Array.from_buffers(
-                pa.binary(),
-                count,
-                [
-                    None,
-                    pa.py_buffer(np.concatenate(([0], ends)).astype(np.int32)),
-                    pa.py_buffer(joined),
-                ],
-            )
-            candidates = _fast_candidates(reader, lengths)
-            candidates &= _checksums_ok(payloads, reader, candidates)
-            _decode_groups(reader, candidates, dsn_array, payloads, out, fast)
+    reader = _Gather(data, starts, ends)
+    if count and len(data) < 1 << 31:  # a binary array's offsets (callers chunk far below)
+        assert (starts[1:] >= ends[:-1]).all()
+        assert starts[0] >= 0 and ends[-1] <= len(data)
+        # Element i of the array runs from entry i's start to entry i + 1's: the entry, then
+        # whatever lies before the next (a prefix of each is all that is read of it).
+        reader.array = pa.Array.from_buffers(
+            pa.binary(),
+            count,
+            [
+                None,
+                pa.py_buffer(np.concatenate((starts, ends[-1:])).astype(np.int32)),
+                pa.py_buffer(data),
+            ],
+        )
+        candidates = _fast_candidates(reader, ends - starts)
+        candidates &= _checksums_ok(reader, candidates)
+        _decode_groups(reader, candidates, dsn_array, out, fast)
     for index in np.flatnonzero(~fast).tolist():
-        _decode_one(payloads, dsn_array, index, out)
+        _decode_one(reader, dsn_array, index, out)
     return out
 
 
@@ -243,27 +260,32 @@ _SHAPE = np.dtype(
 
 
 class _Gather:
-    """The entries of one call: their bytes joined, where each starts and ends, and the same as
-    an Arrow binary array (so that fixed-position slices of all of them are one Arrow kernel);
-    fields of many entries read at once."""
+    """The entries of one call: the buffer holding them, where each starts and ends, and the
+    same as an Arrow binary array (so that fixed-position slices of all of them are one Arrow
+    kernel); fields of many entries read at once."""
 
-    __slots__ = ("array", "data", "ends", "starts")
+    __slots__ = ("array", "data", "ends", "raw", "starts")
 
     def __init__(
-        self,
-        data: npt.NDArray[np.uint8],
-        starts: npt.NDArray[np.int64],
-        ends: npt.NDArray[np.int64],
+        self, raw: bytes, starts: npt.NDArray[np.int64], ends: npt.NDArray[np.int64]
     ) -> None:
-        self.data = data
+        self.raw = raw
+        self.data = np.frombuffer(raw, dtype=np.uint8)
         self.starts = starts
         self.ends = ends
         self.array: pa.BinaryArray | None = None
 
+    def entry(self, index: int) -> bytes:
+        return self.raw[int(self.starts[index]) : int(self.ends[index])]
+
     def prefix(self, members: npt.NDArray[np.int64], width: int) -> npt.NDArray[np.uint8]:
         """The first `width` bytes of each member (each at least that long), (n, width)."""
         assert self.array is not None
-        chosen = self.array if len(members) == len(self.starts) else self.array.take(members)
+        chosen = (
+            self.array
+            if len(members) == len(self.starts)
+            else self.array.take(arrow_array(members))
+        )
         sliced = pc.binary_slice(chosen, 0, width)
         assert sliced.offset == 0
         raw = np.frombuffer(sliced.buffers()[2], dtype=np.uint8)[: len(members) * width]
@@ -312,33 +334,39 @@ def _fast_candidates(reader: _Gather, lengths: npt.NDArray[np.int64]) -> npt.NDA
     return ok
 
 
-def _checksums_ok(
-    payloads: Sequence[bytes], reader: _Gather, candidates: npt.NDArray[np.bool_]
-) -> npt.NDArray[np.bool_]:
-    """The xxh3-64 of each candidate (its first 12 bytes, then its body) against its header."""
-    digest = xxhash.xxh3_64_intdigest
+def _checksums_ok(reader: _Gather, candidates: npt.NDArray[np.bool_]) -> npt.NDArray[np.bool_]:
+    """The xxh3-64 of each candidate (its first 12 bytes, then its body) against its header.
+    In a copy of the buffer each candidate's first 12 bytes are moved up over its checksum
+    field, so that what it covers is one range, hashed with no bytes object made per entry
+    (slices of one memoryview; the loop runs in C: map and fromiter)."""
     indexes = np.flatnonzero(candidates)
-    chosen = (
-        payloads if len(indexes) == len(payloads) else map(payloads.__getitem__, indexes.tolist())
-    )
-    skip_to = codec.HEADER_BYTES
+    ok = np.zeros(len(candidates), dtype=np.bool_)
+    if not len(indexes):
+        return ok
+    starts = reader.starts[indexes]
+    moved = reader.data.copy()
+    head = starts[:, None] + np.arange(_AT_CHECKSUM)
+    stored = np.ascontiguousarray(reader.bytes_at(starts + _AT_CHECKSUM, 8)).view("<u8")
+    moved[head + (codec.HEADER_BYTES - _AT_CHECKSUM)] = reader.data[head]
+    covered = memoryview(moved)  # type: ignore[arg-type]  # numpy's buffer protocol
+    first = starts + (codec.HEADER_BYTES - _AT_CHECKSUM)
     found = np.fromiter(
-        (digest(p[:_AT_CHECKSUM] + p[skip_to:]) for p in chosen),
+        map(
+            xxhash.xxh3_64_intdigest,
+            map(covered.__getitem__, map(slice, first.tolist(), reader.ends[indexes].tolist())),
+        ),
         dtype=np.uint64,
         count=len(indexes),
     )
-    ok = np.zeros(len(candidates), dtype=np.bool_)
-    if len(indexes):
-        raw = np.ascontiguousarray(reader.prefix(indexes, codec.HEADER_BYTES)[:, _AT_CHECKSUM:])
-        ok[indexes] = raw.view("<u8").reshape(len(indexes)) == found
+    ok[indexes] = stored.reshape(len(indexes)) == found
     return ok
 
 
 def _decode_one(
-    payloads: Sequence[bytes], dsns: npt.NDArray[np.int64], index: int, out: DecodedEntries
+    reader: _Gather, dsns: npt.NDArray[np.int64], index: int, out: DecodedEntries
 ) -> None:
     try:
-        entry = codec.decode_entry(payloads[index], int(dsns[index]))
+        entry = codec.decode_entry(reader.entry(index), int(dsns[index]))
     except WalCorruption as exc:
         out.kinds[index] = KIND_DAMAGED
         out.errors[index] = exc
@@ -355,7 +383,6 @@ def _decode_groups(
     reader: _Gather,
     candidates: npt.NDArray[np.bool_],
     dsns: npt.NDArray[np.int64],
-    payloads: Sequence[bytes],
     out: DecodedEntries,
     fast: npt.NDArray[np.bool_],
 ) -> None:
@@ -375,7 +402,7 @@ def _decode_groups(
             return
         exemplar = int(left[0])
         waiting[exemplar] = False
-        definitions = _definitions_of(payloads[exemplar], dsns[exemplar])
+        definitions = _definitions_of(reader.entry(exemplar), dsns[exemplar])
         if definitions is None:
             continue
         raw = np.frombuffer(definitions, dtype=np.uint8)
@@ -674,6 +701,6 @@ def _record(
                 entries=np.repeat(members[chosen], rows),
                 block_ids=np.repeat(block_ids[chosen], rows),
                 offsets=(offsets[chosen][:, None] + row_in_info).reshape(-1),
-                columns=batch if whole else batch.take(pa.array(row_index)),
+                columns=batch if whole else batch.take(arrow_array(row_index)),
             )
         )

@@ -3,8 +3,9 @@ random schemas (every column type, nulls, one to 40 rows so both AppendColumns a
 appends, two tables, catalog commands, deletes, checkpoints, versions 1 and 2) and on damaged
 copies of them - a flipped byte, a cut, and the same behind a resealed (valid) checksum, which
 is what reaches the field checks - every entry decodes to what `decode_entry` gives or fails
-with the same `WalCorruption` (DSN, reason, offset). One-row appends of one schema take the
-columnar path (checked, so the test cannot pass by decoding everything one by one).
+with the same `WalCorruption` (DSN, reason, offset); the same entries at places in one buffer
+with other bytes between them (`decode_entries_at`) decode alike. One-row appends of one
+schema take the columnar path (checked, so the test cannot pass by decoding everything one by one).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import datetime
 import random
 
+import numpy as np
 import pyarrow as pa
 import pytest
 import xxhash
@@ -21,7 +23,7 @@ from pyroaring import FrozenBitMap
 
 from engine.errors import WalCorruption
 from engine.schema import KEY_TYPES, TYPES, Column, Schema
-from engine.wal.batch import KIND_DAMAGED, KIND_FAST, KIND_ONE, decode_entries
+from engine.wal.batch import KIND_DAMAGED, KIND_FAST, KIND_ONE, decode_entries, decode_entries_at
 from engine.wal.codec import decode_entry, encode_entry
 from engine.wal.entry import (
     Append,
@@ -275,3 +277,44 @@ def test_every_byte_of_a_columnar_entry_damaged_behind_a_valid_checksum(
                 _reseal(damaged)
                 payloads = [*clean[:2], bytes(damaged), clean[3]]
                 _same(payloads, [1, 2, 3, 4])
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.randoms(use_true_random=False), st.integers(1, 40), st.floats(0.0, 0.5))
+def test_entries_at_places_in_one_buffer_decode_as_the_entries_alone(
+    rng: random.Random, count: int, damaged_share: float
+) -> None:
+    """`decode_entries_at` (entries at places in one buffer, other bytes between them: what a
+    reader passes from driver records) decodes each entry as `decode_entries` does it alone,
+    damaged or not: nothing between the places is read as part of an entry."""
+    payloads = [
+        _damage(rng, p) if rng.random() < damaged_share else p for p in _entries(rng, count)
+    ]
+    dsns = [3 * i + 1 for i in range(count)]
+    parts: list[bytes] = []
+    starts, ends = [], []
+    at = 0
+    for payload in payloads:
+        gap = bytes(rng.randrange(256) for _ in range(rng.choice([0, 4, 4, 44, rng.randrange(9)])))
+        parts += [gap, payload]
+        at += len(gap)
+        starts.append(at)
+        at += len(payload)
+        ends.append(at)
+    parts.append(bytes(rng.randrange(256) for _ in range(rng.randrange(30))))
+    placed = decode_entries_at(
+        b"".join(parts), np.asarray(starts, np.int64), np.asarray(ends, np.int64), dsns
+    )
+    alone = decode_entries(payloads, dsns)
+    assert placed.kinds.tolist() == alone.kinds.tolist()
+    for index in range(count):
+        try:
+            expected: object = alone.entry(index)
+        except WalCorruption as exc:
+            expected = (exc.dsn, exc.reason, exc.offset_bytes)
+        try:
+            found: object = placed.entry(index)
+        except WalCorruption as exc:
+            found = (exc.dsn, exc.reason, exc.offset_bytes)
+        assert found == expected, index
+    assert (placed.commit_ts == alone.commit_ts).all()
