@@ -24,7 +24,7 @@ KIB = 1024
 MIB = 1024 * KIB
 
 # Keys that may be 0: "no added wait".
-_ZERO_ALLOWED = frozenset({"batch_delay_ms_max", "batch_appends_per_inflight_min"})
+_ZERO_ALLOWED = frozenset({"batch_delay_ms_max"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,15 +56,6 @@ class ServerLimits:
     # Raft entries of one shard proposed and not yet applied: fewer, larger entries (each
     # costs a pickle and a seal per follower in pysyncobj) instead of one per request.
     proposals_inflight_per_shard_max: int = 4
-    # While k groups of a shard are in flight, the next is proposed only once it holds at
-    # least k x this many appends (or is full); else it waits for one of them to be
-    # answered, gathering what arrives meanwhile. A shard with a few appends in flight
-    # (many busy shards: 256 appenders over 100 shards) then makes one Raft entry of what
-    # came during a round instead of one each: the per-entry cost (a tick, a pickle and a
-    # seal per follower, their ticks and acknowledgements) dominates there. A lone
-    # append (nothing in flight) still goes at once, and a heavily loaded shard still
-    # pipelines up to proposals_inflight_per_shard_max. 0: propose at once (no holding).
-    batch_appends_per_inflight_min: int = 8
 
     # How long a proposal may wait for its outcome before the client is told
     # OUTCOME_UNKNOWN (and retries with the same (client_id, seq), deduplicated).

@@ -171,54 +171,33 @@ class ShardHost:
         which answers it if the batcher is cancelled)."""
         limits = self._limits
         queued = self._queued
-        per_inflight = limits.batch_appends_per_inflight_min
         while True:
             pending.clear()
             if not queued:
                 await self._queued_more(None)
             size = 0
             records = 0
-            full = False
             deadline = self._loop.time() + limits.batch_delay_ms_max / 1000.0
-            while not full:
+            while len(pending) < self._batches_max and size < self._bytes_max:
                 if not queued:
                     remaining = deadline - self._loop.time()
-                    if remaining <= 0:
+                    if remaining <= 0 or not await self._queued_more(remaining):
                         break
-                    await self._queued_more(remaining)  # (an answered group wakes it too)
-                    continue
-                size, records, full = self._take_queued(pending, size, records)
+                item = queued[0]
+                grown = size + _batch_bytes(item[0])
+                if pending and (
+                    grown > self._bytes_max or records + len(item[0].records) > self._records_max
+                ):
+                    break  # the next group starts with it
+                queued.popleft()
+                pending.append(item)
+                size = grown
+                records += len(item[0].records)
             if not pending:  # woken with nothing queued: nothing to propose
                 continue
-            # A small group waits while others are in flight (`batch_appends_per_inflight_min`),
-            # gathering what arrives, until one of them is answered (`_finish` wakes us).
-            while not full and len(pending) < per_inflight * len(self._inflight):
-                await self._queued_more(None)
-                size, records, full = self._take_queued(pending, size, records)
             # Proposals run concurrently (bounded); the batcher goes on collecting.
             await self._proposals.acquire()
             self._propose_group(list(pending))
-
-    def _take_queued(
-        self, pending: list[tuple[AppendBatch, AppendCallback]], size: int, records: int
-    ) -> tuple[int, int, bool]:
-        """Move queued appends into `pending` while the group's bounds allow; return its
-        new size in bytes and records, and whether it is full."""
-        queued = self._queued
-        while queued:
-            if len(pending) >= self._batches_max or size >= self._bytes_max:
-                return size, records, True
-            item = queued[0]
-            grown = size + _batch_bytes(item[0])
-            if pending and (
-                grown > self._bytes_max or records + len(item[0].records) > self._records_max
-            ):
-                return size, records, True  # the next group starts with it
-            queued.popleft()
-            pending.append(item)
-            size = grown
-            records += len(item[0].records)
-        return size, records, len(pending) >= self._batches_max or size >= self._bytes_max
 
     async def _queued_more(self, timeout_s: float | None) -> bool:
         """Wait until an append is queued (at most `timeout_s`); False if none was.
@@ -272,10 +251,6 @@ class ShardHost:
             group.timer.cancel()
         self._inflight.discard(group)
         self._proposals.release()
-        waiter = self._wakeup  # a batcher holding a small group looks again
-        if waiter is not None:
-            self._wakeup = None
-            _wake(waiter)
         results: list[AppendOutcome]
         if isinstance(outcome, GroupAppended):
             results = list(outcome.results)

@@ -29,11 +29,9 @@ and ~3 ms of CPU a second per idle replica). Here instead (docs/decisions/0005-.
   that a held reply waits on (a follower's acknowledgement, a vote) stays on the worker, in
   the tick: handing it over would add a thread hop before the reply. Except over the node
   journal (`[node] journal = "node"`), where one journal sync covers every replica's
-  appends: a replica defers that sync and its held replies to the end of the worker's
-  round (`defer_to_round_end`). A replica alone in its round then syncs and sends on the
-  worker as before; two or more hand the round's one sync to the syncer thread, and their
-  held replies leave from the worker when it returned, so the worker ticks its other
-  replicas while the fdatasync runs instead of waiting for it.
+  appends: a replica ticked while others of the same round are still to be ticked defers
+  that sync and its held replies to the end of the round (`defer_to_round_end`), so one
+  fdatasync, by the round's last replica, answers them all.
 
 Threads per node: `workers` (`WORKERS_DEFAULT`, 4; the config's `[raft] threads`), and
 one syncer per worker (asleep on a condition, no timer, while nothing is asked of it),
@@ -74,11 +72,6 @@ IDLE_WAIT_S_MAX = 1.0
 REMOVE_WAIT_S_MAX = 30.0
 # Follow-up ticks of one replica in a row before the worker looks at its others again.
 EVENTS_PER_POLL_MAX = 1024
-# Replicas of one round with a deferred sync (`defer_to_round_end`) from which the worker
-# hands their shared sync to its syncer thread instead of waiting for it itself: a lone
-# replica's sync stays on the worker (a thread hop would only add to its latency), two or
-# more share one fdatasync that the worker need not wait for.
-ROUND_HANDOFF_MIN = 2
 
 
 class Tickable(Protocol):
@@ -187,9 +180,6 @@ class _Requests:
     removes: list[tuple[Tickable, Callable[[], None] | None, threading.Event]] = field(
         default_factory=list
     )
-    # Round-end steps whose shared sync the syncer ran (`_Syncer.request_round`): to run
-    # on the worker. One per replica (a later one replaces it), so bounded by the replicas.
-    finishes: dict[Tickable, Callable[[], None]] = field(default_factory=dict)
     stop: bool = False
 
 
@@ -204,9 +194,6 @@ class _Syncer:
         self._worker = worker
         self._cv = threading.Condition(threading.Lock())
         self._pending: dict[Tickable, Callable[[], bool]] = {}
-        # A round's deferred steps handed over (`request_round`): replica -> (its sync, the
-        # step to run on the worker once it returned). Merged across rounds, one per replica.
-        self._round: dict[Tickable, tuple[Callable[[], None], Callable[[], None]]] = {}
         self._stopping = False
         self.thread: threading.Thread | None = None
 
@@ -217,53 +204,31 @@ class _Syncer:
             if self._stopping:
                 return
             self._pending[node] = sync
-            self._start_locked()
+            if self.thread is None:  # started on first use: a node that never leads needs none
+                self.thread = threading.Thread(
+                    target=self._run, name=f"raft-syncer-{self._worker.number}", daemon=True
+                )
+                self.thread.start()
             self._cv.notify()
-
-    def request_round(
-        self, steps: list[tuple[Tickable, Callable[[], None], Callable[[], None]]]
-    ) -> None:
-        """For each (replica, sync, finish) of a round: run `sync()` (must not raise; over
-        the node journal the first one's fdatasync covers the others' appends, which then
-        return at once) on the syncer thread, then `finish()` on the worker."""
-        with self._cv:
-            if self._stopping:
-                return
-            for node, sync, finish in steps:
-                self._round[node] = (sync, finish)
-            self._start_locked()
-            self._cv.notify()
-
-    def _start_locked(self) -> None:
-        if self.thread is None:  # started on first use: a node that never leads needs none
-            self.thread = threading.Thread(
-                target=self._run, name=f"raft-syncer-{self._worker.number}", daemon=True
-            )
-            self.thread.start()
 
     def forget(self, node: Tickable) -> None:
         with self._cv:
             self._pending.pop(node, None)
-            self._round.pop(node, None)
 
     def stop(self) -> None:
         with self._cv:
             self._stopping = True
             self._pending.clear()
-            self._round.clear()
             self._cv.notify()
 
     def _run(self) -> None:
         while True:
             with self._cv:
-                while not self._pending and not self._round and not self._stopping:
+                while not self._pending and not self._stopping:
                     self._cv.wait()
                 if self._stopping:
                     return
                 pending, self._pending = self._pending, {}
-                round_steps, self._round = self._round, {}
-            if round_steps:
-                self._run_round(round_steps)
             for node, sync in pending.items():
                 try:
                     wake = sync()
@@ -276,20 +241,6 @@ class _Syncer:
                     if self._stopping:
                         return
                     self._worker.wake(node)
-
-    def _run_round(
-        self, steps: dict[Tickable, tuple[Callable[[], None], Callable[[], None]]]
-    ) -> None:
-        finishes: dict[Tickable, Callable[[], None]] = {}
-        for node, (sync, finish) in steps.items():
-            try:
-                sync()
-            except Exception:  # the replica keeps its own errors for `finish`: a bug
-                log.exception("round sync of %s failed", node.label)
-            finishes[node] = finish
-        with self._cv:
-            if not self._stopping:
-                self._worker.post_finishes(finishes)
 
 
 class _Worker:
@@ -310,8 +261,8 @@ class _Worker:
         self._runnable: dict[Tickable, None] = {}
         self.replicas = 0  # assigned (for balancing)
         self.syncer = _Syncer(self)
-        # Steps deferred to the round's end: replica -> (finish, its sync or None).
-        self._round_end: dict[Tickable, tuple[Callable[[], None], Callable[[], None] | None]] = {}
+        self._round_left = 0  # replicas of the current round not ticked yet
+        self._round_end: dict[Tickable, Callable[[], None]] = {}
         self.thread = threading.Thread(target=self._run, name=f"raft-worker-{number}", daemon=True)
 
     # ------------------------------------------------------------------ sockets
@@ -362,12 +313,6 @@ class _Worker:
             self._requests.adds.append(entry)
             self._signal()
 
-    def post_finishes(self, finishes: dict[Tickable, Callable[[], None]]) -> None:
-        """From the syncer: round-end steps whose sync returned, to run on this worker."""
-        with self._lock:
-            self._requests.finishes.update(finishes)
-            self._signal()
-
     def remove(self, node: Tickable, then: Callable[[], None] | None) -> None:
         done = threading.Event()
         if threading.current_thread() is self.thread:
@@ -411,38 +356,32 @@ class _Worker:
             if self.number == 0:
                 self._scheduler.duties(now_s)
             runnable, self._runnable = self._runnable, {}
+            self._round_left = len(runnable)
             for node in runnable:
+                self._round_left -= 1
                 self._tick(node)
             if self._round_end:
                 self._finish_round()
         self._close()
 
-    def defer_to_round_end(
-        self, node: Tickable, finish: Callable[[], None], sync: Callable[[], None] | None
-    ) -> None:
-        """From `node`'s tick: run `finish()` once this round's replicas are all ticked (a
-        later call of the same round replaces it). See `RaftScheduler.defer_to_round_end`."""
+    def defer_to_round_end(self, node: Tickable, finish: Callable[[], None]) -> bool:
+        """From `node`'s tick: run `finish()` once this round's other replicas are ticked;
+        False (nothing deferred) when `node` is the round's last."""
         assert threading.current_thread() is self.thread
-        self._round_end[node] = (finish, sync)
+        if self._round_left == 0:
+            return False
+        self._round_end[node] = finish
+        return True
 
     def _finish_round(self) -> None:
         pending, self._round_end = self._round_end, {}
-        live = [(node, step) for node, step in pending.items() if node in self._entries]
-        if len(live) >= ROUND_HANDOFF_MIN and all(sync is not None for _, (_, sync) in live):
-            # The round's shared sync on the syncer thread; this worker goes on ticking
-            # its replicas meanwhile, and runs the finishes when the syncer posts them.
-            self.syncer.request_round(
-                [(node, sync, finish) for node, (finish, sync) in live if sync is not None]
-            )
-            return
-        for node, (finish, _) in live:
-            self._run_finish(node, finish)
-
-    def _run_finish(self, node: Tickable, finish: Callable[[], None]) -> None:
-        try:
-            finish()
-        except Exception:  # the replica's own errors are handled inside: a bug
-            log.exception("end of round of %s failed", node.label)
+        for node, finish in pending.items():
+            if node not in self._entries:
+                continue  # removed during the round
+            try:
+                finish()
+            except Exception:  # the replica's own errors are handled inside: a bug
+                log.exception("end of round of %s failed", node.label)
 
     def _wait_s(self) -> float:
         due_s = float("inf")
@@ -498,9 +437,6 @@ class _Worker:
         for node in requests.wakes:
             if node in self._entries:
                 self._runnable[node] = None
-        for node, finish in requests.finishes.items():
-            if node in self._entries:
-                self._run_finish(node, finish)
         for node, then, done in requests.removes:
             try:
                 self._drop(node, then)
@@ -511,7 +447,6 @@ class _Worker:
     def _drop(self, node: Tickable, then: Callable[[], None] | None) -> None:
         entry = self._entries.pop(node, None)
         self._runnable.pop(node, None)
-        self._round_end.pop(node, None)
         self.syncer.forget(node)  # a sync already running finishes; its wake is ignored
         if entry is not None:
             entry.poller.owner = None
@@ -640,25 +575,14 @@ class RaftScheduler:
         if worker is not None:
             worker.syncer.request(node, sync)
 
-    def defer_to_round_end(
-        self, node: Tickable, finish: Callable[[], None], sync: Callable[[], None] | None = None
-    ) -> bool:
-        """From `node`'s tick (its worker's thread): run `finish()` on that worker once
-        every replica of the current round is ticked; False, nothing deferred, when called
-        from any other thread (the caller does it now).
-
-        `sync` (thread-safe, must not raise): what `finish` would block on, a sync that one
-        call makes durable for every replica of the round (the node journal). When
-        `ROUND_HANDOFF_MIN` or more replicas of a round deferred with one, the round's syncs
-        run on the worker's syncer thread and their finishes come back to the worker after:
-        the worker does not wait for the fdatasync (it ticks its other replicas meanwhile).
-        Below that (a replica alone in its round), `finish` runs on the worker at once,
-        which syncs itself: no thread hop for a lone replica."""
+    def defer_to_round_end(self, node: Tickable, finish: Callable[[], None]) -> bool:
+        """From `node`'s tick (its worker's thread): run `finish()` on that worker after
+        the current round's other replicas are ticked; False, nothing deferred, when none
+        are left to tick (the caller does it now)."""
         worker = self._worker_of.get(node)
         if worker is None or threading.current_thread() is not worker.thread:
             return False
-        worker.defer_to_round_end(node, finish, sync)
-        return True
+        return worker.defer_to_round_end(node, finish)
 
     def update_peers(self, node: Tickable) -> None:
         """`node`'s peer nodes changed (a membership change): re-index it."""

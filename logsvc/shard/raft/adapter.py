@@ -76,8 +76,7 @@ class ShardRaft(SyncObj):  # type: ignore[misc]
                                     hint to what a durable majority holds (leader)
       `__raftLastApplied`           the index `apply` is at; set by a snapshot install
       `__raftNextIndex`             a late ack never lowers it, a refusal never raises it
-      `__raftMatchIndex`            followers' progress (progress view, learners, quiet;
-                                    whether the leader's sync may let the commit move)
+      `__raftMatchIndex`            followers' progress (progress view, learners, quiet)
       `__raftElectionDeadline`      held while quiet or joining; restarted from liveness;
                                     held during a pre-vote round, 0 once it is won;
                                     set in the survivors' order when the leader is lost
@@ -269,28 +268,9 @@ class ShardRaft(SyncObj):  # type: ignore[misc]
             return {str(node.id): int(index) for node, index in match.items()}
         return {address: int(match.get(node, 0)) for node, address in names.items()}
 
-    def logsvc_commit_may_advance(self) -> bool:
-        """Any thread (the leader's syncer, after its own sync): whether enough followers
-        acknowledged an entry above the commit index that, with the leader, they make a
-        majority; else the leader's durability alone commits nothing now, and the next
-        follower acknowledgement's tick counts it (`_logsvc_count_durable_leader` reads the
-        durable index then). True when the maps changed size during the look."""
-        commit = self._SyncObj__raftCommitIndex
-        try:
-            others = tuple(self._SyncObj__otherNodes)
-            match = self._SyncObj__raftMatchIndex
-            ahead = sum(1 for node in others if match.get(node, 0) > commit)
-        except RuntimeError:
-            return True
-        return ahead + 1 > (len(others) + 1) / 2
-
     def logsvc_flush(self) -> None:
         """The tick's one journal sync, then the replies held for it (the transport's)."""
         self._SyncObj__transport.flush()
-
-    def logsvc_flush_covered(self, durable_index: int) -> None:
-        """Send the held acknowledgements that `durable_index` covers, with no sync."""
-        self._SyncObj__transport.flush_covered(durable_index)
 
     def logsvc_holds_replies(self) -> bool:
         """Whether the transport holds messages until the next sync (acks, votes)."""

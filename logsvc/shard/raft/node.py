@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import os
 import threading
@@ -139,9 +138,6 @@ class RaftNode:
         # a time; its error, kept for the next tick (the syncer never raises into us).
         self._sync_in_flight = False
         self._sync_error: StoreError | None = None
-        # Held replies deferred to the worker's round end (node journal): the latest
-        # deferral's number; an older deferral's step finds it moved on and does nothing.
-        self._round_seq = 0
 
     def start(self) -> None:
         assert not self._started
@@ -391,14 +387,8 @@ class RaftNode:
         self._journal.flush_vote()
         if raft.logsvc_holds_replies():
             store = self._journal.store
-            if not store.shares_journal or not store.sync_needed:
-                raft.logsvc_flush()  # its own file, or nothing to sync: send them now
-                return
-            self._round_seq += 1
-            if not self._scheduler.defer_to_round_end(
-                self,
-                functools.partial(self._flush_at_round_end, self._round_seq),
-                self._sync_for_round,
+            if not store.shares_journal or not self._scheduler.defer_to_round_end(
+                self, self._flush_at_round_end
             ):
                 raft.logsvc_flush()
             return
@@ -407,36 +397,15 @@ class RaftNode:
         self._sync_in_flight = True
         self._scheduler.sync_later(self, self._sync_in_background)
 
-    def _sync_for_round(self) -> None:
-        """The deferred sync, on the worker's syncer thread (scheduler.defer_to_round_end):
-        over the node journal the round's first such sync covers every replica's appends.
-        Never raises: an error waits for `_flush_at_round_end` (which syncs again, on the
-        worker, and meets it)."""
-        with contextlib.suppress(StoreError):
-            self._journal.store.sync()
-
-    def _flush_at_round_end(self, round_seq: int) -> None:
-        """The deferred sync and held replies (node journal), on the worker after its round
-        (and, when the round's sync ran on the syncer thread, after it returned: the sync
-        here then finds this store's appends durable and the replies leave at once).
-
-        The step of an earlier deferral than the replica's latest, when entries were
-        appended since (their acknowledgements wait for the latest deferral's sync), sends
-        only the held acknowledgements its sync covered, without syncing again here: under
-        a steady stream each round's acknowledgements leave when their own sync returned,
-        never held back by the next round's appends, and the worker never waits on a
-        fdatasync for them."""
+    def _flush_at_round_end(self) -> None:
+        """The deferred sync and held replies (node journal), on the worker after its round:
+        the round's last sync covered this store's appends too, so this sends at once."""
         if self._fatal is not None or self._stopped:
             return
         shard = self._events.shard if self._events is not None else 0
         if shard:
             logs.bind_shard(shard)
         try:
-            store = self._journal.store
-            durable = store.durable_index
-            if round_seq != self._round_seq and durable < store.last_index:
-                self._raft.logsvc_flush_covered(durable)
-                return
             self._raft.logsvc_flush()
         except (RaftFatal, StoreError) as exc:
             self._die(exc)
@@ -450,12 +419,9 @@ class RaftNode:
     def _sync_in_background(self) -> bool:
         """On the worker's syncer thread; never raises (the error waits for the tick).
         True (wake the replica) if the sync failed, made durable an entry not yet
-        committed that a follower already holds (the next commit count takes it), or
-        entries were appended meanwhile (the next tick asks for their sync); else no tick
-        is needed: the followers' acks committed everything it covered already, or none
-        has come yet and the tick of the first one counts this sync (its durable index is
-        set before the follower's match index is read here, and that tick reads the
-        durable index after setting the match index: one of the two sees the other)."""
+        committed (the next commit count may take it), or entries were appended meanwhile
+        (the next tick asks for their sync); else no tick is needed: the followers' acks
+        committed everything it covered already."""
         try:
             durable = self._journal.store.sync()
         except StoreError as exc:
@@ -464,10 +430,7 @@ class RaftNode:
         finally:
             self._sync_in_flight = False
         store = self._journal.store
-        raft = self._raft
-        return (
-            int(raft.raftCommitIndex) < durable and raft.logsvc_commit_may_advance()
-        ) or store.sync_needed
+        return int(self._raft.raftCommitIndex) < durable or store.sync_needed
 
     def _run_tick_calls(self) -> None:
         if not self._tick_calls:

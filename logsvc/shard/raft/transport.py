@@ -134,25 +134,6 @@ class _DurableMixin(Transport):  # type: ignore[misc]
     def held(self) -> list[tuple[Any, dict[str, Any]]]:
         return self._outbox
 
-    def flush_covered(self, durable_index: int) -> None:
-        """Send, oldest first and with no sync, the held acknowledgements of entries up to
-        `durable_index` (durable already); stop at the first held message it does not
-        cover: that one and those after it wait for the next `flush`. A vote covers the
-        whole log, so it always waits for a flush."""
-        outbox = self._outbox
-        covered = 0
-        for _, message in outbox:
-            if message.get("type") != "next_node_idx":
-                break
-            if int(message.get("next_node_idx", 0)) - 1 > durable_index:
-                break
-            covered += 1
-        if not covered:
-            return
-        sending, self._outbox = outbox[:covered], outbox[covered:]
-        for node, message in sending:
-            super().send(node, message)
-
     def flush(self) -> None:
         """Sync the journal, then send what was held. Called after every tick."""
         owner: TransportOwner = self._syncObj

@@ -161,12 +161,8 @@ def test_groups_stay_within_their_bounds_and_keep_the_order() -> None:
         # Each test batch counts 2 + 64 bytes: 3 fit in 200 bytes, a 4th does not.
         host = _host(replica, batch_bytes_max=200, batch_appends_max=8)
         outcomes = _submit_each(host, range(1, 11))
-        await _until(lambda: sum(map(len, _proposed_seqs(replica))) == 9)
-        # Full groups go at once; the small rest waits while the others are in flight.
-        assert _proposed_seqs(replica) == [[1, 2, 3], [4, 5, 6], [7, 8, 9]]
-        replica.answer_all()
-        await _until(lambda: sum(map(len, _proposed_seqs(replica))) == 1)
-        assert _proposed_seqs(replica) == [[10]]
+        await _until(lambda: sum(map(len, _proposed_seqs(replica))) == 10)
+        assert _proposed_seqs(replica) == [[1, 2, 3], [4, 5, 6], [7, 8, 9], [10]]
         replica.answer_all()
         await _until(lambda: len(outcomes) == 10)
         assert [outcomes[seq] for seq in range(1, 11)] == _appended(range(1, 11))
@@ -293,46 +289,3 @@ def test_an_apply_wakes_the_loop_only_for_a_tail_read() -> None:
             await host.close()
 
     asyncio.run(scenario())
-
-
-def test_a_small_group_waits_while_others_are_in_flight_and_goes_when_one_is_answered() -> None:
-    """`batch_appends_per_inflight_min`: a lone append goes at once; appends arriving while
-    it is in flight gather into one group, proposed when it is answered (or once they are
-    k x the minimum for k groups in flight). With the minimum at 0 each goes at once."""
-
-    async def scenario(per_inflight: int) -> list[list[int]]:
-        replica = _Replica()
-        host = _host(replica, batch_appends_per_inflight_min=per_inflight)
-        outcomes: dict[int, AppendOutcome] = {}
-        host.submit_append(_batch(1), functools.partial(outcomes.__setitem__, 1))
-        await _until(lambda: len(_proposed_seqs(replica)) == 1)
-        for seq in range(2, 5):  # arrive one at a time while the first is in flight
-            host.submit_append(_batch(seq), functools.partial(outcomes.__setitem__, seq))
-            await _until(lambda: not host._queued)  # the batcher took it
-        if per_inflight:
-            assert _proposed_seqs(replica) == [[1]]
-            replica.answer_all()  # the first answered: the held group goes
-            await _until(lambda: len(_proposed_seqs(replica)) == 1)
-        else:
-            await _until(lambda: len(_proposed_seqs(replica)) == 4)
-        groups = _proposed_seqs(replica)
-        replica.answer_all()
-        await _until(lambda: len(outcomes) == 4)
-        assert [outcomes[seq] for seq in range(1, 5)] == _appended(range(1, 5))
-        await host.close()
-        return groups
-
-    assert asyncio.run(scenario(8)) == [[2, 3, 4]]
-    assert asyncio.run(scenario(0)) == [[1], [2], [3], [4]]
-
-    async def enough() -> None:
-        replica = _Replica()
-        host = _host(replica, batch_appends_per_inflight_min=2)
-        _submit_each(host, range(1, 2))
-        await _until(lambda: len(_proposed_seqs(replica)) == 1)
-        _submit_each(host, range(2, 4))  # 2 appends with 1 group in flight: enough
-        await _until(lambda: len(_proposed_seqs(replica)) == 2)
-        assert _proposed_seqs(replica) == [[1], [2, 3]]
-        await host.close()
-
-    asyncio.run(enough())

@@ -1,14 +1,16 @@
-"""Many shards on nodes that share one journal and one scheduler each (issue 22): a worker's
-round hands its replicas' one journal sync to its syncer thread and sends their held
-acknowledgements when it returned (scheduler.defer_to_round_end), and nothing is
-acknowledged before it is durable.
+"""Many shards on nodes that share one journal and one scheduler each (issue 22): replicas of
+one worker round defer their journal sync and held acknowledgements to the round's end
+(scheduler.defer_to_round_end, one fdatasync for the round), and nothing is acknowledged
+before it is durable. The other tests of that path run each replica on a private scheduler,
+where a round never holds two replicas.
 
 Proves, with three "nodes" (a `RaftScheduler` with one worker and a `NodeJournal` each)
-hosting six shards on loopback: proposals spread over every shard all commit, with rounds
-handed to the syncer (counted); and a follower's acknowledgement never leaves before the
+hosting six shards on loopback: proposals spread over every shard all commit, with
+round-end flushes (counted); and a follower's acknowledgement never leaves before the
 journal fdatasync that covers the entries it acknowledges returned (every send of a
 `next_node_idx` is checked against the follower's store: its durable index covers the
-acknowledged index at that moment). Real replicas; every wait is bounded.
+acknowledged index at that moment; the check fails with the transport's sync removed).
+Real replicas; every wait is bounded.
 """
 
 from __future__ import annotations
@@ -35,17 +37,17 @@ SHARDS = 6
 PROPOSALS_PER_SHARD = 30
 
 
-def test_a_rounds_journal_sync_is_handed_off_and_no_ack_precedes_it(
+def test_many_shards_on_one_scheduler_and_journal_acknowledge_only_what_is_durable(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    rounds: list[int] = []
-    run_round = scheduler._Syncer._run_round
+    deferred = [0]
+    flush_at_round_end = RaftNode._flush_at_round_end
 
-    def counting(self: scheduler._Syncer, steps: dict[Any, Any]) -> None:
-        rounds.append(len(steps))
-        run_round(self, steps)
+    def counting(self: RaftNode) -> None:
+        deferred[0] += 1
+        flush_at_round_end(self)
 
-    monkeypatch.setattr(scheduler._Syncer, "_run_round", counting)
+    monkeypatch.setattr(RaftNode, "_flush_at_round_end", counting)
 
     # Every acknowledgement as it goes to the socket (the durable transport's flush sends
     # through TCPTransport.send): the follower's store must hold the acknowledged entries
@@ -133,8 +135,7 @@ def test_a_rounds_journal_sync_is_handed_off_and_no_ack_precedes_it(
         for _ in range(total):
             assert done.acquire(timeout=30.0), "a proposal got no outcome"
         assert outcomes == [FailReason.SUCCESS] * total
-        assert rounds, "no round's sync was handed to a syncer thread"
-        assert max(rounds) >= 2
+        assert deferred[0] > 0, "no replica deferred its sync to its round's end"
         assert acks[0] > 0
         assert early == []
     finally:

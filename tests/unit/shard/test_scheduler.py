@@ -188,14 +188,13 @@ def test_liveness_duties_carry_alive_messages_and_wake_on_changes() -> None:
 
 
 def test_a_deferred_step_runs_after_the_rounds_other_replicas() -> None:
-    """`defer_to_round_end` (the node journal's shared sync): a replica's step runs on its
-    worker once every replica of the round is ticked, a lone replica's too (at once, on the
-    worker: no sync given, nothing is handed over). The round is made by holding the worker
-    in a blocker's tick while both are woken (an event, no sleep)."""
+    """`defer_to_round_end` (the node journal's shared sync): a replica ticked while others
+    of its round are still to tick runs its step after them; the round's last replica, or
+    a replica alone, is told to do it now. The round is made by holding the worker in a
+    blocker's tick while both are woken (an event, no sleep)."""
     sched = scheduler(workers=1)
     sched.start()
     order: list[str] = []
-    threads: list[str] = []
     answers: dict[str, bool] = {}
     armed = threading.Event()
     release = threading.Event()
@@ -210,12 +209,9 @@ def test_a_deferred_step_runs_after_the_rounds_other_replicas() -> None:
                     assert release.wait(WAIT_S_MAX)
                 return None
             order.append(f"tick {self.label}")
-
-            def end() -> None:
-                order.append(f"end {self.label}")
-                threads.append(threading.current_thread().name)
-
-            answers[self.label] = sched.defer_to_round_end(self, end)
+            answers[self.label] = sched.defer_to_round_end(
+                self, lambda: order.append(f"end {self.label}")
+            )
             return None
 
     blocker, first, second = Deferring("blocker"), Deferring("a"), Deferring("b")
@@ -223,7 +219,7 @@ def test_a_deferred_step_runs_after_the_rounds_other_replicas() -> None:
         for fake in (blocker, first, second):
             add(sched, fake)
         until(lambda: min(f.count() for f in (blocker, first, second)) == 1, "first ticks")
-        until(lambda: len(order) == 4, "their deferred steps")
+        until(lambda: len(order) == 2 + sum(answers.values()), "their deferred steps")
         order.clear()
         armed.set()
         sched.wake(blocker)
@@ -231,95 +227,13 @@ def test_a_deferred_step_runs_after_the_rounds_other_replicas() -> None:
         sched.wake(first)
         sched.wake(second)
         release.set()
-        until(lambda: len(order) == 4, "the deferred steps")
-        assert order == ["tick a", "tick b", "end a", "end b"]
-        assert answers == {"a": True, "b": True}
-        sched.wake(first)  # alone in its round: its step still runs after the tick
-        until(lambda: order[-1] == "end a", "a lone replica's step")
-        assert order[-2:] == ["tick a", "end a"]
-        assert set(threads) == {"raft-worker-0"}
+        until(lambda: "end a" in order, "the deferred step")
+        assert order == ["tick a", "tick b", "end a"]
+        assert answers == {"a": True, "b": False}
+        sched.wake(first)  # alone in its round: nothing deferred
+        until(lambda: order[-1] == "tick a", "a lone tick")
+        assert answers["a"] is False
         assert sched.defer_to_round_end(first, lambda: None) is False  # not on its worker
     finally:
-        release.set()
-        sched.close()
-
-
-def test_a_rounds_shared_sync_runs_off_the_worker_which_ticks_on_meanwhile() -> None:
-    """Two replicas of a round defer a step with a sync (the node journal's): the syncs run
-    on the worker's syncer thread, and while they are held (a gate, no sleep) the worker
-    ticks a third replica; the steps run on the worker after their syncs returned. A lone
-    replica's sync is not handed over: its step runs on the worker at once (it syncs
-    itself, with no thread hop)."""
-    sched = scheduler(workers=1)
-    sched.start()
-    log: list[tuple[str, str]] = []  # (what, thread name)
-    log_lock = threading.Lock()
-    gate = threading.Event()
-    syncing = threading.Event()
-    arm = threading.Event()
-    release = threading.Event()
-    blocking = threading.Event()
-
-    def note(what: str) -> None:
-        with log_lock:
-            log.append((what, threading.current_thread().name))
-
-    class Syncing(Fake):
-        def tick(self) -> float | None:
-            super().tick()
-            if self.label == "blocker":
-                if arm.is_set():
-                    blocking.set()
-                    assert release.wait(WAIT_S_MAX)
-                return None
-            if self.label == "other":
-                note("tick other")
-                return None
-            label = self.label
-
-            def sync() -> None:
-                note(f"sync {label}")
-                syncing.set()
-                assert gate.wait(WAIT_S_MAX)
-
-            sched.defer_to_round_end(self, lambda: note(f"end {label}"), sync)
-            return None
-
-    blocker, first, second, other = (Syncing(n) for n in ("blocker", "a", "b", "other"))
-    try:
-        for fake in (blocker, other):
-            add(sched, fake)
-        until(lambda: blocker.count() == 1 and other.count() == 1, "first ticks")
-        arm.set()
-        sched.wake(blocker)
-        assert blocking.wait(WAIT_S_MAX)
-        add(sched, first)  # added while the worker is held: both tick in the next round
-        add(sched, second)
-        release.set()
-        assert syncing.wait(WAIT_S_MAX)
-        ticked = other.count()
-        sched.wake(other)
-        until(lambda: other.count() > ticked, "a tick while the round's sync is held")
-        with log_lock:
-            assert not any(what.startswith("end") for what, _ in log)
-        gate.set()
-        until(lambda: sum(what.startswith("end") for what, _ in log) == 2, "the steps")
-        with log_lock:
-            syncs = [(w, t) for w, t in log if w.startswith("sync")]
-            ends = [(w, t) for w, t in log if w.startswith("end")]
-            last_sync = max(i for i, (w, _) in enumerate(log) if w.startswith("sync"))
-            first_end = min(i for i, (w, _) in enumerate(log) if w.startswith("end"))
-        assert sorted(w for w, _ in syncs) == ["sync a", "sync b"]
-        assert {t for _, t in syncs} == {"raft-syncer-0"}
-        assert {t for _, t in ends} == {"raft-worker-0"}
-        assert last_sync < first_end
-        with log_lock:
-            log.clear()
-        sched.wake(first)  # alone in its round: nothing handed over
-        until(lambda: any(w == "end a" for w, _ in log), "a lone replica's step")
-        with log_lock:
-            assert log == [("end a", "raft-worker-0")]
-    finally:
-        gate.set()
         release.set()
         sched.close()
