@@ -369,7 +369,7 @@ class ShardRaft(Quiet, Elections, MessageFixes, SnapshotPoints):
         floor = self._logsvc_commit_floor  # committed before this count
         others = self._SyncObj__otherNodes
         match = self._SyncObj__raftMatchIndex
-        term = self._SyncObj__raftCurrentTerm
+        term = int(self.raftCurrentTerm)
         found = floor
         # Highest first: the count only falls as the index rises (each node holds a prefix),
         # and Raft §5.4.2 commits by counting only an entry of the current term.
