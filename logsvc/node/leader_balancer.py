@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from logsvc.shard.leader_balance import Move, ShardLeadership, plan_moves
-from logsvc.shard.raft.config import RaftFatal
+from logsvc.shard.raft.config import FailReason, RaftFatal
 from logsvc.shard.replica import ShardReplica
 
 log = logging.getLogger("logsvc.node")
@@ -65,6 +65,7 @@ class LeaderBalancer:
         self._clock = clock
         self._pending: dict[int, _Pending] = {}
         self.moves_asked = 0  # counted (tests, and the log line below)
+        self.moves_refused = 0  # pysyncobj refused the transfer (the target was behind...)
 
     @property
     def enabled(self) -> bool:
@@ -143,8 +144,15 @@ class LeaderBalancer:
         address = next((a for a in raft.members if self._node_of(a) == move.target), None)
         if address is None:
             return
+        shard_id = move.shard_id
+
+        def answered(_result: object, reason: int) -> None:  # on the replica's tick
+            if reason != FailReason.SUCCESS:
+                self.moves_refused += 1
+                log.info("shard %d: leadership transfer refused (reason %d)", shard_id, reason)
+
         try:
-            raft.transfer_leadership(address, lambda _result, _reason: None)
+            raft.transfer_leadership(address, answered)
         except RaftFatal as exc:  # its tick calls are full: not this round
             log.debug("shard %d: leadership transfer not asked: %s", move.shard_id, exc)
             return
