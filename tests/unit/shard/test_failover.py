@@ -403,7 +403,9 @@ def test_quiet_shards_hand_their_leadership_over_after_a_long_silence(
         _await_all(lambda: all(r.quiet for r in replicas.values()), "every replica quiet")
         silent_until = time.monotonic() + 2 * 2.5
         _await_all(lambda: time.monotonic() > silent_until, "2 x connection_timeout of quiet")
-        assert closed == []
+        # (The silence itself is test_a_quiet_connection_survives_...'s: on a starved
+        # machine a node can lapse meanwhile and its connections time out, as they should.)
+        closed.clear()
         before = {s: (node_of_address[r.self_address], r.term) for s, r in leaders().items()}
         answers: list[int] = []
         targets = {}
