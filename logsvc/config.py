@@ -30,7 +30,9 @@ files of one cluster, every other section must be identical on every node):
     [raft]           optional, election_timeout_ms_min/max, heartbeat_ms,
                      leader_fallback_ms, connection_timeout_ms, quiesce_after_ms
                      (`RaftConfig`; 0 = never quiesce), threads (the node's Raft
-                     scheduler threads, logsvc/shard/scheduler.py)
+                     scheduler threads, logsvc/shard/scheduler.py), leader_moves_per_s
+                     (leadership transfers a second to balance leaders, 0 = never;
+                     logsvc/shard/leader_balance.py)
 
 Rules beyond each key's own (why, in the comments where they are checked):
 * unknown keys are errors everywhere (pysyncobj silently ignores unknown settings; a typo
@@ -119,6 +121,12 @@ RAFT_MS_MAX = 3_600_000
 # The node's Raft scheduler threads ([raft] threads).
 RAFT_THREADS_DEFAULT = WORKERS_DEFAULT
 RAFT_THREADS_MAX = WORKERS_MAX
+# Leadership transfers a node asks per second to balance leaders ([raft] leader_moves_per_s;
+# logsvc/shard/leader_balance.py). Each is an election (two vote saves, one entry committed):
+# 50 a second evens out a skewed start of 1,000 shards within seconds, at a tenth of the
+# election rate two survivors sustain in a failover. 0 = never balance.
+LEADER_MOVES_PER_S_DEFAULT = 50
+LEADER_MOVES_PER_S_MAX = 1000
 
 NODE_ID_CHARS_MAX = 64
 _NODE_ID = re.compile(rf"[A-Za-z0-9][A-Za-z0-9_.-]{{0,{NODE_ID_CHARS_MAX - 1}}}")
@@ -140,8 +148,9 @@ RAFT_MS_KEYS: Final = (
     "connection_timeout_ms",
     "quiesce_after_ms",
 )
-# The [raft] keys: the timings of every shard's group, and the node's Raft threads.
-RAFT_KEYS: Final = (*RAFT_MS_KEYS, "threads")
+# The [raft] keys: the timings of every shard's group, the node's Raft threads, and how
+# fast it hands leaderships to less-loaded nodes.
+RAFT_KEYS: Final = (*RAFT_MS_KEYS, "threads", "leader_moves_per_s")
 # 0 means "never" for these.
 _RAFT_ZERO_ALLOWED: Final = frozenset({"quiesce_after_ms"})
 _RAFT_DEFAULTS: Final = {
@@ -166,6 +175,8 @@ class RaftTimings:
     # Worker threads of the node's Raft scheduler (logsvc/shard/scheduler.py): every hosted
     # replica's ticks and socket events run on them, however many shards the node hosts.
     threads: int = RAFT_THREADS_DEFAULT
+    # Leadership transfers a second to balance leaders across nodes (0 = never).
+    leader_moves_per_s: int = LEADER_MOVES_PER_S_DEFAULT
 
     def raft_config(
         self, self_address: str, peers: Sequence[str], secret: str, snapshot_path: str
@@ -685,6 +696,14 @@ def _raft(table: _Table | None, secret: str) -> RaftTimings:
                     table.key("threads"), f"must be in 1..{RAFT_THREADS_MAX} (got {threads})"
                 )
             values["threads"] = threads
+        if "leader_moves_per_s" in table:
+            moves = table.integer("leader_moves_per_s")
+            if not 0 <= moves <= LEADER_MOVES_PER_S_MAX:
+                raise ConfigError(
+                    table.key("leader_moves_per_s"),
+                    f"must be in 0..{LEADER_MOVES_PER_S_MAX} (got {moves})",
+                )
+            values["leader_moves_per_s"] = moves
     timings = RaftTimings(**values)
     try:
         # RaftConfig holds the rules relating the timings; check them now, not at start.

@@ -25,7 +25,8 @@ Checks, per shard directory (every one found, or only `--shard N`):
    to the next; the last entry's term is not above the stored term.
 4. The snapshot decodes (layout, checksum), its state machine image restores, and its last
    entry is in the journal with the same term and bytes; a journal compacted past index 1
-   without its snapshot is fatal. (On both the replica refuses to start: raft/adapter.py, hole 4.)
+   without its snapshot is fatal. (On both the replica refuses to start:
+   raft/snapshot_points.py, hole 4.)
 5. The node's small checksummed files (`<data_dir>/placement`, `<shard dir>/members`,
    logsvc/shard/small_file.py) pass their framing and checksum. Files the node never
    writes are listed (warnings); leftovers recovery or the next write removes by itself
@@ -482,7 +483,7 @@ def check_snapshot_bytes(
     path: str, data: bytes, shard_limits: ShardLimits, findings: list[Finding]
 ) -> snapshot_file.SnapshotFile | None:
     """The decoded snapshot file, or None with an error (the replica refuses to start on
-    a snapshot it cannot load: raft/adapter.py, hole 4)."""
+    a snapshot it cannot load: raft/snapshot_points.py, hole 4)."""
     try:
         snapshot = snapshot_file.decode(data)
     except snapshot_file.SnapshotFileCorrupt as exc:

@@ -19,9 +19,10 @@ replica on every node when --nodes 3), then, in this order, prints one JSON obje
    (docs/decisions/0011-shared-journal.md); `shard` (the default) is today's path.
 4. One node (the first) killed with SIGKILL: the shards it led, and for each the time from
    the kill until another node answered as their confirmed leader in a later term
-   (`failover_s` max/p50/p99, `failed_over`/`led_by_killed`). Each such shard is probed
-   on its own (both survivors asked, then `FAILOVER_PROBE_PAUSE_S`, again), so a shard's
-   time is its own answer's, never held up by a slow answer about another shard.
+   (`failover_s` max/p50/p99, `failed_over`/`led_by_killed`, and `leaders_per_node` just
+   before the kill). Each such shard is probed on its own (both survivors asked, then
+   `FAILOVER_PROBE_PAUSE_S`, again), so a shard's time is its own answer's, never held up
+   by a slow answer about another shard.
    `--failover-only` skips 2 and 3 (after `--settle-seconds`, when idle shards are quiet).
 
 Every process is stopped by PID at the end (`dev-cluster down`); every wait is bounded.
@@ -233,6 +234,11 @@ def _failover(
     theirs = {
         shard: entry.term for shard, entry in led.items() if entry.data_address == victim_address
     }
+    # How evenly leadership is spread when the node dies (leader_balance.py).
+    per_node = {
+        f"n{number}": sum(1 for entry in led.values() if entry.data_address == address)
+        for number, address in enumerate(client_config.addresses, start=1)
+    }
     killed_s = time.monotonic()
     devcluster.kill_node(base, victim)
     found, missing = asyncio.run(
@@ -247,6 +253,7 @@ def _failover(
     slowest = sorted(found.items(), key=lambda item: item[1], reverse=True)[:5]
     return {
         "killed": victim,
+        "leaders_per_node": per_node,
         "led_by_killed": len(theirs),
         "failed_over": len(found),
         "not_failed_over": sorted(missing)[:20],

@@ -22,6 +22,7 @@ from logsvc.admin.metrics import Metrics
 from logsvc.config import ConfigError, NodeConfig, load_node_config, main_config_error
 from logsvc.node.admin_server import AdminServer
 from logsvc.node.hosting import ShardHosting
+from logsvc.node.leader_balancer import LeaderBalancer
 from logsvc.node.node_view import DaemonNodeView
 from logsvc.node.server import DataPlaneServer
 from logsvc.shard.liveness import NodeLiveness
@@ -116,8 +117,19 @@ async def _run(config: NodeConfig, file_system: FileSystem | None) -> None:
     server: DataPlaneServer | None = None
     admin: AdminServer | None = None
     view: DaemonNodeView | None = None
+    balancing: asyncio.Task[None] | None = None
     try:
         await hosting.open()
+        balancer = LeaderBalancer(
+            config.node_id,
+            hosting.replicas,
+            raft_scheduler.node_of,
+            lambda node: not raft_scheduler.liveness.lapsed(node, monotonic_s()),
+            config.raft.leader_moves_per_s,
+            monotonic_s,
+        )
+        if balancer.enabled:
+            balancing = asyncio.create_task(balancer.run(), name="leader-balancer")
         gc_tuning.freeze_now()  # the replicas' long-lived state: out of the collector's walks
         server = DataPlaneServer({}, config.token, limits)
         host, _, port = config.node.data_address.rpartition(":")
@@ -140,6 +152,8 @@ async def _run(config: NodeConfig, file_system: FileSystem | None) -> None:
         await stop.wait()
         log.info("stopping")
     finally:
+        if balancing is not None:
+            balancing.cancel()
         if view is not None:
             view.stopping()  # /healthz turns 503 while we drain
         if server is not None:

@@ -16,8 +16,8 @@ leader's node was last heard from (as an active follower whose heartbeats stoppe
 plus a random part of a quarter of the timeout's range so that a node's hundreds of
 elections do not all start in one tick; each next one a whole range later, so that it
 stands only if the ones before it failed (dead too, or a log behind: a voter that refuses a
-stale candidate stands at once, see adapter.py). Safety is Raft's (terms and votes); this
-only orders the timers, and every later timeout is pysyncobj's random one again.
+stale candidate stands at once, see raft/elections.py). Safety is Raft's (terms and votes):
+this only orders the timers, and every later timeout is pysyncobj's random one again.
 """
 
 from __future__ import annotations

@@ -283,7 +283,7 @@ def _run_until_leader(sim: Simulation, *, other_than: str | None = None) -> str:
 
 @pytest.mark.timeout(60)
 def test_a_deposed_leader_with_a_long_conflicting_suffix_catches_up() -> None:
-    """Regression (raft/adapter.py `_logsvc_on_message`, refusals never raise nextIndex). A leader
+    """Regression (message_fixes.py `_logsvc_on_message`, refusals never raise nextIndex). A leader
     cut off with entries of its own; the majority elects another and commits more than one
     AppendEntries batch past them; after the heal, stock pysyncobj's nextIndex bounced
     between "mismatch at X" and "my log ends at X" forever and the old leader never caught
@@ -354,7 +354,7 @@ def test_a_restarted_replica_answers_truncated_below_its_compacted_journal() -> 
 
 @pytest.mark.timeout(60)
 def test_a_snapshot_chunk_never_commits_a_followers_diverging_suffix() -> None:
-    """Regression (raft/adapter.py `_logsvc_on_message`, snapshot chunks). A leader cut off with
+    """Regression (message_fixes.py `_logsvc_on_message`, snapshot chunks). A leader cut off with
     entries of its own; the majority moves on and compacts past them; after the heal the
     old leader gets the snapshot in chunks, and stock pysyncobj set its commit index to its
     own last index on the first chunk, so it would apply (and serve) its uncommitted,

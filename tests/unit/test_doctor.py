@@ -223,7 +223,7 @@ def test_a_damaged_or_foreign_snapshot_is_an_error(data_dir: Path, replica_dir: 
 
 
 def write_snapshot(journal: Path, prev_index: int) -> None:
-    """The snapshot file raft/adapter.py writes at a snapshot point: the journal's entries
+    """The snapshot file raft/snapshot_points.py writes at a snapshot point: the journal's entries
     (prev_index, prev_index + 1) and a state machine image (a fresh one will do)."""
     store = ShardStore.open(str(journal), limits=LIMITS)
     try:
@@ -252,7 +252,7 @@ def test_a_damaged_members_file_is_an_error(data_dir: Path, replica_dir: Path) -
 
 def test_a_snapshot_over_an_uncompacted_journal_is_a_note(data_dir: Path, journal: Path) -> None:
     """Snapshot written, crash before the journal's prefix truncation: the start finishes
-    it (raft/adapter.py loads the snapshot and deletes the entries below it)."""
+    it (raft/snapshot_points.py loads the snapshot and deletes the entries below it)."""
     write_snapshot(journal, 30)
 
     report = check(data_dir)

@@ -62,6 +62,8 @@ reader of journal files does not load pysyncobj):
 - `transport`: the durable transport (replies after the tick's sync) and `_DialNode`.
 - `snapshot_transfer`: the snapshot file shipped, received and written durably.
 - `chunks`: a large entry's AppendEntries chunks reassembled before the checks.
-- `adapter`: `ShardRaft`, the one class that reaches into pysyncobj's privates.
+- `adapter`: `ShardRaft`, the one class that reaches into pysyncobj's privates, assembled
+  from its parts by concern: `adapter_base` (the shared state, our message kinds),
+  `message_fixes`, `elections`, `quiet`, `snapshot_points` (only these touch them).
 - `node`: `RaftNode`, what the replica and the scheduler drive.
 """

@@ -333,8 +333,12 @@ class RaftNode:
             # shard: the worker thread ticks many replicas, one after the other.
             logs.bind_shard(shard)
         try:
-            self._run_tick_calls()
+            # Before anything is sent (a tick call's TimeoutNow too): a quiet replica's
+            # connections count as just read from, or pysyncobj closes one that was quiet
+            # longer than connection_timeout under the first message sent on it (a leader
+            # transfer of a quiet shard closed its connection to the target instead).
             raft.logsvc_before_events(monotonic_s())
+            self._run_tick_calls()
             if self._poller is not None:
                 # Receive what the worker collected, sync and send the held replies, then
                 # run pysyncobj's tick (timers, commit check, applies) on it: the order of

@@ -328,3 +328,106 @@ def test_a_pre_vote_round_is_won_by_a_majority_counting_the_candidate() -> None:
     assert not five.on_answer("b", 6, True)
     assert five.on_answer("c", 6, True)
     assert prevote.PreVoteRound(term=2, voters=1).won  # a group of one
+
+
+# ------------------------------------------------------------------ leader transfer
+
+
+def test_quiet_shards_hand_their_leadership_over_after_a_long_silence(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The leadership balancer's (and the admin API's) transfer of a quiet shard: TimeoutNow
+    goes out on a connection silent for longer than connection_timeout (only one shard per
+    peer node carries the `alive` messages that keep its connections fresh). It used to
+    run before the tick refreshed a quiet replica's connections, so pysyncobj closed the
+    connection under it: the target woke as if its leader were lost, and the leadership
+    stayed (the balancer asked again and again). Three nodes (a scheduler each) hosting
+    four shards, quiet for 2 x connection_timeout: every shard's leadership moves to the
+    next node in the next term, and no connection closes."""
+    closed: list[str] = []
+    on_connection = ShardRaft._logsvc_on_connection
+
+    def recording(raft: ShardRaft, node: object, up: bool) -> None:
+        if not up:
+            closed.append(f"{raft._logsvc_self_address} -> {getattr(node, 'id', node)}")
+        on_connection(raft, node, up)
+
+    monkeypatch.setattr(ShardRaft, "_logsvc_on_connection", recording)
+    nodes = ["n1", "n2", "n3"]
+    shards = 4
+    ports = free_ports(len(nodes) * shards)
+    address = {
+        (n, s): f"127.0.0.1:{ports[i * shards + s]}"
+        for i, n in enumerate(nodes)
+        for s in range(shards)
+    }
+    node_of_address = {a: n for (n, _), a in address.items()}
+    now = monotonic_s()
+    scheds = {
+        n: scheduler.RaftScheduler(
+            NodeLiveness(n, interval_s=0.1, lapse_s=2.0, now_s=now),
+            lambda a: node_of_address.get(a, a),
+            workers=1,
+            reconnect_s=1.0,
+            clock=monotonic_s,
+        )
+        for n in nodes
+    }
+    replicas: dict[tuple[str, int], RaftNode] = {}
+    stores: list[ShardStore] = []
+    try:
+        for sched in scheds.values():
+            sched.start()
+        for (n, s), own in address.items():
+            path = tmp_path / n / str(s)
+            os.makedirs(path)
+            store = ShardStore.open(str(path / "journal"), limits=LIMITS)
+            stores.append(store)
+            config = RaftConfig(
+                self_address=own,
+                peers=tuple(address[(m, s)] for m in nodes if m != n),
+                secret=SECRET,
+                snapshot_path=str(path / "snapshot"),
+                quiesce_after_ms=QUIET_CONFIG["quiesce_after_ms"],
+                connection_timeout_ms=2500,
+            )
+            replicas[(n, s)] = RaftNode(config, store, RecordingHandler(), raft_scheduler=scheds[n])
+            replicas[(n, s)].start()
+
+        def leaders() -> dict[int, RaftNode]:
+            return {s: r for (_, s), r in replicas.items() if r.is_leader}
+
+        _await_all(lambda: len(leaders()) == shards, "a leader in every shard")
+        for leader in leaders().values():
+            _propose(leader, b"first")
+        _await_all(lambda: all(r.quiet for r in replicas.values()), "every replica quiet")
+        silent_until = time.monotonic() + 2 * 2.5
+        _await_all(lambda: time.monotonic() > silent_until, "2 x connection_timeout of quiet")
+        # (The silence itself is test_a_quiet_connection_survives_...'s: on a starved
+        # machine a node can lapse meanwhile and its connections time out, as they should.)
+        closed.clear()
+        before = {s: (node_of_address[r.self_address], r.term) for s, r in leaders().items()}
+        answers: list[int] = []
+        targets = {}
+        for s, (n, _) in before.items():
+            target = nodes[(nodes.index(n) + 1) % len(nodes)]
+            targets[s] = address[(target, s)]
+            replicas[(n, s)].transfer_leadership(
+                targets[s], lambda _result, reason: answers.append(reason)
+            )
+        _await_all(
+            lambda: {s: r.self_address for s, r in leaders().items()} == targets,
+            "every shard led by its target",
+        )
+        assert answers == [FailReason.SUCCESS] * shards
+        assert closed == [], "a connection closed under a transfer"
+        assert {s: r.term for s, r in leaders().items()} == {
+            s: t + 1 for s, (_, t) in before.items()
+        }
+    finally:
+        for replica in replicas.values():
+            replica.stop()
+        for sched in scheds.values():
+            sched.close()
+        for store in stores:
+            store.close()

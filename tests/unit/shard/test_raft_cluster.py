@@ -157,7 +157,8 @@ def test_without_the_sync_before_replies_acknowledged_commands_are_lost(
 
 def test_large_random_entries_replicate(tmp_path: Path) -> None:
     """Entries far over pysyncobj's 64 KiB message size go through its chunked path, whose
-    sender mislabels chunks (raft/adapter.py keeps collecting); random bytes defeat any luck."""
+    sender mislabels chunks (raft/message_fixes.py keeps collecting); random bytes defeat
+    any luck."""
     cluster = Cluster(str(tmp_path))
     try:
         cluster.start_all()
