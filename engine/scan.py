@@ -222,7 +222,7 @@ _KEY_TYPES = (pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(), pa.uint
 
 
 def key_rows_bound(handle: TableHandle, filter: pc.Expression) -> int | None:
-    """For SQL's direct path (engine/sql.py): how many persisted rows a scan of `handle` with
+    """For SQL's direct path (engine/sql_direct.py): how many persisted rows a scan of `handle` with
     `filter` loads through the key path (whole blocks, before slicing; 0 when the table has
     no persisted block); None when it would not take the key path. Bounds, not counts: it
     reads nothing."""
