@@ -1,4 +1,4 @@
-"""SQL's direct path (engine/sql.py `_direct`, engine/sql_keys.py) answers what DuckDB answers
+"""SQL's direct path (engine/sql_direct.py, engine/sql_keys.py) answers what DuckDB answers
 over `scan()`'s whole table at the same snapshot, and is taken when the WHERE bounds the key.
 
 How: hypothesis draws a history of inserts, deletes, updates and flushes (persisted blocks
