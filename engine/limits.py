@@ -315,24 +315,28 @@ its own DuckDB database (a query's views live in its catalog, so two queries at 
 snapshots never see each other's) and its own thread; one more is refused `Overloaded`."""
 
 SQL_THREADS_MAX = 1
-"""DuckDB worker threads per query. One: every engine table reaches DuckDB as one Arrow
-stream, which it scans on one thread, so the pipelines above it (filter, aggregate) run on
-that thread too; more threads added only scheduling and GIL hand-offs (a point query over a
-Python dataset: 1.2 ms median with one thread, 1.9 ms with four; `engine.bench scan` at 1M
-rows: no query faster with two). The engine's loop still scans the next group while
-DuckDB consumes this one (engine/sql.py), so a query keeps two cores busy."""
+"""DuckDB worker threads per streamed query. One: more added only scheduling and GIL
+hand-offs (a point query over a Python dataset: 1.2 ms median with one thread, 1.9 ms with
+four; `engine.bench scan` at 1M rows: no query faster with two). At 10M rows (2026-11-27,
+box loaded 15-30, best of 9 alternating in one process) the group-by took 137 ms with one
+thread, 141 with two over one stream, 172 with two over two streams of half the blocks
+each under a UNION ALL view, DuckDB's native table 85 ms. What it spends is DuckDB's: the
+engine's scan of those 10M rows took 12-19 ms, DuckDB's group-by over the same rows as an
+in-memory Arrow table 150-300 ms at one or two threads. The engine's loop still scans the
+next group while DuckDB consumes this one (engine/sql.py), so a query keeps two cores
+busy."""
 
 SQL_MEMORY_BYTES_MAX = 1024 * MiB
 """DuckDB's memory limit per query (hash tables, sorts, the result while it is built); a
 query that needs more fails with a `SqlError` naming the limit (DuckDB cannot spill: it
-has no file system access here, see engine/sql.py)."""
+has no file system access here, see engine/sql_databases.py)."""
 
 SQL_RESULT_BYTES_MAX = 512 * MiB
 """Largest result `sql()` returns as one Arrow table; past it the query is stopped with a
 `SqlError` (add a LIMIT, aggregate, or page with a WHERE on the key)."""
 
 SQL_VIEWS_KEPT_MAX = 1024
-"""Tables a pooled DuckDB database keeps views of between queries (engine/sql.py: making
+"""Tables a pooled DuckDB database keeps views of between queries (engine/sql_databases.py: making
 them costs milliseconds per query); past it the database is closed and a new one made."""
 
 SQL_QUERY_CHARS_MAX = 1 << 20
@@ -340,7 +344,7 @@ SQL_QUERY_CHARS_MAX = 1 << 20
 
 SQL_DIRECT_ROWS_MAX = 1 << 18
 """Most persisted rows (whole blocks meeting the key bounds) SQL's direct path reads into
-memory before DuckDB runs (engine/sql.py `_direct`): a few MiB for a narrow table. A query
+memory before DuckDB runs (engine/sql_direct.py `answer`): a few MiB for a narrow table. A query
 whose key bounds meet more is streamed a group at a time instead."""
 
 SQL_INLINE_ROWS_MAX = 1 << 14

@@ -258,10 +258,10 @@ _KEY_TYPES = (pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(), pa.uint
 
 
 def key_rows_bound(handle: ScannedTable, filter: pc.Expression) -> int | None:
-    """For SQL's direct path (engine/sql.py): how many persisted rows a scan of `handle` with
-    `filter` loads through the key path (whole blocks, before slicing; 0 when the table has
-    no persisted block); None when it would not take the key path. Bounds, not counts: it
-    reads nothing."""
+    """For SQL's direct path (engine/sql_direct.py): how many persisted rows a scan of
+    `handle` with `filter` loads through the key path (whole blocks, before slicing; 0 when
+    the table has no persisted block); None when it would not take the key path. Bounds, not
+    counts: it reads nothing."""
     data = handle.entry.data
     if handle.entry.create_ts == 0 or not data.persisted_held:
         return 0

@@ -1,8 +1,8 @@
 """The key bounds of a SQL query, read from DuckDB's parse tree before DuckDB plans anything
-(engine/sql.py's direct path). Pure: text and parse trees in, plans and bounds out.
+(engine/sql_direct.py). Pure: text and parse trees in, plans and bounds out.
 
 Why. DuckDB plans and scans a Python dataset in about 1 ms even for one row, three times its
-own point lookup (engine/sql.py, module docstring). A query over one table whose WHERE bounds
+own point lookup (engine/sql_direct.py, module docstring). A query over one table whose WHERE bounds
 the table's integer key needs none of that: the engine's key path reads the few rows the
 bounds allow, and DuckDB runs the query over those rows as a small in-memory table (or, for a
 query that only projects columns, not at all).
@@ -10,8 +10,9 @@ query that only projects columns, not at all).
 Templates. A query's plain decimal integer literals (`5`, `123456`: at most 18 digits, not
 part of `1.5`, `1e3`, `0x1F` or `1_000`) are replaced by `$1`, `$2`, ... in the order they
 appear (`template`): `where id = 5` and `where id = 7` share one template, so the parse tree
-is read once per template (`analyse`) and its plan kept (engine/sql.py `_PLANS`); each query
-only tokenizes (microseconds) and substitutes its values (`key_bounds`). A query already
+is read once per template (`analyse`) and its plan kept (engine/sql_direct.py
+`_TEMPLATES`); each query only tokenizes (microseconds) and substitutes its values
+(`key_bounds`). A query already
 holding `?` or `$` anywhere has no template (its own parameters would collide with ours).
 
 What is trusted. Only what the plan proves implied by the WHERE clause: the conjuncts of its
@@ -33,6 +34,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from engine.sql_aggregates import Aggregate, select_aggregates
+
 _PLAIN_INT = re.compile(r"[0-9]{1,18}(?![0-9A-Za-z_.])")
 """A decimal integer literal that is exactly its digits (18 fit any int64; DuckDB reads a
 longer one as HUGEINT, DECIMAL or DOUBLE, which is left in the template as text)."""
@@ -49,7 +52,7 @@ _FLIPPED = {"=": "=", "<": ">", ">": "<", "<=": ">=", ">=": "<="}
 _CHEAP_FUNCTIONS = frozenset(
     {"sum", "count", "count_star", "min", "max", "avg", "+", "-", "*", "/", "//", "%"}
 )
-"""Functions whose cost is a few operations per row (engine/sql.py may run a query made of
+"""Functions whose cost is a few operations per row (engine/sql_direct.py may run a query made of
 only these over a small table on the event loop, with no thread hand-over)."""
 _CHEAP_CLASSES = frozenset(
     {"COLUMN_REF", "CONSTANT", "PARAMETER", "COMPARISON", "CONJUNCTION", "BETWEEN", "STAR"}
@@ -88,7 +91,9 @@ class KeyPlan:
     those; `references`: every column reference's parts, lower case; `all_columns`: the
     query reads columns it does not name (`*`, `COLUMNS(...)`, `#1`); `projection`: for a
     query that is only a list of columns (each a reference, or None for `*`), that list,
-    else None; `cheap`: made only of `_CHEAP_FUNCTIONS` and plain comparisons."""
+    else None; `cheap`: made only of `_CHEAP_FUNCTIONS` and plain comparisons;
+    `aggregates`: for a query that is only a list of plain aggregates of columns
+    (engine/sql_aggregates.py), those, else None."""
 
     schema: str
     table: str
@@ -99,6 +104,7 @@ class KeyPlan:
     all_columns: bool
     projection: tuple[tuple[str, ...] | None, ...] | None
     cheap: bool
+    aggregates: tuple[Aggregate, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,6 +206,7 @@ def analyse(tree: Any, values_count: int) -> KeyPlan | None:
         all_columns=all_columns,
         projection=_projection(node, binding),
         cheap=cheap,
+        aggregates=select_aggregates(node),
     )
 
 
@@ -267,7 +274,7 @@ def columns_read(plan: KeyPlan, columns: Sequence[str]) -> list[str] | None:
     `*`, or a reference to the table itself or its qualifier that is not one column (the
     whole row as a struct). A name that is not a column (a select-list alias, a lambda's
     parameter) reads nothing; a column the plan missed is a binder error, never a wrong
-    answer, since DuckDB is handed only these columns (engine/sql.py retries with all)."""
+    answer, since DuckDB is handed only these columns (engine/sql_direct.py retries with all)."""
     if plan.all_columns:
         return None
     names = {c.lower(): c for c in columns}
@@ -295,6 +302,24 @@ def projected(plan: KeyPlan, columns: Sequence[str]) -> list[str] | None:
             out.extend(columns)
             continue
         column = column_of(parts, plan.binding, names)
+        if column is None:
+            return None
+        out.append(column)
+    return out
+
+
+def aggregated(plan: KeyPlan, columns: Sequence[str]) -> list[str | None] | None:
+    """For a plan whose query only aggregates columns: the table column each aggregate
+    reads (None for count(*)), in order; None when one is not a column of this table."""
+    if plan.aggregates is None:
+        return None
+    names = {c.lower(): c for c in columns}
+    out: list[str | None] = []
+    for aggregate in plan.aggregates:
+        if aggregate.column is None:
+            out.append(None)
+            continue
+        column = column_of(aggregate.column, plan.binding, names)
         if column is None:
             return None
         out.append(column)

@@ -27,7 +27,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine import limits, sql
+from engine import limits, sql, sql_databases
 from engine.clock import ts_datetime
 from engine.cn.node import ComputeNode
 from engine.cn.port import LocalTN
@@ -231,8 +231,8 @@ def test_select_equals_scan_over_flushed_merged_blocks_and_memory() -> None:
 def test_the_direct_submit_answers_as_duckdbs_public_route(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """`sql._select` calls DuckDB's private `_submit` (one bind, not two): every answer, its
-    schema included, equals what the public `con.sql(text).to_arrow_reader()` gives, and
+    """`sql_databases.select` calls DuckDB's private `_submit` (one bind, not two): every
+    answer, its schema included, equals what the public `con.sql(text).to_arrow_reader()` gives, and
     errors stay `SqlError`s. This fails if the private route drifts from the public one."""
     queries = [
         "select * from shop.t where id = 7",
@@ -261,10 +261,10 @@ def test_the_direct_submit_answers_as_duckdbs_public_route(
     assert all(table.num_rows > 0 for table in direct)
 
     def public(con: Any, text: str) -> pa.RecordBatchReader:
-        return con.sql(text).to_arrow_reader(sql.RESULT_BATCH_ROWS)
+        return con.sql(text).to_arrow_reader(sql_databases.RESULT_BATCH_ROWS)
 
-    monkeypatch.setattr(sql, "_select", public)
-    monkeypatch.setattr(sql, "_POOL", sql._Pool(limits.SQL_QUERIES_MAX))
+    monkeypatch.setattr(sql_databases, "select", public)
+    monkeypatch.setattr(sql, "_POOL", sql_databases.Pool(limits.SQL_QUERIES_MAX, sql.EngineTable))
     for query, mine, theirs in zip(queries, direct, asyncio.run(answers()), strict=True):
         assert mine.schema == theirs.schema, query
         assert mine.to_pylist() == theirs.to_pylist(), query
@@ -556,7 +556,7 @@ def test_a_cancelled_query_stops_and_its_database_serves_the_next() -> None:
 def test_queries_past_the_pool_are_overloaded() -> None:
     import duckdb
 
-    pool = sql._Pool(2)
+    pool = sql_databases.Pool(2, sql.EngineTable)
     first, second = pool.take(duckdb), pool.take(duckdb)
     with pytest.raises(Overloaded):
         pool.take(duckdb)

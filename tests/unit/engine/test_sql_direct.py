@@ -1,4 +1,4 @@
-"""SQL's direct path (engine/sql.py `_direct`, engine/sql_keys.py) answers what DuckDB answers
+"""SQL's direct path (engine/sql_direct.py, engine/sql_keys.py) answers what DuckDB answers
 over `scan()`'s whole table at the same snapshot, and is taken when the WHERE bounds the key.
 
 How: hypothesis draws a history of inserts, deletes, updates and flushes (persisted blocks
@@ -26,7 +26,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine import limits, sql
+from engine import limits, sql, sql_databases, sql_direct
 from engine.engine import Engine
 from engine.errors import SqlError
 from engine.txn import Transaction
@@ -74,18 +74,18 @@ def same(got: pa.Table, want: pa.Table) -> bool:
 
 
 class Spy:
-    """Counts the queries `sql._direct` answered."""
+    """Counts the queries `sql_direct.answer` answered."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.answered = 0
-        real = sql._direct
+        real = sql_direct.answer
 
         async def spied(*args: Any, **kwargs: Any) -> pa.Table | None:
             found = await real(*args, **kwargs)
             self.answered += found is not None
             return found
 
-        monkeypatch.setattr(sql, "_direct", spied)
+        monkeypatch.setattr(sql_direct, "answer", spied)
 
 
 # --- hypothesis: the direct path equals DuckDB over scan() -------------------------------------
@@ -275,7 +275,7 @@ def test_a_key_query_reads_no_dataset_and_a_cheap_one_no_thread(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Fails on the streamed path alone: every query went through `EngineTable.scanner` on
-    a thread of `_THREADS`."""
+    a thread of `QUERY_THREADS`."""
 
     def refused(*_args: Any, **_kwargs: Any) -> Any:
         raise AssertionError("the direct path streamed a dataset or used a thread")
@@ -284,7 +284,7 @@ def test_a_key_query_reads_no_dataset_and_a_cheap_one_no_thread(
         eng = await loaded()
         try:
             monkeypatch.setattr(sql.EngineTable, "scanner", refused)
-            monkeypatch.setattr(sql._THREADS, "submit", refused)
+            monkeypatch.setattr(sql_databases.QUERY_THREADS, "submit", refused)
             scans: list[sql.ScanReport] = []
             async with eng.snapshot(eng.visible_ts) as view:
                 point = await sql.run(view, "select * from shop.t where id = 12", scans=scans)
