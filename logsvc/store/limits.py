@@ -50,9 +50,9 @@ class StoreLimits:
     # (and so pays ext4's journal commit for the new size anyway) also writes zeros past
     # the records, as many bytes as the segment already holds, at least `_min` and at most
     # `_max`; the syncs of the records that then overwrite those zeros flush data only.
-    # Measured on the 2-core box's ext4 (virtio disk), fdatasync of a small write: p50
-    # 0.07 ms overwriting written zeros against 0.4-0.9 ms growing the file (README,
-    # "Zero-ahead"). The bound keeps the zeros a live segment carries (disk space, and the
+    # `python -m logsvc.bench.fsync_probe` on a journaled ext4 (README, "Shard store"):
+    # fdatasync of a 140-byte write p50 0.18-1.0 ms over written zeros against 2.2-5.1 ms
+    # growing the file, in the same runs. The bound keeps the zeros a live segment carries (disk space, and the
     # recovery scan past them) at most `_max`, and at most what it holds for a small
     # one; never past `segment_bytes_max`. 0 disables it.
     zero_ahead_bytes_min: int = 64 * KIB
