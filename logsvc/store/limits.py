@@ -52,10 +52,14 @@ class StoreLimits:
     # `_max`; the syncs of the records that then overwrite those zeros flush data only.
     # `python -m logsvc.bench.fsync_probe` on a journaled ext4 (README, "Shard store"):
     # fdatasync of a 140-byte write p50 0.18-1.0 ms over written zeros against 2.2-5.1 ms
-    # growing the file, in the same runs. The bound keeps the zeros a live segment carries (disk space, and the
-    # recovery scan past them) at most `_max`, and at most what it holds for a small
-    # one; never past `segment_bytes_max`. 0 disables it.
-    zero_ahead_bytes_min: int = 64 * KIB
+    # growing the file, in the same runs. The bound keeps the zeros a live segment
+    # carries (disk space, and the recovery scan past them) at most `_max`, and at most
+    # what it holds for a small one; never past `segment_bytes_max`. 0 disables it.
+    # `_min` is small because a node with a thousand active shards writes it into every
+    # shard's newest segment (16 MiB of zeros per node, where 64 KiB would be 64 MiB); a
+    # busy segment doubles its zeros at each growth, so a lone writer's file grows
+    # ~log2(1 MiB / 16 KiB) = 6 times, then once per MiB.
+    zero_ahead_bytes_min: int = 16 * KIB
     zero_ahead_bytes_max: int = 1 * MIB
 
     def validate(self) -> StoreLimits:

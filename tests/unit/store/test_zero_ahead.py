@@ -44,7 +44,8 @@ def records_end(data: bytes, first_index: int, newest: bool = True) -> int:
 
 def test_a_lone_writer_grows_the_segment_file_once_for_many_synced_appends() -> None:
     fs = FaultFS()
-    store = ShardStore.open(DIR, fs=fs, limits=DEFAULTS, background_sync=False)
+    limits = StoreLimits(zero_ahead_bytes_min=64 * KIB)
+    store = ShardStore.open(DIR, fs=fs, limits=limits, background_sync=False)
     lengths: list[int] = []
     for index in range(1, 201):
         store.append([entry(index)])
@@ -57,7 +58,7 @@ def test_a_lone_writer_grows_the_segment_file_once_for_many_synced_appends() -> 
     data = fs.durable_content(newest_segment(fs))
     end = records_end(data, 1)
     first_end = records.SEGMENT_HEADER_BYTES + records.RECORD_HEADER_BYTES + 100
-    assert len(data) == first_end + DEFAULTS.zero_ahead_bytes_min > end
+    assert len(data) == first_end + 64 * KIB > end
     assert data[end:] == bytes(len(data) - end)
     assert [e.index for e in store.read(1, 201, 1 << 30)] == list(range(1, 201))
     store.close()
@@ -65,7 +66,9 @@ def test_a_lone_writer_grows_the_segment_file_once_for_many_synced_appends() -> 
 
 def test_the_zeros_grow_with_the_segment_and_stop_at_its_limits() -> None:
     fs = FaultFS()
-    limits = StoreLimits(segment_bytes_max=1024 * KIB, zero_ahead_bytes_max=256 * KIB)
+    limits = StoreLimits(
+        segment_bytes_max=1024 * KIB, zero_ahead_bytes_min=64 * KIB, zero_ahead_bytes_max=256 * KIB
+    )
     store = ShardStore.open(DIR, fs=fs, limits=limits, background_sync=False)
     sizes: list[tuple[int, int]] = []  # (records end, file length) after each growth
     last_length = 0
