@@ -7,8 +7,8 @@
     logsvc demo [--dir DIR]
     logsvc doctor --config NODE.toml | --data-dir DIR [--shard N] [--json] [--allow-running]
     logsvc bench shards [--nodes 3] [--shards 1000] [...]   (python -m logsvc.bench shards)
-    logsvc bench store [--modes group,sync_each,nosync] [--writers N] [--record-bytes B]
-                       [--seconds S] [--dir DIR]
+    logsvc bench store [--modes group,sync_each,sync_each_grow,nosync] [--writers N]
+                       [--record-bytes B] [--seconds S] [--dir DIR]
 
 `status` without `--shard` prints the cluster table (every node's readiness, every shard's
 leader, term, LSNs and replica lag) from the nodes' admin APIs (logsvc/admin_client.py):

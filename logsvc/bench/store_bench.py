@@ -8,6 +8,9 @@ how the Raft tick thread waits):
 * `group`: the real store; one fdatasync covers every record appended meanwhile.
 * `sync_each`: the same store, but writers take turns so every record gets its own
   fdatasync: what a log without group commit would do.
+* `sync_each_grow`: `sync_each` with zero-ahead off (store FORMAT.md "Zero-ahead"): every
+  fdatasync follows a write that grows the file, as before zero-ahead. Its peer, in the
+  same run: what overwriting written zeros saves per sync on this disk.
 * `nosync`: the same path with every fdatasync and directory fsync skipped
   (`NoSyncFileSystem`): the ceiling set by Python and the write path alone.
 
@@ -29,7 +32,9 @@ from logsvc.store import Entry, ShardStore, StoreLimits
 from logsvc.store.aio import AsyncDurability
 from logsvc.store.fs import FileSystem, NoSyncFileSystem, OsFileSystem
 
-MODES = ("group", "sync_each", "nosync")
+MODES = ("group", "sync_each", "sync_each_grow", "nosync")
+# Modes whose writers take turns, one record per fdatasync.
+_ONE_PER_SYNC = ("sync_each", "sync_each_grow")
 WRITER_KINDS = ("asyncio", "thread")
 WRITERS_MAX = 1024  # threads; a bound on what one command may start
 SECONDS_MAX = 600.0
@@ -68,7 +73,10 @@ def run_mode(mode: str, config: BenchConfig) -> dict[str, object]:
     assert config.writer_kind in WRITER_KINDS
     base = tempfile.mkdtemp(prefix=f"logsvc-bench-{mode}-", dir=config.dir_path)
     fs: FileSystem = NoSyncFileSystem() if mode == "nosync" else OsFileSystem()
-    store = ShardStore.open(base, fs=fs, limits=StoreLimits())
+    limits = StoreLimits()
+    if mode == "sync_each_grow":
+        limits = StoreLimits(zero_ahead_bytes_min=0, zero_ahead_bytes_max=0)
+    store = ShardStore.open(base, fs=fs, limits=limits)
     try:
         return _drive(mode, store, config)
     finally:
@@ -117,7 +125,7 @@ async def _asyncio_writers(
     async def writer() -> None:
         while time.monotonic() < deadline:
             began = time.perf_counter()
-            if mode == "sync_each":
+            if mode in _ONE_PER_SYNC:
                 async with turn:
                     sequencer.append_one()
                     await durability.wait_durable(store.request_sync())
@@ -142,7 +150,7 @@ def _thread_writers(
         try:
             while time.monotonic() < deadline:
                 began = time.perf_counter()
-                if mode == "sync_each":
+                if mode in _ONE_PER_SYNC:
                     with turn:
                         sequencer.append_one()
                         store.sync()

@@ -16,6 +16,13 @@ Contract (both implementations):
   `fsync_dir()` of its directory returns (etcd #6368, the reason for rule 4 of
   ARCHITECTURE.md §3).
 * `truncate(size)` shortens the file; like a write, it is durable after `fdatasync()`.
+* `write_zeros(upto)` extends the file with zero bytes up to `upto` without moving the
+  append position: later writes overwrite them in place. The zeros and the new size are
+  durable after `fdatasync()`. Why (the shard store's zero-ahead, FORMAT.md "Zero-ahead"):
+  on ext4 an fdatasync after a write that grows the file (or fills an fallocated, unwritten
+  extent) must commit the file system's journal for the new size or extent state; one that
+  only overwrites written blocks flushes the data alone.
+  `size()` is the append position, not the file's length on disk.
 * Errors are `OSError` with an errno; the store turns them into typed store errors.
 
 Only this module touches `os` for file I/O in the store.
@@ -39,9 +46,14 @@ class WritableFile(Protocol):
 
     def truncate(self, size_bytes: int) -> None: ...
 
+    def write_zeros(self, upto_bytes: int) -> None: ...
+
     def fdatasync(self) -> None: ...
 
     def size(self) -> int: ...
+
+    def allocated_bytes(self) -> int:
+        """The file's length: `size()` plus the zeros `write_zeros` put after it."""
 
     def close(self) -> None: ...
 
@@ -87,13 +99,18 @@ class FileSystem(Protocol):
         """Take an exclusive lock on the directory; `BlockingIOError` if another holder has it."""
 
 
+# Zeros per pwrite in `write_zeros`: bounds the buffer, not the extension.
+_ZERO_CHUNK_BYTES = 256 * 1024
+
+
 class _OsWritableFile:
-    __slots__ = ("_fd", "_path", "_size_bytes")
+    __slots__ = ("_allocated_bytes", "_fd", "_path", "_size_bytes")
 
     def __init__(self, path: str, fd: int) -> None:
         self._path = path
         self._fd = fd
         self._size_bytes = os.fstat(fd).st_size
+        self._allocated_bytes = self._size_bytes
 
     def write(self, data: bytes) -> None:
         view = memoryview(data)
@@ -104,18 +121,31 @@ class _OsWritableFile:
                 # than spin (bounded retry: this loop only advances).
                 raise OSError(errno.ENOSPC, "write returned 0 bytes", self._path)
             self._size_bytes += written
+            self._allocated_bytes = max(self._allocated_bytes, self._size_bytes)
             view = view[written:]
 
     def truncate(self, size_bytes: int) -> None:
         assert 0 <= size_bytes <= self._size_bytes
         os.ftruncate(self._fd, size_bytes)
-        self._size_bytes = size_bytes
+        self._size_bytes = self._allocated_bytes = size_bytes
+
+    def write_zeros(self, upto_bytes: int) -> None:
+        zeros = bytes(min(_ZERO_CHUNK_BYTES, max(0, upto_bytes - self._allocated_bytes)))
+        while self._allocated_bytes < upto_bytes:
+            chunk = memoryview(zeros)[: upto_bytes - self._allocated_bytes]
+            written = os.pwrite(self._fd, chunk, self._allocated_bytes)
+            if written == 0:
+                raise OSError(errno.ENOSPC, "write returned 0 bytes", self._path)
+            self._allocated_bytes += written
 
     def fdatasync(self) -> None:
         os.fdatasync(self._fd)
 
     def size(self) -> int:
         return self._size_bytes
+
+    def allocated_bytes(self) -> int:
+        return self._allocated_bytes
 
     def close(self) -> None:
         if self._fd >= 0:
@@ -257,11 +287,17 @@ class _NoSyncWritableFile:
     def truncate(self, size_bytes: int) -> None:
         self._real.truncate(size_bytes)
 
+    def write_zeros(self, upto_bytes: int) -> None:
+        self._real.write_zeros(upto_bytes)
+
     def fdatasync(self) -> None:
         return None
 
     def size(self) -> int:
         return self._real.size()
+
+    def allocated_bytes(self) -> int:
+        return self._real.allocated_bytes()
 
     def close(self) -> None:
         self._real.close()

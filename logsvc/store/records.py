@@ -170,6 +170,9 @@ class SegmentScan:
     end_bytes: int = SEGMENT_HEADER_BYTES  # end of the last whole record
     torn_reason: str | None = None  # set when a torn tail was found (newest segment only)
     torn_records_dropped: int = 0  # whole records after a power-loss hole, also dropped
+    # Zeros from the end of the last record to the end of the file (newest segment only):
+    # the store's zero-ahead space (FORMAT.md "Zero-ahead"), cut on open without a warning.
+    zero_tail_bytes: int = 0
 
     @property
     def count(self) -> int:
@@ -236,6 +239,9 @@ def scan_segment(
         if isinstance(record, str):
             if not newest:
                 raise ScanCorruption(offset, record)
+            if is_zero_tail(data, offset):
+                scan.zero_tail_bytes = len(data) - offset
+                break
             _classify_bad_tail(data, offset, expected_index, record, payload_bytes_max, scan)
             break
         scan.offsets.append(offset)
@@ -246,6 +252,14 @@ def scan_segment(
         expected_index += 1
         scan.end_bytes = offset
     return scan
+
+
+def is_zero_tail(data: bytes | memoryview, offset_bytes: int) -> bool:
+    """Whether every byte from `offset_bytes` (a record boundary) to the end is zero: the
+    zero-ahead space of a live newest segment. Unsynced records whose pages never reached
+    the disk look the same; either way nothing there was acknowledged, and it is cut."""
+    assert 0 <= offset_bytes <= len(data)
+    return offset_bytes < len(data) and not bytes(data[offset_bytes:]).lstrip(b"\0")
 
 
 def _record_follows_header(data: bytes, first_index: int, payload_bytes_max: int) -> bool:
@@ -470,5 +484,7 @@ def _walk_headers(
         checksums.append(checksum)
         offset = view.end_bytes
         expected_index += 1
+    if reason is not None and newest and is_zero_tail(data, offset):
+        reason = None  # zero-ahead space (FORMAT.md "Zero-ahead"): the records end here
     end = END_CLEAN if reason is None else stop
     return SegmentRecords(header, tuple(views), tuple(checksums), end, offset, reason)

@@ -9,8 +9,8 @@ Steps, in order (each crash case is listed in FORMAT.md, "Crash cases"):
    by a prefix truncation whose deletion had not finished) are deleted.
 4. Scan every other segment. Sealed segments must be whole; the newest may end in a torn
    tail, which is cut back to the last whole record (see `records.scan_segment` for how
-   a torn tail is told apart from corruption). A newest segment whose header is torn, or
-   that holds no whole record, is deleted.
+   a torn tail is told apart from corruption), or in zero-ahead space, also cut. A
+   newest segment whose header is torn, or that holds no whole record, is deleted.
 5. Check that the segments hold a gap-free index sequence that covers the log start.
 6. Make everything recovered durable: fdatasync the newest segment and fsync the
    directory. After a process crash the page cache may hold bytes that were never
@@ -45,6 +45,8 @@ class RecoveryReport:
 
     torn_tail_bytes_cut: int = 0
     torn_reason: str | None = None
+    # Zeros after the newest segment's last record, cut: zero-ahead space (FORMAT.md).
+    zero_tail_bytes_cut: int = 0
     deleted_files: list[str] = field(default_factory=list)
 
 
@@ -71,7 +73,7 @@ def recover(fs: FileSystem, dir_path: str, limits: StoreLimits) -> Recovered:
         save_meta(fs, dir_path, meta)
     scans = _scan_segments(fs, dir_path, segment_names, meta.first_index, limits, report)
     _check_continuity(scans, meta.first_index)
-    if report.deleted_files or report.torn_tail_bytes_cut:
+    if report.deleted_files or report.torn_tail_bytes_cut or report.zero_tail_bytes_cut:
         _fsync_dir(fs, dir_path)
     if scans:
         _sync_file(fs, scans[-1][0])
@@ -164,6 +166,12 @@ def _scan_one(
         )
         report.torn_reason = scan.torn_reason
         report.torn_tail_bytes_cut += cut_bytes
+        _truncate_file(fs, path, scan.end_bytes)
+    elif scan.zero_tail_bytes:
+        # The store's zero-ahead space (left by a kill or a power loss): the file ends at
+        # its last record again, so the store's append position is the file's size.
+        log.info("cutting %d bytes of zero-ahead space from %s", scan.zero_tail_bytes, path)
+        report.zero_tail_bytes_cut += scan.zero_tail_bytes
         _truncate_file(fs, path, scan.end_bytes)
     return scan
 

@@ -551,8 +551,11 @@ class ShardStore:
                 try:
                     self._write_out_locked(sync=True)
                     self._delete_obsolete_locked()
+                    self._trim_zero_tail()
                 except StoreError as exc:
                     log.error("final sync of %s failed: %s", self._dir, exc)
+                except OSError as exc:
+                    log.error("cutting the zero-ahead space of %s failed: %s", self._dir, exc)
             with self._mu:
                 for segment in self._segments + self._obsolete:
                     self._close_file(segment)
@@ -807,6 +810,10 @@ class ShardStore:
             if sync:
                 self._policy.on_sync_started()
             journal_position = self._journal_position_last
+            # Zero-ahead goes only in the newest segment, and not with a node journal (the
+            # segments are then its lazily synced checkpoint).
+            zero_ahead = self._link is None and self._limits.zero_ahead_bytes_max > 0
+            newest = self._segments[-1] if zero_ahead and self._segments else None
         started = time.monotonic()
         try:
             if sync and self._link is not None and journal_position:
@@ -814,7 +821,7 @@ class ShardStore:
                 # journal tail then loses only what no sync ever covered, and replay may cut
                 # the segments back to the journal.
                 self._link.sync_upto(journal_position)
-            fdatasyncs = self._write_chunks(work, unsynced if sync else [], sync)
+            fdatasyncs = self._write_chunks(work, unsynced if sync else [], sync, newest)
         except StoreError as exc:
             failure = self._fail(exc)
             with self._mu:
@@ -850,7 +857,8 @@ class ShardStore:
                 self._waiters.release_upto(self._durable_index)
                 self._syncer_cv.notify()
             for segment in self._segments[:-1]:
-                if segment.synced_bytes == segment.size_bytes:
+                # One with zero-ahead space stays open: the roll's write-out cuts it first.
+                if segment.synced_bytes == segment.size_bytes and not _has_zero_tail(segment):
                     self._close_file(segment)
             self._evict_cache_locked()
             durable, listeners = self._durable_index, list(self._listeners)
@@ -859,9 +867,14 @@ class ShardStore:
                 listener(durable, None)
 
     def _write_chunks(
-        self, work: list[tuple[Segment, bytes]], unsynced: list[Segment], sync: bool
+        self,
+        work: list[tuple[Segment, bytes]],
+        unsynced: list[Segment],
+        sync: bool,
+        newest: Segment | None,
     ) -> int:
-        """The I/O of a write-out, outside `_mu`; returns how many fdatasyncs it did."""
+        """The I/O of a write-out, outside `_mu`; returns how many fdatasyncs it did.
+        `newest`: the segment to keep zero-ahead space in (None: none)."""
         fdatasyncs = 0
         synced_here: set[int] = set()  # ids of segments whose every written byte is synced
         for segment, data in work:
@@ -869,10 +882,14 @@ class ShardStore:
                 # A later segment may exist on disk only once every earlier one is durable,
                 # data and name: then only the newest segment can ever hold a torn tail, and
                 # no order in which the file system persists names can open a gap. (Earlier
-                # segments' data in `work` was written by the previous iterations.)
+                # segments' data in `work` was written by the previous iterations.) A sealed
+                # segment ends at its last record: its zero-ahead space is cut first.
                 for earlier in self._segments_before(segment):
                     if id(earlier) not in synced_here:
-                        self._writable(earlier).fdatasync()
+                        handle = self._writable(earlier)
+                        if handle.allocated_bytes() > handle.size():
+                            handle.truncate(handle.size())
+                        handle.fdatasync()
                         fdatasyncs += 1
                         synced_here.add(id(earlier))
                 if self._dir_dirty:
@@ -880,7 +897,10 @@ class ShardStore:
                     self._dir_dirty = False
                 segment.file = self._fs.open_write(segment.path, create=True)
                 self._dir_dirty = True
-            self._writable(segment).write(data)
+            handle = self._writable(segment)
+            handle.write(data)
+            if segment is newest and handle.allocated_bytes() <= handle.size():
+                self._zero_ahead(handle)
         if sync:
             failpoint("store_after_write_before_sync")
             for segment in unsynced:
@@ -893,10 +913,39 @@ class ShardStore:
                 self._dir_dirty = False
         return fdatasyncs
 
+    def _zero_ahead(self, handle: WritableFile) -> None:
+        """This write grew the newest segment's file, so its sync pays the file system's
+        journal commit for the new size anyway: write zeros past it in the same sync, for
+        the records that follow to overwrite (FORMAT.md "Zero-ahead"; the syncs that
+        cover only overwritten zeros flush data alone). As many zeros as the segment holds,
+        within the limits, so a small or idle store's segment carries few."""
+        limits = self._limits
+        end_bytes = handle.size()
+        ahead_bytes = min(limits.zero_ahead_bytes_max, max(limits.zero_ahead_bytes_min, end_bytes))
+        upto_bytes = min(limits.segment_bytes_max, end_bytes + ahead_bytes)
+        if upto_bytes > end_bytes:
+            handle.write_zeros(upto_bytes)
+
+    def _trim_zero_tail(self) -> None:
+        """A clean stop leaves the newest segment ending at its last record (holds `_io_lock`;
+        a kill leaves the zeros, which recovery cuts)."""
+        with self._mu:
+            newest = self._segments[-1] if self._segments else None
+        handle = None if newest is None else newest.file
+        if handle is not None and handle.allocated_bytes() > handle.size():
+            handle.truncate(handle.size())
+            handle.fdatasync()
+
     def _segments_before(self, segment: Segment) -> list[Segment]:
+        """The segments before `segment` not yet whole on disk: unsynced bytes, or
+        zero-ahead space after their records."""
         with self._mu:
             position = self._segments.index(segment)
-            return [s for s in self._segments[:position] if s.synced_bytes < s.size_bytes]
+            return [
+                s
+                for s in self._segments[:position]
+                if s.synced_bytes < s.size_bytes or _has_zero_tail(s)
+            ]
 
     def _delete_obsolete_locked(self) -> None:
         with self._mu:
@@ -1010,6 +1059,15 @@ class _DiskRead:
     count: int
     offset_bytes: int
     size_bytes: int
+
+
+def _has_zero_tail(segment: Segment) -> bool:
+    """Whether the segment's open file may have zero-ahead space after its records (also
+    true while a write-out has written more than `written_bytes` says: the callers then
+    look at the file itself, or keep it open one write-out longer). A file is never closed
+    with zeros after its records but by `abandon`, so a reopened file ends at its records."""
+    handle = segment.file
+    return handle is not None and handle.allocated_bytes() > segment.written_bytes
 
 
 def _monotonic_ms() -> float:

@@ -62,7 +62,14 @@ of the trace that ends at a sync (and the empty prefix) into a fresh `FaultFS`, 
 power in `trunc` mode, and also yields torn variants of the next write. Each state says where
 it came from in `crash_point`. A power loss ends trace mode.
 
-Limits: writes only append (the port has no pwrite); directories cannot be renamed, removed,
+Writes go at the handle's append position: the end of the file when it was opened, or
+of the handle's last write. `write_zeros` extends the file past it (the store's zero-ahead,
+logsvc/store/FORMAT.md), so later writes overwrite those zeros in place. A power loss after
+such an overwrite keeps the durable content or, as after a truncate and rewrite, the
+common prefix plus a prefix of the rest (the file may end early: a conservative model of
+pages of the overwrite that never reached the disk).
+
+Limits: writes overwrite or append, never leave a hole; directories cannot be renamed, removed,
 opened or sized (EISDIR); paths are POSIX strings normalised with `posixpath.normpath` ("/"
 and "." always exist); `fdatasync` copies the whole file (fine for test-sized segments).
 """
@@ -155,8 +162,10 @@ class _Inode:
             view[lo:hi] = bytes(hi - lo)
         return bytes(view)
 
-    def append(self, data: bytes) -> None:
-        self.content += data
+    def write_at(self, offset_bytes: int, data: bytes) -> None:
+        """Overwrite from `offset_bytes` (at most the length: no holes), extending if needed."""
+        assert 0 <= offset_bytes <= len(self.content)
+        self.content[offset_bytes : offset_bytes + len(data)] = data
 
     def truncate(self, size_bytes: int) -> None:
         assert 0 <= size_bytes <= len(self.content)
@@ -439,6 +448,7 @@ class _TraceOp:
     ino: int = 0
     data: bytes = b""
     size_bytes: int = 0
+    offset_bytes: int = 0  # of a write
 
     def apply(self, state: _State, inodes: dict[int, _Inode]) -> None:
         kind = self.kind
@@ -459,7 +469,7 @@ class _TraceOp:
 
     def _apply_to_inode(self, inode: _Inode) -> None:
         if self.kind == "write":
-            inode.append(self.data)
+            inode.write_at(self.offset_bytes, self.data)
         elif self.kind == "truncate":
             inode.truncate(self.size_bytes)
         elif self.kind == "fdatasync":
@@ -511,17 +521,38 @@ class _Handle:
 
 
 class _FaultWritableFile(_Handle):
-    __slots__ = ()
+    __slots__ = ("position_bytes",)
+
+    def __init__(self, fs: FaultFS, inode: _Inode, path: str) -> None:
+        super().__init__(fs, inode, path)
+        self.position_bytes = len(inode.content)  # where the next write goes
 
     def write(self, data: bytes) -> None:
         with self._fs._lock:
             self._check_usable_locked()
-            self._fs._write_locked(self._inode, self._path, bytes(data))
+            self._fs._write_locked(self, bytes(data))
 
     def truncate(self, size_bytes: int) -> None:
         with self._fs._lock:
             self._check_usable_locked()
+            assert size_bytes <= self.position_bytes, (self._path, size_bytes)
             self._fs._truncate_locked(self._inode, self._path, size_bytes)
+            self.position_bytes = size_bytes
+
+    def write_zeros(self, upto_bytes: int) -> None:
+        with self._fs._lock:
+            self._check_usable_locked()
+            missing_bytes = upto_bytes - len(self._inode.content)
+            if missing_bytes > 0:
+                self._fs._write_at_locked(
+                    self._inode, len(self._inode.content), bytes(missing_bytes)
+                )
+
+    def allocated_bytes(self) -> int:
+        # No usability check: a query of the handle's own view, like OsFileSystem's (no
+        # system call), which the store makes while holding its state lock.
+        with self._fs._lock:
+            return max(len(self._inode.content), self.position_bytes)
 
     def fdatasync(self) -> None:
         with self._fs._lock:
@@ -531,7 +562,7 @@ class _FaultWritableFile(_Handle):
     def size(self) -> int:
         with self._fs._lock:
             self._check_usable_locked()
-            return len(self._inode.content)
+            return self.position_bytes
 
 
 class _FaultReadableFile(_Handle):
@@ -831,15 +862,18 @@ class FaultFS:
         if injection is not None:
             raise _error(injection.err, paths[0], f"injected: {os.strerror(injection.err)}")
 
-    def _write_locked(self, inode: _Inode, path: str, data: bytes) -> None:
+    def _write_locked(self, handle: _FaultWritableFile, data: bytes) -> None:
+        inode, path = handle._inode, handle._path
         injection = self._due_injection_locked("write", (path,))
         if injection is not None:
             partial = injection.partial and len(data) > 1
             prefix = data[: self._rng.randint(0, len(data) - 1)] if partial else b""
             if prefix:
-                self._append_locked(inode, prefix)
+                self._write_at_locked(inode, handle.position_bytes, prefix)
+                handle.position_bytes += len(prefix)
             raise _error(injection.err, path, f"injected: {os.strerror(injection.err)}")
-        self._append_locked(inode, data)
+        self._write_at_locked(inode, handle.position_bytes, data)
+        handle.position_bytes += len(data)
 
     def _truncate_locked(self, inode: _Inode, path: str, size_bytes: int) -> None:
         assert 0 <= size_bytes <= len(inode.content), (path, size_bytes)
@@ -870,11 +904,11 @@ class FaultFS:
         self._generation += 1
         self._dir_locks.clear()
 
-    def _append_locked(self, inode: _Inode, data: bytes) -> None:
-        inode.append(data)
+    def _write_at_locked(self, inode: _Inode, offset_bytes: int, data: bytes) -> None:
+        inode.write_at(offset_bytes, data)
         self._stats.write_count += 1
         self._stats.written_bytes += len(data)
-        self._record_locked(_TraceOp("write", ino=inode.ino, data=data))
+        self._record_locked(_TraceOp("write", ino=inode.ino, data=data, offset_bytes=offset_bytes))
 
     def _due_injection_locked(self, op: FaultOp, paths: Sequence[str]) -> _Injection | None:
         due: _Injection | None = None
@@ -911,9 +945,9 @@ def _torn_crash_state(
     state, inodes = _replay(base, ops[:write_index])
     target = inodes[write.ino]
     kept_bytes = rng.randint(1, len(write.data))
-    start = len(target.content)
-    target.append(write.data[:kept_bytes])
-    _garble_tail(target.content, start, rng)
+    kept = bytearray(write.data[:kept_bytes])
+    _garble_tail(kept, 0, rng)
+    target.write_at(write.offset_bytes, bytes(kept))
     state.power_loss(lambda inode: inode.disk_view() if inode is target else inode.durable)
     label = f"torn variant {variant} of op {write_index}: {kept_bytes}/{len(write.data)} bytes"
     return _fault_fs_holding(state, rng, label)

@@ -69,12 +69,13 @@ def test_bench_store_prints_one_json_object_per_mode(tmp_path: object) -> None:
     done = logsvc("bench", "store", "--seconds", "0.2", "--writers", "4", "--dir", str(tmp_path))
     assert done.returncode == 0, done.stderr
     lines = [json.loads(line) for line in done.stdout.splitlines()]
-    assert [line["mode"] for line in lines] == ["group", "sync_each", "nosync"]
+    assert [line["mode"] for line in lines] == ["group", "sync_each", "sync_each_grow", "nosync"]
     for line in lines:
         assert set(line) >= BENCH_FIELDS
         assert line["writers"] == 4
         assert line["records_per_s"] > 0
     assert lines[1]["records_per_sync"] == 1.0  # sync_each really syncs every record
+    assert lines[2]["records_per_sync"] == 1.0
 
 
 def test_demo_runs_to_the_end() -> None:

@@ -282,7 +282,11 @@ def torn_partial_record(journal: Path) -> None:
 
 
 def torn_zero_tail(journal: Path) -> None:
-    with segments(journal)[-1].open("ab") as file:
+    # The size was committed, the pages of the last record's end never written. (Zeros
+    # from a record boundary to the end are zero-ahead space, no finding: the test below.)
+    newest = segments(journal)[-1]
+    cut(newest, newest.stat().st_size - 7)
+    with newest.open("ab") as file:
         file.write(bytes(512))
 
 
@@ -395,6 +399,26 @@ def test_damage_is_reported_as_recovery_would_treat_it(
     recovered = check(tmp_path / "copy")
     assert recovered.findings == []
     assert recovered.shards[0].last_index == report.shards[0].last_index
+
+
+def test_zero_ahead_space_after_the_last_record_is_no_finding(
+    tmp_path: Path, data_dir: Path, journal: Path
+) -> None:
+    # What a killed node's newest segment holds (store FORMAT.md "Zero-ahead"): zeros from a
+    # record boundary to the end. Recovery cuts them quietly; the doctor reports nothing.
+    before = check(data_dir).shards[0].last_index
+    with segments(journal)[-1].open("ab") as file:
+        file.write(bytes(64 * 1024))
+    report = check(data_dir)
+    assert report.findings == []
+    assert report.shards[0].last_index == before
+    store = open_copy(journal, tmp_path)
+    try:
+        assert store.last_index == before
+        assert store.stats().recovery.zero_tail_bytes_cut == 64 * 1024
+        assert store.stats().recovery.torn_reason is None
+    finally:
+        store.close()
 
 
 def test_a_sealed_segment_bitflip_names_the_file_and_the_record_offset(

@@ -202,6 +202,12 @@ class _LyingFile:
     def truncate(self, size_bytes: int) -> None:
         self._inner.truncate(size_bytes)
 
+    def write_zeros(self, upto_bytes: int) -> None:
+        self._inner.write_zeros(upto_bytes)
+
+    def allocated_bytes(self) -> int:
+        return self._inner.allocated_bytes()
+
     def fdatasync(self) -> None:
         return None  # the lie
 

@@ -143,6 +143,12 @@ class _LedgerWritableFile:
         self._real.truncate(size_bytes)
         self._fs._record({"k": "trunc", "ino": self._ino, "path": self._path, "size": size_bytes})
 
+    def write_zeros(self, upto_bytes: int) -> None:
+        self._real.write_zeros(upto_bytes)
+
+    def allocated_bytes(self) -> int:
+        return self._real.allocated_bytes()
+
     def fdatasync(self) -> None:
         # The size before the sync: bytes written during it are not claimed (conservative;
         # the store never writes a file while syncing it anyway).

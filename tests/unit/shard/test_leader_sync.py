@@ -34,6 +34,12 @@ class _GatedFile:
     def truncate(self, size_bytes: int) -> None:
         self._real.truncate(size_bytes)
 
+    def write_zeros(self, upto_bytes: int) -> None:
+        self._real.write_zeros(upto_bytes)
+
+    def allocated_bytes(self) -> int:
+        return self._real.allocated_bytes()
+
     def fdatasync(self) -> None:
         self._fs.pass_gate()
         self._real.fdatasync()

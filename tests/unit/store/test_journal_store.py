@@ -51,6 +51,12 @@ class _GatedFile:
     def truncate(self, size_bytes: int) -> None:
         self._real.truncate(size_bytes)
 
+    def write_zeros(self, upto_bytes: int) -> None:
+        self._real.write_zeros(upto_bytes)
+
+    def allocated_bytes(self) -> int:
+        return self._real.allocated_bytes()
+
     def fdatasync(self) -> None:
         self._gate.pass_through()
         self._real.fdatasync()

@@ -48,11 +48,29 @@ def test_partial_last_record_is_a_torn_tail(cut: int) -> None:
     assert result.end_bytes == offsets_of(BASE, 1)[3]
 
 
-@pytest.mark.parametrize("tail", [bytes(4096), b"\xff" * 7, bytes(range(256)) * 3])
-def test_zeros_or_garbage_after_the_last_record_are_a_torn_tail(tail: bytes) -> None:
+@pytest.mark.parametrize("tail", [b"\xff" * 7, bytes(range(256)) * 3, bytes(4096) + b"\x01"])
+def test_garbage_after_the_last_record_is_a_torn_tail(tail: bytes) -> None:
     result = scan(BASE + tail)
-    assert (result.count, result.end_bytes) == (4, len(BASE))
+    assert (result.count, result.end_bytes, result.zero_tail_bytes) == (4, len(BASE), 0)
     assert result.torn_reason is not None
+
+
+@pytest.mark.parametrize("zeros", [1, 39, 40, 4096])
+def test_zeros_from_the_last_record_to_the_end_are_zero_ahead_space(zeros: int) -> None:
+    # The store's zero-ahead space (FORMAT.md): cut on open like a torn tail, not reported
+    # as one; a sealed segment never holds it, so there it is corruption.
+    result = scan(BASE + bytes(zeros))
+    assert (result.count, result.end_bytes, result.zero_tail_bytes) == (4, len(BASE), zeros)
+    assert result.torn_reason is None
+    with pytest.raises(records.ScanCorruption):
+        scan(BASE + bytes(zeros), newest=False)
+    for verify in (True, False):
+        read = records.read_segment_records(BASE + bytes(zeros), 1, newest=True, verify=verify)
+        assert (read.end, read.end_offset_bytes, len(read.records)) == (
+            records.END_CLEAN,
+            len(BASE),
+            4,
+        )
 
 
 @pytest.mark.parametrize("field_offset", [0, 8, 16, 50])  # checksum, length, index, payload
