@@ -59,14 +59,21 @@ class Aggregate:
     column: tuple[str, ...] | None
 
 
+def plain_select(node: dict[str, Any]) -> bool:
+    """A SELECT node (DuckDB's `json_serialize_sql` tree) with no modifier (DISTINCT, ORDER
+    BY, LIMIT), no GROUP BY, HAVING or QUALIFY, and standard aggregate handling: its select
+    list alone says what each output column is (here and engine/sql_keys.py's projection)."""
+    if node.get("modifiers") or node.get("group_expressions") or node.get("group_sets"):
+        return False
+    if node.get("having") is not None or node.get("qualify") is not None:
+        return False
+    return bool(node.get("aggregate_handling") == "STANDARD_HANDLING")
+
+
 def select_aggregates(node: dict[str, Any]) -> tuple[Aggregate, ...] | None:
     """The aggregates of a SELECT node (DuckDB's `json_serialize_sql` tree) whose select
     list is only plain aggregates of columns (module docstring), else None."""
-    if node.get("modifiers") or node.get("group_expressions") or node.get("group_sets"):
-        return None
-    if node.get("having") is not None or node.get("qualify") is not None:
-        return None
-    if node.get("aggregate_handling") != "STANDARD_HANDLING":
+    if not plain_select(node):
         return None
     out: list[Aggregate] = []
     for item in node.get("select_list") or []:

@@ -34,7 +34,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from engine.sql_aggregates import Aggregate, select_aggregates
+from engine.sql_aggregates import Aggregate, plain_select, select_aggregates
 
 _PLAIN_INT = re.compile(r"[0-9]{1,18}(?![0-9A-Za-z_.])")
 """A decimal integer literal that is exactly its digits (18 fit any int64; DuckDB reads a
@@ -327,11 +327,7 @@ def aggregated(plan: KeyPlan, columns: Sequence[str]) -> list[str | None] | None
 
 
 def _projection(node: dict[str, Any], binding: str) -> tuple[tuple[str, ...] | None, ...] | None:
-    if node.get("modifiers") or node.get("group_expressions") or node.get("group_sets"):
-        return None
-    if node.get("having") is not None or node.get("qualify") is not None:
-        return None
-    if node.get("aggregate_handling") != "STANDARD_HANDLING":
+    if not plain_select(node):
         return None
     out: list[tuple[str, ...] | None] = []
     for item in node.get("select_list") or []:
