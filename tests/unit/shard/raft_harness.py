@@ -7,18 +7,25 @@ time, never fixed sleeps; every replica is stopped by `close()` whatever happene
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
+from logsvc.shard import scheduler
+from logsvc.shard.liveness import NodeLiveness
 from logsvc.shard.raft.config import FailReason, RaftConfig
 from logsvc.shard.raft.node import RaftNode
+from logsvc.shard.raft.patches import monotonic_s
 from logsvc.store import ShardStore, StoreLimits
 from logsvc.store.fs import FileSystem
+from logsvc.store.journal import JOURNAL_DIR_NAME, NodeJournal
 from tests.support.faultfs import FaultFS
 
 WAIT_S_MAX = 20.0
@@ -189,3 +196,82 @@ def _os_fs() -> FileSystem:
     from logsvc.store.fs import OsFileSystem
 
     return OsFileSystem()
+
+
+@dataclass(frozen=True, slots=True)
+class ShardGrid:
+    """`shards` shards with a replica on each of `nodes`: `replicas[(node, shard)]`, each at
+    `address[(node, shard)]`; `node_of[address]` names a replica's node."""
+
+    address: dict[tuple[str, int], str]
+    node_of: dict[str, str]
+    replicas: dict[tuple[str, int], RaftNode]
+
+    def leaders(self) -> dict[int, RaftNode]:
+        return {s: r for (_, s), r in self.replicas.items() if r.is_leader}
+
+
+@contextlib.contextmanager
+def shard_grid(
+    base: Path, nodes: Sequence[str], shards: int, *, node_journals: bool = False, **config: Any
+) -> Iterator[ShardGrid]:
+    """Nodes as a node process runs them, on loopback: one `RaftScheduler` each (one worker,
+    a 2 s liveness lapse: longer than a node's 1 s, so that a worker starved on a loaded
+    machine does not lapse a live node), with `node_journals` one `NodeJournal` each that
+    every store of the node writes through; each shard a replica on every node (`config`:
+    RaftConfig fields beyond the addresses). Everything is stopped and closed on exit."""
+    ports = free_ports(len(nodes) * shards)
+    address = {
+        (n, s): f"127.0.0.1:{ports[i * shards + s]}"
+        for i, n in enumerate(nodes)
+        for s in range(shards)
+    }
+    node_of = {a: n for (n, _), a in address.items()}
+    now = monotonic_s()
+    scheds = {
+        n: scheduler.RaftScheduler(
+            NodeLiveness(n, interval_s=0.1, lapse_s=2.0, now_s=now),
+            lambda a: node_of.get(a, a),
+            workers=1,
+            reconnect_s=1.0,
+            clock=monotonic_s,
+        )
+        for n in nodes
+    }
+    journals: dict[str, NodeJournal] = {}
+    replicas: dict[tuple[str, int], RaftNode] = {}
+    stores: list[ShardStore] = []
+    try:
+        for n in nodes:
+            os.makedirs(base / n)
+            if node_journals:
+                journals[n] = NodeJournal.open(
+                    str(base / n / JOURNAL_DIR_NAME), base_dir=str(base / n), store_limits=LIMITS
+                )
+            scheds[n].start()
+        for (n, s), own in address.items():
+            path = base / n / str(s)
+            os.makedirs(path)
+            store = ShardStore.open(str(path / "journal"), limits=LIMITS, journal=journals.get(n))
+            stores.append(store)
+            raft_config = RaftConfig(
+                self_address=own,
+                peers=tuple(address[(m, s)] for m in nodes if m != n),
+                secret=SECRET,
+                snapshot_path=str(path / "snapshot"),
+                **config,
+            )
+            replicas[(n, s)] = RaftNode(
+                raft_config, store, RecordingHandler(), raft_scheduler=scheds[n]
+            )
+            replicas[(n, s)].start()
+        yield ShardGrid(address, node_of, replicas)
+    finally:
+        for replica in replicas.values():
+            replica.stop()
+        for sched in scheds.values():
+            sched.close()
+        for store in stores:
+            store.close()
+        for journal in journals.values():
+            journal.close()

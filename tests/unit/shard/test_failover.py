@@ -15,29 +15,25 @@ bounded polls.
 from __future__ import annotations
 
 import dataclasses
-import os
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from logsvc.shard import prevote, scheduler
+from logsvc.shard import prevote
 from logsvc.shard.liveness import NodeLiveness
 from logsvc.shard.quiescence import LeaderQuiescence, LeaderView, Mode, Peer
 from logsvc.shard.raft.adapter import ShardRaft
-from logsvc.shard.raft.config import FailReason, RaftConfig
+from logsvc.shard.raft.config import FailReason
 from logsvc.shard.raft.node import RaftNode
-from logsvc.shard.raft.patches import monotonic_s
 from logsvc.shard.standing import stand_at_s, standing_rank
 from logsvc.store import ShardStore
 from tests.unit.shard.raft_harness import (
-    LIMITS,
-    SECRET,
     Cluster,
-    RecordingHandler,
-    free_ports,
+    shard_grid,
     wait_until,
 )
 
@@ -126,65 +122,19 @@ def test_a_quiet_connection_survives_its_first_message_after_a_long_silence(
     `alive` messages ride on one shard's connections per peer node, so the others read
     nothing while quiet. Woken by a proposal after 2 x connection_timeout, every shard
     commits in its term, with its leader: no connection closed under its first message."""
-    closed: list[str] = []
-    on_connection = ShardRaft._logsvc_on_connection
-
-    def recording(raft: ShardRaft, node: object, up: bool) -> None:
-        if not up:
-            closed.append(f"{raft._logsvc_self_address} -> {getattr(node, 'id', node)}")
-        on_connection(raft, node, up)
-
-    monkeypatch.setattr(ShardRaft, "_logsvc_on_connection", recording)
+    closed = _record_closed_connections(monkeypatch)
     nodes = ["n1", "n2", "n3"]
     shards = 4
-    ports = free_ports(len(nodes) * shards)
-    address = {
-        (n, s): f"127.0.0.1:{ports[i * shards + s]}"
-        for i, n in enumerate(nodes)
-        for s in range(shards)
-    }
-    node_of_address = {a: n for (n, _), a in address.items()}
-    now = monotonic_s()
-    scheds = {
-        n: scheduler.RaftScheduler(
-            # A node's heartbeat interval; a longer lapse than a node's (1 s) so that a
-            # worker starved on a loaded machine does not lapse a live node (a lapsed
-            # node's connections are left to pysyncobj's read timeout, as they should).
-            NodeLiveness(n, interval_s=0.1, lapse_s=2.0, now_s=now),
-            lambda a: node_of_address.get(a, a),
-            workers=1,
-            reconnect_s=1.0,
-            clock=monotonic_s,
-        )
-        for n in nodes
-    }
-    replicas: dict[tuple[str, int], RaftNode] = {}
-    stores: list[ShardStore] = []
-    try:
-        for sched in scheds.values():
-            sched.start()
-        for (n, s), own in address.items():
-            path = tmp_path / n / str(s)
-            os.makedirs(path)
-            store = ShardStore.open(str(path / "journal"), limits=LIMITS)
-            stores.append(store)
-            config = RaftConfig(
-                self_address=own,
-                peers=tuple(address[(m, s)] for m in nodes if m != n),
-                secret=SECRET,
-                snapshot_path=str(path / "snapshot"),
-                election_timeout_ms_min=1000,
-                election_timeout_ms_max=2500,
-                heartbeat_ms=100,
-                leader_fallback_ms=5000,
-                quiesce_after_ms=QUIET_CONFIG["quiesce_after_ms"],
-                connection_timeout_ms=2500,
-            )
-            replicas[(n, s)] = RaftNode(config, store, RecordingHandler(), raft_scheduler=scheds[n])
-            replicas[(n, s)].start()
-
-        def leaders() -> dict[int, RaftNode]:
-            return {s: r for (_, s), r in replicas.items() if r.is_leader}
+    config: dict[str, Any] = dict(
+        election_timeout_ms_min=1000,
+        election_timeout_ms_max=2500,
+        heartbeat_ms=100,
+        leader_fallback_ms=5000,
+        quiesce_after_ms=QUIET_CONFIG["quiesce_after_ms"],
+        connection_timeout_ms=2500,
+    )
+    with shard_grid(tmp_path, nodes, shards, **config) as grid:
+        replicas, leaders = grid.replicas, grid.leaders
 
         _await_all(lambda: len(leaders()) == shards, "a leader in every shard")
         for leader in leaders().values():
@@ -202,13 +152,20 @@ def test_a_quiet_connection_survives_its_first_message_after_a_long_silence(
         assert closed == [], "connections closed under their first message"
         after = {s: (r.self_address, r.term) for s, r in leaders().items()}
         assert after == before, "a shard changed leader or term when woken"
-    finally:
-        for replica in replicas.values():
-            replica.stop()
-        for sched in scheds.values():
-            sched.close()
-        for store in stores:
-            store.close()
+
+
+def _record_closed_connections(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every connection a replica sees closed, as "its address -> the peer", from now on."""
+    closed: list[str] = []
+    on_connection = ShardRaft._logsvc_on_connection
+
+    def recording(raft: ShardRaft, node: object, up: bool) -> None:
+        if not up:
+            closed.append(f"{raft._logsvc_self_address} -> {getattr(node, 'id', node)}")
+        on_connection(raft, node, up)
+
+    monkeypatch.setattr(ShardRaft, "_logsvc_on_connection", recording)
+    return closed
 
 
 def _propose(leader: RaftNode, command: bytes) -> None:
@@ -344,58 +301,15 @@ def test_quiet_shards_hand_their_leadership_over_after_a_long_silence(
     stayed (the balancer asked again and again). Three nodes (a scheduler each) hosting
     four shards, quiet for 2 x connection_timeout: every shard's leadership moves to the
     next node in the next term, and no connection closes."""
-    closed: list[str] = []
-    on_connection = ShardRaft._logsvc_on_connection
-
-    def recording(raft: ShardRaft, node: object, up: bool) -> None:
-        if not up:
-            closed.append(f"{raft._logsvc_self_address} -> {getattr(node, 'id', node)}")
-        on_connection(raft, node, up)
-
-    monkeypatch.setattr(ShardRaft, "_logsvc_on_connection", recording)
+    closed = _record_closed_connections(monkeypatch)
     nodes = ["n1", "n2", "n3"]
     shards = 4
-    ports = free_ports(len(nodes) * shards)
-    address = {
-        (n, s): f"127.0.0.1:{ports[i * shards + s]}"
-        for i, n in enumerate(nodes)
-        for s in range(shards)
-    }
-    node_of_address = {a: n for (n, _), a in address.items()}
-    now = monotonic_s()
-    scheds = {
-        n: scheduler.RaftScheduler(
-            NodeLiveness(n, interval_s=0.1, lapse_s=2.0, now_s=now),
-            lambda a: node_of_address.get(a, a),
-            workers=1,
-            reconnect_s=1.0,
-            clock=monotonic_s,
-        )
-        for n in nodes
-    }
-    replicas: dict[tuple[str, int], RaftNode] = {}
-    stores: list[ShardStore] = []
-    try:
-        for sched in scheds.values():
-            sched.start()
-        for (n, s), own in address.items():
-            path = tmp_path / n / str(s)
-            os.makedirs(path)
-            store = ShardStore.open(str(path / "journal"), limits=LIMITS)
-            stores.append(store)
-            config = RaftConfig(
-                self_address=own,
-                peers=tuple(address[(m, s)] for m in nodes if m != n),
-                secret=SECRET,
-                snapshot_path=str(path / "snapshot"),
-                quiesce_after_ms=QUIET_CONFIG["quiesce_after_ms"],
-                connection_timeout_ms=2500,
-            )
-            replicas[(n, s)] = RaftNode(config, store, RecordingHandler(), raft_scheduler=scheds[n])
-            replicas[(n, s)].start()
-
-        def leaders() -> dict[int, RaftNode]:
-            return {s: r for (_, s), r in replicas.items() if r.is_leader}
+    config: dict[str, Any] = dict(
+        quiesce_after_ms=QUIET_CONFIG["quiesce_after_ms"], connection_timeout_ms=2500
+    )
+    with shard_grid(tmp_path, nodes, shards, **config) as grid:
+        replicas, leaders = grid.replicas, grid.leaders
+        address, node_of_address = grid.address, grid.node_of
 
         _await_all(lambda: len(leaders()) == shards, "a leader in every shard")
         for leader in leaders().values():
@@ -424,10 +338,3 @@ def test_quiet_shards_hand_their_leadership_over_after_a_long_silence(
         assert {s: r.term for s, r in leaders().items()} == {
             s: t + 1 for s, (_, t) in before.items()
         }
-    finally:
-        for replica in replicas.values():
-            replica.stop()
-        for sched in scheds.values():
-            sched.close()
-        for store in stores:
-            store.close()

@@ -15,7 +15,6 @@ Real replicas; every wait is bounded.
 
 from __future__ import annotations
 
-import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -23,14 +22,9 @@ from typing import Any
 import pytest
 from pysyncobj.transport import TCPTransport
 
-from logsvc.shard import scheduler
-from logsvc.shard.liveness import NodeLiveness
-from logsvc.shard.raft.config import FailReason, RaftConfig
+from logsvc.shard.raft.config import FailReason
 from logsvc.shard.raft.node import RaftNode
-from logsvc.shard.raft.patches import monotonic_s
-from logsvc.store import ShardStore
-from logsvc.store.journal import JOURNAL_DIR_NAME, NodeJournal
-from tests.unit.shard.raft_harness import LIMITS, SECRET, RecordingHandler, free_ports, wait_until
+from tests.unit.shard.raft_harness import shard_grid, wait_until
 
 NODES = ("n1", "n2", "n3")
 SHARDS = 6
@@ -67,58 +61,15 @@ def test_many_shards_on_one_scheduler_and_journal_acknowledge_only_what_is_durab
 
     monkeypatch.setattr(TCPTransport, "send", checked_send)
 
-    ports = free_ports(len(NODES) * SHARDS)
-    address = {
-        (n, s): f"127.0.0.1:{ports[i * SHARDS + s]}"
-        for i, n in enumerate(NODES)
-        for s in range(SHARDS)
-    }
-    node_of_address = {a: n for (n, _), a in address.items()}
-    now = monotonic_s()
-    scheds = {
-        n: scheduler.RaftScheduler(
-            NodeLiveness(n, interval_s=0.1, lapse_s=2.0, now_s=now),
-            lambda a: node_of_address.get(a, a),
-            workers=1,
-            reconnect_s=1.0,
-            clock=monotonic_s,
-        )
-        for n in NODES
-    }
-    journals: dict[str, NodeJournal] = {}
-    replicas: dict[tuple[str, int], RaftNode] = {}
-    stores: list[ShardStore] = []
-    try:
-        for n in NODES:
-            base = tmp_path / n
-            os.makedirs(base)
-            journals[n] = NodeJournal.open(
-                str(base / JOURNAL_DIR_NAME), base_dir=str(base), store_limits=LIMITS
-            )
-            scheds[n].start()
-        for (n, s), own in address.items():
-            path = tmp_path / n / str(s)
-            os.makedirs(path)
-            store = ShardStore.open(str(path / "journal"), limits=LIMITS, journal=journals[n])
-            stores.append(store)
-            config = RaftConfig(
-                self_address=own,
-                peers=tuple(address[(m, s)] for m in NODES if m != n),
-                secret=SECRET,
-                snapshot_path=str(path / "snapshot"),
-                election_timeout_ms_min=1000,
-                election_timeout_ms_max=2500,
-                heartbeat_ms=100,
-                leader_fallback_ms=5000,
-                connection_timeout_ms=3500,
-            )
-            replicas[(n, s)] = RaftNode(config, store, RecordingHandler(), raft_scheduler=scheds[n])
-            replicas[(n, s)].start()
-
-        def leaders() -> dict[int, RaftNode]:
-            return {s: r for (_, s), r in replicas.items() if r.is_leader}
-
-        wait_until(lambda: len(leaders()) == SHARDS, "a leader in every shard", seconds=30.0)
+    config = dict(
+        election_timeout_ms_min=1000,
+        election_timeout_ms_max=2500,
+        heartbeat_ms=100,
+        leader_fallback_ms=5000,
+        connection_timeout_ms=3500,
+    )
+    with shard_grid(tmp_path, NODES, SHARDS, node_journals=True, **config) as grid:
+        wait_until(lambda: len(grid.leaders()) == SHARDS, "a leader in every shard", seconds=30.0)
         done = threading.Semaphore(0)
         outcomes: list[int] = []
         lock = threading.Lock()
@@ -129,7 +80,7 @@ def test_many_shards_on_one_scheduler_and_journal_acknowledge_only_what_is_durab
             done.release()
 
         for number in range(PROPOSALS_PER_SHARD):
-            for leader in leaders().values():
+            for leader in grid.leaders().values():
                 leader.propose(b"entry %d" % number, callback)
         total = PROPOSALS_PER_SHARD * SHARDS
         for _ in range(total):
@@ -138,12 +89,3 @@ def test_many_shards_on_one_scheduler_and_journal_acknowledge_only_what_is_durab
         assert deferred[0] > 0, "no replica deferred its sync to its round's end"
         assert acks[0] > 0
         assert early == []
-    finally:
-        for replica in replicas.values():
-            replica.stop()
-        for sched in scheds.values():
-            sched.close()
-        for store in stores:
-            store.close()
-        for journal in journals.values():
-            journal.close()
