@@ -41,6 +41,13 @@ MEMBERS_MAX: Final = max(REPLICA_COUNTS) + 1  # one more while a replica is bein
 
 assert MEMBERS_MIN >= 3  # a majority survives one failure
 
+# How long the leader's link to a member must stay down, sampled, before that member may be
+# removed below MEMBERS_MIN: longer than a live peer takes to (re)connect (a dial's 3.5 s
+# timeout plus the 1 s redial interval, logsvc/shard/raft/config.py), so only a replica that
+# stays unreachable (dead, partitioned, quarantined for corruption) qualifies.
+UNREACHABLE_CONFIRM_S: Final = 6.0
+UNREACHABLE_SAMPLE_S: Final = 0.2
+
 
 def caught_up(
     lag_entries: int | None, match_index: int | None = None, config_index: int = 0
@@ -75,6 +82,16 @@ def check_add(status: ShardStatus, node_id: str, known_node_ids: Collection[str]
         )
 
 
+def removal_below_minimum(status: ShardStatus) -> bool:
+    """Whether removing a member would leave fewer than MEMBERS_MIN: allowed only for a
+    member the leader cannot reach (`check_remove`), and only once that has lasted
+    `UNREACHABLE_CONFIRM_S` (the caller samples it): a link that is down for a moment (a
+    leader just elected whose follower has not dialled it yet, a reconnect on a loaded
+    machine) says nothing about the replica, and removing a live member below the minimum
+    would cost the shard its fault tolerance on a guess."""
+    return len(status.replicas) <= MEMBERS_MIN
+
+
 def check_remove(status: ShardStatus, node_id: str, known_node_ids: Collection[str]) -> None:
     if node_id not in known_node_ids:
         raise UnknownNode(node_id)
@@ -84,7 +101,7 @@ def check_remove(status: ShardStatus, node_id: str, known_node_ids: Collection[s
         raise ChangeRefused(
             f"node {node_id!r} leads shard {status.shard_id}: transfer leadership first"
         )
-    if len(status.replicas) <= MEMBERS_MIN:
+    if removal_below_minimum(status):
         [replica] = [r for r in status.replicas if r.node_id == node_id]
         if replica.connected is not False:
             raise ChangeRefused(

@@ -14,9 +14,10 @@ time per shard (`MembershipChangeInProgress` otherwise):
   its commit; the answer is the new member list. X catches up by ordinary replication;
   its `caught_up` turns true in this shard's status once it is within a few entries.
 * remove node X: the rules (`changes.check_remove`: never the leader, never below the
-  minimum); the leader proposes `removeNodeFromCluster` and waits for its commit, then
-  asks X to stop hosting the shard (`DELETE .../host`: best effort, bounded; X archives
-  its replica).
+  minimum but for a member the leader's link to has stayed down for
+  `changes.UNREACHABLE_CONFIRM_S`, sampled); the leader proposes `removeNodeFromCluster`
+  and waits for its commit, then asks X to stop hosting the shard (`DELETE .../host`: best
+  effort, bounded; X archives its replica).
 
 Members are the latest configuration in the answering replica's log (its members file,
 logsvc/shard/membership.py), as node ids: Raft addresses map to nodes by the config
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -65,6 +66,23 @@ MEMBERSHIP_COMMIT_TIMEOUT_S: Final = 20.0
 # view_call_s_max (60 s).
 LEARNER_CATCH_UP_S_MAX: Final = 15.0
 LEARNER_POLL_S: Final = 0.1
+
+
+async def confirm_removal(
+    read: Callable[[], Awaitable[ShardStatus]],
+    node_id: str,
+    known_node_ids: Sequence[str],
+    window_s: float,
+    sample_s: float = changes.UNREACHABLE_SAMPLE_S,
+) -> None:
+    """Apply `changes.check_remove` to the leader's status again every `sample_s` for
+    `window_s`: a removal below the minimum goes ahead only if the member stayed
+    unreachable throughout (ChangeRefused, or NotLeader, the moment it does not)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + window_s
+    while loop.time() < deadline:
+        await asyncio.sleep(sample_s)
+        changes.check_remove(await read(), node_id, known_node_ids)
 
 
 class DaemonNodeView:
@@ -332,8 +350,17 @@ class DaemonNodeView:
             await asyncio.sleep(LEARNER_POLL_S)
 
     async def remove_replica(self, shard_id: int, node_id: str) -> tuple[str, ...]:
+        known = [n.id for n in self._config.nodes]
         host, status = await self._leader_status(shard_id)
-        changes.check_remove(status, node_id, [n.id for n in self._config.nodes])
+        changes.check_remove(status, node_id, known)
+        if changes.removal_below_minimum(status):
+
+            async def read() -> ShardStatus:
+                nonlocal host
+                host, now = await self._leader_status(shard_id)
+                return now
+
+            await confirm_removal(read, node_id, known, changes.UNREACHABLE_CONFIRM_S)
         async with self._one_change(shard_id):
             await self._change(host.replica.remove_member, shard_id, node_id)
             log.info("shard %d: removed node %s", shard_id, node_id)

@@ -9,7 +9,9 @@ follower counts as caught up.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+from collections.abc import Awaitable, Callable
 
 import pytest
 
@@ -17,6 +19,7 @@ from logsvc.admin import changes
 from logsvc.admin.errors import AlreadyAReplica, ChangeRefused, NotAReplica, UnknownNode
 from logsvc.admin.port import example_view
 from logsvc.admin.status import ReplicaStatus, ShardStatus
+from logsvc.node.node_view import confirm_removal
 
 NODES = ("n1", "n2", "n3", "n4", "n5", "n6", "n7")
 
@@ -59,6 +62,41 @@ def test_an_unreachable_member_may_be_removed_below_the_minimum_to_be_rebuilt() 
     changes.check_remove(dataclasses.replace(status, replicas=unreachable), "n3", NODES)
     with pytest.raises(ChangeRefused, match="fewer than 3"):  # a reachable one may not
         changes.check_remove(dataclasses.replace(status, replicas=unreachable), "n2", NODES)
+
+
+def test_a_removal_below_the_minimum_waits_for_the_link_to_stay_down() -> None:
+    """The CI failure this answers: right after an election the leader's link to a live
+    follower may not be up yet; removing it then left the shard with two members. The
+    node's confirmation reads the leader's status again and refuses the moment the link is
+    back; a link down throughout lets the removal go on."""
+    status = shard1()
+    n3_down = dataclasses.replace(
+        status,
+        replicas=tuple(
+            dataclasses.replace(r, connected=False) if r.node_id == "n3" else r
+            for r in status.replicas
+        ),
+    )
+    assert changes.removal_below_minimum(n3_down)
+    assert not changes.removal_below_minimum(shard1(ReplicaStatus("n4")))
+
+    def reads_of(*statuses: ShardStatus) -> tuple[list[int], Callable[[], Awaitable[ShardStatus]]]:
+        count = [0]
+
+        async def read() -> ShardStatus:
+            count[0] += 1
+            return statuses[min(count[0], len(statuses)) - 1]
+
+        return count, read
+
+    count, read = reads_of(n3_down, n3_down, status)  # back up on the third sample
+    with pytest.raises(ChangeRefused, match="fewer than 3"):
+        asyncio.run(confirm_removal(read, "n3", NODES, window_s=60.0, sample_s=0.001))
+    assert count[0] == 3
+
+    count, read = reads_of(n3_down)
+    asyncio.run(confirm_removal(read, "n3", NODES, window_s=0.05, sample_s=0.005))
+    assert count[0] >= 1
 
 
 def test_transfer_to_a_named_target() -> None:
