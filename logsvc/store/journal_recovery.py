@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from logsvc.store import journal_records as jr
 from logsvc.store.errors import Corruption, io_error
 from logsvc.store.fs import FileSystem
+from logsvc.store.journal_port import ReplayTarget
 from logsvc.store.journal_replay import (
     AppendOp,
     ReplayGap,
@@ -179,7 +180,7 @@ def ops_by_path(scans: list[tuple[str, jr.FileScan]]) -> dict[str, list[StoreOp]
     return found
 
 
-def replay_into(store: ShardStore, ops: list[StoreOp], store_dir: str) -> None:
+def replay_into(store: ReplayTarget, ops: list[StoreOp], store_dir: str) -> None:
     """Bring a store (not attached to a journal) to the state its journaled operations lead
     to, durably (`journal_replay.plan_replay`; idempotent)."""
     try:

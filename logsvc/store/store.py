@@ -53,7 +53,6 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from logsvc.failpoints import failpoint
 from logsvc.store.errors import (
@@ -69,6 +68,7 @@ from logsvc.store.errors import (
 )
 from logsvc.store.fs import FileSystem, OsFileSystem
 from logsvc.store.journal_mode import JournalMode
+from logsvc.store.journal_port import JournalLinkPort, NodeJournalPort
 from logsvc.store.limits import DEFAULT_LIMITS, StoreLimits
 from logsvc.store.meta import save_meta
 from logsvc.store.records import Entry
@@ -76,9 +76,6 @@ from logsvc.store.recovery import RecoveryReport, recover
 from logsvc.store.segment_reader import SegmentReader
 from logsvc.store.syncer import Syncer
 from logsvc.store.truncation import Truncation
-
-if TYPE_CHECKING:  # journal.py imports this module; the store only holds what it is given
-    from logsvc.store.journal import JournalLink, NodeJournal
 
 log = logging.getLogger("logsvc.store")
 
@@ -117,7 +114,7 @@ class ShardStore(Truncation, JournalMode, Syncer, SegmentReader):
         limits: StoreLimits = DEFAULT_LIMITS,
         clock_ms: Callable[[], float] | None = None,
         background_sync: bool = True,
-        journal: NodeJournal | None = None,
+        journal: NodeJournalPort | None = None,
     ) -> ShardStore:
         """`background_sync=False` starts no syncer thread: syncs (and the deletion of
         segments below the log start) then happen only inside `sync()` / `wait_durable()`,
@@ -402,8 +399,8 @@ class ShardStore(Truncation, JournalMode, Syncer, SegmentReader):
 
     # ----------------------------------------------------------------- journal mode
 
-    def _attach(self, journal: NodeJournal) -> None:
-        link: JournalLink
+    def _attach(self, journal: NodeJournalPort) -> None:
+        link: JournalLinkPort
         link, ops = journal.attach(self._dir, self)
         try:
             if ops:  # an abandoned attachment of this directory journaled them

@@ -10,20 +10,17 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from logsvc.store.errors import StoreClosed, StoreError, StoreFailed
 from logsvc.store.fs import DirLock, FileSystem
 from logsvc.store.group_commit import GroupCommitPolicy
+from logsvc.store.journal_port import JournalLinkPort
 from logsvc.store.limits import StoreLimits
 from logsvc.store.meta import Meta
 from logsvc.store.records import Entry
 from logsvc.store.recovery import RecoveryReport
 from logsvc.store.segment import Segment
 from logsvc.store.waiters import Waiters
-
-if TYPE_CHECKING:  # journal.py imports this module; the store only holds what it is given
-    from logsvc.store.journal import JournalLink
 
 log = logging.getLogger("logsvc.store")
 
@@ -80,7 +77,7 @@ class StoreState:
         self._sync_seconds_total = 0.0
         # Journal mode (docs/decisions/0011): the link, and (journal position, last index)
         # of each append not yet known durable, oldest first.
-        self._link: JournalLink | None = None
+        self._link: JournalLinkPort | None = None
         self._journal_marks: deque[tuple[int, int]] = deque()
         self._journal_position_last = 0  # of this store's latest journaled operation
         self._segment_durable_index = self._last_index  # durable in the segment files
