@@ -22,7 +22,8 @@ Order of durability for a segment roll: the old segment is fdatasynced before th
 is created, and the directory is fsynced before any entry in the new file is reported
 durable. So a sealed segment is always whole, and only the newest can have a torn tail.
 
-With a node journal (`open(..., journal=)`, journal.py, docs/decisions/0011): appends, vote
+With a node journal (`open(..., journal=)`, journal.py, docs/decisions/0011; the store sees
+it only through the Protocols of journal_port.py, as the journal opens stores): appends, vote
 saves and suffix truncations are also handed to the node's shared journal, and durability
 (`wait_durable`, `sync`, `save_vote`) means "the journal's fdatasync covering it returned";
 the segment files and `meta` become the checkpoint, written lazily and fdatasynced by
@@ -31,7 +32,7 @@ hints then count only what the segment files themselves hold durably, so the tor
 of a segment stays true. No syncer thread runs in this mode.
 
 The class is assembled from parts by noun, each a mixin over `store_state.StoreState` (the
-state they share, set by its `__init__`, and `_fail`):
+state they share, set by its `__init__`; `_check_writable`, `_fail`):
 
 - here: opening, appends, durability waits, votes, the public reads of state, closing;
 - `segment_set.SegmentSet`: the segments and the recent-entry cache in memory, placement;
