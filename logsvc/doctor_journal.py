@@ -59,7 +59,7 @@ def check_node_journal(data_dir: str, payload_bytes_max: int) -> list[Finding]:
         newest = position == len(numbered) - 1
         try:
             scan = jr.scan_file(data, file_seq, newest=newest, payload_bytes_max=payload_bytes_max)
-        except jr.TornFileHeader as torn:
+        except jr.TornHeader as torn:
             findings.append(
                 Finding(
                     "warning",
@@ -70,7 +70,7 @@ def check_node_journal(data_dir: str, payload_bytes_max: int) -> list[Finding]:
                 )
             )
             continue
-        except jr.JournalScanCorruption as bad:
+        except jr.ScanCorruption as bad:
             findings.append(
                 Finding(
                     "error",

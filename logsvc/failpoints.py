@@ -36,12 +36,13 @@ EXIT_CODE = 137  # 128 + SIGKILL: the harness reads it as "crashed"
 # Every failpoint the code calls; what each one interrupts (see the call sites).
 KNOWN_FAILPOINTS = frozenset(
     {
-        # store.py: segment data handed to the OS, its fdatasync not yet started
+        # store/segment_writer.py: segment data handed to the OS, its fdatasync not yet started
         "store_after_write_before_sync",
-        # store.py: fdatasync (and directory fsync) returned, durable index not yet advanced
-        # and no waiter woken: the entries are durable but nobody was told
+        # store/segment_writer.py: fdatasync (and directory fsync) returned, durable index not
+        # yet advanced and no waiter woken: the entries are durable but nobody was told
         "store_after_sync_before_ack",
-        # store.py: a new segment's name (or the first one) is about to be made durable
+        # store/segment_writer.py: a new segment's name (or the first one) is about to be made
+        # durable
         "store_before_roll_dir_sync",
         # journal.py: journal records handed to the OS, their fdatasync not yet started
         "journal_after_write_before_sync",
@@ -50,7 +51,7 @@ KNOWN_FAILPOINTS = frozenset(
         # store.py save_vote: before / after the term and vote are written durably
         "meta_before_save",
         "meta_after_save",
-        # store.py truncate_prefix: around the durable write of the new log start
+        # store/truncation.py truncate_prefix: around the durable write of the new log start
         "store_truncate_prefix_before_meta",
         "store_truncate_prefix_after_meta",
         # raft/transport.py: a vote is durable, the vote reply is held and not yet sent

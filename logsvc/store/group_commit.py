@@ -11,7 +11,8 @@ BookKeeper's journal). A sync starts when any of these holds and no sync is in f
 While a sync is in flight, new entries accumulate; the next sync takes them all. That is
 where the batching comes from: the slower the disk, the bigger the batch.
 
-The shell (`store.py`) feeds events in with `now_ms` and asks `next_action(now_ms)`.
+The shell (`store.py` and its parts) feeds events in with `now_ms` and asks
+`next_action(now_ms)`.
 """
 
 from __future__ import annotations

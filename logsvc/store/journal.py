@@ -40,7 +40,6 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from logsvc.failpoints import failpoint
 from logsvc.store import journal_records as jr
@@ -53,6 +52,7 @@ from logsvc.store.errors import (
     io_error,
 )
 from logsvc.store.fs import DirLock, FileSystem, OsFileSystem, WritableFile
+from logsvc.store.journal_port import JournalClient, ReplayTarget
 from logsvc.store.journal_recovery import live_ops, recover_journal_dir, replay_into
 from logsvc.store.journal_replay import JournalLedger, StoreOp
 from logsvc.store.limits import (
@@ -62,7 +62,6 @@ from logsvc.store.limits import (
     StoreLimits,
 )
 from logsvc.store.records import Entry
-from logsvc.store.store import ShardStore
 
 log = logging.getLogger("logsvc.store.journal")
 
@@ -72,16 +71,6 @@ CHECKPOINTER_JOIN_S_MAX = 30.0
 
 def journal_file_name(file_seq: int) -> str:
     return f"{file_seq:020d}.jnl"
-
-
-class JournalClient(Protocol):
-    """What the journal calls back on a store (ShardStore implements it)."""
-
-    def _journal_durable(self, position: int) -> None: ...
-
-    def _journal_failed(self, error: StoreError) -> None: ...
-
-    def checkpoint(self) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -573,7 +562,7 @@ class NodeJournal:
         self._replayed_stores = found.replayed_stores
         self._torn_tail_bytes_cut = found.torn_tail_bytes_cut
 
-    def replay_into(self, store: ShardStore, ops: list[StoreOp], store_dir: str) -> None:
+    def replay_into(self, store: ReplayTarget, ops: list[StoreOp], store_dir: str) -> None:
         """Replay what `attach` returned into the store (not attached yet), durably."""
         replay_into(store, ops, store_dir)
 

@@ -23,6 +23,9 @@ All integers are little-endian; checksums are XXH3-64 (seed 0), as in the segmen
 `synced_bytes` is a hint, as the segment records' `durable_index`: how many bytes of this
 file were covered by a returned fdatasync when the record was encoded (always <= the
 record's own offset). Recovery uses it to tell a torn tail from damaged synced bytes.
+
+The file header, the record frame (checksum, length, type, reserved) and the torn-versus-
+corrupt verdict are the segment format's too: `record_frame.py` holds them once.
 """
 
 from __future__ import annotations
@@ -30,23 +33,22 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-import xxhash
+from logsvc.store import record_frame as frame
 
-from logsvc.store.records import xxh3
-from logsvc.torn import has_zero_sector, is_lost_page_rest
+# Re-exported: the journal's readers (journal_recovery.py, doctor_journal.py) catch them here.
+from logsvc.store.record_frame import ScanCorruption as ScanCorruption
+from logsvc.store.record_frame import TornHeader as TornHeader
 
 JOURNAL_MAGIC = b"LOGSVJNL"
 JOURNAL_VERSION = 1
-FILE_HEADER = struct.Struct("<8sHHIQ")  # magic, version, header_bytes, flags, file_seq
-FILE_HEADER_BYTES = FILE_HEADER.size + 8
-assert FILE_HEADER_BYTES == 32
+FILE_HEADER_BYTES = frame.FILE_HEADER_BYTES  # number = file_seq
 
-RECORD_CHECKSUM = struct.Struct("<Q")
+RECORD_CHECKSUM = frame.CHECKSUM
 RECORD_FIELDS = struct.Struct("<IB3xI4xQQQ")  # length, type, store_id, synced_bytes, a, b
 RECORD_HEADER_BYTES = RECORD_CHECKSUM.size + RECORD_FIELDS.size
 assert RECORD_HEADER_BYTES == 48
 
-TYPE_INVALID = 0  # zero-filled space never parses as a record
+TYPE_INVALID = frame.TYPE_INVALID
 TYPE_ATTACH = 1
 TYPE_ENTRY = 2
 TYPE_VOTE = 3
@@ -80,27 +82,12 @@ class JournalRecord:
 
 
 def encode_file_header(file_seq: int) -> bytes:
-    assert file_seq >= 1
-    body = FILE_HEADER.pack(JOURNAL_MAGIC, JOURNAL_VERSION, FILE_HEADER_BYTES, 0, file_seq)
-    return body + RECORD_CHECKSUM.pack(xxh3(body))
+    return frame.encode_file_header(JOURNAL_MAGIC, JOURNAL_VERSION, file_seq)
 
 
 def decode_file_header(data: bytes | memoryview) -> int | str:
     """The file sequence number of a whole header, or why the header is not whole."""
-    if len(data) < FILE_HEADER_BYTES:
-        return f"journal header is {len(data)} bytes, expected {FILE_HEADER_BYTES}"
-    body = bytes(data[: FILE_HEADER.size])
-    (checksum,) = RECORD_CHECKSUM.unpack_from(data, FILE_HEADER.size)
-    magic, version, header_bytes, flags, file_seq = FILE_HEADER.unpack(body)
-    if magic != JOURNAL_MAGIC:
-        return f"bad journal magic {magic!r}"
-    if checksum != xxh3(body):
-        return "journal header checksum mismatch"
-    if version != JOURNAL_VERSION:
-        return f"unknown journal format version {version} (this build reads {JOURNAL_VERSION})"
-    if header_bytes != FILE_HEADER_BYTES or flags != 0 or file_seq < 1:
-        return "journal header fields out of range"
-    return int(file_seq)
+    return frame.decode_file_header(data, JOURNAL_MAGIC, JOURNAL_VERSION, "journal")
 
 
 def encode_record_into(
@@ -119,39 +106,20 @@ def encode_record_into(
     assert a >= 0
     assert b >= 0
     fields_ = RECORD_FIELDS.pack(len(body), rtype, store_id, synced_bytes, a, b)
-    digest = xxhash.xxh3_64(fields_)
-    digest.update(body)
-    out += RECORD_CHECKSUM.pack(digest.intdigest())
-    out += fields_
-    out += body
-    return RECORD_HEADER_BYTES + len(body)
+    return frame.encode_frame_into(out, fields_, body)
 
 
 def parse_record(
     data: bytes | memoryview, offset_bytes: int, payload_bytes_max: int
 ) -> JournalRecord | str:
     """The record at `offset_bytes`, or the reason there is no whole record there."""
-    available = len(data) - offset_bytes
-    if available < RECORD_HEADER_BYTES:
-        return f"partial record header ({available} bytes)"
-    (checksum,) = RECORD_CHECKSUM.unpack_from(data, offset_bytes)
-    length, rtype, store_id, synced_bytes, a, b = RECORD_FIELDS.unpack_from(
-        data, offset_bytes + RECORD_CHECKSUM.size
-    )
-    if rtype == TYPE_INVALID:
-        return "record type 0 (zeroed or unwritten space)"
-    if rtype not in _TYPES:
-        return f"unknown record type {rtype}"
-    if length > payload_bytes_max:
-        return f"record length {length} exceeds the limit {payload_bytes_max}"
+    found = frame.parse_frame(data, offset_bytes, RECORD_FIELDS, _TYPES, payload_bytes_max)
+    if isinstance(found, str):
+        return found
+    length, rtype, store_id, synced_bytes, a, b = found
     end = offset_bytes + RECORD_HEADER_BYTES + length
-    if end > len(data):
-        return f"record of {length} bytes runs past the end of the file"
-    if checksum != xxh3(data[offset_bytes + RECORD_CHECKSUM.size : end]):
-        return "record checksum mismatch"
-    if bytes(data[offset_bytes + 13 : offset_bytes + 16]) != b"\0\0\0" or bytes(
-        data[offset_bytes + 20 : offset_bytes + 24]
-    ) != bytes(4):
+    # The second reserved field (after store_id) is the journal's own; `4x` skips it.
+    if bytes(data[offset_bytes + 20 : offset_bytes + 24]) != bytes(4):
         return "reserved record bytes are not zero"
     if synced_bytes > offset_bytes:
         return "record synced_bytes hint is past the record itself"
@@ -195,20 +163,6 @@ class FileScan:
     torn_reason: str | None  # set when a torn tail was found (newest file only)
 
 
-class JournalScanCorruption(Exception):
-    """Raised by the pure scan; the shell re-raises it as `Corruption` with the path."""
-
-    def __init__(self, offset_bytes: int, reason: str) -> None:
-        super().__init__(reason)
-        self.offset_bytes = offset_bytes
-        self.reason = reason
-
-
-class TornFileHeader(Exception):
-    """The newest file's header is not whole and no whole record follows it: power was lost
-    while the file was being created. Recovery deletes it."""
-
-
 def scan_file(data: bytes, name_file_seq: int, *, newest: bool, payload_bytes_max: int) -> FileScan:
     """Validate every record of a journal file (decision 0009's torn-versus-corrupt rule).
 
@@ -222,10 +176,10 @@ def scan_file(data: bytes, name_file_seq: int, *, newest: bool, payload_bytes_ma
     header = decode_file_header(data)
     if isinstance(header, str):
         if newest and isinstance(parse_record(data, FILE_HEADER_BYTES, payload_bytes_max), str):
-            raise TornFileHeader(header)
-        raise JournalScanCorruption(0, header)
+            raise TornHeader(header)
+        raise ScanCorruption(0, header)
     if header != name_file_seq:
-        raise JournalScanCorruption(
+        raise ScanCorruption(
             0, f"header file_seq {header} does not match the file name ({name_file_seq})"
         )
     found: list[JournalRecord] = []
@@ -234,7 +188,7 @@ def scan_file(data: bytes, name_file_seq: int, *, newest: bool, payload_bytes_ma
         record = parse_record(data, offset, payload_bytes_max)
         if isinstance(record, str):
             if not newest:
-                raise JournalScanCorruption(offset, record)
+                raise ScanCorruption(offset, record)
             reason = _classify_bad_tail(data, offset, record, payload_bytes_max)
             return FileScan(header, tuple(found), offset, reason)
         found.append(record)
@@ -244,10 +198,8 @@ def scan_file(data: bytes, name_file_seq: int, *, newest: bool, payload_bytes_ma
 
 def _classify_bad_tail(data: bytes, bad_offset: int, reason: str, payload_bytes_max: int) -> str:
     later = _find_later_record(data, bad_offset, payload_bytes_max)
-    if later is None:
-        return reason
-    if isinstance(later, str):
-        raise JournalScanCorruption(bad_offset, f"{reason}; {later}")
+    if not isinstance(later, JournalRecord):
+        return frame.bad_tail_verdict(data, bad_offset, reason, later, None)
     hint = later.synced_bytes
     # Follow the chain: every whole record after the bad one says how much was synced.
     offset = later.end_bytes
@@ -257,16 +209,10 @@ def _classify_bad_tail(data: bytes, bad_offset: int, reason: str, payload_bytes_
             break
         hint = max(hint, nxt.synced_bytes)
         offset = nxt.end_bytes
-    if hint > bad_offset:
-        raise JournalScanCorruption(
-            bad_offset, f"{reason}; a later record says {hint} bytes of the file were synced"
-        )
-    if not (
-        has_zero_sector(data, bad_offset, later.offset_bytes)
-        or is_lost_page_rest(data, bad_offset, later.offset_bytes)
-    ):
-        raise JournalScanCorruption(bad_offset, f"{reason}; valid records follow the damaged bytes")
-    return f"{reason} (unsynced pages lost; later unsynced records dropped)"
+    synced_past = (
+        f"a later record says {hint} bytes of the file were synced" if hint > bad_offset else None
+    )
+    return frame.bad_tail_verdict(data, bad_offset, reason, later.offset_bytes, synced_past)
 
 
 def _find_later_record(

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from logsvc.store import journal_records as jr
 from logsvc.store.errors import Corruption, io_error
 from logsvc.store.fs import FileSystem
+from logsvc.store.journal_port import ReplayTarget
 from logsvc.store.journal_replay import (
     AppendOp,
     ReplayGap,
@@ -109,11 +110,11 @@ def _scan_all(
         newest = position == len(numbered) - 1
         try:
             scan = jr.scan_file(data, file_seq, newest=newest, payload_bytes_max=payload_bytes_max)
-        except jr.TornFileHeader as torn:
+        except jr.TornHeader as torn:
             log.warning("newest journal file %s has a torn header (%s)", path, torn)
             torn_bytes += len(data)
             continue
-        except jr.JournalScanCorruption as bad:
+        except jr.ScanCorruption as bad:
             raise Corruption(path, bad.offset_bytes, bad.reason) from None
         if scan.torn_reason is not None:
             cut = len(data) - scan.end_bytes
@@ -142,7 +143,7 @@ def live_ops(
             raise io_error(exc, "read", path) from exc
         try:
             scan = jr.scan_file(data, file_seq, newest=False, payload_bytes_max=payload_bytes_max)
-        except jr.JournalScanCorruption as bad:
+        except jr.ScanCorruption as bad:
             raise Corruption(path, bad.offset_bytes, bad.reason) from None
         for record in scan.records:
             if record.store_id in store_ids and record.rtype != jr.TYPE_ATTACH:
@@ -179,7 +180,7 @@ def ops_by_path(scans: list[tuple[str, jr.FileScan]]) -> dict[str, list[StoreOp]
     return found
 
 
-def replay_into(store: ShardStore, ops: list[StoreOp], store_dir: str) -> None:
+def replay_into(store: ReplayTarget, ops: list[StoreOp], store_dir: str) -> None:
     """Bring a store (not attached to a journal) to the state its journaled operations lead
     to, durably (`journal_replay.plan_replay`; idempotent)."""
     try:

@@ -16,6 +16,9 @@ All integers are little-endian. Checksums are XXH3-64 (seed 0).
 `durable_index` is a hint: the highest index known durable when the record was encoded.
 Recovery uses it to tell a torn tail (only unsynced bytes damaged) from corruption of
 synced bytes (see `scan_segment`).
+
+The file header, the record frame (checksum, length, type, reserved) and the torn-versus-
+corrupt verdict are the node journal's too: `record_frame.py` holds them once.
 """
 
 from __future__ import annotations
@@ -24,23 +27,26 @@ import array
 import struct
 from dataclasses import dataclass, field
 
-import xxhash
+from logsvc.store import record_frame as frame
 
-from logsvc.torn import has_zero_sector, is_lost_page_rest
+# Re-exported: the segment format's names for what `record_frame` holds (meta.py, the shard
+# snapshot file and the readers of this module use them from here).
+from logsvc.store.record_frame import ScanCorruption as ScanCorruption
+from logsvc.store.record_frame import TornHeader as TornHeader
+from logsvc.store.record_frame import xxh3 as xxh3
 
 SEGMENT_MAGIC = b"LOGSVSEG"
 SEGMENT_VERSION = 1
-SEGMENT_HEADER = struct.Struct("<8sHHIQ")  # magic, version, header_bytes, flags, first_index
-SEGMENT_HEADER_BYTES = SEGMENT_HEADER.size + 8  # + checksum
-assert SEGMENT_HEADER_BYTES == 32
+SEGMENT_HEADER_BYTES = frame.FILE_HEADER_BYTES  # number = first_index
 
-RECORD_CHECKSUM = struct.Struct("<Q")
+RECORD_CHECKSUM = frame.CHECKSUM
 RECORD_FIELDS = struct.Struct("<IB3xQQQ")  # length, type, reserved, index, term, durable_index
 RECORD_HEADER_BYTES = RECORD_CHECKSUM.size + RECORD_FIELDS.size
 assert RECORD_HEADER_BYTES == 40
 
-RECORD_TYPE_INVALID = 0  # zero-filled space never parses as a record (LevelDB's rule)
+RECORD_TYPE_INVALID = frame.TYPE_INVALID
 RECORD_TYPE_ENTRY = 1
+_RECORD_TYPES = (RECORD_TYPE_ENTRY,)
 
 # Hard format limits (configurable limits in limits.py must stay below them).
 PAYLOAD_BYTES_LIMIT = 256 * 1024 * 1024  # length is u32; keep it well below 4 GiB
@@ -61,32 +67,13 @@ class Entry:
     payload: bytes
 
 
-def xxh3(data: bytes | bytearray | memoryview) -> int:
-    return xxhash.xxh3_64_intdigest(data)
-
-
 def encode_segment_header(first_index: int) -> bytes:
-    assert first_index >= 1
-    body = SEGMENT_HEADER.pack(SEGMENT_MAGIC, SEGMENT_VERSION, SEGMENT_HEADER_BYTES, 0, first_index)
-    return body + RECORD_CHECKSUM.pack(xxh3(body))
+    return frame.encode_file_header(SEGMENT_MAGIC, SEGMENT_VERSION, first_index)
 
 
 def decode_segment_header(data: bytes | memoryview) -> int | str:
     """The first index of a whole header, or the reason the header is not whole."""
-    if len(data) < SEGMENT_HEADER_BYTES:
-        return f"segment header is {len(data)} bytes, expected {SEGMENT_HEADER_BYTES}"
-    body = bytes(data[: SEGMENT_HEADER.size])
-    (checksum,) = RECORD_CHECKSUM.unpack_from(data, SEGMENT_HEADER.size)
-    magic, version, header_bytes, flags, first_index = SEGMENT_HEADER.unpack(body)
-    if magic != SEGMENT_MAGIC:
-        return f"bad segment magic {magic!r}"
-    if checksum != xxh3(body):
-        return "segment header checksum mismatch"
-    if version != SEGMENT_VERSION:
-        return f"unknown segment format version {version} (this build reads {SEGMENT_VERSION})"
-    if header_bytes != SEGMENT_HEADER_BYTES or flags != 0 or first_index < 1:
-        return "segment header fields out of range"
-    return int(first_index)
+    return frame.decode_file_header(data, SEGMENT_MAGIC, SEGMENT_VERSION, "segment")
 
 
 def encode_record_into(
@@ -98,12 +85,7 @@ def encode_record_into(
     assert 0 <= durable_index < index
     assert len(payload) <= PAYLOAD_BYTES_LIMIT
     fields_ = RECORD_FIELDS.pack(len(payload), RECORD_TYPE_ENTRY, index, term, durable_index)
-    digest = xxhash.xxh3_64(fields_)
-    digest.update(payload)
-    out += RECORD_CHECKSUM.pack(digest.intdigest())
-    out += fields_
-    out += payload
-    return RECORD_HEADER_BYTES + len(payload)
+    return frame.encode_frame_into(out, fields_, payload)
 
 
 def encode_record(index: int, term: int, durable_index: int, payload: bytes) -> bytes:
@@ -132,27 +114,10 @@ def parse_record(
     data: bytes | memoryview, offset_bytes: int, payload_bytes_max: int
 ) -> RecordView | str:
     """The record at `offset_bytes`, or the reason there is no whole record there."""
-    available = len(data) - offset_bytes
-    if available < RECORD_HEADER_BYTES:
-        return f"partial record header ({available} bytes)"
-    (checksum,) = RECORD_CHECKSUM.unpack_from(data, offset_bytes)
-    length, rtype, index, term, durable_index = RECORD_FIELDS.unpack_from(
-        data, offset_bytes + RECORD_CHECKSUM.size
-    )
-    if rtype == RECORD_TYPE_INVALID:
-        return "record type 0 (zeroed or unwritten space)"
-    if rtype != RECORD_TYPE_ENTRY:
-        return f"unknown record type {rtype}"
-    if length > payload_bytes_max:
-        return f"record length {length} exceeds the limit {payload_bytes_max}"
-    end = offset_bytes + RECORD_HEADER_BYTES + length
-    if end > len(data):
-        return f"record of {length} bytes runs past the end of the file"
-    if checksum != xxh3(data[offset_bytes + RECORD_CHECKSUM.size : end]):
-        return "record checksum mismatch"
-    # The reserved bytes are covered by the checksum; struct's "3x" skips them, so check.
-    if bytes(data[offset_bytes + 13 : offset_bytes + 16]) != b"\0\0\0":
-        return "reserved record bytes are not zero"
+    found = frame.parse_frame(data, offset_bytes, RECORD_FIELDS, _RECORD_TYPES, payload_bytes_max)
+    if isinstance(found, str):
+        return found
+    length, _, index, term, durable_index = found
     if durable_index >= index:
         return "record durable_index is not below its index"
     return RecordView(
@@ -181,20 +146,6 @@ class SegmentScan:
     @property
     def last_index(self) -> int:
         return self.first_index + len(self.offsets) - 1
-
-
-class ScanCorruption(Exception):
-    """Raised by the pure scan; the store re-raises it as `Corruption` with the path."""
-
-    def __init__(self, offset_bytes: int, reason: str) -> None:
-        super().__init__(reason)
-        self.offset_bytes = offset_bytes
-        self.reason = reason
-
-
-class TornHeader(Exception):
-    """The newest segment's header is not whole and nothing durable follows it: the file
-    was being created when power was lost. Recovery deletes it."""
 
 
 def scan_segment(
@@ -276,39 +227,23 @@ def _classify_bad_tail(
     scan: SegmentScan,
 ) -> None:
     later = _find_later_record(data, bad_offset, bad_index, payload_bytes_max)
-    if later is None:
-        scan.torn_reason = reason
-        return
-    if later is _UNDECIDED:
-        raise ScanCorruption(bad_offset, f"{reason}; too many candidates to rule out data after it")
-    assert isinstance(later, RecordView)
-    chain_hint, chain_count = _follow_chain(data, later, payload_bytes_max)
-    if chain_hint >= bad_index:
-        raise ScanCorruption(
-            bad_offset,
-            f"{reason}; a later record says entries up to {chain_hint} were durable",
-        )
-    if not (
-        has_zero_sector(data, bad_offset, later.offset_bytes)
-        or is_lost_page_rest(data, bad_offset, later.offset_bytes)
-    ):
-        raise ScanCorruption(bad_offset, f"{reason}; valid records follow the damaged bytes")
-    scan.torn_reason = f"{reason} (unsynced pages lost; later unsynced records dropped)"
+    synced_past = None
+    chain_count = 0
+    if isinstance(later, RecordView):
+        chain_hint, chain_count = _follow_chain(data, later, payload_bytes_max)
+        if chain_hint >= bad_index:
+            synced_past = f"a later record says entries up to {chain_hint} were durable"
+    later_at = later.offset_bytes if isinstance(later, RecordView) else later
+    scan.torn_reason = frame.bad_tail_verdict(data, bad_offset, reason, later_at, synced_past)
     scan.torn_records_dropped = chain_count
-
-
-class _Undecided:
-    pass
-
-
-_UNDECIDED = _Undecided()
 
 
 def _find_later_record(
     data: bytes, bad_offset: int, bad_index: int, payload_bytes_max: int
-) -> RecordView | _Undecided | None:
+) -> RecordView | str | None:
     """A valid record after `bad_offset` with an index in (bad_index, bad_index + 8], found
-    by searching for the packed index field; bounded in candidates tried."""
+    by searching for the packed index field; bounded in candidates tried (past the bound:
+    why the search gave up)."""
     tried = 0
     for index in range(bad_index + 1, bad_index + 1 + RESYNC_INDEXES_AHEAD):
         needle = struct.pack("<Q", index)
@@ -316,7 +251,7 @@ def _find_later_record(
         while position != -1:
             tried += 1
             if tried > RESYNC_CANDIDATES_MAX:
-                return _UNDECIDED
+                return "too many candidates to rule out data after it"
             candidate = parse_record(data, position - 16, payload_bytes_max)
             if isinstance(candidate, RecordView) and candidate.index == index:
                 return candidate

@@ -1,5 +1,5 @@
-"""One segment file of a shard store as the store holds it in memory (used by store.py): its
-record offsets, term runs, and how much of it is buffered, written and synced."""
+"""One segment file of a shard store as the store holds it in memory (used by segment_set.py):
+its record offsets, term runs, and how much of it is buffered, written and synced."""
 
 from __future__ import annotations
 

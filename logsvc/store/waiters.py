@@ -1,5 +1,5 @@
 """Threads waiting for a store's durability, each woken only once its own index is durable
-(used by `store.py`)."""
+(used by `store.py` and its parts)."""
 
 from __future__ import annotations
 

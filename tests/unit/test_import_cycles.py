@@ -173,17 +173,11 @@ def test_the_cycle_finder_finds_a_cycle_and_nothing_else() -> None:
     assert _cycles({"a": {"b"}, "b": set()}) == []
 
 
-KNOWN_CYCLES = [["logsvc.store.journal", "logsvc.store.journal_recovery", "logsvc.store.store"]]
-"""Left to remove (and then this list): the shard store names the node journal it writes
-through as a type (store.py's `if TYPE_CHECKING` import of journal.py), and the journal opens
-stores. A Protocol in store.py for what it needs of its journal link would end it."""
-
-
-def test_no_package_of_ours_has_an_import_cycle_but_the_known_one() -> None:
+def test_no_package_of_ours_has_an_import_cycle() -> None:
     graph = _graph(PACKAGES)
     assert "logsvc.store.store" in graph  # the walk found every package
     # A module importing its own package (`from engine import limits` resolves to the
     # submodule; a bare `import engine` inside engine/ to the package) is not a cycle.
     for name, edges in graph.items():
         edges.difference_update({e for e in edges if name.startswith(e + ".")})
-    assert _cycles(graph) == KNOWN_CYCLES
+    assert _cycles(graph) == []

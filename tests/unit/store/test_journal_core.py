@@ -212,13 +212,13 @@ def test_damage_before_the_tail_or_in_a_sealed_file_is_corruption() -> None:
     data = bytearray(_file(RECORDS))
     second = jr.scan_file(bytes(data), 5, newest=True, payload_bytes_max=PAYLOAD_MAX).records[1]
     data[second.offset_bytes + jr.RECORD_HEADER_BYTES] ^= 1  # a bit of "hello"
-    with pytest.raises(jr.JournalScanCorruption) as caught:
+    with pytest.raises(jr.ScanCorruption) as caught:
         jr.scan_file(bytes(data), 5, newest=True, payload_bytes_max=PAYLOAD_MAX)
     assert caught.value.offset_bytes == second.offset_bytes
     whole = _file(RECORDS)
-    with pytest.raises(jr.JournalScanCorruption):
+    with pytest.raises(jr.ScanCorruption):
         jr.scan_file(whole[:-3], 5, newest=False, payload_bytes_max=PAYLOAD_MAX)
-    with pytest.raises(jr.JournalScanCorruption):
+    with pytest.raises(jr.ScanCorruption):
         jr.scan_file(whole, 6, newest=False, payload_bytes_max=PAYLOAD_MAX)  # misnamed
 
 
@@ -233,7 +233,7 @@ def test_a_later_record_whose_hint_covers_the_bad_bytes_makes_it_corruption() ->
     jr.encode_record_into(header, jr.TYPE_ENTRY, 1, len(header), 2, 1, b"y")
     data = bytearray(header)
     data[damaged_at : damaged_at + 1200] = bytes(1200)
-    with pytest.raises(jr.JournalScanCorruption):
+    with pytest.raises(jr.ScanCorruption):
         jr.scan_file(bytes(data), 5, newest=True, payload_bytes_max=PAYLOAD_MAX)
     # The same zeroed span with a hint that does not reach it: unsynced pages, cut.
     data2 = bytearray(jr.encode_file_header(5))
@@ -248,7 +248,7 @@ def test_a_later_record_whose_hint_covers_the_bad_bytes_makes_it_corruption() ->
 
 def test_a_torn_header_of_the_newest_file_is_reported_as_torn() -> None:
     header = jr.encode_file_header(5)
-    with pytest.raises(jr.TornFileHeader):
+    with pytest.raises(jr.TornHeader):
         jr.scan_file(header[:10], 5, newest=True, payload_bytes_max=PAYLOAD_MAX)
-    with pytest.raises(jr.JournalScanCorruption):
+    with pytest.raises(jr.ScanCorruption):
         jr.scan_file(header[:10], 5, newest=False, payload_bytes_max=PAYLOAD_MAX)
