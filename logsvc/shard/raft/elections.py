@@ -35,7 +35,7 @@ class Elections(AdapterBase):
             return
         if self._SyncObj__raftElectionDeadline >= now_s or self._SyncObj__transferInProgress:
             return
-        if not self._SyncObj__connectedToAnyone():
+        if not self._logsvc_connected_to_anyone():
             return
         proposed = int(self.raftCurrentTerm) + 1
         won_term, won_s = self._logsvc_prevote_won
@@ -81,6 +81,28 @@ class Elections(AdapterBase):
         conf = self._SyncObj__conf
         span_s = float(conf.raftMaxTimeout) - float(conf.raftMinTimeout)
         self._SyncObj__raftElectionDeadline = now_s + span_s / 4 * (1.0 + random.random())
+
+    def _SyncObj__connectedToAnyone(self) -> bool:
+        """pysyncobj's one call of it is its check whether to stand now (`_onTick`:
+        election timer due and connected to anyone): connected, and standing allowed, which
+        is only for the term a pre-vote won (or a leader's transfer, or without pre-vote
+        where the gate above says so, recorded as won). The gate read the clock before
+        pysyncobj's tick and pysyncobj reads it again: a timer due between the two reads let
+        pysyncobj stand unasked (a loaded worker thread makes that gap milliseconds), and a
+        follower behind its live leader then deposed it (issue 22's leaderless start-ups).
+        A timer found due here but not by the gate waits for the next tick's gate."""
+        if not self._logsvc_connected_to_anyone():
+            return False
+        if self._logsvc_learner or self._SyncObj__transferInProgress:
+            return True
+        won_term, won_s = self._logsvc_prevote_won
+        return won_term == int(self.raftCurrentTerm) + 1 and (
+            pysyncobj_syncobj.monotonicTime() - won_s < float(self._SyncObj__conf.raftMinTimeout)
+        )
+
+    def _logsvc_connected_to_anyone(self) -> bool:
+        """pysyncobj's own `__connectedToAnyone` (overridden above)."""
+        return bool(pysyncobj_syncobj.SyncObj._SyncObj__connectedToAnyone(self))
 
     def _logsvc_on_prevote_message(
         self, node: Any, sender: str, kind: str, message: dict[str, Any]
