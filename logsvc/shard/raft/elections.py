@@ -131,7 +131,7 @@ class Elections(AdapterBase):
         journal = self._logsvc_journal
         last_index = journal.store.last_index
         leader = self._getLeader()
-        leader_live = False
+        live_leader = None
         if leader is not None and leader in self._SyncObj__connectedNodes:
             address = str(leader.id)
             now_s = pysyncobj_syncobj.monotonicTime()
@@ -139,14 +139,15 @@ class Elections(AdapterBase):
                 self._logsvc_node_of(address), now_s
             )
             lost = self._logsvc_stood_for == (int(self.raftCurrentTerm), address)
-            leader_live = not (lapsed or lost)
+            live_leader = None if lapsed or lost else address
         granted = prevote.grants(
             proposed_term=term,
+            candidate=sender,
             candidate_last=candidate_last,
             own_term=int(self.raftCurrentTerm),
             own_last=(int(journal.entry(last_index)[2]), last_index),
             leading=bool(self._isLeader()),
-            leader_live=leader_live,
+            live_leader=live_leader,
         )
         self._SyncObj__transport.send(
             node, {"type": _PREVOTE_ACK, "term": term, "granted": granted}
