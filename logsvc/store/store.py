@@ -402,38 +402,6 @@ class ShardStore:
             self._meta = meta
             failpoint("meta_after_save")
 
-    def journal_vote(self, term: int, voted_for: str | None) -> int:
-        """Over the node journal only: journal Raft's currentTerm and votedFor without
-        waiting for the journal's sync, and return the journal position that
-        `wait_vote_durable` waits for. Not durable until then: the caller sends nothing
-        that depends on it before (raft/journal.py `StoreJournal.flush_vote`). `term` and
-        `voted_for` read it at once, under the same lock as a checkpoint, so a checkpoint
-        in between writes it into `meta` (durable earlier, never lost behind the
-        checkpoint's journal position). Many replicas' votes then share one journal sync."""
-        assert self._link is not None, "only over the node journal"
-        with self._meta_lock:
-            current = self._meta
-            assert term >= current.term, "term must never go backwards"
-            assert term > current.term or current.voted_for in (None, voted_for), (
-                "at most one vote per term"
-            )
-            failpoint("meta_before_save")
-            with self._mu:
-                self._check_writable()
-                position = self._link.submit_vote(term, voted_for)
-                self._journal_position_last = position
-            self._meta = dataclasses.replace(current, term=term, voted_for=voted_for)
-            return position
-
-    def wait_vote_durable(self, position: int) -> None:
-        """The votes `journal_vote` journaled below `position` are durable on return."""
-        assert self._link is not None, "only over the node journal"
-        try:
-            self._link.sync_upto(position)
-        except StoreError as exc:
-            raise self._fail(exc) from exc
-        failpoint("meta_after_save")
-
     # ----------------------------------------------------------------- public: reads
 
     @property

@@ -69,10 +69,6 @@ class StoreJournal(Journal):  # type: ignore[misc]
         self._commit_hint = store.first_index
         # (term, votedFor) set by pysyncobj and not yet durable: see `setCurrentTerm`.
         self._pending_vote: tuple[int, str | None] | None = None
-        # Over the node journal: the journal position of the votes `journal_vote` wrote and
-        # no sync has covered yet, and their events (emitted once durable).
-        self._journaled_vote_position = 0
-        self._journaled_events: list[tuple[int, str | None, int, str | None]] = []
         self._memo: dict[int, tuple[bytes, int, int]] = {}
         # The configurations of this log, kept durable (membership.py); set by RaftNode.
         self.membership: shard_membership.ReplicaMembership | None = None
@@ -168,33 +164,12 @@ class StoreJournal(Journal):  # type: ignore[misc]
     @property
     def vote_pending(self) -> bool:
         """A term or vote set that `flush_vote` has not made durable yet."""
-        return self._pending_vote is not None or bool(self._journaled_events)
-
-    def journal_vote(self) -> None:
-        """Over the node journal: write the term and vote pysyncobj last set into the
-        journal now, durable with the next journal sync (`store.journal_vote`), so that the
-        votes of every replica a worker ticks in one round share the round's one sync
-        (node.py `_flush`, scheduler.py `defer_to_round_end`). Still pending for
-        `flush_vote`, which waits for that sync before anything leaves."""
-        pending = self._pending_vote
-        if pending is None:
-            return
-        term, voted = pending
-        term_before, voted_before = self._store.term, self._store.voted_for
-        self._journaled_vote_position = self._store.journal_vote(term, voted)
-        self._pending_vote = None
-        self._journaled_events.append((term_before, voted_before, term, voted))
+        return self._pending_vote is not None
 
     def flush_vote(self) -> None:
-        """Make the term and vote pysyncobj last set durable (`store.save_vote`, or the
-        journal sync covering what `journal_vote` wrote); the transport calls it before
-        sending anything (hole 1/2: a vote request or reply, or any message of a new term,
-        leaves only once its term and vote are durable)."""
-        if self._journaled_events:
-            self._store.wait_vote_durable(self._journaled_vote_position)
-            journaled, self._journaled_events = self._journaled_events, []
-            for term_before, voted_before, term, voted in journaled:
-                self._emit_vote(term_before, voted_before, term, voted)
+        """Make the term and vote pysyncobj last set durable (`store.save_vote`); the
+        transport calls it before sending anything (hole 1/2: a vote request or reply, or
+        any message of a new term, leaves only once its term and vote are durable)."""
         pending = self._pending_vote
         if pending is None:
             return
@@ -202,11 +177,6 @@ class StoreJournal(Journal):  # type: ignore[misc]
         term_before, voted_before = self._store.term, self._store.voted_for
         self._store.save_vote(term, voted)
         self._pending_vote = None
-        self._emit_vote(term_before, voted_before, term, voted)
-
-    def _emit_vote(
-        self, term_before: int, voted_before: str | None, term: int, voted: str | None
-    ) -> None:
         if self._events is not None:
             if term != term_before:
                 self._events.emit("term", term=term)

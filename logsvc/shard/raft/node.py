@@ -386,22 +386,15 @@ class RaftNode:
         if self._poller is None or self._scheduler is None:
             raft.logsvc_flush()
             return
-        holds_replies = raft.logsvc_holds_replies()
-        if (
-            holds_replies
-            and self._journal.store.shares_journal
-            and self._scheduler.defer_to_round_end(self, self._flush_at_round_end)
-        ):
-            # Its term and vote go into the node journal now, unsynced: the round's one
-            # journal sync makes them durable with every other replica's of the round, and
-            # the held replies (votes among them) leave only after it (`flush_vote` waits).
-            self._journal.journal_vote()
-            return
         # A term or vote set this tick is durable before anything of it is synced or sent:
         # a lone replica sends nothing, and its own appends go to the syncer below.
         self._journal.flush_vote()
-        if holds_replies:
-            raft.logsvc_flush()
+        if raft.logsvc_holds_replies():
+            store = self._journal.store
+            if not store.shares_journal or not self._scheduler.defer_to_round_end(
+                self, self._flush_at_round_end
+            ):
+                raft.logsvc_flush()
             return
         if self._sync_in_flight or not self._journal.store.sync_needed:
             return  # the syncer wakes us when the one running is done; we look again then

@@ -24,7 +24,6 @@ from pysyncobj.transport import TCPTransport
 
 from logsvc.shard.raft.config import FailReason
 from logsvc.shard.raft.node import RaftNode
-from logsvc.store import ShardStore
 from tests.unit.shard.raft_harness import shard_grid, wait_until
 
 NODES = ("n1", "n2", "n3")
@@ -90,93 +89,3 @@ def test_many_shards_on_one_scheduler_and_journal_acknowledge_only_what_is_durab
         assert deferred[0] > 0, "no replica deferred its sync to its round's end"
         assert acks[0] > 0
         assert early == []
-
-
-def test_the_votes_of_one_round_share_one_journal_sync_and_leave_only_once_durable(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """n3's worker is held while every shard elects a new leader among n1 and n2 (the
-    leaders hand over; n3's own shards lose theirs), so n3 finds all their vote requests in
-    one round: it grants them with fewer journal fdatasyncs than votes (each vote its own
-    fdatasync before), and each vote request or reply leaves only once the term and vote
-    it carries are durable (checked as it goes to the socket)."""
-    votes = {"n3": 0}
-    n3_stores: set[int] = set()
-    journal_vote, save_vote = ShardStore.journal_vote, ShardStore.save_vote
-
-    def on_n3(store: ShardStore) -> bool:
-        return id(store) in n3_stores
-
-    def counting_journal_vote(store: ShardStore, term: int, voted_for: str | None) -> int:
-        votes["n3"] += on_n3(store) and voted_for is not None
-        return journal_vote(store, term, voted_for)
-
-    def counting_save_vote(store: ShardStore, term: int, voted_for: str | None) -> None:
-        votes["n3"] += on_n3(store) and voted_for is not None
-        save_vote(store, term, voted_for)
-
-    monkeypatch.setattr(ShardStore, "journal_vote", counting_journal_vote)
-    monkeypatch.setattr(ShardStore, "save_vote", counting_save_vote)
-    early: list[str] = []
-    tcp_send = TCPTransport.send
-
-    def checked_send(transport: Any, node: Any, message: dict[str, Any]) -> Any:
-        if message.get("type") in ("request_vote", "response_vote"):
-            journal = transport._syncObj._logsvc_journal
-            if journal.vote_pending:
-                early.append(f"{message['type']} of term {message['term']} before durable")
-        return tcp_send(transport, node, message)
-
-    monkeypatch.setattr(TCPTransport, "send", checked_send)
-    config = dict(
-        election_timeout_ms_min=1000,
-        election_timeout_ms_max=2500,
-        heartbeat_ms=100,
-        leader_fallback_ms=5000,
-        connection_timeout_ms=3500,
-    )
-    with shard_grid(tmp_path, NODES, SHARDS, node_journals=True, **config) as grid:
-        wait_until(lambda: len(grid.leaders()) == SHARDS, "a leader in every shard", seconds=30.0)
-        n3 = [grid.replicas[("n3", s)] for s in range(SHARDS)]
-        n3_stores.update(id(r._journal.store) for r in n3)
-        terms = {s: max(grid.replicas[(n, s)].term for n in NODES) for s in range(SHARDS)}
-        held, release = threading.Event(), threading.Event()
-
-        def hold_the_worker() -> None:
-            held.set()
-            release.wait(30.0)
-
-        n3[0]._on_tick(hold_the_worker)
-        assert held.wait(10.0), "n3's worker never ran the held call"
-        try:
-            for shard, leader in grid.leaders().items():
-                if grid.node_of[leader.self_address] != "n3":
-                    other = "n2" if grid.node_of[leader.self_address] == "n1" else "n1"
-                    leader.transfer_leadership(grid.address[(other, shard)], lambda *_: None)
-
-            def led_elsewhere() -> dict[int, RaftNode]:
-                return {
-                    s: r
-                    for (n, s), r in grid.replicas.items()
-                    if n != "n3" and r.is_leader and r.term > terms[s]
-                }
-
-            def all_new_elsewhere() -> bool:
-                return len(led_elsewhere()) == SHARDS
-
-            wait_until(all_new_elsewhere, "every shard led anew by n1 or n2", seconds=30.0)
-            journal = n3[0]._journal.store._link.journal  # type: ignore[union-attr]
-            fdatasyncs_before = journal.stats().fdatasyncs
-            votes_before = votes["n3"]
-        finally:
-            release.set()
-        wait_until(
-            lambda: all(r.term == led_elsewhere()[s].term for s, r in enumerate(n3)),
-            "n3 in every shard's new term",
-            seconds=30.0,
-        )
-        granted = votes["n3"] - votes_before
-        fdatasyncs = journal.stats().fdatasyncs - fdatasyncs_before
-    assert granted >= 2, "n3 found fewer than two vote requests after its pause"
-    assert fdatasyncs < granted, f"{granted} votes took {fdatasyncs} journal fdatasyncs"
-    assert early == []
