@@ -19,8 +19,9 @@ and ~3 ms of CPU a second per idle replica). Here instead (docs/decisions/0005-.
   each peer node that was sent nothing gets an `alive` message carried by one replica with
   a connection to it (`carrier` ticks, which sends it); a node that lapses wakes the
   replicas it concerns (following a leader there, or leading without a live majority), a
-  node that comes back every replica with a member on it; and a lapsed node's replicas are woken one at a time
-  per reconnect interval, so a quiet node still redials a peer that restarts.
+  node that comes back every replica with a member on it; and a lapsed node's replicas are
+  woken one at a time per reconnect interval, so a quiet node still redials a peer that
+  restarts.
 
 * Syncs nobody's reply waits on (a leader's own appends: pysyncobj's AppendEntries to the
   followers already left) run on the worker's syncer thread (`sync_later`), so the worker
