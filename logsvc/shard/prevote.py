@@ -7,7 +7,8 @@ a replica whose election timer fires first asks its peers `would you vote for me
 + 1?`, changing nothing durable; it stands (pysyncobj's election, unchanged) only once a
 majority, itself included, said yes. A peer says yes only if the candidate's log is at
 least as up to date as its own, T + 1 is above its term, and it has no live leader itself
-(it is not leading, and the leader it follows is disconnected, on a lapsed node, or lost).
+(it is not leading, and the leader it follows is disconnected, on a lapsed node, or lost,
+or is the candidate itself: a leader that stepped down).
 
 Answers change nothing either: Raft's safety is untouched (terms and votes are
 pysyncobj's); only who gets to start an election is filtered. A peer that never answers
@@ -26,15 +27,25 @@ SILENT_ROUNDS_MAX = 2
 def grants(
     *,
     proposed_term: int,
+    candidate: str,
     candidate_last: tuple[int, int],
     own_term: int,
     own_last: tuple[int, int],
     leading: bool,
-    leader_live: bool,
+    live_leader: str | None,
 ) -> bool:
-    """Would this replica vote for the candidate in `proposed_term`? `*_last`: (term,
-    index) of the last log entry."""
-    return proposed_term > own_term and candidate_last >= own_last and not (leading or leader_live)
+    """Would this replica vote for `candidate` in `proposed_term`? `*_last`: (term, index)
+    of the last log entry; `live_leader`: the leader this replica follows while it is live,
+    else None. A leader that asks is no longer leading (it stepped down: a leader without
+    a majority for leader_fallback_ms does, keeping its term, and tells nobody): its own
+    followers, which still count it live, must not refuse it for being live, or a shard
+    whose other voter is behind or a term ahead stays leaderless for good (issue 22)."""
+    leader_in_the_way = live_leader is not None and live_leader != candidate
+    return (
+        proposed_term > own_term
+        and candidate_last >= own_last
+        and not (leading or leader_in_the_way)
+    )
 
 
 @dataclass(slots=True)

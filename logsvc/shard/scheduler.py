@@ -17,9 +17,11 @@ and ~3 ms of CPU a second per idle replica). Here instead (docs/decisions/0005-.
   `wake(node)`). Then it ticks each replica that has something to do, once.
 * Node liveness (logsvc/shard/liveness.py), on the first worker: every heartbeat interval,
   each peer node that was sent nothing gets an `alive` message carried by one replica with
-  a connection to it (`carrier` ticks, which sends it); nodes that lapse or come back wake
-  every replica with a member on them; and a lapsed node's replicas are woken one at a time
-  per reconnect interval, so a quiet node still redials a peer that restarts.
+  a connection to it (`carrier` ticks, which sends it); a node that lapses wakes the
+  replicas it concerns (following a leader there, or leading without a live majority), a
+  node that comes back every replica with a member on it; and a lapsed node's replicas are
+  woken one at a time per reconnect interval, so a quiet node still redials a peer that
+  restarts.
 
 * Syncs nobody's reply waits on (a leader's own appends: pysyncobj's AppendEntries to the
   followers already left) run on the worker's syncer thread (`sync_later`), so the worker
@@ -88,6 +90,14 @@ class Tickable(Protocol):
 
     def connected_to(self, node: str) -> bool:
         """Whether its Raft connection to its peer on `node` is up."""
+
+    @property
+    def leader(self) -> str | None:
+        """The Raft address of the leader it follows or is (None: none known)."""
+
+    @property
+    def is_leader(self) -> bool:
+        """Whether it leads its shard."""
 
 
 @dataclass(slots=True)
@@ -618,14 +628,19 @@ class RaftScheduler:
         with self._lock:
             by_peer = {peer: list(members) for peer, members in self._by_peer_node.items()}
         changes = liveness.check(by_peer, now_s)
-        for peer in (*changes.lapsed, *changes.revived):
+        for peer in changes.lapsed:
+            woken = [m for m in by_peer.get(peer, ()) if self._lapse_concerns(m, now_s)]
             log.info(
-                "node %s %s: waking its %d replicas' shards",
+                "node %s lapsed: waking %d of its %d replicas' shards",
                 peer,
-                "lapsed" if peer in changes.lapsed else "is back",
+                len(woken),
                 len(by_peer.get(peer, ())),
             )
-            self._wake_all(by_peer.get(peer, ()))
+            self._wake_all(woken)
+        for peer in changes.revived:
+            members = by_peer.get(peer, [])
+            log.info("node %s is back: waking its %d replicas' shards", peer, len(members))
+            self._wake_all(members)
         for peer, members in by_peer.items():
             if not members:
                 continue
@@ -635,6 +650,24 @@ class RaftScheduler:
                 carrier = self._carrier(peer, members)
                 if carrier is not None:
                     self.wake(carrier)  # its tick sends `alive` to every peer node due
+
+    def _lapse_concerns(self, member: Tickable, now_s: float) -> bool:
+        """Whether a node's lapse is news to `member`, a replica with a peer there: it
+        follows a leader on a lapsed node (a quiet follower has no timer of its own to
+        notice), or it leads without a live majority (a quiet leader must wake to step
+        down). Any other replica has nothing to do about it: waking them all (a thousand
+        per node when a node of a thousand shards dies) cost the survivors a tick each
+        right when their elections were due (issue 22). Reads of another worker's
+        replica: a quiet one, the one that matters, changes none of them."""
+        liveness = self.liveness
+        leader = member.leader
+        if leader is not None and not member.is_leader:
+            return liveness.lapsed(self.node_of(leader), now_s)
+        if not member.is_leader:
+            return False
+        peers = member.peer_nodes()
+        live = sum(1 for node in peers if not liveness.lapsed(node, now_s))
+        return 2 * (live + 1) <= len(peers) + 1
 
     def _carrier(self, peer: str, members: list[Tickable]) -> Tickable | None:
         carrier = self._carriers.get(peer)

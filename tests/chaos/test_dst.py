@@ -394,3 +394,63 @@ def test_a_snapshot_chunk_never_commits_a_followers_diverging_suffix() -> None:
         assert caught_up is not None
         assert caught_up.store.first_index == replica.store.first_index  # it got the snapshot
     assert not sim.observer.violations, sim.observer.violations[:3]
+
+
+class _CreepingClock:
+    """A loaded machine's clock: every read inside one node's tick is a little later than
+    the one before (2 ms a read, at most 9 ms, less than a 10 ms step, so each node's time
+    still only moves forward), as when the worker thread is descheduled between two lines."""
+
+    def __init__(self, sim: Simulation) -> None:
+        self._clock = sim.clock
+        self._base: float | None = None
+        self._reads = 0
+
+    def __call__(self) -> float:
+        base = self._clock.monotonic_s()
+        if base != self._base:
+            self._base, self._reads = base, 0
+        self._reads += 1
+        return base + min(self._reads * 0.002, 0.009)
+
+
+@pytest.mark.timeout(120)
+def test_a_replica_stands_only_for_a_term_its_pre_vote_won(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Regression (the leaderless start-ups of issue 22: "a follower stood without pre-vote
+    while behind"). The pre-vote gate read the clock, found the election timer not yet due
+    and let pysyncobj tick; pysyncobj read the clock again a moment later, found it due, and
+    stood without asking: on a loaded machine (the reads further apart) a follower whose
+    log is behind raised the term with no pre-vote, deposing its live leader. Now pysyncobj
+    may stand only for the term a pre-vote won (or a leader's transfer). Every standing over
+    a dozen leader kills with a creeping clock is checked."""
+    from pysyncobj import SyncObj
+
+    from logsvc.shard.raft import patches as raft_patches
+    from logsvc.shard.raft.adapter import ShardRaft
+
+    stood: list[tuple[int, int, bool]] = []  # (term stood for, term its pre-vote won, transfer)
+    set_term = SyncObj._SyncObj__setCurrentTerm
+
+    def recording(self: ShardRaft, term: int, voted_for: Any) -> None:
+        if self._SyncObj__selfNode is not None and voted_for == self._SyncObj__selfNode.id:
+            stood.append(
+                (term, self._logsvc_prevote_won[0], bool(self._SyncObj__transferInProgress))
+            )
+        set_term(self, term, voted_for)
+
+    monkeypatch.setattr(ShardRaft, "_SyncObj__setCurrentTerm", recording, raising=False)
+    sim = Simulation(SimOptions(seed=5, truncates=False))
+    with sim.session():
+        raft_patches.set_monotonic_clock(_CreepingClock(sim))
+        for _ in range(30):
+            leader = _run_until_leader(sim)
+            sim.crash(leader, power=False)
+            _run_until_leader(sim, other_than=leader)
+            sim.restart(leader)
+            sim.run_for(1)
+    assert len(stood) >= 12
+    unasked = [s for s in stood if s[0] != s[1] and not s[2]]
+    assert not unasked, f"stood without a won pre-vote (term, won, transfer): {unasked}"
+    assert not sim.observer.violations

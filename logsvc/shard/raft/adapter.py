@@ -102,7 +102,9 @@ class ShardRaft(Quiet, Elections, MessageFixes, SnapshotPoints):
       `__updateClusterConfiguration`  set pysyncobj's peers to the log's configuration
       `__connectedToAnyone`, `__transferInProgress`  pre-vote asks only when pysyncobj
                                     would stand now, and never for a leader's transfer
-                                    (TimeoutNow: the leader asked for it)
+                                    (TimeoutNow: the leader asked for it);
+                                    `__connectedToAnyone` overridden: pysyncobj stands
+                                    only for the term a pre-vote won (elections.py)
       `__onSetCodeVersion`          what pysyncobj's own snapshot load does last
       `_isLeader`, `_getLeader`     role and leader (no public equivalent)
       `_TcpConnection__lastReadTime`  a quiet shard's connection is not timed out while

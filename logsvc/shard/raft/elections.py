@@ -35,7 +35,7 @@ class Elections(AdapterBase):
             return
         if self._SyncObj__raftElectionDeadline >= now_s or self._SyncObj__transferInProgress:
             return
-        if not self._SyncObj__connectedToAnyone():
+        if not self._logsvc_connected_to_anyone():
             return
         proposed = int(self.raftCurrentTerm) + 1
         won_term, won_s = self._logsvc_prevote_won
@@ -82,6 +82,28 @@ class Elections(AdapterBase):
         span_s = float(conf.raftMaxTimeout) - float(conf.raftMinTimeout)
         self._SyncObj__raftElectionDeadline = now_s + span_s / 4 * (1.0 + random.random())
 
+    def _SyncObj__connectedToAnyone(self) -> bool:
+        """pysyncobj's one call of it is its check whether to stand now (`_onTick`:
+        election timer due and connected to anyone): connected, and standing allowed, which
+        is only for the term a pre-vote won (or a leader's transfer, or without pre-vote
+        where the gate above says so, recorded as won). The gate read the clock before
+        pysyncobj's tick and pysyncobj reads it again: a timer due between the two reads let
+        pysyncobj stand unasked (a loaded worker thread makes that gap milliseconds), and a
+        follower behind its live leader then deposed it (issue 22's leaderless start-ups).
+        A timer found due here but not by the gate waits for the next tick's gate."""
+        if not self._logsvc_connected_to_anyone():
+            return False
+        if self._logsvc_learner or self._SyncObj__transferInProgress:
+            return True
+        won_term, won_s = self._logsvc_prevote_won
+        return won_term == int(self.raftCurrentTerm) + 1 and (
+            pysyncobj_syncobj.monotonicTime() - won_s < float(self._SyncObj__conf.raftMinTimeout)
+        )
+
+    def _logsvc_connected_to_anyone(self) -> bool:
+        """pysyncobj's own `__connectedToAnyone` (overridden above)."""
+        return bool(pysyncobj_syncobj.SyncObj._SyncObj__connectedToAnyone(self))
+
     def _logsvc_on_prevote_message(
         self, node: Any, sender: str, kind: str, message: dict[str, Any]
     ) -> None:
@@ -109,7 +131,7 @@ class Elections(AdapterBase):
         journal = self._logsvc_journal
         last_index = journal.store.last_index
         leader = self._getLeader()
-        leader_live = False
+        live_leader = None
         if leader is not None and leader in self._SyncObj__connectedNodes:
             address = str(leader.id)
             now_s = pysyncobj_syncobj.monotonicTime()
@@ -117,14 +139,15 @@ class Elections(AdapterBase):
                 self._logsvc_node_of(address), now_s
             )
             lost = self._logsvc_stood_for == (int(self.raftCurrentTerm), address)
-            leader_live = not (lapsed or lost)
+            live_leader = None if lapsed or lost else address
         granted = prevote.grants(
             proposed_term=term,
+            candidate=sender,
             candidate_last=candidate_last,
             own_term=int(self.raftCurrentTerm),
             own_last=(int(journal.entry(last_index)[2]), last_index),
             leading=bool(self._isLeader()),
-            leader_live=leader_live,
+            live_leader=live_leader,
         )
         self._SyncObj__transport.send(
             node, {"type": _PREVOTE_ACK, "term": term, "granted": granted}

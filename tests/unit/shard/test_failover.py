@@ -251,7 +251,15 @@ def test_dials_to_a_node_that_refused_are_one_per_interval_for_all_until_it_is_h
     ("case", "changes", "granted"),
     [
         ("no leader, log as long", {}, True),
-        ("a live leader", {"leader_live": True}, False),
+        ("a live leader", {"live_leader": "10.0.0.9:7001"}, False),
+        # Its own leader asks: it stepped down (leader fallback keeps the term and tells
+        # nobody); refusing it left shards leaderless for good (issue 22).
+        ("its live leader is the candidate", {"live_leader": "10.0.0.1:7001"}, True),
+        (
+            "its live leader is the candidate, log behind",
+            {"live_leader": "10.0.0.1:7001", "candidate_last": (3, 9)},
+            False,
+        ),
         ("leading itself", {"leading": True}, False),
         ("the candidate's log behind", {"candidate_last": (3, 9)}, False),
         ("the candidate's last term older", {"candidate_last": (2, 50)}, False),
@@ -264,11 +272,12 @@ def test_when_a_peer_grants_a_pre_vote(
 ) -> None:
     arguments: dict[str, object] = {
         "proposed_term": 6,
+        "candidate": "10.0.0.1:7001",
         "candidate_last": (3, 10),
         "own_term": 5,
         "own_last": (3, 10),
         "leading": False,
-        "leader_live": False,
+        "live_leader": None,
     }
     arguments.update(changes)
     assert prevote.grants(**arguments) is granted, case  # type: ignore[arg-type]

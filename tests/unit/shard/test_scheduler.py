@@ -35,6 +35,8 @@ class Fake:
         self.poller: ShardPoller | None = None
         self.events: list[tuple[int, int]] = []
         self.lock = threading.Lock()
+        self.leader: str | None = None  # the Raft address (here: the node) it follows
+        self.is_leader = False
 
     def tick(self) -> float | None:
         now = time.monotonic()
@@ -62,9 +64,13 @@ def until(condition: Callable[[], bool], what: str) -> None:
         time.sleep(0.005)
 
 
-def scheduler(workers: int = 2, interval_s: float = 0.05, lapse_s: float = 0.3) -> RaftScheduler:
+def scheduler(
+    workers: int = 2, interval_s: float = 0.05, lapse_s: float = 0.3, reconnect_s: float = 0.2
+) -> RaftScheduler:
     liveness = NodeLiveness("n1", interval_s, lapse_s, time.monotonic())
-    return RaftScheduler(liveness, lambda address: address, workers=workers, reconnect_s=0.2)
+    return RaftScheduler(
+        liveness, lambda address: address, workers=workers, reconnect_s=reconnect_s
+    )
 
 
 def add(sched: RaftScheduler, node: Fake) -> None:
@@ -185,6 +191,55 @@ def test_liveness_duties_carry_alive_messages_and_wake_on_changes() -> None:
         until(lambda: other.count() > woke_o, "the wake when it is back")
     finally:
         sched.close()
+
+
+def test_a_lapse_wakes_only_the_replicas_it_concerns() -> None:
+    """A node's lapse wakes its members that follow a leader there, and those that lead
+    without a live majority, not the rest (a thousand wake-ups per survivor when a node of
+    a thousand shards died, right when their elections were due). Redials (one member per
+    reconnect interval) are pushed past the test: the first, at the lapse, goes to the
+    first member, which is woken anyway."""
+    sched = scheduler(workers=1, interval_s=0.05, lapse_s=0.3, reconnect_s=60.0)
+    follows_n2 = Fake("follows n2", frozenset({"n2", "n3"}))
+    follows_n2.leader = "n2"
+    follows_n3 = Fake("follows n3", frozenset({"n2", "n3"}))
+    follows_n3.leader = "n3"
+    leads = Fake("leads, n3 live", frozenset({"n2", "n3"}))
+    leads.leader, leads.is_leader = "n1", True
+    leads_alone = Fake("leads, its only peer on n2", frozenset({"n2"}))
+    leads_alone.leader, leads_alone.is_leader = "n1", True
+    fakes = (follows_n2, follows_n3, leads, leads_alone)
+    # Neither can carry `alive` messages (a carrier ticks for that each interval).
+    follows_n3.connected.clear()
+    leads.connected.clear()
+    stop = threading.Event()
+
+    def n3_speaks() -> None:  # n3 stays live; n2 says nothing and lapses
+        while not stop.wait(0.02):
+            sched.liveness.heard("n3", time.monotonic())
+
+    speaker = threading.Thread(target=n3_speaks)
+    speaker.start()
+    sched.start()
+    try:
+        for fake in fakes:
+            add(sched, fake)
+        until(lambda: all(f.count() >= 1 for f in fakes), "the first ticks")
+        before = {f.label: f.count() for f in fakes}
+        until(lambda: sched.liveness.lapsed("n2", time.monotonic()), "n2 lapsed")
+        until(
+            lambda: (
+                follows_n2.count() > before[follows_n2.label]
+                and leads_alone.count() > before[leads_alone.label]
+            ),
+            "the wake of the replicas n2's lapse concerns",
+        )
+    finally:
+        stop.set()
+        speaker.join()
+        sched.close()
+    assert follows_n3.count() == before[follows_n3.label]
+    assert leads.count() == before[leads.label]
 
 
 def test_a_deferred_step_runs_after_the_rounds_other_replicas() -> None:
