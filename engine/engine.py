@@ -92,6 +92,7 @@ from engine.wal.entry import Append, AppendRows, Origin, TxnEntry, memo_of, with
 from engine.writeset import WriteSet
 from tae_driver import LogBackend, open_driver
 from tae_driver import errors as driver_errors
+from tae_driver.completion import Completion
 from tae_driver.driver import DriverStats, ReplaySummary
 
 
@@ -585,7 +586,9 @@ class Engine(EngineCore):
                     payload = encode_entry(entry)
             if len(payload) > limits.TXN_ENTRY_BYTES_MAX:
                 raise TxnTooLarge("txn_entry_bytes_max", len(payload), limits.TXN_ENTRY_BYTES_MAX)
-            durable = self._driver.submit(payload)
+            durable = self._driver.submit_direct(
+                payload, lambda done: self._on_durable(ticket, done)
+            )
         except BaseException as exc:
             undo()
             self._pipeline.cancel(ticket)
@@ -598,8 +601,7 @@ class Engine(EngineCore):
         commit = ticket.waiter
         commit.entry = entry
         commit.payload = payload
-        commit.durable = durable
-        durable.add_done_callback(lambda done: self._on_durable(ticket, done))
+        commit.durable = durable  # its callback runs in a later turn: this is set by then
 
     async def _check_old_snapshot(
         self, start_ts: int, rows: list[RowWrite], bulk: list[BulkInsert]
@@ -627,10 +629,9 @@ class Engine(EngineCore):
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    def _on_durable(self, ticket: Ticket[CommitWaiter], done: asyncio.Future[int]) -> None:
-        if done.cancelled():
-            self._fail(driver_errors.DriverClosed("append cancelled"))
-            return
+    def _on_durable(self, ticket: Ticket[CommitWaiter], done: Completion) -> None:
+        """The driver learned `ticket`'s entry durable (or failed), in this very loop turn
+        (tae_driver/completion.py: no turn between durable and visible)."""
         exc = done.exception()
         if exc is not None:
             self._fail(exc)

@@ -22,7 +22,9 @@ The contract the engine sees (reference/matrixone-wal.md §1 `driver.Driver`, §
   replay, concurrent or later, raises `ReplayStateError`.
 * `await append(entry) -> dsn` completes in DSN order whatever order the backend finishes in
   (scenario 11). It waits while the intake is full (back-pressure from the window);
-  `submit(entry)` is the non-waiting form that raises `Overloaded` instead.
+  `submit(entry)` is the non-waiting form that raises `Overloaded` instead, and
+  `submit_direct(entry, on_done)` the same without a future: its callback runs in the turn
+  the entry is learned durable (tae_driver/completion.py; the engine's commits use it).
 * `truncate(dsn)` records an intent (monotonic, never fails, MO semantics); a read-only driver
   never truncates the backend. `truncate_intent()` is that intent; `truncated_lsn()` is what
   the backend confirmed (MO conflated the two, §2.7 Q6).
@@ -45,6 +47,7 @@ from typing import Any
 
 from tae_driver import limits
 from tae_driver.backend import DirectAppender, LogBackend, TailWaiter
+from tae_driver.completion import Completion, Ticket, fire_all
 from tae_driver.errors import (
     AlreadyTruncated,
     BackendError,
@@ -185,7 +188,7 @@ class Driver:
         self._sleep = sleep
         self._state = _State.NEW
         self._failure: BaseException | None = None
-        self._pipeline: WritePipeline[asyncio.Future[int]] | None = None
+        self._pipeline: WritePipeline[Ticket] | None = None
         self._planner: TruncationPlanner | None = None
         self._replayer: Replayer | None = None
         self._read_only_dsn = 0
@@ -423,6 +426,21 @@ class Driver:
         self._schedule_pump()
         return future
 
+    def submit_direct(self, entry: bytes, on_done: Callable[[Completion], None]) -> Completion:
+        """`submit` without a future: `on_done(completion)` runs in the loop turn the entry
+        is learned durable (or failed), not a turn later (tae_driver/completion.py). Raises
+        as `submit` does, and then `on_done` is never called."""
+        pipeline = self._writable_pipeline()
+        if len(entry) > pipeline.entry_bytes_max:
+            raise EntryTooLarge(len(entry), pipeline.entry_bytes_max)
+        if pipeline.intake_full():
+            raise Overloaded("intake", self._config.intake_entries_max)
+        completion = Completion(on_done)
+        pipeline.enqueue(bytes(entry), completion)
+        self._drained.clear()
+        self._schedule_pump()
+        return completion
+
     async def append(self, entry: bytes) -> int:
         """Append `entry`; return its DSN when it and every earlier entry are durable."""
         while True:
@@ -435,7 +453,7 @@ class Driver:
             await self._intake_space.wait()
         return await self.submit(entry)
 
-    def _writable_pipeline(self) -> WritePipeline[asyncio.Future[int]]:
+    def _writable_pipeline(self) -> WritePipeline[Ticket]:
         if self._state is _State.WRITABLE:
             assert self._pipeline is not None
             return self._pipeline
@@ -514,10 +532,13 @@ class Driver:
         # Known as soon as it returns, not when delivered: the truncation walk must never
         # pass an LSN of ours it has not learned (§2.7 Q3).
         planner.note(KnownRecord(lsn, dispatch.start_dsn, dispatch.end_dsn, dispatch.safe_dsn))
+        direct: list[Completion] = []
         for delivery in pipeline.on_returned(dispatch.token, lsn):
-            for index, future in enumerate(delivery.tickets):
-                if not future.done():
-                    future.set_result(delivery.start_dsn + index)
+            for index, ticket in enumerate(delivery.tickets):
+                if not ticket.done():
+                    ticket.set_result(delivery.start_dsn + index)
+                    if type(ticket) is Completion:
+                        direct.append(ticket)
         self._intake_space.set()
         self._returned.set()
         if pipeline.idle():
@@ -525,6 +546,7 @@ class Driver:
         self._schedule_pump()
         if self._truncate_retry_on_return:
             self._kick_truncation()
+        fire_all(direct)  # last: the driver is consistent, and every ticket is marked
 
     def _fail(self, exc: BaseException) -> None:
         if self._state in (_State.FAILED, _State.CLOSED):
@@ -532,12 +554,16 @@ class Driver:
         self._state = _State.FAILED
         self._failure = exc
         orphans = self._pipeline.fail() if self._pipeline is not None else []
-        for future in orphans:
-            if not future.done():
+        direct: list[Completion] = []
+        for ticket in orphans:
+            if not ticket.done():
                 error = DriverFailed(f"append failed: {exc!r}")
                 error.__cause__ = exc
-                future.set_exception(error)
+                ticket.set_exception(error)
+                if type(ticket) is Completion:
+                    direct.append(ticket)
         self._wake_all()
+        fire_all(direct)
 
     def _wake_all(self) -> None:
         self._intake_space.set()
@@ -668,10 +694,14 @@ class Driver:
     async def _stop(self) -> None:
         self._state = _State.CLOSED
         orphans = self._pipeline.fail() if self._pipeline is not None else []
-        for future in orphans:
-            if not future.done():
-                future.set_exception(DriverClosed("driver closed"))
+        direct: list[Completion] = []
+        for ticket in orphans:
+            if not ticket.done():
+                ticket.set_exception(DriverClosed("driver closed"))
+                if type(ticket) is Completion:
+                    direct.append(ticket)
         self._wake_all()
+        fire_all(direct)
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
