@@ -489,7 +489,11 @@ class Engine(EngineCore):
         loop = asyncio.get_running_loop()
         commit = CommitWaiter(txn, loop.create_future())
         pipeline = self._pipeline
-        bulk = [*plan.bulk, *(spilled.keys for _, spilled in plan.spills)]
+        bulk = (
+            [*plan.bulk, *[spilled.keys for _, spilled in plan.spills]]
+            if plan.spills
+            else plan.bulk
+        )
         checked_ts = 0
         if self._history_floor_ts <= txn.start_ts < pipeline.conflicts.floor_ts:
             # Below the index's floor: the table data decides (engine/old_snapshots.py),
@@ -523,7 +527,11 @@ class Engine(EngineCore):
             txn.end(TxnState.ROLLED_BACK)
             raise conflict_error(prepared, self._table_name)
         ticket = prepared
-        deletes = rewrite_commit.resolve_moved(self._state.catalog.tables, plan.deletes)
+        deletes = (
+            rewrite_commit.resolve_moved(self._state.catalog.tables, plan.deletes)
+            if plan.deletes
+            else plan.deletes
+        )
         if deletes is None:
             pipeline.cancel(ticket)
             txn.end(TxnState.ROLLED_BACK)

@@ -208,9 +208,10 @@ class SmallRows:
             else:
                 total += 4 * (self.num_rows + 1)
                 for value in column:
-                    if isinstance(value, str):
-                        total += len(value.encode())
-                    elif isinstance(value, bytes):
+                    if type(value) is str:
+                        # ASCII (most text) is one byte a character: no encoded copy.
+                        total += len(value) if value.isascii() else len(value.encode())
+                    elif type(value) is bytes:
                         total += len(value)
         self._size_bytes = total
         return total
@@ -231,6 +232,19 @@ def small_rows(schema: Schema, arrow_schema: pa.Schema, rows: object) -> SmallRo
     for row in rows:
         if type(row) is not dict or not row.keys() <= names:
             return None
+    if len(rows) == 1:  # most commits: no list built per column to check
+        (only,) = rows
+        single: list[list[object]] = []
+        for name, nullable, accepts in checks.columns:
+            assert accepts is not None
+            value = only.get(name)
+            if value is None:
+                if not nullable:
+                    return None
+            elif not accepts(value):
+                return None
+            single.append([value])
+        return SmallRows(schema, arrow_schema, single, 1)
     columns: list[list[object]] = []
     for name, nullable, accepts in checks.columns:
         assert accepts is not None

@@ -286,7 +286,7 @@ class KeyIndex:
         out: list[int] = []
         dead = self._dead
         for run in self._runs:
-            start, end = run.searchsorted(probe)
+            start, end = run.searchsorted(probe).tolist()  # Python ints: cheaper compares
             if end > start:
                 for entry in run[start:end].tolist():
                     block_id = entry & 0xFFFFFFFF

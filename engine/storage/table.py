@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -38,6 +39,7 @@ from engine import limits
 from engine.objects.blockfile import COMMIT_TS_COLUMN
 from engine.objects.bloom import key_hash
 from engine.objects.zonemap import prune as zonemap_prune
+from engine.rows import SmallRows
 from engine.schema import Key, Schema, batch_keys
 from engine.storage import pruning
 from engine.storage.blocks import (
@@ -108,9 +110,9 @@ class PersistedMeta:
 MetaSource = Callable[[CreateBlock], PersistedMeta]
 
 
-@dataclass(frozen=True, slots=True)
-class Reservation:
-    """The reserved placement state, to restore when a prepared commit is cancelled."""
+class Reservation(NamedTuple):
+    """The reserved placement state, to restore when a prepared commit is cancelled. A
+    tuple: every commit that appends takes one (issue 21: a frozen dataclass cost more)."""
 
     open_block: int | None
     open_offset: int
@@ -235,11 +237,18 @@ class TableData:
         is built when the block is read, for many commits at once; issue 21); otherwise they
         become one Arrow batch, each commit's rows a slice of it."""
         assert appends
-        commands = [cmd for _, cmd in appends]
         values: list[list[object]] | None = None
         batch: pa.RecordBatch | None = None
-        if all(type(cmd) is AppendRows for cmd in commands):
-            small = [cmd.rows for cmd in commands if type(cmd) is AppendRows]
+        small: list[SmallRows] = []
+        info_rows = 0
+        for _, cmd in appends:  # one pass: a lone commit's group is one command
+            if type(cmd) is AppendRows:
+                small.append(cmd.rows)
+            if not cmd.infos:
+                raise ApplyError(f"append to {self.name}: an append without infos")
+            for info in cmd.infos:
+                info_rows += info.rows
+        if len(small) == len(appends):
             for rows in small:
                 if rows.arrow_schema is not self.arrow_schema and not rows.arrow_schema.equals(
                     self.arrow_schema
@@ -254,12 +263,12 @@ class TableData:
                     for into, column in zip(values, rows.columns, strict=True):
                         into += column
                 keys = [key for rows in small for key in rows.primary_keys()]
-            count = sum(rows.num_rows for rows in small)
+            count = len(keys)
             size_bytes = sum(rows.size_bytes() for rows in small)
         else:
             batches = [
                 cmd.batch if type(cmd) is Append else cmd.rows.batch()  # type: ignore[union-attr]
-                for cmd in commands
+                for _, cmd in appends
             ]
             for part in batches:
                 if not part.schema.equals(self.arrow_schema):
@@ -270,10 +279,7 @@ class TableData:
             keys = batch_keys(self.schema, batch)
             count = batch.num_rows
             size_bytes = batch.get_total_buffer_size()
-        if (
-            not all(cmd.infos for cmd in commands)
-            or sum(info.rows for cmd in commands for info in cmd.infos) != count
-        ):
+        if info_rows != count:
             raise ApplyError(f"append to {self.name}: infos do not cover the batch")
         # Only L0 versions are checked here: persisted blocks would need I/O, and the
         # prepare-time checks (workspace, snapshot, conflict index) are what keeps keys unique.
