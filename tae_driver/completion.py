@@ -6,11 +6,13 @@ future, a handle and a context copy) between "the WAL says durable" and "the com
 returns". A `Completion` is completed by the driver in the turn it learns the outcome, and
 its callback runs right there.
 
-Order (what a callback may rely on): the driver first marks every completion of the records
-it learned in that turn (in DSN order), then fires their callbacks in the same order, after
-its own state is consistent again. So a callback sees the completions that follow its own in
-that turn as done already (the engine holds a group back on exactly that, engine/pipeline.py
-`durable`), and may submit new entries.
+Order (what a callback may rely on): the driver marks the completions of a record it learned
+durable (in DSN order), then fires their callbacks in the same order, after its own state is
+consistent again: in that turn when no other record is in flight (a lone writer), else in the
+next turn, so that every record the backend hands back in one turn (the file backend: all
+the records of one fsync) is marked first. So a callback sees the completions that follow
+its own in its group as done already (the engine holds a group back on exactly that,
+engine/pipeline.py `durable`), and may submit new entries.
 
 The surface is the part of a future the engine reads: `done`, `cancelled` (never), `result`,
 `exception`. A callback that raises is reported to the loop's exception handler, as a

@@ -184,6 +184,9 @@ class Driver:
     def __init__(self, backend: LogBackend, config: DriverConfig, *, sleep: Sleep) -> None:
         self._backend = backend
         self._direct = backend if isinstance(backend, DirectAppender) else None
+        self._to_fire: list[Completion] = []
+        """Completions marked done whose callbacks have not run (`_fire`)."""
+        self._fire_scheduled = False
         self._config = config
         self._sleep = sleep
         self._state = _State.NEW
@@ -546,7 +549,28 @@ class Driver:
         self._schedule_pump()
         if self._truncate_retry_on_return:
             self._kick_truncation()
-        fire_all(direct)  # last: the driver is consistent, and every ticket is marked
+        self._fire(direct, now=pipeline.records_in_flight == 0)  # last: the driver is consistent
+
+    def _fire(self, completions: list[Completion], *, now: bool) -> None:
+        """Run the callbacks of `completions` (marked done), after any held before, in order.
+        `now` when no record is in flight any more (a lone writer: in this very turn);
+        otherwise in the next turn, so that the other records a backend hands back in this
+        turn (the file backend: every record of one fsync) are marked first and the engine
+        sees one group, not one per record."""
+        pending = self._to_fire
+        pending.extend(completions)
+        if not pending:
+            return
+        if now:
+            self._to_fire = []
+            fire_all(pending)
+        elif not self._fire_scheduled:
+            self._fire_scheduled = True
+            asyncio.get_running_loop().call_soon(self._fire_held)
+
+    def _fire_held(self) -> None:
+        self._fire_scheduled = False
+        self._fire([], now=True)
 
     def _fail(self, exc: BaseException) -> None:
         if self._state in (_State.FAILED, _State.CLOSED):
@@ -563,7 +587,7 @@ class Driver:
                 if type(ticket) is Completion:
                     direct.append(ticket)
         self._wake_all()
-        fire_all(direct)
+        self._fire(direct, now=True)
 
     def _wake_all(self) -> None:
         self._intake_space.set()
@@ -701,7 +725,7 @@ class Driver:
                 if type(ticket) is Completion:
                     direct.append(ticket)
         self._wake_all()
-        fire_all(direct)
+        self._fire(direct, now=True)
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()

@@ -4,7 +4,9 @@ What it proves, over the memory backend holding appends so that the test decides
 record returns (no timing): entries submitted in one turn complete in DSN order, and each
 callback already sees every completion of that record done (the engine's group hold-back
 relies on it); callbacks run in the turn the record returns, before any task that awaited
-something else wakes (no extra loop turn); a callback that raises reaches the loop's
+something else wakes (no extra loop turn), when no other record is in flight; with another
+record in flight they run one turn later (so the records a backend returns in one turn are
+all marked first), still in DSN order; a callback that raises reaches the loop's
 exception handler and the driver carries on; a failed record and an aborted driver fail the
 callbacks of every entry not yet durable, once each.
 """
@@ -45,6 +47,28 @@ def test_completions_run_in_dsn_order_with_their_record_marked_done() -> None:
         await backend.release(held)
         assert seen == [(1, [True] * 3), (2, [True] * 3), (3, [True] * 3)]
         assert [c.exception() for c in completions] == [None] * 3
+        await driver.close()
+
+    asyncio.run(main())
+
+
+def test_with_another_record_in_flight_the_callbacks_run_a_turn_later() -> None:
+    async def main() -> None:
+        backend = MemoryBackend(hold_appends=True)
+        driver = await writer(backend)
+        seen: list[int] = []
+        for name in (b"a", b"b"):
+            driver.submit_direct(name, lambda done: seen.append(done.result()))
+        await driver.wait_idle()
+        driver.submit_direct(b"c", lambda done: seen.append(done.result()))
+        await driver.wait_idle()
+        first, second = backend.held()
+        await backend.release(first)  # the second record is still in flight
+        assert seen == []
+        await asyncio.sleep(0)  # the turn after: a and b
+        assert seen == [1, 2]
+        await backend.release(second)  # nothing in flight: in that turn
+        assert seen == [1, 2, 3]
         await driver.close()
 
     asyncio.run(main())
