@@ -121,3 +121,31 @@ def test_a_failed_record_and_an_abort_fail_every_pending_callback_once() -> None
         assert len(closed) == 1 and isinstance(closed[0], DriverClosed)
 
     asyncio.run(main())
+
+
+def test_a_fired_completion_drops_its_callback() -> None:
+    """As a future drops its callbacks: the engine's callback closes over the commit whose
+    waiter holds the completion, and a kept callback made every commit a reference cycle
+    (tests/unit/engine/test_commit_garbage.py), whether it succeeded, failed or raised."""
+
+    async def main() -> None:
+        asyncio.get_running_loop().set_exception_handler(lambda loop, ctx: None)
+        backend = MemoryBackend(hold_appends=True)
+        driver = await writer(backend)
+
+        def boom(done: Completion) -> None:
+            raise RuntimeError("a bug in the callback")
+
+        fine = driver.submit_direct(b"a", lambda done: None)
+        raising = driver.submit_direct(b"b", boom)
+        await driver.wait_idle()
+        assert fine.on_done is not None and raising.on_done is not None  # not fired yet
+        await backend.release(backend.held()[0])
+        assert fine.done() and fine.on_done is None
+        assert raising.done() and raising.on_done is None
+        failing = driver.submit_direct(b"c", lambda done: None)
+        await driver.wait_idle()
+        await backend.fail(backend.held()[0])
+        assert isinstance(failing.exception(), DriverFailed) and failing.on_done is None
+
+    asyncio.run(main())
