@@ -29,7 +29,7 @@ import bisect
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -64,10 +64,11 @@ def catalog_table_rows(table_id: int) -> ConflictKey:
     return ("table-rows", table_id)
 
 
-@dataclass(frozen=True, slots=True)
-class RowWrite:
+class RowWrite(NamedTuple):
     """A row key a transaction wrote. `insert_only`: the key was not live in the
-    transaction's view (a plain insert); `live_after`: the key is live once it commits."""
+    transaction's view (a plain insert); `live_after`: the key is live once it commits.
+    A tuple, not a dataclass: one is made per written key of every commit, and a frozen
+    dataclass costs several times as much to build (issue 21)."""
 
     key: ConflictKey
     insert_only: bool

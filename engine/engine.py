@@ -92,6 +92,7 @@ from engine.wal.entry import Append, AppendRows, Origin, TxnEntry, memo_of, with
 from engine.writeset import WriteSet
 from tae_driver import LogBackend, open_driver
 from tae_driver import errors as driver_errors
+from tae_driver.completion import Completion
 from tae_driver.driver import DriverStats, ReplaySummary
 
 
@@ -488,7 +489,11 @@ class Engine(EngineCore):
         loop = asyncio.get_running_loop()
         commit = CommitWaiter(txn, loop.create_future())
         pipeline = self._pipeline
-        bulk = [*plan.bulk, *(spilled.keys for _, spilled in plan.spills)]
+        bulk = (
+            [*plan.bulk, *[spilled.keys for _, spilled in plan.spills]]
+            if plan.spills
+            else plan.bulk
+        )
         checked_ts = 0
         if self._history_floor_ts <= txn.start_ts < pipeline.conflicts.floor_ts:
             # Below the index's floor: the table data decides (engine/old_snapshots.py),
@@ -522,7 +527,11 @@ class Engine(EngineCore):
             txn.end(TxnState.ROLLED_BACK)
             raise conflict_error(prepared, self._table_name)
         ticket = prepared
-        deletes = rewrite_commit.resolve_moved(self._state.catalog.tables, plan.deletes)
+        deletes = (
+            rewrite_commit.resolve_moved(self._state.catalog.tables, plan.deletes)
+            if plan.deletes
+            else plan.deletes
+        )
         if deletes is None:
             pipeline.cancel(ticket)
             txn.end(TxnState.ROLLED_BACK)
@@ -585,7 +594,9 @@ class Engine(EngineCore):
                     payload = encode_entry(entry)
             if len(payload) > limits.TXN_ENTRY_BYTES_MAX:
                 raise TxnTooLarge("txn_entry_bytes_max", len(payload), limits.TXN_ENTRY_BYTES_MAX)
-            durable = self._driver.submit(payload)
+            durable = self._driver.submit_direct(
+                payload, lambda done: self._on_durable(ticket, done)
+            )
         except BaseException as exc:
             undo()
             self._pipeline.cancel(ticket)
@@ -598,8 +609,7 @@ class Engine(EngineCore):
         commit = ticket.waiter
         commit.entry = entry
         commit.payload = payload
-        commit.durable = durable
-        durable.add_done_callback(lambda done: self._on_durable(ticket, done))
+        commit.durable = durable  # its callback runs in a later turn: this is set by then
 
     async def _check_old_snapshot(
         self, start_ts: int, rows: list[RowWrite], bulk: list[BulkInsert]
@@ -627,10 +637,9 @@ class Engine(EngineCore):
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    def _on_durable(self, ticket: Ticket[CommitWaiter], done: asyncio.Future[int]) -> None:
-        if done.cancelled():
-            self._fail(driver_errors.DriverClosed("append cancelled"))
-            return
+    def _on_durable(self, ticket: Ticket[CommitWaiter], done: Completion) -> None:
+        """The driver learned `ticket`'s entry durable (or failed), in this very loop turn
+        (tae_driver/completion.py: no turn between durable and visible)."""
         exc = done.exception()
         if exc is not None:
             self._fail(exc)

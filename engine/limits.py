@@ -128,6 +128,11 @@ FLUSH_AGE_MS = 60_000
 """An open L0 block older than this (since its first row) is sealed and flushed to an L1
 object, so a slowly written table does not keep its rows in memory and in the WAL forever."""
 
+L0_VALUES_ROWS_MAX = 1024
+"""Rows of small inserts an L0 block keeps as Python values before it builds their Arrow batch
+(engine/storage/blocks.py): one `pa.array` per column per this many one-row commits at
+least, and about 200 KiB of values at most per open block (~200 B a row as Python objects)."""
+
 L0_BYTES_MAX = 64 * MiB
 """Bytes of Arrow data in L0 blocks, over every table. Past it the largest tables' open blocks
 are sealed and flushed: memory stays bounded whatever the write pattern."""
@@ -149,7 +154,18 @@ KEY_INDEX_RUN_RATIO = 4
 while that one is less than this many times larger: at most log4(keys / block rows) + 1 runs
 to search per lookup (4 at 10M keys in 8,192-row blocks, measured), each key rewritten
 O(log) times in all (building 10M keys one block at a time: 1.4 s of merging in total, the
-largest single merge 0.17 s, on the event loop: the one pause this index adds)."""
+largest single merge 0.17 s)."""
+
+KEY_INDEX_MERGE_ON_LOOP_ENTRIES_MAX = 1 << 17
+"""A key index merge of at most this many entries (16 blocks of 8,192 rows, about 1 MiB, ~2 ms
+of sorting) runs where it is wanted, on the event loop; a larger one is left to maintenance,
+which runs it in a worker thread and swaps the result in on the loop (the 0.17 s pause at
+10M keys stalled every commit)."""
+
+KEY_INDEX_RUNS_MAX = 32
+"""Runs a key index may hold while its large merges wait for a thread (a lookup costs one
+binary search per run, ~2 us each): past it the merge runs on the loop anyway, so an index
+nobody merges for (a compute node, maintenance stopped) stays a bounded number of runs."""
 
 KEY_INDEX_DEAD_FRACTION = 0.25
 """The key index rewrites its runs without collected blocks' entries once those pass this
@@ -365,6 +381,9 @@ assert TXN_BULK_KEYS_MIN < CN_OP_KEYS_MAX <= TXN_DELETES_MAX
 assert BLOCK_ROWS_MAX < 2**32
 assert BLOCK_ROWS_MAX <= 2**16  # a deleted row's offset is remembered as a u16 (workspace.py)
 assert DELETE_KEYS_LOGGED_MAX * 8 < TXN_ENTRY_BYTES_MAX  # integer keys fit an entry
+assert 1 <= L0_VALUES_ROWS_MAX <= BLOCK_ROWS_MAX
+assert KEY_INDEX_RUNS_MAX > 10  # the geometric shape's runs at a billion keys: ~10
+assert KEY_INDEX_MERGE_ON_LOOP_ENTRIES_MAX >= 2 * BLOCK_ROWS_MAX
 assert L0_BYTES_HARD_MAX > L0_BYTES_MAX
 
 assert 1 <= STANDBY_TAIL_RETRY_MS_MIN <= STANDBY_TAIL_RETRY_MS_MAX

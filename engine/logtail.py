@@ -59,11 +59,15 @@ class LogtailBuffer:
         self.base_ts = base_ts
         self.bytes_max = bytes_max
         self.bytes = 0
-        self._entries: deque[TailEntry] = deque()
+        # Kept as columns of ints and bytes, not a TailEntry per entry: a full buffer holds
+        # a few hundred thousand one-row entries, and objects the garbage collector tracks
+        # (a dataclass each) made every full collection walk them all (issue 21).
         self._stamps: deque[int] = deque()
+        self._dsns: deque[int] = deque()
+        self._payloads: deque[bytes] = deque()
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._stamps)
 
     @property
     def last_ts(self) -> int:
@@ -74,22 +78,25 @@ class LogtailBuffer:
         `keep_after_ts` (the newest checkpoint's ckp_ts: a CN behind the buffer needs the
         entries after it) while at most twice `bytes_max` is held."""
         assert entry.commit_ts > self.last_ts
-        self._entries.append(entry)
         self._stamps.append(entry.commit_ts)
+        self._dsns.append(entry.dsn)
+        self._payloads.append(entry.payload)
         self.bytes += len(entry.payload)
-        while self.bytes > self.bytes_max and self._entries:
-            oldest = self._entries[0]
-            if oldest.commit_ts > keep_after_ts and self.bytes <= 2 * self.bytes_max:
+        stamps = self._stamps
+        while self.bytes > self.bytes_max and stamps:
+            oldest_ts = stamps[0]
+            if oldest_ts > keep_after_ts and self.bytes <= 2 * self.bytes_max:
                 break
-            self._entries.popleft()
-            self._stamps.popleft()
-            self.bytes -= len(oldest.payload)
-            self.base_ts = oldest.commit_ts
+            stamps.popleft()
+            self._dsns.popleft()
+            self.bytes -= len(self._payloads.popleft())
+            self.base_ts = oldest_ts
 
     def reset(self, base_ts: int) -> None:
         """Forget everything: the state now starts at `base_ts` (a restored checkpoint)."""
-        self._entries.clear()
         self._stamps.clear()
+        self._dsns.clear()
+        self._payloads.clear()
         self.bytes = 0
         self.base_ts = base_ts
 
@@ -102,7 +109,8 @@ class LogtailBuffer:
         stamps = self._stamps
         lo = bisect.bisect_right(stamps, t0)
         hi = bisect.bisect_right(stamps, t1)
-        return tuple(self._entries[i] for i in range(lo, hi))
+        stamps, dsns, payloads = self._stamps, self._dsns, self._payloads
+        return tuple(TailEntry(stamps[i], dsns[i], payloads[i]) for i in range(lo, hi))
 
     def full(self) -> bool:
         return self.bytes > self.bytes_max

@@ -31,7 +31,7 @@ from engine.compaction import COMMIT_TS_COLUMN, Policy, Rewrite, Task, WrittenBl
 from engine.schema import Schema
 from engine.snapshot_reads import BlockReader
 from engine.storage import TS_NEVER, Block, L0Block, PersistedBlock, PersistedMeta
-from engine.storage.keyindex import U64Array
+from engine.storage.keyindex import KeyIndex, RunMerge, U64Array
 from engine.storage.loader import BlockLoader
 from engine.wal.entry import BlockLevel, CreateBlock
 
@@ -114,6 +114,9 @@ class Maintenance:
         self._index_task: asyncio.Task[None] | None = None
         """Reading the keys of persisted blocks the tables' key indexes lack (one at a
         time, `KEY_INDEX_BLOCKS_PER_TASK` blocks each)."""
+        self._merge_task: asyncio.Task[None] | None = None
+        """A large merge of a table's key index runs in a worker thread (one at a time over
+        every table: at most one merged copy of two runs in memory; issue 21)."""
         self._wake = asyncio.Event()
         self.l0_bytes = 0
         """Bytes of live L0 blocks over every table, as of the last step."""
@@ -145,6 +148,8 @@ class Maintenance:
             running.append(self._checkpoint_task)
         if self._index_task is not None:
             running.append(self._index_task)
+        if self._merge_task is not None:
+            running.append(self._merge_task)
         for rewrite in running:
             rewrite.cancel()
         for rewrite in running:
@@ -252,6 +257,7 @@ class Maintenance:
                 started.append(self._start(task))
         self._maybe_checkpoint(now_ms)
         self._maybe_index(tables)
+        self._maybe_merge_index(tables)
         return started
 
     def _maybe_index(self, tables: Sequence[TableEntry]) -> None:
@@ -286,6 +292,37 @@ class Maintenance:
             for block, block_hashes in zip(blocks, hashes, strict=True):
                 table.data.index_block(block.block_id, block_hashes)
         self._wake.set()  # more may wait
+
+    def _maybe_merge_index(self, tables: Sequence[TableEntry]) -> None:
+        """Start the large key index merge a table wants (engine/storage/keyindex.py), in a
+        worker thread: the event loop only swaps the result in."""
+        if self._merge_task is not None:
+            return
+        for table in tables:
+            index = table.data.key_index
+            job = index.take_merge()
+            if job is not None:
+                loop = asyncio.get_running_loop()
+                self._merge_task = loop.create_task(self._merge_index(index, job))
+                return
+
+    async def _merge_index(self, index: KeyIndex, job: RunMerge) -> None:
+        try:
+            merged = await asyncio.to_thread(job.run)
+        except BaseException as exc:  # cancelled (stop), or no memory: offered again
+            index.merge_abandoned(job)
+            if not isinstance(exc, Exception):
+                raise
+            self.errors += 1
+            self.last_error = f"key index merge: {exc!r}"
+            log.warning("%s", self.last_error)
+            return
+        finally:
+            self._merge_task = None
+        # The index may have been purged, cleared or its table released meanwhile: then
+        # the job is stale and `merged` drops it.
+        index.merged(job, merged)
+        self._wake.set()  # the next merge may be wanted
 
     def _maybe_checkpoint(self, now_ms: int) -> None:
         """Start a checkpoint when the WAL grew by `CKP_WAL_ENTRIES` since the last one, or
@@ -412,6 +449,8 @@ class Maintenance:
             running = list(self._running)
             if self._index_task is not None:
                 running.append(self._index_task)
+            if self._merge_task is not None:
+                running.append(self._merge_task)
             if not started and not running:
                 return
             await asyncio.gather(*running, return_exceptions=True)

@@ -145,7 +145,15 @@ class SmallRows:
     """At most `ROWS_MAX` checked rows of one table, as per-column lists of Python values
     (None for null), in the table's column order."""
 
-    __slots__ = ("_batch", "_checks", "arrow_schema", "columns", "key_indexes", "num_rows")
+    __slots__ = (
+        "_batch",
+        "_checks",
+        "_size_bytes",
+        "arrow_schema",
+        "columns",
+        "key_indexes",
+        "num_rows",
+    )
 
     def __init__(
         self,
@@ -162,6 +170,7 @@ class SmallRows:
         self.num_rows = num_rows
         self.key_indexes = schema.key_indexes
         self._batch: pa.RecordBatch | None = None
+        self._size_bytes = -1
 
     @property
     def type_names(self) -> tuple[str, ...]:
@@ -189,7 +198,9 @@ class SmallRows:
 
     def size_bytes(self) -> int:
         """The bytes of the rows' Arrow buffers (validity and padding aside): what the
-        workspace limits count."""
+        workspace limits count (computed once: the workspace and the apply both ask)."""
+        if self._size_bytes >= 0:
+            return self._size_bytes
         total = 0
         for width, column in zip(self._checks.widths, self.columns, strict=True):
             if width:
@@ -197,10 +208,12 @@ class SmallRows:
             else:
                 total += 4 * (self.num_rows + 1)
                 for value in column:
-                    if isinstance(value, str):
-                        total += len(value.encode())
-                    elif isinstance(value, bytes):
+                    if type(value) is str:
+                        # ASCII (most text) is one byte a character: no encoded copy.
+                        total += len(value) if value.isascii() else len(value.encode())
+                    elif type(value) is bytes:
                         total += len(value)
+        self._size_bytes = total
         return total
 
 
@@ -219,6 +232,19 @@ def small_rows(schema: Schema, arrow_schema: pa.Schema, rows: object) -> SmallRo
     for row in rows:
         if type(row) is not dict or not row.keys() <= names:
             return None
+    if len(rows) == 1:  # most commits: no list built per column to check
+        (only,) = rows
+        single: list[list[object]] = []
+        for name, nullable, accepts in checks.columns:
+            assert accepts is not None
+            value = only.get(name)
+            if value is None:
+                if not nullable:
+                    return None
+            elif not accepts(value):
+                return None
+            single.append([value])
+        return SmallRows(schema, arrow_schema, single, 1)
     columns: list[list[object]] = []
     for name, nullable, accepts in checks.columns:
         assert accepts is not None

@@ -652,13 +652,18 @@ class Transaction:
             guards.add(conflicts.catalog_table_drop(table_id))
             guards.add(conflicts.catalog_db_drop(entry.db_id))
             marks.add(conflicts.catalog_table_rows(table_id))
-            inserted = list(writes.inserted)
-            for key, deleted in zip(inserted, writes.deleted.contains_many(inserted), strict=True):
-                rows.append(RowWrite((table_id, key), not deleted, True))
+            if not writes.deleted:  # inserts only (most commits): each key insert-only
+                rows.extend([RowWrite((table_id, key), True, True) for key in writes.inserted])
+            else:
+                inserted = list(writes.inserted)
+                for key, deleted in zip(
+                    inserted, writes.deleted.contains_many(inserted), strict=True
+                ):
+                    rows.append(RowWrite((table_id, key), not deleted, True))
             if bulk_deleted:
                 keys = writes.deleted.sorted_keys()
                 bulk.append(BulkInsert(table_id, keys, live_after=False))
-            else:
+            elif writes.deleted:
                 for key in writes.deleted:
                     if key not in writes.inserted:
                         rows.append(RowWrite((table_id, key), False, False))

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from engine.errors import Fenced, WalFailed
 from engine.wal.entry import TxnEntry
 from tae_driver import errors as driver_errors
+from tae_driver.completion import Completion
 
 if TYPE_CHECKING:
     from engine.txn import Transaction
@@ -27,19 +28,14 @@ class CommitWaiter:
         """The entry's DSN, once durable."""
         self.payload = b""
         """The encoded entry (the logtail serves these bytes)."""
-        self.durable: asyncio.Future[int] | None = None
-        """The driver's future for the entry, once submitted."""
+        self.durable: Completion | None = None
+        """The driver's completion of the entry, once submitted."""
 
     def resolved(self) -> bool:
         """The entry is durable and its durable event is on its way (the pipeline holds a
         group back for it, engine/pipeline.py)."""
         durable = self.durable
-        return (
-            durable is not None
-            and durable.done()
-            and not durable.cancelled()
-            and durable.exception() is None
-        )
+        return durable is not None and durable.done() and durable.exception() is None
 
 
 def wal_failure(exc: BaseException) -> WalFailed:

@@ -22,7 +22,9 @@ The contract the engine sees (reference/matrixone-wal.md §1 `driver.Driver`, §
   replay, concurrent or later, raises `ReplayStateError`.
 * `await append(entry) -> dsn` completes in DSN order whatever order the backend finishes in
   (scenario 11). It waits while the intake is full (back-pressure from the window);
-  `submit(entry)` is the non-waiting form that raises `Overloaded` instead.
+  `submit(entry)` is the non-waiting form that raises `Overloaded` instead, and
+  `submit_direct(entry, on_done)` the same without a future: its callback runs in the turn
+  the entry is learned durable (tae_driver/completion.py; the engine's commits use it).
 * `truncate(dsn)` records an intent (monotonic, never fails, MO semantics); a read-only driver
   never truncates the backend. `truncate_intent()` is that intent; `truncated_lsn()` is what
   the backend confirmed (MO conflated the two, §2.7 Q6).
@@ -45,6 +47,7 @@ from typing import Any
 
 from tae_driver import limits
 from tae_driver.backend import DirectAppender, LogBackend, TailWaiter
+from tae_driver.completion import Completion, Ticket, fire_all
 from tae_driver.errors import (
     AlreadyTruncated,
     BackendError,
@@ -181,11 +184,14 @@ class Driver:
     def __init__(self, backend: LogBackend, config: DriverConfig, *, sleep: Sleep) -> None:
         self._backend = backend
         self._direct = backend if isinstance(backend, DirectAppender) else None
+        self._to_fire: list[Completion] = []
+        """Completions marked done whose callbacks have not run (`_fire`)."""
+        self._fire_scheduled = False
         self._config = config
         self._sleep = sleep
         self._state = _State.NEW
         self._failure: BaseException | None = None
-        self._pipeline: WritePipeline[asyncio.Future[int]] | None = None
+        self._pipeline: WritePipeline[Ticket] | None = None
         self._planner: TruncationPlanner | None = None
         self._replayer: Replayer | None = None
         self._read_only_dsn = 0
@@ -423,6 +429,21 @@ class Driver:
         self._schedule_pump()
         return future
 
+    def submit_direct(self, entry: bytes, on_done: Callable[[Completion], None]) -> Completion:
+        """`submit` without a future: `on_done(completion)` runs in the loop turn the entry
+        is learned durable (or failed), not a turn later (tae_driver/completion.py). Raises
+        as `submit` does, and then `on_done` is never called."""
+        pipeline = self._writable_pipeline()
+        if len(entry) > pipeline.entry_bytes_max:
+            raise EntryTooLarge(len(entry), pipeline.entry_bytes_max)
+        if pipeline.intake_full():
+            raise Overloaded("intake", self._config.intake_entries_max)
+        completion = Completion(on_done)
+        pipeline.enqueue(bytes(entry), completion)
+        self._drained.clear()
+        self._schedule_pump()
+        return completion
+
     async def append(self, entry: bytes) -> int:
         """Append `entry`; return its DSN when it and every earlier entry are durable."""
         while True:
@@ -435,7 +456,7 @@ class Driver:
             await self._intake_space.wait()
         return await self.submit(entry)
 
-    def _writable_pipeline(self) -> WritePipeline[asyncio.Future[int]]:
+    def _writable_pipeline(self) -> WritePipeline[Ticket]:
         if self._state is _State.WRITABLE:
             assert self._pipeline is not None
             return self._pipeline
@@ -514,10 +535,13 @@ class Driver:
         # Known as soon as it returns, not when delivered: the truncation walk must never
         # pass an LSN of ours it has not learned (§2.7 Q3).
         planner.note(KnownRecord(lsn, dispatch.start_dsn, dispatch.end_dsn, dispatch.safe_dsn))
+        direct: list[Completion] = []
         for delivery in pipeline.on_returned(dispatch.token, lsn):
-            for index, future in enumerate(delivery.tickets):
-                if not future.done():
-                    future.set_result(delivery.start_dsn + index)
+            for index, ticket in enumerate(delivery.tickets):
+                if not ticket.done():
+                    ticket.set_result(delivery.start_dsn + index)
+                    if type(ticket) is Completion:
+                        direct.append(ticket)
         self._intake_space.set()
         self._returned.set()
         if pipeline.idle():
@@ -525,6 +549,28 @@ class Driver:
         self._schedule_pump()
         if self._truncate_retry_on_return:
             self._kick_truncation()
+        self._fire(direct, now=pipeline.records_in_flight == 0)  # last: the driver is consistent
+
+    def _fire(self, completions: list[Completion], *, now: bool) -> None:
+        """Run the callbacks of `completions` (marked done), after any held before, in order.
+        `now` when no record is in flight any more (a lone writer: in this very turn);
+        otherwise in the next turn, so that the other records a backend hands back in this
+        turn (the file backend: every record of one fsync) are marked first and the engine
+        sees one group, not one per record."""
+        pending = self._to_fire
+        pending.extend(completions)
+        if not pending:
+            return
+        if now:
+            self._to_fire = []
+            fire_all(pending)
+        elif not self._fire_scheduled:
+            self._fire_scheduled = True
+            asyncio.get_running_loop().call_soon(self._fire_held)
+
+    def _fire_held(self) -> None:
+        self._fire_scheduled = False
+        self._fire([], now=True)
 
     def _fail(self, exc: BaseException) -> None:
         if self._state in (_State.FAILED, _State.CLOSED):
@@ -532,12 +578,16 @@ class Driver:
         self._state = _State.FAILED
         self._failure = exc
         orphans = self._pipeline.fail() if self._pipeline is not None else []
-        for future in orphans:
-            if not future.done():
+        direct: list[Completion] = []
+        for ticket in orphans:
+            if not ticket.done():
                 error = DriverFailed(f"append failed: {exc!r}")
                 error.__cause__ = exc
-                future.set_exception(error)
+                ticket.set_exception(error)
+                if type(ticket) is Completion:
+                    direct.append(ticket)
         self._wake_all()
+        self._fire(direct, now=True)
 
     def _wake_all(self) -> None:
         self._intake_space.set()
@@ -668,10 +718,14 @@ class Driver:
     async def _stop(self) -> None:
         self._state = _State.CLOSED
         orphans = self._pipeline.fail() if self._pipeline is not None else []
-        for future in orphans:
-            if not future.done():
-                future.set_exception(DriverClosed("driver closed"))
+        direct: list[Completion] = []
+        for ticket in orphans:
+            if not ticket.done():
+                ticket.set_exception(DriverClosed("driver closed"))
+                if type(ticket) is Completion:
+                    direct.append(ticket)
         self._wake_all()
+        self._fire(direct, now=True)
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()

@@ -25,7 +25,8 @@ per measurement: commits and commits/s, latency percentiles (transaction start t
 return; linear interpolation, logsvc/bench/measure.py), process CPU per commit (all its
 threads: for "engine-logsvc" the engine's process only; the cluster's node processes are
 reported apart as `cluster_cpu_s`), and for the engine the WAL's group-commit factor (driver
-entries per driver record). Then one summary line. Timings are reported, never asserted.
+entries per driver record) and Python's cyclic collections per generation
+(`gc_collections`). Then one summary line. Timings are reported, never asserted.
 
 `--wal logsvc` starts a local cluster (3 node processes, like `logsvc bench cluster`) in a
 temporary directory with one shard per logsvc measurement (so each engine starts on an empty
@@ -38,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import gc
 import os
 import shutil
 import sqlite3
@@ -335,6 +337,7 @@ async def measure_engine(
             driver_stats: Callable[[], Any] | None = getattr(eng, "driver_stats", None)
             before = driver_stats() if driver_stats is not None else None
             cluster_before = processes_cpu_s(cluster_pids or {})
+            gc_before = [stats["collections"] for stats in gc.get_stats()]
             cpu_before = own_cpu_s()
             started = clock()
             sampler = asyncio.get_running_loop().create_task(_sample_wal(eng, wal_high))
@@ -344,6 +347,7 @@ async def measure_engine(
                 sampler.cancel()
             elapsed = clock() - started
             cpu = own_cpu_s() - cpu_before
+            gc_after = [stats["collections"] for stats in gc.get_stats()]
             cluster_after = processes_cpu_s(cluster_pids or {})
             after = driver_stats() if driver_stats is not None else None
             checkpoints = (
@@ -371,6 +375,12 @@ async def measure_engine(
     result["wal_retained_entries_max"] = wal_high["entries"]
     result["wal_retained_bytes_max"] = wal_high["bytes"]
     result["checkpoints"] = checkpoints
+    # Python's cyclic collections during the measured phase, by generation: a full one
+    # (the last) stops the loop for tens of ms, a p99 (issue 21: a commit left in a
+    # reference cycle tripled the first count).
+    result["gc_collections"] = [
+        after - before for before, after in zip(gc_before, gc_after, strict=True)
+    ]
     # What the run left stored: bounded by the history retention window (decision 0010),
     # which a run longer than the window shows.
     result.update(stored)

@@ -5,8 +5,11 @@ Every block has an id unique in its table for the engine's life, `create_ts` and
 (MVCC on blocks, as on catalog entries: visible at `ts` when create_ts <= ts < drop_ts), and
 its delete nodes. A row's identity is `(block_id, offset)`.
 
-* `L0Block`: rows in append order, one append node (an Arrow batch and its commit_ts) per
-  committed transaction that appended to it, so the rows visible at `ts` are a prefix.
+* `L0Block`: rows in append order, one append node (its commit_ts and row count) per
+  committed transaction that appended to it, so the rows visible at `ts` are a prefix. Rows
+  are Arrow batches, except a tail of small inserts' Python values (engine/rows.py) that
+  becomes one batch when something reads the block or the tail reaches
+  `L0_VALUES_ROWS_MAX` rows (issue 21: a lone writer built two Arrow arrays per commit).
 * `PersistedBlock`: metadata only (its object, row group, row count, key range, zonemap). Its
   columns, keys and bloom filter are loaded on demand through the engine's cache; the pure
   code here reads them from a `LoadedBlocks` view the shell filled beforehand (plan, load in a
@@ -23,6 +26,8 @@ from typing import Any, Protocol
 import numpy as np
 import pyarrow as pa
 
+from engine import limits
+from engine.rows import to_arrow
 from engine.schema import Key
 from engine.storage.deletes import Deletes
 from engine.wal.entry import BlockLevel
@@ -38,6 +43,9 @@ class L0Block:
         "_combined_rows",
         "_part_ends",
         "_parts",
+        "_tail",
+        "_tail_rows",
+        "_tail_schema",
         "block_id",
         "deletes",
         "drop_ts",
@@ -62,6 +70,11 @@ class L0Block:
         one-row batches took 24 ms to combine, on the event loop), and no Arrow object is
         kept per commit (each one the garbage collector walks)."""
         self._part_ends: list[int] = []
+        self._tail: list[list[object]] = []
+        """Per column, the Python values of the newest rows (`append_values`), after every
+        part: empty, or `_tail_rows` values each in `_tail_schema`'s column order."""
+        self._tail_rows = 0
+        self._tail_schema: pa.Schema | None = None
         self._combined: pa.Table | None = None
         self._combined_rows = 0
         self._bytes = 0
@@ -90,6 +103,7 @@ class L0Block:
         nodes share (a checkpoint dump), so its own bytes are counted, not the whole buffers'
         (slower: `nbytes` walks the slice). `size_bytes`: the caller knows the rows' share
         (a slice of a group of commits' batch, engine/storage/table.py `apply_appends`)."""
+        self._flush_tail()
         self.node_ts.append(commit_ts)
         self._parts.append(batch)
         self.rows += batch.num_rows
@@ -108,6 +122,7 @@ class L0Block:
         `apply_appends`; `nbytes` would take 5 us)."""
         assert commits
         assert sum(rows for _, rows in commits) == batch.num_rows
+        self._flush_tail()
         end = self.rows
         for commit_ts, rows in commits:
             end += rows
@@ -118,8 +133,53 @@ class L0Block:
         self._part_ends.append(end)
         self._bytes += size_bytes
 
+    def append_values(
+        self,
+        commits: list[tuple[int, int]],
+        columns: list[list[object]],
+        arrow_schema: pa.Schema,
+        size_bytes: int,
+    ) -> None:
+        """`append_group` of rows given as checked Python values per column (small inserts,
+        engine/rows.py `SmallRows`), kept as values: Arrow is built once for many commits,
+        when the block is read (`table`, `row`) or the tail is `L0_VALUES_ROWS_MAX` rows."""
+        assert commits
+        count = sum(rows for _, rows in commits)
+        assert len(columns) == len(arrow_schema)
+        assert all(len(values) == count for values in columns)
+        if self._tail_rows and self._tail_schema is not arrow_schema:
+            self._flush_tail()
+        tail = self._tail
+        if not tail:
+            self._tail_schema = arrow_schema
+            tail.extend([] for _ in columns)
+        for into, values in zip(tail, columns, strict=True):
+            into += values
+        self._tail_rows += count
+        end = self.rows
+        for commit_ts, rows in commits:
+            end += rows
+            self.node_ts.append(commit_ts)
+            self.node_ends.append(end)
+        self.rows = end
+        self._bytes += size_bytes
+        if self._tail_rows >= limits.L0_VALUES_ROWS_MAX:
+            self._flush_tail()
+
+    def _flush_tail(self) -> None:
+        """The tail's values become one Arrow part (one `pa.array` per column)."""
+        if not self._tail_rows:
+            return
+        assert self._tail_schema is not None
+        self._parts.append(to_arrow(self._tail_schema, self._tail))
+        self._part_ends.append(self.rows)
+        self._tail = []
+        self._tail_rows = 0
+        self._tail_schema = None
+
     def table(self) -> pa.Table:
         """Every appended row, as one Arrow table (recombined lazily after appends)."""
+        self._flush_tail()
         if self._combined is None or self._combined_rows != self.rows:
             self._combined = pa.Table.from_batches(self._parts).combine_chunks()
             self._combined_rows = self.rows
@@ -136,6 +196,7 @@ class L0Block:
         return pa.array(values, type=pa.uint64())
 
     def row(self, offset: int) -> dict[str, object]:
+        self._flush_tail()
         part = bisect.bisect_right(self._part_ends, offset)
         start = self._part_ends[part - 1] if part else 0
         rows: list[dict[str, object]] = self._parts[part].slice(offset - start, 1).to_pylist()

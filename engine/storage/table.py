@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -38,7 +39,7 @@ from engine import limits
 from engine.objects.blockfile import COMMIT_TS_COLUMN
 from engine.objects.bloom import key_hash
 from engine.objects.zonemap import prune as zonemap_prune
-from engine.rows import to_arrow
+from engine.rows import SmallRows
 from engine.schema import Key, Schema, batch_keys
 from engine.storage import pruning
 from engine.storage.blocks import (
@@ -70,6 +71,11 @@ PRUNE_BY_PYARROW_BLOCKS_MAX = 64
 KEY_LOOKUPS_ONE_BY_ONE_MAX = 16
 """Up to this many keys are looked up in the key index one by one (about 2 us a run each);
 more in one vectorized pass (about 5 us a run for the pass, then ~1 us a key)."""
+
+
+_Group = tuple[pa.RecordBatch | None, list[list[object]] | None, int, int]
+"""The rows `apply_appends` applies: an Arrow batch or values per column (one of them), their
+count and bytes."""
 
 
 class ApplyError(Exception):
@@ -104,9 +110,9 @@ class PersistedMeta:
 MetaSource = Callable[[CreateBlock], PersistedMeta]
 
 
-@dataclass(frozen=True, slots=True)
-class Reservation:
-    """The reserved placement state, to restore when a prepared commit is cancelled."""
+class Reservation(NamedTuple):
+    """The reserved placement state, to restore when a prepared commit is cancelled. A
+    tuple: every commit that appends takes one (issue 21: a frozen dataclass cost more)."""
 
     open_block: int | None
     open_offset: int
@@ -224,32 +230,45 @@ class TableData:
         self.apply_appends([(commit_ts, cmd)])
 
     def apply_appends(self, appends: Sequence[tuple[int, Append | AppendRows]]) -> None:
-        """Apply the appends of consecutive commits (commit_ts ascending) as one: their rows
-        become one Arrow batch (one `pa.array` per column when they are all small inserts'
-        values, engine/rows.py), and each commit's rows a slice of it in the L0 blocks, so a
-        reader at any commit_ts still sees exactly the rows committed at or below it."""
+        """Apply the appends of consecutive commits (commit_ts ascending) as one: each
+        commit's rows a node of the L0 blocks, so a reader at any commit_ts still sees
+        exactly the rows committed at or below it. When they are all small inserts' values
+        (engine/rows.py) the rows stay values in the block (`L0Block.append_values`: Arrow
+        is built when the block is read, for many commits at once; issue 21); otherwise they
+        become one Arrow batch, each commit's rows a slice of it."""
         assert appends
-        commands = [cmd for _, cmd in appends]
-        if all(type(cmd) is AppendRows for cmd in commands):
-            small = [cmd.rows for cmd in commands if type(cmd) is AppendRows]
+        values: list[list[object]] | None = None
+        batch: pa.RecordBatch | None = None
+        small: list[SmallRows] = []
+        info_rows = 0
+        for _, cmd in appends:  # one pass: a lone commit's group is one command
+            if type(cmd) is AppendRows:
+                small.append(cmd.rows)
+            if not cmd.infos:
+                raise ApplyError(f"append to {self.name}: an append without infos")
+            for info in cmd.infos:
+                info_rows += info.rows
+        if len(small) == len(appends):
             for rows in small:
                 if rows.arrow_schema is not self.arrow_schema and not rows.arrow_schema.equals(
                     self.arrow_schema
                 ):
                     raise ApplyError(f"append to {self.name}: rows are not the table's schema")
             if len(small) == 1:
-                batch = small[0].batch()
+                values = small[0].columns
+                keys = small[0].primary_keys()
             else:
-                joined: list[list[object]] = [[] for _ in self.arrow_schema]
+                values = [[] for _ in self.arrow_schema]
                 for rows in small:
-                    for into, values in zip(joined, rows.columns, strict=True):
-                        into += values
-                batch = to_arrow(self.arrow_schema, joined)
-            keys = [key for rows in small for key in rows.primary_keys()]
+                    for into, column in zip(values, rows.columns, strict=True):
+                        into += column
+                keys = [key for rows in small for key in rows.primary_keys()]
+            count = len(keys)
+            size_bytes = sum(rows.size_bytes() for rows in small)
         else:
             batches = [
                 cmd.batch if type(cmd) is Append else cmd.rows.batch()  # type: ignore[union-attr]
-                for cmd in commands
+                for _, cmd in appends
             ]
             for part in batches:
                 if not part.schema.equals(self.arrow_schema):
@@ -258,20 +277,20 @@ class TableData:
                     )
             batch = batches[0] if len(batches) == 1 else pa.concat_batches(batches)
             keys = batch_keys(self.schema, batch)
-        if (
-            not all(cmd.infos for cmd in commands)
-            or sum(info.rows for cmd in commands for info in cmd.infos) != batch.num_rows
-        ):
+            count = batch.num_rows
+            size_bytes = batch.get_total_buffer_size()
+        if info_rows != count:
             raise ApplyError(f"append to {self.name}: infos do not cover the batch")
         # Only L0 versions are checked here: persisted blocks would need I/O, and the
         # prepare-time checks (workspace, snapshot, conflict index) are what keeps keys unique.
         for key in keys:
             if self._live_l0_version(key) is not None:
                 raise ApplyError(f"append to {self.name}: key {key!r} is already live")
-        if len(set(keys)) != len(keys):
+        if len(keys) > 1 and len(set(keys)) != len(keys):
             raise ApplyError(f"append to {self.name}: a key repeats within the batch")
-        # One piece of the batch per block it fills (most groups: one), each commit's rows a
+        # One piece of the rows per block they fill (most groups: one), each commit's rows a
         # node of the block (its commit_ts), the piece appended once.
+        group: _Group = (batch, values, count, size_bytes)
         start = 0
         index_keys = self.l0_keys
         piece: list[tuple[int, int]] = []
@@ -282,7 +301,7 @@ class TableData:
                 block = self._block_for_append(info)
                 if block is not piece_block:
                     if piece_block is not None:
-                        self._append_piece(piece_block, piece, batch, piece_start, start)
+                        self._append_piece(piece_block, piece, group, piece_start, start)
                     piece, piece_block, piece_start = [], block, start
                 piece.append((commit_ts, info.rows))
                 # Counted ahead (given back in `_append_piece`): `_block_for_append` checks
@@ -302,25 +321,32 @@ class TableData:
                         index_keys[key] = (*old, row_id)
                 start += info.rows
         assert piece_block is not None
-        self._append_piece(piece_block, piece, batch, piece_start, start)
-        self.live_rows += batch.num_rows
+        self._append_piece(piece_block, piece, group, piece_start, start)
+        self.live_rows += count
         self._sync_reservation()
 
     def _append_piece(
         self,
         block: L0Block,
         commits: list[tuple[int, int]],
-        batch: pa.RecordBatch,
+        group: _Group,
         start: int,
         end: int,
     ) -> None:
+        """Rows [start, end) of the group (its batch, or its values per column) into
+        `block`; each piece counts its share of the group's bytes."""
         block.rows -= end - start  # counted ahead while the piece was gathered
-        size_bytes = batch.get_total_buffer_size()
-        if start == 0 and end == batch.num_rows:
-            block.append_group(commits, batch, size_bytes)
-        else:  # the batch spans blocks: each piece counts its share of the buffers
-            share = size_bytes * (end - start) // batch.num_rows
-            block.append_group(commits, batch.slice(start, end - start), share)
+        batch, values, count, size_bytes = group
+        share = size_bytes if start == 0 and end == count else size_bytes * (end - start) // count
+        if values is not None:
+            if start != 0 or end != count:
+                values = [column[start:end] for column in values]
+            block.append_values(commits, values, self.arrow_schema, share)
+        else:
+            assert batch is not None
+            if start != 0 or end != count:
+                batch = batch.slice(start, end - start)
+            block.append_group(commits, batch, share)
         reserved = self._pending.get(block.block_id)
         if reserved is not None and block.rows >= reserved:
             del self._pending[block.block_id]

@@ -220,7 +220,9 @@ def _definitions_of(
     schema: pa.Schema, validity: tuple[bool, ...]
 ) -> tuple[bytes, tuple[tuple[int, int], ...]]:
     for cached, cached_validity, cached_bytes, cached_layout in _encodings:
-        if cached_validity == validity and cached.equals(schema, check_metadata=True):
+        if cached_validity == validity and (
+            cached is schema or cached.equals(schema, check_metadata=True)
+        ):
             return cached_bytes, cached_layout
     parts: list[bytes] = []
     layout: list[tuple[int, int]] = []

@@ -235,6 +235,10 @@ def without_delete_keys(entry: TxnEntry) -> TxnEntry | None:
 
 def memo_of(commands: Sequence[Command]) -> tuple[MemoItem, ...]:
     """The memo of an entry of `commands`: every (database, table, block) they touch."""
+    if len(commands) == 1:  # most entries: one small insert into one block (issue 21)
+        (only,) = commands
+        if (type(only) is Append or type(only) is AppendRows) and len(only.infos) == 1:
+            return (MemoItem(only.db_id, only.table_id, only.infos[0].block_id),)
     items = set()
     for cmd in commands:
         if isinstance(cmd, (Append, AppendRows)):

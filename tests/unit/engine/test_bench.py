@@ -28,7 +28,7 @@ COMMON = {
     "durable",
     "errors",
 }
-ENGINE_ONLY = {"wal_entries_per_record", "input"}
+ENGINE_ONLY = {"wal_entries_per_record", "input", "gc_collections"}
 
 
 def _lines(out: str) -> list[dict[str, Any]]:
@@ -55,6 +55,8 @@ def test_commit_bench_engine_and_sqlite_side_by_side(
         if m["system"].startswith("engine-"):
             assert m.keys() >= ENGINE_ONLY, m
             assert m["wal_entries_per_record"] is None or m["wal_entries_per_record"] >= 1.0
+            gens = m["gc_collections"]
+            assert len(gens) == 3 and all(type(n) is int and n >= 0 for n in gens), m
         else:
             assert not m.keys() & ENGINE_ONLY, m
     assert last["summary"] is True

@@ -82,10 +82,10 @@ def test_a_rewrite_whose_submit_fails_is_abandoned_and_undone() -> None:
             table = eng.catalog.tables[max(eng.catalog.tables)]
             blocks_before = dict(table.data.blocks)
 
-            def refuse(payload: bytes) -> asyncio.Future[int]:
+            def refuse(payload: bytes, on_done: object) -> object:
                 raise driver_errors.DriverFailed("the log is gone")
 
-            eng.driver.submit = refuse  # type: ignore[method-assign,assignment]
+            eng.driver.submit_direct = refuse  # type: ignore[method-assign,assignment]
             maintenance = eng.maintenance
             assert maintenance is not None
             started = maintenance.step(freeze_all=True)

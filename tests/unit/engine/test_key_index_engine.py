@@ -8,22 +8,25 @@ overlapping block was a candidate: this fails on the old code); every held persi
 indexed after flushes and merges, collected blocks leave it; after a restart (replay of
 CreateBlocks, then a checkpoint's restore) the blocks start unindexed and point reads are
 still right (key ranges and blooms answer), and one maintenance settle indexes them all; a
-duplicate insert is refused and a fresh one accepted at every stage.
+duplicate insert is refused and a fresh one accepted at every stage. A large merge of the
+index's runs runs in a worker thread: held there on an event, the event loop meanwhile
+commits, reads and refuses a duplicate, and the result is swapped in once released.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
+import threading
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 import pyarrow as pa
 import pytest
 
-from engine import Column, DuplicateKey, Engine, Schema
+from engine import Column, DuplicateKey, Engine, Schema, limits
 from engine.objects.store import MemoryObjectStore
-from engine.storage import TableData
+from engine.storage import TableData, keyindex
 from tae_driver.backends.memory import MemoryBackend
 
 ROWS = Schema([Column("id", "int64"), Column("v", "int64")], primary_key=["id"])
@@ -179,6 +182,71 @@ def test_a_snapshot_below_a_merge_still_finds_its_keys_in_the_dropped_blocks() -
         maintenance.step()  # nothing reads the merged-away blocks: collected
         assert_fully_indexed(data)
         assert len(data.key_index) == len(data.persisted_blocks())
+        await eng.close()
+
+    run(main)
+
+
+def test_a_large_index_merge_runs_in_a_thread_while_the_loop_commits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two blocks' runs (300 entries) are more than the index merges on the loop here
+    (150): maintenance runs the merge in a worker thread, held on an event until the loop
+    has committed, read, and refused a duplicate (a merge on the loop could not let any of
+    that happen before it finished: on the old code the thread never starts)."""
+    monkeypatch.setattr(limits, "KEY_INDEX_MERGE_ON_LOOP_ENTRIES_MAX", ROWS_PER_BLOCK)
+    started, release = threading.Event(), threading.Event()
+    merged_on: list[threading.Thread] = []
+    merge_runs = keyindex.merge_runs
+
+    def held_merge(older: Any, newer: Any) -> Any:
+        if threading.current_thread() is not threading.main_thread():
+            merged_on.append(threading.current_thread())
+            started.set()
+            assert release.wait(30), "the test never released the merge"
+        return merge_runs(older, newer)
+
+    monkeypatch.setattr(keyindex, "merge_runs", held_merge)
+
+    async def main() -> None:
+        rng = random.Random(8)
+        eng = await Engine.open(
+            "unused", MemoryBackend(), objects=MemoryObjectStore(), maintenance=False
+        )
+        async with eng.transaction() as txn:
+            await txn.create_database("d")
+            await txn.create_table("d", "t", ROWS)
+        maintenance = eng.maintenance
+        assert maintenance is not None
+        keys = [rng.sample(range(2**40), ROWS_PER_BLOCK) for _ in range(2)]
+        async with eng.transaction() as txn:
+            await txn.table("d", "t").insert([{"id": k, "v": k} for k in keys[0]])
+        await maintenance.settle(freeze_all=True)
+        data = data_of(eng)
+        assert data.key_index.run_count == 1 and not started.is_set()
+        async with eng.transaction() as txn:
+            await txn.table("d", "t").insert([{"id": k, "v": k} for k in keys[1]])
+        settling = asyncio.get_running_loop().create_task(maintenance.settle(freeze_all=True))
+        assert await asyncio.to_thread(started.wait, 30), "the merge never left the loop"
+        # The merge is held in its thread: the loop is free, the runs not yet merged.
+        assert data.key_index.run_count == 2
+        fresh = rng.randrange(2**41, 2**42)
+        async with eng.transaction() as txn:
+            table = txn.table("d", "t")
+            await table.insert({"id": fresh, "v": 1})
+            assert await table.get(keys[1][0]) == {"id": keys[1][0], "v": keys[1][0]}
+            with pytest.raises(DuplicateKey):
+                await table.insert({"id": keys[0][0], "v": 0})
+        assert not settling.done()
+        release.set()
+        await settling
+        assert merged_on and merged_on[0] is not threading.main_thread()
+        assert data.key_index.merges_offloaded == 1
+        assert data.key_index.run_count == 1
+        assert_fully_indexed(data)
+        for key in (keys[0][1], keys[1][1]):
+            (holding,) = data.key_candidates(key, eng.visible_ts)
+            assert data.blocks_for_key(key) == [holding]
         await eng.close()
 
     run(main)

@@ -5,7 +5,10 @@ every live block that holds it (never one left out) and no removed block; a fals
 appears only with a colliding fingerprint (checked exactly here: every block returned holds
 a key of the same fingerprint); merges keep the runs geometric (few runs) and purges keep
 dead entries bounded. Hashes are forced to collide in fingerprint (small key space with
-hand-made hashes) so that the collision path is exercised, not just hoped for.
+hand-made hashes) so that the collision path is exercised, not just hoped for. Large merges
+are offered to a worker thread (`take_merge` / `merged`): the model test interleaves taking,
+finishing and abandoning them with adds and removes (a purge or an in-place merge makes a
+job stale), and the answers stay exact throughout.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from hypothesis import strategies as st
 
 from engine import limits
 from engine.objects.bloom import key_hash, key_hashes
-from engine.storage.keyindex import BLOCK_ID_END, KeyIndex
+from engine.storage.keyindex import BLOCK_ID_END, KeyIndex, RunMerge
 
 
 def _hashes(keys: list[int]) -> np.ndarray:
@@ -78,38 +81,95 @@ def test_runs_stay_geometric_and_dead_entries_bounded() -> None:
     assert len(index) == blocks - blocks // 2 + 1
 
 
+def test_a_large_merge_is_offered_once_and_swapped_in_when_it_returns() -> None:
+    index = KeyIndex(merge_on_loop_max=100)
+    index.add(1, _hashes(list(range(0, 60))))
+    index.add(2, _hashes(list(range(60, 120))))  # 60 < 4 * 60: a merge of 120 > 100 entries
+    assert index.run_count == 2
+    job = index.take_merge()
+    assert isinstance(job, RunMerge) and job.entries == 120
+    assert index.take_merge() is None  # once: it is running
+    index.add(3, _hashes([500]))  # small runs still come and go meanwhile
+    assert sorted(index.blocks_for_key(70)) == [2]
+    assert index.merged(job, job.run())
+    assert index.merges_offloaded == 1
+    assert [sorted(index.blocks_for_key(k)) for k in (5, 70, 500)] == [[1], [2], [3]]
+    assert index.run_count == 2  # the merged 120 and the newest single entry
+
+
+def test_a_merge_made_stale_by_a_purge_is_dropped() -> None:
+    index = KeyIndex(merge_on_loop_max=10)
+    index.add(1, _hashes(list(range(0, 8))))
+    index.add(2, _hashes(list(range(8, 16))))
+    job = index.take_merge()
+    assert job is not None
+    index.remove(1)  # 8 dead of 8 live: a purge rewrites every run
+    assert not index.merged(job, job.run())
+    assert index.merges_offloaded == 0
+    assert index.blocks_for_key(3) == [] and index.blocks_for_key(9) == [2]
+
+
+def test_merges_nobody_takes_still_keep_the_runs_bounded() -> None:
+    index = KeyIndex(merge_on_loop_max=0)  # every merge is offered; none is taken
+    for block_id in range(1, 200):
+        index.add(block_id, _hashes([block_id]))
+        assert index.run_count <= limits.KEY_INDEX_RUNS_MAX + 1
+    assert all(index.blocks_for_key(k) == [k] for k in range(1, 200))
+
+
 @settings(max_examples=150, deadline=None)
 @given(
     st.lists(
         st.one_of(
             st.tuples(st.just("add"), st.lists(st.integers(0, 60), max_size=40, unique=True)),
             st.tuples(st.just("remove"), st.integers(0, 30)),
+            st.tuples(st.just("take"), st.just(0)),
+            st.tuples(st.just("finish"), st.integers(0, 2)),
+            st.tuples(st.just("abandon"), st.integers(0, 2)),
         ),
         max_size=60,
     ),
     st.integers(1, 4),
+    st.sampled_from([0, 30, 100, limits.KEY_INDEX_MERGE_ON_LOOP_ENTRIES_MAX]),
 )
-def test_against_a_brute_force_model(ops: list[tuple[str, object]], hash_bits: int) -> None:
+def test_against_a_brute_force_model(
+    ops: list[tuple[str, object]], hash_bits: int, merge_on_loop_max: int
+) -> None:
     """Hashes are a key's value in few fingerprint bits (`hash_bits`), so many keys share a
-    fingerprint: the model says exactly which blocks a lookup may return."""
+    fingerprint: the model says exactly which blocks a lookup may return. Offered merges
+    are taken, finished (maybe stale by then) or abandoned between the other operations."""
 
     def hashed(key: int) -> int:
         fingerprint = key % (1 << hash_bits)
         return (fingerprint << 32) | key
 
-    index = KeyIndex()
+    index = KeyIndex(merge_on_loop_max=merge_on_loop_max)
     model: dict[int, set[int]] = {}
     next_id = 1
+    taken: list[RunMerge] = []
     for op, arg in ops:
         if op == "add":
             assert isinstance(arg, list)
             index.add(next_id, np.array([hashed(k) for k in arg], dtype=np.uint64))
             model[next_id] = set(arg)
             next_id += 1
-        else:
+        elif op == "remove":
             assert isinstance(arg, int)
             index.remove(arg)
             model.pop(arg, None)
+        elif op == "take":
+            job = index.take_merge()
+            if job is not None:
+                taken.append(job)
+        elif taken:
+            assert isinstance(arg, int)
+            job = taken.pop(arg % len(taken))
+            if op == "finish":
+                index.merged(job, job.run())
+            else:
+                index.merge_abandoned(job)
+        assert index.run_count <= limits.KEY_INDEX_RUNS_MAX + 1
+        assert index.size_bytes() == 8 * index.entries  # no merge lost or doubled a run
         for key in range(0, 61):
             found = index.blocks_for_hash(hashed(key))
             assert len(found) == len(set(found))
