@@ -192,8 +192,8 @@ def decode_entries_at(
                 pa.py_buffer(data),
             ],
         )
-        candidates = _fast_candidates(reader, ends - starts)
-        candidates &= _checksums_ok(reader, candidates)
+        candidates, stored = _fast_candidates(reader, ends - starts)
+        candidates &= _checksums_ok(reader, candidates, stored)
         _decode_groups(reader, candidates, dsn_array, out, fast)
     for index in np.flatnonzero(~fast).tolist():
         _decode_one(reader, dsn_array, index, out)
@@ -208,6 +208,7 @@ _SHAPE = np.dtype(
             "type",
             "reserved",
             "body_len",
+            "checksum",
             "start_ts",
             "commit_ts",
             "memo_count",
@@ -227,6 +228,7 @@ _SHAPE = np.dtype(
             "<u4",
             "<u8",
             "<u8",
+            "<u8",
             "<u4",
             "<u4",
             "u1",
@@ -242,6 +244,7 @@ _SHAPE = np.dtype(
             _AT_TYPE,
             _AT_RESERVED,
             _AT_BODY_LEN,
+            _AT_CHECKSUM,
             _AT_START_TS,
             _AT_COMMIT_TS,
             _AT_MEMO_COUNT,
@@ -257,6 +260,25 @@ _SHAPE = np.dtype(
     }
 )
 """The fixed fields of the fast shape, as one numpy record per entry."""
+
+
+_IDS = np.dtype(
+    {
+        "names": ["start_ts", "commit_ts", "memo", "db_id", "table_id", "block_id", "offset"],
+        "formats": ["<u8", "<u8", ("<u8", (3,)), "<u8", "<u8", "<u8", "<u4"],
+        "offsets": [
+            _AT_START_TS,
+            _AT_COMMIT_TS,
+            _AT_MEMO,
+            _AT_DB_ID,
+            _AT_TABLE_ID,
+            _AT_INFO,
+            _AT_INFO + 8,
+        ],
+        "itemsize": _AT_DEFINITIONS,
+    }
+)
+"""The ids and timestamps of the fast shape that a decoded entry keeps, one record per entry."""
 
 
 class _Gather:
@@ -304,12 +326,16 @@ class _Gather:
         return raw.view(f"<u{width}").reshape(len(positions)).astype(np.uint64)
 
 
-def _fast_candidates(reader: _Gather, lengths: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
+def _fast_candidates(
+    reader: _Gather, lengths: npt.NDArray[np.int64]
+) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.uint64]]:
     """Entries whose fixed fields are those of a valid one-append transaction (the columns and
-    the checksum are checked later)."""
+    the checksum are checked later), and each entry's checksum field (0 where too short)."""
     ok = (lengths >= _AT_DEFINITIONS) & (lengths <= limits.TXN_ENTRY_BYTES_MAX)
     long_enough = np.flatnonzero(ok)
     head = reader.prefix(long_enough, _AT_DEFINITIONS).view(_SHAPE).reshape(len(long_enough))
+    stored = np.zeros(len(lengths), dtype=np.uint64)
+    stored[long_enough] = head["checksum"]
     sizes = lengths[long_enough]
     rows = head["rows"]
     columns = head["column_count"]
@@ -331,14 +357,16 @@ def _fast_candidates(reader: _Gather, lengths: npt.NDArray[np.int64]) -> npt.NDA
         & (columns >= 1)
         & (columns <= limits.COLUMNS_MAX)
     )
-    return ok
+    return ok, stored
 
 
-def _checksums_ok(reader: _Gather, candidates: npt.NDArray[np.bool_]) -> npt.NDArray[np.bool_]:
-    """The xxh3-64 of each candidate (its first 12 bytes, then its body) against its header.
-    In a copy of the buffer each candidate's first 12 bytes are moved up over its checksum
-    field, so that what it covers is one range, hashed with no bytes object made per entry
-    (slices of one memoryview; the loop runs in C: map and fromiter)."""
+def _checksums_ok(
+    reader: _Gather, candidates: npt.NDArray[np.bool_], stored: npt.NDArray[np.uint64]
+) -> npt.NDArray[np.bool_]:
+    """The xxh3-64 of each candidate (its first 12 bytes, then its body) against its header's
+    (`stored`). In a copy of the buffer each candidate's first 12 bytes are moved up over its
+    checksum field, so that what it covers is one range, hashed with no bytes object made per
+    entry (slices of one memoryview; the loop runs in C: map and fromiter)."""
     indexes = np.flatnonzero(candidates)
     ok = np.zeros(len(candidates), dtype=np.bool_)
     if not len(indexes):
@@ -346,7 +374,6 @@ def _checksums_ok(reader: _Gather, candidates: npt.NDArray[np.bool_]) -> npt.NDA
     starts = reader.starts[indexes]
     moved = reader.data.copy()
     head = starts[:, None] + np.arange(_AT_CHECKSUM)
-    stored = np.ascontiguousarray(reader.bytes_at(starts + _AT_CHECKSUM, 8)).view("<u8")
     moved[head + (codec.HEADER_BYTES - _AT_CHECKSUM)] = reader.data[head]
     covered = memoryview(moved)  # type: ignore[arg-type]  # numpy's buffer protocol
     first = starts + (codec.HEADER_BYTES - _AT_CHECKSUM)
@@ -358,7 +385,7 @@ def _checksums_ok(reader: _Gather, candidates: npt.NDArray[np.bool_]) -> npt.NDA
         dtype=np.uint64,
         count=len(indexes),
     )
-    ok[indexes] = stored.reshape(len(indexes)) == found
+    ok[indexes] = stored[indexes] == found
     return ok
 
 
@@ -673,34 +700,38 @@ def _record(
     group: _Group, batch: pa.RecordBatch, out: DecodedEntries, fast: npt.NDArray[np.bool_]
 ) -> None:
     members, rows = group.members, group.rows
-    matrix = group.matrix
-
-    def u(at: int, width: int) -> npt.NDArray[np.uint64]:
-        raw = np.ascontiguousarray(matrix[:, at : at + width])
-        return raw.view(f"<u{width}").reshape(len(members)).astype(np.uint64)
-
-    table_ids = u(_AT_TABLE_ID, 8)
-    block_ids = u(_AT_INFO, 8)
-    offsets = u(_AT_INFO + 8, 4)
+    head = np.ascontiguousarray(group.matrix[:, :_AT_DEFINITIONS]).view(_IDS)
+    head = head.reshape(len(members))
+    table_ids = head["table_id"]
+    block_ids = head["block_id"]
+    offsets = head["offset"].astype(np.uint64)
     out.kinds[members] = KIND_FAST
     out.is_txn[members] = True
-    out.start_ts[members] = u(_AT_START_TS, 8)
-    out.commit_ts[members] = u(_AT_COMMIT_TS, 8)
-    out.db_ids[members] = u(_AT_DB_ID, 8)
-    for column in range(3):
-        out.memo[members, column] = u(_AT_MEMO + 8 * column, 8)
+    out.start_ts[members] = head["start_ts"]
+    out.commit_ts[members] = head["commit_ts"]
+    out.db_ids[members] = head["db_id"]
+    out.memo[members] = head["memo"]
     fast[members] = True
     row_in_info = np.arange(rows, dtype=np.uint64)
-    for table_id in np.unique(table_ids).tolist():
-        chosen = np.flatnonzero(table_ids == table_id)
-        whole = len(chosen) == len(members)
-        row_index = (chosen[:, None] * rows + np.arange(rows)).reshape(-1)
+    first_table = table_ids[0]
+    # Most groups append to one table: one comparison instead of a sort or hash.
+    one_table = bool((table_ids == first_table).all())
+    for table_id in [int(first_table)] if one_table else np.unique(table_ids).tolist():
+        if one_table:
+            chosen_members, chosen_blocks, chosen_offsets = members, block_ids, offsets
+            columns = batch
+        else:
+            chosen = np.flatnonzero(table_ids == table_id)
+            chosen_members, chosen_blocks = members[chosen], block_ids[chosen]
+            chosen_offsets = offsets[chosen]
+            row_index = (chosen[:, None] * rows + np.arange(rows)).reshape(-1)
+            columns = batch.take(arrow_array(row_index))
         out.tables.append(
             TableRows(
                 table_id=int(table_id),
-                entries=np.repeat(members[chosen], rows),
-                block_ids=np.repeat(block_ids[chosen], rows),
-                offsets=(offsets[chosen][:, None] + row_in_info).reshape(-1),
-                columns=batch if whole else batch.take(arrow_array(row_index)),
+                entries=np.repeat(chosen_members, rows),
+                block_ids=np.repeat(chosen_blocks, rows),
+                offsets=(chosen_offsets[:, None] + row_in_info).reshape(-1),
+                columns=columns,
             )
         )
