@@ -175,10 +175,14 @@ def _walk_frames(data: bytes) -> tuple[npt.NDArray[np.int64], int]:
 def _gather(
     data: bytes, offsets: npt.NDArray[np.int64], dtype: np.dtype[Any]
 ) -> np.ndarray[Any, Any]:
-    """The `dtype`-sized header at each offset (each whole in `data`), one record each."""
+    """The `dtype`-sized header at each offset (each whole in `data`), one record each: rows
+    of a sliding window over the bytes (a view), so what is made is the headers' bytes alone
+    (no index per byte)."""
     raw = np.frombuffer(data, dtype=np.uint8)
-    matrix = raw[offsets[:, None] + np.arange(dtype.itemsize)]
-    found: np.ndarray[Any, Any] = matrix.view(dtype).reshape(len(offsets))
+    if len(raw) < dtype.itemsize:
+        return np.zeros(0, dtype=dtype)
+    windows = np.lib.stride_tricks.sliding_window_view(raw, dtype.itemsize)
+    found: np.ndarray[Any, Any] = windows[offsets].view(dtype).reshape(len(offsets))
     return found
 
 
