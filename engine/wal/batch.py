@@ -192,9 +192,9 @@ def decode_entries_at(
                 pa.py_buffer(data),
             ],
         )
-        candidates, stored = _fast_candidates(reader, ends - starts)
-        candidates &= _checksums_ok(reader, candidates, stored)
-        _decode_groups(reader, candidates, dsn_array, out, fast)
+        candidates, fields = _fast_candidates(reader, ends - starts)
+        candidates &= _checksums_ok(reader, candidates, fields.checksums)
+        _decode_groups(reader, candidates, fields, dsn_array, out, fast)
     for index in np.flatnonzero(~fast).tolist():
         _decode_one(reader, dsn_array, index, out)
     return out
@@ -326,16 +326,31 @@ class _Gather:
         return raw.view(f"<u{width}").reshape(len(positions)).astype(np.uint64)
 
 
+@dataclass(frozen=True, slots=True)
+class _Fields:
+    """Fixed fields of the fast shape read once for every entry (0 where it is too short)."""
+
+    checksums: npt.NDArray[np.uint64]
+    column_counts: npt.NDArray[np.int64]
+    row_counts: npt.NDArray[np.int64]
+
+
 def _fast_candidates(
     reader: _Gather, lengths: npt.NDArray[np.int64]
-) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.uint64]]:
+) -> tuple[npt.NDArray[np.bool_], _Fields]:
     """Entries whose fixed fields are those of a valid one-append transaction (the columns and
-    the checksum are checked later), and each entry's checksum field (0 where too short)."""
+    the checksum are checked later), and the fixed fields the later steps read."""
     ok = (lengths >= _AT_DEFINITIONS) & (lengths <= limits.TXN_ENTRY_BYTES_MAX)
     long_enough = np.flatnonzero(ok)
     head = reader.prefix(long_enough, _AT_DEFINITIONS).view(_SHAPE).reshape(len(long_enough))
-    stored = np.zeros(len(lengths), dtype=np.uint64)
-    stored[long_enough] = head["checksum"]
+    fields = _Fields(
+        np.zeros(len(lengths), dtype=np.uint64),
+        np.zeros(len(lengths), dtype=np.int64),
+        np.zeros(len(lengths), dtype=np.int64),
+    )
+    fields.checksums[long_enough] = head["checksum"]
+    fields.column_counts[long_enough] = head["column_count"]
+    fields.row_counts[long_enough] = head["rows"]
     sizes = lengths[long_enough]
     rows = head["rows"]
     columns = head["column_count"]
@@ -357,7 +372,7 @@ def _fast_candidates(
         & (columns >= 1)
         & (columns <= limits.COLUMNS_MAX)
     )
-    return ok, stored
+    return ok, fields
 
 
 def _checksums_ok(
@@ -409,6 +424,7 @@ def _decode_one(
 def _decode_groups(
     reader: _Gather,
     candidates: npt.NDArray[np.bool_],
+    fields: _Fields,
     dsns: npt.NDArray[np.int64],
     out: DecodedEntries,
     fast: npt.NDArray[np.bool_],
@@ -416,12 +432,7 @@ def _decode_groups(
     """Candidates grouped by their definitions' bytes (learned from an exemplar that
     `decode_entry` accepts), then by row count; each group's columns gathered at once."""
     waiting = candidates.copy()
-    pending = np.flatnonzero(candidates)
-    head = reader.prefix(pending, _AT_DEFINITIONS).view(_SHAPE).reshape(len(pending))
-    column_counts = np.zeros(len(candidates), dtype=np.int64)
-    column_counts[pending] = head["column_count"]
-    row_counts = np.zeros(len(candidates), dtype=np.int64)
-    row_counts[pending] = head["rows"]
+    column_counts, row_counts = fields.column_counts, fields.row_counts
     lengths = reader.ends - reader.starts
     for _ in range(DEFINITION_GROUPS_MAX):
         left = np.flatnonzero(waiting)
@@ -432,18 +443,19 @@ def _decode_groups(
         definitions = _definitions_of(reader.entry(exemplar), dsns[exemplar])
         if definitions is None:
             continue
-        raw = np.frombuffer(definitions, dtype=np.uint8)
-        size = len(raw)
+        size = len(definitions)
         columns = int(column_counts[exemplar])
         schema, kinds = _parse_definitions(memoryview(definitions), 0, columns)
         same = left[column_counts[left] == columns]
-        for rows in np.unique(row_counts[same]).tolist():
-            members = same[row_counts[same] == rows]
+        same_rows = row_counts[same]
+        one_count = bool((same_rows == same_rows[0]).all())  # the usual: no sort needed
+        for rows in [int(same_rows[0])] if one_count else np.unique(same_rows).tolist():
+            members = same if one_count else same[same_rows == rows]
             fixed, general = _fixed_bytes(kinds, rows)
             width = _AT_DEFINITIONS + size + fixed
             members = members[lengths[members] >= width]
             matrix = reader.prefix(members, width)
-            match = (matrix[:, _AT_DEFINITIONS : _AT_DEFINITIONS + size] == raw).all(axis=1)
+            match = _rows_equal(matrix[:, _AT_DEFINITIONS : _AT_DEFINITIONS + size], definitions)
             members, matrix = members[match], matrix[match]
             waiting[members] = False
             if not len(members):
@@ -453,6 +465,18 @@ def _decode_groups(
                 _decode_gathered(reader, group, out, fast)
             else:
                 _decode_sliced(reader, group, out, fast)
+
+
+def _rows_equal(matrix: npt.NDArray[np.uint8], expected: bytes) -> npt.NDArray[np.bool_]:
+    """Whether each row of `matrix` (n, len(expected)) is `expected`, byte for byte: each row
+    compared as one fixed-size byte string (numpy's `S` equality ignores only trailing NULs,
+    which two strings of one length can differ in only if they are equal)."""
+    size = len(expected)
+    if not size:
+        return np.ones(len(matrix), dtype=np.bool_)
+    rows = np.ascontiguousarray(matrix).view(f"S{size}").reshape(len(matrix))
+    found: npt.NDArray[np.bool_] = rows == np.bytes_(expected)
+    return found
 
 
 def _definitions_of(payload: bytes, dsn: np.int64) -> bytes | None:
