@@ -388,8 +388,11 @@ def _checksums_ok(
         return ok
     starts = reader.starts[indexes]
     moved = reader.data.copy()
-    head = starts[:, None] + np.arange(_AT_CHECKSUM)
-    moved[head + (codec.HEADER_BYTES - _AT_CHECKSUM)] = reader.data[head]
+    # The heads as rows of a sliding window (a view): one gather and one scatter of whole
+    # rows, no index per byte. The rows written do not overlap (entries are longer).
+    heads = np.lib.stride_tricks.sliding_window_view(reader.data, _AT_CHECKSUM)[starts]
+    targets = np.lib.stride_tricks.sliding_window_view(moved, _AT_CHECKSUM, writeable=True)
+    targets[starts + (codec.HEADER_BYTES - _AT_CHECKSUM)] = heads
     covered = memoryview(moved)  # type: ignore[arg-type]  # numpy's buffer protocol
     first = starts + (codec.HEADER_BYTES - _AT_CHECKSUM)
     found = np.fromiter(
