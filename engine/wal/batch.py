@@ -585,10 +585,7 @@ def _decode_sliced(
             ok &= totals == offsets[:, rows]
             tail_offsets = np.zeros(n + 1, dtype=np.int64)
             np.cumsum(totals, out=tail_offsets[1:])
-            index = np.repeat(value_starts - tail_offsets[:-1], totals) + np.arange(
-                tail_offsets[-1]
-            )
-            values = pa.py_buffer(reader.data[index])
+            values = pa.py_buffer(_gather_runs(reader.data, value_starts, totals))
             layouts.append(("tail", (validity, offsets, tail_offsets, values)))
             ends_at_fixed = False
     if ends_at_fixed:
@@ -706,15 +703,39 @@ def _array(
     global_offsets[:-1] = (offsets[:, :rows].astype(np.int64) + bases[:, None]).reshape(length)
     global_offsets[-1] = int(totals.sum())
     assert global_offsets[-1] < 1 << 31  # decode_entries takes less than 2 GiB per call
-    value_count = int(totals.sum())
-    index = np.repeat(starts - bases, totals) + np.arange(value_count)
-    values = reader.data[index] if value_count else np.zeros(0, dtype=np.uint8)
+    values = _gather_runs(reader.data, starts, totals)
     buffers = [
         _bitmap(validity),
         pa.py_buffer(global_offsets.astype(np.int32).tobytes()),
         pa.py_buffer(values.tobytes()),
     ]
     return pa.Array.from_buffers(arrow_type, length, buffers)
+
+
+GATHER_BYTES_MAX = 4 * 2**20
+"""Value bytes gathered per step by `_gather_runs`: its index takes 8 bytes per byte
+gathered, so a step's index stays under 32 MiB (one run longer than this, at most an entry's
+2 MiB, is one step), whatever a call's values add up to."""
+
+
+def _gather_runs(
+    data: npt.NDArray[np.uint8], starts: npt.NDArray[np.int64], lengths: npt.NDArray[np.int64]
+) -> npt.NDArray[np.uint8]:
+    """The runs `data[starts[i]:starts[i] + lengths[i]]` joined, gathered in steps of at most
+    GATHER_BYTES_MAX bytes (or one run)."""
+    ends = np.cumsum(lengths)
+    out = np.empty(int(ends[-1]) if len(ends) else 0, dtype=np.uint8)
+    first = done = 0
+    while first < len(lengths):
+        stop = max(first + 1, int(np.searchsorted(ends, done + GATHER_BYTES_MAX, side="right")))
+        step = lengths[first:stop]
+        size = int(ends[stop - 1]) - done
+        placed = ends[first:stop] - step - done  # where each run goes in this step
+        index = np.repeat(starts[first:stop] - placed, step) + np.arange(size)
+        out[done : done + size] = data[index]
+        done += size
+        first = stop
+    return out
 
 
 def _bitmap(bits: npt.NDArray[np.bool_] | None) -> pa.Buffer | None:
