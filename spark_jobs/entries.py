@@ -12,14 +12,23 @@ largest record (at most RECORD_ENTRIES_MAX). A record whose body does not parse 
 `EntriesBody.split`, so its error is `decode`'s own; its place among the errors is the one
 reading record by record gives (a damaged entry of an earlier record is named first).
 
+A clean file segment is read whole (spark_jobs/walread_segments.py: every frame and driver
+record header checked at once, no object per record): its chunks are slices of the segment's
+bytes, cut where the record-by-record path cuts them, and `_walk` finds the entries in place
+(frame and record headers lie between the records). Any other unit (a logsvc journal, verify
+`report`) or a segment that path refuses (damage, a torn tail, a skip record, version 1) is
+read record by record as before: the same chunks, entries and errors
+(tests/unit/spark_jobs/test_segment_records.py).
+
 What replay_as_of (local engine) and the rows and command levels read; the per-entry reader
 `walread.txn_entries` remains for the levels that want every entry as an object.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Protocol, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -27,9 +36,17 @@ import numpy.typing as npt
 from engine.wal.batch import KIND_DAMAGED, DecodedEntries, decode_entries_at
 from spark_jobs.errors import InputCorrupt
 from spark_jobs.filters import Range
-from spark_jobs.inputs import Unit
+from spark_jobs.inputs import BACKEND_FILE, Unit
 from spark_jobs.journal import VERIFY_REPORT
-from spark_jobs.records import BackendRecord, DriverRecord, driver_records, record_corrupt
+from spark_jobs.records import (
+    DECODES,
+    BackendRecord,
+    DriverRecord,
+    driver_records,
+    read_file,
+    record_corrupt,
+)
+from spark_jobs.walread_segments import SegmentRecords, segment_records
 from tae_driver import limits as driver_limits
 from tae_driver.errors import CorruptRecord
 from tae_driver.record import EntriesBody, EntriesRecord
@@ -54,7 +71,8 @@ class EntryChunk:
     decoded: DecodedEntries
     lsns: npt.NDArray[np.int64]
     """Per entry: the LSN of its backend record."""
-    records: list[BackendRecord]
+    records: Sequence[BackendRecord]
+    """The chunk's backend records (built one by one when asked, on the segment path)."""
     record_of: npt.NDArray[np.int64]
     """Per entry: its backend record (an index into `records`)."""
     data: bytes
@@ -101,17 +119,140 @@ def _payload_of(rec: BackendRecord) -> bytes:
     return rec.payload
 
 
+class RecordSink(Protocol):
+    """What `entry_chunks` shows the driver records it reads (the replay plan's input)."""
+
+    def add_record(self, found: DriverRecord) -> None:
+        """One record, as the per-record path reads it."""
+
+    def add_records(self, found: SegmentRecords) -> None:
+        """A segment's records, as the segment path reads them (all ENTRIES records or
+        markers, and TRUNCATE frames)."""
+
+
 def entry_chunks(
     unit: Unit,
     verify: str,
     lsns: Range,
     dsns: Range,
-    seen: Callable[[DriverRecord], None] | None = None,
+    seen: RecordSink | None = None,
 ) -> Iterator[EntryChunk]:
     """The entries of `unit` whose record's LSN `lsns` holds and whose DSN `dsns` holds.
     `seen`, when given, is shown every driver record as it is read (before its entries are
     chunked), so a caller can gather what it needs of the records in the same pass: an
-    ENTRIES record reaches it unsplit (`EntriesBody`), its body checked when its chunk is."""
+    ENTRIES record reaches it unsplit (`EntriesBody`), its body checked when its chunk is.
+
+    A clean file segment is read whole (spark_jobs/walread_segments.py: its frames and
+    records checked at once, shown to `seen` at once, its chunks cut from its bytes, no
+    object per record); any other unit, or a segment that path does not take, record by
+    record, with the same chunks, entries and errors."""
+    found = _segment_records(unit, verify, lsns)
+    if found is None:
+        yield from _record_chunks(unit, verify, lsns, dsns, seen)
+        return
+    DECODES.total += len(found)
+    if seen is not None:
+        seen.add_records(found)
+    yield from _segment_chunks(unit, verify, found, dsns)
+
+
+def _segment_records(unit: Unit, verify: str, lsns: Range) -> SegmentRecords | None:
+    if unit.backend != BACKEND_FILE or verify == VERIFY_REPORT:
+        return None
+    return segment_records(unit, read_file(unit.path), verify, lsns)
+
+
+def _segment_chunks(
+    unit: Unit, verify: str, found: SegmentRecords, dsns: Range
+) -> Iterator[EntryChunk]:
+    """The chunks of a segment read whole: the records cut where the per-record path cuts
+    them (after the record that brings the chunk to CHUNK_ENTRIES_MAX entries or
+    CHUNK_BYTES_MAX bytes), each chunk's bytes one slice of the segment's."""
+    sizes = found.payload_ends - found.payload_starts
+    count_sums = np.cumsum(found.counts)
+    size_sums = np.cumsum(sizes)
+    first = 0
+    while first < len(found):
+        counted = int(count_sums[first - 1]) if first else 0
+        sized = int(size_sums[first - 1]) if first else 0
+        last = min(
+            int(np.searchsorted(count_sums, counted + CHUNK_ENTRIES_MAX, side="left")),
+            int(np.searchsorted(size_sums, sized + CHUNK_BYTES_MAX, side="left")),
+            len(found) - 1,
+        )
+        stop = last + 1
+        lo, hi = int(found.payload_starts[first]), int(found.payload_ends[last])
+        records = _SegmentRecordsView(unit, found, first, stop)
+        chunk = _decode_chunk(
+            unit,
+            verify,
+            dsns,
+            found.data[lo:hi],
+            found.payload_starts[first:stop] - lo,
+            found.payload_ends[first:stop] - lo,
+            found.counts[first:stop],
+            found.start_dsns[first:stop],
+            found.lsns[first:stop],
+            records,
+            records.body,
+        )
+        if chunk is not None:
+            yield chunk
+        first = stop
+
+
+class _SegmentRecordsView(Sequence[BackendRecord]):
+    """Records [first, stop) of a segment read whole, as `BackendRecord`s made when asked
+    (an error names one; the commands level reads a few)."""
+
+    __slots__ = ("first", "found", "stop", "unit")
+
+    def __init__(self, unit: Unit, found: SegmentRecords, first: int, stop: int) -> None:
+        self.unit, self.found, self.first, self.stop = unit, found, first, stop
+
+    def __len__(self) -> int:
+        return self.stop - self.first
+
+    @overload
+    def __getitem__(self, index: int) -> BackendRecord: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[BackendRecord]: ...
+    def __getitem__(self, index: int | slice) -> BackendRecord | Sequence[BackendRecord]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(len(self))[index]]
+        if not -len(self) <= index < len(self):
+            raise IndexError(index)
+        at = self.first + index % len(self)
+        found = self.found
+        payload = found.data[int(found.payload_starts[at]) : int(found.payload_ends[at])]
+        return BackendRecord(
+            self.unit.segment,
+            int(found.offsets_bytes[at]),
+            int(found.lsns[at]),
+            None,
+            payload,
+            "record",
+        )
+
+    def body(self, index: int) -> EntriesBody:
+        """Record `index` unsplit, as the per-record path holds it."""
+        at = self.first + index
+        found = self.found
+        payload = self[index].payload
+        assert payload is not None
+        return EntriesBody(
+            int(found.start_dsns[at]), int(found.safe_dsns[at]), int(found.counts[at]), payload
+        )
+
+
+def _record_chunks(
+    unit: Unit,
+    verify: str,
+    lsns: Range,
+    dsns: Range,
+    seen: RecordSink | None,
+) -> Iterator[EntryChunk]:
+    """`entry_chunks` record by record."""
     pending = _Pending()
     records = driver_records(unit, verify, lsns, split=False)
     while True:
@@ -126,7 +267,7 @@ def entry_chunks(
                 _chunk(unit, verify, pending, dsns)
             raise
         if seen is not None:
-            seen(found)
+            seen.add_record(found)
         decoded = found.decoded
         if not isinstance(decoded, EntriesBody | EntriesRecord):
             continue
@@ -146,21 +287,51 @@ def _chunk(unit: Unit, verify: str, pending: _Pending, dsns: Range) -> EntryChun
     """The kept entries of the pending records decoded (None: none kept); raises the first
     damage (verify `true`/`false`): a damaged entry, or a record whose body does not parse."""
     payloads = [_payload_of(rec) for rec in pending.records]
-    data = b"".join(payloads)
     sizes = np.fromiter(map(len, payloads), dtype=np.int64, count=len(payloads))
     record_ends = np.cumsum(sizes)
-    counts = np.fromiter((b.count for b in pending.bodies), dtype=np.int64, count=len(sizes))
+    count = len(payloads)
+    return _decode_chunk(
+        unit,
+        verify,
+        dsns,
+        b"".join(payloads),
+        record_ends - sizes,
+        record_ends,
+        np.fromiter((b.count for b in pending.bodies), dtype=np.int64, count=count),
+        np.fromiter((b.start_dsn for b in pending.bodies), np.int64, count),
+        np.fromiter((r.lsn for r in pending.records), np.int64, count),
+        pending.records,
+        pending.bodies.__getitem__,
+    )
+
+
+def _decode_chunk(
+    unit: Unit,
+    verify: str,
+    dsns: Range,
+    data: bytes,
+    record_starts: npt.NDArray[np.int64],
+    record_ends: npt.NDArray[np.int64],
+    counts: npt.NDArray[np.int64],
+    first_dsns: npt.NDArray[np.int64],
+    lsn_of: npt.NDArray[np.int64],
+    records: Sequence[BackendRecord],
+    body_of: Callable[[int], EntriesBody | EntriesRecord],
+) -> EntryChunk | None:
+    """`_chunk` of records held in `data` (record `r` is `data[record_starts[r]:
+    record_ends[r]]`, rising, anything between them), with `counts[r]` entries from DSN
+    `first_dsns[r]`, backend record `records[r]` at LSN `lsn_of[r]`, unsplit body
+    `body_of(r)` (asked only for a body that does not parse, to name its damage)."""
     record_of = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
     within = np.arange(len(record_of), dtype=np.int64) - np.repeat(
         np.cumsum(counts) - counts, counts
     )
-    starts, ends, parsed = _walk(data, record_ends - sizes, record_ends, counts, record_of, within)
+    starts, ends, parsed = _walk(data, record_starts, record_ends, counts, record_of, within)
     bad = np.flatnonzero(~parsed)
-    first_bad = int(bad[0]) if len(bad) else len(payloads)
+    first_bad = int(bad[0]) if len(bad) else len(counts)
     # Only the entries of records before the first whose body does not parse (all of them,
     # when every one does) are decoded.
-    keep = None if first_bad == len(payloads) else record_of < first_bad
-    first_dsns = np.fromiter((b.start_dsn for b in pending.bodies), np.int64, len(counts))
+    keep = None if first_bad == len(counts) else record_of < first_bad
     entry_dsns = first_dsns[record_of] + within
     if dsns.lo is not None:
         above = entry_dsns >= dsns.lo
@@ -177,20 +348,17 @@ def _chunk(unit: Unit, verify: str, pending: _Pending, dsns: Range) -> EntryChun
         decoded = decode_entries_at(data, starts, ends, entry_dsns)
         if decoded.errors and verify != VERIFY_REPORT:
             first = int(np.flatnonzero(decoded.kinds == KIND_DAMAGED)[0])
-            rec = pending.records[int(record_of[first])]
+            rec = records[int(record_of[first])]
             raise InputCorrupt(unit.path, rec.offset_bytes, str(decoded.errors[first]))
-        lsn_of = np.fromiter((r.lsn for r in pending.records), np.int64, len(counts))
-        chunk = EntryChunk(
-            decoded, lsn_of[record_of], pending.records, record_of, data, starts, ends
-        )
-    if first_bad < len(payloads):
-        body = pending.bodies[first_bad]
+        chunk = EntryChunk(decoded, lsn_of[record_of], records, record_of, data, starts, ends)
+    if first_bad < len(counts):
+        body = body_of(first_bad)
         assert isinstance(body, EntriesBody)  # a split record's body parsed when it was split
         try:
             body.split()
         except CorruptRecord as exc:
-            raise record_corrupt(unit, pending.records[first_bad], exc) from None
-        raise AssertionError(f"the walk refused a body that splits: {pending.records[first_bad]}")
+            raise record_corrupt(unit, records[first_bad], exc) from None
+        raise AssertionError(f"the walk refused a body that splits: {records[first_bad]}")
     return chunk
 
 
@@ -202,17 +370,18 @@ def _walk(
     record_of: npt.NDArray[np.int64],
     within: npt.NDArray[np.int64],
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
-    """Every entry's [start, end) in `data` (the records' payloads joined; record `r` is
-    `data[record_starts[r]:record_ends[r]]`, with `counts[r]` entries; entry `i` is entry
-    `within[i]` of record `record_of[i]`), and whether each record's body parses: its
-    entries, each a u32 size then that many bytes, end exactly at its end (the check of
-    `EntriesBody.split`). The places given for a record that does not parse mean nothing.
+    """Every entry's [start, end) in `data` (the records' payloads, joined or in place with
+    other bytes between them; record `r` is `data[record_starts[r]:record_ends[r]]`, with
+    `counts[r]` entries; entry `i` is entry `within[i]` of record `record_of[i]`), and
+    whether each record's body parses: its entries, each a u32 size then that many bytes,
+    end exactly at its end (the check of `EntriesBody.split`). The places given for a record
+    that does not parse mean nothing.
 
     Step k reads the size prefix of entry k of every record that has one: with the records
     sorted by count (most first) those are a prefix of the arrays. Each step adds at least 4
     bytes, and a place past the data is clipped to one byte past it (whose padding reads as
-    size 0), so an entry running past its record leaves every later end past it: one test of
-    the last end per record is the whole check."""
+    size 0), so an entry running past its record leaves every later end past it (whatever
+    bytes lie after the record): one test of the last end per record is the whole check."""
     cap = len(data) + 1
     padded = np.frombuffer(data + bytes(_PREFIX_BYTES + 1), dtype=np.uint8)
     # The u32 at every byte up to `cap`: unaligned reads through a one-byte stride.

@@ -46,6 +46,7 @@ from spark_jobs.walread import (
     read_level,
     txn_entries,
 )
+from spark_jobs.walread_segments import SegmentRecords
 
 
 def logs_of(params: JobParams) -> list[tuple[str, int]]:
@@ -152,6 +153,22 @@ class PlanInput:
             [dsn for dsn, _ in pairs] if pairs else (),
             [lsn for _, lsn in pairs] if pairs else (),
         )
+
+    def add_records(self, found: SegmentRecords) -> None:
+        """`add_record` for every record of a segment read whole (its ENTRIES records and
+        markers, and its TRUNCATE frames), mapped as `record_fields` maps each."""
+        by_lsn, record = self.by_lsn, replay.DriverRecord
+        for lsn, start_dsn, count, safe_dsn, checksum in zip(
+            found.lsns.tolist(),
+            found.start_dsns.tolist(),
+            found.counts.tolist(),
+            found.safe_dsns.tolist(),
+            found.checksums.tolist(),
+            strict=True,
+        ):
+            by_lsn[lsn] = record(lsn, start_dsn, count, safe_dsn, checksum)
+        if len(found.truncate_lsns):
+            self.truncated = max(self.truncated, int(found.truncate_lsns.max()))
 
     def plan(self, where: str, base: replay.BaseState) -> replay.ReplayPlan:
         return replay.plan_replay(self.by_lsn.values(), self.skips, self.truncated, where, base)
@@ -485,7 +502,7 @@ def _replay_one_pass(
     dsn_lo = dsn_hi = None
     try:
         for unit in scope.units():
-            chunks = entry_chunks(unit, options.verify, Range(), Range(), gathered.add_record)
+            chunks = entry_chunks(unit, options.verify, Range(), Range(), gathered)
             for chunk in chunks:
                 decoded = chunk.decoded
                 chosen = np.flatnonzero(_transactions(decoded, options))

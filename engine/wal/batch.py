@@ -192,9 +192,9 @@ def decode_entries_at(
                 pa.py_buffer(data),
             ],
         )
-        candidates = _fast_candidates(reader, ends - starts)
-        candidates &= _checksums_ok(reader, candidates)
-        _decode_groups(reader, candidates, dsn_array, out, fast)
+        candidates, fields = _fast_candidates(reader, ends - starts)
+        candidates &= _checksums_ok(reader, candidates, fields.checksums)
+        _decode_groups(reader, candidates, fields, dsn_array, out, fast)
     for index in np.flatnonzero(~fast).tolist():
         _decode_one(reader, dsn_array, index, out)
     return out
@@ -208,6 +208,7 @@ _SHAPE = np.dtype(
             "type",
             "reserved",
             "body_len",
+            "checksum",
             "start_ts",
             "commit_ts",
             "memo_count",
@@ -227,6 +228,7 @@ _SHAPE = np.dtype(
             "<u4",
             "<u8",
             "<u8",
+            "<u8",
             "<u4",
             "<u4",
             "u1",
@@ -242,6 +244,7 @@ _SHAPE = np.dtype(
             _AT_TYPE,
             _AT_RESERVED,
             _AT_BODY_LEN,
+            _AT_CHECKSUM,
             _AT_START_TS,
             _AT_COMMIT_TS,
             _AT_MEMO_COUNT,
@@ -257,6 +260,25 @@ _SHAPE = np.dtype(
     }
 )
 """The fixed fields of the fast shape, as one numpy record per entry."""
+
+
+_IDS = np.dtype(
+    {
+        "names": ["start_ts", "commit_ts", "memo", "db_id", "table_id", "block_id", "offset"],
+        "formats": ["<u8", "<u8", ("<u8", (3,)), "<u8", "<u8", "<u8", "<u4"],
+        "offsets": [
+            _AT_START_TS,
+            _AT_COMMIT_TS,
+            _AT_MEMO,
+            _AT_DB_ID,
+            _AT_TABLE_ID,
+            _AT_INFO,
+            _AT_INFO + 8,
+        ],
+        "itemsize": _AT_DEFINITIONS,
+    }
+)
+"""The ids and timestamps of the fast shape that a decoded entry keeps, one record per entry."""
 
 
 class _Gather:
@@ -304,12 +326,31 @@ class _Gather:
         return raw.view(f"<u{width}").reshape(len(positions)).astype(np.uint64)
 
 
-def _fast_candidates(reader: _Gather, lengths: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
+@dataclass(frozen=True, slots=True)
+class _Fields:
+    """Fixed fields of the fast shape read once for every entry (0 where it is too short)."""
+
+    checksums: npt.NDArray[np.uint64]
+    column_counts: npt.NDArray[np.int64]
+    row_counts: npt.NDArray[np.int64]
+
+
+def _fast_candidates(
+    reader: _Gather, lengths: npt.NDArray[np.int64]
+) -> tuple[npt.NDArray[np.bool_], _Fields]:
     """Entries whose fixed fields are those of a valid one-append transaction (the columns and
-    the checksum are checked later)."""
+    the checksum are checked later), and the fixed fields the later steps read."""
     ok = (lengths >= _AT_DEFINITIONS) & (lengths <= limits.TXN_ENTRY_BYTES_MAX)
     long_enough = np.flatnonzero(ok)
     head = reader.prefix(long_enough, _AT_DEFINITIONS).view(_SHAPE).reshape(len(long_enough))
+    fields = _Fields(
+        np.zeros(len(lengths), dtype=np.uint64),
+        np.zeros(len(lengths), dtype=np.int64),
+        np.zeros(len(lengths), dtype=np.int64),
+    )
+    fields.checksums[long_enough] = head["checksum"]
+    fields.column_counts[long_enough] = head["column_count"]
+    fields.row_counts[long_enough] = head["rows"]
     sizes = lengths[long_enough]
     rows = head["rows"]
     columns = head["column_count"]
@@ -331,23 +372,27 @@ def _fast_candidates(reader: _Gather, lengths: npt.NDArray[np.int64]) -> npt.NDA
         & (columns >= 1)
         & (columns <= limits.COLUMNS_MAX)
     )
-    return ok
+    return ok, fields
 
 
-def _checksums_ok(reader: _Gather, candidates: npt.NDArray[np.bool_]) -> npt.NDArray[np.bool_]:
-    """The xxh3-64 of each candidate (its first 12 bytes, then its body) against its header.
-    In a copy of the buffer each candidate's first 12 bytes are moved up over its checksum
-    field, so that what it covers is one range, hashed with no bytes object made per entry
-    (slices of one memoryview; the loop runs in C: map and fromiter)."""
+def _checksums_ok(
+    reader: _Gather, candidates: npt.NDArray[np.bool_], stored: npt.NDArray[np.uint64]
+) -> npt.NDArray[np.bool_]:
+    """The xxh3-64 of each candidate (its first 12 bytes, then its body) against its header's
+    (`stored`). In a copy of the buffer each candidate's first 12 bytes are moved up over its
+    checksum field, so that what it covers is one range, hashed with no bytes object made per
+    entry (slices of one memoryview; the loop runs in C: map and fromiter)."""
     indexes = np.flatnonzero(candidates)
     ok = np.zeros(len(candidates), dtype=np.bool_)
     if not len(indexes):
         return ok
     starts = reader.starts[indexes]
     moved = reader.data.copy()
-    head = starts[:, None] + np.arange(_AT_CHECKSUM)
-    stored = np.ascontiguousarray(reader.bytes_at(starts + _AT_CHECKSUM, 8)).view("<u8")
-    moved[head + (codec.HEADER_BYTES - _AT_CHECKSUM)] = reader.data[head]
+    # The heads as rows of a sliding window (a view): one gather and one scatter of whole
+    # rows, no index per byte. The rows written do not overlap (entries are longer).
+    heads = np.lib.stride_tricks.sliding_window_view(reader.data, _AT_CHECKSUM)[starts]
+    targets = np.lib.stride_tricks.sliding_window_view(moved, _AT_CHECKSUM, writeable=True)
+    targets[starts + (codec.HEADER_BYTES - _AT_CHECKSUM)] = heads
     covered = memoryview(moved)  # type: ignore[arg-type]  # numpy's buffer protocol
     first = starts + (codec.HEADER_BYTES - _AT_CHECKSUM)
     found = np.fromiter(
@@ -358,7 +403,7 @@ def _checksums_ok(reader: _Gather, candidates: npt.NDArray[np.bool_]) -> npt.NDA
         dtype=np.uint64,
         count=len(indexes),
     )
-    ok[indexes] = stored.reshape(len(indexes)) == found
+    ok[indexes] = stored[indexes] == found
     return ok
 
 
@@ -382,6 +427,7 @@ def _decode_one(
 def _decode_groups(
     reader: _Gather,
     candidates: npt.NDArray[np.bool_],
+    fields: _Fields,
     dsns: npt.NDArray[np.int64],
     out: DecodedEntries,
     fast: npt.NDArray[np.bool_],
@@ -389,12 +435,7 @@ def _decode_groups(
     """Candidates grouped by their definitions' bytes (learned from an exemplar that
     `decode_entry` accepts), then by row count; each group's columns gathered at once."""
     waiting = candidates.copy()
-    pending = np.flatnonzero(candidates)
-    head = reader.prefix(pending, _AT_DEFINITIONS).view(_SHAPE).reshape(len(pending))
-    column_counts = np.zeros(len(candidates), dtype=np.int64)
-    column_counts[pending] = head["column_count"]
-    row_counts = np.zeros(len(candidates), dtype=np.int64)
-    row_counts[pending] = head["rows"]
+    column_counts, row_counts = fields.column_counts, fields.row_counts
     lengths = reader.ends - reader.starts
     for _ in range(DEFINITION_GROUPS_MAX):
         left = np.flatnonzero(waiting)
@@ -405,18 +446,19 @@ def _decode_groups(
         definitions = _definitions_of(reader.entry(exemplar), dsns[exemplar])
         if definitions is None:
             continue
-        raw = np.frombuffer(definitions, dtype=np.uint8)
-        size = len(raw)
+        size = len(definitions)
         columns = int(column_counts[exemplar])
         schema, kinds = _parse_definitions(memoryview(definitions), 0, columns)
         same = left[column_counts[left] == columns]
-        for rows in np.unique(row_counts[same]).tolist():
-            members = same[row_counts[same] == rows]
+        same_rows = row_counts[same]
+        one_count = bool((same_rows == same_rows[0]).all())  # the usual: no sort needed
+        for rows in [int(same_rows[0])] if one_count else np.unique(same_rows).tolist():
+            members = same if one_count else same[same_rows == rows]
             fixed, general = _fixed_bytes(kinds, rows)
             width = _AT_DEFINITIONS + size + fixed
             members = members[lengths[members] >= width]
             matrix = reader.prefix(members, width)
-            match = (matrix[:, _AT_DEFINITIONS : _AT_DEFINITIONS + size] == raw).all(axis=1)
+            match = _rows_equal(matrix[:, _AT_DEFINITIONS : _AT_DEFINITIONS + size], definitions)
             members, matrix = members[match], matrix[match]
             waiting[members] = False
             if not len(members):
@@ -426,6 +468,18 @@ def _decode_groups(
                 _decode_gathered(reader, group, out, fast)
             else:
                 _decode_sliced(reader, group, out, fast)
+
+
+def _rows_equal(matrix: npt.NDArray[np.uint8], expected: bytes) -> npt.NDArray[np.bool_]:
+    """Whether each row of `matrix` (n, len(expected)) is `expected`, byte for byte: each row
+    compared as one fixed-size byte string (numpy's `S` equality ignores only trailing NULs,
+    which two strings of one length can differ in only if they are equal)."""
+    size = len(expected)
+    if not size:
+        return np.ones(len(matrix), dtype=np.bool_)
+    rows = np.ascontiguousarray(matrix).view(f"S{size}").reshape(len(matrix))
+    found: npt.NDArray[np.bool_] = rows == np.bytes_(expected)
+    return found
 
 
 def _definitions_of(payload: bytes, dsn: np.int64) -> bytes | None:
@@ -531,10 +585,7 @@ def _decode_sliced(
             ok &= totals == offsets[:, rows]
             tail_offsets = np.zeros(n + 1, dtype=np.int64)
             np.cumsum(totals, out=tail_offsets[1:])
-            index = np.repeat(value_starts - tail_offsets[:-1], totals) + np.arange(
-                tail_offsets[-1]
-            )
-            values = pa.py_buffer(reader.data[index])
+            values = pa.py_buffer(_gather_runs(reader.data, value_starts, totals))
             layouts.append(("tail", (validity, offsets, tail_offsets, values)))
             ends_at_fixed = False
     if ends_at_fixed:
@@ -652,15 +703,39 @@ def _array(
     global_offsets[:-1] = (offsets[:, :rows].astype(np.int64) + bases[:, None]).reshape(length)
     global_offsets[-1] = int(totals.sum())
     assert global_offsets[-1] < 1 << 31  # decode_entries takes less than 2 GiB per call
-    value_count = int(totals.sum())
-    index = np.repeat(starts - bases, totals) + np.arange(value_count)
-    values = reader.data[index] if value_count else np.zeros(0, dtype=np.uint8)
+    values = _gather_runs(reader.data, starts, totals)
     buffers = [
         _bitmap(validity),
         pa.py_buffer(global_offsets.astype(np.int32).tobytes()),
         pa.py_buffer(values.tobytes()),
     ]
     return pa.Array.from_buffers(arrow_type, length, buffers)
+
+
+GATHER_BYTES_MAX = 4 * 2**20
+"""Value bytes gathered per step by `_gather_runs`: its index takes 8 bytes per byte
+gathered, so a step's index stays under 32 MiB (one run longer than this, at most an entry's
+2 MiB, is one step), whatever a call's values add up to."""
+
+
+def _gather_runs(
+    data: npt.NDArray[np.uint8], starts: npt.NDArray[np.int64], lengths: npt.NDArray[np.int64]
+) -> npt.NDArray[np.uint8]:
+    """The runs `data[starts[i]:starts[i] + lengths[i]]` joined, gathered in steps of at most
+    GATHER_BYTES_MAX bytes (or one run)."""
+    ends = np.cumsum(lengths)
+    out = np.empty(int(ends[-1]) if len(ends) else 0, dtype=np.uint8)
+    first = done = 0
+    while first < len(lengths):
+        stop = max(first + 1, int(np.searchsorted(ends, done + GATHER_BYTES_MAX, side="right")))
+        step = lengths[first:stop]
+        size = int(ends[stop - 1]) - done
+        placed = ends[first:stop] - step - done  # where each run goes in this step
+        index = np.repeat(starts[first:stop] - placed, step) + np.arange(size)
+        out[done : done + size] = data[index]
+        done += size
+        first = stop
+    return out
 
 
 def _bitmap(bits: npt.NDArray[np.bool_] | None) -> pa.Buffer | None:
@@ -673,34 +748,38 @@ def _record(
     group: _Group, batch: pa.RecordBatch, out: DecodedEntries, fast: npt.NDArray[np.bool_]
 ) -> None:
     members, rows = group.members, group.rows
-    matrix = group.matrix
-
-    def u(at: int, width: int) -> npt.NDArray[np.uint64]:
-        raw = np.ascontiguousarray(matrix[:, at : at + width])
-        return raw.view(f"<u{width}").reshape(len(members)).astype(np.uint64)
-
-    table_ids = u(_AT_TABLE_ID, 8)
-    block_ids = u(_AT_INFO, 8)
-    offsets = u(_AT_INFO + 8, 4)
+    head = np.ascontiguousarray(group.matrix[:, :_AT_DEFINITIONS]).view(_IDS)
+    head = head.reshape(len(members))
+    table_ids = head["table_id"]
+    block_ids = head["block_id"]
+    offsets = head["offset"].astype(np.uint64)
     out.kinds[members] = KIND_FAST
     out.is_txn[members] = True
-    out.start_ts[members] = u(_AT_START_TS, 8)
-    out.commit_ts[members] = u(_AT_COMMIT_TS, 8)
-    out.db_ids[members] = u(_AT_DB_ID, 8)
-    for column in range(3):
-        out.memo[members, column] = u(_AT_MEMO + 8 * column, 8)
+    out.start_ts[members] = head["start_ts"]
+    out.commit_ts[members] = head["commit_ts"]
+    out.db_ids[members] = head["db_id"]
+    out.memo[members] = head["memo"]
     fast[members] = True
     row_in_info = np.arange(rows, dtype=np.uint64)
-    for table_id in np.unique(table_ids).tolist():
-        chosen = np.flatnonzero(table_ids == table_id)
-        whole = len(chosen) == len(members)
-        row_index = (chosen[:, None] * rows + np.arange(rows)).reshape(-1)
+    first_table = table_ids[0]
+    # Most groups append to one table: one comparison instead of a sort or hash.
+    one_table = bool((table_ids == first_table).all())
+    for table_id in [int(first_table)] if one_table else np.unique(table_ids).tolist():
+        if one_table:
+            chosen_members, chosen_blocks, chosen_offsets = members, block_ids, offsets
+            columns = batch
+        else:
+            chosen = np.flatnonzero(table_ids == table_id)
+            chosen_members, chosen_blocks = members[chosen], block_ids[chosen]
+            chosen_offsets = offsets[chosen]
+            row_index = (chosen[:, None] * rows + np.arange(rows)).reshape(-1)
+            columns = batch.take(arrow_array(row_index))
         out.tables.append(
             TableRows(
                 table_id=int(table_id),
-                entries=np.repeat(members[chosen], rows),
-                block_ids=np.repeat(block_ids[chosen], rows),
-                offsets=(offsets[chosen][:, None] + row_in_info).reshape(-1),
-                columns=batch if whole else batch.take(arrow_array(row_index)),
+                entries=np.repeat(chosen_members, rows),
+                block_ids=np.repeat(chosen_blocks, rows),
+                offsets=(chosen_offsets[:, None] + row_in_info).reshape(-1),
+                columns=columns,
             )
         )
