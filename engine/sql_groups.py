@@ -265,6 +265,8 @@ class GroupTable:
     def _slots(self, keys: pa.Array) -> np.ndarray | None:
         """Each row's slot (NULL keys: 0), growing the state for keys not seen; None when
         the groups would outgrow `SQL_GROUPS_MAX`."""
+        if keys.type == pa.bool_():
+            keys = keys.cast(pa.int8())  # (false 0, true 1: DuckDB's order too)
         valid = keys.is_valid().to_numpy(zero_copy_only=False) if keys.null_count else None
         numbers = _int64(pc.fill_null(keys, 0) if valid is not None else keys)
         present = numbers[valid] if valid is not None else numbers

@@ -25,12 +25,14 @@ from __future__ import annotations
 import struct
 from typing import Any
 
+import duckdb
 import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from engine import limits, sql, sql_aggregates, sql_databases, sql_grouped, sql_groups
+from engine.schema import Column, Schema
 from engine.txn import Transaction
 from tests.unit.engine.test_sql import run, settle
 from tests.unit.engine.test_sql_aggregates import (
@@ -317,3 +319,46 @@ def test_group_state_over_parts_equals_a_python_model(
     keys = sorted(k for k in model if k is not None) + ([None] if None in model else [])
     want = [{"k": k, "n": model[k][0], "s": model[k][1], "m": model[k][2]} for k in keys]
     assert got == want
+
+
+def test_a_boolean_group_column_with_its_null_group_is_duckdbs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    spy = Spy(monkeypatch)
+    flags = Schema(
+        [Column("id", "int64"), Column("flag", "bool", nullable=True), Column("v", "int64")],
+        primary_key=["id"],
+    )
+
+    async def main() -> None:
+        eng = await open_engine()
+        try:
+            async with eng.transaction() as txn:
+                await txn.create_table("shop", "flags", flags)
+                drawn = [[True, False, None][i % 3] for i in range(100)]
+                await txn.table("shop", "flags").insert(
+                    pa.table(
+                        {"id": range(100), "flag": drawn, "v": [i * 2**56 for i in range(100)]},
+                        schema=flags.to_arrow(),
+                    )
+                )
+            async with eng.snapshot(eng.visible_ts) as view:
+                whole = await view.table("shop", "flags").scan()
+            con = duckdb.connect(config={"threads": 1})
+            con.register("whole", whole)
+            con.execute("create schema shop; create view shop.flags as select * from whole")
+            for order in ("order by flag", "order by flag desc nulls first"):
+                query = (
+                    f"select flag, count(*), sum(v), max(id) from shop.flags group by flag {order}"
+                )
+                got = await eng.sql(query)
+                assert identical(got, con.sql(query).to_arrow_table()), got.to_pylist()
+                assert got.column("flag").to_pylist()[0] == (
+                    False if order == "order by flag" else None
+                )
+            con.close()
+            assert spy.answered == 2
+        finally:
+            await eng.close()
+
+    run(main)
