@@ -27,7 +27,8 @@ When the answer is DuckDB's (`bind`, then `GroupTable.result`; anything else is 
   high 32 bits and low 32 bits, summed in int64 per group, which cannot overflow below 2^31
   rows), sums of DOUBLE (additions in row order from +0.0 per group: `numpy.add.at` adds
   element after element, as DuckDB's hash aggregate does on the one thread its databases
-  run), min and max of integer columns;
+  run: checked bit for bit against DuckDB 2.0 at one thread with 1,000 to 1M groups over
+  2-4M rows of order-sensitive values, 2026-11-27), min and max of integer columns;
 * at most `limits.SQL_GROUPS_MAX` groups and 2^31 - 1 rows: past either, `add` says so and
   the query goes to DuckDB (which can spill), so the state here stays bounded.
 
