@@ -7,7 +7,9 @@ part (up to a group of persisted blocks, `limits.SCAN_GROUP_ROWS`) at a time. Ea
 folded into the group state on a query thread while the loop scans the next one, so the
 loop never runs numpy over millions of rows and two cores stay busy; memory holds the state
 and two parts of the columns read, never the table. The parts are folded one after another
-in scan order (a DOUBLE sum's additions are in row order, as DuckDB's).
+in scan order (a DOUBLE sum's additions are in row order, as DuckDB's). The query holds
+its direct-path database (engine/sql_direct.py) until it is answered, so grouped queries
+count against `limits.SQL_QUERIES_MAX` like every other query (past it: `Overloaded`).
 """
 
 from __future__ import annotations

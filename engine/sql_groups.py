@@ -17,9 +17,10 @@ nothing but key bounds, so the rows grouped are exactly the rows DuckDB would gr
 
 When the answer is DuckDB's (`bind`, then `GroupTable.result`; anything else is DuckDB's):
 
-* the group column is an integer column of at most 32 unsigned or 64 signed bits, or a
-  BOOLEAN; NULL keys form one group (DuckDB's); the groups come out by key ascending, NULL
-  last, unless ORDER BY says otherwise (DuckDB's GROUP BY has no order of its own: without
+* the group column is an integer column of at most 32 unsigned or 64 signed bits, a
+  BOOLEAN or a VARCHAR (ordered by code point, as DuckDB's byte order of UTF-8); NULL keys
+  form one group (DuckDB's); the groups come out by key ascending, NULL last, unless ORDER
+  BY says otherwise (DuckDB's GROUP BY has no order of its own: without
   ORDER BY the answer is the same set of rows);
 * the aggregates are the ones engine/sql_aggregates.py computes exactly, with the types it
   checks against DuckDB's answer schema (read from running the query over no rows):
@@ -35,7 +36,8 @@ When the answer is DuckDB's (`bind`, then `GroupTable.result`; anything else is 
 Memory. The state is per group: a row count, and per aggregate one or two arrays of 8 bytes
 a group. Keys map to group slots directly (`key - base`) while their span is at most
 `limits.SQL_GROUP_DENSE_SLOTS_MAX`, else through a sorted array of the keys seen
-(`numpy.searchsorted`). Slot 0 is the NULL key's.
+(`numpy.searchsorted`); texts through a dict, looked up once per distinct text of a batch
+(`pyarrow.compute.dictionary_encode`). Slot 0 is the NULL key's.
 """
 
 from __future__ import annotations
@@ -51,8 +53,12 @@ import pyarrow.compute as pc
 from engine import limits
 from engine.sql_aggregates import HUGEINT, INTEGERS, SIGNED, Aggregate, aggregate_of
 
-_KEY_TYPES = (*SIGNED, pa.uint8(), pa.uint16(), pa.uint32(), pa.bool_())
+_NUMBER_KEYS = (*SIGNED, pa.uint8(), pa.uint16(), pa.uint32(), pa.bool_())
 """Group column types whose values all fit an int64 (and whose order is numpy's)."""
+_TEXT_KEYS = (pa.string(), pa.large_string())
+"""VARCHAR group columns: DuckDB orders them byte by byte (UTF-8), which is code point
+order, Python's."""
+_KEY_TYPES = (*_NUMBER_KEYS, *_TEXT_KEYS)
 
 _ROWS_MAX = (1 << 31) - 1
 """Rows one query groups here: the int64 sums of 32-bit halves cannot overflow below it."""
@@ -225,6 +231,10 @@ class GroupTable:
         """Dense slots: key `base + i` is slot `i + 1`; None until a key is seen."""
         self.known: np.ndarray | None = None
         """Sorted keys (slot `i + 1` is `known[i]`), once their span outgrew dense slots."""
+        self.texts: dict[str, int] | None = {} if bound.types[bound.key] in _TEXT_KEYS else None
+        """For a VARCHAR group column: each text's slot (first seen, first numbered)."""
+        self.text_keys: list[str] = []
+        """The texts by slot - 1."""
         self.rows = np.zeros(1, dtype=np.int64)
         self.states: dict[tuple[str, str], list[np.ndarray]] = {}
         """Per distinct (function, column): its arrays of one value a slot (`_fresh`)."""
@@ -255,7 +265,8 @@ class GroupTable:
         for batch in part.to_batches():  # (every column chunked alike, zero copy)
             if batch.num_rows == 0:
                 continue
-            slots = self._slots(batch.column(self.bound.key))
+            keys = batch.column(self.bound.key)
+            slots = self._slots(keys) if self.texts is None else self._text_slots(keys)
             if slots is None:
                 return False
             self.rows += _count(slots, len(self.rows))
@@ -313,6 +324,34 @@ class GroupTable:
             slots[valid] = found + 1
         return slots
 
+    def _text_slots(self, keys: pa.Array) -> np.ndarray | None:
+        """`_slots` of a VARCHAR column: the batch's distinct texts (dictionary encoded,
+        NULLs left NULL) looked up once each, then every row's slot by its index."""
+        assert self.texts is not None
+        encoded = pc.dictionary_encode(keys)
+        texts = self.texts
+        mapping = np.empty(len(encoded.dictionary), dtype=np.intp)
+        for i, text in enumerate(encoded.dictionary.to_pylist()):
+            slot = texts.get(text)
+            if slot is None:
+                if len(texts) >= limits.SQL_GROUPS_MAX:
+                    return None
+                slot = texts[text] = len(texts) + 1
+                self.text_keys.append(text)
+            mapping[i] = slot
+        if len(texts) + 1 > len(self.rows):  # (doubling: a copy per doubling, not per text)
+            old = np.arange(1, len(self.rows))
+            self._remap(max(len(texts) + 1, 2 * len(self.rows)), old, old)
+        indices = encoded.indices
+        if not indices.null_count:
+            found: np.ndarray = mapping[indices.to_numpy()]
+            return found
+        slots = np.zeros(len(indices), dtype=np.intp)
+        slots[indices.is_valid().to_numpy(zero_copy_only=False)] = mapping[
+            indices.drop_null().to_numpy()
+        ]
+        return slots
+
     def _to_sorted(self) -> None:
         """Dense slots to sorted keys: only the slots in use are kept."""
         used = np.flatnonzero(self.rows[1:])
@@ -338,7 +377,11 @@ class GroupTable:
         """The answer in DuckDB's answer `schema` (`answers_in` held): one row per group,
         by key ascending with NULL last unless the query's ORDER BY says otherwise."""
         used = np.flatnonzero(self.rows[1:]) + 1
-        if self.known is not None:
+        if self.texts is not None:
+            texts = self.text_keys
+            used = np.array(sorted(used.tolist(), key=lambda slot: texts[slot - 1]), dtype=np.intp)
+            keys = np.zeros(len(used), dtype=np.int64)  # (unused: the texts are the keys)
+        elif self.known is not None:
             keys = self.known[used - 1]
         else:
             keys = (used - 1 + (self.base or 0)).astype(np.int64)
@@ -352,7 +395,12 @@ class GroupTable:
         for item, column, field in zip(
             self.bound.grouping.items, self.bound.columns, schema, strict=True
         ):
-            if isinstance(item, KeyColumn):
+            if isinstance(item, KeyColumn) and self.texts is not None:
+                texts = self.text_keys
+                values = pa.array(
+                    [texts[slot - 1] if slot else None for slot in used.tolist()], type=field.type
+                )
+            elif isinstance(item, KeyColumn):
                 values = pa.array(keys, type=pa.int64(), mask=used == 0).cast(field.type)
             elif column is None:
                 values = pa.array(self.rows[used], type=pa.int64())
