@@ -355,6 +355,10 @@ SQL_GROUPS_MAX = 1 << 20
 is ~8-24 bytes per group per aggregate plus a row count, so tens of MiB at most. A query
 that finds more is handed to DuckDB (which hashes them with its own memory limit)."""
 
+SQL_GROUP_TEXT_BYTES_MAX = 64 * MiB
+"""Bytes of distinct VARCHAR group keys such a GROUP BY keeps (UTF-8; each also costs a
+Python str and a dict entry, ~100 bytes): past it, DuckDB answers instead."""
+
 SQL_GROUP_DENSE_SLOTS_MAX = 1 << 16
 """Span of group keys (largest - smallest + 1) whose groups are kept in one slot per key
 value (slot = key - smallest: no lookup per row), 512 KiB per state array; a wider span

@@ -30,7 +30,8 @@ When the answer is DuckDB's (`bind`, then `GroupTable.result`; anything else is 
   element after element, as DuckDB's hash aggregate does on the one thread its databases
   run: checked bit for bit against DuckDB 2.0 at one thread with 1,000 to 1M groups over
   2-4M rows of order-sensitive values, 2026-11-27), min and max of integer columns;
-* at most `limits.SQL_GROUPS_MAX` groups and 2^31 - 1 rows: past either, `add` says so and
+* at most `limits.SQL_GROUPS_MAX` groups (and `SQL_GROUP_TEXT_BYTES_MAX` of texts) and
+  2^31 - 1 rows: past any, `add` says so and
   the query goes to DuckDB (which can spill), so the state here stays bounded.
 
 Memory. The state is per group: a row count, and per aggregate one or two arrays of 8 bytes
@@ -235,6 +236,8 @@ class GroupTable:
         """For a VARCHAR group column: each text's slot (first seen, first numbered)."""
         self.text_keys: list[str] = []
         """The texts by slot - 1."""
+        self.text_bytes = 0
+        """Their UTF-8 bytes (bounded by `SQL_GROUP_TEXT_BYTES_MAX`)."""
         self.rows = np.zeros(1, dtype=np.int64)
         self.states: dict[tuple[str, str], list[np.ndarray]] = {}
         """Per distinct (function, column): its arrays of one value a slot (`_fresh`)."""
@@ -334,7 +337,10 @@ class GroupTable:
         for i, text in enumerate(encoded.dictionary.to_pylist()):
             slot = texts.get(text)
             if slot is None:
+                self.text_bytes += len(text.encode())
                 if len(texts) >= limits.SQL_GROUPS_MAX:
+                    return None
+                if self.text_bytes > limits.SQL_GROUP_TEXT_BYTES_MAX:
                     return None
                 slot = texts[text] = len(texts) + 1
                 self.text_keys.append(text)

@@ -235,6 +235,13 @@ def test_double_sums_run_across_parts_in_row_order_and_many_groups_go_to_duckdb(
             found = await eng.sql(many)
             assert calls  # (DuckDB ran it)
             assert spy.answered == 2
+            monkeypatch.setattr(limits, "SQL_GROUPS_MAX", 1 << 20)
+            monkeypatch.setattr(limits, "SQL_GROUP_TEXT_BYTES_MAX", 3)  # (two texts of two bytes)
+            texts = "select s, count(*) from shop.t group by s order by s"
+            calls.clear()
+            assert (await eng.sql(texts)).num_rows == 5  # s0 to s3 and NULL
+            assert calls
+            assert spy.answered == 2
             assert found.column("id").to_pylist() == list(range(3000))
             for left in (
                 "select a, sum(u) from shop.t group by a",
