@@ -272,9 +272,10 @@ class GroupTable:
             slots = self._slots(keys) if self.texts is None else self._text_slots(keys)
             if slots is None:
                 return False
-            self.rows += _count(slots, len(self.rows))
+            counts = _count(slots, len(self.rows))
+            self.rows += counts
             for (function, column), arrays in self.states.items():
-                _fold(function, arrays, slots, batch.column(column))
+                _fold(function, arrays, slots, counts, batch.column(column))
         return True
 
     def _slots(self, keys: pa.Array) -> np.ndarray | None:
@@ -285,9 +286,8 @@ class GroupTable:
         valid = keys.is_valid().to_numpy(zero_copy_only=False) if keys.null_count else None
         numbers = _int64(pc.fill_null(keys, 0) if valid is not None else keys)
         present = numbers[valid] if valid is not None else numbers
-        slots = np.zeros(len(numbers), dtype=np.intp)
         if len(present) == 0:
-            return slots
+            return np.zeros(len(numbers), dtype=np.intp)
         low, high = int(present.min()), int(present.max())
         if self.known is None:
             base = low if self.base is None else min(self.base, low)
@@ -302,8 +302,8 @@ class GroupTable:
                 dense = (numbers - base + 1).astype(np.intp, copy=False)
                 if valid is None:
                     return dense
-                slots[valid] = dense[valid]
-                return slots
+                dense[~valid] = 0
+                return dense
             self._to_sorted()
         assert self.known is not None
         found = np.searchsorted(self.known, present)
@@ -321,6 +321,7 @@ class GroupTable:
             )
             self.known = merged
             found = np.searchsorted(merged, present)
+        slots = np.zeros(len(numbers), dtype=np.intp)
         if valid is None:
             slots[:] = found + 1
         else:
@@ -417,12 +418,20 @@ class GroupTable:
         return pa.Table.from_arrays(arrays, schema=schema)
 
 
-def _fold(function: str, arrays: list[np.ndarray], slots: np.ndarray, values: pa.Array) -> None:
-    """One batch of one aggregate's column into its state arrays (`GroupTable._fresh`)."""
+def _fold(
+    function: str,
+    arrays: list[np.ndarray],
+    slots: np.ndarray,
+    counts: np.ndarray,
+    values: pa.Array,
+) -> None:
+    """One batch of one aggregate's column into its state arrays (`GroupTable._fresh`);
+    `counts`: the batch's rows per slot (its non-NULL counts when it has no NULL)."""
     if values.null_count:
         slots = slots[values.is_valid().to_numpy(zero_copy_only=False)]
         values = values.drop_null()
-    arrays[0] += _count(slots, len(arrays[0]))
+        counts = _count(slots, len(arrays[0]))
+    arrays[0] += counts
     if function == "count" or len(slots) == 0:
         return
     if values.type == pa.float64():
