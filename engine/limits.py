@@ -366,6 +366,20 @@ SQL_TEMPLATE_SCHEMAS_MAX = 8
 """Table schemas per template whose answer schema is kept (a table's schema rarely
 changes); past it the answer schema is found again per query."""
 
+SQL_GROUPS_MAX = 1 << 20
+"""Groups a GROUP BY the engine answers itself may have (engine/sql_groups.py): its state
+is ~8-24 bytes per group per aggregate plus a row count, so tens of MiB at most. A query
+that finds more is handed to DuckDB (which hashes them with its own memory limit)."""
+
+SQL_GROUP_TEXT_BYTES_MAX = 64 * MiB
+"""Bytes of distinct VARCHAR group keys such a GROUP BY keeps (UTF-8; each also costs a
+Python str and a dict entry, ~100 bytes): past it, DuckDB answers instead."""
+
+SQL_GROUP_DENSE_SLOTS_MAX = 1 << 16
+"""Span of group keys (largest - smallest + 1) whose groups are kept in one slot per key
+value (slot = key - smallest: no lookup per row), 512 KiB per state array; a wider span
+switches to a sorted array of the keys seen, searched per row (a few times slower)."""
+
 SQL_PULL_WAIT_S_MAX = 600.0
 """Longest a DuckDB thread waits for the engine's loop to produce one part of a scan (a
 group of whole objects loaded through the cache: seconds from S3 at worst); past it the
@@ -391,5 +405,6 @@ assert STANDBY_TAIL_ATTEMPTS_MAX >= 1
 assert SQL_QUERIES_MAX >= 1 and SQL_THREADS_MAX >= 1
 assert SQL_RESULT_BYTES_MAX <= SQL_MEMORY_BYTES_MAX
 assert SQL_INLINE_ROWS_MAX <= SQL_DIRECT_ROWS_MAX
+assert SQL_GROUP_DENSE_SLOTS_MAX <= SQL_GROUPS_MAX
 assert 0 <= HISTORY_RETENTION_MS <= HISTORY_RETENTION_MS_MAX
 assert CKP_HISTORY_RETAINED_MAX > CKP_RETAINED

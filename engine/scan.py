@@ -22,7 +22,7 @@ engine/test_scan_key_path.py checks them against each other and a model).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -112,7 +112,7 @@ async def scan_stream(
     columns: Sequence[str] | None,
     filter: pc.Expression | None,
     counts: ScanCounts | None = None,
-) -> AsyncIterator[pa.Table]:
+) -> AsyncGenerator[pa.Table, None]:
     """`scan`'s rows as they are made, one table per group of persisted blocks and one for
     the rest (SQL reads a table through it, engine/sql.py): memory holds one group, not the
     table. The transaction is busy while each part is made, not between parts, so two

@@ -25,7 +25,10 @@ the Dataset. A key filter (`id = 5`, `id >= a and id < b`) takes the scan's key 
 The direct path. A query over one table whose WHERE bounds the integer key is answered
 before any of this (engine/sql_direct.py, engine/sql_keys.py): the engine reads the key rows
 and DuckDB runs over just them, or, for a list of columns or plain aggregates, does not run
-at all. `python -m engine.bench scan` times the four queries through `sql` against DuckDB's
+at all; a GROUP BY of one integer, BOOLEAN or VARCHAR column with plain integer or DOUBLE
+aggregates and no WHERE or one of key bounds is grouped by the engine over its scan
+(engine/sql_groups.py).
+`python -m engine.bench scan` times the four queries through `sql` against DuckDB's
 native table in the same run (README, "The engine's reads against DuckDB").
 
 Threads. DuckDB runs each query on one thread (`limits.SQL_THREADS_MAX` says what two

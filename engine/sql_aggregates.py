@@ -44,9 +44,9 @@ import pyarrow.compute as pc
 
 _FUNCTIONS = frozenset({"count_star", "count", "sum", "min", "max"})
 
-_SIGNED = (pa.int8(), pa.int16(), pa.int32(), pa.int64())
-_INTEGERS = (*_SIGNED, pa.uint8(), pa.uint16(), pa.uint32(), pa.uint64())
-_HUGEINT = pa.decimal128(38, 0)
+SIGNED = (pa.int8(), pa.int16(), pa.int32(), pa.int64())
+INTEGERS = (*SIGNED, pa.uint8(), pa.uint16(), pa.uint32(), pa.uint64())
+HUGEINT = pa.decimal128(38, 0)
 """How DuckDB hands a HUGEINT to Arrow (its `sum` of an integer column)."""
 
 
@@ -77,14 +77,16 @@ def select_aggregates(node: dict[str, Any]) -> tuple[Aggregate, ...] | None:
         return None
     out: list[Aggregate] = []
     for item in node.get("select_list") or []:
-        found = _aggregate(item)
+        found = aggregate_of(item)
         if found is None:
             return None
         out.append(found)
     return tuple(out) if out else None
 
 
-def _aggregate(item: Any) -> Aggregate | None:
+def aggregate_of(item: Any) -> Aggregate | None:
+    """A select-list item that is one plain aggregate of a column (module docstring), as
+    an `Aggregate`; None for anything else (engine/sql_groups.py's select lists too)."""
     if not isinstance(item, dict) or item.get("class") != "FUNCTION":
         return None
     function = item.get("function_name")
@@ -149,7 +151,7 @@ def _one(function: str, values: pa.ChunkedArray) -> tuple[object, pa.DataType] |
     if function == "count":
         return values.length() - values.null_count, pa.int64()
     if function in ("min", "max"):
-        if type_ not in _INTEGERS:
+        if type_ not in INTEGERS:
             return None
         if values.length() == values.null_count:
             return None, type_
@@ -158,9 +160,9 @@ def _one(function: str, values: pa.ChunkedArray) -> tuple[object, pa.DataType] |
     assert function == "sum"
     if type_ == pa.float64():
         return _double_sum(values), type_
-    if type_ not in _SIGNED:
+    if type_ not in SIGNED:
         return None
-    return _integer_sum(values), _HUGEINT
+    return _integer_sum(values), HUGEINT
 
 
 def _double_sum(values: pa.ChunkedArray) -> float | None:

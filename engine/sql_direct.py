@@ -14,8 +14,11 @@ otherwise. Without DuckDB at all: a query that only lists columns with a WHERE o
 bounds alone is answered with the rows, in DuckDB's answer schema (found once by running
 the query over no rows; any type DuckDB would change keeps DuckDB running); a query of
 plain aggregates (count, sum, min, max) with such a WHERE is answered by
-engine/sql_aggregates.py where its result is DuckDB's own, bit for bit. Anything else, and
-any DuckDB error here, is streamed (engine/sql.py), so errors read as they always did.
+engine/sql_aggregates.py where its result is DuckDB's own, bit for bit. A GROUP BY of one
+column with such aggregates, over the whole table or a WHERE of key bounds alone, is grouped
+by the engine (engine/sql_groups.py, scanned by engine/sql_grouped.py: no row bound, a part
+at a time), again only where the answer is DuckDB's. Anything else, and any DuckDB error
+here, is streamed (engine/sql.py), so errors read as they always did.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from engine import limits, sql_aggregates, sql_keys
+from engine import limits, sql_aggregates, sql_grouped, sql_groups, sql_keys
 from engine import sql_databases as databases
 from engine.errors import SqlError
 from engine.scan import ScanCounts, integer_key, key_point, key_rows_bound, scan_stream
@@ -130,10 +133,16 @@ async def answer(
         if target is None:
             return None
         db, name, handle = target
+        schema = databases.arrow_schema(handle.schema)
+        if plan.grouping is not None:
+            grouped = await _grouped(
+                duckdb, conn, entry, tables, target, schema, values, query, scans
+            )
+            if grouped is not None:
+                return grouped
         key = integer_key(handle)
         if key is None:
             return None
-        schema = databases.arrow_schema(handle.schema)
         bounds = sql_keys.key_bounds(plan, key, schema.names, values)
         if bounds is None:
             return None
@@ -220,6 +229,60 @@ async def answer(
     finally:
         conn.release()
         _ROWS_POOL.give(conn, healthy=running is None or running.done())
+
+
+async def _grouped(
+    duckdb: Any,
+    conn: databases.Connection,
+    entry: _Template,
+    tables: list[tuple[str, str, TableHandle]],
+    target: tuple[str, str, TableHandle],
+    schema: pa.Schema,
+    values: tuple[int, ...],
+    query: str,
+    scans: list[databases.ScanReport] | None,
+) -> pa.Table | None:
+    """A GROUP BY engine/sql_groups.py answers, over the whole table or the rows its WHERE
+    of key bounds alone keeps (engine/sql_grouped.py scans them); None when it is not one."""
+    plan = entry.plan
+    assert plan is not None and plan.grouping is not None
+    db, name, handle = target
+    names = {c.lower(): c for c in schema.names}
+    bound = sql_groups.bind(
+        plan.grouping, lambda parts: sql_keys.column_of(parts, plan.binding, names), schema
+    )
+    if bound is None or not plan.exact:
+        return None
+    key_filter: pc.Expression | None = None
+    nothing = False
+    if plan.conjuncts:
+        key = integer_key(handle)
+        if key is None:
+            return None
+        bounds = sql_keys.key_bounds(plan, key, schema.names, values)
+        if bounds is None or not bounds.exact:
+            return None
+        key_type = schema.field(key).type
+        low, high = _type_min(key_type), _type_max(key_type)
+        lo, hi = max(bounds.lo, low), min(bounds.hi, high)
+        field = pc.field(key)
+        nothing = lo > hi
+        if lo > low:
+            key_filter = field >= pa.scalar(lo, key_type)
+        if hi < high:
+            upper = field <= pa.scalar(hi, key_type)
+            key_filter = upper if key_filter is None else key_filter & upper
+        if bounds.points is not None and not nothing:
+            listed = field.isin(pa.array(sorted(bounds.points), type=key_type))
+            key_filter = listed if key_filter is None else key_filter & listed
+    answer_schema = _empty_answer(
+        duckdb, conn, entry, tables, db, name, handle.schema, schema, query
+    )
+    if answer_schema is None or not sql_groups.answers_in(bound, answer_schema):
+        return None
+    return await sql_grouped.answer(
+        handle, bound, key_filter, answer_schema, scans, nothing=nothing
+    )
 
 
 def _rows_answer(duckdb: Any, conn: databases.Connection, query: str) -> pa.Table | None:

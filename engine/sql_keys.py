@@ -24,7 +24,9 @@ one SELECT over one base table (no join, subquery, CTE, set operation, table sam
 travel clause or column aliases on the table). The rows are handed over without running
 DuckDB (`KeyPlan.projection`) only when the WHERE is nothing but such key conjuncts and the
 query is nothing but a list of that table's columns (no DISTINCT, ORDER BY, LIMIT, GROUP BY,
-HAVING, QUALIFY or expression).
+HAVING, QUALIFY or expression). A GROUP BY engine/sql_groups.py answers gets a plan even
+with no key conjunct (`KeyPlan.grouping`: it scans the whole table); its WHERE must still be
+nothing but key bounds.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.sql_aggregates import Aggregate, plain_select, select_aggregates
+from engine.sql_groups import Grouping, select_grouping
 
 _PLAIN_INT = re.compile(r"[0-9]{1,18}(?![0-9A-Za-z_.])")
 """A decimal integer literal that is exactly its digits (18 fit any int64; DuckDB reads a
@@ -93,7 +96,9 @@ class KeyPlan:
     query that is only a list of columns (each a reference, or None for `*`), that list,
     else None; `cheap`: made only of `_CHEAP_FUNCTIONS` and plain comparisons;
     `aggregates`: for a query that is only a list of plain aggregates of columns
-    (engine/sql_aggregates.py), those, else None."""
+    (engine/sql_aggregates.py), those, else None; `grouping`: for a GROUP BY of one column
+    that engine/sql_groups.py answers, what it says, else None (only such a plan may have
+    no conjuncts: a GROUP BY over the whole table)."""
 
     schema: str
     table: str
@@ -105,6 +110,7 @@ class KeyPlan:
     projection: tuple[tuple[str, ...] | None, ...] | None
     cheap: bool
     aggregates: tuple[Aggregate, ...] | None = None
+    grouping: Grouping | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,7 +200,8 @@ def analyse(tree: Any, values_count: int) -> KeyPlan | None:
             cheap = cheap and kind in _CHEAP_CLASSES
     terms = list(_and_terms(node.get("where_clause")))
     conjuncts = [c for c in (_conjunct(t) for t in terms) if c is not None]
-    if not conjuncts:
+    grouping = select_grouping(node)
+    if not conjuncts and grouping is None:
         return None
     return KeyPlan(
         schema=schema.lower(),
@@ -207,6 +214,7 @@ def analyse(tree: Any, values_count: int) -> KeyPlan | None:
         projection=_projection(node, binding),
         cheap=cheap,
         aggregates=select_aggregates(node),
+        grouping=grouping,
     )
 
 
