@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 from collections.abc import Iterator
 from typing import Any
 
@@ -32,3 +33,31 @@ def spark() -> Iterator[Any]:
         yield session
     finally:
         session.stop()
+        _end_the_gateway_jvm()
+
+
+GATEWAY_EXIT_S_MAX = 30.0  # the JVM's exit once its stdin is closed (a loaded box: seconds)
+
+
+def _end_the_gateway_jvm() -> None:
+    """`stop()` leaves the py4j gateway's JVM running until this process exits (it exits at
+    EOF on its stdin): ended here, so that the root conftest's sweep does not find it among
+    the processes tests left running."""
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
+    if gateway is None:
+        return
+    process: subprocess.Popen[bytes] | None = getattr(gateway, "proc", None)
+    gateway.shutdown()
+    SparkContext._gateway = None
+    SparkContext._jvm = None
+    if process is None:
+        return
+    if process.stdin is not None:
+        process.stdin.close()
+    try:
+        process.wait(GATEWAY_EXIT_S_MAX)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(GATEWAY_EXIT_S_MAX)

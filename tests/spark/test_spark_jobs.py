@@ -25,6 +25,7 @@ from spark_jobs.errors import InputCorrupt
 from spark_jobs.inputs import file_input, logsvc_input
 from spark_jobs.jobs import JobParams
 from spark_jobs.run import run_job
+from spark_jobs.session import LEAN_JVM_OPTIONS
 from spark_jobs.walread import LEVEL_AUDIT, ReadOptions, read_level
 from tests.unit.spark_jobs.logs import (
     History,
@@ -279,9 +280,12 @@ def test_spark_submit_runs_a_job_unchanged(logsvc_logs: LogsvcLogs, tmp_path: Pa
     )
     out = str(tmp_path / "out")
     argv = ["inventory", *(f"--node={n}" for n in nodes(logsvc_logs)), "--out", out]
+    # The lean JVM flags the suite's own session runs with (C1 only, serial GC): the
+    # job, its Python and its output are what this test is about, and the defaults' C2
+    # and G1 threads cost ~8 CPU-s of a 2-core box here (spark_jobs/session.py).
     completed = subprocess.run(
-        [submit, "--master", "local[2]", "--conf", "spark.ui.enabled=false", script, *argv,
-         "--run-id", "submitted"],
+        [submit, "--master", "local[2]", "--conf", "spark.ui.enabled=false",
+         "--driver-java-options", LEAN_JVM_OPTIONS, script, *argv, "--run-id", "submitted"],
         env=env, capture_output=True, text=True, timeout=SPARK_SUBMIT_S_MAX, check=False,
     )  # fmt: skip
     assert completed.returncode == 0, completed.stderr[-3000:]

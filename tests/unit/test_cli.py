@@ -4,19 +4,26 @@ fields the issue names; the demo runs to the end and says what it measured (the 
 failover, the embedded engine's reopenings, the TN pair's checkpoint and takeover); output
 whose reader has gone (`| head`) ends quietly, for `logsvc` and `python -m engine`, with no
 BrokenPipeError traceback (issue 20: the read end of the pipe is closed before the command
-writes). Real subprocesses, short bounded runs."""
+writes); a demo killed midway (what a timeout does) leaves none of its processes running.
+Real subprocesses, short bounded runs; each command's processes are ended with it
+(tests/support/descendants.py)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+
+from tests.support import descendants
 
 BENCH_FIELDS = {
     "mode",
@@ -30,14 +37,10 @@ BENCH_FIELDS = {
 
 
 def logsvc(*args: str, optimize: bool = False) -> subprocess.CompletedProcess[str]:
+    """Run the command; on its end, a timeout or a failure, every process it started (the
+    demo's nodes and TNs run in sessions of their own) is ended too."""
     flags = ["-O"] if optimize else []
-    return subprocess.run(
-        [sys.executable, *flags, "-m", "logsvc.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    return descendants.run([sys.executable, *flags, "-m", "logsvc.cli", *args], timeout_s=120)
 
 
 @pytest.mark.parametrize(
@@ -105,6 +108,48 @@ def test_demo_runs_to_the_end() -> None:
     assert "A's next commit was refused and A exited with code 3" in engine
     _assert_the_tn_story(done.stdout.split("== the engine as a service", 1)[1])
     assert done.stdout.rstrip().endswith("demo finished")
+
+
+def test_a_demo_killed_midway_leaves_no_process_behind(tmp_path: Path) -> None:
+    """What a timeout or a failure of the test above does: the demo is SIGKILLed while its
+    cluster runs (each node in a session of its own, which a kill of the demo or of its
+    process group does not reach); every node it started is gone afterwards."""
+    base = tmp_path / "demo"
+    with descendants.TaggedProcess(
+        [sys.executable, "-m", "logsvc.cli", "demo", "--dir", str(base)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    ) as demo:
+        node_pids = _await_demo_nodes(base, demo.popen)
+        tagged = set(descendants.tagged_pids(demo.tag))
+        # (The demo kills and restarts a leader itself: only nodes still running count.)
+        assert [pid for pid in node_pids if _running(pid) and pid not in tagged] == []
+        assert tagged
+    assert demo.popen.returncode == -signal.SIGKILL
+    assert [pid for pid in node_pids if _running(pid)] == []
+    assert descendants.tagged_pids(demo.tag) == []
+
+
+def _await_demo_nodes(base: Path, demo: subprocess.Popen[str]) -> list[int]:
+    """The PIDs of the demo's three nodes once all run (bounded wait: their start-up, as
+    the other commands here are given)."""
+    deadline = time.monotonic() + 120.0
+    while True:
+        assert demo.poll() is None, f"the demo ended early: {demo.returncode}"
+        assert time.monotonic() < deadline, "the demo's nodes never all ran"
+        with contextlib.suppress(OSError, ValueError):
+            pids = [int(pid) for pid in json.loads((base / "pids.json").read_text()).values()]
+            if len(pids) == 3 and all(_running(pid) for pid in pids):
+                return pids
+        time.sleep(0.05)
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def _assert_the_tn_story(out: str) -> None:

@@ -127,6 +127,7 @@ def run_scenario(
     history_path = run.file("history.jsonl")
     dumps: list[ReplicaDump] = []
     counts: dict[str, Any] = {}
+    unrecovered: list[int] = []
     error: BaseException | None = None
     try:
         for node in cluster.nodes.values():
@@ -173,6 +174,9 @@ def run_scenario(
             ctx.history.ok_appends_since(heal_ns, shard) > 0 for shard in cluster.shards
         ):
             time.sleep(0.25)
+        # L1 for the final heal is judged here: the checker judges a heal only when the
+        # history runs on past its whole window, which the load stopped here never does.
+        unrecovered = [s for s in cluster.shards if ctx.history.ok_appends_since(heal_ns, s) == 0]
         counts = workload.stop()
         run.notes["schedule"] = ctx.notes
         converge(cluster, nemesis_log, history_path, scenario.converge_window_s * time_scale)
@@ -201,6 +205,15 @@ def run_scenario(
             dumps_per_shard_min=max(1, options.dumps_per_shard_min - len(cluster.quarantined)),
         )
     violations = checker.check_all(evidence, options)
+    for shard in unrecovered:
+        violations.append(
+            checker.Violation(
+                "L1",
+                shard,
+                "no append succeeded within the recovery window after the final heal",
+                (f"no ok append in {scenario.recover_window_s * time_scale} s after the heal",),
+            )
+        )
     if error is not None:
         violations.append(
             checker.Violation(

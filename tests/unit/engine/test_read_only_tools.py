@@ -132,10 +132,12 @@ BUSY_STORAGE += ["--wal-reserve-entries", "16"]
 
 @pytest.mark.parametrize("storage", [[], BUSY_STORAGE], ids=["commits", "flush-merge-checkpoint"])
 def test_engine_tables_beside_a_running_engine_process_shows_its_durable_commits(
-    tmp_path: Path, storage: list[str]
+    tmp_path: Path, storage: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     """With `storage`, the engine also flushes, merges, checkpoints and truncates its WAL
-    several times a second while it is looked at."""
+    several times a second while it is looked at. The looks are the CLI's `main` run in
+    this process, beside the engine's (as the other tests here run it): a `python -m engine`
+    process per look only added its start-up, six times."""
     engine_dir = str(tmp_path / "engine")
     workload_module = "engine.testing.workload"
     command = [sys.executable, "-m", workload_module, "--dir", engine_dir, "--seconds", "120"]
@@ -154,28 +156,16 @@ def test_engine_tables_beside_a_running_engine_process_shows_its_durable_commits
                 if acked >= 20 * (look + 1):
                     break
             assert acked >= 20 * (look + 1), workload.stderr.read() if workload.stderr else ""
-            tables = subprocess.run(
-                [sys.executable, "-m", "engine", "tables", engine_dir],
-                capture_output=True,
-                text=True,
-                timeout=120,
-                check=False,
-            )
-            assert tables.returncode == 0, tables.stderr
-            orders = next(line for line in tables.stdout.splitlines() if "demo.orders" in line)
+            capsys.readouterr()
+            assert engine_cli.main(["tables", engine_dir]) == 0, capsys.readouterr().err
+            tables = capsys.readouterr().out
+            orders = next(line for line in tables.splitlines() if "demo.orders" in line)
             # Every commit acknowledged before the look is there, maybe more.
             assert int(orders.split("rows=")[1].split()[0]) >= acked
-            stats = subprocess.run(
-                [sys.executable, "-m", "engine", "stats", engine_dir, "--json"],
-                capture_output=True,
-                text=True,
-                timeout=120,
-                check=False,
-            )
-            assert stats.returncode == 0, stats.stderr
+            assert engine_cli.main(["stats", engine_dir, "--json"]) == 0, capsys.readouterr().err
             # (Its audit may find objects "missing": the writer's newer checkpoints made
             # garbage of what the look's older ones refer to. A moving target, not damage.)
-            assert json.loads(stats.stdout)["live_rows"] >= acked
+            assert json.loads(capsys.readouterr().out)["live_rows"] >= acked
         assert workload.poll() is None  # the engine went on committing
     finally:
         workload.kill()

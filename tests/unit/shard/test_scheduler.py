@@ -176,17 +176,21 @@ def test_liveness_duties_carry_alive_messages_and_wake_on_changes() -> None:
     try:
         add(sched, carrier)
         add(sched, other)
+        # Heard from n2 "an hour from now": it cannot lapse during the first part, however
+        # late a loaded machine runs the workers (with the real silence of lapse_s = 0.3 s
+        # this part raced the lapse and failed under load).
+        sched.liveness.heard("n2", time.monotonic() + 3600.0)
         until(lambda: carrier.count() >= 1 and other.count() >= 1, "the first ticks")
-        # n2 is silent: nothing was sent to it, so `carrier` is woken each interval (its
-        # tick would send the `alive` message); `other` is not.
+        # Nothing was sent to n2, so `carrier` is woken each interval (its tick would send
+        # the `alive` message); `other` is not.
         base_c, base_o = carrier.count(), other.count()
-        time.sleep(0.2)
-        assert carrier.count() - base_c >= 2
+        until(lambda: carrier.count() - base_c >= 2, "two wakes of the carrier")
         assert other.count() == base_o
-        # Nothing heard from n2 either: after lapse_s it lapses, which wakes both; then
-        # its members are woken one at a time per reconnect interval (0.2 s).
+        # Nothing heard from n2 for more than lapse_s: it lapses at the next duties, which
+        # wakes both; then its members are woken one at a time per reconnect interval.
+        sched.liveness.heard("n2", time.monotonic() - 1.0)
         until(lambda: other.count() > base_o, "the wake of a lapsed node's members")
-        sched.liveness.heard("n2", time.monotonic())
+        sched.liveness.heard("n2", time.monotonic() + 3600.0)
         woke_o = other.count()
         until(lambda: other.count() > woke_o, "the wake when it is back")
     finally:
