@@ -123,15 +123,20 @@ class L0Block:
         assert commits
         assert sum(rows for _, rows in commits) == batch.num_rows
         self._flush_tail()
+        end = self._add_nodes(commits)
+        self._parts.append(batch)
+        self._part_ends.append(end)
+        self._bytes += size_bytes
+
+    def _add_nodes(self, commits: list[tuple[int, int]]) -> int:
+        """One MVCC node per commit, (commit_ts, rows) in order: the rows' new end."""
         end = self.rows
         for commit_ts, rows in commits:
             end += rows
             self.node_ts.append(commit_ts)
             self.node_ends.append(end)
         self.rows = end
-        self._parts.append(batch)
-        self._part_ends.append(end)
-        self._bytes += size_bytes
+        return end
 
     def append_values(
         self,
@@ -156,12 +161,7 @@ class L0Block:
         for into, values in zip(tail, columns, strict=True):
             into += values
         self._tail_rows += count
-        end = self.rows
-        for commit_ts, rows in commits:
-            end += rows
-            self.node_ts.append(commit_ts)
-            self.node_ends.append(end)
-        self.rows = end
+        self._add_nodes(commits)
         self._bytes += size_bytes
         if self._tail_rows >= limits.L0_VALUES_ROWS_MAX:
             self._flush_tail()

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import struct
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import duckdb
@@ -203,6 +204,36 @@ async def open_engine() -> Engine:
     return eng
 
 
+async def check_three_views(
+    check: Callable[[Transaction, str], Awaitable[None]],
+    initial: list[tuple[Any, Any, Any, Any]],
+    before: list[tuple[Any, ...]],
+    after: list[tuple[Any, ...]],
+    own: tuple[Any, ...] | None,
+) -> None:
+    """`check` at three views of one engine: an old snapshot read after `after` changed
+    the table (and flushed it), the current snapshot, and a transaction with its own
+    uncommitted change `own` (rolled back)."""
+    eng = await open_engine()
+    try:
+        start = [("insert", -5, initial)] if initial else []
+        for change in [*start, ("flush",), *before]:
+            await apply(eng, change)
+        async with eng.snapshot(eng.visible_ts) as old:
+            for change in [*after, ("flush",)]:
+                await apply(eng, change)
+            await check(old, "old snapshot")
+        async with eng.snapshot(eng.visible_ts) as view:
+            await check(view, "current")
+        async with eng.transaction() as txn:
+            if own is not None and own[0] != "flush":
+                await change_in(txn, own)
+            await check(txn, "own writes")
+            await txn.rollback()
+    finally:
+        await eng.close()
+
+
 @settings(
     max_examples=60,
     deadline=None,
@@ -237,26 +268,7 @@ def test_aggregates_answer_as_duckdb_over_scan_at_the_same_snapshot(
             want = reference(whole, query)
             assert identical(got, want), (label, query, got.to_pylist(), want.to_pylist())
 
-    async def main() -> None:
-        eng = await open_engine()
-        try:
-            for change in [("insert", -5, initial), ("flush",), *before]:
-                await apply(eng, change)
-            async with eng.snapshot(eng.visible_ts) as old:
-                for change in [*after, ("flush",)]:
-                    await apply(eng, change)
-                await check(old, "old snapshot")
-            async with eng.snapshot(eng.visible_ts) as view:
-                await check(view, "current")
-            async with eng.transaction() as txn:
-                if own is not None and own[0] != "flush":
-                    await change_in(txn, own)
-                await check(txn, "own writes")
-                await txn.rollback()
-        finally:
-            await eng.close()
-
-    run(main)
+    run(lambda: check_three_views(check, initial, before, after, own))
     taken = [s for s, c in queries if s in TAKEN and "a > 0" not in c]
     assert spy.answered == 3 * len(taken)  # (three snapshots)
 

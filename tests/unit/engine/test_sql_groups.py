@@ -36,8 +36,7 @@ from engine.schema import Column, Schema
 from engine.txn import Transaction
 from tests.unit.engine.test_sql import run, settle
 from tests.unit.engine.test_sql_aggregates import (
-    apply,
-    change_in,
+    check_three_views,
     history,
     identical,
     open_engine,
@@ -162,27 +161,7 @@ def test_group_by_answers_as_duckdb_over_scan_at_the_same_snapshot(
             want = reference(whole, query)
             assert same(got, want, bool(order)), (label, query, got.to_pylist(), want.to_pylist())
 
-    async def main() -> None:
-        eng = await open_engine()
-        try:
-            start = [("insert", -5, initial)] if initial else []
-            for change in [*start, ("flush",), *before]:
-                await apply(eng, change)
-            async with eng.snapshot(eng.visible_ts) as old:
-                for change in [*after, ("flush",)]:
-                    await apply(eng, change)
-                await check(old, "old snapshot")
-            async with eng.snapshot(eng.visible_ts) as view:
-                await check(view, "current")
-            async with eng.transaction() as txn:
-                if own is not None and own[0] != "flush":
-                    await change_in(txn, own)
-                await check(txn, "own writes")
-                await txn.rollback()
-        finally:
-            await eng.close()
-
-    run(main)
+    run(lambda: check_three_views(check, initial, before, after, own))
     assert spy.answered == 3 * sum(taken(*q) for q in drawn)
 
 
