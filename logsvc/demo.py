@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import signal
 import tempfile
 import time
 
@@ -40,11 +41,23 @@ def _say(text: str) -> None:
     print(text, flush=True)
 
 
+class Stopped(SystemExit):
+    """SIGTERM (`timeout`, a service manager, `kill`): the demo stops what it started, by
+    PID, on its way out, as it does on Ctrl-C; its exit status is 128 + the signal's."""
+
+
+def _stop_on_sigterm(signum: int, _frame: object) -> None:
+    raise Stopped(128 + signum)
+
+
 def run(dir_path: str | None) -> int:
+    # Without a handler SIGTERM ends the process at once, and the nodes and TNs it started
+    # (each in a session of its own) run on.
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
     owned = dir_path is None
     base = tempfile.mkdtemp(prefix="logsvc-demo-") if dir_path is None else dir_path
     _say(f"== starting a local cluster in {base} (3 nodes, {SHARDS} shards, 3 replicas each) ==")
-    finished = False
+    finished = stopped = False
     try:
         pids = devcluster.up(base, nodes=3, shards=SHARDS)
         _say("nodes: " + ", ".join(f"{node} (pid {pid})" for node, pid in pids.items()))
@@ -52,13 +65,19 @@ def run(dir_path: str | None) -> int:
         engine_demo.run(base, ENGINE_SHARD, _say)
         tn_demo.run(base, TN_SHARD, _say)
         finished = True
+    except Stopped:
+        stopped = True
+        _say("\n== stopped by SIGTERM ==")
+        raise
     finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the stop below is bounded: let it end
         devcluster.down(base)
         _say("cluster stopped (every node process ended by PID)")
         if owned and finished:
             shutil.rmtree(base, ignore_errors=True)
         elif owned:
-            _say(f"the demo failed: its directory, with every node's and TN's log, is kept: {base}")
+            how = "was stopped" if stopped else "failed"
+            _say(f"the demo {how}: its directory, with every node's and TN's log, is kept: {base}")
     _say("\ndemo finished")
     return 0
 

@@ -130,6 +130,27 @@ def test_a_demo_killed_midway_leaves_no_process_behind(tmp_path: Path) -> None:
     assert descendants.tagged_pids(demo.tag) == []
 
 
+def test_a_demo_stopped_by_sigterm_stops_its_cluster(tmp_path: Path) -> None:
+    """`timeout logsvc demo`, a service manager, `kill`: SIGTERM ends the demo with 143 after
+    it stopped every node it started (by PID), as Ctrl-C does, and says so; before, SIGTERM
+    ended the demo at once and its nodes ran on. Checked before the tag sweep runs."""
+    base = tmp_path / "demo"
+    with descendants.TaggedProcess(
+        [sys.executable, "-m", "logsvc.cli", "demo", "--dir", str(base)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    ) as demo:
+        node_pids = _await_demo_nodes(base, demo.popen)
+        demo.popen.send_signal(signal.SIGTERM)
+        out, _ = demo.popen.communicate(timeout=120)
+        assert demo.popen.returncode == 128 + signal.SIGTERM, out
+        assert [pid for pid in node_pids if _running(pid)] == [], out
+        assert "stopped by SIGTERM" in out and "cluster stopped" in out, out
+        assert descendants.tagged_pids(demo.tag) == [], out
+        assert "Traceback" not in out, out
+
+
 def _await_demo_nodes(base: Path, demo: subprocess.Popen[str]) -> list[int]:
     """The PIDs of the demo's three nodes once all run (bounded wait: their start-up, as
     the other commands here are given)."""
