@@ -22,6 +22,7 @@ import asyncio
 import datetime
 import os
 import pickle
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -305,11 +306,46 @@ def logsvc_history(base: str) -> LogsvcLogs:
                 await backend.close()
 
         asyncio.run(append_shards())
+        _await_every_replica_caught_up(base, (1, 2, 3))
     finally:
         devcluster.down(base)
     nodes = {name: os.path.join(base, name) for name in ("n1", "n2", "n3")}
     raft_index = diverge(os.path.join(nodes["n3"], "shards", "1"))
     return LogsvcLogs(base, nodes, history, [1, 2, 3, 3, 4, 6, 7], raft_index)
+
+
+REPLICAS_CAUGHT_UP_WAIT_S = 60.0
+
+
+def _await_every_replica_caught_up(base: str, shards: Sequence[int]) -> None:
+    """Until each shard's leader reports every member holding its whole log (lag 0 entries):
+    a majority's acknowledgement is all an append waits for, so a third replica may still
+    be copying when the cluster is stopped (seen in CI: n1's shard 1 held no entry), and
+    these logs are read as three full replicas. Bounded poll of the admin API."""
+    from logsvc.admin_client import AdminClientError, get_json
+    from logsvc.config import load_node_config
+
+    configs = [load_node_config(os.path.join(base, f"{n}.toml")) for n in ("n1", "n2", "n3")]
+    deadline = time.monotonic() + REPLICAS_CAUGHT_UP_WAIT_S
+    waiting = set(shards)
+    while waiting:
+        for shard in sorted(waiting):
+            for config in configs:
+                try:
+                    view = get_json(config.node.admin_address, f"/v1/shards/{shard}", config.token)
+                except AdminClientError:
+                    continue
+                assert isinstance(view, dict)
+                replicas = view.get("replicas") or []
+                if (
+                    view.get("is_leader")
+                    and len(replicas) == 3
+                    and all(r.get("lag_entries") == 0 for r in replicas)
+                ):
+                    waiting.discard(shard)
+        assert time.monotonic() < deadline, f"shards {sorted(waiting)} never fully replicated"
+        if waiting:
+            time.sleep(0.1)
 
 
 def diverge(shard_dir: str) -> int:
