@@ -102,8 +102,14 @@ class Quiet(AdapterBase):
         checks that when it next sends on it; a quiet shard reads nothing for minutes, so
         its first message after waking (or a liveness message on a connection that only
         carries ours) would drop the connection instead of leaving. While the peer's node
-        is live in the liveness table, its connection is as good as heard from; once the
-        node lapses, pysyncobj's own timeout applies again from the last refresh."""
+        is live in the liveness table, its connection is as good as heard from. Once the
+        node lapses, pysyncobj's timeout counts from when the node was last heard from on
+        any connection (or from the last refresh, if later): a node silent for the whole
+        connection_timeout loses its connections, as with pysyncobj alone. Counting from
+        the last refresh instead closed the connections of every quiet replica not ticked
+        lately as soon as a node had lapsed for a moment (this process stalled for longer
+        than the lapse, a collection of a large heap, say): the lapse wakes one replica per
+        peer to redial, and its first `alive` closed its connection unsent."""
         connections = getattr(self._SyncObj__transport, "_connections", None)
         if not connections:
             return  # the simulator's transport keeps no such clock
@@ -113,8 +119,10 @@ class Quiet(AdapterBase):
                 continue
             if connection.state != pysyncobj_tcp_connection.CONNECTION_STATE.CONNECTED:
                 continue
-            if not liveness.lapsed(node_of(str(node.id)), now_s):
-                connection._TcpConnection__lastReadTime = now_s
+            peer = node_of(str(node.id))
+            read_s = now_s if not liveness.lapsed(peer, now_s) else liveness.last_heard(peer)
+            if read_s > connection._TcpConnection__lastReadTime:
+                connection._TcpConnection__lastReadTime = read_s
 
     def _logsvc_heartbeat_now(self, now_s: float) -> None:
         """A leader leaving quiet: AppendEntries on the next tick (which wakes the quiet

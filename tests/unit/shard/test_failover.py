@@ -15,12 +15,15 @@ bounded polls.
 from __future__ import annotations
 
 import dataclasses
+import sys
 import threading
 import time
+import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pysyncobj.tcp_connection as pysyncobj_tcp_connection
 import pytest
 
 from logsvc.shard import prevote
@@ -142,6 +145,10 @@ def test_a_quiet_connection_survives_its_first_message_after_a_long_silence(
         _await_all(lambda: all(r.quiet for r in replicas.values()), "every replica quiet")
         before = {s: (r.self_address, r.term) for s, r in leaders().items()}
         silent_until = time.monotonic() + 2 * 2.5
+        # The process stalls (as a gen-2 collection of the suite's heap stalls every thread)
+        # for longer than the liveness lapse (1 s) and shorter than connection_timeout: its
+        # nodes read nothing meanwhile, yet no connection is older than its timeout.
+        _stall_every_thread(1.6)
         _await_all(lambda: time.monotonic() > silent_until, "2 x connection_timeout of quiet")
         assert all(r.quiet for r in replicas.values())
         assert closed == []
@@ -152,6 +159,51 @@ def test_a_quiet_connection_survives_its_first_message_after_a_long_silence(
         assert closed == [], "connections closed under their first message"
         after = {s: (r.self_address, r.term) for s, r in leaders().items()}
         assert after == before, "a shard changed leader or term when woken"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Peer:
+    id: str
+
+
+def test_a_lapsed_nodes_connections_time_out_from_when_it_was_last_heard() -> None:
+    """A quiet replica's connection last refreshed long ago, to a node that lapsed a moment
+    ago (silent for more than the lapse, less than connection_timeout): its timeout counts
+    from when the node was last heard from on any connection, so its next send does not
+    close it; a node silent for longer keeps its old time (pysyncobj's timeout then closes)."""
+    connected = pysyncobj_tcp_connection.CONNECTION_STATE.CONNECTED
+    now_s = 1_000.0
+    liveness = NodeLiveness("n1", interval_s=0.1, lapse_s=1.0, now_s=now_s - 100.0)
+    liveness.heard("n2", now_s - 1.6)  # lapsed (> 1 s), heard within connection_timeout
+    liveness.heard("n3", now_s - 9.0)  # silent for longer than any timeout
+    to_n2 = types.SimpleNamespace(state=connected, _TcpConnection__lastReadTime=now_s - 7.0)
+    to_n3 = types.SimpleNamespace(state=connected, _TcpConnection__lastReadTime=now_s - 8.0)
+    raft = object.__new__(ShardRaft)
+    raft._SyncObj__transport = types.SimpleNamespace(
+        _connections={_Peer("a2"): to_n2, _Peer("a3"): to_n3}
+    )
+    raft._logsvc_liveness = liveness
+    raft._logsvc_node_of = {"a2": "n2", "a3": "n3"}.__getitem__
+
+    raft._logsvc_refresh_connections(now_s)
+
+    assert to_n2._TcpConnection__lastReadTime == now_s - 1.6
+    assert to_n3._TcpConnection__lastReadTime == now_s - 8.0
+    liveness.heard("n2", now_s)  # live again: as good as read now
+    raft._logsvc_refresh_connections(now_s + 0.5)
+    assert to_n2._TcpConnection__lastReadTime == now_s + 0.5
+
+
+def _stall_every_thread(seconds: float) -> None:
+    """Hold the GIL for `seconds`: no other thread of the process runs meanwhile."""
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(seconds + 5.0)  # no forced hand-off to a waiting thread
+    try:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            pass
+    finally:
+        sys.setswitchinterval(interval)
 
 
 def _record_closed_connections(monkeypatch: pytest.MonkeyPatch) -> list[str]:
