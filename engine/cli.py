@@ -56,8 +56,9 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from engine import history_cli, limits, metrics, scan_command, sql_command
+from engine import history_cli, limits, scan_command, sql_command
 from engine.clock import ts_physical_ms
 from engine.engine import Engine
 from engine.errors import BadArgument, EngineError
@@ -65,6 +66,9 @@ from engine.objects.errors import ObjectNotFound
 from engine.objects.store import ObjectStore
 from logsvc.pipes import quiet_on_broken_pipe
 from tae_driver.errors import DriverError
+
+if TYPE_CHECKING:
+    from engine import metrics
 
 S3_ACCESS_KEY_ENV = "AWS_ACCESS_KEY_ID"
 S3_SECRET_KEY_ENV = "AWS_SECRET_ACCESS_KEY"
@@ -254,6 +258,9 @@ async def _look(args: argparse.Namespace) -> str | None:
         elif args.command == "scan":
             return await _scan(engine, args.request)
         else:
+            # Imported here: metrics loads prometheus_client, which no other command needs.
+            from engine import metrics
+
             audit = await asyncio.to_thread(metrics.audit_objects, engine)
             _stats(engine, audit, args.json)
         return None
@@ -286,6 +293,8 @@ async def _scan(engine: Engine, req: scan_command.ScanRequest) -> str | None:
 
 
 def _stats(engine: Engine, audit: metrics.ObjectAudit, as_json: bool) -> None:
+    from engine import metrics  # (see _look)
+
     stats = engine.stats()
     storage = metrics.storage_stats(engine)
     document = dataclasses.asdict(stats)
@@ -314,6 +323,8 @@ def _stats(engine: Engine, audit: metrics.ObjectAudit, as_json: bool) -> None:
 
 
 def _storage_lines(storage: metrics.StorageStats, audit: metrics.ObjectAudit) -> None:
+    from engine import metrics  # (see _look)
+
     wal_bytes = (
         f", {storage.wal_bytes_retained} bytes" if storage.wal_bytes_retained is not None else ""
     )

@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
-from engine import limits, sql
+from engine import limits
 from engine.clock import parse_at
 from engine.engine import Engine
 from engine.errors import BadInput, SnapshotUnavailable
@@ -87,6 +87,10 @@ async def _query(args: argparse.Namespace, open_engine: Callable[[], Any]) -> tu
     """The answer and its snapshot's commit timestamp. Beside a running engine, an object the
     query reads may be deleted by the writer meanwhile: then it starts again from the
     writer's newer state (`limits.READ_ONLY_LOOK_ATTEMPTS_MAX`, as engine/cli.py's looks)."""
+    # Imported here: engine.sql loads pyarrow.dataset (and with it pandas), about 0.3 CPU-s
+    # that every other command of the CLI (a TN's start included) would pay for nothing.
+    from engine import sql
+
     for attempt in range(1, limits.READ_ONLY_LOOK_ATTEMPTS_MAX + 1):
         engine: Engine = await open_engine()
         try:
