@@ -30,7 +30,7 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 
-from logsvc import __version__
+from logsvc import __version__, stop_signal
 from logsvc.pipes import quiet_on_broken_pipe
 
 EXIT_USAGE = 2
@@ -222,6 +222,9 @@ def _main(argv: Sequence[str] | None) -> int:
         print("logsvc: refusing to run under python -O: invariants are assertions", file=sys.stderr)
         return EXIT_USAGE
     arguments = list(sys.argv[1:] if argv is None else argv)
+    if arguments[:1] == ["bench"]:
+        # A benchmark stops the clusters it started on SIGTERM too (`timeout`, kill).
+        stop_signal.stop_on_sigterm()
     if arguments[:2] == ["bench", "shards"]:  # its own parser (and --help)
         from logsvc.bench import shards_bench
 

@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import signal
 import tempfile
 import time
 
 from engine.testing import demo as engine_demo
 from engine.tn import demo as tn_demo
-from logsvc import devcluster
+from logsvc import devcluster, stop_signal
 from logsvc.client import Client, LogsvcError, StaleEpoch, Truncated, connect
 from logsvc.config import load_client_config
 
@@ -41,19 +40,9 @@ def _say(text: str) -> None:
     print(text, flush=True)
 
 
-class Stopped(SystemExit):
-    """SIGTERM (`timeout`, a service manager, `kill`): the demo stops what it started, by
-    PID, on its way out, as it does on Ctrl-C; its exit status is 128 + the signal's."""
-
-
-def _stop_on_sigterm(signum: int, _frame: object) -> None:
-    raise Stopped(128 + signum)
-
-
 def run(dir_path: str | None) -> int:
-    # Without a handler SIGTERM ends the process at once, and the nodes and TNs it started
-    # (each in a session of its own) run on.
-    signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    # SIGTERM stops the cluster as Ctrl-C does (logsvc/stop_signal.py).
+    stop_signal.stop_on_sigterm()
     owned = dir_path is None
     base = tempfile.mkdtemp(prefix="logsvc-demo-") if dir_path is None else dir_path
     _say(f"== starting a local cluster in {base} (3 nodes, {SHARDS} shards, 3 replicas each) ==")
@@ -65,12 +54,12 @@ def run(dir_path: str | None) -> int:
         engine_demo.run(base, ENGINE_SHARD, _say)
         tn_demo.run(base, TN_SHARD, _say)
         finished = True
-    except Stopped:
+    except stop_signal.Stopped:
         stopped = True
         _say("\n== stopped by SIGTERM ==")
         raise
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the stop below is bounded: let it end
+        stop_signal.ignore_sigterm()  # the stop below is bounded: let it end
         devcluster.down(base)
         _say("cluster stopped (every node process ended by PID)")
         if owned and finished:

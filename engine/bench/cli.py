@@ -35,6 +35,7 @@ from engine.bench.commit import (
     run,
     summary,
 )
+from logsvc import stop_signal
 
 
 def _csv(kind: Callable[[str], Any], choices: Sequence[str] | None = None) -> Callable[[str], Any]:
@@ -150,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     parser = build_parser()
     args = parser.parse_args(argv)
+    stop_signal.stop_on_sigterm()  # SIGTERM stops the clusters and TNs started here, by PID
 
     def emit(line: dict[str, Any]) -> None:
         print(json.dumps(line), flush=True)

@@ -54,6 +54,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from logsvc import stop_signal
 from logsvc.bench.measure import (
     IDLE_WAIT_S_MAX,
     cpu_snapshot,
@@ -674,6 +675,7 @@ def _emit(result: Result, opts: Options) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     opts = parse_args(argv)
+    stop_signal.stop_on_sigterm()  # SIGTERM stops the servers started here, by PID
     results = run(opts)
     bad = [r for r in results if r.ops_per_s is None]
     if bad:

@@ -151,6 +151,32 @@ def test_a_demo_stopped_by_sigterm_stops_its_cluster(tmp_path: Path) -> None:
         assert "Traceback" not in out, out
 
 
+def test_a_benchmark_stopped_by_sigterm_stops_its_cluster(tmp_path: Path) -> None:
+    """`timeout 600 python -m logsvc.bench shards ...`: SIGTERM in the middle of its load ends
+    the benchmark with 143 after it stopped the nodes it started, by PID; before, the
+    benchmark died at once and its nodes (each in a session of its own) ran on."""
+    with descendants.TaggedProcess(
+        [sys.executable, "-m", "logsvc.bench", "shards", "--nodes", "3", "--shards", "3"]
+        + ["--active-shards", "3", "--settle-seconds", "0", "--idle-seconds", "1"]
+        + ["--load-seconds", "600", "--dir", str(tmp_path / "bench")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    ) as bench:
+        deadline = time.monotonic() + 120.0
+        while len(descendants.tagged_pids(bench.tag)) < 4:  # the benchmark and its 3 nodes
+            assert bench.popen.poll() is None, (
+                f"the benchmark ended early: {bench.popen.returncode}"
+            )
+            assert time.monotonic() < deadline, "the benchmark's nodes never all ran"
+            time.sleep(0.05)
+        bench.popen.send_signal(signal.SIGTERM)
+        out, _ = bench.popen.communicate(timeout=120)
+        assert bench.popen.returncode == 128 + signal.SIGTERM, out
+        assert descendants.tagged_pids(bench.tag) == [], out
+        assert "Traceback" not in out, out
+
+
 def _await_demo_nodes(base: Path, demo: subprocess.Popen[str]) -> list[int]:
     """The PIDs of the demo's three nodes once all run (bounded wait: their start-up, as
     the other commands here are given)."""
