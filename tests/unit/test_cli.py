@@ -156,9 +156,11 @@ def test_a_benchmark_stopped_by_sigterm_stops_its_cluster(tmp_path: Path) -> Non
     the benchmark with 143 after it stopped the nodes it started, by PID; before, the
     benchmark died at once and its nodes (each in a session of its own) ran on."""
     with descendants.TaggedProcess(
-        [sys.executable, "-m", "logsvc.bench", "shards", "--nodes", "3", "--shards", "3"]
-        + ["--active-shards", "3", "--settle-seconds", "0", "--idle-seconds", "1"]
-        + ["--load-seconds", "600", "--dir", str(tmp_path / "bench")],
+        [
+            *(sys.executable, "-m", "logsvc.bench", "shards", "--nodes", "3", "--shards", "3"),
+            *("--active-shards", "3", "--settle-seconds", "0", "--idle-seconds", "1"),
+            *("--load-seconds", "600", "--dir", str(tmp_path / "bench")),
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -105,6 +105,10 @@ class ShardRaft(Quiet, Elections, MessageFixes, SnapshotPoints):
                                     (TimeoutNow: the leader asked for it);
                                     `__connectedToAnyone` overridden: pysyncobj stands
                                     only for the term a pre-vote won (elections.py)
+      `__setCurrentTerm`, `__setState`  a pre-vote answer from a voter at a higher term:
+                                    take it as a leaderless follower, as pysyncobj
+                                    does for a vote request of a higher term
+                                    (elections.py, prevote.py `term_to_adopt`)
       `__onSetCodeVersion`          what pysyncobj's own snapshot load does last
       `_isLeader`, `_getLeader`     role and leader (no public equivalent)
       `_TcpConnection__lastReadTime`  a quiet shard's connection is not timed out while

@@ -113,8 +113,11 @@ class Elections(AdapterBase):
             log.warning("ignoring a malformed %s from %s", kind, sender)
             return
         if kind == _PREVOTE_ACK:
+            if self._isLeader():
+                return
+            self._logsvc_adopt_voter_term(sender, message)
             round_ = self._logsvc_prevote
-            if round_ is None or self._isLeader():
+            if round_ is None:
                 return
             won = round_.on_answer(sender, term, bool(message.get("granted")))
             if won and term == int(self.raftCurrentTerm) + 1:
@@ -150,8 +153,41 @@ class Elections(AdapterBase):
             live_leader=live_leader,
         )
         self._SyncObj__transport.send(
-            node, {"type": _PREVOTE_ACK, "term": term, "granted": granted}
+            node,
+            {
+                "type": _PREVOTE_ACK,
+                "term": term,
+                "granted": granted,
+                "voter_term": int(self.raftCurrentTerm),
+            },
         )
+
+    def _logsvc_adopt_voter_term(self, sender: str, message: dict[str, Any]) -> None:
+        """A pre-vote answer from a voter at a higher term: take that term, as a follower
+        without a leader, as pysyncobj does for a vote request of a higher term
+        (prevote.py `term_to_adopt`). Durable before anything leaves: the tick's flush
+        writes the vote record before it sends."""
+        try:
+            voter_term = message.get("voter_term")
+            voter_term = None if voter_term is None else int(voter_term)
+        except (TypeError, ValueError):
+            log.warning("ignoring a malformed voter_term from %s", sender)
+            return
+        own_term = int(self.raftCurrentTerm)
+        adopted = prevote.term_to_adopt(own_term, voter_term)
+        if adopted is None:
+            return
+        log.info(
+            "a pre-vote answer from %s is at term %d, above ours: taking it",
+            sender,
+            adopted,
+            extra={"term": own_term},
+        )
+        self._SyncObj__setCurrentTerm(adopted, None)
+        self._SyncObj__setState(pysyncobj_syncobj._RAFT_STATE.FOLLOWER)
+        self._SyncObj__raftLeader = None
+        self._logsvc_prevote = None  # its round asked for a term now behind us
+        self._logsvc_messages += 1
 
     def _logsvc_on_request_vote(
         self, node: Any, message: dict[str, Any], deliver: Callable[[Any, dict[str, Any]], None]
