@@ -88,6 +88,7 @@ class RunResult:
     counts: dict[str, Any]
     faults: dict[str, int]
     kept: bool
+    phases: dict[str, float] = field(default_factory=dict)  # phase -> seconds (PhaseClock)
 
     @property
     def passed(self) -> bool:
@@ -97,8 +98,24 @@ class RunResult:
         return (
             f"{self.scenario} seed {self.seed}: "
             f"{'PASS' if self.passed else f'FAIL ({len(self.violations)} violations)'} "
-            f"in {self.duration_s:.1f} s; faults {self.faults}; ops {self.counts}"
+            f"in {self.duration_s:.1f} s; faults {self.faults}; ops {self.counts}; "
+            f"phases (s) {self.phases}"
         )
+
+
+class PhaseClock:
+    """Where a run's seconds go: `mark(name)` ends the phase running since the last mark
+    and names it. The run notes and the test's printed summary carry the result, so that a
+    schedule's cost is measured, not guessed."""
+
+    def __init__(self) -> None:
+        self._last = time.monotonic()
+        self.phases: dict[str, float] = {}
+
+    def mark(self, name: str) -> None:
+        now = time.monotonic()
+        self.phases[name] = round(self.phases.get(name, 0.0) + now - self._last, 2)
+        self._last = now
 
 
 def repro_command(name: str, seed: int) -> str:
@@ -115,6 +132,7 @@ def run_scenario(
     notes: Mapping[str, Any] | None = None,
 ) -> RunResult:
     started = time.monotonic()
+    clock = PhaseClock()
     repro = repro or repro_command(scenario.name, seed)
     run = RunDir.create(artifacts_base, scenario.name, seed, repro)
     run.notes.update({"time_scale": time_scale, "cluster": repr(scenario.cluster)})
@@ -150,14 +168,17 @@ def run_scenario(
             setattr(spec, key, value)
         workload = WorkloadProcess(spec, run.file("workload.json"), run.file("logs/workload.log"))
         workload.start()
+        clock.mark("start")
         nemesis = Nemesis(
             cluster, nemesis_log, rng, mesh=mesh, kernel=kernel, time_scale=time_scale
         )
         ctx = RunContext(cluster, nemesis, rng, time_scale, mesh, run, HistoryTail(history_path))
         ctx.notes.update(notes or {})
         ctx.sleep(scenario.warmup_s)
+        clock.mark("warmup")
         nemesis_log.info("schedule", [], True, f"{scenario.name} seed {seed} begins")
         scenario.schedule(ctx)
+        clock.mark("schedule")
         # Final heal: everything resumed, reconnected and restarted, one leader per shard.
         nemesis.heal()
         # A global "end": the checkers' final heal (L1 window, L2 deadline start here).
@@ -178,8 +199,10 @@ def run_scenario(
         # history runs on past its whole window, which the load stopped here never does.
         unrecovered = [s for s in cluster.shards if ctx.history.ok_appends_since(heal_ns, s) == 0]
         counts = workload.stop()
+        clock.mark("heal")
         run.notes["schedule"] = ctx.notes
         converge(cluster, nemesis_log, history_path, scenario.converge_window_s * time_scale)
+        clock.mark("converge")
         online = None if _has_offline_dump() else _online_dumps(cluster)
         cluster.disconnect_probes()
         run.notes["exit_statuses"] = cluster.terminate_all()
@@ -187,6 +210,7 @@ def run_scenario(
         with open(run.file("dumps.jsonl"), "w") as f:
             for dump in dumps:
                 f.write(to_json_line(dump) + "\n")
+        clock.mark("stop_dump")
     except BaseException as exc:
         error = exc
     finally:
@@ -226,6 +250,8 @@ def run_scenario(
     for event in evidence.nemesis:
         if event.phase != "end" and event.applied:
             faults[event.fault] = faults.get(event.fault, 0) + 1
+    clock.mark("check")
+    run.notes["phases_s"] = clock.phases
     run.notes["faults"] = faults
     run.notes["counts"] = counts
     run.notes["violations"] = [f"[{v.check}] {v.message}" for v in violations]
@@ -243,6 +269,7 @@ def run_scenario(
         counts.get("counts", {}),
         faults,
         kept,
+        clock.phases,
     )
 
 
