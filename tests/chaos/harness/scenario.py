@@ -30,6 +30,13 @@ from tests.chaos.harness.workload import HistoryTail, WorkloadProcess, WorkloadS
 from tests.chaos.history import Evidence, ReplicaDump, read_jsonl, to_json_line
 
 S = 1_000_000_000  # ns per second
+# Between two faults a schedule waits for the cluster to serve again rather than for a
+# fixed time: this many appends acked from the moment it asks (a dozen client round trips;
+# about 0.1-0.3 s of the workload's rate on a loaded 2-core box) ...
+SERVED_ACKS = 10
+# ... within the L1 recovery window's length (CI 30 s): a cluster with a majority up that
+# acks nothing for this long has lost liveness, which L1 would report after a final heal.
+SERVED_WAIT_S = 30.0
 
 
 @dataclass(slots=True)
@@ -62,6 +69,29 @@ class RunContext:
 
     def sleep(self, seconds: float) -> None:
         time.sleep(seconds * self.time_scale)
+
+    def hold(self, since: float, seconds: float) -> None:
+        """Sleep until `seconds` (scaled) have passed since the monotonic time `since`: a
+        fault's minimum duration, whatever its confirmation already took."""
+        time.sleep(max(0.0, since + seconds * self.time_scale - time.monotonic()))
+
+    def wait_served(
+        self, why: str, shard: int, count: int = SERVED_ACKS, wait_s: float = SERVED_WAIT_S
+    ) -> bool:
+        """Await (bounded) `count` appends to `shard` acked from now on, and log it as an
+        info "served" event, applied when they were: the proof that the step before (a
+        new leader, a healed partition, a restarted cluster) left the shard serving. With
+        `faults_must_apply` a run where it did not fails vacuity ("V")."""
+        began = time.monotonic()
+        got = self.wait_acks(count, wait_s, shard)
+        took_s = time.monotonic() - began
+        self.nemesis.log.info(
+            "served",
+            [],
+            got >= count,
+            f"shard {shard} {why}: {got} appends acked in {took_s:.1f} s (wanted {count})",
+        )
+        return got >= count
 
     def wait_acks(self, count: int, timeout_s: float, shard: int | None = None) -> int:
         """Wait (bounded) until `count` appends have been acked since now."""
@@ -187,6 +217,7 @@ def run_scenario(
             cluster.wait_ready(scenario.recover_window_s * time_scale)
         except TimeoutError as exc:
             nemesis_log.info("heal", [], False, f"not ready after the final heal: {exc}")
+        clock.mark("heal")
         # Load goes on after the heal so that L1 is judged: until every shard acked again
         # (bounded by the recovery window), and at least tail_load_s.
         deadline = time.monotonic() + scenario.recover_window_s * time_scale
@@ -199,7 +230,7 @@ def run_scenario(
         # history runs on past its whole window, which the load stopped here never does.
         unrecovered = [s for s in cluster.shards if ctx.history.ok_appends_since(heal_ns, s) == 0]
         counts = workload.stop()
-        clock.mark("heal")
+        clock.mark("tail_load")
         run.notes["schedule"] = ctx.notes
         converge(cluster, nemesis_log, history_path, scenario.converge_window_s * time_scale)
         clock.mark("converge")
