@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import time
 
+from tests.chaos.harness import disk
 from tests.chaos.harness.cluster import CHAOS_RAFT_MS, ClusterSpec
 from tests.chaos.harness.scenario import RunContext, Scenario
 
@@ -47,6 +48,8 @@ PARTITION_HOLD_S = max(LEADER_FALLBACK_S, 2 * CONNECTION_TIMEOUT_S) + 0.5
 DEGRADED_HOLD_S = 2 * CONNECTION_TIMEOUT_S
 assert PAUSE_HOLD_S > ELECTION_S_MAX
 assert max(ELECTION_S_MAX, LEADER_FALLBACK_S, 2 * CONNECTION_TIMEOUT_S) < PARTITION_HOLD_S
+# Load for a sealed segment to damage (C7): 256 KiB segments fill in a few seconds.
+SEALED_WAIT_S = 20.0
 # Appends acked between two coordinated power losses (C5): each loss has new data to lose.
 POWER_LOSS_ACKS = 50
 
@@ -219,7 +222,7 @@ def _c7_minority_corruption(ctx: RunContext) -> None:
         ]
         victim = ctx.rng.choice(followers)
         damaged.append(victim)
-        ctx.sleep(3.0)  # more sealed segments
+        _await_sealed_segment(ctx, victim)  # was a fixed 3 s "for more sealed segments"
         nemesis.crash(victim)
         nemesis.corrupt(victim, kinds)
         if not nemesis.restart_checked(victim):
@@ -235,6 +238,15 @@ def _c7_minority_corruption(ctx: RunContext) -> None:
             nemesis.restart(old[0])
             if nemesis.confirm_leader_change(SHARD, old) is not None:
                 ctx.wait_served("under the new leader", SHARD)
+
+
+def _await_sealed_segment(ctx: RunContext, node_id: str) -> None:
+    """Load until the node's replica has a sealed segment for the bit flip (bounded: the
+    flip itself then reports whether it found one, and an unapplied flip fails the run)."""
+    data_dir = ctx.cluster.nodes[node_id].data_dir
+    deadline = time.monotonic() + SEALED_WAIT_S * ctx.time_scale
+    while disk.sealed_segment_count(data_dir, SHARD) < 1 and time.monotonic() < deadline:
+        time.sleep(0.2)
 
 
 def _c8_truncate_under_faults(ctx: RunContext) -> None:

@@ -392,6 +392,12 @@ def _live_segments(journal_dir: str) -> list[tuple[int, str]]:
     return live
 
 
+def sealed_segment_count(data_dir: str, shard: int) -> int:
+    """Sealed (not newest) segments of the shard that recovery scans: what a bit flip in a
+    sealed segment needs at least one of. Read while the node runs: a listing only."""
+    return max(0, len(_live_segments(shard_journal_dir(data_dir, shard))) - 1)
+
+
 def _last_record_offset(data: bytes, first_index: int) -> int | None:
     """Offset of the last whole record of a segment's bytes (None: no whole record)."""
     try:

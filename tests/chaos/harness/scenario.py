@@ -45,7 +45,9 @@ class Scenario:
     schedule: Callable[[RunContext], None]
     cluster: ClusterSpec = field(default_factory=ClusterSpec)
     needs_mesh: bool = False
-    warmup_s: float = 2.0
+    # Warm-up: load until this many appends were acked on every shard (it was a fixed 2 s,
+    # of which the workload process's own start-up took a part that grows with the load).
+    warmup_acks: int = 100
     recover_window_s: float = 30.0  # L1 (CI 30 s)
     converge_window_s: float = 90.0  # L2 (CI 90 s)
     tail_load_s: float = 3.0  # load after the final heal (at least; until L1 is met)
@@ -76,17 +78,23 @@ class RunContext:
         time.sleep(max(0.0, since + seconds * self.time_scale - time.monotonic()))
 
     def wait_served(
-        self, why: str, shard: int, count: int = SERVED_ACKS, wait_s: float = SERVED_WAIT_S
+        self,
+        why: str,
+        shard: int,
+        count: int = SERVED_ACKS,
+        wait_s: float = SERVED_WAIT_S,
+        *,
+        fault: str = "served",
     ) -> bool:
         """Await (bounded) `count` appends to `shard` acked from now on, and log it as an
-        info "served" event, applied when they were: the proof that the step before (a
-        new leader, a healed partition, a restarted cluster) left the shard serving. With
-        `faults_must_apply` a run where it did not fails vacuity ("V")."""
+        info event (`fault`, "served" by default), applied when they were: the proof that
+        the step before (a new leader, a healed partition, a restarted cluster) left the
+        shard serving. With `faults_must_apply` a run where it did not fails vacuity."""
         began = time.monotonic()
         got = self.wait_acks(count, wait_s, shard)
         took_s = time.monotonic() - began
         self.nemesis.log.info(
-            "served",
+            fault,
             [],
             got >= count,
             f"shard {shard} {why}: {got} appends acked in {took_s:.1f} s (wanted {count})",
@@ -204,7 +212,8 @@ def run_scenario(
         )
         ctx = RunContext(cluster, nemesis, rng, time_scale, mesh, run, HistoryTail(history_path))
         ctx.notes.update(notes or {})
-        ctx.sleep(scenario.warmup_s)
+        for shard in cluster.shards:
+            ctx.wait_served("warm-up", shard, scenario.warmup_acks, fault="warm_up")
         clock.mark("warmup")
         nemesis_log.info("schedule", [], True, f"{scenario.name} seed {seed} begins")
         scenario.schedule(ctx)
