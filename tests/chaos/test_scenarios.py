@@ -10,7 +10,14 @@ log, node logs, event logs, data tarball, checker report) and the one-line repro
     CHAOS_SEED=N .venv/bin/pytest tests/chaos/test_scenarios.py -k C5
 
 C0 is the fault-free run: the harness and the checkers must find nothing there (L8).
-Scenarios run serially (2 cores: parallel runs would only add noise).
+Scenarios run serially (2 cores: parallel runs would only add noise). Each starts its own
+cluster: a shared one would put a previous scenario's records in the dumps this run's
+history must account for, its terms in the leader-change counts, its damage, power losses
+and node environments (failpoints, proxy dials, clocks, gids) in the next verdict.
+
+The tests after the scenarios run no process: the confirmations the schedules wait for
+(a shard served again, an old leader deposed) fail the run's vacuity check when the effect
+does not happen, so a shortened schedule cannot pass hollow.
 """
 
 from __future__ import annotations
