@@ -371,6 +371,29 @@ def test_torn_tail_is_cut_and_reported(tmp_path: Path) -> None:
     assert kinds == {"cut", "appended"}
 
 
+def test_torn_tail_cuts_into_the_record_not_the_zero_ahead_space(tmp_path: Path) -> None:
+    """A running node's newest segment ends in zero-ahead space (FORMAT.md "Zero-ahead"),
+    which recovery cuts without a tear: a cut that landed there damaged nothing, and C7's
+    S14 (injected damage must be detected) failed on it."""
+    node_dir, journal, last = sealed_store(tmp_path)
+    cuts = 0
+    for seed in range(12):
+        newest = max(n for n in os.listdir(journal) if n.endswith(".seg"))
+        with open(os.path.join(journal, newest), "ab") as f:
+            f.write(bytes(256 * 1024))  # zero-ahead space, far longer than a record
+        mutation = disk.torn_tail(node_dir, 1, random.Random(seed))
+        assert mutation.applied
+        cuts += mutation.detail.startswith("cut")
+        problems, store = recovered_problems(journal, 0, last)
+        try:
+            assert problems == []
+            assert store.stats().recovery.torn_reason is not None, mutation.describe()
+            last = store.last_index
+        finally:
+            store.close()
+    assert cuts >= 3
+
+
 def test_truncate_file_is_cut_or_reported_never_served(tmp_path: Path) -> None:
     for seed in range(10):
         node_dir, journal, last = sealed_store(tmp_path / str(seed))

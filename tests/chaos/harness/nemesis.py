@@ -298,6 +298,29 @@ class Nemesis:
         )
         return new
 
+    def confirm_term(
+        self, fault: str, node_id: str, shard: int, term_min: int, wait_s: float = 20.0
+    ) -> bool:
+        """Confirm (bounded wait) that `node_id` reports a term of `shard` of at least
+        `term_min` through its own status: an old leader back from a pause or a partition
+        learnt that it was deposed ("deposed", term_min = its old term + 1), or a node
+        follows the current leader ("rejoined"). An info event, applied when seen."""
+        deadline = time.monotonic() + wait_s * self.time_scale
+        status = self.cluster.status(node_id, shard)
+        while (status is None or status.term < term_min) and time.monotonic() < deadline:
+            time.sleep(0.1)
+            status = self.cluster.status(node_id, shard)
+        seen = status is not None and status.term >= term_min
+        self.log.info(
+            fault,
+            [node_id],
+            seen,
+            f"shard {shard}: term "
+            + (f"{status.term} (leader {status.is_leader})" if status else "unknown")
+            + f", wanted >= {term_min}",
+        )
+        return seen
+
     def crash_all(
         self,
         node_ids: Sequence[str],

@@ -30,6 +30,13 @@ from tests.chaos.harness.workload import HistoryTail, WorkloadProcess, WorkloadS
 from tests.chaos.history import Evidence, ReplicaDump, read_jsonl, to_json_line
 
 S = 1_000_000_000  # ns per second
+# Between two faults a schedule waits for the cluster to serve again rather than for a
+# fixed time: this many appends acked from the moment it asks (a dozen client round trips;
+# about 0.1-0.3 s of the workload's rate on a loaded 2-core box) ...
+SERVED_ACKS = 10
+# ... within the L1 recovery window's length (CI 30 s): a cluster with a majority up that
+# acks nothing for this long has lost liveness, which L1 would report after a final heal.
+SERVED_WAIT_S = 30.0
 
 
 @dataclass(slots=True)
@@ -38,7 +45,9 @@ class Scenario:
     schedule: Callable[[RunContext], None]
     cluster: ClusterSpec = field(default_factory=ClusterSpec)
     needs_mesh: bool = False
-    warmup_s: float = 2.0
+    # Warm-up: load until this many appends were acked on every shard (it was a fixed 2 s,
+    # of which the workload process's own start-up took a part that grows with the load).
+    warmup_acks: int = 100
     recover_window_s: float = 30.0  # L1 (CI 30 s)
     converge_window_s: float = 90.0  # L2 (CI 90 s)
     tail_load_s: float = 3.0  # load after the final heal (at least; until L1 is met)
@@ -62,6 +71,35 @@ class RunContext:
 
     def sleep(self, seconds: float) -> None:
         time.sleep(seconds * self.time_scale)
+
+    def hold(self, since: float, seconds: float) -> None:
+        """Sleep until `seconds` (scaled) have passed since the monotonic time `since`: a
+        fault's minimum duration, whatever its confirmation already took."""
+        time.sleep(max(0.0, since + seconds * self.time_scale - time.monotonic()))
+
+    def wait_served(
+        self,
+        why: str,
+        shard: int,
+        count: int = SERVED_ACKS,
+        wait_s: float = SERVED_WAIT_S,
+        *,
+        fault: str = "served",
+    ) -> bool:
+        """Await (bounded) `count` appends to `shard` acked from now on, and log it as an
+        info event (`fault`, "served" by default), applied when they were: the proof that
+        the step before (a new leader, a healed partition, a restarted cluster) left the
+        shard serving. With `faults_must_apply` a run where it did not fails vacuity."""
+        began = time.monotonic()
+        got = self.wait_acks(count, wait_s, shard)
+        took_s = time.monotonic() - began
+        self.nemesis.log.info(
+            fault,
+            [],
+            got >= count,
+            f"shard {shard} {why}: {got} appends acked in {took_s:.1f} s (wanted {count})",
+        )
+        return got >= count
 
     def wait_acks(self, count: int, timeout_s: float, shard: int | None = None) -> int:
         """Wait (bounded) until `count` appends have been acked since now."""
@@ -88,6 +126,7 @@ class RunResult:
     counts: dict[str, Any]
     faults: dict[str, int]
     kept: bool
+    phases: dict[str, float] = field(default_factory=dict)  # phase -> seconds (PhaseClock)
 
     @property
     def passed(self) -> bool:
@@ -97,8 +136,24 @@ class RunResult:
         return (
             f"{self.scenario} seed {self.seed}: "
             f"{'PASS' if self.passed else f'FAIL ({len(self.violations)} violations)'} "
-            f"in {self.duration_s:.1f} s; faults {self.faults}; ops {self.counts}"
+            f"in {self.duration_s:.1f} s; faults {self.faults}; ops {self.counts}; "
+            f"phases (s) {self.phases}"
         )
+
+
+class PhaseClock:
+    """Where a run's seconds go: `mark(name)` ends the phase running since the last mark
+    and names it. The run notes and the test's printed summary carry the result, so that a
+    schedule's cost is measured, not guessed."""
+
+    def __init__(self) -> None:
+        self._last = time.monotonic()
+        self.phases: dict[str, float] = {}
+
+    def mark(self, name: str) -> None:
+        now = time.monotonic()
+        self.phases[name] = round(self.phases.get(name, 0.0) + now - self._last, 2)
+        self._last = now
 
 
 def repro_command(name: str, seed: int) -> str:
@@ -115,6 +170,7 @@ def run_scenario(
     notes: Mapping[str, Any] | None = None,
 ) -> RunResult:
     started = time.monotonic()
+    clock = PhaseClock()
     repro = repro or repro_command(scenario.name, seed)
     run = RunDir.create(artifacts_base, scenario.name, seed, repro)
     run.notes.update({"time_scale": time_scale, "cluster": repr(scenario.cluster)})
@@ -150,14 +206,18 @@ def run_scenario(
             setattr(spec, key, value)
         workload = WorkloadProcess(spec, run.file("workload.json"), run.file("logs/workload.log"))
         workload.start()
+        clock.mark("start")
         nemesis = Nemesis(
             cluster, nemesis_log, rng, mesh=mesh, kernel=kernel, time_scale=time_scale
         )
         ctx = RunContext(cluster, nemesis, rng, time_scale, mesh, run, HistoryTail(history_path))
         ctx.notes.update(notes or {})
-        ctx.sleep(scenario.warmup_s)
+        for shard in cluster.shards:
+            ctx.wait_served("warm-up", shard, scenario.warmup_acks, fault="warm_up")
+        clock.mark("warmup")
         nemesis_log.info("schedule", [], True, f"{scenario.name} seed {seed} begins")
         scenario.schedule(ctx)
+        clock.mark("schedule")
         # Final heal: everything resumed, reconnected and restarted, one leader per shard.
         nemesis.heal()
         # A global "end": the checkers' final heal (L1 window, L2 deadline start here).
@@ -166,6 +226,7 @@ def run_scenario(
             cluster.wait_ready(scenario.recover_window_s * time_scale)
         except TimeoutError as exc:
             nemesis_log.info("heal", [], False, f"not ready after the final heal: {exc}")
+        clock.mark("heal")
         # Load goes on after the heal so that L1 is judged: until every shard acked again
         # (bounded by the recovery window), and at least tail_load_s.
         deadline = time.monotonic() + scenario.recover_window_s * time_scale
@@ -178,8 +239,10 @@ def run_scenario(
         # history runs on past its whole window, which the load stopped here never does.
         unrecovered = [s for s in cluster.shards if ctx.history.ok_appends_since(heal_ns, s) == 0]
         counts = workload.stop()
+        clock.mark("tail_load")
         run.notes["schedule"] = ctx.notes
         converge(cluster, nemesis_log, history_path, scenario.converge_window_s * time_scale)
+        clock.mark("converge")
         online = None if _has_offline_dump() else _online_dumps(cluster)
         cluster.disconnect_probes()
         run.notes["exit_statuses"] = cluster.terminate_all()
@@ -187,6 +250,7 @@ def run_scenario(
         with open(run.file("dumps.jsonl"), "w") as f:
             for dump in dumps:
                 f.write(to_json_line(dump) + "\n")
+        clock.mark("stop_dump")
     except BaseException as exc:
         error = exc
     finally:
@@ -226,6 +290,8 @@ def run_scenario(
     for event in evidence.nemesis:
         if event.phase != "end" and event.applied:
             faults[event.fault] = faults.get(event.fault, 0) + 1
+    clock.mark("check")
+    run.notes["phases_s"] = clock.phases
     run.notes["faults"] = faults
     run.notes["counts"] = counts
     run.notes["violations"] = [f"[{v.check}] {v.message}" for v in violations]
@@ -243,6 +309,7 @@ def run_scenario(
         counts.get("counts", {}),
         faults,
         kept,
+        clock.phases,
     )
 
 
