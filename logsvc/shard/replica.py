@@ -349,6 +349,16 @@ class ShardReplica:
                 assert command is not None, f"raft index {where.raft_index} holds no command"
                 cached_index = where.raft_index
                 cached = decode_entry_records(command, self._limits)
+            if where.offset + where.count > len(cached):
+                # The state machine and the journal disagree (an entry replaced under a
+                # disk that lied about a sync): an error, not an endless loop on this LSN.
+                end = where.offset + where.count
+                reason = (
+                    f"raft index {where.raft_index} holds {len(cached)} records; lsn"
+                    f" {next_lsn} maps to its records [{where.offset}, {end})"
+                )
+                self._events.emit("corruption", detail=reason)
+                raise CommandCorrupt(reason)
             for record in cached[where.offset : where.offset + where.count]:
                 if records and (len(record) > budget or len(records) >= records_max):
                     return ReadResult(tuple(records), lsn, next_lsn)

@@ -38,6 +38,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
+from logsvc.shard.errors import CommandCorrupt
 from logsvc.shard.raft import patches as raft_patches
 from tests.chaos.dst.checks import safety_violations
 from tests.chaos.dst.clock import NS_PER_MS, NS_PER_S, VirtualClock
@@ -577,10 +578,21 @@ class Simulation:
             records: list[tuple[int, bytes]] = []
             lsn = first_lsn
             while lsn < next_lsn:
-                result = replica.read(lsn, DUMP_READ_BYTES)
+                try:
+                    result = replica.read(lsn, DUMP_READ_BYTES)
+                except CommandCorrupt as exc:  # the negative control's lying disk
+                    self.violations.append(f"S11 {name}: a read from LSN {lsn} failed: {exc}")
+                    break
                 if not result.records:
                     break
                 records.extend((lsn + i, r) for i, r in enumerate(result.records))
+                if result.next_lsn <= lsn:
+                    # Only a broken replica (the negative control's lying disk) answers so;
+                    # reading on would never end.
+                    self.violations.append(
+                        f"S11 {name}: a read from LSN {lsn} answered next_lsn {result.next_lsn}"
+                    )
+                    break
                 lsn = result.next_lsn
             dumps.append(ReplicaDump(name, SHARD, first_lsn, next_lsn - 1, tuple(records)))
         if len(set(digests.values())) != 1:

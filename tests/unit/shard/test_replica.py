@@ -10,6 +10,7 @@ acknowledged record. Waits are bounded polls.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import threading
@@ -28,7 +29,7 @@ from logsvc.shard.commands import (
     Truncated,
     UnfencedTruncate,
 )
-from logsvc.shard.errors import CommandInvalid, LsnTruncated
+from logsvc.shard.errors import CommandCorrupt, CommandInvalid, LsnTruncated
 from logsvc.shard.raft.config import RaftConfig
 from logsvc.shard.replica import (
     MembershipChangeInProgress,
@@ -157,6 +158,42 @@ def test_dense_lsns_and_reads_on_every_replica(shard: Shard) -> None:
     with pytest.raises(NotLeader) as raised:
         follower.append("w", 3, batch("c", 1))
     assert raised.value.leader_hint in shard.addresses  # where to redirect
+
+
+def test_a_state_machine_that_disagrees_with_the_journal_fails_a_read_not_hangs_it(
+    shard: Shard, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The state machine maps LSNs to more records than their journal entry holds (an entry
+    replaced under a disk that lied about a sync: the simulator's negative control): the
+    read raises `CommandCorrupt` naming the entry. It used to serve what it found here, and
+    to loop on an LSN for ever when the entry held none of its records (DST seed 7 of the
+    negative control, once elections changed its path)."""
+    shard.start_all()
+    appended(shard.append("w", 1, batch("a", 3)))
+    shard.converged()
+    replica = shard.leader()
+    machine = replica._machine
+    real = machine.locate
+
+    def beyond(lsn: int) -> object:
+        where = real(lsn)
+        return dataclasses.replace(where, count=where.count + 2)
+
+    monkeypatch.setattr(machine, "locate", beyond)
+    outcome: list[object] = []
+    reader = threading.Thread(target=lambda: outcome.append(_read_or_error(replica)), daemon=True)
+    reader.start()
+    reader.join(WAIT_S_MAX)
+    assert not reader.is_alive(), "the read never ended"
+    [error] = outcome
+    assert isinstance(error, CommandCorrupt) and "holds 3 records" in str(error), error
+
+
+def _read_or_error(replica: ShardReplica) -> object:
+    try:
+        return replica.read(1, 1 << 20)
+    except CommandCorrupt as exc:
+        return exc
 
 
 def test_a_retry_after_failover_gets_the_original_lsns(shard: Shard) -> None:
