@@ -222,9 +222,11 @@ class StallWatch:
         self._thread.join()
 
 
-# The three replicas share this process: a stall of it as long as the shortest election
-# timeout (1 s) silences the leader to both followers at once, and then standing is right.
-STALL_S_MAX = 1.0
+# The three replicas share this process: a stall of it silences the leader to both
+# followers at once, for the stall plus up to a heartbeat interval (0.1 s) and a tick's
+# lateness; once that reaches the shortest election timeout (1 s), standing is right.
+# (With 0.96-1.02 s collections a run's terms moved though the watch saw under 1 s.)
+STALL_S_MAX = 0.8
 CUT_RUNS_MAX = 3
 
 
@@ -249,8 +251,9 @@ def test_a_follower_cut_off_from_its_leader_alone_does_not_disrupt_the_shard(
             try:
                 _cut_one_follower(tmp_path / f"run{run}")
                 return
-            except AssertionError:
+            except AssertionError as failed:
                 if watch.longest_s < STALL_S_MAX:
+                    failed.add_note(f"run {run}: the longest stall {watch.longest_s:.2f} s")
                     raise
         print(f"run {run}: the process stalled {watch.longest_s:.1f} s; run again")
     pytest.fail(f"each of {CUT_RUNS_MAX} runs stalled the process for {STALL_S_MAX} s or more")
