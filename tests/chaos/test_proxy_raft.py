@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,6 +26,7 @@ from logsvc.shard.raft.config import RaftConfig
 from logsvc.shard.replica import NotLeader, OutcomeUnknown, ReplicaConfig, ShardReplica
 from logsvc.store import Entry, StoreLimits
 from tests.chaos.harness.proxy import ProxyMesh
+from tests.support.stalls import StallWatch
 from tests.unit.shard import raft_harness
 from tests.unit.shard.raft_harness import SECRET, free_ports
 
@@ -194,32 +194,6 @@ class _SlowerShard(MeshedShard):
             connection_timeout_ms=2500,
         )
         return dataclasses.replace(config, raft=raft)
-
-
-class StallWatch:
-    """The longest this process went unscheduled while the watch ran: a thread that wakes
-    every 50 ms records how late it woke. A full collection of a large heap (the CI's one
-    pytest process) or a starved machine stalls every thread of the process at once."""
-
-    def __init__(self) -> None:
-        self.longest_s = 0.0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, name="stall-watch", daemon=True)
-
-    def _watch(self) -> None:
-        last = time.monotonic()
-        while not self._stop.wait(0.05):
-            now = time.monotonic()
-            self.longest_s = max(self.longest_s, now - last - 0.05)
-            last = now
-
-    def __enter__(self) -> StallWatch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 # The three replicas share this process: a stall of it silences the leader to both
