@@ -131,8 +131,11 @@ async def _failover(client: Client, base: str, addresses: tuple[str, ...]) -> No
         nonlocal killed_at
         await asyncio.sleep(0.5)
         before = len(acked)
-        killed_at = time.monotonic()  # from the signal on: the failover the clients see
-        await asyncio.to_thread(devcluster.kill_node, base, victim)
+        await asyncio.to_thread(devcluster.kill_node, base, victim)  # returns once it is gone
+        # From its death on: an append sent between this thread's start and the signal (on a
+        # loaded box, long enough) was acknowledged by the live leader, and the line said
+        # "acknowledged 0.00 s after the kill".
+        killed_at = time.monotonic()
         _say(
             f"killed {victim} (the leader, {old.leader}, term {old.term}) after {before} "
             "acknowledged appends"

@@ -336,6 +336,14 @@ class _Story:
         assert first_s is not None
         role = await role_of(self.pair.b, self.pair.token)
         await self._until_more(ACKS_PER_STEP, writers)
+        # Each CN's client on the new active TN before the line says so: the commits counted
+        # above may all be one CN's while the other still looks for a TN (on a loaded box the
+        # line said "both CNs now commit through <standby>, None").
+        await self._until(
+            lambda: all(tn.address == self.pair.b for tn in self.tns),
+            "both CNs on the new active TN",
+            writers,
+        )
         at = {tn.address for tn in self.tns}
         self.say(
             f"active TN {self.pair.a} killed with SIGKILL after {before} acknowledged commits; "

@@ -18,7 +18,9 @@ open (`--verify`, a separate process: restart = newest checkpoint + WAL tail) mu
 * no object missing that a held block or a retained checkpoint refers to;
 * the objects the previous kill left unreferenced are gone: the round's writable open
   collected them;
-* the WAL a window: after the last round it holds fewer than half the transactions made.
+* the WAL a window: after a round other than the first it holds fewer than half the
+  transactions made (more rounds, up to four, until one shows it: a loaded machine may end
+  a round before the engine's own checkpoint).
 
 Over the rounds the engine must really have done storage work (checkpoints restored from,
 persisted blocks), else the test proved nothing. Every process is stopped by PID whatever
@@ -37,6 +39,7 @@ from tests.support.s3server import ACCESS_KEY, SECRET_KEY, MotoServer
 
 SEED = 1414
 ROUNDS = 4
+ROUNDS_MORE_MAX = 4
 ACKS_WAIT_S_MAX = 60.0
 RUN_S_MAX = 60.0
 STORAGE = [
@@ -89,11 +92,23 @@ class Ledger:
         self.checkpoints += storage["checkpoint"] is not None
         self.persisted_blocks += storage["blocks"]["l1"] + storage["blocks"]["l2"]
 
+    def windowed_after_a_restart(self) -> bool:
+        """After some round but the first (the WAL reopened, and truncated since), the WAL
+        held fewer than half the transactions made."""
+        return any(retained < made // 2 for retained, made in self.windows[1:])
+
 
 def kill_rounds(args: list[str], tmp_path: Path, rounds: int, env: dict[str, str]) -> Ledger:
+    """`rounds` rounds, then more (up to `ROUNDS_MORE_MAX`) until one after the first left
+    the WAL a window (`Ledger.windowed_after_a_restart`): the engine checkpoints every
+    400 ms, but how much of that a random 0.3-2 s run holds depends on the machine's load (on
+    a loaded box the S3 test's second round ended before any checkpoint of its own, and its
+    WAL held 1,121 of 1,389 transactions). Each extra round is one more kill checked."""
     rng = random.Random(SEED)
     ledger = Ledger()
-    for round_ in range(1, rounds + 1):
+    for round_ in range(1, rounds + ROUNDS_MORE_MAX + 1):
+        if round_ > rounds and ledger.windowed_after_a_restart():
+            break
         where = f"seed {SEED}, round {round_}"
         workload = WorkloadProcess(
             [
@@ -127,8 +142,7 @@ def test_an_engine_killed_while_it_rewrites_and_checkpoints_loses_nothing(
     args = ["--dir", str(tmp_path / "engine"), "--wal", "file"]
     ledger = kill_rounds(args, tmp_path, ROUNDS, dict(os.environ))
     assert ledger.checkpoints >= ROUNDS - 1, "the engine hardly ever checkpointed"
-    retained, made = ledger.windows[-1]
-    assert retained < made // 2, f"the WAL is not a window: {ledger.windows}"
+    assert ledger.windowed_after_a_restart(), f"the WAL is not a window: {ledger.windows}"
     assert ledger.persisted_blocks > 0, "the engine never flushed"
     assert ledger.deleted, "no delete was acknowledged"
 
@@ -155,5 +169,4 @@ def test_an_engine_with_its_objects_in_s3_killed_loses_nothing(tmp_path: Path) -
         ]
         ledger = kill_rounds(args, tmp_path, 2, env)
     assert ledger.checkpoints >= 1 and ledger.persisted_blocks > 0
-    retained, made = ledger.windows[-1]
-    assert retained < made // 2, f"the WAL is not a window: {ledger.windows}"
+    assert ledger.windowed_after_a_restart(), f"the WAL is not a window: {ledger.windows}"

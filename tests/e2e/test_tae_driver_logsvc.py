@@ -33,6 +33,7 @@ from logsvc import devcluster
 from logsvc.client import ClientOptions, LogsvcError, Truncated, connect
 from tae_driver import ReplayMode, bench, open_driver
 from tae_driver.backend import RecordKind
+from tae_driver.backends import logsvc as logsvc_backend
 from tae_driver.backends.logsvc import LogsvcBackend
 from tae_driver.errors import BackendClosed, BackendFenced, BackendUnavailable, DriverFailed
 from tae_driver.record import EntriesRecord, decode
@@ -402,18 +403,28 @@ def test_the_bench_runs_over_a_running_cluster(
     assert report["latency_ms_p50"] <= report["latency_ms_p99"] <= report["latency_ms_max"]
 
 
-def test_close_ends_the_calls_in_flight(shards: Shards) -> None:
+CLOSE_POLL_MS = 20_000
+
+
+def test_close_ends_the_calls_in_flight(shards: Shards, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A long poll of 20 s here (the backend's is at most 1 s), so that ended by the close
+    and ended by the poll's own timeout are 10 s apart, not 0.5 s (a collection or a loaded
+    box took that, and the 1 s poll could even end before the close was asked)."""
     shard = shards.take()
+    monkeypatch.setattr(logsvc_backend, "LOGSVC_TAIL_WAIT_MS_MAX", CLOSE_POLL_MS)
+    config = shards.cluster.client_config
+    options = ClientOptions(request_timeout_s=2 * CLOSE_POLL_MS / 1000.0)
 
     async def scenario() -> None:
-        backend = await shards.backend(shard)
+        backend = await LogsvcBackend.open(config.addresses, config.token, shard, options=options)
         waiting = asyncio.ensure_future(backend.wait_past(0))  # an empty log: a long poll
         await asyncio.sleep(0.1)
         assert not waiting.done()
-        started = time.monotonic()
-        await backend.close()
-        await asyncio.wait_for(waiting, 1.0)  # ended by the close, not by the poll's timeout
-        assert time.monotonic() - started < 0.5
+        # Closed, and the poll ended by the close, well before the poll's own 20 s (a close
+        # that waited for its calls instead of cancelling them takes the 20 s).
+        async with asyncio.timeout(CLOSE_POLL_MS / 1000.0 / 2):
+            await backend.close()
+            await waiting
         with pytest.raises(BackendClosed):
             await backend.append(b"too late")
 

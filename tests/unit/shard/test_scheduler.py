@@ -26,8 +26,14 @@ WAIT_S_MAX = 5.0
 class Fake:
     """A Tickable that records its ticks; `deadline` says when it wants the next."""
 
-    def __init__(self, label: str, peers: frozenset[str] = frozenset()) -> None:
+    def __init__(
+        self,
+        label: str,
+        peers: frozenset[str] = frozenset(),
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.label = label
+        self.clock = clock
         self.peers = peers
         self.connected: set[str] = set(peers)
         self.ticks: list[tuple[float, str]] = []
@@ -39,7 +45,7 @@ class Fake:
         self.is_leader = False
 
     def tick(self) -> float | None:
-        now = time.monotonic()
+        now = self.clock()
         with self.lock:
             self.ticks.append((now, threading.current_thread().name))
         if self.poller is not None:
@@ -96,22 +102,62 @@ def test_threads_are_the_workers_whatever_the_replica_count() -> None:
     until(lambda: threading.active_count() == before, "the workers to end")
 
 
+class FrozenClock:
+    """The scheduler's clock, moved only by the test: what "at the deadline" means is then
+    exact, whatever the machine's load (a real clock's bound on the lateness of a tick
+    failed on a loaded machine, and one loose enough to pass there proves nothing)."""
+
+    def __init__(self) -> None:
+        self.now_s = 1000.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+def full_rounds(sched: RaftScheduler, probe: Fake, rounds: int = 2) -> None:
+    """Wait until the worker has gone round its loop `rounds` times more, each reading the
+    clock and expiring the timers due: `probe`, a replica on the same (only) worker, is
+    woken and its tick awaited, twice, so the round of the first wake has ended entirely."""
+    for _ in range(rounds):
+        ticked = ticked_past(probe, probe.count())
+        sched.wake(probe)
+        until(ticked, "a round of the worker")
+
+
+def ticked_past(fake: Fake, count: int) -> Callable[[], bool]:
+    return lambda: fake.count() > count
+
+
 def test_a_replica_ticks_at_its_deadline_and_on_wake() -> None:
-    sched = scheduler(workers=1)
+    """On a clock only the test moves: no tick while the clock is short of the deadline
+    the last tick asked for (however many rounds the worker makes), a tick once it reaches
+    it, none when no deadline was asked for, however far the clock moves, and a tick on
+    `wake` with the clock standing still (nothing but the wake can have caused it)."""
+    clock = FrozenClock()
+    liveness = NodeLiveness("n1", 0.05, 0.3, clock())
+    sched = RaftScheduler(liveness, lambda address: address, workers=1, clock=clock)
     sched.start()
-    fake = Fake("r")
+    fake = Fake("r", clock=clock)
+    probe = Fake("probe", clock=clock)
     try:
-        fake.deadline = lambda now: now + 0.3 if len(fake.ticks) == 1 else None
+        add(sched, probe)
+        first_tick_s = clock()
+        deadline_s = first_tick_s + 0.3
+        fake.deadline = lambda now: deadline_s if len(fake.ticks) == 1 else None
         add(sched, fake)
+        until(lambda: fake.count() == 1, "the first tick")
+        clock.now_s = deadline_s - 0.001
+        full_rounds(sched, probe)
+        assert fake.count() == 1  # short of its deadline: not ticked
+        clock.now_s = deadline_s
         until(lambda: fake.count() == 2, "the tick at the deadline")
-        gap = fake.ticks[1][0] - fake.ticks[0][0]
-        assert 0.29 <= gap < 0.3 + 0.25
-        time.sleep(0.2)
+        assert fake.ticks[1][0] == deadline_s
+        clock.now_s = deadline_s + 3600.0
+        full_rounds(sched, probe)
         assert fake.count() == 2  # no deadline asked: no tick
-        woken_at = time.monotonic()
         sched.wake(fake)
         until(lambda: fake.count() == 3, "the tick after a wake")
-        assert fake.ticks[2][0] - woken_at < 0.25
+        assert fake.ticks[2][0] == clock.now_s
     finally:
         sched.close()
 
@@ -216,14 +262,11 @@ def test_a_lapse_wakes_only_the_replicas_it_concerns() -> None:
     # Neither can carry `alive` messages (a carrier ticks for that each interval).
     follows_n3.connected.clear()
     leads.connected.clear()
-    stop = threading.Event()
-
-    def n3_speaks() -> None:  # n3 stays live; n2 says nothing and lapses
-        while not stop.wait(0.02):
-            sched.liveness.heard("n3", time.monotonic())
-
-    speaker = threading.Thread(target=n3_speaks)
-    speaker.start()
+    # n3 stays live: heard from "an hour from now", so it cannot lapse however late a loaded
+    # machine runs this thread (a thread saying n3 spoke every 20 ms could be held past
+    # lapse_s by load or a collection, and n3's lapse woke the two replicas that must
+    # stay asleep). n2 says nothing and lapses.
+    sched.liveness.heard("n3", time.monotonic() + 3600.0)
     sched.start()
     try:
         for fake in fakes:
@@ -239,8 +282,6 @@ def test_a_lapse_wakes_only_the_replicas_it_concerns() -> None:
             "the wake of the replicas n2's lapse concerns",
         )
     finally:
-        stop.set()
-        speaker.join()
         sched.close()
     assert follows_n3.count() == before[follows_n3.label]
     assert leads.count() == before[leads.label]
