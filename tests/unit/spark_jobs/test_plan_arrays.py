@@ -85,10 +85,12 @@ def _outcome(plan: object) -> object:
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.randoms(use_true_random=False), st.sampled_from([None, None, 0, 3, 12]))
-@example(random.Random(0), None)
-def test_the_array_plan_is_the_record_plan(rng: random.Random, ckp_dsn: int | None) -> None:
-    records, skips, truncated = _log(rng)
+@given(st.integers(0, 2**32), st.sampled_from([None, None, 0, 3, 12]))
+@example(0, None)
+def test_the_array_plan_is_the_record_plan(seed: int, ckp_dsn: int | None) -> None:
+    # A seed, not st.randoms: its draws are uniform, so about half the logs are clean and
+    # half damaged in some way (hypothesis' own draws lean to the first choice).
+    records, skips, truncated = _log(random.Random(seed))
     base = _base(ckp_dsn)
     expected = _outcome(lambda: replay.plan_replay(records, skips, truncated, "log", base))
     found = _outcome(
@@ -130,10 +132,11 @@ def _segment(records: list[replay.DriverRecord], truncate_lsns: list[int]) -> Se
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.randoms(use_true_random=False))
-def test_plan_input_from_segments_is_plan_input_from_records(rng: random.Random) -> None:
+@given(st.integers(0, 2**32))
+def test_plan_input_from_segments_is_plan_input_from_records(seed: int) -> None:
     """Segments (arrays), single records, and both in turn, with an LSN given twice (the
     later one counts): one plan."""
+    rng = random.Random(seed)
     records, _, truncated = _log(rng)
     if records and rng.random() < 0.3:
         again = rng.choice(records)
