@@ -31,7 +31,6 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
-import pyarrow.compute as pc
 import xxhash
 
 from engine import limits
@@ -178,20 +177,9 @@ def decode_entries_at(
     )
     fast = np.zeros(count, dtype=np.bool_)
     reader = _Gather(data, starts, ends)
-    if count and len(data) < 1 << 31:  # a binary array's offsets (callers chunk far below)
+    if count and len(data) < 1 << 31:  # string offsets are int32 (callers chunk far below)
         assert (starts[1:] >= ends[:-1]).all()
         assert starts[0] >= 0 and ends[-1] <= len(data)
-        # Element i of the array runs from entry i's start to entry i + 1's: the entry, then
-        # whatever lies before the next (a prefix of each is all that is read of it).
-        reader.array = pa.Array.from_buffers(
-            pa.binary(),
-            count,
-            [
-                None,
-                pa.py_buffer(np.concatenate((starts, ends[-1:])).astype(np.int32)),
-                pa.py_buffer(data),
-            ],
-        )
         candidates, fields = _fast_candidates(reader, ends - starts)
         candidates &= _checksums_ok(reader, candidates, fields.checksums)
         _decode_groups(reader, candidates, fields, dsn_array, out, fast)
@@ -282,11 +270,10 @@ _IDS = np.dtype(
 
 
 class _Gather:
-    """The entries of one call: the buffer holding them, where each starts and ends, and the
-    same as an Arrow binary array (so that fixed-position slices of all of them are one Arrow
-    kernel); fields of many entries read at once."""
+    """The entries of one call: the buffer holding them, and where each starts and ends;
+    fields of many entries read at once."""
 
-    __slots__ = ("array", "data", "ends", "raw", "starts")
+    __slots__ = ("data", "ends", "raw", "starts")
 
     def __init__(
         self, raw: bytes, starts: npt.NDArray[np.int64], ends: npt.NDArray[np.int64]
@@ -295,23 +282,20 @@ class _Gather:
         self.data = np.frombuffer(raw, dtype=np.uint8)
         self.starts = starts
         self.ends = ends
-        self.array: pa.BinaryArray | None = None
 
     def entry(self, index: int) -> bytes:
         return self.raw[int(self.starts[index]) : int(self.ends[index])]
 
     def prefix(self, members: npt.NDArray[np.int64], width: int) -> npt.NDArray[np.uint8]:
-        """The first `width` bytes of each member (each at least that long), (n, width)."""
-        assert self.array is not None
-        chosen = (
-            self.array
-            if len(members) == len(self.starts)
-            else self.array.take(arrow_array(members))
-        )
-        sliced = pc.binary_slice(chosen, 0, width)
-        assert sliced.offset == 0
-        raw = np.frombuffer(sliced.buffers()[2], dtype=np.uint8)[: len(members) * width]
-        return raw.reshape(len(members), width)
+        """The first `width` bytes of each member (each at least that long), (n, width), C
+        order: rows of a sliding window over the buffer (a view), so the one copy made is
+        of those bytes (no index per byte)."""
+        assert width >= 1
+        if not len(members):
+            return np.zeros((0, width), dtype=np.uint8)
+        windows = np.lib.stride_tricks.sliding_window_view(self.data, width)
+        found: npt.NDArray[np.uint8] = windows[self.starts[members]]
+        return found
 
     def bytes_at(self, positions: npt.NDArray[np.int64], width: int) -> npt.NDArray[np.uint8]:
         """`width` bytes at each absolute position, (n, width); positions past the data read its
