@@ -471,6 +471,8 @@ def _fields(matrix: npt.NDArray[np.uint8], at: int, dtype: np.dtype[Any]) -> np.
     """One `dtype` value per row of `matrix` (n, width; C order), at byte `at` of the row: a
     view (unaligned reads), no copy."""
     assert matrix.flags.c_contiguous and at + dtype.itemsize <= matrix.shape[1]
+    if not len(matrix):
+        return np.zeros(0, dtype=dtype)
     return np.ndarray(
         (len(matrix),), dtype=dtype, buffer=matrix, offset=at, strides=(matrix.shape[1],)
     )
