@@ -10,7 +10,7 @@ from __future__ import annotations
 from unittest import mock
 
 import numpy as np
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from engine.wal import batch
@@ -23,6 +23,9 @@ from engine.wal import batch
     st.integers(1, 80),
     st.sampled_from([0, 8, 64]),
 )
+# A short run at the buffer's end, after a longer one: its window row is moved back.
+@example(bytes(range(100)), [(0, 50), (95, 5)], 80, 64)
+@example(bytes(range(10)), [(0, 3), (8, 2)], 80, 8)
 def test_runs_gathered_in_steps_are_the_runs_joined(
     raw: bytes, runs: list[tuple[int, int]], step_bytes: int, window_bytes: int
 ) -> None:
