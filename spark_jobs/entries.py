@@ -379,13 +379,20 @@ def _walk(
 
     Step k reads the size prefix of entry k of every record that has one: with the records
     sorted by count (most first) those are a prefix of the arrays. Each step adds at least 4
-    bytes, and a place past the data is clipped to one byte past it (whose padding reads as
-    size 0), so an entry running past its record leaves every later end past it (whatever
-    bytes lie after the record): one test of the last end per record is the whole check."""
+    bytes, and a place past the data is clipped to one byte past it, so an entry running past
+    its record leaves every later end past it (whatever bytes lie after the record): one test
+    of the last end per record is the whole check."""
     cap = len(data) + 1
-    padded = np.frombuffer(data + bytes(_PREFIX_BYTES + 1), dtype=np.uint8)
-    # The u32 at every byte up to `cap`: unaligned reads through a one-byte stride.
-    size_at = np.ndarray((cap + 1,), dtype="<u4", buffer=padded, strides=(1,))
+    if len(data) >= _PREFIX_BYTES:
+        raw = np.frombuffer(data, dtype=np.uint8)
+    else:  # too short for one size prefix: padded, so that there is one u32 to read
+        raw = np.frombuffer(data + bytes(_PREFIX_BYTES), dtype=np.uint8)
+    # The u32 at every byte where one fits: unaligned reads through a one-byte stride. A
+    # place past the last (`last`) is read there instead: such a prefix does not fit in the
+    # data, so its entry runs past its record's end whatever size is read (every later place
+    # stays past it), and the record fails the check; a record that parses reads no such place.
+    last = len(raw) - _PREFIX_BYTES
+    size_at = np.ndarray((last + 1,), dtype="<u4", buffer=raw, strides=(1,))
     order = np.argsort(-counts, kind="stable")
     sorted_counts = counts[order]
     steps = int(sorted_counts[0]) if len(counts) else 0
@@ -396,12 +403,12 @@ def _walk(
         n = int(live[k])
         p = positions[:n]
         at[k, :n] = p
-        np.minimum(p + _PREFIX_BYTES + size_at[p], cap, out=p)
+        np.minimum(p + _PREFIX_BYTES + size_at[np.minimum(p, last)], cap, out=p)
     parsed = np.empty(len(counts), dtype=np.bool_)
     parsed[order] = positions == record_ends[order]
     rank = np.empty(len(counts), dtype=np.int64)
     rank[order] = np.arange(len(counts))
     prefixes = at[within, rank[record_of]]
     starts = prefixes + _PREFIX_BYTES
-    ends = starts + size_at[prefixes]
+    ends = starts + size_at[np.minimum(prefixes, last)]
     return starts, ends, parsed

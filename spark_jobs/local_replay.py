@@ -108,12 +108,14 @@ def plan_from_rows(
 class PlanInput:
     """What the replay plan reads of each backend record of one log: the audit level's
     narrow columns (`PLAN_COLUMNS`, as rows), or the driver records themselves as a reader
-    passes them (`add_record`, the same mapping as the audit level's)."""
+    passes them (`add_record`, the same mapping as the audit level's; `add_records`, a
+    segment's at once, kept as arrays and planned at once when nothing else was added)."""
 
-    __slots__ = ("by_lsn", "skips", "truncated")
+    __slots__ = ("by_lsn", "segments", "skips", "truncated")
 
     def __init__(self) -> None:
         self.by_lsn: dict[int, replay.DriverRecord] = {}
+        self.segments: list[replay.RecordArrays] = []
         self.skips: list[tuple[int, int]] = []
         self.truncated = 0
 
@@ -131,6 +133,8 @@ class PlanInput:
         if kind in ("entry", "marker"):
             assert lsn is not None and start_dsn is not None and count is not None
             assert safe_dsn is not None and checksum is not None
+            if self.segments:
+                self._materialize()
             self.by_lsn[lsn] = replay.DriverRecord(lsn, start_dsn, count, safe_dsn, checksum)
         elif kind == "skip":
             self.skips.extend(zip(skip_dsns, skip_lsns, strict=True))
@@ -156,22 +160,45 @@ class PlanInput:
 
     def add_records(self, found: SegmentRecords) -> None:
         """`add_record` for every record of a segment read whole (its ENTRIES records and
-        markers, and its TRUNCATE frames), mapped as `record_fields` maps each."""
-        by_lsn, record = self.by_lsn, replay.DriverRecord
-        for lsn, start_dsn, count, safe_dsn, checksum in zip(
-            found.lsns.tolist(),
-            found.start_dsns.tolist(),
-            found.counts.tolist(),
-            found.safe_dsns.tolist(),
-            found.checksums.tolist(),
-            strict=True,
-        ):
-            by_lsn[lsn] = record(lsn, start_dsn, count, safe_dsn, checksum)
+        markers, and its TRUNCATE frames), mapped as `record_fields` maps each: kept as
+        arrays (the segment's own, no copy) unless single records came first."""
+        self.segments.append(
+            replay.RecordArrays(
+                found.lsns, found.start_dsns, found.counts, found.safe_dsns, found.checksums
+            )
+        )
+        if self.by_lsn:
+            self._materialize()
         if len(found.truncate_lsns):
             self.truncated = max(self.truncated, int(found.truncate_lsns.max()))
 
     def plan(self, where: str, base: replay.BaseState) -> replay.ReplayPlan:
+        """The plan of every record added: at once (`plan_replay_arrays`) when they all came
+        from segments read whole, each LSN once; else record by record, a later record of
+        one LSN replacing an earlier one (`add`'s mapping)."""
+        if self.segments:
+            assert not self.by_lsn
+            joined = replay.RecordArrays(
+                *(
+                    np.concatenate([getattr(s, name) for s in self.segments])
+                    for name in _RECORD_ARRAY_FIELDS
+                )
+            )
+            lsns = np.sort(joined.lsns)
+            if not len(lsns) or bool((lsns[1:] > lsns[:-1]).all()):
+                return replay.plan_replay_arrays(joined, self.skips, self.truncated, where, base)
+            self._materialize()
         return replay.plan_replay(self.by_lsn.values(), self.skips, self.truncated, where, base)
+
+    def _materialize(self) -> None:
+        """The segments' records into `by_lsn`, in the order they came, as `add` adds."""
+        for segment in self.segments:
+            for record in segment.records():
+                self.by_lsn[record.lsn] = record
+        self.segments = []
+
+
+_RECORD_ARRAY_FIELDS = ("lsns", "start_dsns", "counts", "safe_dsns", "checksums")
 
 
 def base_of(
@@ -513,7 +540,7 @@ def _replay_one_pass(
                     return None
                 dsn_lo = int(dsns[0]) if dsn_lo is None else dsn_lo
                 dsn_hi = int(dsns[-1])
-                lsns_replayed.append(np.unique(chunk.lsns[chosen]))
+                lsns_replayed.append(_distinct(chunk.lsns[chosen]))
                 newest = max(newest, int(decoded.commit_ts[chosen].max()))
                 replayed.add_chunk(decoded, chosen)
     except (InputCorrupt, ReplayFailed):
@@ -528,6 +555,18 @@ def _replay_one_pass(
         if not np.isin(read, kept).all():
             return None
     return plan, replayed, newest
+
+
+def _distinct(values: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """The distinct values, rising: without a sort when they already rise (a chunk's LSNs,
+    one per entry, read in LSN order)."""
+    if len(values) < 2 or not bool((values[1:] >= values[:-1]).all()):
+        return np.unique(values)
+    changes = np.empty(len(values), dtype=np.bool_)
+    changes[0] = True
+    np.not_equal(values[1:], values[:-1], out=changes[1:])
+    found: npt.NDArray[np.int64] = values[changes]
+    return found
 
 
 def _replay_log_sorted(

@@ -55,6 +55,9 @@ import bisect
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+import numpy as np
+import numpy.typing as npt
+
 from engine.catalog import Catalog
 from engine.checkpoint.errors import CheckpointCorrupt
 from engine.checkpoint.plan import restore_catalog
@@ -245,6 +248,92 @@ def plan_replay(
         plan.kept_lsns.add(record.lsn)
         expected = end + 1
     plan.last_dsn = expected - 1
+    return plan
+
+
+@dataclass(frozen=True, slots=True)
+class RecordArrays:
+    """The backend records of one log as arrays, one value per record (any order, each LSN
+    once): what `plan_replay_arrays` reads, the fields of `DriverRecord`."""
+
+    lsns: npt.NDArray[np.int64]
+    start_dsns: npt.NDArray[np.int64]
+    counts: npt.NDArray[np.int64]
+    safe_dsns: npt.NDArray[np.int64]
+    checksums: npt.NDArray[np.int64]
+
+    def __len__(self) -> int:
+        return len(self.lsns)
+
+    def records(self) -> list[DriverRecord]:
+        return [
+            DriverRecord(*fields)
+            for fields in zip(
+                self.lsns.tolist(),
+                self.start_dsns.tolist(),
+                self.counts.tolist(),
+                self.safe_dsns.tolist(),
+                self.checksums.tolist(),
+                strict=True,
+            )
+        ]
+
+
+def plan_replay_arrays(
+    found: RecordArrays,
+    skips: Iterable[tuple[int, int]],
+    truncated_lsn: int,
+    where: str,
+    base: BaseState = EMPTY_BASE,
+) -> ReplayPlan:
+    """`plan_replay` of the records `found`, whole-log steps instead of one per record (issue
+    23: ~15 us a record, a fifth of a clean replay), for what a clean log is: no skip record
+    naming one of them, no two copies of a DSN range, the ranges running on without gap or
+    overlap from an allowed first DSN, no safe DSN vouching for a copy at a higher LSN. Any
+    other log is planned by `plan_replay` itself, record by record, so its plan and every
+    error and message are that function's (tests/unit/spark_jobs/test_plan_arrays.py)."""
+    skip_list = list(skips)
+    order = np.argsort(found.lsns, kind="stable")
+    lsns = found.lsns[order]
+    assert len(lsns) < 2 or bool((lsns[1:] > lsns[:-1]).all()), "an LSN given twice"
+    starts, counts = found.start_dsns[order], found.counts[order]
+    safe = found.safe_dsns[order]
+    cut = int(np.searchsorted(lsns, truncated_lsn, side="right"))  # LSNs <= truncated_lsn
+    live_lsns, live_starts, live_counts = lsns[cut:], starts[cut:], counts[cut:]
+    live_safe = safe[cut:]
+    held = live_counts > 0
+    if skip_list:
+        skipped = {lsn for start_dsn, lsn in skip_list}
+        if any(lsn in skipped for lsn in live_lsns[held].tolist()):
+            return plan_replay(found.records(), skip_list, truncated_lsn, where, base)
+    range_at = np.flatnonzero(held)  # positions in LSN order of the records holding entries
+    by_start = range_at[np.argsort(live_starts[range_at], kind="stable")]
+    range_starts = live_starts[by_start]
+    range_ends = range_starts + live_counts[by_start] - 1
+    needed = base.ckp_dsn + 1
+    first_dsn = int(range_starts[0]) if len(by_start) else None
+    # Each earlier record's highest safe DSN, for every record: the vouching of rule 3.
+    vouched_before = np.maximum.accumulate(np.concatenate(([-1], live_safe[:-1])))
+    clean = (
+        not (base.checkpoint is None and truncated_lsn > 0 and first_dsn != 1)
+        and (first_dsn is None or first_dsn <= needed)
+        and bool((range_starts[1:] == range_ends[:-1] + 1).all())
+        and not bool(
+            (
+                (vouched_before[by_start] >= range_starts)
+                & (by_start > 0)
+                & (range_starts > base.ckp_dsn)
+            ).any()
+        )
+    )
+    if not clean:
+        return plan_replay(found.records(), skip_list, truncated_lsn, where, base)
+    plan = ReplayPlan()
+    plan.truncated_lsns = set(lsns[:cut].tolist())
+    plan.safe_dsn = max(0, int(live_safe.max(initial=0)))
+    plan.kept_lsns = set(live_lsns[by_start].tolist())
+    plan.first_dsn = first_dsn or needed
+    plan.last_dsn = int(range_ends[-1]) if len(by_start) else plan.first_dsn - 1
     return plan
 
 

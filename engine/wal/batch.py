@@ -31,7 +31,6 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
-import pyarrow.compute as pc
 import xxhash
 
 from engine import limits
@@ -178,20 +177,9 @@ def decode_entries_at(
     )
     fast = np.zeros(count, dtype=np.bool_)
     reader = _Gather(data, starts, ends)
-    if count and len(data) < 1 << 31:  # a binary array's offsets (callers chunk far below)
+    if count and len(data) < 1 << 31:  # string offsets are int32 (callers chunk far below)
         assert (starts[1:] >= ends[:-1]).all()
         assert starts[0] >= 0 and ends[-1] <= len(data)
-        # Element i of the array runs from entry i's start to entry i + 1's: the entry, then
-        # whatever lies before the next (a prefix of each is all that is read of it).
-        reader.array = pa.Array.from_buffers(
-            pa.binary(),
-            count,
-            [
-                None,
-                pa.py_buffer(np.concatenate((starts, ends[-1:])).astype(np.int32)),
-                pa.py_buffer(data),
-            ],
-        )
         candidates, fields = _fast_candidates(reader, ends - starts)
         candidates &= _checksums_ok(reader, candidates, fields.checksums)
         _decode_groups(reader, candidates, fields, dsn_array, out, fast)
@@ -282,11 +270,10 @@ _IDS = np.dtype(
 
 
 class _Gather:
-    """The entries of one call: the buffer holding them, where each starts and ends, and the
-    same as an Arrow binary array (so that fixed-position slices of all of them are one Arrow
-    kernel); fields of many entries read at once."""
+    """The entries of one call: the buffer holding them, and where each starts and ends;
+    fields of many entries read at once."""
 
-    __slots__ = ("array", "data", "ends", "raw", "starts")
+    __slots__ = ("data", "ends", "raw", "starts")
 
     def __init__(
         self, raw: bytes, starts: npt.NDArray[np.int64], ends: npt.NDArray[np.int64]
@@ -295,23 +282,20 @@ class _Gather:
         self.data = np.frombuffer(raw, dtype=np.uint8)
         self.starts = starts
         self.ends = ends
-        self.array: pa.BinaryArray | None = None
 
     def entry(self, index: int) -> bytes:
         return self.raw[int(self.starts[index]) : int(self.ends[index])]
 
     def prefix(self, members: npt.NDArray[np.int64], width: int) -> npt.NDArray[np.uint8]:
-        """The first `width` bytes of each member (each at least that long), (n, width)."""
-        assert self.array is not None
-        chosen = (
-            self.array
-            if len(members) == len(self.starts)
-            else self.array.take(arrow_array(members))
-        )
-        sliced = pc.binary_slice(chosen, 0, width)
-        assert sliced.offset == 0
-        raw = np.frombuffer(sliced.buffers()[2], dtype=np.uint8)[: len(members) * width]
-        return raw.reshape(len(members), width)
+        """The first `width` bytes of each member (each at least that long), (n, width), C
+        order: rows of a sliding window over the buffer (a view), so the one copy made is
+        of those bytes (no index per byte)."""
+        assert width >= 1
+        if not len(members):
+            return np.zeros((0, width), dtype=np.uint8)
+        windows = np.lib.stride_tricks.sliding_window_view(self.data, width)
+        found: npt.NDArray[np.uint8] = windows[self.starts[members]]
+        return found
 
     def bytes_at(self, positions: npt.NDArray[np.int64], width: int) -> npt.NDArray[np.uint8]:
         """`width` bytes at each absolute position, (n, width); positions past the data read its
@@ -458,7 +442,7 @@ def _decode_groups(
             width = _AT_DEFINITIONS + size + fixed
             members = members[lengths[members] >= width]
             matrix = reader.prefix(members, width)
-            match = _rows_equal(matrix[:, _AT_DEFINITIONS : _AT_DEFINITIONS + size], definitions)
+            match = _rows_equal(matrix, _AT_DEFINITIONS, definitions)
             members, matrix = members[match], matrix[match]
             waiting[members] = False
             if not len(members):
@@ -470,16 +454,28 @@ def _decode_groups(
                 _decode_sliced(reader, group, out, fast)
 
 
-def _rows_equal(matrix: npt.NDArray[np.uint8], expected: bytes) -> npt.NDArray[np.bool_]:
-    """Whether each row of `matrix` (n, len(expected)) is `expected`, byte for byte: each row
-    compared as one fixed-size byte string (numpy's `S` equality ignores only trailing NULs,
-    which two strings of one length can differ in only if they are equal)."""
+def _rows_equal(matrix: npt.NDArray[np.uint8], at: int, expected: bytes) -> npt.NDArray[np.bool_]:
+    """Whether the bytes of each row of `matrix` (n, width; C order) from `at` are `expected`,
+    byte for byte: each row's run read in place as one fixed-size byte string (numpy's `S`
+    equality ignores only trailing NULs, which two strings of one length can differ in only
+    if they are equal)."""
     size = len(expected)
     if not size:
         return np.ones(len(matrix), dtype=np.bool_)
-    rows = np.ascontiguousarray(matrix).view(f"S{size}").reshape(len(matrix))
+    rows = _fields(matrix, at, np.dtype(f"S{size}"))
     found: npt.NDArray[np.bool_] = rows == np.bytes_(expected)
     return found
+
+
+def _fields(matrix: npt.NDArray[np.uint8], at: int, dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
+    """One `dtype` value per row of `matrix` (n, width; C order), at byte `at` of the row: a
+    view (unaligned reads), no copy."""
+    assert matrix.flags.c_contiguous and at + dtype.itemsize <= matrix.shape[1]
+    if not len(matrix):
+        return np.zeros(0, dtype=dtype)
+    return np.ndarray(
+        (len(matrix),), dtype=dtype, buffer=matrix, offset=at, strides=(matrix.shape[1],)
+    )
 
 
 def _definitions_of(payload: bytes, dsn: np.int64) -> bytes | None:
@@ -576,8 +572,7 @@ def _decode_sliced(
             layouts.append(("bool", (validity, _bits(matrix, at, rows, ok))))
             at += (rows + 7) >> 3
         else:
-            raw = np.ascontiguousarray(matrix[:, at : at + (rows + 1) * 4])
-            offsets = raw.view("<u4").reshape(n, rows + 1)
+            offsets = _fields(matrix, at, np.dtype(("<u4", (rows + 1,))))
             at += (rows + 1) * 4
             ok &= offsets[:, 0] == 0
             value_starts = reader.starts[members] + at
@@ -718,13 +713,34 @@ gathered, so a step's index stays under 32 MiB (one run longer than this, at mos
 2 MiB, is one step), whatever a call's values add up to."""
 
 
+RUN_WINDOW_BYTES_MAX = 64
+"""Runs up to this long (each of a call) are gathered as rows of a sliding window, then the
+bytes of each run kept (`_gather_runs`): a copy of at most 64 bytes and a mask of as many a
+run, instead of an 8-byte index per byte gathered."""
+
+
 def _gather_runs(
     data: npt.NDArray[np.uint8], starts: npt.NDArray[np.int64], lengths: npt.NDArray[np.int64]
 ) -> npt.NDArray[np.uint8]:
-    """The runs `data[starts[i]:starts[i] + lengths[i]]` joined, gathered in steps of at most
-    GATHER_BYTES_MAX bytes (or one run)."""
+    """The runs `data[starts[i]:starts[i] + lengths[i]]` joined: short runs through one
+    window (RUN_WINDOW_BYTES_MAX), others in steps of at most GATHER_BYTES_MAX bytes (or
+    one run)."""
+    if not len(lengths):
+        return np.empty(0, dtype=np.uint8)
+    longest = int(lengths.max())
+    if longest <= RUN_WINDOW_BYTES_MAX:
+        width = max(1, min(longest, len(data)))
+        # A window starting past len(data) - width is moved back (the run then begins
+        # `shift` bytes into its row).
+        placed = np.minimum(starts, len(data) - width)
+        rows = np.lib.stride_tricks.sliding_window_view(data, width)[placed]
+        shift = (starts - placed)[:, None]
+        columns = np.arange(width)
+        keep = (columns >= shift) & (columns < shift + lengths[:, None])
+        found: npt.NDArray[np.uint8] = rows[keep]
+        return found
     ends = np.cumsum(lengths)
-    out = np.empty(int(ends[-1]) if len(ends) else 0, dtype=np.uint8)
+    out = np.empty(int(ends[-1]), dtype=np.uint8)
     first = done = 0
     while first < len(lengths):
         stop = max(first + 1, int(np.searchsorted(ends, done + GATHER_BYTES_MAX, side="right")))
@@ -748,8 +764,7 @@ def _record(
     group: _Group, batch: pa.RecordBatch, out: DecodedEntries, fast: npt.NDArray[np.bool_]
 ) -> None:
     members, rows = group.members, group.rows
-    head = np.ascontiguousarray(group.matrix[:, :_AT_DEFINITIONS]).view(_IDS)
-    head = head.reshape(len(members))
+    head = _fields(group.matrix, 0, _IDS)
     table_ids = head["table_id"]
     block_ids = head["block_id"]
     offsets = head["offset"].astype(np.uint64)

@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 from unittest import mock
 
+import numpy as np
 import pytest
 import xxhash
 from hypothesis import given, settings
@@ -223,3 +224,24 @@ def test_replay_names_an_entry_sealed_damaged_and_a_body_that_does_not_parse(
         raised.value.offset_bytes,
         raised.value.reason,
     )
+
+
+def test_the_walk_reads_a_last_size_prefix_at_the_end_of_the_data() -> None:
+    """The walk reads size prefixes in the chunk's own bytes (no padded copy): a record
+    whose last entry is empty ends the data with its size prefix, and parses; one whose last
+    prefix is cut by the data's end does not."""
+    header = bytes(40)
+    whole = header + struct.pack("<I", 3) + b"abc" + struct.pack("<I", 0)
+    cut = header + struct.pack("<I", 3) + b"abc" + b"\x00\x00"
+    for data, parses in ((whole, True), (cut, False)):
+        starts, ends, parsed = entries._walk(
+            data,
+            np.array([0], dtype=np.int64),
+            np.array([len(data)], dtype=np.int64),
+            np.array([2], dtype=np.int64),
+            np.array([0, 0], dtype=np.int64),
+            np.array([0, 1], dtype=np.int64),
+        )
+        assert parsed.tolist() == [parses]
+        if parses:
+            assert (starts.tolist(), ends.tolist()) == ([44, 51], [47, 51])
