@@ -145,16 +145,7 @@ def test_plan_input_from_segments_is_plan_input_from_records(seed: int) -> None:
     parts = [records[:cut], records[cut:]]
     single = local_replay.PlanInput()
     for record in records:
-        single.add(
-            "entry" if record.count else "marker",
-            record.lsn,
-            record.start_dsn,
-            record.count,
-            record.safe_dsn,
-            record.checksum,
-            (),
-            (),
-        )
+        _add_single(single, record)
     single.add("truncate", truncated, None, None, None, None, (), ())
     by_segments = local_replay.PlanInput()
     for index, part in enumerate(parts):
@@ -166,17 +157,15 @@ def test_plan_input_from_segments_is_plan_input_from_records(seed: int) -> None:
             mixed.add_records(_segment(part, []))
         else:
             for record in part:
-                mixed.add(
-                    "entry" if record.count else "marker",
-                    record.lsn,
-                    record.start_dsn,
-                    record.count,
-                    record.safe_dsn,
-                    record.checksum,
-                    (),
-                    (),
-                )
+                _add_single(mixed, record)
     mixed.add("truncate", truncated, None, None, None, None, (), ())
     expected = _outcome(lambda: single.plan("log", replay.EMPTY_BASE))
     assert _outcome(lambda: by_segments.plan("log", replay.EMPTY_BASE)) == expected
     assert _outcome(lambda: mixed.plan("log", replay.EMPTY_BASE)) == expected
+
+
+def _add_single(plan: local_replay.PlanInput, record: replay.DriverRecord) -> None:
+    """`record` added as one record read on its own (not from a whole segment)."""
+    kind = "entry" if record.count else "marker"
+    fields = (record.lsn, record.start_dsn, record.count, record.safe_dsn, record.checksum)
+    plan.add(kind, *fields, (), ())
