@@ -34,6 +34,9 @@ SHARDS = 4
 WRITERS = 8
 CATCH_UP_S_MAX = 30.0
 FAILOVER_S_MAX = 30.0
+# How long the failover waits for the leadership balancer to finish moving leaders (the first
+# node up wins most start-up elections; the moves take a few seconds).
+BALANCE_WAIT_S_MAX = 60.0
 
 
 def _say(text: str) -> None:
@@ -105,13 +108,13 @@ async def _appends_and_reads(client: Client) -> None:
 
 async def _failover(client: Client, base: str, addresses: tuple[str, ...]) -> None:
     _say(f"\n== {WRITERS} writers append to shard {SHARD}; its leader is killed with SIGKILL ==")
+    await _await_balanced_leadership(client, addresses)
     old = await client.leader_status(SHARD)  # the leader's own answer, after a barrier
     assert old.leader is not None
     victim = _node_of(addresses, old.leader)
     acked: dict[int, bytes] = {}
     sent = 0
-    sent_after_kill_acked_at: list[float] = []  # ack times of appends sent after the kill
-    killed_at: float | None = None
+    acks: list[tuple[float, float]] = []  # (sent, acknowledged) of every append
     done = asyncio.Event()
 
     async def writer(number: int) -> None:
@@ -123,30 +126,45 @@ async def _failover(client: Client, base: str, addresses: tuple[str, ...]) -> No
             sent_at = time.monotonic()
             [lsn] = await client.append(SHARD, [payload])
             acked[lsn] = payload
-            if killed_at is not None and sent_at > killed_at:
-                sent_after_kill_acked_at.append(time.monotonic())
+            acks.append((sent_at, time.monotonic()))
             i += 1
 
+    def kill() -> float:
+        """The moment of the signal, taken on the thread that sends it. Taken on the loop
+        before the thread ran, an append sent in between (on a loaded box, long enough) was
+        acknowledged by the live leader; taken once the process was gone, the election
+        could be over meanwhile: either way the line said "acknowledged 0.00 s after"."""
+        signalled_at = time.monotonic()
+        devcluster.kill_node(base, victim)  # SIGKILL at once, then waits until it is gone
+        return signalled_at
+
+    def first_ack_after(moment: float) -> float | None:
+        after = [acked_at for sent_at, acked_at in acks if sent_at > moment]
+        return min(after) if after else None
+
     async def killer() -> None:
-        nonlocal killed_at
+        nonlocal old, victim
         await asyncio.sleep(0.5)
+        # Asked again right before the kill: the leadership balancer may have moved the
+        # shard since (it did: a node that no longer led was killed, the appends went on
+        # at once, and the demo said the leader was killed).
+        old = await client.leader_status(SHARD)
+        assert old.leader is not None
+        victim = _node_of(addresses, old.leader)
         before = len(acked)
-        await asyncio.to_thread(devcluster.kill_node, base, victim)  # returns once it is gone
-        # From its death on: an append sent between this thread's start and the signal (on a
-        # loaded box, long enough) was acknowledged by the live leader, and the line said
-        # "acknowledged 0.00 s after the kill".
-        killed_at = time.monotonic()
+        killed_at = await asyncio.to_thread(kill)
         _say(
             f"killed {victim} (the leader, {old.leader}, term {old.term}) after {before} "
             "acknowledged appends"
         )
         # Acknowledgements of appends sent before the kill may still arrive (committed
         # before it): only an append sent after the kill measures the failover.
-        while not sent_after_kill_acked_at and time.monotonic() - killed_at < FAILOVER_S_MAX:
+        while first_ack_after(killed_at) is None and time.monotonic() - killed_at < FAILOVER_S_MAX:
             await asyncio.sleep(0.01)
         new = await client.leader_status(SHARD)
-        if sent_after_kill_acked_at:
-            waited = f"{sent_after_kill_acked_at[0] - killed_at:.2f} s after the kill"
+        first = first_ack_after(killed_at)
+        if first is not None:
+            waited = f"{first - killed_at:.2f} s after the kill"
             _say(
                 f"the first append sent after the kill was acknowledged {waited}; new leader "
                 f"{_node_of(addresses, new.leader)} ({new.leader}), term {new.term} "
@@ -168,6 +186,27 @@ async def _failover(client: Client, base: str, addresses: tuple[str, ...]) -> No
         f"duplicated: {duplicated}"
     )
     await _wait_caught_up(base, addresses, victim, page.next_lsn)
+
+
+async def _await_balanced_leadership(client: Client, addresses: tuple[str, ...]) -> None:
+    """Until each node leads its share of the shards (within one): only then does the
+    leadership balancer leave the shards' leaders alone. Killing a leader it was moving
+    killed a node that no longer led, and the demo's failover line said 0.00 s."""
+    deadline = time.monotonic() + BALANCE_WAIT_S_MAX
+    while True:
+        leaders = [(await client.leader_status(shard)).leader for shard in range(1, SHARDS + 1)]
+        counts = {node: 0 for node in addresses}
+        for leader in leaders:
+            if leader in counts:
+                counts[leader] += 1
+        if None not in leaders and max(counts.values()) - min(counts.values()) <= 1:
+            led = ", ".join(f"{_node_of(addresses, a)} {n}" for a, n in counts.items())
+            _say(f"leaders balanced over the nodes (shards led: {led})")
+            return
+        if time.monotonic() > deadline:
+            _say(f"leaders still moving after {BALANCE_WAIT_S_MAX:.0f} s: going on")
+            return
+        await asyncio.sleep(0.2)
 
 
 def _node_of(addresses: tuple[str, ...], data_address: str | None) -> str:

@@ -116,7 +116,8 @@ def test_demo_runs_to_the_end() -> None:
     assert killed and new, done.stdout
     assert new.group(2) != killed.group(1) and new.group(3) != killed.group(2)
     assert int(new.group(4)) > int(killed.group(3))
-    assert float(new.group(1)) > 0.2  # an election, not an acknowledgement already in flight
+    # An election, not an acknowledgement already in flight:
+    assert float(new.group(1)) > 0.2, done.stdout
     engine = done.stdout.split("== the engine:", 1)[1]
     reports = [line for line in engine.splitlines() if line.startswith("reopened")]
     assert len(reports) == 3
