@@ -58,7 +58,8 @@ def test_replicas_whose_terms_and_logs_diverge_elect_a_leader(tmp_path: Path) ->
         cluster.start_all()
         winner = cluster.leader()  # bounded: raft_harness.WAIT_S_MAX
         assert winner is not c, "a leader without a committed entry"
-        assert winner.node is not None and winner.node.term > term + 2
+        # A can win term + 2 (it takes term + 1 from B, asks for term + 2, B grants).
+        assert winner.node is not None and winner.node.term >= term + 2
         assert cluster.propose([b"after"]) != {}
         wait_until(lambda: b"after" in winner.handler.commands(), "the winner applying it")
         applied = winner.handler.commands()
