@@ -146,8 +146,8 @@ async def _failover(client: Client, base: str, addresses: tuple[str, ...]) -> No
         nonlocal old, victim
         await asyncio.sleep(0.5)
         # Asked again right before the kill: the leadership balancer may have moved the
-        # shard since (it did: a node that no longer led was killed, the appends went on
-        # at once, and the demo said the leader was killed).
+        # shard since (most likely what made a rehearsal kill a node that no longer led:
+        # the appends went on at once, and the demo said the leader was killed).
         old = await client.leader_status(SHARD)
         assert old.leader is not None
         victim = _node_of(addresses, old.leader)
