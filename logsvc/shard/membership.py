@@ -301,18 +301,27 @@ class ReplicaMembership:
         joining: bool,
         first_index: int,
         term_at: Callable[[int], int | None],
+        reset_to: tuple[int, int, Iterable[str]] | None = None,
     ) -> ReplicaMembership:
         """Load the file (SmallFileCorrupt, MembershipLost), or create it from the
-        initial members when there is none; validate it against the log either way."""
+        initial members when there is none; validate it against the log either way.
+        `reset_to` (index, term, cluster): a snapshot's, whose installation a crash cut
+        short and which replaces the log next: the file is reset to it (`on_reset`),
+        durably, instead of validated against the log it replaces."""
         data = small_file.read(fs, path, MAGIC, VERSION)
         if data is None:
             log = MembershipLog.initial(self_address, initial_members, joining)
             membership = cls(fs, path, log)
+            if reset_to is not None:
+                log.on_reset(*reset_to)
             membership._save()
             return membership
         log = _from_document(path, data, self_address)
         membership = cls(fs, path, log)
-        if log.validated(first_index, term_at):
+        if reset_to is not None:
+            log.on_reset(*reset_to)
+            membership._save()
+        elif log.validated(first_index, term_at):
             membership._save()
         return membership
 

@@ -202,9 +202,27 @@ class StoreJournal(Journal):  # type: ignore[misc]
                 yield (stored.payload, stored.index, stored.term)
             lo = chunk[-1].index + 1
 
-    def reset_to(self, index: int) -> None:
-        """Empty the log so that the next entry appended is `index` (snapshot install)."""
-        self._reset_to(index)
+    def install_snapshot_entries(
+        self, prev: tuple[bytes, int, int], last: tuple[bytes, int, int]
+    ) -> None:
+        """Replace the whole log with a snapshot's two entries, (command, index, term) each,
+        without telling `membership`: its caller has already reset it to the snapshot's
+        configuration, durably, before this (snapshot_points.py says why). The entries become
+        durable as any appended (acknowledged only then); a crash before that leaves the
+        log empty at `prev`'s index, and the restart installs the snapshot again
+        (node.py `_snapshot_to_finish`)."""
+        self._reset_pending = False
+        store = self._store
+        index = prev[1]
+        assert index >= store.first_index, "a snapshot never precedes our log start"
+        assert last[1] == index + 1, "a snapshot's two entries are consecutive"
+        if index <= store.last_index:
+            store.truncate_suffix(index)
+        store.truncate_prefix(index)
+        store.append(
+            [Entry(index, prev[2], bytes(prev[0])), Entry(index + 1, last[2], bytes(last[0]))]
+        )
+        self._memo.clear()
 
     def _reset_to(self, index: int) -> None:
         self._reset_pending = False

@@ -16,13 +16,14 @@ from logsvc import logs
 from logsvc.events import ReplicaEvents
 from logsvc.events import enabled as events_enabled
 from logsvc.shard import membership as shard_membership
-from logsvc.shard import scheduler, small_file
+from logsvc.shard import scheduler, small_file, snapshot_file
 from logsvc.shard.liveness import NodeLiveness
 from logsvc.shard.progress import ProgressView, RaftProgress
 from logsvc.shard.raft.adapter import ShardRaft
 from logsvc.shard.raft.config import RaftConfig, RaftFatal, RaftHandler
 from logsvc.shard.raft.journal import StoreJournal
 from logsvc.shard.raft.patches import monotonic_s
+from logsvc.shard.raft.snapshot_transfer import _make_durable
 from logsvc.store import ShardStore, StoreError
 from logsvc.store.fs import FileSystem, OsFileSystem
 
@@ -33,11 +34,16 @@ TICK_CALLS_MAX = 64
 
 
 def _open_membership(
-    config: RaftConfig, journal: StoreJournal, fs: FileSystem
+    config: RaftConfig,
+    journal: StoreJournal,
+    fs: FileSystem,
+    installing: snapshot_file.SnapshotFile | None,
 ) -> shard_membership.ReplicaMembership:
     """The replica's members file next to its snapshot, validated against its log; made
     from the configured peers on the first start. A bad file is fatal: guessing the
-    peers could start a replica in the wrong group."""
+    peers could start a replica in the wrong group. `installing`: a snapshot whose
+    installation a crash cut short; its configuration replaces the file's, unvalidated
+    (the log is about to be replaced by the snapshot's entries)."""
     path = os.path.join(os.path.dirname(config.snapshot_path), shard_membership.FILE_NAME)
     store = journal.store
     try:
@@ -49,9 +55,40 @@ def _open_membership(
             config.joining,
             store.first_index,
             journal.term_at,
+            reset_to=None
+            if installing is None
+            else (installing.last.index, installing.last.term, installing.cluster),
         )
     except (small_file.SmallFileCorrupt, shard_membership.MembershipLost) as exc:
         raise RaftFatal(f"cannot tell the shard's members: {exc}") from exc
+
+
+def _snapshot_to_finish(
+    fs: FileSystem, path: str, journal: StoreJournal
+) -> snapshot_file.SnapshotFile | None:
+    """The snapshot file when the journal lacks its last entry: an installation cut short
+    by a crash (after the snapshot was durable, before the journal held its entries; the
+    members file may already name its configuration). Raft §7: the snapshot is committed
+    state, so it wins. None when there is no snapshot, the journal holds it, or it does
+    not load (pysyncobj's load at the first tick then stops the replica: hole 4)."""
+    if not fs.exists(path):
+        return None
+    try:
+        snapshot = snapshot_file.decode(fs.read_file(path))
+    except (OSError, snapshot_file.SnapshotFileCorrupt):
+        return None
+    last = snapshot.last
+    if journal.term_at(last.index) == last.term:
+        return None
+    if last.index - 1 < journal.store.first_index:
+        return None  # a snapshot older than our log start: the load says what is wrong
+    try:
+        # Received snapshots are renamed into place unsynced (pysyncobj): durable before
+        # the journal is cut to it.
+        _make_durable(fs, path)
+    except OSError as exc:
+        raise RaftFatal(f"cannot make the snapshot {path} durable: {exc}") from exc
+    return snapshot
 
 
 class RaftNode:
@@ -86,8 +123,23 @@ class RaftNode:
         self._config = config
         self.label = config.self_address
         self._journal = StoreJournal(store, events)
-        self._membership = _open_membership(config, self._journal, fs)
+        installing = _snapshot_to_finish(fs, config.snapshot_path, self._journal)
+        self._membership = _open_membership(config, self._journal, fs, installing)
         self._journal.membership = self._membership
+        if installing is not None:
+            # Before pysyncobj sees the journal: it would start an empty one at raft
+            # index 1. The snapshot itself is loaded at the first tick (snapshot_points).
+            log.warning(
+                "the snapshot at raft index %d is ahead of the journal [%d, %d]: "
+                "finishing its installation (the journal is reset to it)",
+                installing.last.index,
+                store.first_index,
+                store.last_index,
+            )
+            prev, last = installing.prev, installing.last
+            self._journal.install_snapshot_entries(
+                (prev.command, prev.index, prev.term), (last.command, last.index, last.term)
+            )
         # The peers are the log's latest configuration, not the ones configured at first.
         started = replace(config, peers=self._membership.peers)
         self._owns_scheduler = raft_scheduler is None and transport_base is None

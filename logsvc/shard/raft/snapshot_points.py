@@ -89,11 +89,18 @@ class SnapshotPoints(AdapterBase):
                     store.first_index,
                     store.last_index,
                 )
-            journal.reset_to(prev.index)
-            journal.add(prev.command, prev.index, prev.term)
-            journal.add(last.command, last.index, last.term)
-            if journal.membership is not None:  # the log now starts with the snapshot
+            # The configuration first, durably, then the log: a crash between the two
+            # leaves a members file naming the snapshot's configuration over a log that
+            # lacks its entry, and the restart (node.py `_snapshot_to_finish`) installs
+            # the durable snapshot again without validating that file. The other order
+            # could leave the snapshot's entries in the log under the old configuration,
+            # which a restart would take as the log's (chaos C8, seed 2, found the
+            # journal-first order's window the other way: a restart that refused to start).
+            if journal.membership is not None:
                 journal.membership.on_reset(last.index, last.term, snapshot.cluster)
+            journal.install_snapshot_entries(
+                (prev.command, prev.index, prev.term), (last.command, last.index, last.term)
+            )
         self._logsvc_handler.install_snapshot(last.index, snapshot.state)
         self._SyncObj__raftLastApplied = last.index
         self._logsvc_compacted_at = max(self._logsvc_compacted_at, last.index)
