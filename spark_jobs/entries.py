@@ -37,7 +37,6 @@ from engine.wal.batch import KIND_DAMAGED, DecodedEntries, decode_entries_at
 from spark_jobs.errors import InputCorrupt
 from spark_jobs.filters import Range
 from spark_jobs.inputs import BACKEND_FILE, Unit
-from spark_jobs.journal import VERIFY_REPORT
 from spark_jobs.records import (
     DECODES,
     BackendRecord,
@@ -46,6 +45,7 @@ from spark_jobs.records import (
     record_corrupt,
 )
 from spark_jobs.segment_buffers import SEGMENT_BUFFERS
+from spark_jobs.verify import VERIFY_REPORT
 from spark_jobs.walread_segments import SegmentRecords, segment_records
 from tae_driver import limits as driver_limits
 from tae_driver.errors import CorruptRecord

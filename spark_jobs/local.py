@@ -15,8 +15,8 @@ import pyarrow.compute as pc
 from spark_jobs import checkpoints, jobs, plot
 from spark_jobs.audit import lsn_audit
 from spark_jobs.jobs import JobParams, JobResult
-from spark_jobs.journal import VERIFY_TRUE
 from spark_jobs.local_replay import replay_as_of
+from spark_jobs.verify import VERIFY_TRUE
 from spark_jobs.walread import (
     LEVEL_COMMAND,
     LEVEL_ENTRY,

@@ -35,10 +35,10 @@ from spark_jobs.entries import entry_chunks
 from spark_jobs.errors import BadInput, InputCorrupt, ReplayFailed
 from spark_jobs.filters import Range
 from spark_jobs.jobs import JobParams, JobResult
-from spark_jobs.journal import VERIFY_TRUE
 from spark_jobs.limits import REPLAY_ROWS_HELD_BYTES_MAX
 from spark_jobs.records import DriverRecord, record_fields
 from spark_jobs.schemas import schema_to_json
+from spark_jobs.verify import VERIFY_TRUE
 from spark_jobs.walread import (
     LEVEL_AUDIT,
     LEVEL_COMMAND,

@@ -31,7 +31,7 @@ import numpy.typing as npt
 
 from spark_jobs.filters import Range
 from spark_jobs.inputs import BACKEND_FILE, Unit
-from spark_jobs.journal import VERIFY_FALSE, VERIFY_REPORT
+from spark_jobs.verify import VERIFY_FALSE, VERIFY_REPORT
 from tae_driver import limits as driver_limits
 from tae_driver.backends import segment as file_segment
 from tae_driver.checksum import xxh3_64_ranges
