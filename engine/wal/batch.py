@@ -364,20 +364,21 @@ def _checksums_ok(
 ) -> npt.NDArray[np.bool_]:
     """The xxh3-64 of each candidate (its first 12 bytes, then its body) against its header's
     (`stored`). In a copy of the buffer each candidate's first 12 bytes are moved up over its
-    checksum field, so that what it covers is one range, hashed with no bytes object made per
-    entry (slices of one memoryview; the loop runs in C: map and fromiter)."""
+    checksum field, so that what it covers is one range, hashed with one C-level loop (map and
+    fromiter) over slices of the copy: a bytearray, whose slices cost less than a memoryview's
+    (~130 against ~145 ns an entry with the hash, issue 23)."""
     indexes = np.flatnonzero(candidates)
     ok = np.zeros(len(candidates), dtype=np.bool_)
     if not len(indexes):
         return ok
     starts = reader.starts[indexes]
-    moved = reader.data.copy()
+    covered = bytearray(reader.raw)
+    moved = np.frombuffer(covered, dtype=np.uint8)  # a writable view of the copy
     # The heads as rows of a sliding window (a view): one gather and one scatter of whole
     # rows, no index per byte. The rows written do not overlap (entries are longer).
     heads = np.lib.stride_tricks.sliding_window_view(reader.data, _AT_CHECKSUM)[starts]
     targets = np.lib.stride_tricks.sliding_window_view(moved, _AT_CHECKSUM, writeable=True)
     targets[starts + (codec.HEADER_BYTES - _AT_CHECKSUM)] = heads
-    covered = memoryview(moved)  # type: ignore[arg-type]  # numpy's buffer protocol
     first = starts + (codec.HEADER_BYTES - _AT_CHECKSUM)
     found = np.fromiter(
         map(
@@ -443,7 +444,8 @@ def _decode_groups(
             members = members[lengths[members] >= width]
             matrix = reader.prefix(members, width)
             match = _rows_equal(matrix, _AT_DEFINITIONS, definitions)
-            members, matrix = members[match], matrix[match]
+            if not match.all():  # the usual group matches whole: no copy of its bytes
+                members, matrix = members[match], matrix[match]
             waiting[members] = False
             if not len(members):
                 continue
