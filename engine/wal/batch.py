@@ -269,6 +269,15 @@ _IDS = np.dtype(
 """The ids and timestamps of the fast shape that a decoded entry keeps, one record per entry."""
 
 
+def _places(indexes: npt.NDArray[np.int64]) -> npt.NDArray[np.int64] | slice:
+    """`indexes` (rising, distinct) as a slice when they are one run, the usual case (a
+    call's entries all of the fast shape, in one group): numpy then copies the run's
+    elements in one pass instead of gathering or scattering them one index at a time."""
+    if len(indexes) and int(indexes[-1]) - int(indexes[0]) == len(indexes) - 1:
+        return slice(int(indexes[0]), int(indexes[-1]) + 1)
+    return indexes
+
+
 class _Gather:
     """The entries of one call: the buffer holding them, and where each starts and ends;
     fields of many entries read at once."""
@@ -294,7 +303,7 @@ class _Gather:
         if not len(members):
             return np.zeros((0, width), dtype=np.uint8)
         windows = np.lib.stride_tricks.sliding_window_view(self.data, width)
-        found: npt.NDArray[np.uint8] = windows[self.starts[members]]
+        found: npt.NDArray[np.uint8] = windows[self.starts[_places(members)]]
         return found
 
     def bytes_at(self, positions: npt.NDArray[np.int64], width: int) -> npt.NDArray[np.uint8]:
@@ -332,13 +341,14 @@ def _fast_candidates(
         np.zeros(len(lengths), dtype=np.int64),
         np.zeros(len(lengths), dtype=np.int64),
     )
-    fields.checksums[long_enough] = head["checksum"]
-    fields.column_counts[long_enough] = head["column_count"]
-    fields.row_counts[long_enough] = head["rows"]
-    sizes = lengths[long_enough]
+    at = _places(long_enough)
+    fields.checksums[at] = head["checksum"]
+    fields.column_counts[at] = head["column_count"]
+    fields.row_counts[at] = head["rows"]
+    sizes = lengths[at]
     rows = head["rows"]
     columns = head["column_count"]
-    ok[long_enough] = (
+    ok[at] = (
         (head["magic"] == int.from_bytes(codec.MAGIC, "little"))
         & (head["version"] == 2)
         & (head["type"] == 0x10)  # EntryType.AC
@@ -371,7 +381,8 @@ def _checksums_ok(
     ok = np.zeros(len(candidates), dtype=np.bool_)
     if not len(indexes):
         return ok
-    starts = reader.starts[indexes]
+    at = _places(indexes)
+    starts = reader.starts[at]
     covered = bytearray(reader.raw)
     moved = np.frombuffer(covered, dtype=np.uint8)  # a writable view of the copy
     # The heads as rows of a sliding window (a view): one gather and one scatter of whole
@@ -383,12 +394,12 @@ def _checksums_ok(
     found = np.fromiter(
         map(
             xxhash.xxh3_64_intdigest,
-            map(covered.__getitem__, map(slice, first.tolist(), reader.ends[indexes].tolist())),
+            map(covered.__getitem__, map(slice, first.tolist(), reader.ends[at].tolist())),
         ),
         dtype=np.uint64,
         count=len(indexes),
     )
-    ok[indexes] = stored[indexes] == found
+    ok[at] = stored[at] == found
     return ok
 
 
@@ -555,6 +566,7 @@ def _decode_sliced(
     """Every column at a fixed place of each entry but the last, which may be a string or binary
     column whose values run to the entry's end: read from the group's matrix and one slice."""
     members, matrix, rows = group.members, group.matrix, group.rows
+    places = _places(members)
     n = len(members)
     ok = np.ones(n, dtype=np.bool_)
     at = _AT_DEFINITIONS + group.definitions_bytes
@@ -577,8 +589,8 @@ def _decode_sliced(
             offsets = _fields(matrix, at, np.dtype(("<u4", (rows + 1,))))
             at += (rows + 1) * 4
             ok &= offsets[:, 0] == 0
-            value_starts = reader.starts[members] + at
-            totals = reader.ends[members] - value_starts
+            value_starts = reader.starts[places] + at
+            totals = reader.ends[places] - value_starts
             ok &= totals == offsets[:, rows]
             tail_offsets = np.zeros(n + 1, dtype=np.int64)
             np.cumsum(totals, out=tail_offsets[1:])
@@ -586,7 +598,7 @@ def _decode_sliced(
             layouts.append(("tail", (validity, offsets, tail_offsets, values)))
             ends_at_fixed = False
     if ends_at_fixed:
-        ok &= (reader.ends[members] - reader.starts[members]) == at
+        ok &= (reader.ends[places] - reader.starts[places]) == at
     if not ok.all():
         if ok.any():
             _decode_sliced(reader, group.subset(ok), out, fast)
@@ -770,13 +782,14 @@ def _record(
     table_ids = head["table_id"]
     block_ids = head["block_id"]
     offsets = head["offset"].astype(np.uint64)
-    out.kinds[members] = KIND_FAST
-    out.is_txn[members] = True
-    out.start_ts[members] = head["start_ts"]
-    out.commit_ts[members] = head["commit_ts"]
-    out.db_ids[members] = head["db_id"]
-    out.memo[members] = head["memo"]
-    fast[members] = True
+    places = _places(members)
+    out.kinds[places] = KIND_FAST
+    out.is_txn[places] = True
+    out.start_ts[places] = head["start_ts"]
+    out.commit_ts[places] = head["commit_ts"]
+    out.db_ids[places] = head["db_id"]
+    out.memo[places] = head["memo"]
+    fast[places] = True
     row_in_info = np.arange(rows, dtype=np.uint64)
     first_table = table_ids[0]
     # Most groups append to one table: one comparison instead of a sort or hash.
