@@ -27,9 +27,13 @@ from spark_jobs.walread import (
 )
 
 
-def run(params: JobParams) -> JobResult:
+def run(params: JobParams, directory: str | None = None) -> JobResult:
+    """The job on the local engine. `directory`: the run directory, where replay_as_of
+    writes each log's tables once that log is done (`JobResult.written`); the other jobs'
+    tables, and every table without one, are `JobResult.tables`, for the caller to write."""
+    if params.job == "replay_as_of":
+        return replay_as_of(params, directory)
     runner = {
-        "replay_as_of": replay_as_of,
         "lsn_audit": lsn_audit,
         "replica_diff": replica_diff,
         "write_stats": write_stats,

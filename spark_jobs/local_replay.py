@@ -30,7 +30,7 @@ from engine.wal.entry import (
     UpdateCatalog,
 )
 from engine.wal.from_numpy import arrow_array
-from spark_jobs import checkpoints, replay, spill
+from spark_jobs import checkpoints, output, replay, spill
 from spark_jobs.entries import entry_chunks
 from spark_jobs.errors import BadInput, InputCorrupt, ReplayFailed
 from spark_jobs.filters import Range
@@ -396,13 +396,23 @@ class _Replayed:
                 assert isinstance(cmd, Origin)  # who asked (issue 15): no data
 
 
-def replay_as_of(params: JobParams) -> JobResult:
+def replay_as_of(params: JobParams, directory: str | None = None) -> JobResult:
+    """Every log's replay, in turn. With a run `directory`, each log's tables are written
+    there as soon as that log is replayed (`result.written`) and let go before the next
+    log is read, so the process holds one log's rows at a time, not every log's (issue 23:
+    bounded memory whatever the input; the Spark engine's per-log tasks write theirs the
+    same way); without one (tests, callers that want the tables) they are `result.tables`."""
     assert params.as_of is not None
     result = JobResult()
     logs_summary = []
     for replica, shard in logs_of(params):
         summary, tables = replay_log(params, replica, shard)
-        result.tables.update(tables)
+        if directory is None:
+            result.tables.update(tables)
+        else:
+            for name, table in tables.items():
+                result.written[name] = output.write_table(directory, name, table)
+        del tables  # before the next log's replay, not after it
         logs_summary.append(summary)
     result.summary = replay_summary(params.as_of, logs_summary)
     result.lines = replay_lines(result.summary)
