@@ -181,7 +181,7 @@ def decode_entries_at(
         assert (starts[1:] >= ends[:-1]).all()
         assert starts[0] >= 0 and ends[-1] <= len(data)
         candidates, fields = _fast_candidates(reader, ends - starts)
-        candidates &= _checksums_ok(reader, candidates, fields.checksums)
+        candidates &= _checksums_ok(reader, candidates, fields.checksums, fields.heads)
         _decode_groups(reader, candidates, fields, dsn_array, out, fast)
     for index in np.flatnonzero(~fast).tolist():
         _decode_one(reader, dsn_array, index, out)
@@ -326,6 +326,9 @@ class _Fields:
     checksums: npt.NDArray[np.uint64]
     column_counts: npt.NDArray[np.int64]
     row_counts: npt.NDArray[np.int64]
+    heads: npt.NDArray[np.uint8] | None
+    """Every entry's first _AT_DEFINITIONS bytes, (entries, width), when every entry was long
+    enough to read them (the usual call), else None."""
 
 
 def _fast_candidates(
@@ -335,11 +338,13 @@ def _fast_candidates(
     the checksum are checked later), and the fixed fields the later steps read."""
     ok = (lengths >= _AT_DEFINITIONS) & (lengths <= limits.TXN_ENTRY_BYTES_MAX)
     long_enough = np.flatnonzero(ok)
-    head = reader.prefix(long_enough, _AT_DEFINITIONS).view(_SHAPE).reshape(len(long_enough))
+    matrix = reader.prefix(long_enough, _AT_DEFINITIONS)
+    head = matrix.view(_SHAPE).reshape(len(long_enough))
     fields = _Fields(
         np.zeros(len(lengths), dtype=np.uint64),
         np.zeros(len(lengths), dtype=np.int64),
         np.zeros(len(lengths), dtype=np.int64),
+        matrix if len(long_enough) == len(lengths) else None,
     )
     at = _places(long_enough)
     fields.checksums[at] = head["checksum"]
@@ -370,13 +375,17 @@ def _fast_candidates(
 
 
 def _checksums_ok(
-    reader: _Gather, candidates: npt.NDArray[np.bool_], stored: npt.NDArray[np.uint64]
+    reader: _Gather,
+    candidates: npt.NDArray[np.bool_],
+    stored: npt.NDArray[np.uint64],
+    prefixes: npt.NDArray[np.uint8] | None = None,
 ) -> npt.NDArray[np.bool_]:
     """The xxh3-64 of each candidate (its first 12 bytes, then its body) against its header's
     (`stored`). In a copy of the buffer each candidate's first 12 bytes are moved up over its
     checksum field, so that what it covers is one range, hashed with one C-level loop (map and
     fromiter) over slices of the copy: a bytearray, whose slices cost less than a memoryview's
-    (~130 against ~145 ns an entry with the hash, issue 23)."""
+    (~130 against ~145 ns an entry with the hash, issue 23). `prefixes`: every entry's first
+    bytes (row i for entry i), when the caller read them already."""
     indexes = np.flatnonzero(candidates)
     ok = np.zeros(len(candidates), dtype=np.bool_)
     if not len(indexes):
@@ -385,9 +394,14 @@ def _checksums_ok(
     starts = reader.starts[at]
     covered = bytearray(reader.raw)
     moved = np.frombuffer(covered, dtype=np.uint8)  # a writable view of the copy
-    # The heads as rows of a sliding window (a view): one gather and one scatter of whole
-    # rows, no index per byte. The rows written do not overlap (entries are longer).
-    heads = np.lib.stride_tricks.sliding_window_view(reader.data, _AT_CHECKSUM)[starts]
+    # The heads: the first bytes of every entry's prefix when the caller read them
+    # (`prefixes`, one row per entry), else rows of a sliding window (one gather of whole
+    # rows, no index per byte); then one scatter. The rows written do not overlap (entries
+    # are longer).
+    if prefixes is not None:
+        heads = prefixes[at, :_AT_CHECKSUM]
+    else:
+        heads = np.lib.stride_tricks.sliding_window_view(reader.data, _AT_CHECKSUM)[starts]
     targets = np.lib.stride_tricks.sliding_window_view(moved, _AT_CHECKSUM, writeable=True)
     targets[starts + (codec.HEADER_BYTES - _AT_CHECKSUM)] = heads
     first = starts + (codec.HEADER_BYTES - _AT_CHECKSUM)
