@@ -25,6 +25,10 @@ from contextlib import contextmanager
 from spark_jobs.errors import InputCorrupt
 from spark_jobs.limits import SEGMENT_BUFFER_BYTES_MAX
 
+BUFFER_ROUND_BYTES = 4 << 20
+"""A buffer's size is the file's rounded up to a multiple of this (a segment past its
+nominal size by up to a record, 2 MiB, still fits the buffer made for an earlier one)."""
+
 
 class SegmentBuffers:
     """A pool of at most one idle buffer (bytearray) segment files are read into."""
@@ -69,7 +73,9 @@ class SegmentBuffers:
         if self._idle and len(self._idle[-1]) >= size:
             return self._idle.pop()
         self._idle.clear()  # too small: let go rather than hold two
-        return bytearray(size)
+        # Rounded up: a writer's segments differ by up to a record past their nominal size
+        # (64 MiB + up to 2 MiB), and a buffer made for the first must hold the next ones.
+        return bytearray(-(-size // BUFFER_ROUND_BYTES) * BUFFER_ROUND_BYTES)
 
     def _give(self, buffer: bytearray) -> None:
         if not self._idle and len(buffer) <= SEGMENT_BUFFER_BYTES_MAX:

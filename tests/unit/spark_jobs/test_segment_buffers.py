@@ -36,6 +36,11 @@ def test_a_lease_gives_the_file_bytes_and_reuses_its_buffer(tmp_path: Path) -> N
     with pool.lease(str(small)) as data:
         assert bytes(data) == small.read_bytes()
         assert data.obj is first  # the same buffer, read into again
+    bigger = tmp_path / "bigger"  # a later segment a little past the first one's size
+    bigger.write_bytes(os.urandom(5000 + 2**20))
+    with pool.lease(str(bigger)) as data:
+        assert bytes(data) == bigger.read_bytes()
+        assert data.obj is first
     with pool.lease(str(big)) as outer, pool.lease(str(small)) as inner:
         assert outer.obj is not inner.obj  # interleaved readers: a buffer each
         assert bytes(outer) == big.read_bytes() and bytes(inner) == small.read_bytes()
