@@ -400,8 +400,9 @@ def replay_as_of(params: JobParams, directory: str | None = None) -> JobResult:
     """Every log's replay, in turn. With a run `directory`, each log's tables are written
     there as soon as that log is replayed (`result.written`) and let go before the next
     log is read, so the process holds one log's rows at a time, not every log's (issue 23:
-    bounded memory whatever the input; the Spark engine's per-log tasks write theirs the
-    same way); without one (tests, callers that want the tables) they are `result.tables`."""
+    memory that does not grow with the number of logs; the Spark engine's per-log tasks
+    write theirs the same way); without one (tests, callers that want the tables) they are
+    `result.tables`."""
     assert params.as_of is not None
     result = JobResult()
     logs_summary = []
