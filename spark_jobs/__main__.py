@@ -32,12 +32,12 @@ from spark_jobs.exits import (
     problems_of,
 )
 from spark_jobs.jobs import BUCKET_MS_DEFAULT, JOBS, JobParams
-from spark_jobs.journal import VERIFY_MODES
 from spark_jobs.limits import AUTO_SPARK_INPUT_BYTES_MIN
 from spark_jobs.objectstores import ENDPOINT_ENVS, S3Settings, is_s3, split_s3
 from spark_jobs.progress import is_terminal
 from spark_jobs.run import run_job
 from spark_jobs.session import launched_by_spark_submit
+from spark_jobs.verify import VERIFY_MODES
 
 __all__ = ["EXIT_FAILED", "EXIT_NOT_A_LOG", "EXIT_OK", "EXIT_PROBLEMS", "EXIT_USAGE", "main"]
 

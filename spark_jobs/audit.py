@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 
 from spark_jobs import jobs
 from spark_jobs.jobs import JobParams, JobResult
-from spark_jobs.journal import VERIFY_REPORT
+from spark_jobs.verify import VERIFY_REPORT
 from spark_jobs.walread import LEVEL_AUDIT, ReadOptions, read_level
 
 

@@ -37,15 +37,15 @@ from engine.wal.batch import KIND_DAMAGED, DecodedEntries, decode_entries_at
 from spark_jobs.errors import InputCorrupt
 from spark_jobs.filters import Range
 from spark_jobs.inputs import BACKEND_FILE, Unit
-from spark_jobs.journal import VERIFY_REPORT
 from spark_jobs.records import (
     DECODES,
     BackendRecord,
     DriverRecord,
     driver_records,
-    read_file,
     record_corrupt,
 )
+from spark_jobs.segment_buffers import SEGMENT_BUFFERS
+from spark_jobs.verify import VERIFY_REPORT
 from spark_jobs.walread_segments import SegmentRecords, segment_records
 from tae_driver import limits as driver_limits
 from tae_driver.errors import CorruptRecord
@@ -146,20 +146,26 @@ def entry_chunks(
     records checked at once, shown to `seen` at once, its chunks cut from its bytes, no
     object per record); any other unit, or a segment that path does not take, record by
     record, with the same chunks, entries and errors."""
-    found = _segment_records(unit, verify, lsns)
-    if found is None:
-        yield from _record_chunks(unit, verify, lsns, dsns, seen)
-        return
-    DECODES.total += len(found)
-    if seen is not None:
-        seen.add_records(found)
-    yield from _segment_chunks(unit, verify, found, dsns)
+    if unit.backend == BACKEND_FILE and verify != VERIFY_REPORT:
+        # The segment's bytes stay in the leased buffer only while its chunks are cut: each
+        # chunk copies its own (segment_buffers.py).
+        with SEGMENT_BUFFERS.lease(unit.path) as data:
+            found = _segment_records(unit, data, verify, lsns)
+            if found is not None:
+                DECODES.total += len(found)
+                if seen is not None:
+                    seen.add_records(found)
+                yield from _segment_chunks(unit, verify, found, dsns)
+                return
+    yield from _record_chunks(unit, verify, lsns, dsns, seen)
 
 
-def _segment_records(unit: Unit, verify: str, lsns: Range) -> SegmentRecords | None:
-    if unit.backend != BACKEND_FILE or verify == VERIFY_REPORT:
-        return None
-    return segment_records(unit, read_file(unit.path), verify, lsns)
+def _segment_records(
+    unit: Unit, data: bytes | memoryview, verify: str, lsns: Range
+) -> SegmentRecords | None:
+    """The segment path's answer (a seam: the tests make it None to read the same segment
+    the per-record way and compare)."""
+    return segment_records(unit, data, verify, lsns)
 
 
 def _segment_chunks(
@@ -182,12 +188,13 @@ def _segment_chunks(
         )
         stop = last + 1
         lo, hi = int(found.payload_starts[first]), int(found.payload_ends[last])
-        records = _SegmentRecordsView(unit, found, first, stop)
+        data = bytes(found.data[lo:hi])
+        records = _SegmentRecordsView(unit, found, first, stop, data, lo)
         chunk = _decode_chunk(
             unit,
             verify,
             dsns,
-            found.data[lo:hi],
+            data,
             found.payload_starts[first:stop] - lo,
             found.payload_ends[first:stop] - lo,
             found.counts[first:stop],
@@ -203,12 +210,17 @@ def _segment_chunks(
 
 class _SegmentRecordsView(Sequence[BackendRecord]):
     """Records [first, stop) of a segment read whole, as `BackendRecord`s made when asked
-    (an error names one; the commands level reads a few)."""
+    (an error names one; the commands level reads a few), their payloads cut from the
+    chunk's own bytes `data` (the segment's from `lo`): a chunk may outlive the buffer its
+    segment was read into."""
 
-    __slots__ = ("first", "found", "stop", "unit")
+    __slots__ = ("data", "first", "found", "lo", "stop", "unit")
 
-    def __init__(self, unit: Unit, found: SegmentRecords, first: int, stop: int) -> None:
+    def __init__(
+        self, unit: Unit, found: SegmentRecords, first: int, stop: int, data: bytes, lo: int
+    ) -> None:
         self.unit, self.found, self.first, self.stop = unit, found, first, stop
+        self.data, self.lo = data, lo
 
     def __len__(self) -> int:
         return self.stop - self.first
@@ -224,7 +236,9 @@ class _SegmentRecordsView(Sequence[BackendRecord]):
             raise IndexError(index)
         at = self.first + index % len(self)
         found = self.found
-        payload = found.data[int(found.payload_starts[at]) : int(found.payload_ends[at])]
+        payload = self.data[
+            int(found.payload_starts[at]) - self.lo : int(found.payload_ends[at]) - self.lo
+        ]
         return BackendRecord(
             self.unit.segment,
             int(found.offsets_bytes[at]),

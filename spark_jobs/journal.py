@@ -53,14 +53,15 @@ from logsvc.store import records
 from logsvc.store.meta import META_FILE_NAME, decode_meta
 from spark_jobs.errors import InputCorrupt
 from spark_jobs.inputs import JOURNAL_DIR, SNAPSHOT_FILE, journal_segments
+from spark_jobs.verify import (
+    KIND_CORRUPT,
+    KIND_TORN,
+    VERIFY_FALSE,
+    VERIFY_MODES,
+    VERIFY_REPORT,
+    VERIFY_TRUE,
+)
 
-VERIFY_TRUE = "true"
-VERIFY_FALSE = "false"
-VERIFY_REPORT = "report"
-VERIFY_MODES = (VERIFY_TRUE, VERIFY_FALSE, VERIFY_REPORT)
-
-KIND_TORN = "torn_tail"
-KIND_CORRUPT = "corrupt"
 _COMMAND_KINDS: dict[type, str] = {
     AppendBatch: "append_batch",
     AppendGroup: "append_group",

@@ -71,3 +71,9 @@ SPILL_BATCH_BYTES_MAX: at most 64 MiB of batches held, about 3x that while a mer
 is put in order."""
 
 assert STREAM_READ_BYTES_MAX <= 16 << 20  # logsvc's own read cap (logsvc/wire/limits.py)
+
+SEGMENT_BUFFER_BYTES_MAX = 128 << 20
+"""The largest buffer a reader keeps between segment files (spark_jobs/segment_buffers.py:
+faulted in once rather than mapped afresh per file). Twice the file backend's default
+segment size (64 MiB), so that a writer configured a little larger still gains; a larger
+file is read into a buffer of its own, let go after. At most one is kept idle."""

@@ -15,8 +15,8 @@ import pyarrow.compute as pc
 from spark_jobs import checkpoints, jobs, plot
 from spark_jobs.audit import lsn_audit
 from spark_jobs.jobs import JobParams, JobResult
-from spark_jobs.journal import VERIFY_TRUE
 from spark_jobs.local_replay import replay_as_of
+from spark_jobs.verify import VERIFY_TRUE
 from spark_jobs.walread import (
     LEVEL_COMMAND,
     LEVEL_ENTRY,
@@ -27,9 +27,13 @@ from spark_jobs.walread import (
 )
 
 
-def run(params: JobParams) -> JobResult:
+def run(params: JobParams, directory: str | None = None) -> JobResult:
+    """The job on the local engine. `directory`: the run directory, where replay_as_of
+    writes each log's tables once that log is done (`JobResult.written`); the other jobs'
+    tables, and every table without one, are `JobResult.tables`, for the caller to write."""
+    if params.job == "replay_as_of":
+        return replay_as_of(params, directory)
     runner = {
-        "replay_as_of": replay_as_of,
         "lsn_audit": lsn_audit,
         "replica_diff": replica_diff,
         "write_stats": write_stats,

@@ -30,15 +30,15 @@ from engine.wal.entry import (
     UpdateCatalog,
 )
 from engine.wal.from_numpy import arrow_array
-from spark_jobs import checkpoints, replay, spill
+from spark_jobs import checkpoints, output, replay, spill
 from spark_jobs.entries import entry_chunks
 from spark_jobs.errors import BadInput, InputCorrupt, ReplayFailed
 from spark_jobs.filters import Range
 from spark_jobs.jobs import JobParams, JobResult
-from spark_jobs.journal import VERIFY_TRUE
 from spark_jobs.limits import REPLAY_ROWS_HELD_BYTES_MAX
 from spark_jobs.records import DriverRecord, record_fields
 from spark_jobs.schemas import schema_to_json
+from spark_jobs.verify import VERIFY_TRUE
 from spark_jobs.walread import (
     LEVEL_AUDIT,
     LEVEL_COMMAND,
@@ -396,13 +396,24 @@ class _Replayed:
                 assert isinstance(cmd, Origin)  # who asked (issue 15): no data
 
 
-def replay_as_of(params: JobParams) -> JobResult:
+def replay_as_of(params: JobParams, directory: str | None = None) -> JobResult:
+    """Every log's replay, in turn. With a run `directory`, each log's tables are written
+    there as soon as that log is replayed (`result.written`) and let go before the next
+    log is read, so the process holds one log's rows at a time, not every log's (issue 23:
+    memory that does not grow with the number of logs; the Spark engine's per-log tasks
+    write theirs the same way); without one (tests, callers that want the tables) they are
+    `result.tables`."""
     assert params.as_of is not None
     result = JobResult()
     logs_summary = []
     for replica, shard in logs_of(params):
         summary, tables = replay_log(params, replica, shard)
-        result.tables.update(tables)
+        if directory is None:
+            result.tables.update(tables)
+        else:
+            for name, table in tables.items():
+                result.written[name] = output.write_table(directory, name, table)
+        del tables  # before the next log's replay, not after it
         logs_summary.append(summary)
     result.summary = replay_summary(params.as_of, logs_summary)
     result.lines = replay_lines(result.summary)

@@ -22,14 +22,7 @@ from typing import NamedTuple
 from spark_jobs.errors import InputCorrupt
 from spark_jobs.filters import Range
 from spark_jobs.inputs import BACKEND_FILE, Unit
-from spark_jobs.journal import (
-    KIND_CORRUPT,
-    KIND_TORN,
-    VERIFY_FALSE,
-    VERIFY_REPORT,
-    VERIFY_TRUE,
-    read_journal,
-)
+from spark_jobs.verify import KIND_CORRUPT, KIND_TORN, VERIFY_FALSE, VERIFY_REPORT, VERIFY_TRUE
 from tae_driver.backends import segment as file_segment
 from tae_driver.errors import CorruptRecord, StorageCorruption
 from tae_driver.record import (
@@ -83,6 +76,8 @@ def backend_records(unit: Unit, verify: str) -> Iterator[BackendRecord]:
                 unit.segment, frames.end_offset, None, None, None, KIND_TORN, frames.end_reason
             )
         return
+    from spark_jobs.journal import read_journal  # logsvc's reader: for a journal only
+
     for entry in read_journal(unit.path, verify=verify, want_records=True):
         if entry.truncated_lsn is not None:
             yield BackendRecord(

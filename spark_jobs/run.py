@@ -57,9 +57,9 @@ def run_job(
         input_bytes = sum(unit.size_bytes for unit in params.units()) if progress else 0
         with LocalProgress(input_bytes) if progress else contextlib.nullcontext():
             decoded_before = DECODES.total
-            result = local.run(params)
+            result = local.run(params, directory)
             result.driver_records_decoded = DECODES.total - decoded_before
-        rows = _write_local(result, directory)
+        rows = {**result.written, **_write_local(result, directory)}
     else:
         own = spark is None
         if own:

@@ -41,8 +41,8 @@ from pyspark.sql.datasource import (
 from spark_jobs.errors import BadInput
 from spark_jobs.filters import RANGE_COLUMNS, Bounds
 from spark_jobs.inputs import Unit, list_units, parse_inputs
-from spark_jobs.journal import VERIFY_TRUE
 from spark_jobs.schemas import schema_from_json, spark_ddl
+from spark_jobs.verify import VERIFY_TRUE
 from spark_jobs.walread import LEVEL_ENTRY, LEVEL_RAFT, LEVEL_SEGMENT, ReadOptions, read_unit
 
 TAE_WAL_LEVELS = ("segment", "record", "audit", "entry", "command", "rows")

@@ -28,8 +28,8 @@ from spark_jobs import audit, error_transport, jobs, local, local_replay, output
 from spark_jobs import records as record_reader  # by module: a task counts in its own worker
 from spark_jobs.errors import SparkJobError
 from spark_jobs.jobs import JobParams, JobResult
-from spark_jobs.journal import VERIFY_TRUE
 from spark_jobs.schemas import spark_ddl, spark_type
+from spark_jobs.verify import VERIFY_TRUE
 
 RECORD_KINDS = ("entry", "marker", "skip")
 

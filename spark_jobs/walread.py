@@ -51,16 +51,10 @@ from spark_jobs.errors import BadInput, InputCorrupt
 from spark_jobs.filters import Bounds
 from spark_jobs.inputs import BACKEND_FILE, JOURNAL_DIR, Unit, journal_segments
 from spark_jobs.jobs import JobParams
-from spark_jobs.journal import (
-    KIND_CORRUPT,
-    VERIFY_MODES,
-    VERIFY_REPORT,
-    VERIFY_TRUE,
-    read_journal,
-)
 from spark_jobs.records import BackendRecord, DriverRecord, driver_records, read_file, record_fields
 from spark_jobs.rows import rows_level
 from spark_jobs.schemas import signed64
+from spark_jobs.verify import KIND_CORRUPT, VERIFY_MODES, VERIFY_REPORT, VERIFY_TRUE
 from tae_driver.backends import segment as file_segment
 from tae_driver.record import EntriesRecord, SkipRecord, payload_checksum
 
@@ -266,6 +260,8 @@ def _log_start_quiet(journal: str) -> int | None:
 
 
 def _raft_rows(unit: Unit, options: ReadOptions) -> Iterator[tuple[object, ...]]:
+    from spark_jobs.journal import read_journal  # logsvc's reader: for a journal only
+
     for entry in read_journal(unit.path, verify=options.verify):
         yield (
             unit.replica,

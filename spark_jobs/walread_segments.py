@@ -31,7 +31,7 @@ import numpy.typing as npt
 
 from spark_jobs.filters import Range
 from spark_jobs.inputs import BACKEND_FILE, Unit
-from spark_jobs.journal import VERIFY_FALSE, VERIFY_REPORT
+from spark_jobs.verify import VERIFY_FALSE, VERIFY_REPORT
 from tae_driver import limits as driver_limits
 from tae_driver.backends import segment as file_segment
 from tae_driver.checksum import xxh3_64_ranges
@@ -86,8 +86,9 @@ class SegmentRecords:
     Record `r`'s driver record (the backend record's payload) is
     `data[payload_starts[r]:payload_ends[r]]`; its entries are not walked yet."""
 
-    data: bytes
-    """The segment file's bytes."""
+    data: bytes | memoryview
+    """The segment file's bytes (a view of a leased buffer: spark_jobs/segment_buffers.py,
+    valid while the reader holds it)."""
     offsets_bytes: npt.NDArray[np.int64]
     """Each record's frame offset in the file (the backend record's `offset_bytes`)."""
     lsns: npt.NDArray[np.int64]
@@ -104,22 +105,30 @@ class SegmentRecords:
         return len(self.lsns)
 
 
-def segment_records(unit: Unit, data: bytes, verify: str, lsns: Range) -> SegmentRecords | None:
+def segment_records(
+    unit: Unit, data: bytes | memoryview, verify: str, lsns: Range
+) -> SegmentRecords | None:
     """The records of `unit` (a file segment whose bytes are `data`) checked at once, or None
     when the per-record path must read it (see the module doc)."""
     if unit.backend != BACKEND_FILE or verify == VERIFY_REPORT:
         return None
     try:
-        header = file_segment.decode_segment_header(data, unit.path)
+        # The header's bytes alone (it reads no more), as bytes.
+        head = bytes(data[: driver_limits.FILE_SEGMENT_HEADER_BYTES])
+        header = file_segment.decode_segment_header(head, unit.path)
     except StorageCorruption:
         return None
     if header.version == file_segment.SEGMENT_VERSION_1:
         return None
     frame_offsets, end = _walk_frames(data)
     if end < len(data) and (
-        file_segment.written_view(data, end, header.version, header.base_lsn) is not None
+        header.version < file_segment.SEGMENT_VERSION_3
+        or bool(np.frombuffer(data, dtype=np.uint8, offset=end).any())
     ):
-        return None  # damage or a torn tail, not the zeros ahead of the writer
+        # Damage or a torn tail, not the zeros ahead of the writer: `written_view`'s one
+        # None case (a version 3 file whose every byte from `end` on is zero), without a
+        # copy of a view into bytes.
+        return None
     frames = _gather(data, frame_offsets, _FRAME)
     if not _frames_ok(data, frame_offsets, frames, header.base_lsn, verify != VERIFY_FALSE):
         return None
@@ -152,7 +161,7 @@ def segment_records(unit: Unit, data: bytes, verify: str, lsns: Range) -> Segmen
     )
 
 
-def _walk_frames(data: bytes) -> tuple[npt.NDArray[np.int64], int]:
+def _walk_frames(data: bytes | memoryview) -> tuple[npt.NDArray[np.int64], int]:
     """The offsets of the frames that are whole by their length and have a valid type, from
     the first on, and where the walk stopped (the file's end, or the first place that is not
     such a frame: the zeros ahead of the writer, or damage)."""
@@ -173,7 +182,7 @@ def _walk_frames(data: bytes) -> tuple[npt.NDArray[np.int64], int]:
 
 
 def _gather(
-    data: bytes, offsets: npt.NDArray[np.int64], dtype: np.dtype[Any]
+    data: bytes | memoryview, offsets: npt.NDArray[np.int64], dtype: np.dtype[Any]
 ) -> np.ndarray[Any, Any]:
     """The `dtype`-sized header at each offset (each whole in `data`), one record each: rows
     of a sliding window over the bytes (a view), so what is made is the headers' bytes alone
@@ -187,7 +196,7 @@ def _gather(
 
 
 def _frames_ok(
-    data: bytes,
+    data: bytes | memoryview,
     offsets: npt.NDArray[np.int64],
     frames: np.ndarray[Any, Any],
     base_lsn: int,
@@ -216,7 +225,7 @@ def _frames_ok(
 
 
 def _records_ok(
-    data: bytes,
+    data: bytes | memoryview,
     starts: npt.NDArray[np.int64],
     sizes: npt.NDArray[np.int64],
     records: np.ndarray[Any, Any],

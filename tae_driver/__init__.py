@@ -20,9 +20,41 @@ codec, FORMAT.md), `driver` (the asyncio shell), `backend` (the `LogBackend` por
 `limits`, `errors`.
 """
 
-from tae_driver.backend import LogBackend, Record, RecordKind
-from tae_driver.driver import Driver, DriverConfig, ReplaySummary, open_driver
-from tae_driver.replay import ReplayDecision, ReplayMode
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tae_driver.backend import LogBackend, Record, RecordKind
+    from tae_driver.driver import Driver, DriverConfig, ReplaySummary, open_driver
+    from tae_driver.replay import ReplayDecision, ReplayMode
+
+_HOMES = {
+    "LogBackend": "tae_driver.backend",
+    "Record": "tae_driver.backend",
+    "RecordKind": "tae_driver.backend",
+    "Driver": "tae_driver.driver",
+    "DriverConfig": "tae_driver.driver",
+    "ReplaySummary": "tae_driver.driver",
+    "open_driver": "tae_driver.driver",
+    "ReplayDecision": "tae_driver.replay",
+    "ReplayMode": "tae_driver.replay",
+}
+"""Each name above and the module it lives in, imported when first asked for (PEP 562):
+`import tae_driver.limits` (engine/limits.py, every reader of the WAL) or `tae_driver.record`
+then costs no asyncio and no driver (~45 ms of imports, issue 23: readers that never write,
+such as spark_jobs' replay, pay for what they use)."""
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'tae_driver' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "Driver",

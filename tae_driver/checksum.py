@@ -15,7 +15,7 @@ def xxh3_64(data: bytes | bytearray | memoryview) -> int:
     return int(xxhash.xxh3_64_intdigest(data))
 
 
-def xxh3_64_ranges(data: bytes, starts: list[int], ends: list[int]) -> list[int]:
+def xxh3_64_ranges(data: bytes | memoryview, starts: list[int], ends: list[int]) -> list[int]:
     """`xxh3_64(data[starts[i]:ends[i]])` for every i, with no bytes object made per range
     (slices of one memoryview, the loop in C: `map`): what a reader checking many records
     of one buffer calls once (spark_jobs/walread_segments.py, issue 23)."""

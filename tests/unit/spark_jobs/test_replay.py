@@ -326,3 +326,33 @@ def test_many_small_transactions_are_held_near_the_bound(
     assert log["rows_spilled_runs"] >= 20
     assert sum(pa.Table.from_pylist(rows).nbytes for rows in bounded.values()) > 20 * held
     assert log["rows_held_bytes_peak"] <= 2 * held
+
+
+def test_each_log_is_written_before_the_next_is_replayed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The local engine holds one log's rows at a time: a run writes each log's tables
+    once that log is replayed (the old code held every log's until the end), and they are
+    the tables of a run that keeps them in memory."""
+    wals = []
+    for shard in range(3):
+        wal = str(tmp_path / f"wal{shard}")
+        write_file_wal(wal, records_of(kv_entries(40 + 10 * shard), per_record=7))
+        wals.append(wal)
+    params = JobParams("replay_as_of", file_input(*wals), as_of=2**62)
+    out = tmp_path / "out"
+    on_disk_before: list[list[str]] = []
+    real = local_replay.replay_log
+
+    def replay_log(params: JobParams, replica: str, shard: int) -> Any:
+        on_disk_before.append(sorted(p.parts[-4] for p in out.rglob("*.parquet")))
+        return real(params, replica, shard)
+
+    monkeypatch.setattr(local_replay, "replay_log", replay_log)
+    done = run_job(params, engine="local", out=str(out), run_id="run")
+    assert on_disk_before == [[], ["shard-0"], ["shard-0", "shard-1"]]
+    kept = local.run(params).tables
+    assert set(done.manifest["outputs"]) == set(kept)
+    for name, table in kept.items():
+        assert done.manifest["outputs"][name]["rows"] == table.num_rows
+        assert pq.read_table(os.path.join(done.run_dir, name)).equals(table)
