@@ -207,6 +207,15 @@ def write_file_wal(
     asyncio.run(run())
 
 
+def segmented_kv_wal(wal_dir: str) -> list[bytes]:
+    """A file WAL of 40 records of ten `kv_entries` each (DSNs 1, 11, ...) in segments of
+    at most 8 KiB (several segments); returns the records' payloads."""
+    valid = kv_entries(400)
+    records = [encode_record(1 + 10 * i, 10 * i, valid[10 * i : 10 * i + 10]) for i in range(40)]
+    write_file_wal(wal_dir, records, segment_bytes_max=8192)
+    return records
+
+
 def records_of(entries: Sequence[bytes], per_record: int = 1, first_dsn: int = 1) -> list[bytes]:
     """Driver records holding `entries` `per_record` at a time, each with safe DSN = the DSN
     before it (what a driver writing one record at a time publishes)."""

@@ -20,8 +20,7 @@ from spark_jobs.filters import Range
 from spark_jobs.inputs import file_input, list_units
 from spark_jobs.records import read_file
 from spark_jobs.segment_buffers import SegmentBuffers
-from tae_driver.record import encode_record
-from tests.unit.spark_jobs.logs import kv_entries, write_file_wal
+from tests.unit.spark_jobs.logs import segmented_kv_wal
 
 
 def test_a_lease_gives_the_file_bytes_and_reuses_its_buffer(tmp_path: Path) -> None:
@@ -87,10 +86,8 @@ def test_a_file_that_cannot_be_read_is_named(tmp_path: Path) -> None:
 def test_chunks_kept_past_their_segment_still_name_their_records(tmp_path: Path) -> None:
     """Every chunk of every segment held at once (each later segment read into the same
     buffer): each entry's payload and its record's payload are the file's bytes."""
-    valid = kv_entries(400)
-    records = [encode_record(1 + 10 * i, 10 * i, valid[10 * i : 10 * i + 10]) for i in range(40)]
     wal = str(tmp_path / "wal")
-    write_file_wal(wal, records, segment_bytes_max=8192)
+    segmented_kv_wal(wal)
     units = list_units(file_input(wal))
     assert len(units) > 2
     held = [

@@ -34,7 +34,7 @@ from spark_jobs.records import DECODES, DriverRecord, read_file, record_fields
 from spark_jobs.walread_segments import SegmentRecords, segment_records
 from tae_driver.backends.segment import read_segment_frames
 from tae_driver.record import encode_record, encode_skip
-from tests.unit.spark_jobs.logs import kv_entries, write_file_wal
+from tests.unit.spark_jobs.logs import kv_entries, segmented_kv_wal, write_file_wal
 
 
 class _Seen:
@@ -184,10 +184,8 @@ def test_a_segment_read_whole_gives_what_reading_record_by_record_gives(
 def test_a_clean_log_is_read_segment_by_segment_and_damage_falls_back(tmp_path: Path) -> None:
     """The segment path is what reads a clean log (every segment, none record by record);
     a flipped byte in a record makes that segment go the per-record way, which names it."""
-    valid = kv_entries(400)
-    records = [encode_record(1 + 10 * i, 10 * i, valid[10 * i : 10 * i + 10]) for i in range(40)]
     wal = str(tmp_path / "wal")
-    write_file_wal(wal, records, segment_bytes_max=8192)
+    segmented_kv_wal(wal)
     units = list_units(file_input(wal))
     assert len(units) > 2
     for unit in units:
