@@ -18,11 +18,16 @@ replica on every node when --nodes 3), then, in this order, prints one JSON obje
    `--journal node` runs the nodes with the shared node journal
    (docs/decisions/0011-shared-journal.md); `shard` (the default) is today's path.
 4. One node (the first) killed with SIGKILL: the shards it led, and for each the time from
-   the kill until another node answered as their confirmed leader in a later term
-   (`failover_s` max/p50/p99, `failed_over`/`led_by_killed`, and `leaders_per_node` just
-   before the kill). Each such shard is probed on its own (both survivors asked, then
-   `FAILOVER_PROBE_PAUSE_S`, again), so a shard's time is its own answer's, never held up
-   by a slow answer about another shard.
+   the kill until a survivor became its leader in a later term (`failover_s` max/p50/p99),
+   read from the nodes' event log (logsvc/events.py, `leader` events; the bench points
+   `LOGSVC_EVENT_LOG` at `events.jsonl` in its directory unless it is set). A shard counts
+   as failed over only once its new leader also answered as confirmed (a data-plane Status
+   after a barrier through its log; `failed_over`/`led_by_killed`, and
+   `failover_all_confirmed_s` when the last one did), and `leaders_per_node` just before
+   the kill. The confirmations are asked after the elections (each shard probed on its
+   own, both survivors asked, then `FAILOVER_PROBE_PAUSE_S`, again): asked while the
+   elections ran, 2 x ~333 barrier probes every 50 ms slowed the survivors and queued
+   behind each other, ~0.9 s of the p50 on a quiet box (issue 22's note, 2026-11-27).
    `--failover-only` skips 2 and 3 (after `--settle-seconds`, when idle shards are quiet).
 
 Every process is stopped by PID at the end (`dev-cluster down`); every wait is bounded.
@@ -41,8 +46,9 @@ import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
-from logsvc import devcluster, gc_tuning
+from logsvc import devcluster, events, gc_tuning
 from logsvc.bench.measure import percentile, stat_cpu_s
 from logsvc.client import Client, LogsvcError, connect
 from logsvc.config import load_client_config
@@ -55,6 +61,7 @@ FAILOVER_WAIT_S_MAX = 60.0
 # survivors while they elect: bounded).
 FAILOVER_PROBE_PAUSE_S = 0.05
 FAILOVER_PROBES_AT_ONCE_MAX = 64
+EVENT_LOG_NAME = "events.jsonl"  # in the bench's directory, unless LOGSVC_EVENT_LOG says
 CONCURRENCY_MAX = 4096
 SECONDS_MAX = 3600.0
 ACTIVE_SHARDS_DEFAULT = (1, 100, 1000)  # issue 22: one shard, a hundred, a thousand busy
@@ -108,6 +115,11 @@ def run(config: ShardsBenchConfig) -> dict[str, object]:
     assert all(1 <= count <= config.shards for count in config.active_shards)
     base = config.dir or tempfile.mkdtemp(prefix="logsvc-bench-shards-")
     result: dict[str, object] = {"bench": "shards", **asdict(config)}
+    # The nodes log their term, vote and role changes there (logsvc/events.py): the
+    # failover is timed from it. One set by the caller is used as it is.
+    events_before = os.environ.get(events.ENV_VAR)
+    events_path = events_before or os.path.join(os.path.abspath(base), EVENT_LOG_NAME)
+    os.environ[events.ENV_VAR] = events_path
     try:
         started_s = time.monotonic()
         pids = devcluster.start(
@@ -142,9 +154,11 @@ def run(config: ShardsBenchConfig) -> dict[str, object]:
             loads = [asyncio.run(_load(base, config, count)) for count in config.active_shards]
             result.update(loads[0])
             result["loads"] = loads
-        result.update(_failover(base, pids, led, config))
+        result.update(_failover(base, pids, led, config, events_path))
         return result
     finally:
+        if events_before is None:
+            del os.environ[events.ENV_VAR]
         devcluster.down(base)
         if config.dir is None:
             shutil.rmtree(base, ignore_errors=True)
@@ -219,7 +233,11 @@ async def _load(base: str, config: ShardsBenchConfig, count: int) -> dict[str, o
 
 
 def _failover(
-    base: str, pids: dict[str, int], led: dict[int, devcluster.Led], config: ShardsBenchConfig
+    base: str,
+    pids: dict[str, int],
+    led: dict[int, devcluster.Led],
+    config: ShardsBenchConfig,
+    events_path: str,
 ) -> dict[str, object]:
     client_config = load_client_config(os.path.join(base, "client.toml"))
     victim = sorted(pids)[0]
@@ -239,9 +257,15 @@ def _failover(
         f"n{number}": sum(1 for entry in led.values() if entry.data_address == address)
         for number, address in enumerate(client_config.addresses, start=1)
     }
-    killed_s = time.monotonic()
+    event_log = _EventLog(events_path)
+    event_log.read_new()  # skip what happened before the kill
+    killed_ns = time.monotonic_ns()
+    killed_s = killed_ns / 1e9
     devcluster.kill_node(base, victim)
-    found, missing = asyncio.run(
+    elected = _elected(event_log, theirs, killed_ns)
+    # Then each one confirmed as a leader that serves (a barrier through its log), once
+    # the elections are over: probed that way while they ran, they were slowed by it.
+    confirmed, missing = asyncio.run(
         _new_leaders(
             [a for a in client_config.addresses if a != victim_address],
             client_config.token,
@@ -249,6 +273,7 @@ def _failover(
             killed_s + FAILOVER_WAIT_S_MAX,
         )
     )
+    found = {shard: at_ns / 1e9 for shard, at_ns in elected.items() if shard in confirmed}
     times = sorted(at_s - killed_s for at_s in found.values())
     slowest = sorted(found.items(), key=lambda item: item[1], reverse=True)[:5]
     return {
@@ -256,12 +281,56 @@ def _failover(
         "leaders_per_node": per_node,
         "led_by_killed": len(theirs),
         "failed_over": len(found),
-        "not_failed_over": sorted(missing)[:20],
+        "not_failed_over": sorted(set(theirs) - set(found))[:20],
         "failover_s_max": _round(times[-1] if times else None),
         "failover_s_p50": percentile(times, 0.50),
         "failover_s_p99": percentile(times, 0.99),
         "failover_slowest": [[shard, _round(at_s - killed_s)] for shard, at_s in slowest],
+        "failover_all_confirmed_s": _round(
+            max(confirmed.values()) - killed_s if confirmed and not missing else None
+        ),
     }
+
+
+class _EventLog:
+    """The nodes' event log (logsvc/events.py: one JSON object a line), read as it grows."""
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+        self._offset = 0
+        self._partial = b""
+
+    def read_new(self) -> list[dict[str, Any]]:
+        try:
+            with open(self._path, "rb") as f:
+                f.seek(self._offset)
+                data = f.read()
+        except FileNotFoundError:
+            return []
+        self._offset += len(data)
+        *lines, self._partial = (self._partial + data).split(b"\n")
+        return [json.loads(line) for line in lines if line.strip()]
+
+
+def _elected(event_log: _EventLog, terms: dict[int, int], killed_ns: int) -> dict[int, int]:
+    """For each shard of `terms` (shard -> the killed leader's term), when (monotonic ns,
+    the nodes' clock and ours) a survivor became its leader in a later term, from the
+    nodes' event log; until all are found or `FAILOVER_WAIT_S_MAX` after the kill."""
+    found: dict[int, int] = {}
+    deadline_ns = killed_ns + int(FAILOVER_WAIT_S_MAX * 1e9)
+    while len(found) < len(terms) and time.monotonic_ns() < deadline_ns:
+        for event in event_log.read_new():
+            shard, at_ns = event.get("shard"), event.get("time_ns", 0)
+            if (
+                event.get("kind") == "leader"
+                and at_ns >= killed_ns
+                and shard in terms
+                and shard not in found
+                and event.get("term", 0) > terms[shard]
+            ):
+                found[shard] = at_ns
+        time.sleep(FAILOVER_PROBE_PAUSE_S)
+    return found
 
 
 async def _new_leaders(
