@@ -24,6 +24,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from logsvc import stop_signal
 from logsvc.client import ClientOptions, LogsvcError, connect
 from logsvc.config import load_client_config
 
@@ -197,8 +198,11 @@ def start(
     for node in ports:
         config = os.path.join(dir_path, f"{node.node_id}.toml")
         _write_private(config, _node_config(node, ports, shards, raft_ms=raft_ms, journal=journal))
-        pids[node.node_id] = _spawn(dir_path, node.node_id)
-    _write_pids(dir_path, pids)
+        # Recorded before a SIGTERM (`stop_signal.Stopped`) may end the start: raised
+        # inside Popen, after the fork, it lost the node's PID, and `down` left it running.
+        with stop_signal.deferred():
+            pids[node.node_id] = _spawn(dir_path, node.node_id)
+            _write_pids(dir_path, pids)
     addresses = [f"127.0.0.1:{node.data}" for node in ports]
     admin_addresses = [f"127.0.0.1:{node.admin}" for node in ports]
     _write_private(

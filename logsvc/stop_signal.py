@@ -6,11 +6,19 @@ a handler SIGTERM (`timeout`, a service manager, `kill`) ends the command at onc
 that `finally`, and everything it started runs on. `stop_on_sigterm()` turns SIGTERM into
 `Stopped`, a `SystemExit` whose status is 128 + the signal's (143), as a shell reports a
 process ended by it: the `finally` blocks run and the command exits 143.
+
+Where the exception would lose track of a process (raised inside `subprocess.Popen` after
+the fork, before the caller has the PID), `deferred()` holds it until the block's end.
 """
 
 from __future__ import annotations
 
+import contextlib
 import signal
+from collections.abc import Iterator
+
+_deferring = 0  # nesting depth of `deferred()` blocks (main thread only: signal handlers)
+_pending: int | None = None  # a SIGTERM that arrived inside one
 
 
 class Stopped(SystemExit):
@@ -18,9 +26,29 @@ class Stopped(SystemExit):
 
 
 def _raise_stopped(signum: int, _frame: object) -> None:
+    global _pending
     # Once: a second SIGTERM must not cut the (bounded) stop that the first one started.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if _deferring:
+        _pending = signum
+        return
     raise Stopped(128 + signum)
+
+
+@contextlib.contextmanager
+def deferred() -> Iterator[None]:
+    """A block that a SIGTERM does not interrupt: `Stopped` is raised when it ends (when
+    the outermost such block ends), e.g. once a spawned process's PID is recorded where
+    the stop will find it."""
+    global _deferring, _pending
+    _deferring += 1
+    try:
+        yield
+    finally:
+        _deferring -= 1
+    if not _deferring and _pending is not None:
+        signum, _pending = _pending, None
+        raise Stopped(128 + signum)
 
 
 def stop_on_sigterm() -> None:
