@@ -12,6 +12,7 @@ from pysyncobj.journal import Journal
 
 from logsvc.events import ReplicaEvents
 from logsvc.shard import membership as shard_membership
+from logsvc.shard import snapshot_file
 from logsvc.shard.raft import patches as _patches  # noqa: F401  (patched before use)
 from logsvc.shard.raft.entries import COMMAND_TYPE_MEMBERSHIP, COMMAND_TYPE_REGULAR
 from logsvc.store import Entry, ShardStore
@@ -203,34 +204,27 @@ class StoreJournal(Journal):  # type: ignore[misc]
             lo = chunk[-1].index + 1
 
     def install_snapshot_entries(
-        self, prev: tuple[bytes, int, int], last: tuple[bytes, int, int]
+        self, prev: snapshot_file.JournalEntry, last: snapshot_file.JournalEntry
     ) -> None:
-        """Replace the whole log with a snapshot's two entries, (command, index, term) each,
-        without telling `membership`: its caller has already reset it to the snapshot's
-        configuration, durably, before this (snapshot_points.py says why). The entries become
-        durable as any appended (acknowledged only then); a crash before that leaves the
-        log empty at `prev`'s index, and the restart installs the snapshot again
-        (node.py `_snapshot_to_finish`)."""
-        self._reset_pending = False
-        store = self._store
-        index = prev[1]
-        assert index >= store.first_index, "a snapshot never precedes our log start"
-        assert last[1] == index + 1, "a snapshot's two entries are consecutive"
-        if index <= store.last_index:
-            store.truncate_suffix(index)
-        store.truncate_prefix(index)
-        store.append(
-            [Entry(index, prev[2], bytes(prev[0])), Entry(index + 1, last[2], bytes(last[0]))]
+        """Replace the whole log with a snapshot's two entries without telling
+        `membership`: its caller has already reset it to the snapshot's configuration,
+        durably, before this (snapshot_points.py says why). The entries become durable as
+        any appended (acknowledged only then); a crash before that leaves the log empty at
+        `prev`'s index, and the restart installs the snapshot again (node.py
+        `_snapshot_to_finish`)."""
+        assert last.index == prev.index + 1, "a snapshot's two entries are consecutive"
+        self._reset_to(prev.index, tell_membership=False)
+        self._store.append(
+            [Entry(prev.index, prev.term, prev.command), Entry(last.index, last.term, last.command)]
         )
-        self._memo.clear()
 
-    def _reset_to(self, index: int) -> None:
+    def _reset_to(self, index: int, *, tell_membership: bool = True) -> None:
         self._reset_pending = False
         store = self._store
         assert index >= store.first_index, "a snapshot never precedes our log start"
         if index <= store.last_index:
             store.truncate_suffix(index)
-            if self.membership is not None:
+            if tell_membership and self.membership is not None:
                 self.membership.on_truncate_suffix(index)
         store.truncate_prefix(index)
         self._memo.clear()

@@ -136,10 +136,7 @@ class RaftNode:
                 store.first_index,
                 store.last_index,
             )
-            prev, last = installing.prev, installing.last
-            self._journal.install_snapshot_entries(
-                (prev.command, prev.index, prev.term), (last.command, last.index, last.term)
-            )
+            self._journal.install_snapshot_entries(installing.prev, installing.last)
         # The peers are the log's latest configuration, not the ones configured at first.
         started = replace(config, peers=self._membership.peers)
         self._owns_scheduler = raft_scheduler is None and transport_base is None

@@ -98,9 +98,7 @@ class SnapshotPoints(AdapterBase):
             # journal-first order's window the other way: a restart that refused to start).
             if journal.membership is not None:
                 journal.membership.on_reset(last.index, last.term, snapshot.cluster)
-            journal.install_snapshot_entries(
-                (prev.command, prev.index, prev.term), (last.command, last.index, last.term)
-            )
+            journal.install_snapshot_entries(prev, last)
         self._logsvc_handler.install_snapshot(last.index, snapshot.state)
         self._SyncObj__raftLastApplied = last.index
         self._logsvc_compacted_at = max(self._logsvc_compacted_at, last.index)
