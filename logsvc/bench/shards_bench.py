@@ -6,10 +6,14 @@ replica on every node when --nodes 3), then, in this order, prints one JSON obje
 1. `all_led_s`: from spawning the nodes until every shard has a leader that confirmed
    itself (a data-plane Status answered after a barrier through the log); also when the
    last node listened (`listening_s`).
-2. After `--settle-seconds` (idle shards go quiet), over `--idle-seconds`: the CPU of the
-   node processes (`idle_cpu_cores_total`, and per node), each node's RSS, threads and open
-   descriptors, and RSS per hosted replica (the whole process's RSS divided by its
-   replicas: an upper bound on what an idle replica costs).
+2. After `--settle-seconds` and then until every replica says it is quiet (its admin
+   status; at most `SETTLE_WAIT_S_MAX` more: `idle_settle_s`, and `idle_quiet_replicas`
+   before and after the window say what was measured), over `--idle-seconds`: the CPU of
+   the node processes (`idle_cpu_cores_total`, and per node), each node's RSS, threads and
+   open descriptors, and RSS per hosted replica (the whole process's RSS divided by its
+   replicas: an upper bound on what an idle replica costs). Measured 5 s after the last
+   leader, before every shard had gone quiet, the idle CPU read 2.5x its settled value
+   (0.10 against 0.04 cores, 2026-11-27).
 3. For each count of `--active-shards` (a comma list, default 1,100,1000 up to --shards),
    that many shards chosen at random, driven in closed loop by `--concurrency` appenders
    (one record of `--record-bytes` each, waiting for the acknowledgement) for
@@ -44,11 +48,11 @@ import random
 import shutil
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from logsvc import devcluster, events, gc_tuning
+from logsvc import admin_client, devcluster, events, gc_tuning
 from logsvc.bench.measure import percentile, stat_cpu_s
 from logsvc.client import Client, LogsvcError, connect
 from logsvc.config import load_client_config
@@ -61,6 +65,11 @@ FAILOVER_WAIT_S_MAX = 60.0
 # survivors while they elect: bounded).
 FAILOVER_PROBE_PAUSE_S = 0.05
 FAILOVER_PROBES_AT_ONCE_MAX = 64
+# After the settle time, how long the idle phase waits for every replica to go quiet (the
+# leader balancer's last moves and quiescence take ~10-20 s after the last leader on this
+# box) and how often it asks the nodes' admin APIs meanwhile (one GET /v1/shards each).
+SETTLE_WAIT_S_MAX = 60.0
+SETTLE_POLL_S = 1.0
 EVENT_LOG_NAME = "events.jsonl"  # in the bench's directory, unless LOGSVC_EVENT_LOG says
 CONCURRENCY_MAX = 4096
 SECONDS_MAX = 3600.0
@@ -149,7 +158,8 @@ def run(config: ShardsBenchConfig) -> dict[str, object]:
         if config.failover_only:
             time.sleep(config.settle_seconds)  # idle shards go quiet, as they would be
         else:
-            result.update(_idle(pids, config))
+            quiet_of = _QuietCount(client_config.admin_addresses, client_config.token)
+            result.update(_idle(pids, config, quiet_of))
             gc_tuning.tune_for_latency()  # the client's own pauses would count as latency
             loads = [asyncio.run(_load(base, config, count)) for count in config.active_shards]
             result.update(loads[0])
@@ -164,13 +174,44 @@ def run(config: ShardsBenchConfig) -> dict[str, object]:
             shutil.rmtree(base, ignore_errors=True)
 
 
-def _idle(pids: dict[str, int], config: ShardsBenchConfig) -> dict[str, object]:
+class _QuietCount:
+    """How many of the cluster's replicas say they are quiet, of how many answered
+    (`GET /v1/shards` of every node's admin API; a node that does not answer counts none)."""
+
+    def __init__(self, admin_addresses: Sequence[str], token: str) -> None:
+        self._addresses = tuple(admin_addresses)
+        self._token = token
+
+    def __call__(self) -> tuple[int, int]:
+        quiet = total = 0
+        for address in self._addresses:
+            try:
+                answer = admin_client.get_json(address, "/v1/shards", self._token)
+            except admin_client.AdminClientError:
+                continue
+            shards = answer.get("shards", []) if isinstance(answer, dict) else []
+            total += len(shards)
+            quiet += sum(1 for s in shards if isinstance(s, dict) and s.get("quiet") is True)
+        return quiet, total
+
+
+def _idle(
+    pids: dict[str, int], config: ShardsBenchConfig, quiet_of: Callable[[], tuple[int, int]]
+) -> dict[str, object]:
     time.sleep(config.settle_seconds)
+    settle_began_s = time.monotonic()
+    quiet, answered = quiet_of()
+    settle_until_s = settle_began_s + SETTLE_WAIT_S_MAX
+    while (answered == 0 or quiet < answered) and time.monotonic() < settle_until_s:
+        time.sleep(SETTLE_POLL_S)
+        quiet, answered = quiet_of()
+    settle_s = config.settle_seconds + time.monotonic() - settle_began_s
     before = {node: sample_node(pid) for node, pid in pids.items()}
     began_s = time.monotonic()
     time.sleep(config.idle_seconds)
     after = {node: sample_node(pid) for node, pid in pids.items()}
     elapsed_s = time.monotonic() - began_s
+    quiet_after, answered_after = quiet_of()
     replicas = config.shards * min(3 if config.nodes < 5 else 5, config.nodes) / config.nodes
     per_node = {
         node: {
@@ -184,6 +225,12 @@ def _idle(pids: dict[str, int], config: ShardsBenchConfig) -> dict[str, object]:
     }
     total = sum(after[n].cpu_s - before[n].cpu_s for n in pids) / elapsed_s
     return {
+        "idle_settle_s": round(settle_s, 1),
+        "idle_quiet_replicas": {
+            "before": quiet,
+            "after": quiet_after,
+            "of": max(answered, answered_after),
+        },
         "idle_measured_s": round(elapsed_s, 1),
         "idle_cpu_cores_total": round(total, 4),
         "replicas_per_node": replicas,
