@@ -46,9 +46,11 @@ def deferred() -> Iterator[None]:
         yield
     finally:
         _deferring -= 1
-    if not _deferring and _pending is not None:
-        signum, _pending = _pending, None
-        raise Stopped(128 + signum)
+        if not _deferring and _pending is not None:
+            # Also when the block raised: the stop was asked for, and the block's own
+            # exception stays attached (`__context__`) for whoever reports it.
+            signum, _pending = _pending, None
+            raise Stopped(128 + signum)
 
 
 def stop_on_sigterm() -> None:

@@ -23,6 +23,7 @@ from pathlib import Path
 from engine.compaction import Policy
 from engine.tn.channel import probe
 from engine.tn.limits import ClientOptions
+from logsvc import stop_signal
 
 START_WAIT_S_MAX = 30.0
 """A TN answers its port within this after start (opening replays the WAL tail)."""
@@ -136,7 +137,9 @@ class TNProcess:
         self.config = config
         self.log = config.with_suffix(f".{int(time.monotonic() * 1000)}.log")
         args = [sys.executable, "-m", "engine", "serve", "--config", str(config)]
-        with open(self.log, "wb") as out:
+        # Deferred: a SIGTERM inside Popen, after the fork, would lose the PID of a process
+        # that its caller must stop.
+        with open(self.log, "wb") as out, stop_signal.deferred():
             self.process = subprocess.Popen(
                 [*args, *(["--standby"] if standby else [])],
                 stdout=out,

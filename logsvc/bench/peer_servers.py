@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from logsvc import stop_signal
 from logsvc.bench.measure import process_cpu_s
 
 LOCAL = "127.0.0.1"
@@ -175,7 +176,8 @@ class Cluster:
 
     def spawn(self, name: str, cmd: Sequence[str], cwd: str, log_path: str) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("ETCD", "NATS"))}
-        with open(log_path, "ab") as log:
+        # Deferred: a SIGTERM inside Popen, after the fork, would lose the PID that stop() needs.
+        with open(log_path, "ab") as log, stop_signal.deferred():
             self.procs[name] = subprocess.Popen(
                 list(cmd),
                 cwd=cwd,

@@ -38,6 +38,15 @@ def test_a_sigterm_inside_a_deferred_block_stops_at_its_end(sigterm_stops: None)
     assert stopped.value.code == 128 + signal.SIGTERM
 
 
+def test_a_sigterm_held_by_a_block_that_raises_still_stops(sigterm_stops: None) -> None:
+    """The block's own error must not swallow the stop that was asked for (exit 143)."""
+    with pytest.raises(stop_signal.Stopped) as stopped, stop_signal.deferred():
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise OSError("spawn failed")
+    assert stopped.value.code == 128 + signal.SIGTERM
+    assert isinstance(stopped.value.__context__, OSError)
+
+
 def test_a_sigterm_outside_stops_at_once(sigterm_stops: None) -> None:
     reached = []
     with pytest.raises(stop_signal.Stopped):
