@@ -34,7 +34,8 @@ Checks, per shard directory (every one found, or only `--shard N`):
 
 What recovery would trim, delete or refuse is decided exactly as `logsvc/store/recovery.py`
 decides it, step for step, from its pure parts (`scan_segment`, `decode_meta`, the segment
-name rule): `recover()` itself deletes and truncates files, so it is never called here.
+name rule; checks 1-3 in logsvc/doctor_segments.py): `recover()` itself deletes and
+truncates files, so it is never called here. The repair below is logsvc/doctor_repair.py.
 tests/unit/test_doctor.py opens a copy of each damaged directory with the real store and
 checks that the store agrees with the doctor.
 
@@ -82,17 +83,17 @@ import fcntl
 import json
 import os
 import re
-import stat
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Final
 
-from logsvc.doctor_findings import SEVERITIES, Severity
+from logsvc.doctor_findings import SEVERITIES, Severity, list_dir, read_file, unexpected_file
 from logsvc.doctor_findings import Finding as Finding  # re-exported: callers import it here
 from logsvc.doctor_journal import check_node_journal
+from logsvc.doctor_repair import plan_journal_repair, repair_journal
+from logsvc.doctor_segments import JournalCheck, check_journal
 from logsvc.node import placement
-from logsvc.quarantine import is_quarantine_name, move_aside
 from logsvc.shard import membership, small_file, snapshot_file
 from logsvc.shard.errors import SnapshotCorrupt
 from logsvc.shard.limits import DEFAULT_SHARD_LIMITS, ShardLimits
@@ -100,8 +101,6 @@ from logsvc.shard.state_machine import ShardStateMachine
 from logsvc.store import records
 from logsvc.store.fs import LOCK_FILE_NAME
 from logsvc.store.journal import JOURNAL_DIR_NAME
-from logsvc.store.meta import META_FILE_NAME, META_TMP_FILE_NAME, Meta, decode_meta
-from logsvc.store.recovery import SEGMENT_NAME
 
 EXIT_HEALTHY: Final = 0
 EXIT_PROBLEMS: Final = 1
@@ -128,9 +127,6 @@ SMALL_FILES: Final = (
     (membership.FILE_NAME, membership.MAGIC, membership.VERSION),
 )
 SHARD_DIR_NAME = re.compile(r"[1-9][0-9]{0,9}")
-# Directory entries looked at per directory: a data directory holds a few files per shard;
-# anything near this is not one of ours, and the rest is summarized instead of listed.
-DIR_ENTRIES_LISTED_MAX: Final = 10_000
 
 
 @dataclass(slots=True)
@@ -276,51 +272,6 @@ def _with_shard(findings: Iterable[Finding], shard: int) -> list[Finding]:
     return [Finding(f.severity, f.code, f.path, f.message, shard, f.offset_bytes) for f in findings]
 
 
-def _listdir(path: str, findings: list[Finding]) -> list[str] | None:
-    try:
-        names = sorted(os.listdir(path))
-    except OSError as exc:
-        findings.append(Finding("error", "unreadable", path, f"cannot list: {exc.strerror}"))
-        return None
-    if len(names) > DIR_ENTRIES_LISTED_MAX:
-        findings.append(
-            Finding(
-                "warning",
-                "unexpected_file",
-                path,
-                f"{len(names)} entries; only the first {DIR_ENTRIES_LISTED_MAX} are checked",
-            )
-        )
-        names = names[:DIR_ENTRIES_LISTED_MAX]
-    return names
-
-
-def _read(path: str, findings: list[Finding]) -> bytes | None:
-    """A regular file's bytes. O_NONBLOCK: a FIFO in its place must not hang the check."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        findings.append(Finding("error", "unreadable", path, f"cannot open: {exc.strerror}"))
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            findings.append(Finding("error", "unreadable", path, "not a regular file"))
-            return None
-        with os.fdopen(os.dup(fd), "rb") as file:
-            return file.read()
-    except OSError as exc:
-        findings.append(Finding("error", "unreadable", path, f"cannot read: {exc.strerror}"))
-        return None
-    finally:
-        os.close(fd)
-
-
-def _unexpected(path: str, what: str) -> Finding:
-    return Finding(
-        "warning", "unexpected_file", path, f"unexpected {what}: the node never writes it"
-    )
-
-
 def _small_file(dir_path: str, name: str, findings: list[Finding]) -> bool:
     """Check `name` if it is one of the small checksummed files (or a leftover temporary
     of one); False if it is not."""
@@ -339,7 +290,7 @@ def _small_file(dir_path: str, name: str, findings: list[Finding]) -> bool:
             return True
         if name != file_name:
             continue
-        data = _read(path, findings)
+        data = read_file(path, findings)
         if data is not None:
             try:
                 small_file.decode(path, data, magic, version)
@@ -358,20 +309,20 @@ def _small_file(dir_path: str, name: str, findings: list[Finding]) -> bool:
 
 def _shard_dirs(options: DoctorOptions, findings: list[Finding]) -> list[tuple[int, str]]:
     data_dir = options.data_dir
-    for name in _listdir(data_dir, findings) or []:
+    for name in list_dir(data_dir, findings) or []:
         if not _small_file(data_dir, name, findings) and name not in DATA_DIR_EXPECTED:
             findings.append(
-                _unexpected(os.path.join(data_dir, name), "entry in the data directory")
+                unexpected_file(os.path.join(data_dir, name), "entry in the data directory")
             )
     shards_path = os.path.join(data_dir, SHARDS_DIR)
     found: dict[int, str] = {}
     if os.path.isdir(shards_path):
-        for name in _listdir(shards_path, findings) or []:
+        for name in list_dir(shards_path, findings) or []:
             path = os.path.join(shards_path, name)
             if SHARD_DIR_NAME.fullmatch(name) and os.path.isdir(path):
                 found[int(name)] = path
             else:
-                findings.append(_unexpected(path, "entry (not a shard directory)"))
+                findings.append(unexpected_file(path, "entry (not a shard directory)"))
     hosted = options.hosted_shards
     if hosted is not None:
         for shard in hosted:
@@ -419,7 +370,7 @@ def _shard_dirs(options: DoctorOptions, findings: list[Finding]) -> list[tuple[i
 def check_shard_dir(
     shard_dir: str, summary: ShardSummary, options: DoctorOptions, findings: list[Finding]
 ) -> None:
-    names = _listdir(shard_dir, findings)
+    names = list_dir(shard_dir, findings)
     if names is None:
         return
     snapshot_path = os.path.join(shard_dir, SNAPSHOT_FILE)
@@ -439,10 +390,10 @@ def check_shard_dir(
             JOURNAL_DIR,
             SNAPSHOT_FILE,
         ):
-            findings.append(_unexpected(path, "file in the shard directory"))
+            findings.append(unexpected_file(path, "file in the shard directory"))
     snapshot: snapshot_file.SnapshotFile | None = None
     if SNAPSHOT_FILE in names:
-        data = _read(snapshot_path, findings)
+        data = read_file(snapshot_path, findings)
         if data is not None:
             snapshot = check_snapshot_bytes(snapshot_path, data, options.shard_limits, findings)
     if snapshot is not None:
@@ -508,324 +459,6 @@ def check_snapshot_bytes(
             )
         )
     return snapshot
-
-
-@dataclass(slots=True)
-class JournalCheck:
-    """What the journal holds once recovery ran (computed without running it)."""
-
-    meta: Meta | None  # None: missing or corrupt (recovery refuses the journal)
-    log_start: int  # meta's first_index; without a meta, the first segment's first index
-    last_index: int
-    segments: int
-    corrupt: bool  # an error was found: indexes past it are unknown
-    # (term, payload) of the entries asked for (the snapshot's two), where present.
-    entries: dict[int, tuple[int, bytes]] = field(default_factory=dict)
-
-
-def check_journal(
-    journal_dir: str,
-    payload_bytes_max: int,
-    wanted_indexes: Iterable[int],
-    findings: list[Finding],
-) -> JournalCheck | None:
-    """Recovery's steps (logsvc/store/recovery.py), reporting instead of repairing. Where
-    recovery stops at a bad or missing meta, the segments are still checked (from the
-    first one found), so every damaged file is reported at once. None: unreadable."""
-    names = _listdir(journal_dir, findings)
-    if names is None:
-        return None
-    wanted = set(wanted_indexes)
-    segment_names: list[tuple[int, str]] = []
-    for name in names:
-        match = SEGMENT_NAME.match(name)
-        if match:
-            segment_names.append((int(match.group(1)), name))
-        elif name == META_TMP_FILE_NAME:
-            findings.append(
-                Finding(
-                    "info",
-                    "meta_tmp_leftover",
-                    os.path.join(journal_dir, name),
-                    "an interrupted metadata write; deleted at recovery (meta holds the "
-                    "last good value)",
-                )
-            )
-        elif is_quarantine_name(name):
-            findings.append(
-                Finding(
-                    "info",
-                    "quarantine_kept",
-                    os.path.join(journal_dir, name),
-                    "a damaged suffix moved aside by `doctor --repair --yes` (ignored by "
-                    "recovery; delete it once it is no longer needed)",
-                )
-            )
-        elif name not in (META_FILE_NAME, LOCK_FILE_NAME):
-            findings.append(
-                _unexpected(os.path.join(journal_dir, name), "file in the journal (ignored)")
-            )
-    segment_names.sort()
-    meta_path = os.path.join(journal_dir, META_FILE_NAME)
-    meta: Meta | None = None
-    if META_FILE_NAME not in names:
-        if not segment_names:
-            findings.append(Finding("info", "journal_empty", journal_dir, "new, empty journal"))
-            meta = Meta()  # what recovery writes for a new store
-        else:
-            findings.append(
-                Finding(
-                    "error",
-                    "meta_missing",
-                    meta_path,
-                    "segments exist but meta is missing: recovery reports corruption",
-                    offset_bytes=0,
-                )
-            )
-    else:
-        data = _read(meta_path, findings)
-        if data is None:
-            return None
-        decoded = decode_meta(data)
-        if isinstance(decoded, tuple):
-            offset, reason = decoded
-            findings.append(
-                Finding(
-                    "error",
-                    "meta_corrupt",
-                    meta_path,
-                    f"{reason}: recovery reports corruption (term and vote are unknown)",
-                    offset_bytes=offset,
-                )
-            )
-        else:
-            meta = decoded
-    result = _check_segments(journal_dir, meta, segment_names, payload_bytes_max, wanted, findings)
-    result.corrupt = result.corrupt or meta is None
-    return result
-
-
-def _check_segments(
-    journal_dir: str,
-    meta: Meta | None,
-    segment_names: list[tuple[int, str]],
-    payload_bytes_max: int,
-    wanted: set[int],
-    findings: list[Finding],
-) -> JournalCheck:
-    """recovery._scan_segments and _check_continuity, reporting instead of repairing."""
-    if meta is not None:
-        log_start = meta.first_index
-    else:
-        log_start = segment_names[0][0] if segment_names else 1
-    errors_before = _errors(findings)
-    kept: list[tuple[str, records.SegmentScan | None]] = []  # None: unreadable or corrupt
-    entries: dict[int, tuple[int, bytes]] = {}
-    for position, (first_index, name) in enumerate(segment_names):
-        path = os.path.join(journal_dir, name)
-        newest = position == len(segment_names) - 1
-        following_first = None if newest else segment_names[position + 1][0]
-        if following_first is not None and following_first <= log_start:
-            findings.append(_obsolete(path, log_start))
-            continue
-        scanned = _scan_file(path, first_index, newest, payload_bytes_max, findings)
-        if isinstance(scanned, _Deleted):
-            continue
-        if scanned is None:
-            kept.append((path, None))
-            continue
-        scan, data = scanned
-        if scan.count == 0:
-            findings.append(
-                Finding("info", "segment_empty", path, "holds no whole record; deleted at recovery")
-            )
-            continue
-        if scan.last_index < log_start:
-            findings.append(_obsolete(path, log_start))
-            continue
-        kept.append((path, scan))
-        entries.update(_entries_at(scan, data, wanted, payload_bytes_max))
-    _check_continuity(kept, log_start, None if meta is None else meta.term, findings)
-    scans = [scan for _, scan in kept if scan is not None]
-    return JournalCheck(
-        meta=meta,
-        log_start=log_start,
-        last_index=scans[-1].last_index if scans else log_start - 1,
-        segments=len(kept),
-        corrupt=_errors(findings) > errors_before,
-        entries=entries,
-    )
-
-
-def _errors(findings: list[Finding]) -> int:
-    return sum(1 for finding in findings if finding.severity == "error")
-
-
-def _obsolete(path: str, log_start: int) -> Finding:
-    return Finding(
-        "info",
-        "segment_obsolete",
-        path,
-        f"wholly below the log start {log_start} (a prefix truncation whose deletion had not "
-        "finished); deleted at recovery",
-    )
-
-
-class _Deleted:
-    """Recovery would delete the file (a torn header on the newest segment)."""
-
-
-def _scan_file(
-    path: str, first_index: int, newest: bool, payload_bytes_max: int, findings: list[Finding]
-) -> tuple[records.SegmentScan, bytes] | _Deleted | None:
-    """recovery._scan_one without the repair: (scan, bytes), _Deleted, or None with an
-    error."""
-    try:
-        size_bytes = os.stat(path).st_size
-    except OSError as exc:
-        findings.append(Finding("error", "unreadable", path, f"cannot stat: {exc.strerror}"))
-        return None
-    if size_bytes > records.SEGMENT_BYTES_LIMIT:
-        # Not read: no segment is this large, and reading it could exhaust memory.
-        findings.append(
-            Finding(
-                "error",
-                "segment_corrupt",
-                path,
-                f"{size_bytes} bytes: larger than any segment can be",
-            )
-        )
-        return None
-    data = _read(path, findings)
-    if data is None:
-        return None
-    try:
-        scan = records.scan_segment(
-            data, first_index, newest=newest, payload_bytes_max=payload_bytes_max
-        )
-    except records.TornHeader as torn:
-        findings.append(
-            Finding(
-                "warning",
-                "torn_tail",
-                path,
-                f"torn header ({torn}) and no whole record after it: the file would be "
-                "deleted at recovery (unacknowledged tail: power was lost as it was created)",
-                offset_bytes=0,
-            )
-        )
-        return _Deleted()
-    except records.ScanCorruption as bad:
-        where = (
-            "a sealed segment (damage at rest: it was synced whole before the next began)"
-            if not newest
-            else "the newest segment (synced bytes are damaged: not a torn tail)"
-        )
-        findings.append(
-            Finding(
-                "error",
-                "segment_corrupt",
-                path,
-                f"corruption in {where} at offset {bad.offset_bytes}: {bad.reason}",
-                offset_bytes=bad.offset_bytes,
-            )
-        )
-        return None
-    if scan.torn_reason is not None:
-        cut_bytes = len(data) - scan.end_bytes
-        dropped = scan.torn_records_dropped
-        also = f", with {dropped} unsynced record(s) after a lost page" if dropped else ""
-        findings.append(
-            Finding(
-                "warning",
-                "torn_tail",
-                path,
-                f"torn tail at offset {scan.end_bytes} ({scan.torn_reason}): {cut_bytes} "
-                f"bytes would be trimmed at recovery (unacknowledged tail){also}",
-                offset_bytes=scan.end_bytes,
-            )
-        )
-    return scan, data
-
-
-def _entries_at(
-    scan: records.SegmentScan, data: bytes, wanted: set[int], payload_bytes_max: int
-) -> dict[int, tuple[int, bytes]]:
-    """(term, payload) of each wanted index the scanned segment holds."""
-    found: dict[int, tuple[int, bytes]] = {}
-    for index in wanted:
-        if scan.first_index <= index <= scan.last_index:
-            record = records.parse_record(
-                data, scan.offsets[index - scan.first_index], payload_bytes_max
-            )
-            assert isinstance(record, records.RecordView)  # the scan just accepted it
-            found[index] = (record.term, data[record.payload_offset_bytes : record.end_bytes])
-    return found
-
-
-def _check_continuity(
-    kept: list[tuple[str, records.SegmentScan | None]],
-    log_start: int,
-    stored_term: int | None,
-    findings: list[Finding],
-) -> None:
-    """Gap-free from the log start (recovery._check_continuity), and Raft's rule that terms
-    never go down along the log. A corrupt segment (None) breaks the chain: what follows
-    it is only compared with what follows it."""
-    expected: int | None = None
-    term: int | None = None
-    first = True
-    for path, scan in kept:
-        if scan is None:
-            expected, term, first = None, None, False
-            continue
-        if first and scan.first_index > log_start:
-            findings.append(
-                Finding(
-                    "error",
-                    "segment_missing",
-                    path,
-                    f"missing segment: the log starts at {log_start} but the first segment "
-                    f"starts at {scan.first_index}",
-                    offset_bytes=0,
-                )
-            )
-        if expected is not None and scan.first_index != expected:
-            findings.append(
-                Finding(
-                    "error",
-                    "segment_gap",
-                    path,
-                    f"gap or missing segment: expected first index {expected}, found "
-                    f"{scan.first_index}",
-                    offset_bytes=0,
-                )
-            )
-        first_term = scan.term_runs[0][1]
-        if term is not None and first_term < term:
-            findings.append(
-                Finding(
-                    "error",
-                    "term_decreases",
-                    path,
-                    f"the first entry's term {first_term} is below the previous segment's "
-                    f"last term {term} (Raft terms never go down along a log)",
-                    offset_bytes=records.SEGMENT_HEADER_BYTES,
-                )
-            )
-        term = scan.term_runs[-1][1]
-        expected = scan.last_index + 1
-        first = False
-    if stored_term is not None and term is not None and term > stored_term:
-        findings.append(
-            Finding(
-                "warning",
-                "term_above_meta",
-                kept[-1][0],
-                f"the last entry's term {term} is above the stored term {stored_term} "
-                "(the replica starts at the larger one)",
-            )
-        )
 
 
 def check_snapshot_matches(
@@ -894,96 +527,6 @@ def check_snapshot_matches(
 
 
 # ------------------------------------------------------------------------- repair
-
-
-@dataclass(frozen=True, slots=True)
-class JournalRepair:
-    """What `--repair --yes` would move out of a journal (module doc). The journal keeps
-    indexes below `index_lo`; `[index_lo, index_hi)` are the ones found in the moved bytes
-    (`index_hi` == `index_lo` when none is whole there)."""
-
-    journal_dir: str
-    damaged_path: str
-    offset_bytes: int
-    reason: str
-    index_lo: int
-    index_hi: int
-    cut_path: str | None  # None: the damaged file moves whole (its header is bad)
-    moved_paths: tuple[str, ...]
-
-    def describe(self) -> str:
-        lines = [
-            f"damage: {self.damaged_path} at byte {self.offset_bytes}: {self.reason}",
-            f"the journal keeps Raft indexes below {self.index_lo}; indexes "
-            f"[{self.index_lo}, {self.index_hi}) are found in the moved bytes and lost",
-        ]
-        if self.cut_path is not None:
-            lines.append(f"cut: {self.cut_path} at byte {self.offset_bytes} (the rest moved)")
-        lines.extend(f"move: {path}" for path in self.moved_paths)
-        return "\n".join(lines) + "\n"
-
-
-def plan_journal_repair(journal_dir: str, payload_bytes_max: int) -> JournalRepair | None:
-    """The first corrupt segment of a journal, decided by recovery's own scan, and the
-    suffix a repair would move aside; None when no segment is corrupt. Reads only."""
-    segments = sorted(
-        (int(match.group(1)), os.path.join(journal_dir, name))
-        for name in os.listdir(journal_dir)
-        if (match := SEGMENT_NAME.match(name))
-    )
-    for position, (first_index, path) in enumerate(segments):
-        with open(path, "rb") as handle:
-            data = handle.read()
-        newest = position == len(segments) - 1
-        found = records.read_segment_records(
-            data, first_index, newest=newest, payload_bytes_max=payload_bytes_max
-        )
-        if found.end != records.END_CORRUPT:
-            continue
-        later = tuple(p for _, p in segments[position + 1 :])
-        index_lo = found.records[-1].index + 1 if found.records else first_index
-        index_hi = index_lo
-        for later_first, later_path in segments[position + 1 :]:
-            with open(later_path, "rb") as handle:
-                walked = records.read_segment_records(
-                    handle.read(), later_first, newest=False, verify=False
-                )
-            if walked.records:
-                index_hi = max(index_hi, walked.records[-1].index + 1)
-        whole = found.end_offset_bytes < records.SEGMENT_HEADER_BYTES
-        return JournalRepair(
-            journal_dir,
-            path,
-            0 if whole else found.end_offset_bytes,
-            found.end_reason or "corrupt",
-            index_lo,
-            index_hi,
-            None if whole else path,
-            (path, *later) if whole else later,
-        )
-    return None
-
-
-def repair_journal(plan: JournalRepair) -> str:
-    """Move the plan's suffix aside under the journal's lock; the quarantine directory.
-    Raises BlockingIOError if the node holds the lock."""
-    fd = os.open(os.path.join(plan.journal_dir, LOCK_FILE_NAME), os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        again = plan_journal_repair(plan.journal_dir, records.PAYLOAD_BYTES_LIMIT)
-        assert again is not None and again.offset_bytes == plan.offset_bytes
-        return move_aside(
-            plan.journal_dir,
-            label=f"index-{plan.index_lo}",
-            report=plan.describe(),
-            cut_path=plan.cut_path,
-            cut_offset_bytes=plan.offset_bytes,
-            moved_paths=plan.moved_paths,
-        )
-    finally:
-        os.close(fd)
-
-
 def _repair(options: DoctorOptions, yes: bool) -> int:
     assert options.only_shard is not None
     shard_dir = os.path.join(options.data_dir, "shards", str(options.only_shard))
