@@ -39,13 +39,9 @@ server bug: assert), decoding checks the same rules, so whatever decodes re-enco
 from __future__ import annotations
 
 import datetime
-import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NoReturn
 
-# msgpack ships no type information; it is imported here only (and by logsvc's codecs).
-import msgpack
 import pyarrow as pa
 
 from engine.checkpoint.errors import CheckpointCorrupt
@@ -54,6 +50,7 @@ from engine.cn.port import TNStatus
 from engine.logtail import Logtail, TailEntry
 from engine.schema import TYPES
 from engine.tn import limits
+from engine.tn.bodies import Fields, kind_of, pack, unpack
 from engine.tn.errors import ARGS_SHAPES, BadReply, BadRequest, ErrorCode
 from engine.wal.codec import _read_batch, encode_batch
 from engine.wal.columns import ColumnsDamaged, decode_columns, encode_columns
@@ -250,16 +247,6 @@ TAG_CHECKPOINT_LIST = 86
 TAG_PROMOTED = 87
 TAG_ERROR = 95
 
-EXT_DATE = 1
-"""A `date`: int32 little-endian, days since 1970-01-01 (Arrow's date32)."""
-EXT_TIMESTAMP_US = 2
-"""A `datetime`: int64 little-endian, microseconds since 1970-01-01T00:00 (Arrow's
-timestamp[us]; an aware datetime is converted to UTC, as Arrow does)."""
-
-_I32 = struct.Struct("<i")
-_I64 = struct.Struct("<q")
-_EPOCH_DATE = datetime.date(1970, 1, 1)
-_EPOCH_DATETIME = datetime.datetime(1970, 1, 1)
 _ENGINE_ARROW_TYPES = frozenset(TYPES.values())
 INSERT_COLUMNS = "insert_columns"
 """The wire kind of an insert of at most 32 rows (engine/wal/columns.py
@@ -324,21 +311,21 @@ def encode_body(msg: Request) -> Encoded:
 
 def _pack_request(msg: Request) -> bytes:
     if isinstance(msg, Authenticate):
-        return _pack((OP_AUTHENTICATE, msg.token, msg.protocol), BadRequest)
+        return pack((OP_AUTHENTICATE, msg.token, msg.protocol), BadRequest)
     if isinstance(msg, Status):
-        return _pack((OP_STATUS,), BadRequest)
+        return pack((OP_STATUS,), BadRequest)
     if isinstance(msg, PullLogtail):
-        return _pack((OP_PULL_LOGTAIL, msg.t0, msg.t1), BadRequest)
+        return pack((OP_PULL_LOGTAIL, msg.t0, msg.t1), BadRequest)
     if isinstance(msg, Commit):
         ws = msg.write_set
         ops = tuple(_op_fields(op) for op in ws.ops)
-        return _pack((OP_COMMIT, ws.start_ts, ws.client_id, ws.seq, ops), BadRequest)
+        return pack((OP_COMMIT, ws.start_ts, ws.client_id, ws.seq, ops), BadRequest)
     if isinstance(msg, Subscribe):
-        return _pack((OP_SUBSCRIBE,), BadRequest)
+        return pack((OP_SUBSCRIBE,), BadRequest)
     if isinstance(msg, Checkpoints):
-        return _pack((OP_CHECKPOINTS,), BadRequest)
+        return pack((OP_CHECKPOINTS,), BadRequest)
     if isinstance(msg, Promote):
-        return _pack((OP_PROMOTE,), BadRequest)
+        return pack((OP_PROMOTE,), BadRequest)
     raise BadRequest(f"not a request: {type(msg).__name__}")
 
 
@@ -399,7 +386,7 @@ def decode_request(frame: Frame) -> Request:
         raise WrongFrameKind(FrameKind.REQUEST, frame.kind)
     if frame.request_id == 0:
         raise BadRequest("request id 0 is reserved")
-    fields = _Fields(_unpack(frame.body, _bad_request), _bad_request, "request")
+    fields = Fields(unpack(frame.body, _bad_request), _bad_request, "request")
     op = fields.op()
     if op == OP_AUTHENTICATE:
         fields.expect("Authenticate", 2)
@@ -434,8 +421,8 @@ def decode_request(frame: Frame) -> Request:
 def _decode_op(value: object, index: int) -> Op:
     where = f"ops[{index}]"
     if type(value) is not tuple:
-        raise BadRequest(f"{where} must be an array, not {_kind(value)}")
-    fields = _Fields(value, _bad_request, where)
+        raise BadRequest(f"{where} must be an array, not {kind_of(value)}")
+    fields = Fields(value, _bad_request, where)
     fields.expect("an op", 7, counts_op=False)
     kind = fields.text("kind", 32, bytes_min=1)
     wire_kind = kind
@@ -491,7 +478,7 @@ def _decode_op(value: object, index: int) -> Op:
         if column in values:
             raise BadRequest(f"{at}: column {column!r} is set twice")
         if not isinstance(item, _SCALARS):
-            raise BadRequest(f"{at}: a value must be a scalar, not {_kind(item)}")
+            raise BadRequest(f"{at}: a value must be a scalar, not {kind_of(item)}")
         values[column] = item
     return Op(kind, database, table, schema=schema, rows=rows, keys=keys, values=values)
 
@@ -505,7 +492,7 @@ def _check_key(key: object, where: str) -> None:
         parts = (key,)
     for part in parts:
         if not isinstance(part, _SCALARS):
-            raise BadRequest(f"{where}: a key part must be a scalar, not {_kind(part)}")
+            raise BadRequest(f"{where}: a key part must be a scalar, not {kind_of(part)}")
 
 
 # --- Replies: encode ------------------------------------------------------------------------------
@@ -552,7 +539,7 @@ def _pack_reply(msg: Reply) -> bytes:
     else:
         assert isinstance(msg, ErrorReply), msg
         fields = (TAG_ERROR, int(msg.code), msg.message, tuple(msg.args))
-    body = _pack(fields, _bug)
+    body = pack(fields, _bug)
     if not isinstance(msg, (LogtailPage, Pushed)):
         # The rules, checked by the decoder (a bug raises). Pages and pushes, the large and
         # frequent replies, are built within their rules by the server and checked by
@@ -589,7 +576,7 @@ def decode_reply(frame: Frame) -> Reply:
     body that is not a valid reply (the client drops the connection)."""
     if frame.kind != FrameKind.RESPONSE:
         raise WrongFrameKind(FrameKind.RESPONSE, frame.kind)
-    fields = _Fields(_unpack(frame.body, BadReply), BadReply, "reply")
+    fields = Fields(unpack(frame.body, BadReply), BadReply, "reply")
     tag = fields.op()
     if frame.request_id == 0 and tag != TAG_ERROR:
         raise BadReply("request id 0 is reserved for ErrorReply")
@@ -633,7 +620,7 @@ def decode_reply(frame: Frame) -> Reply:
     raise BadReply(f"unknown reply tag {tag}")
 
 
-def _decode_page(fields: _Fields) -> LogtailPage:
+def _decode_page(fields: Fields) -> LogtailPage:
     fields.expect("LogtailPage", 5)
     checkpoint = fields.optional_text("checkpoint", limits.MANIFEST_NAME_BYTES_MAX)
     checkpoint_ts = fields.uint("checkpoint_ts")
@@ -657,7 +644,7 @@ def _decode_page(fields: _Fields) -> LogtailPage:
 
 
 def _decode_entries(
-    fields: _Fields, name: str, count_max: int, bytes_max: int, after_ts: int
+    fields: Fields, name: str, count_max: int, bytes_max: int, after_ts: int
 ) -> tuple[TailEntry, ...]:
     """Entries in strictly increasing commit_ts order, each after `after_ts`."""
     items = fields.array(name, count_max)
@@ -701,7 +688,7 @@ def _decode_checkpoints(items: tuple[object, ...]) -> tuple[tuple[int, str], ...
     return tuple(checkpoints)
 
 
-def _decode_error(fields: _Fields) -> ErrorReply:
+def _decode_error(fields: Fields) -> ErrorReply:
     fields.expect("ErrorReply", 3)
     number = fields.uint("code")
     try:
@@ -727,161 +714,5 @@ def _decode_error(fields: _Fields) -> ErrorReply:
     return ErrorReply(code, message, args)
 
 
-# --- Fields ---------------------------------------------------------------------------------------
-
-
-class _Fields:
-    """Reads a body's array left to right; every problem is `fail(reason)` naming the field."""
-
-    __slots__ = ("_at", "_fail", "_values", "_where")
-
-    def __init__(
-        self, values: tuple[object, ...], fail: Callable[[str], Exception], where: str
-    ) -> None:
-        self._values = values
-        self._fail = fail
-        self._where = where
-        self._at = 0
-
-    def _raise(self, reason: str) -> NoReturn:
-        raise self._fail(reason)
-
-    def op(self) -> int:
-        if not self._values:
-            self._raise("empty body array")
-        op = self._values[0]
-        if type(op) is not int:
-            self._raise(f"op is {_kind(op)}, not an integer")
-        self._at = 1
-        return op
-
-    def expect(self, name: str, count: int, *, counts_op: bool = True) -> None:
-        got = len(self._values) - (1 if counts_op else 0)
-        if got != count:
-            self._raise(f"{name} has {count} fields, got {got}")
-        self._where = name if counts_op else self._where
-
-    def _next(self) -> object:
-        value = self._values[self._at]
-        self._at += 1
-        return value
-
-    def uint(self, name: str) -> int:
-        value = self._next()
-        if type(value) is not int:
-            self._raise(f"{self._where}.{name} must be an unsigned integer, not {_kind(value)}")
-        if not 0 <= value <= limits.U64_MAX:
-            self._raise(f"{self._where}.{name} must be an unsigned integer, got {value}")
-        return value
-
-    def boolean(self, name: str) -> bool:
-        value = self._next()
-        if type(value) is not bool:
-            self._raise(f"{self._where}.{name} must be a bool, not {_kind(value)}")
-        return value
-
-    def text(self, name: str, bytes_max: int, *, bytes_min: int = 0) -> str:
-        value = self._next()
-        if type(value) is not str:
-            self._raise(f"{self._where}.{name} must be a str, not {_kind(value)}")
-        size = len(value.encode("utf-8", "surrogatepass"))
-        if not bytes_min <= size <= bytes_max:
-            self._raise(f"{self._where}.{name}: {size} bytes, must be {bytes_min}..{bytes_max}")
-        return value
-
-    def optional_text(self, name: str, bytes_max: int) -> str | None:
-        if self._values[self._at] is None:
-            self._at += 1
-            return None
-        return self.text(name, bytes_max)
-
-    def optional_bin(self, name: str, bytes_max: int) -> bytes | None:
-        value = self._next()
-        if value is None:
-            return None
-        if type(value) is not bytes:
-            self._raise(f"{self._where}.{name} must be bin or nil, not {_kind(value)}")
-        if len(value) > bytes_max:
-            raise BadRequest(
-                f"{self._where}.{name}: {len(value)} bytes, over {bytes_max}", ErrorCode.TOO_LARGE
-            )
-        return value
-
-    def array(self, name: str, count_max: int) -> tuple[object, ...]:
-        value = self._next()
-        if type(value) is not tuple:
-            self._raise(f"{self._where}.{name} must be an array, not {_kind(value)}")
-        if len(value) > count_max:
-            self._raise(f"{self._where}.{name}: {len(value)} items, over {count_max}")
-        return value
-
-
-def _kind(value: object) -> str:
-    return "nil" if value is None else type(value).__name__
-
-
 def _bad_request(reason: str) -> BadRequest:
     return BadRequest(reason)
-
-
-# --- msgpack --------------------------------------------------------------------------------------
-
-
-def _default(value: object) -> msgpack.ExtType:
-    """Dates and timestamps, which msgpack lacks (FORMAT.md "Values")."""
-    if isinstance(value, datetime.datetime):  # before date: a datetime is a date
-        micros = pa.scalar(value, type=pa.timestamp("us")).value
-        return msgpack.ExtType(EXT_TIMESTAMP_US, _I64.pack(micros))
-    if isinstance(value, datetime.date):
-        return msgpack.ExtType(EXT_DATE, _I32.pack((value - _EPOCH_DATE).days))
-    raise TypeError(f"a value of type {type(value).__name__} does not travel")
-
-
-def _ext_hook(code: int, data: bytes) -> object:
-    try:
-        if code == EXT_DATE and len(data) == _I32.size:
-            return _EPOCH_DATE + datetime.timedelta(days=_I32.unpack(data)[0])
-        if code == EXT_TIMESTAMP_US and len(data) == _I64.size:
-            return _EPOCH_DATETIME + datetime.timedelta(microseconds=_I64.unpack(data)[0])
-    except OverflowError:
-        raise ValueError(f"ext {code}: out of the range of Python's dates") from None
-    raise ValueError(f"unknown ext type {code} of {len(data)} bytes")
-
-
-def _pack(fields: tuple[object, ...], fail: Callable[[str], Exception]) -> bytes:
-    try:
-        packed = msgpack.packb(fields, use_bin_type=True, default=_default, datetime=False)
-    except (TypeError, ValueError, OverflowError) as exc:
-        # An int out of msgpack's range, a lone surrogate, a value of another type.
-        raise fail(f"does not encode: {type(exc).__name__}: {exc}") from None
-    assert isinstance(packed, bytes)
-    return packed
-
-
-_UNPACK_OPTIONS: dict[str, object] = {
-    "raw": False,
-    "use_list": False,
-    "strict_map_key": True,
-    "ext_hook": _ext_hook,
-    # A string or a bin cannot be longer than the body holding it; the fields' own bounds
-    # are checked after.
-    "max_str_len": limits.REPLY_BODY_BYTES_MAX,
-    "max_bin_len": limits.REPLY_BODY_BYTES_MAX,
-    # Tight: an element can be one byte, and a tuple costs 8 bytes a pointer.
-    "max_array_len": limits.ARRAY_LEN_MAX,
-    "max_map_len": 0,
-    "max_ext_len": limits.EXT_BYTES_MAX,
-}
-
-
-def _unpack(body: bytes, fail: Callable[[str], Exception]) -> tuple[object, ...]:
-    """The array a body holds; maps are refused (`max_map_len` 0), arrays become tuples."""
-    try:
-        decoded = msgpack.unpackb(body, **_UNPACK_OPTIONS)
-    except (ValueError, TypeError, msgpack.UnpackException) as exc:
-        # ValueError covers truncated input, trailing bytes, the limits, bad UTF-8, our
-        # ext hook, and msgpack's FormatError and StackError.
-        raise fail(f"bad msgpack body: {type(exc).__name__}: {exc}") from None
-    if type(decoded) is not tuple:
-        raise fail(f"body is {_kind(decoded)}, not an array")
-    return decoded
