@@ -1,5 +1,6 @@
 """The harness's status probes (`Cluster.statuses`, behind `leader` and `wait_leader`) ask
-every replica at once, so a replica that does not answer does not hide the others.
+every replica at once, so a replica that does not answer does not hide the others; and a
+partition of the leader waits (bounded) for one instead of giving up after one round.
 
 Chaos C4's one-way partition cuts the leader's outgoing traffic: it still says it leads,
 and its status waits on a barrier that cannot commit until the probe gives up (1-3 s).
@@ -17,6 +18,7 @@ events shows it (a condition on order, not on time).
 from __future__ import annotations
 
 import asyncio
+import random
 from pathlib import Path
 
 import pytest
@@ -24,6 +26,8 @@ import pytest
 from logsvc.wire.messages import ShardStatus
 from tests.chaos.harness import cluster as cluster_module
 from tests.chaos.harness.cluster import Cluster, ClusterSpec, NodeProc
+from tests.chaos.harness.nemesis import Nemesis, NemesisLog
+from tests.chaos.harness.proxy import Partition, partition_of
 
 
 def _status(term: int, is_leader: bool) -> ShardStatus:
@@ -96,5 +100,54 @@ def test_a_stale_leader_that_does_not_answer_does_not_delay_the_other_probes(
         assert replicas.events.index(f"{n2} asked") < replicas.events.index(
             "stale leader answered or gave up"
         ), replicas.events
+    finally:
+        cluster.close()
+
+
+class _Mesh:
+    """The proxy mesh's surface that `Nemesis.partition` uses, recording the partitions."""
+
+    def __init__(self) -> None:
+        self.partitions: list[tuple[str, str | None]] = []
+
+    def all_stats(self) -> dict[object, object]:
+        return {}
+
+    def heal(self) -> None:
+        return None
+
+    def partition(
+        self, spec: str, nodes: list[str], leader: str | None, *, shard: int, mode: str
+    ) -> Partition:
+        self.partitions.append((spec, leader))
+        return partition_of(spec, nodes, leader)  # type: ignore[arg-type]
+
+
+def test_a_leader_partition_waits_for_a_leader_when_one_round_of_probes_finds_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One round of probes can find no confirmed leader (an election, or a barrier slower
+    than the probe on a loaded box); the leader partition was then not applied at all
+    (C4 "leader: no leader of 1", a planned fault not applied). It now polls, bounded,
+    as killing the leader does."""
+    cluster = Cluster(str(tmp_path), ClusterSpec())
+    try:
+        rounds: list[int] = []
+
+        def leader(shard: int) -> tuple[str, int] | None:
+            rounds.append(shard)
+            return None if len(rounds) == 1 else ("n1", 3)
+
+        monkeypatch.setattr(cluster, "leader", leader)
+        mesh = _Mesh()
+        nemesis = Nemesis(
+            cluster, NemesisLog(str(tmp_path / "nemesis.jsonl")), random.Random(1), mesh=mesh
+        )
+
+        chosen = nemesis.partition("leader", 1)
+
+        assert chosen is not None
+        assert mesh.partitions == [("leader", "n1")]
+        assert len(rounds) == 2
     finally:
         cluster.close()
