@@ -396,6 +396,63 @@ def test_a_snapshot_chunk_never_commits_a_followers_diverging_suffix() -> None:
     assert not sim.observer.violations, sim.observer.violations[:3]
 
 
+@pytest.mark.timeout(60)
+def test_a_cut_off_leaders_proposals_are_answered_when_a_snapshot_replaces_them() -> None:
+    """Regression (snapshot_points.py `_logsvc_answer_skipped_waiters`). A leader cut off
+    takes proposals it cannot commit; the majority moves on and compacts past them; at the
+    heal the old leader installs the snapshot. pysyncobj answers a proposal only when its
+    entry is applied, and the install skips those entries, so they were never answered:
+    on a real node each held a proposal slot of the shard for 10 s, and when that replica
+    won the next election (chaos C4: the one-way partition right after such a heal) it
+    proposed nothing, not even a status's barrier, for seconds. Now they are answered
+    OutcomeUnknown at the install (the client retries; deduplication returns the first
+    outcome if there was one), well before the client's own timeout."""
+    sim = Simulation(SimOptions(seed=11))
+    with sim.session():
+        old = _run_until_leader(sim)
+        for _ in range(10):
+            sim.workload.append_via(old, "c1")
+            sim.run_for(0.05)
+        sim.run_for(1)
+        _isolate(sim, old)
+        cut_off = []
+        for _ in range(5):
+            cut_off.append(sim.workload.append_via(old, "c1"))  # never committed
+            sim.run_for(0.02)
+        new = _run_until_leader(sim, other_than=old)
+        for _ in range(40):
+            sim.workload.append_via(new, "c2")
+            sim.run_for(0.02)
+        sim.run_for(0.5)
+        sim.workload.truncate_via(new, "c2", 3)  # the snapshot point
+        sim.run_for(0.5)
+        replica = sim.nodes[new].replica
+        assert replica is not None
+        point_next_lsn = replica.status()["next_lsn"]
+        for _ in range(5):
+            sim.workload.append_via(new, "c2")
+            sim.run_for(0.02)
+        sim.workload.truncate_via(new, "c2", point_next_lsn + 1)  # compact past old's log
+        sim.run_for(1)
+        stale = sim.nodes[old].replica
+        assert stale is not None and replica.store.first_index > stale.store.last_index
+        assert all(sim.workload.outcome_of(op_id) is None for op_id in cut_off)  # pending
+        sim.network.heal()
+        for _ in range(100):  # until the old leader installed the snapshot (bounded)
+            if stale.store.first_index == replica.store.first_index:
+                break
+            sim.run_for(0.05)
+        assert stale.store.first_index == replica.store.first_index  # it got the snapshot
+        sim.run_for(0.1)  # the answers reach the client on the next steps
+        answered = {
+            op.op_id: (op.outcome, op.error) for op in sim.workload.ops if op.op_id in cut_off
+        }
+    assert set(answered) == set(cut_off), f"never answered: {set(cut_off) - set(answered)}"
+    for outcome, error in answered.values():
+        assert outcome == "info" and (error or "").startswith("OutcomeUnknown"), answered
+    assert not sim.observer.violations, sim.observer.violations[:3]
+
+
 class _CreepingClock:
     """A loaded machine's clock: every read inside one node's tick is a little later than
     the one before (2 ms a read, at most 9 ms, less than a 10 ms step, so each node's time

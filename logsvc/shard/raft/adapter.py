@@ -92,7 +92,9 @@ class ShardRaft(Quiet, Elections, MessageFixes, SnapshotPoints):
                                     liveness, the snapshot's cluster, wake-up deadlines
       `__commandsQueue._FastQueue__queue`, `__commandsWaitingCommit`
                                     work pending (tick again now; never quiet while busy):
-                                    FastQueue has no non-consuming emptiness test
+                                    FastQueue has no non-consuming emptiness test; the
+                                    waiters of entries a snapshot install skipped are
+                                    answered UNKNOWN_OUTCOME (snapshot_points.py)
       `__serializer`                replaced by `_SnapshotTransfer` (file-system port);
       `__needLoadDumpFile`          off: `_onTick` loads it through the port instead
       `__transport`                 our own messages, the held replies, the tick's flush

@@ -41,6 +41,8 @@ class AdapterBase(SyncObj):  # type: ignore[misc]
     _SyncObj__newAppendEntriesTime: float
     _SyncObj__raftElectionDeadline: float
     _SyncObj__raftLastApplied: int
+    # raft index -> [(term, callback)] of commands waiting for their entry to be applied
+    _SyncObj__commandsWaitingCommit: dict[int, list[tuple[int, Callable[[object, int], None]]]]
 
     # logsvc's own state (ShardRaft.__init__ sets each, with what it means).
     _logsvc_messages: int

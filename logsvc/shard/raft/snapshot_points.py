@@ -8,7 +8,7 @@ import logging
 
 from logsvc.shard import snapshot_file
 from logsvc.shard.raft.adapter_base import AdapterBase
-from logsvc.shard.raft.config import RaftFatal
+from logsvc.shard.raft.config import FailReason, RaftFatal
 from logsvc.shard.raft.snapshot_transfer import _make_durable, _write_durably
 
 log = logging.getLogger("logsvc.raft")
@@ -53,6 +53,27 @@ class SnapshotPoints(AdapterBase):
             raft_index,
             extra={"term": self.raftCurrentTerm},
         )
+
+    def _logsvc_answer_skipped_waiters(self, applied_upto: int) -> None:
+        """Answer UNKNOWN_OUTCOME to every command waiting for an entry at or below
+        `applied_upto`, which a snapshot just applied in one step.
+
+        pysyncobj answers a command when its entry is applied (SUCCESS, or DISCARDED if
+        another term's entry was applied there) and never otherwise: a snapshot install
+        skips the entries it covers, so their waiters were never answered. They were a
+        cut-off leader's proposals (chaos C4: the minority's stale leader of one partition
+        got the snapshot at the heal, then won the next election): each held one of the
+        shard's proposals_inflight_per_shard_max slots until proposal_timeout_ms (10 s),
+        so the new leader proposed nothing, not even the barrier of a status, and served
+        nothing for seconds. Whether the snapshot holds that command is unknown here (it
+        has no terms for the entries it replaces), hence UNKNOWN_OUTCOME: the client
+        retries, and the shard's deduplication returns the first outcome if it was
+        committed (pysyncobj answers a forwarded command overtaken by a snapshot the
+        same way)."""
+        waiting = self._SyncObj__commandsWaitingCommit
+        for index in sorted(i for i in waiting if i <= applied_upto):
+            for _term, callback in waiting.pop(index):
+                callback(None, FailReason.UNKNOWN_OUTCOME)
 
     # -- hole 4: a snapshot that cannot be loaded is fatal ----------------------------------
 
@@ -101,6 +122,7 @@ class SnapshotPoints(AdapterBase):
             journal.install_snapshot_entries(prev, last)
         self._logsvc_handler.install_snapshot(last.index, snapshot.state)
         self._SyncObj__raftLastApplied = last.index
+        self._logsvc_answer_skipped_waiters(last.index)
         self._logsvc_compacted_at = max(self._logsvc_compacted_at, last.index)
         if self._SyncObj__raftCommitIndex < last.index:
             self._SyncObj__raftCommitIndex = last.index
