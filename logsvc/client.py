@@ -494,11 +494,17 @@ class Client:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._options.retry_s_max
         delay = self._options.backoff_s_first
-        candidates = itertools.cycle(self._addresses)
+        candidates: Iterator[str] | None = None
         last: object = None
         unhosted: set[str] = set()
+        address = ""
         for _ in range(self._options.attempts_max):
-            address = self._leaders.get(shard) or next(candidates)
+            found = self._leaders.get(shard)
+            if found is None:
+                if candidates is None:
+                    candidates = _round_after(self._addresses, address)
+                found = next(candidates)
+            address = found
             try:
                 outcome = await self._call(address, wire.Status(shard))
             except (OSError, ConnectionError, TimeoutError) as exc:
@@ -572,6 +578,7 @@ class Client:
         last: BaseException | None = None
         candidates: Iterator[str] | None = None
         unhosted: set[str] = set()
+        address = ""
         for _ in range(self._options.attempts_max):
             if first is not None:
                 (address, outcome), first = first, None
@@ -581,7 +588,7 @@ class Client:
                 found = self._leaders.get(shard)
                 if found is None:
                     if candidates is None:
-                        candidates = itertools.cycle(self._addresses)
+                        candidates = _round_after(self._addresses, address)
                     found = next(candidates)
                 address = found
                 try:
@@ -727,6 +734,17 @@ class _Batch:
     futures: list[asyncio.Future[int]] = field(default_factory=list)
     size_bytes: int = 0
     timer: asyncio.TimerHandle | None = None
+
+
+def _round_after(addresses: Sequence[str], failed: str) -> Iterator[str]:
+    """The addresses in turn, endlessly, the one that just failed (timed out, lost its
+    connection, or was no leader) last: a stale leader cut off from its shard holds a
+    request until the request timeout, and starting the round at `addresses[0]` again
+    asked it first once more (chaos C4: every retry paid a timeout there)."""
+    if failed in addresses:
+        at = addresses.index(failed) + 1
+        addresses = [*addresses[at:], *addresses[:at]]
+    return itertools.cycle(addresses)
 
 
 def _error(response: wire.ErrorResponse) -> ServerError:

@@ -252,6 +252,34 @@ def test_a_not_leader_answer_on_the_known_leader_is_followed_with_the_same_seq()
     asyncio.run(scenario())
 
 
+def test_after_the_known_leader_times_out_the_next_attempt_asks_another_node() -> None:
+    """A leader cut off from its shard holds requests until the timeout: the retries must
+    not start at the first address again when that is the one that just timed out."""
+
+    async def scenario() -> None:
+        stale = _Server(answer=True)
+        stale_address, stale_listener = await _listening(stale)
+        leader = _Server(answer=True)
+        leader_address, leader_listener = await _listening(leader)
+        options = ClientOptions(request_timeout_s=0.3, backoff_s_first=0.0)
+        client = Client([stale_address, leader_address], TOKEN, options, "c")
+        assert await client.append(1, [b"a"]) == [1]  # learns the first as its leader
+        stale.answer = False  # ...which is then cut off: it takes requests, answers none
+        assert await client.append(1, [b"b"]) == [1]  # answered by the other node
+        assert stale.requests == 2  # asked once after it went silent, not once per round
+        assert leader.requests == 1
+        # The same for a status through the leader (its own retry loop).
+        leader.respond = lambda _request: wire.ShardStatus(1, leader_address, 4, 1, 2, 0, True)
+        client._leaders[1] = stale_address  # as if the stale one were known again
+        assert (await client.leader_status(1)).term == 4
+        assert stale.requests == 3
+        await client.close()
+        for listener in (stale_listener, leader_listener):
+            listener.close()
+
+    asyncio.run(scenario())
+
+
 def test_a_final_error_on_the_known_leader_is_raised_without_sending_again() -> None:
     async def scenario() -> None:
         leader = _Server(answer=True)
