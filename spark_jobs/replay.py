@@ -153,9 +153,11 @@ class LsnSet:
         if self.span_count:
             held: npt.NDArray[np.bool_] = (lsns > self.span_after) & (lsns <= self.span_upto)
             return held
+        if not len(self.listed):
+            return np.zeros(len(lsns), dtype=np.bool_)
         at = np.searchsorted(self.listed, lsns)
         found: npt.NDArray[np.bool_] = self.listed[np.minimum(at, len(self.listed) - 1)] == lsns
-        return found if len(self.listed) else np.zeros(len(lsns), dtype=np.bool_)
+        return found
 
     def __iter__(self) -> Iterator[int]:
         """The listed LSNs (a span's are not known here: a plan's tests list them)."""
