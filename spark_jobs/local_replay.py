@@ -436,9 +436,8 @@ def _replay_one_pass(
         # The streamed plan keeps the entry records of a span of LSNs (its kept set has no
         # other form): every LSN replayed is in it when the lowest is.
         kept = plan.kept_lsns
-        assert kept.span_count
-        if lsn_replayed_min <= kept.span_after:
-            return None
+        if not kept.span_count or lsn_replayed_min <= kept.span_after:
+            return None  # an entry replayed from a record the plan does not keep
     return plan, replayed, newest
 
 

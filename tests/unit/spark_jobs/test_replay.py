@@ -157,6 +157,45 @@ def test_duplicates_are_replayed_once_and_skips_drop_their_copy(tmp_path: Path) 
     assert plan.last_dsn == 5
 
 
+def test_a_log_planned_record_by_record_is_refused_past_its_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A log that is not clean (a duplicate copy) is planned record by record, holding every
+    record: past REPLAY_PLAN_RECORDS_MAX the replay is refused, naming the limit (issue 23:
+    a worker's memory), where a clean log of the same size is planned as it streams by."""
+    entries = kv_entries(5)
+    copied, clean = str(tmp_path / "copied"), str(tmp_path / "clean")
+    write_file_wal(copied, [*records_of(entries[:3]), *records_of(entries[2:], first_dsn=3)])
+    write_file_wal(clean, records_of(entries))
+    assert kv_rows(copied) == kv_rows(clean) == [0, 1, 2]
+    monkeypatch.setattr(plan_inputs, "REPLAY_PLAN_RECORDS_MAX", 4)
+    with pytest.raises(ReplayRefused, match=r"REPLAY_PLAN_RECORDS_MAX \(4\)"):
+        kv_rows(copied)
+    assert kv_rows(clean) == [0, 1, 2]  # five records, streamed
+
+
+def test_a_log_out_of_dsn_order_is_refused_past_its_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Entries read out of DSN order are held until the log is read, then sorted: past
+    REPLAY_UNSORTED_ENTRIES_MAX held the replay is refused, naming the limit."""
+    entries = kv_entries(5)
+    wal = str(tmp_path / "wal")
+    write_file_wal(
+        wal,
+        [
+            encode_record(1, 0, entries[0:2]),
+            encode_record(4, 0, entries[3:4]),  # DSN 4 before DSN 3
+            encode_record(3, 0, entries[2:3]),
+            encode_record(5, 0, entries[4:5]),
+        ],
+    )
+    assert kv_rows(wal) == [0, 1, 2]
+    monkeypatch.setattr(local_replay, "REPLAY_UNSORTED_ENTRIES_MAX", 3)
+    with pytest.raises(ReplayRefused, match=r"REPLAY_UNSORTED_ENTRIES_MAX \(3\)"):
+        kv_rows(wal)
+
+
 def test_conflicting_copies_fail(tmp_path: Path) -> None:
     entries = kv_entries(4)
     other = kv_entries(5, ts0=5000)[3]
