@@ -181,10 +181,8 @@ class PlanStream:
             assert prefix.records <= self.records
             cut_records, cut_entries = prefix.records, prefix.entry_records
             cut_expected = prefix.expected_dsn
-        else:
+        else:  # nothing at or below the truncated LSN
             cut_records, cut_entries, cut_expected = 0, 0, None
-            if truncated > 0 and self.last_lsn >= 0 and self.first_lsn <= truncated:
-                return None  # unreachable: needs_prefix
         live_records = self.records - cut_records
         live_entries = self.entry_records - cut_entries
         if any(truncated < lsn <= self.last_entry_lsn for lsn in self.skip_lsns):
@@ -213,7 +211,8 @@ class PlanStream:
                 span_after=truncated, span_upto=self.last_entry_lsn, span_count=live_entries
             )
         plan.first_dsn = first_dsn or needed
-        plan.last_dsn = (
-            self.expected_dsn - 1 if live_entries and self.expected_dsn else (plan.first_dsn - 1)
-        )
+        plan.last_dsn = plan.first_dsn - 1
+        if live_entries:
+            assert self.expected_dsn is not None
+            plan.last_dsn = self.expected_dsn - 1
         return plan
