@@ -35,7 +35,12 @@ from spark_jobs.errors import BadInput, InputCorrupt, ReplayFailed, ReplayRefuse
 from spark_jobs.filters import Range
 from spark_jobs.jobs import JobParams, JobResult
 from spark_jobs.limits import REPLAY_ROWS_HELD_BYTES_MAX, REPLAY_UNSORTED_ENTRIES_MAX
-from spark_jobs.plan_inputs import StreamInput, plan_from_records, stream_upto
+from spark_jobs.plan_inputs import (
+    StreamInput,
+    plan_from_records,
+    refuse_past_records_max,
+    stream_upto,
+)
 from spark_jobs.schemas import schema_to_json
 from spark_jobs.verify import VERIFY_TRUE
 from spark_jobs.walread import (
@@ -428,6 +433,9 @@ def _replay_one_pass(
         return None
     plan = stream.plan(where, base, prefix)
     if plan is None:
+        # Planned record by record next: refused now when past the limit, before the
+        # audit level of a log of that size is read whole.
+        refuse_past_records_max(stream.records, where)
         return None
     if dsn_lo is not None:
         assert dsn_hi is not None and lsn_replayed_min is not None

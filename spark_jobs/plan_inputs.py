@@ -44,7 +44,7 @@ def plan_from_records(
     plan = streamed.plan(where, base, prefix)
     if plan is not None:
         return plan
-    _refuse_past_records_max(narrow.num_rows, where)
+    refuse_past_records_max(narrow.num_rows, where)
     gathered = PlanInput(where)
     for batch in narrow.to_batches(max_chunksize=65_536):
         for row in batch.to_pylist():
@@ -75,7 +75,8 @@ def _stream_table(narrow: pa.Table, base: replay.BaseState) -> PlanStream:
     return stream
 
 
-def _refuse_past_records_max(count: int, where: str) -> None:
+def refuse_past_records_max(count: int, where: str) -> None:
+    """`ReplayRefused` when a record-by-record plan would hold more than the limit."""
     if count > REPLAY_PLAN_RECORDS_MAX:
         raise ReplayRefused(
             f"{where}: the log is not clean (copies, skip records, gaps or records out of "
@@ -153,7 +154,7 @@ class PlanInput:
             if self.segments:
                 self._materialize()
             self.held += 1
-            _refuse_past_records_max(self.held, self.where)
+            refuse_past_records_max(self.held, self.where)
             self.by_lsn[lsn] = replay.DriverRecord(lsn, start_dsn, count, safe_dsn, checksum)
         elif kind == "skip":
             self.skips.extend(zip(skip_dsns, skip_lsns, strict=True))

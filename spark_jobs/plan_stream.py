@@ -35,7 +35,7 @@ import numpy as np
 import numpy.typing as npt
 
 from spark_jobs.limits import REPLAY_PLAN_SKIPS_HELD_MAX
-from spark_jobs.replay import BaseState, LsnSet, ReplayPlan
+from spark_jobs.replay import BaseState, LsnSet, ReplayPlan, start_refused
 
 
 class PlanStream:
@@ -89,6 +89,7 @@ class PlanStream:
     ) -> None:
         """Records (entry records and markers: count 0), in read order: a few whole-array
         steps, nothing kept of them."""
+        self.records += len(lsns)  # counted in any order: the size of a fallback's plan
         if not len(lsns) or not self.in_lsn_order:
             return
         if int(lsns[0]) <= self.last_lsn or not bool((lsns[1:] > lsns[:-1]).all()):
@@ -96,7 +97,6 @@ class PlanStream:
             return
         if self.first_lsn < 0:
             self.first_lsn = int(lsns[0])
-        self.records += len(lsns)
         self.last_lsn = int(lsns[-1])
         before = np.maximum.accumulate(np.concatenate(([self.safe_dsn_max], safe_dsns[:-1])))
         self.safe_rising = (
@@ -125,6 +125,7 @@ class PlanStream:
     def add_one(self, lsn: int, start_dsn: int, count: int, safe_dsn: int) -> None:
         """`add_arrays` of one record (a reader passing records one at a time): plain
         Python, the same steps."""
+        self.records += 1
         if not self.in_lsn_order:
             return
         if lsn <= self.last_lsn:
@@ -132,7 +133,6 @@ class PlanStream:
             return
         if self.first_lsn < 0:
             self.first_lsn = lsn
-        self.records += 1
         self.last_lsn = lsn
         self.safe_rising = self.safe_rising and safe_dsn >= self.last_safe_dsn
         if count > 0:
@@ -166,13 +166,13 @@ class PlanStream:
     def plan(
         self, where: str, base: BaseState, prefix: PlanStream | None = None
     ) -> ReplayPlan | None:
-        """The plan of a clean log (module doc), or None. `prefix`: the records at or below
-        the truncated LSN alone, in the same order (given when `needs_prefix`)."""
-        del where  # a clean log raises nothing; kept for the callers' symmetry
+        """The plan of a clean log (module doc), or None; or, for a log that holds no copy
+        and no skipped record, the refusal of where it starts (`replay.start_refused`:
+        `plan_replay`'s own, so a large log that cannot answer the timestamp is told so
+        without being planned record by record). `prefix`: the records at or below the
+        truncated LSN alone, in the same order (given when `needs_prefix`)."""
         truncated = self.truncated_lsn
-        if not self.in_lsn_order or self.skips_overflow:
-            return None
-        if not self.contiguous or self.vouched:
+        if not self.in_lsn_order or self.skips_overflow or not self.contiguous:
             return None
         if self.needs_prefix():
             assert prefix is not None
@@ -187,16 +187,18 @@ class PlanStream:
         live_entries = self.entry_records - cut_entries
         if any(truncated < lsn <= self.last_entry_lsn for lsn in self.skip_lsns):
             return None
-        if cut_records and live_records and not self.safe_rising:
-            return None
         first_dsn: int | None = None
         if live_entries:
             first_dsn = cut_expected if cut_entries else self.first_start_dsn
             assert first_dsn is not None
-        needed = base.ckp_dsn + 1
-        if base.checkpoint is None and truncated > 0 and first_dsn != 1:
+        # No copies and no skipped record: `plan_replay` would raise nothing before this.
+        refused = start_refused(where, first_dsn, truncated, base)
+        if refused is not None:
+            raise refused
+        if self.vouched:
             return None
-        if first_dsn is not None and first_dsn > needed:
+        needed = base.ckp_dsn + 1
+        if cut_records and live_records and not self.safe_rising:
             return None
         plan = ReplayPlan()
         if cut_records:

@@ -250,25 +250,9 @@ def plan_replay(
     ranges = sorted(by_range.items())
     needed = base.ckp_dsn + 1
     first_dsn = ranges[0][0][0] if ranges else None
-    if base.checkpoint is None and truncated_lsn > 0 and first_dsn != 1:
-        raise ReplayRefused(
-            f"{where}: the WAL was truncated up to LSN {truncated_lsn} and "
-            + ("holds no entry" if first_dsn is None else f"starts at DSN {first_dsn}")
-            + f", and {base.why_none} at or below the timestamp: the entries before it are "
-            "gone, so this timestamp cannot be answered"
-        )
-    if first_dsn is not None and first_dsn > needed:
-        if base.checkpoint is None:
-            raise ReplayRefused(
-                f"{where}: the WAL starts at DSN {first_dsn} (DSNs 1-{first_dsn - 1} are gone) "
-                f"and {base.why_none} at or below the timestamp: it cannot be answered"
-            )
-        raise ReplayRefused(
-            f"{where}: checkpoint {base.checkpoint.manifest.name} (ckp_ts {base.ckp_ts}) "
-            f"needs the WAL from DSN {needed}, but the WAL starts at DSN {first_dsn}: the "
-            "entries in between are gone (the WAL was truncated past this checkpoint; a "
-            "newer timestamp, from a newer checkpoint, may still be answered)"
-        )
+    refused = start_refused(where, first_dsn, truncated_lsn, base)
+    if refused is not None:
+        raise refused
     plan.first_dsn = first_dsn or needed
     vouched = _SafeByLsn(safe_by_lsn)
     expected = plan.first_dsn
@@ -319,6 +303,35 @@ def plan_replay(
     plan.duplicate_lsns, plan.skipped_lsns = LsnSet.of(duplicate), LsnSet.of(skipped)
     plan.trailing_lsns = LsnSet.of(trailing)
     return plan
+
+
+def start_refused(
+    where: str, first_dsn: int | None, truncated_lsn: int, base: BaseState
+) -> ReplayRefused | None:
+    """Rules 1 and 3's refusals of where a log starts (its first live DSN, None when it holds
+    no entry), or None: shared by `plan_replay` and the streamed plan (plan_stream.py), so a
+    refusal reads the same whichever made it."""
+    needed = base.ckp_dsn + 1
+    if base.checkpoint is None and truncated_lsn > 0 and first_dsn != 1:
+        return ReplayRefused(
+            f"{where}: the WAL was truncated up to LSN {truncated_lsn} and "
+            + ("holds no entry" if first_dsn is None else f"starts at DSN {first_dsn}")
+            + f", and {base.why_none} at or below the timestamp: the entries before it are "
+            "gone, so this timestamp cannot be answered"
+        )
+    if first_dsn is not None and first_dsn > needed:
+        if base.checkpoint is None:
+            return ReplayRefused(
+                f"{where}: the WAL starts at DSN {first_dsn} (DSNs 1-{first_dsn - 1} are gone) "
+                f"and {base.why_none} at or below the timestamp: it cannot be answered"
+            )
+        return ReplayRefused(
+            f"{where}: checkpoint {base.checkpoint.manifest.name} (ckp_ts {base.ckp_ts}) "
+            f"needs the WAL from DSN {needed}, but the WAL starts at DSN {first_dsn}: the "
+            "entries in between are gone (the WAL was truncated past this checkpoint; a "
+            "newer timestamp, from a newer checkpoint, may still be answered)"
+        )
+    return None
 
 
 @dataclass(frozen=True, slots=True)

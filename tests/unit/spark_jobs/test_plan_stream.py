@@ -5,7 +5,8 @@ damaged ones (`test_plan_arrays._log`: copies, overlaps, gaps, vouched-for late 
 records) - fed in random pieces, as arrays and one record at a time. Where the stream gives
 a plan it is `plan_replay`'s (its LSN spans listed against the log's records); where
 `plan_replay` raises, the stream gives none (its caller then plans record by record, so the
-errors stay that function's); and every clean log gets a plan from the stream.
+errors stay that function's) or, for a refusal of where the log starts, the same error with
+the same message; and every clean log gets a plan from the stream.
 """
 
 from __future__ import annotations
@@ -13,11 +14,12 @@ from __future__ import annotations
 import random
 
 import numpy as np
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from spark_jobs import replay
-from spark_jobs.errors import SparkJobError
+from spark_jobs.errors import ReplayRefused, SparkJobError
 from spark_jobs.plan_stream import PlanStream
 from tests.unit.spark_jobs.test_plan_arrays import _base, _log
 
@@ -110,11 +112,11 @@ def _expected(
     skips: list[tuple[int, int]],
     truncated: int,
     base: replay.BaseState,
-) -> replay.ReplayPlan | None:
+) -> replay.ReplayPlan | tuple[str, str]:
     try:
         return replay.plan_replay(records, skips, truncated, "log", base)
-    except SparkJobError:
-        return None
+    except SparkJobError as exc:
+        return (type(exc).__name__, str(exc))
 
 
 @settings(max_examples=300, deadline=None)
@@ -126,10 +128,12 @@ def test_a_streamed_plan_is_the_record_plan(seed: int, ckp_dsn: int | None) -> N
     records.sort(key=lambda r: r.lsn)  # a reader meets them in LSN order
     base = _base(ckp_dsn)
     expected = _expected(records, skips, truncated, base)
-    found = _streamed(records, skips, truncated, base, rng)
-    if expected is None:
-        assert found is None
-    elif found is not None:
+    try:
+        found = _streamed(records, skips, truncated, base, rng)
+    except SparkJobError as exc:  # a refusal of where the log starts: plan_replay's own
+        assert (type(exc).__name__, str(exc)) == expected
+        return
+    if found is not None:
         assert _as_listed(found, records) == expected
 
 
@@ -141,12 +145,23 @@ def test_every_clean_log_is_streamed(seed: int) -> None:
     records, truncated, ckp_dsn = _clean_log(rng)
     base = _base(ckp_dsn)
     expected = _expected(records, [], truncated, base)
-    assert expected is not None, "the generator made a log the rules refuse"
+    assert isinstance(expected, replay.ReplayPlan), "the generator made a log the rules refuse"
     found = _streamed(records, [], truncated, base, rng)
     assert found is not None
     assert _as_listed(found, records) == expected
     assert len(found.kept_lsns) == len(expected.kept_lsns)
     assert len(found.truncated_lsns) == len(expected.truncated_lsns)
+
+
+def test_a_large_log_that_cannot_answer_is_refused_as_it_streams() -> None:
+    """A log truncated with no checkpoint to cover the cut: refused by the stream itself,
+    with plan_replay's message (no record-by-record plan of a large log to say so)."""
+    records = [replay.DriverRecord(lsn, lsn, 1, lsn - 1, lsn) for lsn in range(1, 9)]
+    expected = _expected(records, [], 3, replay.EMPTY_BASE)
+    assert isinstance(expected, tuple) and expected[0] == "ReplayRefused"
+    with pytest.raises(ReplayRefused) as refused:
+        _streamed(records, [], 3, replay.EMPTY_BASE, random.Random(0))
+    assert str(refused.value) == expected[1]
 
 
 def test_records_out_of_lsn_order_are_not_streamed() -> None:
