@@ -77,3 +77,27 @@ SEGMENT_BUFFER_BYTES_MAX = 128 << 20
 faulted in once rather than mapped afresh per file). Twice the file backend's default
 segment size (64 MiB), so that a writer configured a little larger still gains; a larger
 file is read into a buffer of its own, let go after. At most one is kept idle."""
+
+REPLAY_PLAN_SKIPS_HELD_MAX = 65_536
+"""LSNs named by skip records that the streaming replay plan (spark_jobs/plan_stream.py)
+holds: 8 bytes each in a list, about 2 MiB at most. A skip record is written only by a
+repair (one per diverged copy), so a log with more is planned record by record instead."""
+
+REPLAY_PLAN_RECORDS_MAX = 1_000_000
+"""Backend records a log that is not clean (copies, skip records, gaps, records out of LSN
+order: plan_stream.py's module doc) may have for its replay plan to be made record by record
+(spark_jobs/replay.py `plan_replay`, ~300 bytes a record in objects and sets): past it the
+replay is refused (`ReplayRefused`, naming this limit) rather than let one worker pass 1 GB
+(issue 23). A clean log is planned in constant memory whatever its size; a log past this
+limit is made clean by the driver's repair (run lsn_audit for what is wrong) or replayed
+from a newer checkpoint after a truncation."""
+
+REPLAY_UNSORTED_ENTRIES_MAX = 100_000
+"""Entries a replay holds when a log's entries are not read in DSN order (`_replay_log_sorted`
+in spark_jobs/local_replay.py: every kept entry held, then sorted): an entry is a decoded
+transaction with its Arrow batch (~6 KB for a one-row append), so ~600 MiB at most; past it
+the replay is refused (`ReplayRefused`, naming this limit). The driver and the file backend
+always write a log in DSN order; only a log pieced together by hand is out of it."""
+
+assert REPLAY_PLAN_SKIPS_HELD_MAX * 8 <= 4 << 20
+assert REPLAY_PLAN_RECORDS_MAX * 300 + REPLAY_ROWS_HELD_BYTES_MAX < 1 << 30

@@ -10,7 +10,6 @@ dropped blocks.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -32,11 +31,16 @@ from engine.wal.entry import (
 from engine.wal.from_numpy import arrow_array
 from spark_jobs import checkpoints, output, replay, spill
 from spark_jobs.entries import entry_chunks
-from spark_jobs.errors import BadInput, InputCorrupt, ReplayFailed
+from spark_jobs.errors import BadInput, InputCorrupt, ReplayFailed, ReplayRefused
 from spark_jobs.filters import Range
 from spark_jobs.jobs import JobParams, JobResult
-from spark_jobs.limits import REPLAY_ROWS_HELD_BYTES_MAX
-from spark_jobs.records import DriverRecord, record_fields
+from spark_jobs.limits import REPLAY_ROWS_HELD_BYTES_MAX, REPLAY_UNSORTED_ENTRIES_MAX
+from spark_jobs.plan_inputs import (
+    StreamInput,
+    plan_from_records,
+    refuse_past_records_max,
+    stream_upto,
+)
 from spark_jobs.schemas import schema_to_json
 from spark_jobs.verify import VERIFY_TRUE
 from spark_jobs.walread import (
@@ -46,7 +50,6 @@ from spark_jobs.walread import (
     read_level,
     txn_entries,
 )
-from spark_jobs.walread_segments import SegmentRecords
 
 
 def logs_of(params: JobParams) -> list[tuple[str, int]]:
@@ -65,140 +68,6 @@ def logs_of(params: JobParams) -> list[tuple[str, int]]:
     if not replicas_by_shard:
         raise BadInput("no log in the input")
     return sorted((next(iter(r)), shard) for shard, r in replicas_by_shard.items())
-
-
-def plan_from_records(
-    records: pa.Table, where: str, base: replay.BaseState = replay.EMPTY_BASE
-) -> replay.ReplayPlan:
-    """The replay plan from the audit level of one log (one row per backend record; shared
-    with the Spark engine, which collects the same narrow columns)."""
-    return plan_from_rows(records.select(PLAN_COLUMNS).to_pylist(), where, base)
-
-
-PLAN_COLUMNS = [
-    "kind",
-    "lsn",
-    "record_start_dsn",
-    "record_count",
-    "safe_dsn",
-    "record_checksum",
-    "skip_dsns",
-    "skip_lsns",
-]
-
-
-def plan_from_rows(
-    rows: Iterable[dict[str, Any]], where: str, base: replay.BaseState = replay.EMPTY_BASE
-) -> replay.ReplayPlan:
-    gathered = PlanInput()
-    for row in rows:
-        gathered.add(
-            row["kind"],
-            row["lsn"],
-            row["record_start_dsn"],
-            row["record_count"],
-            row["safe_dsn"],
-            row["record_checksum"],
-            row["skip_dsns"],
-            row["skip_lsns"],
-        )
-    return gathered.plan(where, base)
-
-
-class PlanInput:
-    """What the replay plan reads of each backend record of one log: the audit level's
-    narrow columns (`PLAN_COLUMNS`, as rows), or the driver records themselves as a reader
-    passes them (`add_record`, the same mapping as the audit level's; `add_records`, a
-    segment's at once, kept as arrays and planned at once when nothing else was added)."""
-
-    __slots__ = ("by_lsn", "segments", "skips", "truncated")
-
-    def __init__(self) -> None:
-        self.by_lsn: dict[int, replay.DriverRecord] = {}
-        self.segments: list[replay.RecordArrays] = []
-        self.skips: list[tuple[int, int]] = []
-        self.truncated = 0
-
-    def add(
-        self,
-        kind: str,
-        lsn: int | None,
-        start_dsn: int | None,
-        count: int | None,
-        safe_dsn: int | None,
-        checksum: int | None,
-        skip_dsns: Iterable[int],
-        skip_lsns: Iterable[int],
-    ) -> None:
-        if kind in ("entry", "marker"):
-            assert lsn is not None and start_dsn is not None and count is not None
-            assert safe_dsn is not None and checksum is not None
-            if self.segments:
-                self._materialize()
-            self.by_lsn[lsn] = replay.DriverRecord(lsn, start_dsn, count, safe_dsn, checksum)
-        elif kind == "skip":
-            self.skips.extend(zip(skip_dsns, skip_lsns, strict=True))
-        elif kind == "truncate":
-            assert lsn is not None
-            self.truncated = max(self.truncated, lsn)
-
-    def add_record(self, found: DriverRecord) -> None:
-        """`add` for one record as a reader passes it, mapped as the audit level maps it
-        (records.record_fields: one mapping for both)."""
-        fields = record_fields(found)
-        pairs = fields.skip_pairs
-        self.add(
-            fields.kind,
-            found.rec.lsn,
-            fields.start_dsn,
-            fields.record_count,
-            fields.safe_dsn,
-            fields.checksum,
-            [dsn for dsn, _ in pairs] if pairs else (),
-            [lsn for _, lsn in pairs] if pairs else (),
-        )
-
-    def add_records(self, found: SegmentRecords) -> None:
-        """`add_record` for every record of a segment read whole (its ENTRIES records and
-        markers, and its TRUNCATE frames), mapped as `record_fields` maps each: kept as
-        arrays (the segment's own, no copy) unless single records came first."""
-        self.segments.append(
-            replay.RecordArrays(
-                found.lsns, found.start_dsns, found.counts, found.safe_dsns, found.checksums
-            )
-        )
-        if self.by_lsn:
-            self._materialize()
-        if len(found.truncate_lsns):
-            self.truncated = max(self.truncated, int(found.truncate_lsns.max()))
-
-    def plan(self, where: str, base: replay.BaseState) -> replay.ReplayPlan:
-        """The plan of every record added: at once (`plan_replay_arrays`) when they all came
-        from segments read whole, each LSN once; else record by record, a later record of
-        one LSN replacing an earlier one (`add`'s mapping)."""
-        if self.segments:
-            assert not self.by_lsn
-            joined = replay.RecordArrays(
-                *(
-                    np.concatenate([getattr(s, name) for s in self.segments])
-                    for name in _RECORD_ARRAY_FIELDS
-                )
-            )
-            lsns = np.sort(joined.lsns)
-            if not len(lsns) or bool((lsns[1:] > lsns[:-1]).all()):
-                return replay.plan_replay_arrays(joined, self.skips, self.truncated, where, base)
-            self._materialize()
-        return replay.plan_replay(self.by_lsn.values(), self.skips, self.truncated, where, base)
-
-    def _materialize(self) -> None:
-        """The segments' records into `by_lsn`, in the order they came, as `add` adds."""
-        for segment in self.segments:
-            for record in segment.records():
-                self.by_lsn[record.lsn] = record
-        self.segments = []
-
-
-_RECORD_ARRAY_FIELDS = ("lsns", "start_dsns", "counts", "safe_dsns", "checksums")
 
 
 def base_of(
@@ -494,13 +363,12 @@ def _replay_log(
     read again, held and sorted."""
     replayed = _Replayed(as_of, where, scope)
     newest = 0
-    kept_lsns = np.fromiter(plan.kept_lsns, dtype=np.int64, count=len(plan.kept_lsns))
     dsns = Range(plan.first_dsn, plan.last_dsn)
     for unit in scope.units():
         for chunk in entry_chunks(unit, options.verify, options.bounds.range("lsn"), dsns):
             decoded = chunk.decoded
             chosen = np.flatnonzero(
-                _transactions(decoded, options) & np.isin(chunk.lsns, kept_lsns)
+                _transactions(decoded, options) & plan.kept_lsns.contains(chunk.lsns)
             )
             if not replayed.chunk_in_order(decoded.dsns[chosen]):
                 return _replay_log_sorted(scope, options, plan, as_of, where)
@@ -525,18 +393,19 @@ def _replay_one_pass(
     scope: JobParams, options: ReadOptions, as_of: int, where: str, base: replay.BaseState
 ) -> tuple[replay.ReplayPlan, _Replayed, int] | None:
     """`_replay_log` in one read of the log instead of two (the plan's records, then its
-    entries): every entry is replayed as if the plan kept it, while the records are gathered
-    for the plan; the result stands when the plan then keeps every record and DSN that was
-    replayed, which is what a clean log gives (rules 1-3 of spark_jobs/replay.py drop nothing
-    from it). Otherwise (a truncated prefix, skipped or repeated copies, entries out of DSN
-    order, any damage) None: the caller reads the log twice, as the plan says, and that path
-    alone names errors, so they are what they always were."""
+    entries): every entry is replayed as if the plan kept it, while the records are shown to
+    a streaming plan (plan_stream.py: a few numbers, whatever the log's size); the result
+    stands when that plan keeps every record and DSN that was replayed, which is what a
+    clean log gives (rules 1-3 of spark_jobs/replay.py drop nothing from it but a truncated
+    prefix, whose records are read again alone). Otherwise (skipped or repeated copies,
+    entries out of DSN order, any damage) None: the caller reads the log twice, as the plan
+    says, and that path alone names errors, so they are what they always were."""
     if not options.bounds.range("lsn").unbounded:
         return None
-    gathered = PlanInput()
+    gathered = StreamInput(base.ckp_dsn)
     replayed = _Replayed(as_of, where, scope)
     newest = 0
-    lsns_replayed: list[npt.NDArray[np.int64]] = []
+    lsn_replayed_min: int | None = None
     dsn_lo = dsn_hi = None
     try:
         for unit in scope.units():
@@ -551,44 +420,51 @@ def _replay_one_pass(
                     return None
                 dsn_lo = int(dsns[0]) if dsn_lo is None else dsn_lo
                 dsn_hi = int(dsns[-1])
-                lsns_replayed.append(_distinct(chunk.lsns[chosen]))
+                lowest = int(chunk.lsns[chosen].min())
+                lsn_replayed_min = lowest if lsn_replayed_min is None else lsn_replayed_min
+                lsn_replayed_min = min(lsn_replayed_min, lowest)
                 newest = max(newest, int(decoded.commit_ts[chosen].max()))
                 replayed.add_chunk(decoded, chosen)
+        stream = gathered.stream
+        prefix = None
+        if stream.needs_prefix():
+            prefix = stream_upto(scope.units(), options.verify, stream.truncated_lsn, base.ckp_dsn)
     except (InputCorrupt, ReplayFailed):
         return None
-    plan = gathered.plan(where, base)
+    plan = stream.plan(where, base, prefix)
+    if plan is None:
+        # Planned record by record next: refused now when past the limit, before the
+        # audit level of a log of that size is read whole.
+        refuse_past_records_max(stream.records, where)
+        return None
     if dsn_lo is not None:
-        assert dsn_hi is not None
+        assert dsn_hi is not None and lsn_replayed_min is not None
         if dsn_lo < plan.first_dsn or dsn_hi > plan.last_dsn:
             return None
-        read = np.unique(np.concatenate(lsns_replayed))
-        kept = np.fromiter(plan.kept_lsns, dtype=np.int64, count=len(plan.kept_lsns))
-        if not np.isin(read, kept).all():
-            return None
+        # The streamed plan keeps the entry records of a span of LSNs (its kept set has no
+        # other form): every LSN replayed is in it when the lowest is.
+        kept = plan.kept_lsns
+        if not kept.span_count or lsn_replayed_min <= kept.span_after:
+            return None  # an entry replayed from a record the plan does not keep
     return plan, replayed, newest
-
-
-def _distinct(values: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-    """The distinct values, rising: without a sort when they already rise (a chunk's LSNs,
-    one per entry, read in LSN order)."""
-    if len(values) < 2 or not bool((values[1:] >= values[:-1]).all()):
-        return np.unique(values)
-    changes = np.empty(len(values), dtype=np.bool_)
-    changes[0] = True
-    np.not_equal(values[1:], values[:-1], out=changes[1:])
-    found: npt.NDArray[np.int64] = values[changes]
-    return found
 
 
 def _replay_log_sorted(
     scope: JobParams, options: ReadOptions, plan: replay.ReplayPlan, as_of: int, where: str
 ) -> tuple[_Replayed, int]:
-    held: list[tuple[int, TxnEntry]] = [
-        (dsn, entry)
-        for unit in scope.units()
-        for rec, dsn, entry in txn_entries(unit, options)
-        if rec.lsn in plan.kept_lsns and plan.first_dsn <= dsn <= plan.last_dsn
-    ]
+    held: list[tuple[int, TxnEntry]] = []
+    for unit in scope.units():
+        for rec, dsn, entry in txn_entries(unit, options):
+            if rec.lsn in plan.kept_lsns and plan.first_dsn <= dsn <= plan.last_dsn:
+                if len(held) >= REPLAY_UNSORTED_ENTRIES_MAX:
+                    raise ReplayRefused(
+                        f"{where}: the log's entries are not in DSN order, and replaying "
+                        "them holds every one until all are read: more than "
+                        f"REPLAY_UNSORTED_ENTRIES_MAX ({REPLAY_UNSORTED_ENTRIES_MAX}) entries "
+                        "(spark_jobs/limits.py: one worker's memory); the driver writes in "
+                        "DSN order, so this log was pieced together: rewrite it in DSN order"
+                    )
+                held.append((dsn, entry))
     replayed = _Replayed(as_of, where, scope)
     newest = 0
     for dsn, entry in sorted(held, key=lambda pair: pair[0]):

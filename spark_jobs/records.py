@@ -177,7 +177,7 @@ def _reason(rec: BackendRecord, exc: CorruptRecord) -> str:
 
 class RecordFields(NamedTuple):  # a tuple: made once per record on every read of a log
     """What the audit level (walread `_audit_level`: one row per backend record) and the
-    replay plan (local_replay.PlanInput) read of one record: `record_fields` is the one
+    replay plan (plan_inputs.PlanInput) read of one record: `record_fields` is the one
     mapping from a DriverRecord to them, so the two reads of a log cannot disagree."""
 
     kind: str

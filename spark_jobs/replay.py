@@ -52,7 +52,7 @@ Delete may name a block the same entry creates, and a dropped block loses every 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -117,20 +117,82 @@ class DriverRecord:
     checksum: int
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class LsnSet:
+    """Record LSNs of one log, in a size that does not grow with the log when the records run
+    on (issue 23: a `set[int]` took ~70-100 bytes a record, a 1 GB worker ~3.7M records):
+    the LSNs `listed` (sorted, distinct), and `span_count` more, which are the log's records
+    of the set's kind with an LSN in `(span_after, span_upto]` (kept LSNs: the records
+    holding entries; truncated ones: every record). A span's LSNs are the log's to say, so
+    membership is asked of LSNs of that kind only (a chunk's entries' records)."""
+
+    listed: npt.NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    span_after: int = 0
+    span_upto: int = 0
+    span_count: int = 0
+
+    def __post_init__(self) -> None:
+        assert self.span_count >= 0
+        assert self.span_count == 0 or self.span_upto > self.span_after
+        assert self.span_count == 0 or not len(self.listed)  # one form or the other
+
+    @staticmethod
+    def of(lsns: Iterable[int]) -> LsnSet:
+        return LsnSet(np.unique(np.fromiter(lsns, dtype=np.int64)))
+
+    def __len__(self) -> int:
+        return len(self.listed) + self.span_count
+
+    def __contains__(self, lsn: object) -> bool:
+        assert isinstance(lsn, int)
+        return bool(self.contains(np.array([lsn], dtype=np.int64))[0])
+
+    def contains(self, lsns: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
+        """Per LSN of `lsns` (records of the set's kind), whether the set holds it: one
+        vectorised step, whatever the set's size."""
+        if self.span_count:
+            held: npt.NDArray[np.bool_] = (lsns > self.span_after) & (lsns <= self.span_upto)
+            return held
+        if not len(self.listed):
+            return np.zeros(len(lsns), dtype=np.bool_)
+        at = np.searchsorted(self.listed, lsns)
+        found: npt.NDArray[np.bool_] = self.listed[np.minimum(at, len(self.listed) - 1)] == lsns
+        return found
+
+    def __iter__(self) -> Iterator[int]:
+        """The listed LSNs (a span's are not known here: a plan's tests list them)."""
+        assert not self.span_count, "a span of LSNs is not listed"
+        return iter(self.listed.tolist())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, set | frozenset):
+            return not self.span_count and set(self.listed.tolist()) == other
+        if not isinstance(other, LsnSet):
+            return NotImplemented
+        return (self.span_after, self.span_upto, self.span_count) == (
+            other.span_after,
+            other.span_upto,
+            other.span_count,
+        ) and bool(np.array_equal(self.listed, other.listed))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        if self.span_count:
+            return f"LsnSet({self.span_count} in ({self.span_after}, {self.span_upto}])"
+        return f"LsnSet({self.listed.tolist()})"
+
+
 @dataclass(slots=True)
 class ReplayPlan:
-    kept_lsns: set[int] = field(default_factory=set)
+    kept_lsns: LsnSet = field(default_factory=LsnSet)
     first_dsn: int = 1
     last_dsn: int = 0  # every DSN in [first_dsn, last_dsn] is read from kept_lsns
-    truncated_lsns: set[int] = field(default_factory=set)
-    duplicate_lsns: set[int] = field(default_factory=set)
-    skipped_lsns: set[int] = field(default_factory=set)
-    trailing_lsns: set[int] = field(default_factory=set)
+    truncated_lsns: LsnSet = field(default_factory=LsnSet)
+    duplicate_lsns: LsnSet = field(default_factory=LsnSet)
+    skipped_lsns: LsnSet = field(default_factory=LsnSet)
+    trailing_lsns: LsnSet = field(default_factory=LsnSet)
     safe_dsn: int = 0
-
-    @property
-    def excluded_lsns(self) -> set[int]:
-        return self.duplicate_lsns | self.skipped_lsns | self.trailing_lsns | self.truncated_lsns
 
     def describe(self) -> dict[str, object]:
         return {
@@ -154,19 +216,24 @@ def plan_replay(
 ) -> ReplayPlan:
     """Rules 1-3 of the module doc for one log (`where` names it in errors)."""
     plan = ReplayPlan()
+    kept: set[int] = set()
+    truncated: set[int] = set()
+    duplicate: set[int] = set()
+    skipped: set[int] = set()
+    trailing: set[int] = set()
     skip_set = set(skips)
     by_range: dict[tuple[int, int], DriverRecord] = {}
     safe_by_lsn: list[tuple[int, int]] = []  # (lsn, safe_dsn) of every record read, rising
     for record in sorted(records, key=lambda r: r.lsn):
         if record.lsn <= truncated_lsn:
-            plan.truncated_lsns.add(record.lsn)
+            truncated.add(record.lsn)
             continue
         plan.safe_dsn = max(plan.safe_dsn, record.safe_dsn)
         safe_by_lsn.append((record.lsn, record.safe_dsn))
         if record.count == 0:
             continue
         if (record.start_dsn, record.lsn) in skip_set:
-            plan.skipped_lsns.add(record.lsn)
+            skipped.add(record.lsn)
             continue
         key = (record.start_dsn, record.start_dsn + record.count - 1)
         first = by_range.get(key)
@@ -179,36 +246,20 @@ def plan_replay(
                 "either: the log diverged; run lsn_audit"
             )
         else:
-            plan.duplicate_lsns.add(record.lsn)
+            duplicate.add(record.lsn)
     ranges = sorted(by_range.items())
     needed = base.ckp_dsn + 1
     first_dsn = ranges[0][0][0] if ranges else None
-    if base.checkpoint is None and truncated_lsn > 0 and first_dsn != 1:
-        raise ReplayRefused(
-            f"{where}: the WAL was truncated up to LSN {truncated_lsn} and "
-            + ("holds no entry" if first_dsn is None else f"starts at DSN {first_dsn}")
-            + f", and {base.why_none} at or below the timestamp: the entries before it are "
-            "gone, so this timestamp cannot be answered"
-        )
-    if first_dsn is not None and first_dsn > needed:
-        if base.checkpoint is None:
-            raise ReplayRefused(
-                f"{where}: the WAL starts at DSN {first_dsn} (DSNs 1-{first_dsn - 1} are gone) "
-                f"and {base.why_none} at or below the timestamp: it cannot be answered"
-            )
-        raise ReplayRefused(
-            f"{where}: checkpoint {base.checkpoint.manifest.name} (ckp_ts {base.ckp_ts}) "
-            f"needs the WAL from DSN {needed}, but the WAL starts at DSN {first_dsn}: the "
-            "entries in between are gone (the WAL was truncated past this checkpoint; a "
-            "newer timestamp, from a newer checkpoint, may still be answered)"
-        )
+    refused = start_refused(where, first_dsn, truncated_lsn, base)
+    if refused is not None:
+        raise refused
     plan.first_dsn = first_dsn or needed
     vouched = _SafeByLsn(safe_by_lsn)
     expected = plan.first_dsn
     trailing_from: int | None = None
     for (start, end), record in ranges:
         if trailing_from is not None:
-            plan.trailing_lsns.add(record.lsn)
+            trailing.add(record.lsn)
             continue
         if start < expected:
             raise CopiesDisagree(
@@ -222,7 +273,7 @@ def plan_replay(
                     f"{plan.safe_dsn} was durable: acknowledged data is lost"
                 )
             trailing_from = expected
-            plan.trailing_lsns.add(record.lsn)
+            trailing.add(record.lsn)
             continue
         earlier = vouched.before(record.lsn)
         if earlier is not None and earlier[1] >= start and start > base.ckp_dsn:
@@ -245,10 +296,42 @@ def plan_replay(
                 f"{where}: {lost}, so the driver reads the log as starting after it, and "
                 f"{covering}: this timestamp cannot be answered"
             )
-        plan.kept_lsns.add(record.lsn)
+        kept.add(record.lsn)
         expected = end + 1
     plan.last_dsn = expected - 1
+    plan.kept_lsns, plan.truncated_lsns = LsnSet.of(kept), LsnSet.of(truncated)
+    plan.duplicate_lsns, plan.skipped_lsns = LsnSet.of(duplicate), LsnSet.of(skipped)
+    plan.trailing_lsns = LsnSet.of(trailing)
     return plan
+
+
+def start_refused(
+    where: str, first_dsn: int | None, truncated_lsn: int, base: BaseState
+) -> ReplayRefused | None:
+    """Rules 1 and 3's refusals of where a log starts (its first live DSN, None when it holds
+    no entry), or None: shared by `plan_replay` and the streamed plan (plan_stream.py), so a
+    refusal reads the same whichever made it."""
+    needed = base.ckp_dsn + 1
+    if base.checkpoint is None and truncated_lsn > 0 and first_dsn != 1:
+        return ReplayRefused(
+            f"{where}: the WAL was truncated up to LSN {truncated_lsn} and "
+            + ("holds no entry" if first_dsn is None else f"starts at DSN {first_dsn}")
+            + f", and {base.why_none} at or below the timestamp: the entries before it are "
+            "gone, so this timestamp cannot be answered"
+        )
+    if first_dsn is not None and first_dsn > needed:
+        if base.checkpoint is None:
+            return ReplayRefused(
+                f"{where}: the WAL starts at DSN {first_dsn} (DSNs 1-{first_dsn - 1} are gone) "
+                f"and {base.why_none} at or below the timestamp: it cannot be answered"
+            )
+        return ReplayRefused(
+            f"{where}: checkpoint {base.checkpoint.manifest.name} (ckp_ts {base.ckp_ts}) "
+            f"needs the WAL from DSN {needed}, but the WAL starts at DSN {first_dsn}: the "
+            "entries in between are gone (the WAL was truncated past this checkpoint; a "
+            "newer timestamp, from a newer checkpoint, may still be answered)"
+        )
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -329,9 +412,9 @@ def plan_replay_arrays(
     if not clean:
         return plan_replay(found.records(), skip_list, truncated_lsn, where, base)
     plan = ReplayPlan()
-    plan.truncated_lsns = set(lsns[:cut].tolist())
+    plan.truncated_lsns = LsnSet(lsns[:cut])
     plan.safe_dsn = max(0, int(live_safe.max(initial=0)))
-    plan.kept_lsns = set(live_lsns[by_start].tolist())
+    plan.kept_lsns = LsnSet(np.sort(live_lsns[by_start]))
     plan.first_dsn = first_dsn or needed
     plan.last_dsn = int(range_ends[-1]) if len(by_start) else plan.first_dsn - 1
     return plan

@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from spark_jobs import entries as entries_module
-from spark_jobs import local, local_replay, replay, walread
+from spark_jobs import local, local_replay, plan_inputs, replay, walread
 from spark_jobs.errors import CopiesDisagree, LogHole, ReplayRefused
 from spark_jobs.filters import Range
 from spark_jobs.inputs import file_input
@@ -148,11 +148,52 @@ def test_duplicates_are_replayed_once_and_skips_drop_their_copy(tmp_path: Path) 
     assert kv_rows(wal) == [0, 1, 2]
     assert kv_rows(wal, as_of=1025) == [0]  # commit_ts 1020 is DSN 3, 1030 DSN 4
     assert not one_pass_taken(wal)  # copies the plan drops: read as the plan says
-    plan = local_replay.plan_from_records(
+    plan = plan_inputs.plan_from_records(
         walread.read_level(JobParams("x", file_input(wal)), ReadOptions("audit")), "wal"
     )
-    assert (plan.kept_lsns, plan.duplicate_lsns, plan.skipped_lsns) == ({1, 5, 6}, {2}, {3})
+    assert (set(plan.kept_lsns), set(plan.duplicate_lsns), set(plan.skipped_lsns)) == (
+        {1, 5, 6}, {2}, {3},
+    )  # fmt: skip
     assert plan.last_dsn == 5
+
+
+def test_a_log_planned_record_by_record_is_refused_past_its_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A log that is not clean (a duplicate copy) is planned record by record, holding every
+    record: past REPLAY_PLAN_RECORDS_MAX the replay is refused, naming the limit (issue 23:
+    a worker's memory), where a clean log of the same size is planned as it streams by."""
+    entries = kv_entries(5)
+    copied, clean = str(tmp_path / "copied"), str(tmp_path / "clean")
+    write_file_wal(copied, [*records_of(entries[:3]), *records_of(entries[2:], first_dsn=3)])
+    write_file_wal(clean, records_of(entries))
+    assert kv_rows(copied) == kv_rows(clean) == [0, 1, 2]
+    monkeypatch.setattr(plan_inputs, "REPLAY_PLAN_RECORDS_MAX", 4)
+    with pytest.raises(ReplayRefused, match=r"REPLAY_PLAN_RECORDS_MAX \(4\)"):
+        kv_rows(copied)
+    assert kv_rows(clean) == [0, 1, 2]  # five records, streamed
+
+
+def test_a_log_out_of_dsn_order_is_refused_past_its_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Entries read out of DSN order are held until the log is read, then sorted: past
+    REPLAY_UNSORTED_ENTRIES_MAX held the replay is refused, naming the limit."""
+    entries = kv_entries(5)
+    wal = str(tmp_path / "wal")
+    write_file_wal(
+        wal,
+        [
+            encode_record(1, 0, entries[0:2]),
+            encode_record(4, 0, entries[3:4]),  # DSN 4 before DSN 3
+            encode_record(3, 0, entries[2:3]),
+            encode_record(5, 0, entries[4:5]),
+        ],
+    )
+    assert kv_rows(wal) == [0, 1, 2]
+    monkeypatch.setattr(local_replay, "REPLAY_UNSORTED_ENTRIES_MAX", 3)
+    with pytest.raises(ReplayRefused, match=r"REPLAY_UNSORTED_ENTRIES_MAX \(3\)"):
+        kv_rows(wal)
 
 
 def test_conflicting_copies_fail(tmp_path: Path) -> None:
@@ -202,7 +243,7 @@ def test_plan_rules_on_values() -> None:
         replay.DriverRecord(4, 3, 1, 2, 12),  # a copy of LSN 2
     ]
     plan = replay.plan_replay(records, [], 0, "log")
-    assert (plan.kept_lsns, plan.duplicate_lsns, plan.last_dsn, plan.safe_dsn) == (
+    assert (set(plan.kept_lsns), set(plan.duplicate_lsns), plan.last_dsn, plan.safe_dsn) == (
         {1, 2}, {4}, 3, 4,
     )  # fmt: skip
     overlapping = [replay.DriverRecord(1, 1, 2, 0, 11), replay.DriverRecord(2, 2, 2, 0, 12)]
@@ -251,11 +292,11 @@ def test_the_plan_reads_a_record_as_the_audit_level_does(tmp_path: Path) -> None
     wal = str(tmp_path / "wal")
     anomalies_log(wal)
     unit_params = JobParams("x", file_input(wal))
-    from_rows = local_replay.PlanInput()
+    from_rows = plan_inputs.PlanInput()
     audit = walread.read_level(unit_params, ReadOptions("audit"))
-    for row in audit.select(local_replay.PLAN_COLUMNS).to_pylist():
-        from_rows.add(*(row[name] for name in local_replay.PLAN_COLUMNS))
-    from_records = local_replay.PlanInput()
+    for row in audit.select(plan_inputs.PLAN_COLUMNS).to_pylist():
+        from_rows.add(*(row[name] for name in plan_inputs.PLAN_COLUMNS))
+    from_records = plan_inputs.PlanInput()
     for unit in unit_params.units():
         for found in driver_records(unit, "true", Range()):
             from_records.add_record(found)
