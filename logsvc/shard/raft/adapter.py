@@ -18,7 +18,6 @@ touch pysyncobj's privates:
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -57,7 +56,6 @@ class ShardRaft(Quiet, Elections, MessageFixes, SnapshotPoints):
     holes 4 and 6: snapshot_points.py).
 
     Overridden private methods
-      `_checkCommandsToApply`       note when the leader appends (the commit notice)
       `_onTick`                     load a snapshot present at start through the
                                     file-system port before the first tick (hole 4)
       `_getEncryptor`, `encryptor`  AES-GCM sealing instead of Fernet (hole 10)
@@ -68,9 +66,7 @@ class ShardRaft(Quiet, Elections, MessageFixes, SnapshotPoints):
       `__loadDumpFile`              a bad snapshot is fatal; journal reset to it (hole 4;
                                     snapshot_points.py)
       `__applyLogEntries`           the commit index goes out with the next AppendEntries,
-                                    due within commit_notice_ms (or, while entries come
-                                    less than a heartbeat apart, the next entry's or the
-                                    heartbeat), not in one of its own;
+                                    due within commit_notice_ms, not in one of its own;
                                     first, on a leader, its count is redone counting the
                                     leader only up to its durable index (its sync runs
                                     beside the tick: `_logsvc_count_durable_leader`)
@@ -145,11 +141,6 @@ class ShardRaft(Quiet, Elections, MessageFixes, SnapshotPoints):
         self._logsvc_messages = 0  # Raft messages and connection changes seen (all ticks)
         self._logsvc_quiesce_after_s = config.quiesce_after_ms / 1000.0
         self._logsvc_commit_notice_s = config.commit_notice_ms / 1000.0
-        self._logsvc_heartbeat_s = config.heartbeat_ms / 1000.0
-        # On a leader: when it last appended new entries, and the time before that
-        # (monotonic s): while they come less than a heartbeat apart a commit gets no
-        # notice of its own (`_SyncObj__applyLogEntries`).
-        self._logsvc_appended_s = (-math.inf, -math.inf)
         self._logsvc_commit_floor = 0  # the commit index before pysyncobj last counted
         self._logsvc_election_max_s = config.election_timeout_ms_max / 1000.0
         self._logsvc_node_of = node_of if node_of is not None else str
@@ -364,17 +355,6 @@ class ShardRaft(Quiet, Elections, MessageFixes, SnapshotPoints):
         need_send = bool(SyncObj._SyncObj__applyLogEntries(self))
         if not need_send or not self._logsvc_commit_notice_s or not self._isLeader():
             return need_send
-        before_s, latest_s = self._logsvc_appended_s
-        if latest_s - before_s < self._logsvc_heartbeat_s:
-            # Entries flow (the last two appends less than a heartbeat apart): the next
-            # AppendEntries, a new entry's or the heartbeat pysyncobj sends at most one
-            # heartbeat after the last one, carries the commit index. With a notice of its
-            # own, every follower of a busy shard got two messages per entry, one empty,
-            # and answered both (issue 22: with 100 busy shards, 1.1-1.4 empty
-            # AppendEntries and as many acknowledgements per entry, a third of the Raft
-            # messages). A follower learns such a commit up to heartbeat_ms later; an
-            # append after a pause still gets its notice within commit_notice_ms.
-            return False
         notice_s = float(pysyncobj_syncobj.monotonicTime()) + self._logsvc_commit_notice_s
         if notice_s < self._SyncObj__newAppendEntriesTime:
             self._SyncObj__newAppendEntriesTime = notice_s
@@ -410,14 +390,6 @@ class ShardRaft(Quiet, Elections, MessageFixes, SnapshotPoints):
         self._SyncObj__raftCommitIndex = found
         self._SyncObj__leaderCommitIndex = found
         journal.setRaftCommitIndex(found)  # the hint pysyncobj keeps (hole 13)
-
-    def _checkCommandsToApply(self) -> None:
-        # pysyncobj appends the queued commands here (the leader's new entries): note when.
-        last_before = self._logsvc_journal.store.last_index
-        super()._checkCommandsToApply()
-        if self._logsvc_journal.store.last_index != last_before and self._isLeader():
-            now_s = float(pysyncobj_syncobj.monotonicTime())
-            self._logsvc_appended_s = (self._logsvc_appended_s[1], now_s)
 
     @replicated  # type: ignore[untyped-decorator]
     def _logsvc_apply(self, encoded: bytes) -> object:

@@ -46,8 +46,6 @@ class AdapterBase(SyncObj):  # type: ignore[misc]
     _logsvc_messages: int
     _logsvc_quiesce_after_s: float
     _logsvc_commit_notice_s: float
-    _logsvc_heartbeat_s: float
-    _logsvc_appended_s: tuple[float, float]
     _logsvc_commit_floor: int
     _logsvc_election_max_s: float
     _logsvc_node_of: Callable[[str], str]

@@ -71,10 +71,7 @@ class RaftConfig:
     # tick and one leader tick per follower more (a third of the Raft messages, on the
     # CPU the next append needs). A follower applies and serves reads of an entry at most
     # this much later than before; the leader's acknowledgement is not delayed. 0 = at
-    # once (pysyncobj's behaviour). Below heartbeat_ms, which bounds it anyway. While the
-    # leader's appends come less than heartbeat_ms apart there is no notice at all (the
-    # next AppendEntries is at most a heartbeat away): a follower may learn such a commit
-    # up to heartbeat_ms later (raft/adapter.py `_SyncObj__applyLogEntries`).
+    # once (pysyncobj's behaviour). Below heartbeat_ms, which bounds it anyway.
     commit_notice_ms: int = 5
     # Test only (the chaos suite's proxy mesh, tests/chaos/harness/proxy.py): canonical
     # peer address -> "host:port" to dial instead. Peers keep their canonical ids, so the
