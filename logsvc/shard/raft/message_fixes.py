@@ -16,6 +16,7 @@ from pysyncobj.node import TCPNode
 from logsvc.shard.raft.adapter_base import (
     _LEARNER,
     _OWN_MESSAGES,
+    _PREVOTE,
     _PREVOTE_MESSAGES,
     AdapterBase,
 )
@@ -38,6 +39,16 @@ class MessageFixes(AdapterBase):
                 now_s = pysyncobj_syncobj.monotonicTime()
                 if self._logsvc_quiesce_after_s:
                     self._logsvc_liveness.heard(self._logsvc_node_of(str(node.id)), now_s)
+                    if kind == _PREVOTE and self._isLeader():
+                        # A peer of ours would stand: it has not heard from us for an
+                        # election timeout. A quiet leader's follower that woke alone (by
+                        # an event of its own; which one was not traced) ran its timer
+                        # while we stayed quiet: we refused its every round, its other
+                        # peer too (it sees us alive), and it asked again and again, for
+                        # good (issue 22: up to 60 rounds a second over a 3-node cluster
+                        # of 1,000 shards, and never quiet again). Wake: the heartbeat
+                        # resets its timer, and the shard goes quiet again, all agreeing.
+                        self._logsvc_wake(now_s)
                 self._logsvc_on_prevote_message(node, str(node.id), kind, message)
             return
         if self._logsvc_quiesce_after_s:

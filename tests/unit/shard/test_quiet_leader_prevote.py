@@ -1,0 +1,83 @@
+"""A quiet shard whose follower woke alone goes quiet again, under the same leader and term,
+after at most a few pre-vote rounds (logsvc/shard/raft/message_fixes.py: a leader asked for
+a pre-vote wakes and heartbeats).
+
+Why: issue 22's busy-shards runs counted up to 60 pre-vote rounds a second over a 3-node
+cluster of 1,000 shards, from idle ones: a follower woken by itself while its leader stayed
+quiet ran its election timer, stood, and was refused by the quiet leader and by the other
+follower (which sees the leader alive); nothing told the leader, so the follower asked
+again every few hundred milliseconds, for good, and the shard never went quiet again.
+
+How: a real 3-replica cluster (raft_harness) with quiescence; once every replica is quiet,
+one follower's quiescence is woken on its own tick thread (as an event of its own would).
+Its pre-vote rounds are counted (`PreVoteRound` made by the gate); the test awaits every
+replica quiet again with the leader and term unchanged, and at most a few rounds. On the
+old code the leader stays quiet and the follower never does: the wait runs out.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from logsvc.shard import prevote
+from tests.unit.shard.raft_harness import Cluster, wait_until
+
+QUIET_CONFIG = {
+    "quiesce_after_ms": 200,
+    "connection_timeout_ms": 1000,  # pysyncobj: at least the election timeout max
+}
+# Rounds the lone follower may ask before its leader's heartbeat stops it: the first (which
+# wakes the leader) and one more that may leave before the heartbeat arrives.
+ROUNDS_MAX = 2
+# Long enough for the old code's follower to stand many times (a round every 0.1-0.2 s
+# with these timeouts), bounded for the new one.
+QUIET_AGAIN_WAIT_S = 15.0
+
+
+def test_a_quiet_leader_asked_for_a_pre_vote_wakes_and_its_shard_goes_quiet_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rounds: list[int] = []
+    original = prevote.PreVoteRound
+
+    def counted(term: int, voters: int) -> prevote.PreVoteRound:
+        rounds.append(term)
+        return original(term, voters)
+
+    monkeypatch.setattr(prevote, "PreVoteRound", counted)  # elections.py looks it up per round
+    cluster = Cluster(str(tmp_path), raft_overrides=dict(QUIET_CONFIG))
+    try:
+        cluster.start_all()
+        assert cluster.propose([b"first"])
+        leader = cluster.leader()
+        assert leader.node is not None
+        nodes = [r.node for r in cluster.replicas if r.node is not None]
+        wait_until(lambda: all(n.quiet for n in nodes), "every replica quiet", seconds=30.0)
+        before = (leader.node.self_address, leader.node.term)
+        rounds.clear()
+
+        follower = next(r.node for r in cluster.replicas if r is not leader and r.node)
+        woken = threading.Event()
+
+        def wake_alone() -> None:
+            follower._raft._logsvc_follower_q.wake()
+            woken.set()
+
+        follower._on_tick(wake_alone)
+        assert woken.wait(10.0), "the follower's tick did not run"
+        assert not follower.quiet
+        # It stands once its election timer runs out (at most election_timeout_ms_max).
+        wait_until(lambda: len(rounds) >= 1, "the woken follower to ask for a pre-vote")
+        wait_until(
+            lambda: all(n.quiet for n in nodes),
+            "every replica quiet again",
+            seconds=QUIET_AGAIN_WAIT_S,
+        )
+        assert (leader.node.self_address, leader.node.term) == before
+        assert leader.node.is_leader
+        assert len(rounds) <= ROUNDS_MAX, rounds
+    finally:
+        cluster.close()
