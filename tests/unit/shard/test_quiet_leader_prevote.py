@@ -30,8 +30,10 @@ QUIET_CONFIG = {
     "connection_timeout_ms": 1000,  # pysyncobj: at least the election timeout max
 }
 # Rounds the lone follower may ask before its leader's heartbeat stops it: the first (which
-# wakes the leader) and one more that may leave before the heartbeat arrives.
-ROUNDS_MAX = 2
+# wakes the leader) and one more that may leave before the heartbeat arrives, with room for
+# a loaded machine's stalls (a round every 0.1-0.2 s here); the old code never stops, and
+# its follower never goes quiet again (the wait below runs out).
+ROUNDS_MAX = 20
 # Long enough for the old code's follower to stand many times (a round every 0.1-0.2 s
 # with these timeouts), bounded for the new one.
 QUIET_AGAIN_WAIT_S = 15.0
