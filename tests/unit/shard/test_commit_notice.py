@@ -5,8 +5,8 @@ RaftConfig.commit_notice_ms).
 How: a real 3-replica cluster (raft_harness) with a 200 ms heartbeat; appends proposed one
 at a time, each acknowledged before the next. Every AppendEntries a follower receives is
 counted, split into those carrying entries and commit-index-only ones. Stock pysyncobj
-(commit_notice_ms=0, run beside it) sends a commit-only one to each follower for every
-append; with the notice due within 150 ms, the next append's AppendEntries carries the
+(commit_notice_ms=0, run beside it) usually sends a commit-only one to each follower for
+every append (not counted on: under load the next append may carry it); with the notice due within 150 ms, the next append's AppendEntries carries the
 commit index instead, so commit-only messages are a handful (heartbeats, the last notice).
 Either way every follower's commit index reaches the leader's (awaited, never slept for).
 """
@@ -77,7 +77,8 @@ def test_a_lone_append_sends_one_append_entries_per_follower(
             commit_only = received[(follower.address, "commit-only")]
             if commit_notice_ms:
                 assert commit_only < APPENDS // 2, received
-            else:
-                assert commit_only >= APPENDS, received  # stock: one per append
+            # Stock (0) sends a commit-only AppendEntries per append when its tick runs
+            # before the next append's: usually all 20, but on a loaded machine as few as
+            # one (the next append carried the commit index), so its count is no control.
     finally:
         cluster.close()
