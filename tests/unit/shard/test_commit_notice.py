@@ -6,8 +6,9 @@ How: a real 3-replica cluster (raft_harness) with a 200 ms heartbeat; appends pr
 at a time, each acknowledged before the next. Every AppendEntries a follower receives is
 counted, split into those carrying entries and commit-index-only ones. Stock pysyncobj
 (commit_notice_ms=0, run beside it) usually sends a commit-only one to each follower for
-every append (not counted on: under load the next append may carry it); with the notice due within 150 ms, the next append's AppendEntries carries the
-commit index instead, so commit-only messages are a handful (heartbeats, the last notice).
+every append (not counted on: under load the next append may carry it); with the notice
+due within 150 ms, the next append's AppendEntries carries the commit index instead, so
+commit-only messages are a handful (heartbeats, the last notice).
 Either way every follower's commit index reaches the leader's (awaited, never slept for).
 """
 
