@@ -214,12 +214,25 @@ def start(
     return pids
 
 
+def node_env() -> dict[str, str]:
+    """The environment of a node process: this one's, with the directory holding the
+    `logsvc` package this process runs first on the node's module path. The node starts in
+    its data directory, where `python -m` finds no package, so without it a node would run
+    whatever checkout the interpreter's environment was installed from (a benchmark run
+    from a second worktree measured the first one's nodes)."""
+    env = dict(os.environ)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    return env
+
+
 def _spawn(dir_path: str, node_id: str) -> int:
     config = os.path.join(dir_path, f"{node_id}.toml")
     with open(os.path.join(dir_path, f"{node_id}.log"), "ab") as log:
         process = subprocess.Popen(
             [sys.executable, "-m", "logsvc.cli", "serve", "--config", config],
             cwd=dir_path,
+            env=node_env(),
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

@@ -4,6 +4,7 @@ nodes, with distinct ports. Pure: configs are generated and parsed, nothing is s
 
 from __future__ import annotations
 
+import os
 import tomllib
 
 import pytest
@@ -28,3 +29,17 @@ def test_generated_configs_are_valid_for_every_allowed_size(nodes: int) -> None:
             assert len(shard.replicas) == (5 if nodes >= 5 else 3)
         hosting = {shard.replicas[0] for shard in config.shards}
         assert len(hosting) == min(3, nodes)  # each shard's replicas start at another node
+
+
+def test_nodes_run_the_checkout_the_starting_process_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A node starts in its data directory: its `logsvc` must be this process's (the one
+    a benchmark or the demo imported), found first on its path, not whatever checkout the
+    virtualenv was installed from."""
+    import logsvc
+
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    path = devcluster.node_env()["PYTHONPATH"].split(":")
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(logsvc.__file__)))
+    assert path == [package_root, "/elsewhere"]
