@@ -494,17 +494,12 @@ class Client:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._options.retry_s_max
         delay = self._options.backoff_s_first
-        candidates: Iterator[str] | None = None
+        targets = _Targets(self._addresses)
         last: object = None
         unhosted: set[str] = set()
         address = ""
         for _ in range(self._options.attempts_max):
-            found = self._leaders.get(shard)
-            if found is None:
-                if candidates is None:
-                    candidates = _round_after(self._addresses, address)
-                found = next(candidates)
-            address = found
+            address = targets.next(self._leaders.get(shard), address)
             try:
                 outcome = await self._call(address, wire.Status(shard))
             except (OSError, ConnectionError, TimeoutError) as exc:
@@ -576,7 +571,7 @@ class Client:
         deadline = loop.time() + self._options.retry_s_max
         delay = self._options.backoff_s_first
         last: BaseException | None = None
-        candidates: Iterator[str] | None = None
+        targets = _Targets(self._addresses)
         unhosted: set[str] = set()
         address = ""
         for _ in range(self._options.attempts_max):
@@ -585,12 +580,7 @@ class Client:
             else:
                 if loop.time() > deadline:
                     break
-                found = self._leaders.get(shard)
-                if found is None:
-                    if candidates is None:
-                        candidates = _round_after(self._addresses, address)
-                    found = next(candidates)
-                address = found
+                address = targets.next(self._leaders.get(shard), address)
                 try:
                     outcome = await self._call(address, request)
                 except (OSError, ConnectionError, TimeoutError) as exc:
@@ -736,15 +726,29 @@ class _Batch:
     timer: asyncio.TimerHandle | None = None
 
 
-def _round_after(addresses: Sequence[str], failed: str) -> Iterator[str]:
-    """The addresses in turn, endlessly, the one that just failed (timed out, lost its
-    connection, or was no leader) last: a stale leader cut off from its shard holds a
-    request until the request timeout, and starting the round at `addresses[0]` again
-    asked it first once more (chaos C4: every retry paid a timeout there)."""
-    if failed in addresses:
-        at = addresses.index(failed) + 1
-        addresses = [*addresses[at:], *addresses[:at]]
-    return itertools.cycle(addresses)
+class _Targets:
+    """Where a call's attempts go: the shard's leader while one is known, else the
+    addresses in turn, the round starting after the address that just failed (timed out,
+    lost its connection, or was no leader): a stale leader cut off from its shard holds a
+    request until the request timeout, and a round starting at `addresses[0]` again asked
+    it first once more (chaos C4: every retry paid a timeout there)."""
+
+    __slots__ = ("_addresses", "_round")
+
+    def __init__(self, addresses: Sequence[str]) -> None:
+        self._addresses = addresses
+        self._round: Iterator[str] | None = None
+
+    def next(self, leader: str | None, failed: str) -> str:
+        if leader is not None:
+            return leader
+        if self._round is None:
+            addresses = self._addresses
+            if failed in addresses:
+                at = addresses.index(failed) + 1
+                addresses = [*addresses[at:], *addresses[:at]]
+            self._round = itertools.cycle(addresses)
+        return next(self._round)
 
 
 def _error(response: wire.ErrorResponse) -> ServerError:

@@ -38,6 +38,7 @@ from typing import Any, cast
 import pytest
 
 from logsvc.shard.errors import LsnTruncated
+from logsvc.shard.replica import ShardReplica
 from tests.chaos.dst.clock import NS_PER_MS, NS_PER_S, VirtualClock
 from tests.chaos.dst.network import SimNetwork, SimTransport
 from tests.chaos.dst.runner import git_commit, run_seeds
@@ -352,6 +353,43 @@ def test_a_restarted_replica_answers_truncated_below_its_compacted_journal() -> 
         assert after.records
 
 
+def _compacted_past_a_cut_off_leader(
+    sim: Simulation, cut_off_appends: int, new_appends: int
+) -> tuple[str, ShardReplica, ShardReplica, list[str]]:
+    """A leader cut off takes `cut_off_appends` appends it can never commit; the majority
+    elects another, which takes `new_appends` and compacts its log past everything the old
+    one holds. Returns the old leader's name, the new leader's replica, the old one's, and
+    the cut-off appends' op ids (the network still cut: the caller heals it)."""
+    old = _run_until_leader(sim)
+    for _ in range(10):
+        sim.workload.append_via(old, "c1")
+        sim.run_for(0.05)
+    sim.run_for(1)
+    _isolate(sim, old)
+    cut_off = []
+    for _ in range(cut_off_appends):
+        cut_off.append(sim.workload.append_via(old, "c1"))  # appended there, never committed
+        sim.run_for(0.02)
+    new = _run_until_leader(sim, other_than=old)
+    for _ in range(new_appends):
+        sim.workload.append_via(new, "c2")
+        sim.run_for(0.02)
+    sim.run_for(0.5)
+    sim.workload.truncate_via(new, "c2", 3)  # the snapshot point
+    sim.run_for(0.5)
+    replica = sim.nodes[new].replica
+    assert replica is not None
+    point_next_lsn = replica.status()["next_lsn"]
+    for _ in range(5):
+        sim.workload.append_via(new, "c2")
+        sim.run_for(0.02)
+    sim.workload.truncate_via(new, "c2", point_next_lsn + 1)  # compact past old's log
+    sim.run_for(1)
+    stale = sim.nodes[old].replica
+    assert stale is not None and replica.store.first_index > stale.store.last_index
+    return old, replica, stale, cut_off
+
+
 @pytest.mark.timeout(60)
 def test_a_snapshot_chunk_never_commits_a_followers_diverging_suffix() -> None:
     """Regression (message_fixes.py `_logsvc_on_message`, snapshot chunks). A leader cut off with
@@ -362,32 +400,7 @@ def test_a_snapshot_chunk_never_commits_a_followers_diverging_suffix() -> None:
     checks committed-prefix agreement after every message."""
     sim = Simulation(SimOptions(seed=11))
     with sim.session():
-        old = _run_until_leader(sim)
-        for _ in range(10):
-            sim.workload.append_via(old, "c1")
-            sim.run_for(0.05)
-        sim.run_for(1)
-        _isolate(sim, old)
-        for _ in range(30):
-            sim.workload.append_via(old, "c1")  # appended there, never committed
-            sim.run_for(0.02)
-        new = _run_until_leader(sim, other_than=old)
-        for _ in range(60):
-            sim.workload.append_via(new, "c2")
-            sim.run_for(0.02)
-        sim.run_for(0.5)
-        sim.workload.truncate_via(new, "c2", 3)  # the snapshot point
-        sim.run_for(0.5)
-        replica = sim.nodes[new].replica
-        assert replica is not None
-        point_next_lsn = replica.status()["next_lsn"]
-        for _ in range(5):
-            sim.workload.append_via(new, "c2")
-            sim.run_for(0.02)
-        sim.workload.truncate_via(new, "c2", point_next_lsn + 1)  # compact past old's log
-        sim.run_for(1)
-        stale = sim.nodes[old].replica
-        assert stale is not None and replica.store.first_index > stale.store.last_index
+        old, replica, _, _ = _compacted_past_a_cut_off_leader(sim, 30, 60)
         sim.network.heal()
         sim.run_for(10)
         caught_up = sim.nodes[old].replica
@@ -409,33 +422,7 @@ def test_a_cut_off_leaders_proposals_are_answered_when_a_snapshot_replaces_them(
     outcome if there was one), well before the client's own timeout."""
     sim = Simulation(SimOptions(seed=11))
     with sim.session():
-        old = _run_until_leader(sim)
-        for _ in range(10):
-            sim.workload.append_via(old, "c1")
-            sim.run_for(0.05)
-        sim.run_for(1)
-        _isolate(sim, old)
-        cut_off = []
-        for _ in range(5):
-            cut_off.append(sim.workload.append_via(old, "c1"))  # never committed
-            sim.run_for(0.02)
-        new = _run_until_leader(sim, other_than=old)
-        for _ in range(40):
-            sim.workload.append_via(new, "c2")
-            sim.run_for(0.02)
-        sim.run_for(0.5)
-        sim.workload.truncate_via(new, "c2", 3)  # the snapshot point
-        sim.run_for(0.5)
-        replica = sim.nodes[new].replica
-        assert replica is not None
-        point_next_lsn = replica.status()["next_lsn"]
-        for _ in range(5):
-            sim.workload.append_via(new, "c2")
-            sim.run_for(0.02)
-        sim.workload.truncate_via(new, "c2", point_next_lsn + 1)  # compact past old's log
-        sim.run_for(1)
-        stale = sim.nodes[old].replica
-        assert stale is not None and replica.store.first_index > stale.store.last_index
+        _, replica, stale, cut_off = _compacted_past_a_cut_off_leader(sim, 5, 40)
         assert all(sim.workload.outcome_of(op_id) is None for op_id in cut_off)  # pending
         sim.network.heal()
         for _ in range(100):  # until the old leader installed the snapshot (bounded)
