@@ -17,6 +17,7 @@ import pyarrow.compute as pc
 
 from spark_jobs import jobs
 from spark_jobs.jobs import JobParams, JobResult
+from spark_jobs.limits import AUDIT_HELD_BYTES_MAX
 from spark_jobs.verify import VERIFY_REPORT
 from spark_jobs.walread import LEVEL_AUDIT, ReadOptions, read_level, read_unit
 
@@ -47,17 +48,28 @@ def audit_of(
     """One log's anomalies and summary (`audit_log`); None when the log holds no record."""
     scope = JobParams(params.job, params.inputs, frozenset({shard}), frozenset({replica}))
     options = ReadOptions(LEVEL_AUDIT, params.verify or VERIFY_REPORT, scope.bounds())
+    batches = (batch for unit in scope.units() for batch in read_unit(unit, options))
     streamed = CleanAudit()
-    for unit in scope.units():
-        for batch in read_unit(unit, options):
-            if not streamed.add(batch):
-                break
-        if not streamed.clean:
+    # The batches read so far, while they are small: a log found to have something to
+    # report is then audited whole without decoding its records a second time.
+    held: list[pa.RecordBatch] | None = []
+    held_bytes = 0
+    for batch in batches:
+        if held is not None:
+            held.append(batch)
+            held_bytes += batch.nbytes
+            if held_bytes > AUDIT_HELD_BYTES_MAX:
+                held = None
+        if not streamed.add(batch):
             break
     if streamed.clean:
         return None if not streamed.rows else ([], streamed.summary(replica, shard))
     # Something to report: the whole log's audit, column-wise (it grows with the log).
-    records = read_level(scope, options)
+    if held is not None:
+        records = pa.Table.from_batches([*held, *batches], schema=options.schema())
+    else:  # read again from its start: past the bound, its first batches were let go
+        batches.close()
+        records = read_level(scope, options)
     if not records.num_rows:
         return None
     return audit_log(replica, shard, records)

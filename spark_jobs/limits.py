@@ -101,3 +101,10 @@ always write a log in DSN order; only a log pieced together by hand is out of it
 
 assert REPLAY_PLAN_SKIPS_HELD_MAX * 8 <= 4 << 20
 assert REPLAY_PLAN_RECORDS_MAX * 300 + REPLAY_ROWS_HELD_BYTES_MAX < 1 << 30
+
+AUDIT_HELD_BYTES_MAX = 64 << 20
+"""The audit level's batches lsn_audit holds while it streams a log (spark_jobs/audit.py
+`audit_of`): a log found to have something to report within them is audited whole without
+decoding its records again (each record decoded once, as the Spark engine's tasks are
+tested for). Past it they are let go, so a clean log's audit stays bounded whatever its
+size, and a larger log with something to report is read a second time from its start."""

@@ -17,13 +17,20 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from spark_jobs import audit, schemas
 from spark_jobs.inputs import file_input
 from spark_jobs.jobs import JobParams
-from tests.unit.spark_jobs.logs import one_entry_records_wal
+from spark_jobs.records import DECODES
+from tests.unit.spark_jobs.logs import (
+    kv_entries,
+    one_entry_records_wal,
+    records_of,
+    write_file_wal,
+)
 
 RECORDS = 20_000
 PEAK_GROWTH_BYTES_MAX = 2 << 20
@@ -142,7 +149,12 @@ def _audit_peak_bytes(wal: str) -> tuple[int, dict[str, Any]]:
     return peak, audited[1]
 
 
-def test_a_clean_logs_audit_peak_does_not_grow_with_the_records(tmp_path: Path) -> None:
+def test_a_clean_logs_audit_peak_does_not_grow_with_the_records(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The batches held in case the log has something to report are let go past a bound
+    # (64 MiB by default): one smaller than either log here, so both stream unheld.
+    monkeypatch.setattr(audit, "AUDIT_HELD_BYTES_MAX", 256 << 10)
     small, large = str(tmp_path / "small"), str(tmp_path / "large")
     one_entry_records_wal(small, RECORDS)
     one_entry_records_wal(large, 4 * RECORDS)
@@ -152,3 +164,22 @@ def test_a_clean_logs_audit_peak_does_not_grow_with_the_records(tmp_path: Path) 
     assert small_summary["distinct_dsns"] == RECORDS
     assert large_summary["distinct_dsns"] == 4 * RECORDS and large_summary["gaps"] == 0
     assert large_peak - small_peak < PEAK_GROWTH_BYTES_MAX, (small_peak, large_peak)
+
+
+@pytest.mark.parametrize("held_bytes_max", [64 << 20, 0])
+def test_a_log_with_something_to_report_is_decoded_once_while_its_batches_are_held(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, held_bytes_max: int
+) -> None:
+    """Streamed until its copy of DSNs 5-8, then audited whole: from the batches held (each
+    record decoded once, as the Spark engine's tasks are tested for), or, past the bound,
+    read again from its start (twice)."""
+    monkeypatch.setattr(audit, "AUDIT_HELD_BYTES_MAX", held_bytes_max)
+    wal = str(tmp_path / "wal")
+    records = records_of(kv_entries(12), per_record=4)
+    write_file_wal(wal, [*records, records[1]])  # DSNs 5-8 written twice: a duplicate
+    before = DECODES.total
+    audited = audit.audit_of(JobParams("lsn_audit", file_input(wal)), "file", 0)
+    assert audited is not None
+    found, summary = audited
+    assert summary["duplicates"] == 4 and [a["kind"] for a in found] == ["duplicate"] * 4
+    assert DECODES.total - before == (4 if held_bytes_max else 4 + 4)
