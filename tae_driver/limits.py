@@ -99,6 +99,15 @@ FILE_READ_ONLY_OPEN_ATTEMPTS_MAX = 8
 running writer truncated it away); a writer truncates at most once per checkpoint, so a
 few attempts always meet a quiet moment. Bounded so a broken directory cannot spin."""
 
+FILE_READ_ONLY_SCAN_ATTEMPTS_MAX = 3
+"""Reads of a segment a read-only look makes before it reports damage in it: a writer's
+group write being copied into the file while the look copies it out can show as a torn
+frame followed by whole ones (file.py `_scan_live`); damage on disk shows in every read."""
+
+FILE_READ_ONLY_RESCAN_PAUSE_S = 0.05
+"""The pause before such a read again: a group write is copied into the page cache in
+microseconds, so one pause outlasts it even on a loaded machine; at most 0.1 s in all."""
+
 FILE_PENDING_APPENDS_MAX = 16384
 """Appends waiting for the file backend's next group write (the syncer thread's queue);
 beyond it `append` raises `Overloaded`. The driver's window keeps one driver far below it."""

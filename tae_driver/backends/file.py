@@ -42,6 +42,8 @@ local backend, for an engine that runs without a log service and for benchmarks.
   reopen's scan decides what survived.
 * **Read-only** (`open(dir, read_only=True)`, issue 20): a tool's look at a log, maybe beside
   a running writer: no lock, and nothing created, cut, deleted or synced; `_open_read_only`.
+  Damage it finds is read again before it is reported (a write being copied in can look
+  torn to a read copying the file out: `_scan_live`).
 
 Crash cases (power loss may drop unsynced bytes and tear the last write):
 
@@ -72,6 +74,7 @@ import bisect
 import fcntl
 import itertools
 import os
+import time
 from array import array
 from collections import deque
 from collections.abc import Callable
@@ -456,7 +459,7 @@ class FileBackend:
         for index, base in enumerate(bases):
             path = os.path.join(dir_path, segment.segment_file_name(base))
             fds[path] = fd = os.open(path, os.O_RDONLY)
-            scan = segment.scan_segment(read_all(fd), path, newest=index == len(bases) - 1)
+            scan = _scan_live(fd, path, newest=index == len(bases) - 1)
             if scan.base_lsn != base:
                 raise StorageCorruption(path, 16, f"header base LSN {scan.base_lsn} != name")
             scans.append((path, scan))
@@ -783,6 +786,24 @@ class FileBackend:
             index += 1
         assert plan
         return plan
+
+
+def _scan_live(fd: int, path: str, *, newest: bool) -> SegmentScan:
+    """A segment's scan as a read-only look sees it beside a writer that may be appending
+    to it: damage found is read again, up to `FILE_READ_ONLY_SCAN_ATTEMPTS_MAX` times, and
+    reported only if every read shows it. A read that copies the file while a group write
+    is being copied into it can see that write's first frame half-written and, having been
+    descheduled in between, the frames written after it whole: "corruption" that is not on
+    disk (a CI run: `engine tables` beside a running engine, frame checksum mismatch at
+    the last durable frame, a valid frame after it)."""
+    for attempt in range(1, limits.FILE_READ_ONLY_SCAN_ATTEMPTS_MAX + 1):
+        try:
+            return segment.scan_segment(read_all(fd), path, newest=newest)
+        except StorageCorruption:
+            if attempt == limits.FILE_READ_ONLY_SCAN_ATTEMPTS_MAX:
+                raise
+            time.sleep(limits.FILE_READ_ONLY_RESCAN_PAUSE_S)
+    raise AssertionError("unreachable")
 
 
 def _header_bytes() -> int:

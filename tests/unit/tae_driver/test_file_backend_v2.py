@@ -405,3 +405,55 @@ def test_a_flipped_byte_anywhere_in_multi_frame_group_writes_is_refused(tmp_path
         assert found.end == (segment.END_TORN if newest else segment.END_CORRUPT)
         assert found.end_offset == written_end
     assert zero_tails > 0
+
+
+def _torn_at_first_read(
+    monkeypatch: pytest.MonkeyPatch, lo: int, hi: int, reads_torn: int
+) -> list[int]:
+    """The read-only scan's reads of a segment, the first `reads_torn` of them with bytes
+    [lo, hi) zeroed: as a read copying the file while a writer's group write is copied in
+    can see it. Returns the list the reads are counted in."""
+    from tae_driver.backends import file as file_backend
+    from tae_driver.backends.segment_files import read_all as real
+
+    reads: list[int] = []
+
+    def read_all(fd: int) -> bytes:
+        data = real(fd)
+        reads.append(len(data))
+        return zero(data, lo, hi) if len(reads) <= reads_torn else data
+
+    monkeypatch.setattr(file_backend, "read_all", read_all)
+    return reads
+
+
+def test_a_read_only_look_reads_again_a_frame_a_live_writer_was_writing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CI, `engine tables` beside a running engine: the look saw the last durable frame
+    half-written and a valid frame after it, and called the WAL corrupt. It reads such a
+    segment again before saying so: a tear that a second read does not show is a write
+    being copied, not damage."""
+    data, offsets = build([[1, 2, 3, 4, 5, 6, 7, 8], [9]])  # frame 9 says LSN 8 was durable
+    write_wal(tmp_path, data)
+    reads = _torn_at_first_read(monkeypatch, offsets[8] + FRAME + 10, offsets[9], reads_torn=1)
+
+    async def scenario() -> None:
+        backend = await FileBackend.open(str(tmp_path), read_only=True)
+        kept = await records_of(backend)
+        await backend.close()
+        assert kept == {lsn: payload(lsn) for lsn in range(1, 10)}
+
+    asyncio.run(scenario())
+    assert len(reads) == 2
+
+
+def test_a_read_only_look_reports_damage_every_read_shows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data, offsets = build([[1, 2, 3, 4, 5, 6, 7, 8], [9]])
+    write_wal(tmp_path, data)
+    reads = _torn_at_first_read(monkeypatch, offsets[8] + FRAME + 10, offsets[9], reads_torn=99)
+    with pytest.raises(StorageCorruption, match="valid frames follow it"):
+        asyncio.run(FileBackend.open(str(tmp_path), read_only=True))
+    assert len(reads) == limits.FILE_READ_ONLY_SCAN_ATTEMPTS_MAX
