@@ -122,18 +122,15 @@ def _add_row(gathered: PlanInput, row: dict[str, Any]) -> None:
 
 
 class PlanInput:
-    """What the replay plan reads of each backend record of one log: the audit level's
-    narrow columns (`PLAN_COLUMNS`, as rows), or the driver records themselves as a reader
-    passes them (`add_record`, the same mapping as the audit level's; `add_records`, a
-    segment's at once, kept as arrays and planned at once when nothing else was added)."""
+    """What the record-by-record replay plan reads of each backend record of one log: the
+    audit level's narrow columns (`PLAN_COLUMNS`, as rows)."""
 
-    __slots__ = ("by_lsn", "held", "segments", "skips", "truncated", "where")
+    __slots__ = ("by_lsn", "held", "skips", "truncated", "where")
 
     def __init__(self, where: str = "log") -> None:
         self.where = where
         self.held = 0  # records added: refused past REPLAY_PLAN_RECORDS_MAX
         self.by_lsn: dict[int, replay.DriverRecord] = {}
-        self.segments: list[replay.RecordArrays] = []
         self.skips: list[tuple[int, int]] = []
         self.truncated = 0
 
@@ -151,8 +148,6 @@ class PlanInput:
         if kind in ("entry", "marker"):
             assert lsn is not None and start_dsn is not None and count is not None
             assert safe_dsn is not None and checksum is not None
-            if self.segments:
-                self._materialize()
             self.held += 1
             refuse_past_records_max(self.held, self.where)
             self.by_lsn[lsn] = replay.DriverRecord(lsn, start_dsn, count, safe_dsn, checksum)
@@ -162,68 +157,15 @@ class PlanInput:
             assert lsn is not None
             self.truncated = max(self.truncated, lsn)
 
-    def add_record(self, found: DriverRecord) -> None:
-        """`add` for one record as a reader passes it, mapped as the audit level maps it
-        (records.record_fields: one mapping for both)."""
-        fields = record_fields(found)
-        pairs = fields.skip_pairs
-        self.add(
-            fields.kind,
-            found.rec.lsn,
-            fields.start_dsn,
-            fields.record_count,
-            fields.safe_dsn,
-            fields.checksum,
-            [dsn for dsn, _ in pairs] if pairs else (),
-            [lsn for _, lsn in pairs] if pairs else (),
-        )
-
-    def add_records(self, found: SegmentRecords) -> None:
-        """`add_record` for every record of a segment read whole (its ENTRIES records and
-        markers, and its TRUNCATE frames), mapped as `record_fields` maps each: kept as
-        arrays (the segment's own, no copy) unless single records came first."""
-        self.segments.append(
-            replay.RecordArrays(
-                found.lsns, found.start_dsns, found.counts, found.safe_dsns, found.checksums
-            )
-        )
-        if self.by_lsn:
-            self._materialize()
-        if len(found.truncate_lsns):
-            self.truncated = max(self.truncated, int(found.truncate_lsns.max()))
-
     def plan(self, where: str, base: replay.BaseState) -> replay.ReplayPlan:
-        """The plan of every record added: at once (`plan_replay_arrays`) when they all came
-        from segments read whole, each LSN once; else record by record, a later record of
-        one LSN replacing an earlier one (`add`'s mapping)."""
-        if self.segments:
-            assert not self.by_lsn
-            joined = replay.RecordArrays(
-                *(
-                    np.concatenate([getattr(s, name) for s in self.segments])
-                    for name in _RECORD_ARRAY_FIELDS
-                )
-            )
-            lsns = np.sort(joined.lsns)
-            if not len(lsns) or bool((lsns[1:] > lsns[:-1]).all()):
-                return replay.plan_replay_arrays(joined, self.skips, self.truncated, where, base)
-            self._materialize()
+        """The plan of every record added, record by record, a later record of one LSN
+        replacing an earlier one."""
         return replay.plan_replay(self.by_lsn.values(), self.skips, self.truncated, where, base)
-
-    def _materialize(self) -> None:
-        """The segments' records into `by_lsn`, in the order they came, as `add` adds."""
-        for segment in self.segments:
-            for record in segment.records():
-                self.by_lsn[record.lsn] = record
-        self.segments = []
-
-
-_RECORD_ARRAY_FIELDS = ("lsns", "start_dsns", "counts", "safe_dsns", "checksums")
 
 
 class StreamInput:
     """A `PlanStream` shown the records as a reader passes them (entries.RecordSink), mapped
-    as `PlanInput` maps them (records.record_fields)."""
+    as the audit level maps them (records.record_fields: one mapping for both)."""
 
     __slots__ = ("stream",)
 

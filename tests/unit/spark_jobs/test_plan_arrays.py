@@ -18,10 +18,9 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from spark_jobs import plan_inputs, replay
+from spark_jobs import replay
 from spark_jobs.checkpoints import Checkpoint
 from spark_jobs.errors import SparkJobError
-from spark_jobs.walread_segments import SegmentRecords
 
 
 def _base(ckp_dsn: int | None) -> replay.BaseState:
@@ -112,60 +111,3 @@ def test_a_clean_log_is_planned_without_a_step_per_record(
     assert found == expected
     assert (found.first_dsn, found.last_dsn, found.safe_dsn) == (1, 177, 177)
     assert set(found.kept_lsns) == set(range(1, 60))
-
-
-def _segment(records: list[replay.DriverRecord], truncate_lsns: list[int]) -> SegmentRecords:
-    arrays = _arrays(records)
-    nothing = np.zeros(len(records), dtype=np.int64)
-    return SegmentRecords(
-        b"",
-        nothing,
-        arrays.lsns,
-        nothing,
-        nothing,
-        arrays.start_dsns,
-        arrays.counts,
-        arrays.safe_dsns,
-        arrays.checksums,
-        np.array(truncate_lsns, dtype=np.int64),
-    )
-
-
-@settings(max_examples=100, deadline=None)
-@given(st.integers(0, 2**32))
-def test_plan_input_from_segments_is_plan_input_from_records(seed: int) -> None:
-    """Segments (arrays), single records, and both in turn, with an LSN given twice (the
-    later one counts): one plan."""
-    rng = random.Random(seed)
-    records, _, truncated = _log(rng)
-    if records and rng.random() < 0.3:
-        again = rng.choice(records)
-        records.append(replay.DriverRecord(again.lsn, again.start_dsn + 1, 1, 0, 7))
-    cut = rng.randrange(0, len(records) + 1)
-    parts = [records[:cut], records[cut:]]
-    single = plan_inputs.PlanInput()
-    for record in records:
-        _add_single(single, record)
-    single.add("truncate", truncated, None, None, None, None, (), ())
-    by_segments = plan_inputs.PlanInput()
-    for index, part in enumerate(parts):
-        by_segments.add_records(_segment(part, [truncated] if index else []))
-    mixed = plan_inputs.PlanInput()  # one part as a segment, the other as single records
-    first_as_segment = rng.random() < 0.5
-    for index, part in enumerate(parts):
-        if (index == 0) == first_as_segment:
-            mixed.add_records(_segment(part, []))
-        else:
-            for record in part:
-                _add_single(mixed, record)
-    mixed.add("truncate", truncated, None, None, None, None, (), ())
-    expected = _outcome(lambda: single.plan("log", replay.EMPTY_BASE))
-    assert _outcome(lambda: by_segments.plan("log", replay.EMPTY_BASE)) == expected
-    assert _outcome(lambda: mixed.plan("log", replay.EMPTY_BASE)) == expected
-
-
-def _add_single(plan: plan_inputs.PlanInput, record: replay.DriverRecord) -> None:
-    """`record` added as one record read on its own (not from a whole segment)."""
-    kind = "entry" if record.count else "marker"
-    fields = (record.lsn, record.start_dsn, record.count, record.safe_dsn, record.checksum)
-    plan.add(kind, *fields, (), ())

@@ -32,6 +32,7 @@ from spark_jobs.errors import CopiesDisagree, LogHole, ReplayRefused
 from spark_jobs.filters import Range
 from spark_jobs.inputs import file_input
 from spark_jobs.jobs import JobParams
+from spark_jobs.plan_stream import PlanStream
 from spark_jobs.records import driver_records
 from spark_jobs.run import run_job
 from spark_jobs.walread import ReadOptions
@@ -285,25 +286,25 @@ def test_an_origin_command_is_read_and_changes_no_row(tmp_path: Path) -> None:
 
 
 def test_the_plan_reads_a_record_as_the_audit_level_does(tmp_path: Path) -> None:
-    """PlanInput gathered from the driver records as a reader passes them (one-read replay)
-    equals PlanInput from the audit level's rows (two-read replay), on a log with every kind
-    of record: entries, duplicates, a conflicting copy, a skip record, a marker, a truncation.
-    Both go through records.record_fields."""
+    """The streaming plan shown the driver records as a reader passes them (one-read
+    replay) ends in the state it reaches from the audit level's rows (two-read replay), on
+    a log with every kind of record: entries, duplicates, a conflicting copy, a skip record,
+    a marker, a truncation. Both go through records.record_fields."""
     wal = str(tmp_path / "wal")
     anomalies_log(wal)
     unit_params = JobParams("x", file_input(wal))
-    from_rows = plan_inputs.PlanInput()
     audit = walread.read_level(unit_params, ReadOptions("audit"))
-    for row in audit.select(plan_inputs.PLAN_COLUMNS).to_pylist():
-        from_rows.add(*(row[name] for name in plan_inputs.PLAN_COLUMNS))
-    from_records = plan_inputs.PlanInput()
+    from_rows = plan_inputs._stream_table(audit.select(plan_inputs.PLAN_COLUMNS), replay.EMPTY_BASE)
+    from_records = plan_inputs.StreamInput(0)
     for unit in unit_params.units():
         for found in driver_records(unit, "true", Range()):
             from_records.add_record(found)
-    assert from_rows.truncated > 0 and from_rows.skips and len(from_rows.by_lsn) > 5
-    assert from_records.by_lsn == from_rows.by_lsn
-    assert from_records.skips == from_rows.skips
-    assert from_records.truncated == from_rows.truncated
+    assert from_rows.truncated_lsn > 0 and from_rows.skip_lsns and from_rows.records > 5
+    assert not from_rows.contiguous  # the copies: this log is planned record by record
+    slots = PlanStream.__slots__
+    assert {s: getattr(from_records.stream, s) for s in slots} == {
+        s: getattr(from_rows, s) for s in slots
+    }
 
 
 def test_a_replay_in_bounded_memory_equals_the_unbounded_one(
