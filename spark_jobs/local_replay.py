@@ -421,8 +421,8 @@ def _replay_one_pass(
                 dsn_lo = int(dsns[0]) if dsn_lo is None else dsn_lo
                 dsn_hi = int(dsns[-1])
                 lowest = int(chunk.lsns[chosen].min())
-                lsn_replayed_min = lowest if lsn_replayed_min is None else lsn_replayed_min
-                lsn_replayed_min = min(lsn_replayed_min, lowest)
+                if lsn_replayed_min is None or lowest < lsn_replayed_min:
+                    lsn_replayed_min = lowest
                 newest = max(newest, int(decoded.commit_ts[chosen].max()))
                 replayed.add_chunk(decoded, chosen)
         stream = gathered.stream
