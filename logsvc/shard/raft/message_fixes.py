@@ -7,6 +7,7 @@ pysyncobj."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -21,6 +22,8 @@ from logsvc.shard.raft.adapter_base import (
     AdapterBase,
 )
 
+log = logging.getLogger("logsvc.raft")
+
 
 class MessageFixes(AdapterBase):
     """The message-routing part of `ShardRaft` (mixed in; it has no state of its own)."""
@@ -32,6 +35,8 @@ class MessageFixes(AdapterBase):
         if kind == _LEARNER:
             address = message.get("address")
             if isinstance(address, str) and not isinstance(node, TCPNode):
+                if self._logsvc_learners.get(node) != address:
+                    log.info("the learner at %s connected (read-only connection)", address)
                 self._logsvc_learners[node] = address
             return
         if kind in _PREVOTE_MESSAGES:

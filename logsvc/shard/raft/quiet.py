@@ -41,12 +41,18 @@ class Quiet(AdapterBase):
     def _logsvc_on_connection(self, node: Any, up: bool) -> None:
         """A connection to a peer came up or went down (inside a tick)."""
         self._logsvc_messages += 1  # the tick after it acts on it (reconnects, catch-up)
+        if self._logsvc_learner:
+            # Rare (a learner's few connections): said, so that a learner that does not
+            # catch up shows whether it ever reached its members.
+            log.info("learner: connection to %s %s", node.id, "up" if up else "down")
         if up and self._logsvc_learner:
             # pysyncobj's read-only node is anonymous: say which replica this is, so the
             # leader can tell when the learner an admin change started has caught up.
-            self._SyncObj__transport.send(
+            sent = self._SyncObj__transport.send(
                 node, {"type": _LEARNER, "address": self._logsvc_self_address}
             )
+            if not sent:
+                log.warning("learner: could not announce itself to %s", node.id)
         now_s = pysyncobj_syncobj.monotonicTime()
         address = str(node.id)
         if not up and self._logsvc_follows(address) and not self._logsvc_follower_q.quiet:

@@ -4,6 +4,7 @@ the tick's one sync (holes 1/2), routing received messages through `ShardRaft`'s
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -15,6 +16,8 @@ from logsvc.failpoints import enabled as failpoints_enabled
 from logsvc.failpoints import failpoint
 from logsvc.shard.raft import patches as _patches  # noqa: F401  (patched before use)
 from logsvc.store import ShardStore
+
+log = logging.getLogger("logsvc.raft")
 
 
 class _Journal(Protocol):
@@ -109,7 +112,9 @@ class _DurableMixin(Transport):  # type: ignore[misc]
 
     def _onReadonlyNodeDisconnected(self, node: Any) -> None:
         owner: TransportOwner = self._syncObj
-        owner._logsvc_learners.pop(node, None)
+        address = owner._logsvc_learners.pop(node, None)
+        if address is not None:
+            log.info("the learner at %s disconnected", address)
         super()._onReadonlyNodeDisconnected(node)
 
     def _onNodeDisconnected(self, node: Any) -> None:
