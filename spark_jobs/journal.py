@@ -25,6 +25,7 @@ Verification (`verify`):
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import chain
@@ -53,6 +54,7 @@ from logsvc.store import records
 from logsvc.store.meta import META_FILE_NAME, decode_meta
 from spark_jobs.errors import InputCorrupt
 from spark_jobs.inputs import JOURNAL_DIR, SNAPSHOT_FILE, journal_segments
+from spark_jobs.limits import LIVE_SEGMENT_READS_MAX, LIVE_SEGMENT_REREAD_PAUSE_S
 from spark_jobs.verify import (
     KIND_CORRUPT,
     KIND_TORN,
@@ -154,14 +156,7 @@ def read_journal(
             reason = f"gap or missing segment: expected first index {expected}"
             yield from _damage(path, name, 0, reason, KIND_CORRUPT, verify)
             break
-        data = _read_file(path)
-        read = records.read_segment_records(
-            data,
-            first_index,
-            newest=newest,
-            payload_bytes_max=records.PAYLOAD_BYTES_LIMIT,
-            verify=verify != VERIFY_FALSE,
-        )
+        data, read = _read_segment(path, first_index, newest, verify != VERIFY_FALSE)
         stopped = False
         for view, checksum in zip(read.records, read.checksums, strict=True):
             if view.index < log_start:
@@ -336,6 +331,34 @@ def _damage(
 
 def _damage_row(segment: str, offset: int, reason: str | None, kind: str) -> RaftEntry:
     return RaftEntry(segment, offset, None, None, kind, None, 0, None, 0, 0, None, False, reason)
+
+
+def _read_segment(
+    path: str, first_index: int, newest: bool, verify: bool
+) -> tuple[bytes, records.SegmentRecords]:
+    """A journal segment's bytes and records. The newest may be being written by a running
+    node: damage found there is read again, up to `LIVE_SEGMENT_READS_MAX` reads, and the
+    last read decides (spark_jobs/limits.py)."""
+    for _ in range((LIVE_SEGMENT_READS_MAX if newest else 1) - 1):
+        data = _read_file(path)
+        read = records.read_segment_records(
+            data,
+            first_index,
+            newest=newest,
+            payload_bytes_max=records.PAYLOAD_BYTES_LIMIT,
+            verify=verify,
+        )
+        if read.end != records.END_CORRUPT:
+            return data, read
+        time.sleep(LIVE_SEGMENT_REREAD_PAUSE_S)
+    data = _read_file(path)
+    return data, records.read_segment_records(
+        data,
+        first_index,
+        newest=newest,
+        payload_bytes_max=records.PAYLOAD_BYTES_LIMIT,
+        verify=verify,
+    )
 
 
 def _read_file(path: str) -> bytes:

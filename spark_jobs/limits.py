@@ -16,6 +16,19 @@ seconds over. 1 GiB is about 6M entries (172 bytes each in the benchmark): the l
 reads it in about 6 CPU-s and replay in about 12. `--master` (a cluster named by the user)
 or a run under spark-submit always means Spark, whatever the size."""
 
+LIVE_SEGMENT_READS_MAX = 3
+"""Reads of the newest segment of a log (a file WAL's or a logsvc journal's) that a job may
+make before it reports damage found there: the newest segment may be being written as the
+job reads it (a job beside a running engine or node), and a read that copies it while a
+write is copied in can see that write's first frame half-written and, descheduled in
+between, the frames after it whole: damage that is not on disk. The same rule as
+tae_driver's read-only look (`FILE_READ_ONLY_SCAN_ATTEMPTS_MAX`, where a CI run hit it);
+damage every read shows is reported, so a damaged log costs two more reads and pauses."""
+
+LIVE_SEGMENT_REREAD_PAUSE_S = 0.05
+"""Pause before reading the newest segment again: the writer's copy of one group write into
+the page cache takes well under a millisecond; 50 ms outlasts a descheduling of the reader."""
+
 PROGRESS_INTERVAL_S = 0.5
 """How often the local engine's progress line is redrawn (a terminal only): twice a second
 is smooth enough to see movement and costs one small /proc read each time."""

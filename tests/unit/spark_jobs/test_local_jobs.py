@@ -31,10 +31,12 @@ import pytest
 
 from logsvc.store import ShardStore
 from spark_jobs import __main__ as cli
+from spark_jobs import journal as journal_module
 from spark_jobs import local, output, walread
 from spark_jobs.errors import InputCorrupt, ReplayRefused
 from spark_jobs.inputs import file_input, logsvc_input
 from spark_jobs.jobs import JobParams
+from spark_jobs.limits import LIVE_SEGMENT_READS_MAX
 from spark_jobs.walread import ReadOptions
 from tests.unit.spark_jobs.logs import History, LogsvcLogs, engine_history, logsvc_history
 
@@ -219,6 +221,38 @@ def test_journal_torn_tail_and_corruption(logsvc_logs: LogsvcLogs, tmp_path: Pat
     reported = shard2_records(node, "report")
     assert reported[-1]["kind"] == "corrupt" and not reported[-1]["checksum_ok"]
     assert len(reported) < len(clean)  # nothing after the damage: its LSNs are unknowable
+
+
+def test_a_journal_segment_a_live_node_was_writing_is_read_again(
+    logsvc_logs: LogsvcLogs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job beside a running node: the first read of the newest segment saw damage with
+    whole records after it (a write being copied in); the second read is whole, and that
+    one decides. Damage every read shows is still reported, after LIVE_SEGMENT_READS_MAX
+    reads."""
+    node, segment = copy_node(logsvc_logs, tmp_path)
+    clean = shard2_records(node)
+    whole = Path(segment).read_bytes()
+    damaged = bytearray(whole)
+    damaged[len(damaged) // 2] ^= 0x01
+    real = journal_module._read_file
+    reads: list[int] = []
+    torn_reads = 1
+
+    def read_file(path: str) -> bytes:
+        if path != segment:
+            return real(path)
+        reads.append(1)
+        return bytes(damaged) if len(reads) <= torn_reads else whole
+
+    monkeypatch.setattr(journal_module, "_read_file", read_file)
+    assert shard2_records(node) == clean
+    assert len(reads) == 2
+    reads.clear()
+    torn_reads = 99
+    with pytest.raises(InputCorrupt):
+        shard2_records(node)
+    assert len(reads) == LIVE_SEGMENT_READS_MAX
 
 
 def test_a_compacted_journal_without_its_snapshot_is_refused(

@@ -24,6 +24,7 @@ import pytest
 from spark_jobs.errors import InputCorrupt
 from spark_jobs.filters import Bounds
 from spark_jobs.inputs import file_input, list_units
+from spark_jobs.limits import LIVE_SEGMENT_READS_MAX
 from spark_jobs.schemas import schema_from_json, signed64
 from spark_jobs.walread import ReadOptions, read_unit
 from tae_driver import limits as driver_limits
@@ -126,6 +127,57 @@ def test_bad_checksum_is_an_error_or_a_row(tmp_path: Path) -> None:
         ("corrupt", None),
     ]
     assert reported[-1]["error"].startswith("frame checksum mismatch; valid frames follow it")
+
+
+def _torn_at_first_reads(monkeypatch: pytest.MonkeyPatch, path: str, reads_torn: int) -> list[int]:
+    """`records.read_file` of the segment at `path`, its first `reads_torn` reads with the
+    second frame's body zeroed from its 10th byte on and the third frame whole: what a read
+    copying the newest segment while a writer copies a group write in can see. Returns the
+    list the reads are counted in."""
+    from spark_jobs import records as records_module
+
+    real = records_module.read_file
+    data = Path(path).read_bytes()
+    frames = wal_segment.read_segment_frames(data, path, newest=True).frames
+    assert len(frames) >= 3
+    lo, hi = frames[1].offset + driver_limits.FILE_FRAME_HEADER_BYTES + 10, frames[2].offset
+    torn = data[:lo] + bytes(hi - lo) + data[hi:]
+    reads: list[int] = []
+
+    def read_file(at: str) -> bytes:
+        if at != path:
+            return real(at)
+        reads.append(1)
+        return torn if len(reads) <= reads_torn else real(at)
+
+    monkeypatch.setattr(records_module, "read_file", read_file)
+    return reads
+
+
+def test_the_newest_segment_is_read_again_when_a_live_writer_was_copying_in(
+    clean: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job beside a running engine: its read of the newest segment saw a frame half-
+    written with a whole frame after it, which the segment rules call corruption. Read
+    again, it is whole: not damage, and the job reads every record (as tae_driver's
+    read-only look does, tests/unit/tae_driver/test_file_backend_v2.py)."""
+    [unit] = list_units(file_input(clean))
+    assert unit.newest
+    reads = _torn_at_first_reads(monkeypatch, unit.path, reads_torn=1)
+    rows = read(clean, "record", "report")  # "report": the per-record path, never the fast one
+    assert [(r["kind"], r["lsn"]) for r in rows] == [("entry", lsn) for lsn in (1, 1, 2, 2, 3, 3)]
+    assert len(reads) == 2
+
+
+def test_damage_every_read_of_the_newest_segment_shows_is_reported(
+    clean: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    [unit] = list_units(file_input(clean))
+    reads = _torn_at_first_reads(monkeypatch, unit.path, reads_torn=99)
+    rows = read(clean, "record", "report")
+    assert [r["kind"] for r in rows] == ["entry", "entry", "corrupt"]
+    assert rows[-1]["error"].startswith("frame checksum mismatch; valid frames follow it")
+    assert len(reads) == LIVE_SEGMENT_READS_MAX
 
 
 def test_empty_segment(tmp_path: Path) -> None:
