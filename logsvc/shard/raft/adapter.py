@@ -115,10 +115,17 @@ class ShardRaft(Quiet, Elections, MessageFixes, SnapshotPoints):
       `_isLeader`, `_getLeader`     role and leader (no public equivalent)
       `_TcpConnection__lastReadTime`  a quiet shard's connection is not timed out while
                                     its peer's node is live (`_logsvc_refresh_connections`)
+    In listener.py, `SteadyServer` (the Raft listener a failed accept does not close):
+      `_TcpServer__onNewConnection` replaced; `_TcpServer__socket`, `_TcpServer__poller`,
+      `_TcpServer__host`, `_TcpServer__port`, `_TcpServer__sendBufferSize`,
+      `_TcpServer__recvBufferSize`, `_TcpServer__connectionTimeout`,
+      `_TcpServer__keepalive`, `_TcpServer__onNewConnectionCallback` read to set up an
+      accepted connection as pysyncobj does.
     On its behalf elsewhere in this package: transport.py overrides the transport's
     `send`, `addNode`, `setOnMessageReceivedCallback` and `_on(Readonly)Node(Dis)connected`
-    hooks, and `_connectIfNecessarySingle` (dials to a node that refused are coalesced per
-    node, liveness.py); journal.py subclasses pysyncobj's `Journal`; patches.py replaces the module
+    hooks, `_connectIfNecessarySingle` (dials to a node that refused are coalesced per
+    node, liveness.py) and `_createServer` (the listener, listener.py); journal.py
+    subclasses pysyncobj's `Journal`; patches.py replaces the module
     globals `createJournal`, `createPoller`, `PIPE_NOTIFIER_ENABLED`, the pickle protocol,
     `tcp_connection.zlib` and (simulator only) `monotonicTime`.
     """

@@ -15,6 +15,7 @@ from pysyncobj.transport import TCPTransport, Transport
 from logsvc.failpoints import enabled as failpoints_enabled
 from logsvc.failpoints import failpoint
 from logsvc.shard.raft import patches as _patches  # noqa: F401  (patched before use)
+from logsvc.shard.raft.listener import SteadyServer
 from logsvc.store import ShardStore
 
 log = logging.getLogger("logsvc.raft")
@@ -154,7 +155,22 @@ class _DurableMixin(Transport):  # type: ignore[misc]
 
 
 class _DurableTransport(_DurableMixin, TCPTransport):  # type: ignore[misc]
-    """The durable transport over pysyncobj's TCP transport (production)."""
+    """The durable transport over pysyncobj's TCP transport (production), with a listener
+    that a failed accept does not close (listener.py)."""
+
+    def _createServer(self) -> None:
+        super()._createServer()
+        SteadyServer.adopt(self._server, self._listener_lost)
+
+    def _listener_lost(self) -> None:
+        """The listener closed after an error event: bind it again now; failing that, the
+        transport is not ready and pysyncobj binds it again every bindRetryTime (its start's
+        rule; the replica ticks for that, `_logsvc_next_wakeup_s`)."""
+        try:
+            self._server.bind()
+        except OSError as exc:
+            log.warning("binding the Raft listener again failed (%s): retried", exc)
+            self._ready = False
 
 
 _DURABLE_CLASSES: dict[type, type] = {TCPTransport: _DurableTransport}

@@ -4,8 +4,9 @@ adapter that alone touches pysyncobj, each reach-in listed with why").
 
 How: every module of logsvc/ and spark_jobs/ is parsed (ast, so a docstring naming a
 private does not count); the name-mangled privates of pysyncobj's classes (`_SyncObj__x`,
-`_TcpConnection__x`, `_FastQueue__x`) it reads, writes, defines or declares are collected;
-outside the adapter's modules there must be none, and inside each must be listed."""
+`_TcpConnection__x`, `_TcpServer__x`, `_FastQueue__x`) it reads, writes, defines or
+declares are collected; outside the adapter's modules there must be none, and inside each
+must be listed."""
 
 from __future__ import annotations
 
@@ -16,9 +17,17 @@ from pathlib import Path
 from logsvc.shard.raft.adapter import ShardRaft
 
 ROOT = Path(__file__).resolve().parents[3]
-_PARTS = ("adapter", "adapter_base", "elections", "message_fixes", "quiet", "snapshot_points")
+_PARTS = (
+    "adapter",
+    "adapter_base",
+    "elections",
+    "listener",
+    "message_fixes",
+    "quiet",
+    "snapshot_points",
+)
 ADAPTER_MODULES = frozenset(f"logsvc/shard/raft/{name}.py" for name in _PARTS)
-_MANGLED = re.compile(r"^_(SyncObj|TcpConnection|FastQueue)__\w+$")
+_MANGLED = re.compile(r"^_(SyncObj|TcpConnection|TcpServer|FastQueue)__\w+$")
 
 
 def _privates(path: Path) -> set[str]:
