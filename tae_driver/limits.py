@@ -102,7 +102,8 @@ few attempts always meet a quiet moment. Bounded so a broken directory cannot sp
 FILE_READ_ONLY_SCAN_ATTEMPTS_MAX = 3
 """Reads of a segment a read-only look makes before it reports damage in it: a writer's
 group write being copied into the file while the look copies it out can show as a torn
-frame followed by whole ones (file.py `_scan_live`); damage on disk shows in every read."""
+frame followed by whole ones (file_read_only.py `_scan_live`); damage on disk shows in every
+read."""
 
 FILE_READ_ONLY_RESCAN_PAUSE_S = 0.05
 """The pause before such a read again: a group write is copied into the page cache in

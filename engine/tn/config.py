@@ -49,10 +49,6 @@ from engine.tn import limits
 from engine.tn.limits import ClientOptions
 from engine.tn.watch import WatchPolicy
 from logsvc.client_config import client_address, load_client_config
-
-# Shared with logsvc's node and client configs on purpose (the module docstring); these are
-# logsvc.config's private helpers, used here rather than copied.
-from logsvc.config import LOG_FORMATS, LOG_LEVELS, _address, _Table
 from logsvc.config_files import (
     CONFIG_FILE_BYTES_MAX,
     SECRET_FILE_MODE_FORBIDDEN,
@@ -61,6 +57,11 @@ from logsvc.config_files import (
     read_secret_file,
     toml_error_rule,
 )
+
+# Shared with logsvc's node and client configs on purpose (the module docstring); these are
+# logsvc.config_table's private helpers, used here rather than copied.
+from logsvc.config_table import _address, _Table
+from logsvc.node_config import LOG_FORMATS, LOG_LEVELS
 
 __all__ = [
     "CNConfig",

@@ -26,7 +26,7 @@ from collections.abc import Collection
 from typing import TYPE_CHECKING, Final
 
 from logsvc.admin.errors import AlreadyAReplica, ChangeRefused, NotAReplica, UnknownNode
-from logsvc.config import REPLICA_COUNTS
+from logsvc.node_config import REPLICA_COUNTS
 
 if TYPE_CHECKING:
     from logsvc.admin.status import ShardStatus

@@ -13,7 +13,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Final
 
-from logsvc.config import NODE_ID_CHARS_MAX, PORT_MAX
+from logsvc.config_files import PORT_MAX
+from logsvc.node_config import NODE_ID_CHARS_MAX
 from logsvc.shard.limits import U64_MAX
 
 # A node id, as the config accepts it (logsvc.config._NODE_ID): path parameters and bodies

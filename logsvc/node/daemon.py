@@ -19,12 +19,13 @@ from concurrent.futures import ThreadPoolExecutor
 from logsvc import gc_tuning
 from logsvc.admin.app import create_app
 from logsvc.admin.metrics import Metrics
-from logsvc.config import ConfigError, NodeConfig, load_node_config, main_config_error
+from logsvc.config import ConfigError, load_node_config, main_config_error
 from logsvc.node.admin_server import AdminServer
 from logsvc.node.hosting import ShardHosting
 from logsvc.node.leader_balancer import LeaderBalancer
 from logsvc.node.node_view import DaemonNodeView
 from logsvc.node.server import DataPlaneServer
+from logsvc.node_config import NodeConfig
 from logsvc.shard.liveness import NodeLiveness
 from logsvc.shard.raft.config import CONNECTION_RETRY_MS_DEFAULT
 from logsvc.shard.raft.patches import monotonic_s

@@ -31,11 +31,11 @@ import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 
-from logsvc.config import NodeConfig
 from logsvc.node import placement as node_placement
 from logsvc.node.limits import ServerLimits
 from logsvc.node.server import DataPlaneServer
 from logsvc.node.shard_host import ShardHost
+from logsvc.node_config import NodeConfig
 from logsvc.shard import small_file
 from logsvc.shard.raft.config import RaftFatal
 from logsvc.shard.replica import ShardReplica

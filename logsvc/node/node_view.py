@@ -35,11 +35,11 @@ from typing import Any, Final
 from logsvc.admin import changes, errors
 from logsvc.admin.metrics import Metrics
 from logsvc.admin.status import ClusterInfo, NodeRef, ReplicaStatus, ShardPlacement, ShardStatus
-from logsvc.config import NodeConfig
 from logsvc.node import peer_admin
 from logsvc.node.hosting import ShardHosting
 from logsvc.node.server import DataPlaneServer
 from logsvc.node.shard_host import ShardHost
+from logsvc.node_config import NodeConfig
 from logsvc.shard.commands import NotLeaseHolder as ShardNotLeaseHolder
 from logsvc.shard.commands import StaleEpoch, Truncated
 from logsvc.shard.raft.config import RaftFatal

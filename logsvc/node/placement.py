@@ -28,7 +28,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from logsvc.config import ShardConfig
+from logsvc.node_config import ShardConfig
 from logsvc.shard import small_file
 from logsvc.store.fs import FileSystem
 

@@ -23,9 +23,9 @@ local backend, for an engine that runs without a log service and for benchmarks.
   torn tail), a torn tail is cut (ftruncate) and the space is allocated again as the writer
   reaches it. Segments of versions 1 and 2 are read as before and never appended to.
 * **Off the loop**: every blocking disk call runs off the loop: group writes and syncs in the
-  syncer thread (which alone touches the active segment's descriptor, `_Writer`), the open
-  scan, reads, unlinks and renames in `asyncio.to_thread`. Only the loop mutates the
-  in-memory index, from each group's result.
+  syncer thread (which alone touches the active segment's descriptor, `_Writer`, in
+  file_writer.py), the open scan, reads, unlinks and renames in `asyncio.to_thread`. Only
+  the loop mutates the in-memory index, from each group's result.
 * **Truncate** writes a TRUNCATE frame into the active segment (durable before the call
   returns), then deletes every older segment whose records are all <= the LSN, except the one
   that holds the newest TRUNCATE frame, and fsyncs the directory. Whole files only.
@@ -36,14 +36,15 @@ local backend, for an engine that runs without a log service and for benchmarks.
   changed (issue 20). The newest segment is then fdatasynced (a process crash may have left
   its frames in the page cache only: nothing unsynced is served or counted in a hint), and
   if it is a version 1 segment a new version 2 one is rolled (frames of one version never
-  go into a file of another). `repair.py` moves a damaged suffix aside on request.
+  go into a file of another): file_recovery.py. `repair.py` moves a damaged suffix aside on
+  request.
 * **Failure**: a failed write or fsync leaves the file in an unknown state (fsyncgate), so
   the backend fails every pending and later call with `BackendFailed` until reopened; the
   reopen's scan decides what survived.
 * **Read-only** (`open(dir, read_only=True)`, issue 20): a tool's look at a log, maybe beside
   a running writer: no lock, and nothing created, cut, deleted or synced; `_open_read_only`.
   Damage it finds is read again before it is reported (a write being copied in can look
-  torn to a read copying the file out: `_scan_live`).
+  torn to a read copying the file out: `_scan_live`, file_read_only.py).
 
 Crash cases (power loss may drop unsynced bytes and tear the last write):
 
@@ -72,29 +73,31 @@ from __future__ import annotations
 import asyncio
 import bisect
 import fcntl
-import itertools
 import os
-import time
 from array import array
-from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from tae_driver import limits
 from tae_driver.backend import AppendDone, Record
 from tae_driver.backends import segment
-from tae_driver.backends.segment import FrameType, SegmentScan
+from tae_driver.backends.file_read_only import scan_read_only
+from tae_driver.backends.file_recovery import _Segment, recover
+from tae_driver.backends.file_writer import (
+    Fsync,
+    _GroupResult,
+    _header_bytes,
+    _Pending,
+    _take_group,
+    _Writer,
+    write_group,
+)
+from tae_driver.backends.segment import FrameType
 from tae_driver.backends.segment_files import (
-    TMP_SUFFIX,
     ReadStep,
     close_fds,
-    create_segment,
     delete_segments,
-    fsync_dir,
     lock_holder,
     note_lock_holder,
-    pwrite_all,
-    read_all,
     read_sync,
 )
 from tae_driver.backends.syncer import GroupSyncer
@@ -104,69 +107,9 @@ from tae_driver.errors import (
     BackendFailed,
     BackendLocked,
     OutOfRange,
-    StorageCorruption,
 )
 
 LOCK_FILE_NAME = "LOCK"
-
-Fsync = Callable[[int], None]
-
-
-@dataclass(slots=True)
-class _Segment:
-    path: str
-    base_lsn: int
-    record_offsets: array[int]
-    record_frame_bytes: array[int]
-    size_bytes: int
-    truncate_lsn_max: int = 0
-    version: int = segment.SEGMENT_VERSION
-
-    @property
-    def last_lsn(self) -> int:
-        return self.base_lsn + len(self.record_offsets) - 1
-
-
-@dataclass(slots=True)
-class _Pending:
-    """An append or truncate waiting for a group write. Its frame is encoded only when the
-    group is written, because the frame carries the durable LSN as of that write. `done` is
-    called on the loop with (lsn, None) once durable, or (lsn, error)."""
-
-    frame_type: FrameType
-    lsn: int
-    body: bytes
-    done: AppendDone
-
-    @property
-    def frame_bytes(self) -> int:
-        return limits.FILE_FRAME_HEADER_BYTES + len(self.body)
-
-
-@dataclass(frozen=True, slots=True)
-class _GroupResult:
-    """What the syncer thread wrote and synced; applied to the index on the loop."""
-
-    offset_bytes: int
-    """Where the group's first frame starts in the active segment."""
-    frame_bytes: tuple[int, ...]
-    durable_lsn: int
-    rotated_to: tuple[str, int] | None
-    """(path, base_lsn) of the segment created after this group, which is now active."""
-
-
-@dataclass(slots=True)
-class _Writer:
-    """The active segment as the syncer thread writes it. After open only that thread reads
-    or changes it (the loop reads `written_lsn` for tests, and `fd` after the thread ended)."""
-
-    fd: int
-    offset_bytes: int
-    """Where the next frame goes: the end of the last written frame."""
-    allocated_bytes: int
-    """The file's size: zeros from `offset_bytes` to here (v3 preallocation)."""
-    durable_lsn: int
-    written_lsn: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,143 +223,19 @@ class FileBackend:
         preallocate_bytes: int,
         fsync: Fsync,
     ) -> FileBackend:
-        # Everything is checked before anything is changed: a refused open (corruption)
-        # leaves every byte and every name of the directory as it was (issue 20).
-        names = sorted(os.listdir(dir_path))
-        tmp_names = [name for name in names if name.endswith(TMP_SUFFIX)]
-        bases = sorted(
-            base for name in names if (base := segment.parse_segment_file_name(name)) is not None
-        )
-        scans: list[tuple[str, SegmentScan]] = []
-        for index, base in enumerate(bases):
-            path = os.path.join(dir_path, segment.segment_file_name(base))
-            with open(path, "rb") as handle:
-                data = handle.read()
-            scan = segment.scan_segment(data, path, newest=index == len(bases) - 1)
-            if scan.base_lsn != base:
-                raise StorageCorruption(path, 16, f"header base LSN {scan.base_lsn} != name")
-            scans.append((path, scan))
-        truncated_lsn = max((scan.truncate_lsn_max for _, scan in scans), default=0)
-        # Finish an interrupted truncation: drop leading segments wholly at or below the
-        # truncated LSN, never the newest one nor the one holding the newest TRUNCATE frame.
-        keep_from = 0
-        while keep_from < len(scans) - 1:
-            scan = scans[keep_from][1]
-            if scan.last_lsn > truncated_lsn or scan.truncate_lsn_max == truncated_lsn > 0:
-                break
-            keep_from += 1
-        doomed = [path for path, _ in scans[:keep_from]]
-        scans = scans[keep_from:]
-        segments = [
-            _Segment(
-                path,
-                scan.base_lsn,
-                scan.record_offsets,
-                scan.record_frame_bytes,
-                scan.valid_bytes,
-                scan.truncate_lsn_max,
-                scan.version,
-            )
-            for path, scan in scans
-        ]
-        for previous, current in itertools.pairwise(segments):
-            if current.base_lsn != previous.last_lsn + 1:
-                raise StorageCorruption(
-                    current.path,
-                    16,
-                    f"base LSN {current.base_lsn} after {previous.last_lsn}",
-                    lsn_lo=previous.last_lsn + 1,
-                )
-        if segments and segments[0].base_lsn > truncated_lsn + 1:
-            raise StorageCorruption(
-                segments[0].path, 16, f"LSNs {truncated_lsn + 1}.. are missing below this segment"
-            )
-        # Nothing refused: now repair what crashes leave.
-        dir_syncs = 0
-        deleted = 0
-        for name in tmp_names:
-            os.unlink(os.path.join(dir_path, name))  # an unfinished segment creation
-            deleted += 1
-        torn_bytes_cut = 0
-        if scans and scans[-1][1].torn_offset is not None:
-            path, scan = scans[-1]
-            torn_bytes_cut = scan.written_bytes - scan.valid_bytes
-            fd = os.open(path, os.O_WRONLY)
-            try:
-                os.ftruncate(fd, scan.valid_bytes)
-                fsync(fd)
-            finally:
-                os.close(fd)
-        for path in doomed:
-            os.unlink(path)
-            deleted += 1
-        if deleted:
-            fsync_dir(dir_path)
-            dir_syncs += 1
-        # The first allocation of a new segment: one step, within the rotation size.
-        first_allocation = min(preallocate_bytes, segment_bytes_max - _header_bytes())
-        allocated_bytes = 0
-        if segments:
-            # What the newest segment holds may be in the page cache only (a process crash):
-            # sync it before anything is served or stamped durable in a frame's hint. No
-            # O_APPEND: the writer writes at its offset, into the preallocated zeros.
-            fd = os.open(segments[-1].path, os.O_WRONLY)
-            try:
-                fsync(fd)
-                allocated_bytes = os.fstat(fd).st_size
-            except BaseException:
-                os.close(fd)
-                raise
-        if segments and segments[-1].version != segment.SEGMENT_VERSION:
-            # Never append frames of one version to a segment of another: roll to a new one.
-            os.close(fd)
-            old = segments[-1]
-            base_lsn = max(old.last_lsn, truncated_lsn) + 1
-            if base_lsn > old.base_lsn:
-                path, fd = create_segment(dir_path, base_lsn, b"", first_allocation)
-                segments.append(_Segment(path, base_lsn, array("Q"), array("Q"), _header_bytes()))
-            else:
-                # It holds no record, so the new segment has its name: replace it (one
-                # rename), keeping the truncation mark it may hold (without it, the LSNs
-                # below would look missing).
-                mark = b""
-                if old.truncate_lsn_max:
-                    mark = segment.encode_frame(
-                        FrameType.TRUNCATE, old.truncate_lsn_max, b"", durable_lsn=base_lsn - 1
-                    )
-                path, fd = create_segment(dir_path, base_lsn, mark, first_allocation)
-                segments[-1] = _Segment(
-                    path,
-                    base_lsn,
-                    array("Q"),
-                    array("Q"),
-                    _header_bytes() + len(mark),
-                    old.truncate_lsn_max,
-                )
-            dir_syncs += 1
-            allocated_bytes = _header_bytes() + first_allocation
-        if not segments:
-            path, fd = create_segment(dir_path, truncated_lsn + 1, b"", first_allocation)
-            dir_syncs += 1
-            segments = [_Segment(path, truncated_lsn + 1, array("Q"), array("Q"), _header_bytes())]
-            allocated_bytes = _header_bytes() + first_allocation
-        durable_lsn = max(segments[-1].last_lsn, truncated_lsn)
-        active = segments[-1]
-        writer = _Writer(
-            fd, active.size_bytes, max(allocated_bytes, active.size_bytes), durable_lsn, durable_lsn
-        )
+        found = recover(dir_path, segment_bytes_max, preallocate_bytes, fsync)
         return cls(
             dir_path,
             lock_fd,
-            segments,
-            writer,
-            truncated_lsn,
+            found.segments,
+            found.writer,
+            found.truncated_lsn,
             segment_bytes_max=segment_bytes_max,
             preallocate_bytes=preallocate_bytes,
             fsync=fsync,
-            torn_bytes_cut=torn_bytes_cut,
-            dir_syncs=dir_syncs,
-            segments_deleted=deleted,
+            torn_bytes_cut=found.torn_bytes_cut,
+            dir_syncs=found.dir_syncs,
+            segments_deleted=found.segments_deleted,
         )
 
     @classmethod
@@ -450,52 +269,7 @@ class FileBackend:
     def _scan_read_only(
         cls, dir_path: str, segment_bytes_max: int, fds: dict[str, int]
     ) -> FileBackend:
-        bases = sorted(
-            base
-            for name in os.listdir(dir_path)
-            if (base := segment.parse_segment_file_name(name)) is not None
-        )
-        scans: list[tuple[str, SegmentScan]] = []
-        for index, base in enumerate(bases):
-            path = os.path.join(dir_path, segment.segment_file_name(base))
-            fds[path] = fd = os.open(path, os.O_RDONLY)
-            scan = _scan_live(fd, path, newest=index == len(bases) - 1)
-            if scan.base_lsn != base:
-                raise StorageCorruption(path, 16, f"header base LSN {scan.base_lsn} != name")
-            scans.append((path, scan))
-        truncated_lsn = max((scan.truncate_lsn_max for _, scan in scans), default=0)
-        keep_from = 0  # as `_recover`, without the deletion
-        while keep_from < len(scans) - 1:
-            scan = scans[keep_from][1]
-            if scan.last_lsn > truncated_lsn or scan.truncate_lsn_max == truncated_lsn > 0:
-                break
-            keep_from += 1
-        for path, _ in scans[:keep_from]:
-            os.close(fds.pop(path))
-        segments = [
-            _Segment(
-                path,
-                s.base_lsn,
-                s.record_offsets,
-                s.record_frame_bytes,
-                s.valid_bytes,
-                s.truncate_lsn_max,
-                s.version,
-            )
-            for path, s in scans[keep_from:]
-        ]
-        for previous, current in itertools.pairwise(segments):
-            if current.base_lsn != previous.last_lsn + 1:
-                raise StorageCorruption(
-                    current.path, 16, f"base LSN {current.base_lsn} after {previous.last_lsn}"
-                )
-        if segments and segments[0].base_lsn > truncated_lsn + 1:
-            raise StorageCorruption(
-                segments[0].path, 16, f"LSNs {truncated_lsn + 1}.. are missing below this segment"
-            )
-        if not segments:  # a stand-in that is never read: `_durable_lsn` is `truncated_lsn`
-            path = os.path.join(dir_path, segment.segment_file_name(truncated_lsn + 1))
-            segments = [_Segment(path, truncated_lsn + 1, array("Q"), array("Q"), _header_bytes())]
+        segments, truncated_lsn = scan_read_only(dir_path, fds)
         backend = cls(
             dir_path,
             -1,
@@ -659,47 +433,17 @@ class FileBackend:
         self._idle.clear()
 
     def _write_group(self, group: list[_Pending]) -> _GroupResult:
-        """In the syncer thread: write the group's frames at the writer's offset with one
-        pwrite, one fdatasync, and roll to a new segment past the rotation size."""
+        """In the syncer thread: `file_writer.write_group` on the active segment."""
         writer = self._writer
         assert writer is not None
-        # Every frame of the group carries the durable LSN as of this group write: the
-        # previous group's fsync returned before this one starts (FORMAT.md: what the hint
-        # proves on recovery).
-        assert writer.written_lsn == writer.durable_lsn
-        durable_lsn = writer.durable_lsn
-        encode = segment.encode_frame
-        frames = [
-            encode(item.frame_type, item.lsn, item.body, durable_lsn=durable_lsn) for item in group
-        ]
-        data = b"".join(frames)
-        last_lsn = max(
-            (item.lsn for item in group if item.frame_type is FrameType.RECORD),
-            default=durable_lsn,
+        return write_group(
+            writer,
+            group,
+            self._dir_path,
+            self._segment_bytes_max,
+            self._preallocate_bytes,
+            self._fsync,
         )
-        offset = writer.offset_bytes
-        end = offset + len(data)
-        if end > writer.allocated_bytes:
-            # Allocate the next step of zeros: this group's fdatasync commits the new size
-            # once, the next groups' write into allocated space.
-            want = min(max(self._segment_bytes_max, end), end + self._preallocate_bytes)
-            os.posix_fallocate(writer.fd, writer.allocated_bytes, want - writer.allocated_bytes)
-            writer.allocated_bytes = want
-        pwrite_all(writer.fd, data, offset)
-        writer.written_lsn = last_lsn
-        self._fsync(writer.fd)
-        writer.durable_lsn = last_lsn
-        writer.offset_bytes = end
-        rotated_to = None
-        if end >= self._segment_bytes_max:
-            first = min(self._preallocate_bytes, self._segment_bytes_max - _header_bytes())
-            path, new_fd = create_segment(self._dir_path, last_lsn + 1, b"", first)
-            os.close(writer.fd)
-            writer.fd = new_fd
-            writer.offset_bytes = _header_bytes()
-            writer.allocated_bytes = _header_bytes() + first
-            rotated_to = (path, last_lsn + 1)
-        return _GroupResult(offset, tuple(len(f) for f in frames), last_lsn, rotated_to)
 
     def _group_done(
         self, group: list[_Pending], result: _GroupResult | None, error: BaseException | None
@@ -786,39 +530,6 @@ class FileBackend:
             index += 1
         assert plan
         return plan
-
-
-def _scan_live(fd: int, path: str, *, newest: bool) -> SegmentScan:
-    """A segment's scan as a read-only look sees it beside a writer that may be appending
-    to it: damage found is read again, up to `FILE_READ_ONLY_SCAN_ATTEMPTS_MAX` times, and
-    reported only if every read shows it. A read that copies the file while a group write
-    is being copied into it can see that write's first frame half-written and, having been
-    descheduled in between, the frames written after it whole: "corruption" that is not on
-    disk (a CI run: `engine tables` beside a running engine, frame checksum mismatch at
-    the last durable frame, a valid frame after it)."""
-    for _ in range(limits.FILE_READ_ONLY_SCAN_ATTEMPTS_MAX - 1):
-        try:
-            return segment.scan_segment(read_all(fd), path, newest=newest)
-        except StorageCorruption:
-            time.sleep(limits.FILE_READ_ONLY_RESCAN_PAUSE_S)
-    return segment.scan_segment(read_all(fd), path, newest=newest)  # the last read decides
-
-
-def _header_bytes() -> int:
-    return limits.FILE_SEGMENT_HEADER_BYTES
-
-
-def _take_group(queue: deque[_Pending]) -> list[_Pending]:
-    """The next group: everything queued, up to `FILE_SYNC_BATCH_*` (at least one item)."""
-    group: list[_Pending] = []
-    size_bytes = 0
-    while queue and len(group) < limits.FILE_SYNC_BATCH_FRAMES_MAX:
-        frame_bytes = queue[0].frame_bytes
-        if group and size_bytes + frame_bytes > limits.FILE_SYNC_BATCH_BYTES_MAX:
-            break
-        group.append(queue.popleft())
-        size_bytes += frame_bytes
-    return group
 
 
 def _completer(future: asyncio.Future[int]) -> AppendDone:

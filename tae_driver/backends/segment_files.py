@@ -1,11 +1,12 @@
 """The file backend's operations on segment files and the directory (blocking; run off the
 loop: in the syncer thread or `asyncio.to_thread`).
 
-Why a module of its own: `file.py` holds the backend's decisions (what to cut, what to
-delete, when to acknowledge); these are the system calls it makes, each with the order that
-makes it crash-safe: a segment is created as `*.tmp`, given its header and its allocated
-zeros, fsynced, renamed and the directory fsynced (so a segment with its final name always
-has a whole header and its allocation); deletions go oldest first, then one directory fsync.
+Why a module of its own: `file.py` and its open (`file_recovery.py`) hold the backend's
+decisions (what to cut, what to delete, when to acknowledge); these are the system calls
+it makes, each with the order that makes it crash-safe: a segment is created as `*.tmp`,
+given its header and its allocated zeros, fsynced, renamed and the directory fsynced (so a
+segment with its final name always has a whole header and its allocation); deletions go
+oldest first, then one directory fsync.
 """
 
 from __future__ import annotations

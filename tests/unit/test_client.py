@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from logsvc.async_client import _Lanes
 from logsvc.client import (
     Client,
     ClientOptions,
@@ -33,10 +34,9 @@ from logsvc.client import (
     SyncClient,
     TooManyInFlight,
     UnknownShard,
-    _Connection,
-    _Lanes,
     connect,
 )
+from logsvc.client_connection import _Connection
 from logsvc.config_files import ConfigError
 from logsvc.wire import messages as wire
 from logsvc.wire.frames import FrameDecoder

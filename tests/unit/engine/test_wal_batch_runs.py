@@ -13,7 +13,7 @@ import numpy as np
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from engine.wal import batch
+from engine.wal import batch_gather as batch
 
 
 @settings(max_examples=200, deadline=None)

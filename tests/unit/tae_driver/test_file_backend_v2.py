@@ -413,7 +413,7 @@ def _torn_at_first_read(
     """The read-only scan's reads of a segment, the first `reads_torn` of them with bytes
     [lo, hi) zeroed: as a read copying the file while a writer's group write is copied in
     can see it. Returns the list the reads are counted in."""
-    from tae_driver.backends import file as file_backend
+    from tae_driver.backends import file_read_only as file_backend
     from tae_driver.backends.segment_files import read_all as real
 
     reads: list[int] = []
