@@ -43,6 +43,10 @@ Hole (pysyncobj.md §8.4)                 Fix
                                            (docs/decisions/0003-raft-seal.md)
 13 commit index hint                      never persisted: it restarts at the log start and
                                            is relearned from the leader (clamped by design)
+(listener)  closed for good by one failed   `listener.SteadyServer`: a failed accept
+accept (EMFILE...) or error event           (EMFILE when descriptors run out...) is logged
+                                           and costs that attempt only; an error event on
+                                           the listening socket binds it again
 Quiescence (quiescence.py, liveness.py; 0005): an idle shard's leader and followers agree
 to stop heartbeats and election timers; our own messages (`logsvc_quiesce`, its ack,
 `logsvc_alive` for node liveness) ride on the shard's Raft connection and never reach
@@ -60,10 +64,12 @@ reader of journal files does not load pysyncobj):
 - `patches`: the import-time patches of pysyncobj and the simulator's clock seam.
 - `journal`: `StoreJournal`, pysyncobj's journal over the shard store.
 - `transport`: the durable transport (replies after the tick's sync) and `_DialNode`.
+- `listener`: the Raft listener a failed accept does not close.
 - `snapshot_transfer`: the snapshot file shipped, received and written durably.
 - `chunks`: a large entry's AppendEntries chunks reassembled before the checks.
 - `adapter`: `ShardRaft`, the one class that reaches into pysyncobj's privates, assembled
   from its parts by concern: `adapter_base` (the shared state, our message kinds),
-  `message_fixes`, `elections`, `quiet`, `snapshot_points` (only these touch them).
+  `message_fixes`, `elections`, `quiet`, `snapshot_points` (only these and `listener`
+  touch them).
 - `node`: `RaftNode`, what the replica and the scheduler drive.
 """
