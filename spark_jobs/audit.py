@@ -16,10 +16,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from spark_jobs import jobs
+from spark_jobs.audit_stream import stream_audit
 from spark_jobs.jobs import JobParams, JobResult
 from spark_jobs.limits import AUDIT_HELD_BYTES_MAX
 from spark_jobs.verify import VERIFY_REPORT
-from spark_jobs.walread import LEVEL_AUDIT, ReadOptions, read_level, read_unit
+from spark_jobs.walread import LEVEL_AUDIT, ReadOptions, read_unit
 
 
 def lsn_audit(params: JobParams) -> JobResult:
@@ -60,19 +61,24 @@ def audit_of(
             held_bytes += batch.nbytes
             if held_bytes > AUDIT_HELD_BYTES_MAX:
                 held = None
-        if not streamed.add(batch):
-            break
+        if streamed.clean:
+            streamed.add(batch)
+        if not streamed.clean and held is None:
+            break  # neither streamed nor held: read again below
     if streamed.clean:
         return None if not streamed.rows else ([], streamed.summary(replica, shard))
-    # Something to report: the whole log's audit, column-wise (it grows with the log).
-    if held is not None:
-        records = pa.Table.from_batches([*held, *batches], schema=options.schema())
-    else:  # read again from its start: past the bound, its first batches were let go
+    if held is None:
+        # Something to report past the bound: its first batches were let go. Read again
+        # from its start, in passes that hold what grows with its anomalies, not the log.
         batches.close()
-        records = read_level(scope, options)
-    if not records.num_rows:
-        return None
-    return audit_log(replica, shard, records)
+        return stream_audit(
+            replica,
+            shard,
+            lambda: (batch for unit in scope.units() for batch in read_unit(unit, options)),
+        )
+    # Something to report in a log whose batches all fit the bound: its whole audit,
+    # column-wise, from the batches held.
+    return audit_log(replica, shard, pa.Table.from_batches(held, schema=options.schema()))
 
 
 _CLEAN_KINDS = frozenset({"entry", "marker", "truncate"})
@@ -90,9 +96,10 @@ class CleanAudit:
     and TRUNCATE frames; the entry and marker records' LSNs rise by one from batch to batch;
     the entry records' DSN ranges run on without gap or overlap. Such a log has no anomaly
     (no gap, copy, skip, LSN gap or damage), so its summary is a few counts and bounds. Any
-    other batch ends the stream (`add` returns False): the caller audits the whole log with
-    `audit_log`, which alone reports anomalies (tests/unit/spark_jobs/test_audit_stream.py:
-    the two agree on every log).
+    other batch ends the stream (`add` returns False): the caller audits the log with
+    `audit_log` (from the batches held, a small log) or `audit_stream.stream_audit` (in
+    passes over the log read again), which report anomalies (tests/unit/spark_jobs/
+    test_audit_stream.py: the three agree on every log).
     """
 
     __slots__ = (

@@ -121,3 +121,20 @@ AUDIT_HELD_BYTES_MAX = 64 << 20
 decoding its records again (each record decoded once, as the Spark engine's tasks are
 tested for). Past it they are let go, so a clean log's audit stays bounded whatever its
 size, and a larger log with something to report is read a second time from its start."""
+
+AUDIT_SPANS_HELD_MAX = 100_000
+"""What pass 1 of the streamed audit of a log with something to report holds (spark_jobs/
+audit_stream.py `CoverageScan`), counted together: intervals of covered DSNs, of DSNs held
+more than once and of covered LSNs, skip pairs, damaged records. Each is a few Python ints
+(about 200 bytes with its list slots and labels): ~20 MiB at most. Every one of them is an
+anomaly or borders one (a gap, a copy, an LSN gap, a skip, damage), so a log past it is
+damaged throughout and a per-anomaly report of it would not be read; the audit is refused
+(`AuditRefused`) rather than let a worker pass 1 GB (issue 23)."""
+
+AUDIT_DETAIL_COPIES_MAX = 100_000
+"""DSN copies pass 2 of the streamed audit (audit_stream.py `CopyDetail`) keeps in detail:
+every copy of a DSN held more than once and every skipped copy (32 bytes each in arrays),
+and with them the anomalies they make (a duplicate, conflict or skipped copy: a dict of
+about 1 KiB each), so ~100 MiB at most; past it the audit is refused (`AuditRefused`)."""
+
+assert AUDIT_HELD_BYTES_MAX + AUDIT_SPANS_HELD_MAX * 256 + AUDIT_DETAIL_COPIES_MAX * 1100 < 1 << 30
