@@ -8,6 +8,7 @@ measured with -X importtime).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -16,9 +17,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from spark_jobs import jobs
-from spark_jobs.audit_stream import stream_audit
+from spark_jobs.audit_stream import CoverageScan, stream_audit
 from spark_jobs.jobs import JobParams, JobResult
 from spark_jobs.limits import AUDIT_HELD_BYTES_MAX
+from spark_jobs.schemas import AUDIT
 from spark_jobs.verify import VERIFY_REPORT
 from spark_jobs.walread import LEVEL_AUDIT, ReadOptions, read_unit
 
@@ -49,36 +51,59 @@ def audit_of(
     """One log's anomalies and summary (`audit_log`); None when the log holds no record."""
     scope = JobParams(params.job, params.inputs, frozenset({shard}), frozenset({replica}))
     options = ReadOptions(LEVEL_AUDIT, params.verify or VERIFY_REPORT, scope.bounds())
-    batches = (batch for unit in scope.units() for batch in read_unit(unit, options))
+
+    def read() -> Iterator[pa.RecordBatch]:
+        return (batch for unit in scope.units() for batch in read_unit(unit, options))
+
+    return audit_batches(replica, shard, read(), read, AUDIT_HELD_BYTES_MAX)
+
+
+def audit_batches(
+    replica: str,
+    shard: int,
+    batches: Iterator[pa.RecordBatch],
+    read_again: Callable[[], Iterable[pa.RecordBatch]],
+    held_bytes_max: int,
+) -> tuple[list[dict[str, Any]], dict[str, Any]] | None:
+    """`audit_log` of the log whose audit level `batches` are, read once while it is clean
+    (`CleanAudit`); a log with something to report is audited whole from its batches held
+    if they all fit `held_bytes_max`, else in passes (audit_stream.py) that take pass 1 on
+    from the clean prefix and read the log once more (`read_again`) for pass 2."""
     streamed = CleanAudit()
     # The batches read so far, while they are small: a log found to have something to
     # report is then audited whole without decoding its records a second time.
     held: list[pa.RecordBatch] | None = []
     held_bytes = 0
+    first_unclean = 0  # in `held`: the batch CleanAudit refused
+    scan: CoverageScan | None = None  # pass 1, once the log is neither clean nor held
     for batch in batches:
+        if scan is not None:
+            scan.add(batch)
+            continue
         if held is not None:
             held.append(batch)
             held_bytes += batch.nbytes
-            if held_bytes > AUDIT_HELD_BYTES_MAX:
-                held = None
-        if streamed.clean:
-            streamed.add(batch)
-        if not streamed.clean and held is None:
-            break  # neither streamed nor held: read again below
+        if streamed.clean and not streamed.add(batch):
+            if held is None:
+                scan = streamed.coverage()
+                scan.add(batch)
+                continue
+            first_unclean = len(held) - 1
+        if held is not None and held_bytes > held_bytes_max:
+            if not streamed.clean:
+                scan = streamed.coverage()
+                for unclean in held[first_unclean:]:
+                    scan.add(unclean)
+            held = None
     if streamed.clean:
         return None if not streamed.rows else ([], streamed.summary(replica, shard))
-    if held is None:
-        # Something to report past the bound: its first batches were let go. Read again
-        # from its start, in passes that hold what grows with its anomalies, not the log.
-        batches.close()
-        return stream_audit(
-            replica,
-            shard,
-            lambda: (batch for unit in scope.units() for batch in read_unit(unit, options)),
-        )
-    # Something to report in a log whose batches all fit the bound: its whole audit,
-    # column-wise, from the batches held.
-    return audit_log(replica, shard, pa.Table.from_batches(held, schema=options.schema()))
+    if held is not None:
+        # Something to report in a log whose batches all fit the bound: its whole audit,
+        # column-wise, from the batches held.
+        return audit_log(replica, shard, pa.Table.from_batches(held, schema=AUDIT))
+    # Past the bound: pass 1 has seen the whole log, pass 2 reads it again.
+    assert scan is not None
+    return stream_audit(replica, shard, read_again, scan)
 
 
 _CLEAN_KINDS = frozenset({"entry", "marker", "truncate"})
@@ -108,7 +133,9 @@ class CleanAudit:
         "dsn_min",
         "dsn_next",
         "lsn_last",
+        "lsn_last_segment",
         "lsn_min",
+        "lsn_min_segment",
         "rows",
         "truncated",
     )
@@ -121,10 +148,15 @@ class CleanAudit:
         self.dsn_next: int | None = None  # the DSN the next entry record must start at
         self.lsn_min: int | None = None
         self.lsn_last: int | None = None
+        # The segments of the rows of lsn_min and lsn_last: what an audit in passes
+        # (`coverage`) needs to name the segment after an LSN gap.
+        self.lsn_min_segment: str | None = None
+        self.lsn_last_segment: str | None = None
         self.truncated = 0
 
     def add(self, batch: pa.RecordBatch) -> bool:
-        """Take one batch of the audit level (in read order); False once the log is not clean."""
+        """Take one batch of the audit level (in read order); False once the log is not
+        clean, and then the batch's positions and copies are not taken (`coverage`)."""
         self.rows += batch.num_rows
         kinds = batch.column("kind").to_pylist()
         if not _CLEAN_KINDS.issuperset(kinds):
@@ -135,16 +167,14 @@ class CleanAudit:
         truncates = lsns[kind == "truncate"]
         if len(truncates):
             self.truncated = max(self.truncated, int(truncates.max()))
-        positioned = lsns[kind != "truncate"]
-        if len(positioned):
-            if (self.lsn_last is not None and int(positioned[0]) != self.lsn_last + 1) or bool(
-                (positioned[1:] != positioned[:-1] + 1).any()
-            ):
-                self.clean = False
-                return False
-            if self.lsn_min is None:
-                self.lsn_min = int(positioned[0])
-            self.lsn_last = int(positioned[-1])
+        positioned_at = np.flatnonzero(kind != "truncate")
+        positioned = lsns[positioned_at]
+        if len(positioned) and (
+            (self.lsn_last is not None and int(positioned[0]) != self.lsn_last + 1)
+            or bool((positioned[1:] != positioned[:-1] + 1).any())
+        ):
+            self.clean = False
+            return False
         is_entry = kind == "entry"
         # Other kinds' start DSN (and a damaged record's count) are null: taken as 0.
         counts = _filled(batch, "record_count")[is_entry]
@@ -162,7 +192,30 @@ class CleanAudit:
                 self.dsn_min = int(starts[0])
             self.dsn_next = int(ends[-1]) + 1
             self.copies += int(counts.sum())
+        if len(positioned):
+            segment = batch.column("segment")
+            if self.lsn_min is None:
+                self.lsn_min = int(positioned[0])
+                self.lsn_min_segment = segment[int(positioned_at[0])].as_py()
+            self.lsn_last = int(positioned[-1])
+            self.lsn_last_segment = segment[int(positioned_at[-1])].as_py()
         return True
+
+    def coverage(self) -> CoverageScan:
+        """Pass 1 of an audit in passes (audit_stream.py) over the clean batches taken so
+        far: one DSN range and one LSN range, no skip, no damage. Fed the rest of the log
+        from the batch `add` refused, it is what pass 1 over the whole log would be, so the
+        log is read once more (for pass 2), not twice."""
+        scan = CoverageScan()
+        scan.copies = self.copies
+        scan.truncated = self.truncated
+        if self.dsn_min is not None:
+            assert self.dsn_next is not None
+            scan.dsns.add(self.dsn_min, self.dsn_next - 1)
+        if self.lsn_min is not None:
+            assert self.lsn_last is not None
+            scan.lsns.add(self.lsn_min, self.lsn_last, self.lsn_min_segment, self.lsn_last_segment)
+        return scan
 
     def summary(self, replica: str, shard: int) -> dict[str, Any]:
         """`audit_log`'s summary of the clean log taken so far."""

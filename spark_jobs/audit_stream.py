@@ -468,13 +468,18 @@ class CopyDetail:
 
 
 def stream_audit(
-    replica: str, shard: int, read: Callable[[], Iterable[pa.RecordBatch]]
+    replica: str,
+    shard: int,
+    read: Callable[[], Iterable[pa.RecordBatch]],
+    scan: CoverageScan | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """`audit_log` of the log whose audit level `read()` streams (called once per pass:
-    twice, or once when pass 1 finds no copy held twice and no skip)."""
-    scan = CoverageScan()
-    for batch in read():
-        scan.add(batch)
+    """`audit_log` of the log whose audit level `read()` streams, called once per pass not
+    done yet: pass 1 unless its `scan` of the whole log is given, and pass 2 unless pass 1
+    found no DSN held twice and no skip (then it would keep no copy)."""
+    if scan is None:
+        scan = CoverageScan()
+        for batch in read():
+            scan.add(batch)
     detail = CopyDetail(replica, shard, scan)
     if detail.needed():
         for batch in read():
