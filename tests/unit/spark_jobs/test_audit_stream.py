@@ -351,3 +351,21 @@ def test_an_audit_past_its_span_bound_is_refused(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(audit_stream, "AUDIT_SPANS_HELD_MAX", 4)  # 4 DSN spans, 1 LSN span
     with pytest.raises(AuditRefused, match="AUDIT_SPANS_HELD_MAX"):
         audit_stream.stream_audit("file", 0, lambda: _batches(rows, []))
+
+
+def test_past_the_held_bound_a_log_with_no_copy_and_no_skip_is_read_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A DSN gap alone: pass 1 (taken on from the clean prefix) finds nothing pass 2 would
+    keep, so the log is not read again."""
+    monkeypatch.setattr(audit, "AUDIT_HELD_BYTES_MAX", 0)
+    wal = str(tmp_path / "wal")
+    records = records_of(kv_entries(16), per_record=4)
+    write_file_wal(wal, [records[0], records[1], records[3]])  # DSNs 9-12 never written
+    before = DECODES.total
+    audited = audit.audit_of(JobParams("lsn_audit", file_input(wal)), "file", 0)
+    assert audited is not None
+    found, summary = audited
+    assert [(a["kind"], a["dsn_lo"], a["dsn_hi"]) for a in found] == [("gap", 9, 12)]
+    assert summary["distinct_dsns"] == 12
+    assert DECODES.total - before == 3
