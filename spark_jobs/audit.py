@@ -8,7 +8,7 @@ measured with -X importtime).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from spark_jobs import jobs
-from spark_jobs.audit_stream import CoverageScan, stream_audit
+from spark_jobs.audit_stream import CoverageScan, UnitBatches, stream_audit, widen_span
 from spark_jobs.jobs import JobParams, JobResult
 from spark_jobs.limits import AUDIT_HELD_BYTES_MAX
 from spark_jobs.schemas import AUDIT
@@ -52,55 +52,79 @@ def audit_of(
     scope = JobParams(params.job, params.inputs, frozenset({shard}), frozenset({replica}))
     options = ReadOptions(LEVEL_AUDIT, params.verify or VERIFY_REPORT, scope.bounds())
 
-    def read() -> Iterator[pa.RecordBatch]:
-        return (batch for unit in scope.units() for batch in read_unit(unit, options))
+    def read(positions: frozenset[int] | None) -> Iterator[tuple[int, pa.RecordBatch]]:
+        return (
+            (position, batch)
+            for position, unit in enumerate(scope.units())
+            if positions is None or position in positions
+            for batch in read_unit(unit, options)
+        )
 
-    return audit_batches(replica, shard, read(), read, AUDIT_HELD_BYTES_MAX)
+    return audit_batches(replica, shard, read(None), read, AUDIT_HELD_BYTES_MAX)
 
 
 def audit_batches(
     replica: str,
     shard: int,
-    batches: Iterator[pa.RecordBatch],
-    read_again: Callable[[], Iterable[pa.RecordBatch]],
+    batches: Iterator[tuple[int, pa.RecordBatch]],
+    read_again: Callable[[frozenset[int] | None], UnitBatches],
     held_bytes_max: int,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]] | None:
-    """`audit_log` of the log whose audit level `batches` are, read once while it is clean
-    (`CleanAudit`); a log with something to report is audited whole from its batches held
-    if they all fit `held_bytes_max`, else in passes (audit_stream.py) that take pass 1 on
-    from the clean prefix and read the log once more (`read_again`) for pass 2."""
+    """`audit_log` of the log whose audit level `batches` are ((unit, batch) pairs: the
+    unit is the position of the read's unit, a file WAL segment, each batch comes from),
+    read once while it is clean (`CleanAudit`); a log with something to report is audited
+    whole from its batches held if they all fit `held_bytes_max`, else in passes
+    (audit_stream.py) that take pass 1 on from the clean prefix and read again
+    (`read_again`) for pass 2 only the units that hold a copy it keeps."""
     streamed = CleanAudit()
     # The batches read so far, while they are small: a log found to have something to
     # report is then audited whole without decoding its records a second time.
-    held: list[pa.RecordBatch] | None = []
+    held: list[tuple[int, pa.RecordBatch]] | None = []
     held_bytes = 0
     first_unclean = 0  # in `held`: the batch CleanAudit refused
+    # The clean prefix's DSNs and LSNs per unit (audit_stream.CoverageScan.unit_spans).
+    prefix_spans: dict[int, list[int]] = {}
     scan: CoverageScan | None = None  # pass 1, once the log is neither clean nor held
-    for batch in batches:
+    for unit, batch in batches:
         if scan is not None:
-            scan.add(batch)
+            scan.add(batch, unit)
             continue
         if held is not None:
-            held.append(batch)
+            held.append((unit, batch))
             held_bytes += batch.nbytes
-        if streamed.clean and not streamed.add(batch):
-            if held is None:
-                scan = streamed.coverage()
-                scan.add(batch)
-                continue
-            first_unclean = len(held) - 1
+        if streamed.clean:
+            dsn_next, lsn_last = streamed.dsn_next, streamed.lsn_last
+            if streamed.add(batch):
+                if streamed.dsn_next != dsn_next:  # entry records: this batch's spans
+                    assert streamed.dsn_next is not None and streamed.dsn_min is not None
+                    assert streamed.lsn_last is not None and streamed.lsn_min is not None
+                    widen_span(
+                        prefix_spans,
+                        unit,
+                        streamed.dsn_min if dsn_next is None else dsn_next,
+                        streamed.dsn_next - 1,
+                        streamed.lsn_min if lsn_last is None else lsn_last + 1,
+                        streamed.lsn_last,
+                    )
+            else:
+                if held is None:
+                    scan = streamed.coverage(prefix_spans)
+                    scan.add(batch, unit)
+                    continue
+                first_unclean = len(held) - 1
         if held is not None and held_bytes > held_bytes_max:
             if not streamed.clean:
-                scan = streamed.coverage()
-                for unclean in held[first_unclean:]:
-                    scan.add(unclean)
+                scan = streamed.coverage(prefix_spans)
+                for unclean_unit, unclean in held[first_unclean:]:
+                    scan.add(unclean, unclean_unit)
             held = None
     if streamed.clean:
         return None if not streamed.rows else ([], streamed.summary(replica, shard))
     if held is not None:
         # Something to report in a log whose batches all fit the bound: its whole audit,
         # column-wise, from the batches held.
-        return audit_log(replica, shard, pa.Table.from_batches(held, schema=AUDIT))
+        table = pa.Table.from_batches([batch for _, batch in held], schema=AUDIT)
+        return audit_log(replica, shard, table)
     # Past the bound: pass 1 has seen the whole log, pass 2 reads it again.
     assert scan is not None
     return stream_audit(replica, shard, read_again, scan)
@@ -201,12 +225,14 @@ class CleanAudit:
             self.lsn_last_segment = segment[int(positioned_at[-1])].as_py()
         return True
 
-    def coverage(self) -> CoverageScan:
+    def coverage(self, unit_spans: dict[int, list[int]]) -> CoverageScan:
         """Pass 1 of an audit in passes (audit_stream.py) over the clean batches taken so
-        far: one DSN range and one LSN range, no skip, no damage. Fed the rest of the log
-        from the batch `add` refused, it is what pass 1 over the whole log would be, so the
-        log is read once more (for pass 2), not twice."""
+        far: one DSN range and one LSN range, no skip, no damage; `unit_spans`: the DSNs
+        and LSNs of each unit's entry records among them. Fed the rest of the log from the
+        batch `add` refused, it is what pass 1 over the whole log would be, so the log is
+        read once more (for pass 2), not twice."""
         scan = CoverageScan()
+        scan.unit_spans = {unit: list(span) for unit, span in unit_spans.items()}
         scan.copies = self.copies
         scan.truncated = self.truncated
         if self.dsn_min is not None:

@@ -2,7 +2,9 @@
 with the log (issue 23: the whole-log `audit.audit_log` holds ~100 bytes per DSN copy, past
 1 GB beyond ~10M entries).
 
-The log's audit level is read twice, each time as a stream of batches:
+The log's audit level is read as a stream of batches, for each pass (`audit.audit_batches`
+takes pass 1 on from the clean prefix it streamed, so the log is read once, plus pass 2's
+units):
 
 * pass 1 (`CoverageScan`): the skip pairs (record start DSN, LSN) named by skip records;
   the DSNs the entry records cover, as merged intervals, and the DSNs covered more than
@@ -10,11 +12,13 @@ The log's audit level is read twice, each time as a stream of batches:
   each end labelled with the segment of that LSN's first row (an `lsn_gap` names the
   segment after the gap and says whether it lies across segments); the damage rows as they
   are; the largest TRUNCATE LSN; counts.
-* pass 2 (`CopyDetail`): each copy (dsn, lsn, checksum, skipped) of a record that a skip
-  names, or whose DSN lies in an overlap: every copy of a DSN held more than once, and
-  every skipped copy. From them come the duplicates, conflicts and skipped copies, and the
-  DSNs none of whose copies is live (only skipped ones): cut out of the covered DSNs, what
-  is left is the live coverage, whose holes are the gaps.
+* pass 2 (`CopyDetail`), reading only the units (a file WAL's segments) whose entry
+  records' DSN and LSN spans (`CoverageScan.unit_spans`) meet an overlap or a skipped LSN:
+  each copy (dsn, lsn, checksum, skipped) of a record that a skip names, or whose DSN lies
+  in an overlap: every copy of a DSN held more than once, and every skipped copy. From
+  them come the duplicates, conflicts and skipped copies, and the DSNs none of whose copies
+  is live (only skipped ones): cut out of the covered DSNs, what is left is the live
+  coverage, whose holes are the gaps.
 
 `stream_audit` answers exactly what `audit.audit_log` answers for the same rows (the same
 anomalies as a multiset and the same summary: tests/unit/spark_jobs/test_audit_stream.py
@@ -171,6 +175,20 @@ def _refuse(what: str, count: int, limit_name: str, limit: int) -> AuditRefused:
     )
 
 
+def widen_span(
+    spans: dict[int, list[int]], unit: int, dsn_lo: int, dsn_hi: int, lsn_lo: int, lsn_hi: int
+) -> None:
+    """`spans[unit]` ([DSN lo, DSN hi, LSN lo, LSN hi]) widened to hold these too."""
+    span = spans.get(unit)
+    if span is None:
+        spans[unit] = [dsn_lo, dsn_hi, lsn_lo, lsn_hi]
+        return
+    span[0] = min(span[0], dsn_lo)
+    span[1] = max(span[1], dsn_hi)
+    span[2] = min(span[2], lsn_lo)
+    span[3] = max(span[3], lsn_hi)
+
+
 class CoverageScan:
     """Pass 1: fed the audit level's batches in read order (`add`), holds what is
     proportional to the log's anomalies (the module doc lists it)."""
@@ -184,6 +202,7 @@ class CoverageScan:
         "rows",
         "skips",
         "truncated",
+        "unit_spans",
     )
 
     def __init__(self) -> None:
@@ -195,6 +214,11 @@ class CoverageScan:
         self.skips: set[tuple[int, int]] = set()  # (record start DSN, LSN) pairs
         self.damage: list[dict[str, Any]] = []  # corrupt and torn_tail rows
         self.truncated = 0
+        # Per unit of the read (a file WAL's segment; a logsvc replica's journal is one):
+        # [DSN lo, DSN hi, LSN lo, LSN hi] its entry records lie within, so that pass 2
+        # reads only the units that hold a copy it keeps (`units_to_detail`). One list per
+        # unit, not per anomaly: a file WAL's segments are 64 MiB (~100 bytes each here).
+        self.unit_spans: dict[int, list[int]] = {}
 
     def held(self) -> int:
         return (
@@ -205,13 +229,39 @@ class CoverageScan:
             + len(self.damage)
         )
 
-    def add(self, batch: pa.RecordBatch) -> None:
+    def units_to_detail(self) -> frozenset[int]:
+        """The units pass 2 must read: those whose entry records may hold a DSN held more
+        than once or a record a skip names (a superset: spans, not records)."""
+        overlap_los, overlap_his = self.overlaps.arrays()
+        skip_lsns = sorted({lsn for _, lsn in self.skips})
+        needed = set()
+        for unit, (dsn_lo, dsn_hi, lsn_lo, lsn_hi) in self.unit_spans.items():
+            at = int(np.searchsorted(overlap_his, dsn_lo, side="left"))
+            if at < len(overlap_los) and int(overlap_los[at]) <= dsn_hi:
+                needed.add(unit)
+            at = bisect_left(skip_lsns, lsn_lo)
+            if at < len(skip_lsns) and skip_lsns[at] <= lsn_hi:
+                needed.add(unit)
+        return frozenset(needed)
+
+    def add(self, batch: pa.RecordBatch, unit: int = 0) -> None:
+        """Take the next batch of the log, read from unit `unit` (a batch holds one's rows)."""
         if not batch.num_rows:
             return
         self.rows += batch.num_rows
         kind = batch.column("kind")
         self._add_lsns(batch, _mask(_is_kind(kind, _POSITIONED_KINDS)))
-        self._add_dsns(*_entry_records(batch)[1:3])
+        _, starts, counts, lsns = _entry_records(batch)
+        if len(counts):
+            widen_span(
+                self.unit_spans,
+                unit,
+                int(starts.min()),
+                int((starts + counts - 1).max()),
+                int(lsns.min()),
+                int(lsns.max()),
+            )
+        self._add_dsns(starts, counts)
         skip_rows = batch.filter(pc.equal(kind, "skip"))
         if skip_rows.num_rows:
             self.skips.update(
@@ -467,21 +517,27 @@ class CopyDetail:
         return found, summary
 
 
+UnitBatches = Iterable[tuple[int, pa.RecordBatch]]
+"""A log's audit level as (unit, batch) pairs in read order: the unit is the position of the
+read's unit (a file WAL's segment) each batch comes from."""
+
+
 def stream_audit(
     replica: str,
     shard: int,
-    read: Callable[[], Iterable[pa.RecordBatch]],
+    read: Callable[[frozenset[int] | None], UnitBatches],
     scan: CoverageScan | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """`audit_log` of the log whose audit level `read()` streams, called once per pass not
-    done yet: pass 1 unless its `scan` of the whole log is given, and pass 2 unless pass 1
-    found no DSN held twice and no skip (then it would keep no copy)."""
+    """`audit_log` of the log whose audit level `read` streams: `read(None)` every unit,
+    `read(units)` those only. Called once per pass not done yet: pass 1 (every unit) unless
+    its `scan` of the whole log is given, and pass 2 (the units holding a copy it keeps)
+    unless pass 1 found no DSN held twice and no skip."""
     if scan is None:
         scan = CoverageScan()
-        for batch in read():
-            scan.add(batch)
+        for unit, batch in read(None):
+            scan.add(batch, unit)
     detail = CopyDetail(replica, shard, scan)
     if detail.needed():
-        for batch in read():
+        for _, batch in read(scan.units_to_detail()):
             detail.add(batch)
     return detail.anomalies_and_summary()

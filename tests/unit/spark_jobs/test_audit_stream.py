@@ -230,12 +230,28 @@ def _sorted(audited: tuple[list[dict[str, Any]], dict[str, Any]]) -> tuple[Any, 
     return audit.anomaly_table(found).to_pylist(), summary
 
 
-def _batches(rows: list[dict[str, Any]], cuts: list[int]) -> list[pa.RecordBatch]:
-    bounds = sorted({0, len(rows), *(c % (len(rows) + 1) for c in cuts)})
-    return [
-        pa.RecordBatch.from_pylist(rows[lo:hi], schema=schemas.AUDIT)
-        for lo, hi in itertools.pairwise(bounds)
-    ]
+class _Reads:
+    """A log's rows read as `audit_of` reads them: units of `per_unit` rows (a file WAL's
+    segments), each cut into batches at `cuts`; `read(units)` reads only those units (all
+    for None) and counts the reads."""
+
+    def __init__(self, rows: list[dict[str, Any]], cuts: list[int], per_unit: int) -> None:
+        self.rows, self.per_unit = rows, per_unit
+        self.bounds = sorted(
+            {0, len(rows), *(c % (len(rows) + 1) for c in cuts), *range(0, len(rows), per_unit)}
+        )
+        self.reads: list[frozenset[int] | None] = []
+
+    def read(self, units: frozenset[int] | None) -> list[tuple[int, pa.RecordBatch]]:
+        self.reads.append(units)
+        return [
+            (
+                lo // self.per_unit,
+                pa.RecordBatch.from_pylist(self.rows[lo:hi], schema=schemas.AUDIT),
+            )
+            for lo, hi in itertools.pairwise(self.bounds)
+            if units is None or lo // self.per_unit in units
+        ]
 
 
 @settings(max_examples=500, deadline=None)
@@ -244,26 +260,33 @@ def _batches(rows: list[dict[str, Any]], cuts: list[int]) -> list[pa.RecordBatch
     st.lists(st.integers(0, 100), max_size=6),
     st.lists(st.integers(0, 100), max_size=6),
     st.integers(0, 4000),
+    st.integers(1, 20),
 )
 def test_the_audit_in_passes_is_the_whole_logs(
-    rows: list[dict[str, Any]], cuts: list[int], other_cuts: list[int], held_bytes_max: int
+    rows: list[dict[str, Any]],
+    cuts: list[int],
+    other_cuts: list[int],
+    held_bytes_max: int,
+    per_unit: int,
 ) -> None:
-    """Both passes cut at random points, and each pass cut its own way; and as `audit_of`
-    runs them (`audit_batches`): pass 1 taken on from the clean prefix, at any bound on
-    the batches held (0: always in passes)."""
+    """Each pass cut into batches its own way, pass 2 reading only the units pass 1 names;
+    and as `audit_of` runs them (`audit_batches`): pass 1 taken on from the clean prefix,
+    at any bound on the batches held (0: always in passes)."""
     if not rows:
         return
     whole = audit.audit_log("file", 0, pa.Table.from_pylist(rows, schema=schemas.AUDIT))
-    reads = iter([_batches(rows, cuts), _batches(rows, other_cuts)])
-    streamed = audit_stream.stream_audit("file", 0, lambda: next(reads))
+    first, again = _Reads(rows, cuts, per_unit), _Reads(rows, other_cuts, per_unit)
+    reads = iter([first.read, again.read])
+    streamed = audit_stream.stream_audit("file", 0, lambda units: next(reads)(units))
     assert _sorted(streamed) == _sorted(whole)
     for bound in (0, held_bytes_max):
-        again = iter([_batches(rows, other_cuts)])  # read again at most once
-        audited = audit.audit_batches("file", 0, iter(_batches(rows, cuts)), again.__next__, bound)
+        again = _Reads(rows, other_cuts, per_unit)
+        audited = audit.audit_batches("file", 0, iter(first.read(None)), again.read, bound)
         assert audited is not None
         assert _sorted(audited) == _sorted(whole)
+        assert len(again.reads) <= 1 and None not in again.reads  # pass 2 names its units
     one_row_batches = audit_stream.stream_audit(
-        "file", 0, lambda: _batches(rows, list(range(len(rows))))
+        "file", 0, _Reads(rows, list(range(len(rows))), per_unit).read
     )
     assert _sorted(one_row_batches) == _sorted(whole)
 
@@ -282,13 +305,13 @@ def test_intervals_keep_the_label_of_each_ends_first_cover() -> None:
     assert (left.los, left.his) == ([2, 6, 25], [4, 19, 26]) and left.count() == 19
 
 
-def _unclean_log(wal: str, records: int) -> None:
+def _unclean_log(wal: str, records: int, segment_bytes_max: int = 1 << 20) -> None:
     """`records` one-entry records and, whatever their number, the same three anomalies:
     DSN 3 written twice (a duplicate), DSN 7 never (a gap), DSN 9 written twice with the
     second copy named by a skip record."""
     dsns = [1, 2, 3, 3, 4, 5, 6, *range(8, records + 1)]
     dsns[9:9] = [9]
-    one_entry_records_wal(wal, dsns=dsns, skips=[(9, 10)])
+    one_entry_records_wal(wal, 0, segment_bytes_max, dsns=dsns, skips=[(9, 10)])
 
 
 def test_past_the_held_bound_an_unclean_log_is_audited_in_passes(
@@ -340,9 +363,9 @@ def test_an_audit_past_its_detail_bound_is_refused(monkeypatch: pytest.MonkeyPat
     rows = [_row(lsn, "entry", 1, 3) for lsn in range(1, 5)]  # DSNs 1-3, four times
     monkeypatch.setattr(audit_stream, "AUDIT_DETAIL_COPIES_MAX", 11)
     with pytest.raises(AuditRefused, match="AUDIT_DETAIL_COPIES_MAX"):
-        audit_stream.stream_audit("file", 0, lambda: _batches(rows, []))
+        audit_stream.stream_audit("file", 0, _Reads(rows, [], 2).read)
     monkeypatch.setattr(audit_stream, "AUDIT_DETAIL_COPIES_MAX", 12)
-    _, summary = audit_stream.stream_audit("file", 0, lambda: _batches(rows, []))
+    _, summary = audit_stream.stream_audit("file", 0, _Reads(rows, [], 2).read)
     assert summary["duplicates"] == 3
 
 
@@ -350,7 +373,7 @@ def test_an_audit_past_its_span_bound_is_refused(monkeypatch: pytest.MonkeyPatch
     rows = [_row(lsn, "entry", 2 * lsn, 1) for lsn in range(1, 5)]  # DSNs 2, 4, 6, 8
     monkeypatch.setattr(audit_stream, "AUDIT_SPANS_HELD_MAX", 4)  # 4 DSN spans, 1 LSN span
     with pytest.raises(AuditRefused, match="AUDIT_SPANS_HELD_MAX"):
-        audit_stream.stream_audit("file", 0, lambda: _batches(rows, []))
+        audit_stream.stream_audit("file", 0, _Reads(rows, [], 2).read)
 
 
 def test_past_the_held_bound_a_log_with_no_copy_and_no_skip_is_read_once(
@@ -369,3 +392,21 @@ def test_past_the_held_bound_a_log_with_no_copy_and_no_skip_is_read_once(
     assert [(a["kind"], a["dsn_lo"], a["dsn_hi"]) for a in found] == [("gap", 9, 12)]
     assert summary["distinct_dsns"] == 12
     assert DECODES.total - before == 3
+
+
+def test_pass_2_reads_only_the_segments_that_hold_a_copy_it_keeps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The three anomalies lie in the first of many segments (the skip record naming LSN 10
+    is in the last): pass 2 decodes that segment's records, not the log's."""
+    monkeypatch.setattr(audit, "AUDIT_HELD_BYTES_MAX", 0)
+    wal = str(tmp_path / "wal")
+    _unclean_log(wal, 2000, segment_bytes_max=16 << 10)  # ~80 records a segment
+    records = 2000 + 1 + 1  # a duplicate record, a gap, a second copy of DSN 9, a skip
+    params = JobParams("lsn_audit", file_input(wal))
+    assert len(params.units()) > 20
+    before = DECODES.total
+    audited = audit.audit_of(params, "file", 0)
+    assert audited is not None
+    assert sorted(a["kind"] for a in audited[0]) == ["duplicate", "gap", "skipped"]
+    assert records < DECODES.total - before <= records + records // 20
