@@ -8,6 +8,7 @@ measured with -X importtime).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -16,10 +17,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from spark_jobs import jobs
+from spark_jobs.audit_stream import CoverageScan, UnitBatches, stream_audit, widen_span
 from spark_jobs.jobs import JobParams, JobResult
 from spark_jobs.limits import AUDIT_HELD_BYTES_MAX
+from spark_jobs.schemas import AUDIT
 from spark_jobs.verify import VERIFY_REPORT
-from spark_jobs.walread import LEVEL_AUDIT, ReadOptions, read_level, read_unit
+from spark_jobs.walread import LEVEL_AUDIT, ReadOptions, read_unit
 
 
 def lsn_audit(params: JobParams) -> JobResult:
@@ -48,31 +51,83 @@ def audit_of(
     """One log's anomalies and summary (`audit_log`); None when the log holds no record."""
     scope = JobParams(params.job, params.inputs, frozenset({shard}), frozenset({replica}))
     options = ReadOptions(LEVEL_AUDIT, params.verify or VERIFY_REPORT, scope.bounds())
-    batches = (batch for unit in scope.units() for batch in read_unit(unit, options))
+
+    def read(positions: frozenset[int] | None) -> Iterator[tuple[int, pa.RecordBatch]]:
+        return (
+            (position, batch)
+            for position, unit in enumerate(scope.units())
+            if positions is None or position in positions
+            for batch in read_unit(unit, options)
+        )
+
+    return audit_batches(replica, shard, read(None), read, AUDIT_HELD_BYTES_MAX)
+
+
+def audit_batches(
+    replica: str,
+    shard: int,
+    batches: Iterator[tuple[int, pa.RecordBatch]],
+    read_again: Callable[[frozenset[int] | None], UnitBatches],
+    held_bytes_max: int,
+) -> tuple[list[dict[str, Any]], dict[str, Any]] | None:
+    """`audit_log` of the log whose audit level `batches` are ((unit, batch) pairs: the
+    unit is the position of the read's unit, a file WAL segment, each batch comes from),
+    read once while it is clean (`CleanAudit`); a log with something to report is audited
+    whole from its batches held if they all fit `held_bytes_max`, else in passes
+    (audit_stream.py) that take pass 1 on from the clean prefix and read again
+    (`read_again`) for pass 2 only the units that hold a copy it keeps."""
     streamed = CleanAudit()
     # The batches read so far, while they are small: a log found to have something to
     # report is then audited whole without decoding its records a second time.
-    held: list[pa.RecordBatch] | None = []
+    held: list[tuple[int, pa.RecordBatch]] | None = []
     held_bytes = 0
-    for batch in batches:
+    first_unclean = 0  # in `held`: the batch CleanAudit refused
+    # The clean prefix's DSNs and LSNs per unit (audit_stream.CoverageScan.unit_spans).
+    prefix_spans: dict[int, list[int]] = {}
+    scan: CoverageScan | None = None  # pass 1, once the log is neither clean nor held
+    for unit, batch in batches:
+        if scan is not None:
+            scan.add(batch, unit)
+            continue
         if held is not None:
-            held.append(batch)
+            held.append((unit, batch))
             held_bytes += batch.nbytes
-            if held_bytes > AUDIT_HELD_BYTES_MAX:
-                held = None
-        if not streamed.add(batch):
-            break
+        if streamed.clean:
+            dsn_next, lsn_last = streamed.dsn_next, streamed.lsn_last
+            if streamed.add(batch):
+                if streamed.dsn_next != dsn_next:  # entry records: this batch's spans
+                    assert streamed.dsn_next is not None and streamed.dsn_min is not None
+                    assert streamed.lsn_last is not None and streamed.lsn_min is not None
+                    widen_span(
+                        prefix_spans,
+                        unit,
+                        streamed.dsn_min if dsn_next is None else dsn_next,
+                        streamed.dsn_next - 1,
+                        streamed.lsn_min if lsn_last is None else lsn_last + 1,
+                        streamed.lsn_last,
+                    )
+            else:
+                if held is None:
+                    scan = streamed.coverage(prefix_spans)
+                    scan.add(batch, unit)
+                    continue
+                first_unclean = len(held) - 1
+        if held is not None and held_bytes > held_bytes_max:
+            if not streamed.clean:
+                scan = streamed.coverage(prefix_spans)
+                for unclean_unit, unclean in held[first_unclean:]:
+                    scan.add(unclean, unclean_unit)
+            held = None
     if streamed.clean:
         return None if not streamed.rows else ([], streamed.summary(replica, shard))
-    # Something to report: the whole log's audit, column-wise (it grows with the log).
     if held is not None:
-        records = pa.Table.from_batches([*held, *batches], schema=options.schema())
-    else:  # read again from its start: past the bound, its first batches were let go
-        batches.close()
-        records = read_level(scope, options)
-    if not records.num_rows:
-        return None
-    return audit_log(replica, shard, records)
+        # Something to report in a log whose batches all fit the bound: its whole audit,
+        # column-wise, from the batches held.
+        table = pa.Table.from_batches([batch for _, batch in held], schema=AUDIT)
+        return audit_log(replica, shard, table)
+    # Past the bound: pass 1 has seen the whole log, pass 2 reads it again.
+    assert scan is not None
+    return stream_audit(replica, shard, read_again, scan)
 
 
 _CLEAN_KINDS = frozenset({"entry", "marker", "truncate"})
@@ -90,9 +145,10 @@ class CleanAudit:
     and TRUNCATE frames; the entry and marker records' LSNs rise by one from batch to batch;
     the entry records' DSN ranges run on without gap or overlap. Such a log has no anomaly
     (no gap, copy, skip, LSN gap or damage), so its summary is a few counts and bounds. Any
-    other batch ends the stream (`add` returns False): the caller audits the whole log with
-    `audit_log`, which alone reports anomalies (tests/unit/spark_jobs/test_audit_stream.py:
-    the two agree on every log).
+    other batch ends the stream (`add` returns False): the caller audits the log with
+    `audit_log` (from the batches held, a small log) or `audit_stream.stream_audit` (in
+    passes over the log read again), which report anomalies (tests/unit/spark_jobs/
+    test_audit_stream.py: the three agree on every log).
     """
 
     __slots__ = (
@@ -101,7 +157,9 @@ class CleanAudit:
         "dsn_min",
         "dsn_next",
         "lsn_last",
+        "lsn_last_segment",
         "lsn_min",
+        "lsn_min_segment",
         "rows",
         "truncated",
     )
@@ -114,10 +172,15 @@ class CleanAudit:
         self.dsn_next: int | None = None  # the DSN the next entry record must start at
         self.lsn_min: int | None = None
         self.lsn_last: int | None = None
+        # The segments of the rows of lsn_min and lsn_last: what an audit in passes
+        # (`coverage`) needs to name the segment after an LSN gap.
+        self.lsn_min_segment: str | None = None
+        self.lsn_last_segment: str | None = None
         self.truncated = 0
 
     def add(self, batch: pa.RecordBatch) -> bool:
-        """Take one batch of the audit level (in read order); False once the log is not clean."""
+        """Take one batch of the audit level (in read order); False once the log is not
+        clean, and then the batch's positions and copies are not taken (`coverage`)."""
         self.rows += batch.num_rows
         kinds = batch.column("kind").to_pylist()
         if not _CLEAN_KINDS.issuperset(kinds):
@@ -128,16 +191,14 @@ class CleanAudit:
         truncates = lsns[kind == "truncate"]
         if len(truncates):
             self.truncated = max(self.truncated, int(truncates.max()))
-        positioned = lsns[kind != "truncate"]
-        if len(positioned):
-            if (self.lsn_last is not None and int(positioned[0]) != self.lsn_last + 1) or bool(
-                (positioned[1:] != positioned[:-1] + 1).any()
-            ):
-                self.clean = False
-                return False
-            if self.lsn_min is None:
-                self.lsn_min = int(positioned[0])
-            self.lsn_last = int(positioned[-1])
+        positioned_at = np.flatnonzero(kind != "truncate")
+        positioned = lsns[positioned_at]
+        if len(positioned) and (
+            (self.lsn_last is not None and int(positioned[0]) != self.lsn_last + 1)
+            or bool((positioned[1:] != positioned[:-1] + 1).any())
+        ):
+            self.clean = False
+            return False
         is_entry = kind == "entry"
         # Other kinds' start DSN (and a damaged record's count) are null: taken as 0.
         counts = _filled(batch, "record_count")[is_entry]
@@ -155,7 +216,32 @@ class CleanAudit:
                 self.dsn_min = int(starts[0])
             self.dsn_next = int(ends[-1]) + 1
             self.copies += int(counts.sum())
+        if len(positioned):
+            segment = batch.column("segment")
+            if self.lsn_min is None:
+                self.lsn_min = int(positioned[0])
+                self.lsn_min_segment = segment[int(positioned_at[0])].as_py()
+            self.lsn_last = int(positioned[-1])
+            self.lsn_last_segment = segment[int(positioned_at[-1])].as_py()
         return True
+
+    def coverage(self, unit_spans: dict[int, list[int]]) -> CoverageScan:
+        """Pass 1 of an audit in passes (audit_stream.py) over the clean batches taken so
+        far: one DSN range and one LSN range, no skip, no damage; `unit_spans`: the DSNs
+        and LSNs of each unit's entry records among them. Fed the rest of the log from the
+        batch `add` refused, it is what pass 1 over the whole log would be, so the log is
+        read once more (for pass 2), not twice."""
+        scan = CoverageScan()
+        scan.unit_spans = {unit: list(span) for unit, span in unit_spans.items()}
+        scan.copies = self.copies
+        scan.truncated = self.truncated
+        if self.dsn_min is not None:
+            assert self.dsn_next is not None
+            scan.dsns.add(self.dsn_min, self.dsn_next - 1)
+        if self.lsn_min is not None:
+            assert self.lsn_last is not None
+            scan.lsns.add(self.lsn_min, self.lsn_last, self.lsn_min_segment, self.lsn_last_segment)
+        return scan
 
     def summary(self, replica: str, shard: int) -> dict[str, Any]:
         """`audit_log`'s summary of the clean log taken so far."""

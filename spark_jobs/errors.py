@@ -8,6 +8,7 @@ prints it and exits 1 (2 for bad usage). Programmer errors are asserts.
      ├── CopiesDisagree    two copies of one DSN (or one LSN) hold different bytes
      ├── LogHole           a DSN missing below a durable watermark: acknowledged data lost
      ├── ReplayRefused     the log (and its checkpoints) cannot answer the requested timestamp
+     ├── AuditRefused      a log too damaged for lsn_audit to list within a worker's memory
      ├── ReplayFailed      a replayed entry does not apply (the engine would refuse it)
      ├── ObjectsUnreadable a checkpoint or block object replay needs is missing or damaged
      ├── DataLost          a stream's next LSNs were truncated away before it read them
@@ -49,6 +50,12 @@ class LogHole(SparkJobError):
 
 class ReplayRefused(SparkJobError):
     pass
+
+
+class AuditRefused(SparkJobError):
+    """lsn_audit would hold more of a log's anomalies than spark_jobs/limits.py lets one
+    worker hold (AUDIT_SPANS_HELD_MAX, AUDIT_DETAIL_COPIES_MAX); the message names the limit
+    and what to do."""
 
 
 class ReplayFailed(SparkJobError):

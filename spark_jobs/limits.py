@@ -120,4 +120,25 @@ AUDIT_HELD_BYTES_MAX = 64 << 20
 `audit_of`): a log found to have something to report within them is audited whole without
 decoding its records again (each record decoded once, as the Spark engine's tasks are
 tested for). Past it they are let go, so a clean log's audit stays bounded whatever its
-size, and a larger log with something to report is read a second time from its start."""
+size, and a larger log with something to report is audited in two passes (spark_jobs/
+audit_stream.py: pass 1 takes over from the clean prefix, pass 2 reads the log a second
+time from its start)."""
+
+AUDIT_SPANS_HELD_MAX = 100_000
+"""What pass 1 of the streamed audit of a log with something to report holds (spark_jobs/
+audit_stream.py `CoverageScan`), counted together: intervals of covered DSNs, of DSNs held
+more than once and of covered LSNs, skip pairs, damaged records. Each is a few Python ints
+and strings (150-250 bytes with its list or set slots and labels; a damaged record's row, a
+small dict, up to ~500): ~50 MB at most. Every one of them is an anomaly or borders one (a
+gap, a copy, an LSN gap, a skip, damage), so a log past it is damaged throughout and a
+per-anomaly report of it would not be read; the audit is refused (`AuditRefused`) rather
+than let a worker pass 1 GB (issue 23)."""
+
+AUDIT_DETAIL_COPIES_MAX = 100_000
+"""DSN copies pass 2 of the streamed audit (audit_stream.py `CopyDetail`) keeps in detail:
+every copy of a DSN held more than once and every skipped copy (32 bytes each in arrays),
+and with them the anomalies they make (a duplicate, conflict or skipped copy: a dict of
+1.25 KB each, measured with tracemalloc), so ~130 MB at most; past it the audit is refused
+(`AuditRefused`). Like AUDIT_SPANS_HELD_MAX: a log with more is damaged throughout."""
+
+assert AUDIT_HELD_BYTES_MAX + AUDIT_SPANS_HELD_MAX * 512 + AUDIT_DETAIL_COPIES_MAX * 1300 < 1 << 30

@@ -225,11 +225,23 @@ def segmented_kv_wal(wal_dir: str) -> list[bytes]:
     return records
 
 
-def one_entry_records_wal(wal_dir: str, count: int, segment_bytes_max: int = 1 << 20) -> None:
+def one_entry_records_wal(
+    wal_dir: str,
+    count: int = 0,
+    segment_bytes_max: int = 1 << 20,
+    *,
+    dsns: Sequence[int] = (),
+    skips: Sequence[tuple[int, int]] = (),
+) -> None:
     """`count` records of one `kv_entries` entry each (LSN = DSN = 1, 2, ..., safe DSN the
     one before), in segment files of at most `segment_bytes_max` bytes, written directly in
-    tae_driver/backends/segment.py's format (the frames and records its encoders make)."""
+    tae_driver/backends/segment.py's format (the frames and records its encoders make).
+    With `dsns`, one record per DSN named (the entry of that DSN; LSNs still 1, 2, ...):
+    copies and gaps; then, with `skips`, one skip record naming these (DSN, LSN) pairs."""
     os.makedirs(wal_dir, exist_ok=True)
+    if not dsns:
+        dsns = range(1, count + 1)
+    entries = kv_entries(max(dsns))
     frames: list[bytes] = []
     size = 0
     base = 1
@@ -241,11 +253,12 @@ def one_entry_records_wal(wal_dir: str, count: int, segment_bytes_max: int = 1 <
             file.write(b"".join(frames))
         frames, size, base = [], 0, next_base
 
-    for index, entry in enumerate(kv_entries(count)):
+    records = [encode_record(dsn, dsn - 1, [entries[dsn - 1]]) for dsn in dsns]
+    if skips:
+        records.append(encode_skip(list(skips)))
+    for index, record in enumerate(records):
         lsn = index + 1
-        frame = encode_frame(
-            FrameType.RECORD, lsn, encode_record(lsn, lsn - 1, [entry]), durable_lsn=lsn - 1
-        )
+        frame = encode_frame(FrameType.RECORD, lsn, record, durable_lsn=lsn - 1)
         if frames and size + len(frame) > segment_bytes_max - 64:
             write(lsn)
         frames.append(frame)
