@@ -64,7 +64,11 @@ def _stream_table(narrow: pa.Table, base: replay.BaseState) -> PlanStream:
 
     if found.num_rows:
         stream.add_arrays(
-            ints("lsn"), ints("record_start_dsn"), ints("record_count"), ints("safe_dsn")
+            ints("lsn"),
+            ints("record_start_dsn"),
+            ints("record_count"),
+            ints("safe_dsn"),
+            ints("record_checksum"),
         )
     truncates = narrow.filter(pc.equal(kinds, "truncate")).column("lsn").to_pylist()
     for lsn in truncates:
@@ -178,8 +182,10 @@ class StreamInput:
         if fields.kind in ("entry", "marker"):
             assert lsn is not None
             assert fields.start_dsn is not None and fields.record_count is not None
-            assert fields.safe_dsn is not None
-            self.stream.add_one(lsn, fields.start_dsn, fields.record_count, fields.safe_dsn)
+            assert fields.safe_dsn is not None and fields.checksum is not None
+            self.stream.add_one(
+                lsn, fields.start_dsn, fields.record_count, fields.safe_dsn, fields.checksum
+            )
         elif fields.kind == "skip":
             self.stream.add_skips(fields.skip_pairs or ())
         elif fields.kind == "truncate":
@@ -187,7 +193,9 @@ class StreamInput:
             self.stream.add_truncate(lsn)
 
     def add_records(self, found: SegmentRecords) -> None:
-        self.stream.add_arrays(found.lsns, found.start_dsns, found.counts, found.safe_dsns)
+        self.stream.add_arrays(
+            found.lsns, found.start_dsns, found.counts, found.safe_dsns, found.checksums
+        )
         if len(found.truncate_lsns):
             self.stream.add_truncate(int(found.truncate_lsns.max()))
 
@@ -213,7 +221,11 @@ def _records_upto(unit: Unit, verify: str, truncated_lsn: int, sink: StreamInput
             if found is not None:
                 cut = found.lsns <= truncated_lsn
                 sink.stream.add_arrays(
-                    found.lsns[cut], found.start_dsns[cut], found.counts[cut], found.safe_dsns[cut]
+                    found.lsns[cut],
+                    found.start_dsns[cut],
+                    found.counts[cut],
+                    found.safe_dsns[cut],
+                    found.checksums[cut],
                 )
                 return not bool(cut.all())
     for record in driver_records(unit, verify, Range(), split=False):
