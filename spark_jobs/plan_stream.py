@@ -178,14 +178,16 @@ class PlanStream:
         self.last_lsn = int(lsns[-1])
         # Each record's highest safe DSN of the records before it: the vouching of rule 3.
         before = np.maximum.accumulate(np.concatenate(([self.safe_dsn_max], safe_dsns[:-1])))
-        plain = np.ones(len(lsns), dtype=np.bool_)
+        plain_safes = safe_dsns  # of the records that are not copies
         held = np.flatnonzero(counts > 0)
         if len(held):
             copy_at = self._add_entry_records(
                 held, lsns, start_dsns, counts, safe_dsns, before, checksums
             )
-            plain[copy_at] = False
-        plain_safes = safe_dsns[plain]
+            if len(copy_at):
+                plain = np.ones(len(lsns), dtype=np.bool_)
+                plain[copy_at] = False
+                plain_safes = safe_dsns[plain]
         if len(plain_safes):
             self.plain_safe_rising = (
                 self.plain_safe_rising
