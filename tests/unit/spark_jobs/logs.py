@@ -225,14 +225,21 @@ def segmented_kv_wal(wal_dir: str) -> list[bytes]:
     return records
 
 
-def one_entry_records_wal(wal_dir: str, count: int, segment_bytes_max: int = 1 << 20) -> None:
+def one_entry_records_wal(
+    wal_dir: str, count: int, segment_bytes_max: int = 1 << 20, *, crashed: bool = False
+) -> None:
     """`count` records of one `kv_entries` entry each (LSN = DSN = 1, 2, ..., safe DSN the
     one before), in segment files of at most `segment_bytes_max` bytes, written directly in
-    tae_driver/backends/segment.py's format (the frames and records its encoders make)."""
+    tae_driver/backends/segment.py's format (the frames and records its encoders make).
+    `crashed` (count >= 25): with what a crashed driver leaves near the tail, at higher LSNs:
+    identical copies of records count-20..count-18 after record count-10, and a copy of
+    record count-5 after count-2, discarded by a skip record after it."""
+    assert not crashed or count >= 25
     os.makedirs(wal_dir, exist_ok=True)
     frames: list[bytes] = []
     size = 0
     base = 1
+    lsn = 0
 
     def write(next_base: int) -> None:
         nonlocal frames, size, base
@@ -241,15 +248,28 @@ def one_entry_records_wal(wal_dir: str, count: int, segment_bytes_max: int = 1 <
             file.write(b"".join(frames))
         frames, size, base = [], 0, next_base
 
-    for index, entry in enumerate(kv_entries(count)):
-        lsn = index + 1
-        frame = encode_frame(
-            FrameType.RECORD, lsn, encode_record(lsn, lsn - 1, [entry]), durable_lsn=lsn - 1
-        )
+    def append(payload: bytes) -> None:
+        nonlocal lsn, size
+        lsn += 1
+        frame = encode_frame(FrameType.RECORD, lsn, payload, durable_lsn=lsn - 1)
         if frames and size + len(frame) > segment_bytes_max - 64:
             write(lsn)
         frames.append(frame)
         size += len(frame)
+
+    tail: dict[int, bytes] = {}
+    for index, entry in enumerate(kv_entries(count)):
+        dsn = index + 1
+        payload = encode_record(dsn, dsn - 1, [entry])
+        append(payload)
+        if crashed and dsn > count - 25:
+            tail[dsn] = payload
+        if crashed and dsn == count - 10:
+            for copied in (count - 20, count - 19, count - 18):
+                append(tail[copied])
+        if crashed and dsn == count - 2:
+            append(tail[count - 5])
+            append(encode_skip([(count - 5, lsn)]))
     write(0)
 
 
