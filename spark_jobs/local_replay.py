@@ -37,10 +37,12 @@ from spark_jobs.jobs import JobParams, JobResult
 from spark_jobs.limits import REPLAY_ROWS_HELD_BYTES_MAX, REPLAY_UNSORTED_ENTRIES_MAX
 from spark_jobs.plan_inputs import (
     StreamInput,
+    add_audit_rows,
     plan_from_records,
     refuse_past_records_max,
     stream_upto,
 )
+from spark_jobs.plan_stream import PlanStream
 from spark_jobs.schemas import schema_to_json
 from spark_jobs.verify import VERIFY_TRUE
 from spark_jobs.walread import (
@@ -48,6 +50,7 @@ from spark_jobs.walread import (
     LEVEL_COMMAND,
     ReadOptions,
     read_level,
+    read_unit,
     txn_entries,
 )
 
@@ -324,7 +327,10 @@ def replay_log(
         plan, replayed, newest_commit_ts = one_pass
     else:
         audit = ReadOptions(LEVEL_AUDIT, verify, entry_checksums=False)
-        plan = plan_from_records(read_level(scope, audit), where, base)
+        streamed = _plan_streamed(scope, audit, where, base)
+        if streamed is None:  # record by record, holding the audit level whole
+            streamed = plan_from_records(read_level(scope, audit), where, base)
+        plan = streamed
         replayed, newest_commit_ts = _replay_log(scope, options, plan, as_of, where)
     newest_commit_ts = max(newest_commit_ts, base.ckp_ts)
     catalog, changes = replayed.catalog, replayed.changes
@@ -360,6 +366,27 @@ def replay_log(
         "rows_held_bytes_peak": held_peak,
     }
     return summary, tables
+
+
+def _plan_streamed(
+    scope: JobParams, audit: ReadOptions, where: str, base: replay.BaseState
+) -> replay.ReplayPlan | None:
+    """The streamed plan (plan_stream.py) from the audit level's batches as they are read,
+    none held (a log one read could not replay: copies with other bytes, a skip record
+    naming a range's first copy), or None, then refused when the record-by-record plan
+    would pass REPLAY_PLAN_RECORDS_MAX: what `plan_from_records` gives from the whole
+    level, without holding it (issue 23: the level of 1M records is ~250 MiB)."""
+    stream = PlanStream(base.ckp_dsn)
+    for unit in scope.units():
+        for batch in read_unit(unit, audit):
+            add_audit_rows(stream, batch)
+    prefix = None
+    if stream.needs_prefix():
+        prefix = stream_upto(scope.units(), audit.verify, stream.truncated_lsn, base.ckp_dsn)
+    plan = stream.plan(where, base, prefix)
+    if plan is None:
+        refuse_past_records_max(stream.records, where)
+    return plan
 
 
 def _replay_log(

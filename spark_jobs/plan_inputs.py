@@ -55,6 +55,15 @@ def plan_from_records(
 def _stream_table(narrow: pa.Table, base: replay.BaseState) -> PlanStream:
     """A `PlanStream` shown the audit level's rows in their order (the reader's)."""
     stream = PlanStream(base.ckp_dsn)
+    add_audit_rows(stream, narrow)
+    return stream
+
+
+def add_audit_rows(stream: PlanStream, rows: pa.Table | pa.RecordBatch) -> None:
+    """Rows of the audit level (its `PLAN_COLUMNS` at least) shown to `stream`, in order."""
+    narrow = rows.select(PLAN_COLUMNS)
+    if isinstance(narrow, pa.RecordBatch):
+        narrow = pa.Table.from_batches([narrow])
     kinds = narrow.column("kind")
     held = pc.is_in(kinds, pa.array(["entry", "marker"]))
     found = narrow.filter(held)
@@ -76,7 +85,6 @@ def _stream_table(narrow: pa.Table, base: replay.BaseState) -> PlanStream:
     skips = narrow.filter(pc.equal(kinds, "skip"))
     for row in skips.select(["skip_dsns", "skip_lsns"]).to_pylist():
         stream.add_skips(zip(row["skip_dsns"], row["skip_lsns"], strict=True))
-    return stream
 
 
 def refuse_past_records_max(count: int, where: str) -> None:

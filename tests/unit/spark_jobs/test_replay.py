@@ -137,10 +137,11 @@ def kv_rows(wal: str, as_of: int = 2**62) -> list[int]:
     return [row["k"] for row in replayed(wal, as_of).get("db.kv", [])]
 
 
-def test_duplicates_are_replayed_once_and_skips_drop_their_copy(tmp_path: Path) -> None:
+def _rewritten_log(wal: str) -> None:
+    """A duplicate copy, and a stale first copy of DSN 3 discarded by a skip record and
+    written again with other bytes (a next writer's repair)."""
     entries = kv_entries(5)
     other = kv_entries(6, ts0=5000)[3]
-    wal = str(tmp_path / "wal")
     write_file_wal(
         wal,
         [
@@ -152,6 +153,11 @@ def test_duplicates_are_replayed_once_and_skips_drop_their_copy(tmp_path: Path) 
             encode_record(4, 3, entries[3:5]),
         ],
     )
+
+
+def test_duplicates_are_replayed_once_and_skips_drop_their_copy(tmp_path: Path) -> None:
+    wal = str(tmp_path / "wal")
+    _rewritten_log(wal)
     assert kv_rows(wal) == [0, 1, 2]
     assert kv_rows(wal, as_of=1025) == [0]  # commit_ts 1020 is DSN 3, 1030 DSN 4
     assert not one_pass_taken(wal)  # copies the plan drops: read as the plan says
@@ -183,6 +189,27 @@ def test_a_log_planned_record_by_record_is_refused_past_its_limit(
         kv_rows(trailing)
     assert kv_rows(clean) == [0, 1, 2]  # five records, streamed
     assert kv_rows(copied) == [0, 1, 2]  # six records, one a copy: streamed
+
+
+def test_a_log_one_read_cannot_replay_is_planned_from_the_audit_stream(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A skipped first copy rewritten with other bytes (`_rewritten_log`): one read cannot
+    replay it (the first copy met is not the one replayed), so the log is read twice, its
+    plan streamed from the audit level's batches, none held: past REPLAY_PLAN_RECORDS_MAX
+    (4 here; the log has 6 records) it is answered, and the audit level is never read whole.
+    On the old code: `ReplayRefused`."""
+    wal = str(tmp_path / "wal")
+    _rewritten_log(wal)
+    assert not one_pass_taken(wal)
+    monkeypatch.setattr(plan_inputs, "REPLAY_PLAN_RECORDS_MAX", 4)
+
+    def not_whole(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the audit level was read whole")
+
+    monkeypatch.setattr(local_replay, "read_level", not_whole)
+    assert kv_rows(wal) == [0, 1, 2]
+    assert kv_rows(wal, as_of=1025) == [0]
 
 
 def _crashed_engine_wal(tmp_path: Path) -> tuple[str, int]:
