@@ -37,12 +37,11 @@ from spark_jobs.jobs import JobParams, JobResult
 from spark_jobs.limits import REPLAY_ROWS_HELD_BYTES_MAX, REPLAY_UNSORTED_ENTRIES_MAX
 from spark_jobs.plan_inputs import (
     StreamInput,
-    add_audit_rows,
     plan_from_records,
     refuse_past_records_max,
+    stream_records,
     stream_upto,
 )
-from spark_jobs.plan_stream import PlanStream
 from spark_jobs.schemas import schema_to_json
 from spark_jobs.verify import VERIFY_TRUE
 from spark_jobs.walread import (
@@ -50,7 +49,6 @@ from spark_jobs.walread import (
     LEVEL_COMMAND,
     ReadOptions,
     read_level,
-    read_unit,
     txn_entries,
 )
 
@@ -327,7 +325,7 @@ def replay_log(
         plan, replayed, newest_commit_ts = one_pass
     else:
         audit = ReadOptions(LEVEL_AUDIT, verify, entry_checksums=False)
-        streamed = _plan_streamed(scope, audit, where, base)
+        streamed = _plan_streamed(scope, verify, where, base)
         if streamed is None:  # record by record, holding the audit level whole
             streamed = plan_from_records(read_level(scope, audit), where, base)
         plan = streamed
@@ -369,20 +367,21 @@ def replay_log(
 
 
 def _plan_streamed(
-    scope: JobParams, audit: ReadOptions, where: str, base: replay.BaseState
+    scope: JobParams, verify: str, where: str, base: replay.BaseState
 ) -> replay.ReplayPlan | None:
-    """The streamed plan (plan_stream.py) from the audit level's batches as they are read,
-    none held (a log one read could not replay: copies with other bytes, a skip record
-    naming a range's first copy), or None, then refused when the record-by-record plan
-    would pass REPLAY_PLAN_RECORDS_MAX: what `plan_from_records` gives from the whole
-    level, without holding it (issue 23: the level of 1M records is ~250 MiB)."""
-    stream = PlanStream(base.ckp_dsn)
-    for unit in scope.units():
-        for batch in read_unit(unit, audit):
-            add_audit_rows(stream, batch)
-    prefix = None
-    if stream.needs_prefix():
-        prefix = stream_upto(scope.units(), audit.verify, stream.truncated_lsn, base.ckp_dsn)
+    """The streamed plan (plan_stream.py) from a read of the log's records alone (a clean
+    segment's as arrays), none held, for a log one read could not replay (a copy with other
+    bytes than the first one met, a skip record naming a range's first copy); or None,
+    refused when the record-by-record plan would pass REPLAY_PLAN_RECORDS_MAX, before the
+    audit level is read whole (issue 23: ~250 MiB for 1M records). Damage: None, so that
+    the record-by-record path names it, as it always did."""
+    try:
+        stream = stream_records(scope.units(), verify, base.ckp_dsn)
+        prefix = None
+        if stream.needs_prefix():
+            prefix = stream_upto(scope.units(), verify, stream.truncated_lsn, base.ckp_dsn)
+    except (InputCorrupt, ReplayFailed):
+        return None
     plan = stream.plan(where, base, prefix)
     if plan is None:
         refuse_past_records_max(stream.records, where)

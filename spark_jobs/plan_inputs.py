@@ -2,8 +2,9 @@
 reader passes the log's backend records: `StreamInput` (a `PlanStream`, plan_stream.py:
 constant memory, the plan of a clean log) and `PlanInput` (every record held, the plan of any
 log, up to REPLAY_PLAN_RECORDS_MAX records); `plan_from_records` from the audit level's
-narrow columns (`PLAN_COLUMNS`) tries the first, then the second. `stream_upto` reads the
-records at or below a truncated LSN again, for a `PlanStream`'s `prefix`.
+narrow columns (`PLAN_COLUMNS`) tries the first, then the second. `stream_records` reads a
+log's records alone into a `PlanStream`; `stream_upto` reads the records at or below a
+truncated LSN again, for a `PlanStream`'s `prefix`.
 """
 
 from __future__ import annotations
@@ -55,15 +56,6 @@ def plan_from_records(
 def _stream_table(narrow: pa.Table, base: replay.BaseState) -> PlanStream:
     """A `PlanStream` shown the audit level's rows in their order (the reader's)."""
     stream = PlanStream(base.ckp_dsn)
-    add_audit_rows(stream, narrow)
-    return stream
-
-
-def add_audit_rows(stream: PlanStream, rows: pa.Table | pa.RecordBatch) -> None:
-    """Rows of the audit level (its `PLAN_COLUMNS` at least) shown to `stream`, in order."""
-    narrow = rows.select(PLAN_COLUMNS)
-    if isinstance(narrow, pa.RecordBatch):
-        narrow = pa.Table.from_batches([narrow])
     kinds = narrow.column("kind")
     held = pc.is_in(kinds, pa.array(["entry", "marker"]))
     found = narrow.filter(held)
@@ -85,6 +77,7 @@ def add_audit_rows(stream: PlanStream, rows: pa.Table | pa.RecordBatch) -> None:
     skips = narrow.filter(pc.equal(kinds, "skip"))
     for row in skips.select(["skip_dsns", "skip_lsns"]).to_pylist():
         stream.add_skips(zip(row["skip_dsns"], row["skip_lsns"], strict=True))
+    return stream
 
 
 def refuse_past_records_max(count: int, where: str) -> None:
@@ -206,6 +199,23 @@ class StreamInput:
         )
         if len(found.truncate_lsns):
             self.stream.add_truncate(int(found.truncate_lsns.max()))
+
+
+def stream_records(units: Iterable[Unit], verify: str, ckp_dsn: int) -> PlanStream:
+    """Every record of `units` shown to a `PlanStream` (records only, no entry decoded): a
+    clean segment's at once as arrays, any other unit's record by record, as `entry_chunks`
+    shows its sink (spark_jobs/entries.py)."""
+    sink = StreamInput(ckp_dsn)
+    for unit in units:
+        if unit.backend == BACKEND_FILE and verify != VERIFY_REPORT:
+            with SEGMENT_BUFFERS.lease(unit.path) as data:
+                found = segment_records(unit, data, verify, Range())
+                if found is not None:
+                    sink.add_records(found)
+                    continue
+        for record in driver_records(unit, verify, Range(), split=False):
+            sink.add_record(record)
+    return sink.stream
 
 
 def stream_upto(units: Iterable[Unit], verify: str, truncated_lsn: int, ckp_dsn: int) -> PlanStream:

@@ -191,12 +191,12 @@ def test_a_log_planned_record_by_record_is_refused_past_its_limit(
     assert kv_rows(copied) == [0, 1, 2]  # six records, one a copy: streamed
 
 
-def test_a_log_one_read_cannot_replay_is_planned_from_the_audit_stream(
+def test_a_log_one_read_cannot_replay_is_planned_from_its_records_streamed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A skipped first copy rewritten with other bytes (`_rewritten_log`): one read cannot
     replay it (the first copy met is not the one replayed), so the log is read twice, its
-    plan streamed from the audit level's batches, none held: past REPLAY_PLAN_RECORDS_MAX
+    plan streamed from a read of its records alone, none held: past REPLAY_PLAN_RECORDS_MAX
     (4 here; the log has 6 records) it is answered, and the audit level is never read whole.
     On the old code: `ReplayRefused`."""
     wal = str(tmp_path / "wal")
