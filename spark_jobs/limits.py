@@ -5,6 +5,8 @@ Relations between them are asserted at import (shared/STYLE.md).
 
 from __future__ import annotations
 
+from tae_driver import limits as driver_limits
+
 AUTO_SPARK_INPUT_BYTES_MIN = 1 << 30
 """`--engine auto` runs a job on Spark when its input (the log units it reads: WAL segment
 files, logsvc shard journals) holds at least this many bytes, else on the local engine. Why
@@ -96,6 +98,27 @@ REPLAY_PLAN_SKIPS_HELD_MAX = 65_536
 holds: 8 bytes each in a list, about 2 MiB at most. A skip record is written only by a
 repair (one per diverged copy), so a log with more is planned record by record instead."""
 
+REPLAY_PLAN_WINDOW_RECORDS = 4096
+"""Entry records (the most recent ones that began a DSN range: start DSN, count, checksum,
+LSN, ordinal; five int64 arrays, 160 KiB) that the streaming replay plan
+(spark_jobs/plan_stream.py) remembers to recognise a copy: a record re-appended with the
+same DSNs and bytes at a higher LSN, which a driver writes after a crash or a timeout (a
+retried append, tae_driver/replay.py). A driver re-appends only what was in flight, at most
+its window (tae_driver WINDOW_RECORDS_MAX, 256 records) behind the newest record, so a copy
+lies well inside this (16 windows); and at 160 KiB it is too small to show in a replay's
+peak (tests/unit/spark_jobs/test_plan_memory.py). A copy of an older record (or one whose
+DSNs or bytes differ, or that overlaps part of a range) makes the streamed plan give up:
+the log is planned record by record, which names the exact error, or, past
+REPLAY_PLAN_RECORDS_MAX records, is refused."""
+
+REPLAY_PLAN_COPIES_HELD_MAX = 16_384
+"""Copies (a tuple of seven ints each, ~250 bytes: ~4 MiB at most) that the streaming
+replay plan holds to resolve skip records and to list the LSNs it leaves out of its kept
+span: one crash leaves at most a few copies of each record in flight (tae_driver
+RECORD_COPIES_MAX times WINDOW_RECORDS_MAX: 1,024), so this is 16 such crashes at their
+worst; a log with more is planned record by record (and refused past
+REPLAY_PLAN_RECORDS_MAX records)."""
+
 REPLAY_PLAN_RECORDS_MAX = 1_000_000
 """Backend records a log that is not clean (copies, skip records, gaps, records out of LSN
 order: plan_stream.py's module doc) may have for its replay plan to be made record by record
@@ -113,6 +136,10 @@ the replay is refused (`ReplayRefused`, naming this limit). The driver and the f
 always write a log in DSN order; only a log pieced together by hand is out of it."""
 
 assert REPLAY_PLAN_SKIPS_HELD_MAX * 8 <= 4 << 20
+assert REPLAY_PLAN_WINDOW_RECORDS * 5 * 8 <= 256 << 10
+assert REPLAY_PLAN_WINDOW_RECORDS >= 16 * driver_limits.WINDOW_RECORDS_MAX
+assert REPLAY_PLAN_COPIES_HELD_MAX * 250 <= 4 << 20
+assert REPLAY_PLAN_COPIES_HELD_MAX >= driver_limits.RECORD_COPIES_MAX * 256
 assert REPLAY_PLAN_RECORDS_MAX * 300 + REPLAY_ROWS_HELD_BYTES_MAX < 1 << 30
 
 AUDIT_HELD_BYTES_MAX = 64 << 20

@@ -39,6 +39,7 @@ from spark_jobs.plan_inputs import (
     StreamInput,
     plan_from_records,
     refuse_past_records_max,
+    stream_records,
     stream_upto,
 )
 from spark_jobs.schemas import schema_to_json
@@ -203,6 +204,13 @@ class _Replayed:
     def chunk_in_order(self, dsns: npt.NDArray[np.int64]) -> bool:
         return not len(dsns) or (dsns[0] > self._last_dsn and bool(np.all(np.diff(dsns) > 0)))
 
+    def first_met(self, dsns: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
+        """Per DSN of a chunk's, whether it is above every DSN before it (this chunk's and
+        every one added): the first copy of each DSN met, rising."""
+        before = np.maximum.accumulate(np.concatenate(([self._last_dsn], dsns[:-1])))
+        found: npt.NDArray[np.bool_] = dsns > before
+        return found
+
     def add_chunk(self, decoded: DecodedEntries, chosen: npt.NDArray[np.int64]) -> None:
         """`add` for the entries `chosen` (indexes into `decoded`, transactions, DSNs rising
         past every earlier one): rule 4 and TS as arrays, then the one-append entries' rows
@@ -317,7 +325,10 @@ def replay_log(
         plan, replayed, newest_commit_ts = one_pass
     else:
         audit = ReadOptions(LEVEL_AUDIT, verify, entry_checksums=False)
-        plan = plan_from_records(read_level(scope, audit), where, base)
+        streamed = _plan_streamed(scope, verify, where, base)
+        if streamed is None:  # record by record, holding the audit level whole
+            streamed = plan_from_records(read_level(scope, audit), where, base)
+        plan = streamed
         replayed, newest_commit_ts = _replay_log(scope, options, plan, as_of, where)
     newest_commit_ts = max(newest_commit_ts, base.ckp_ts)
     catalog, changes = replayed.catalog, replayed.changes
@@ -353,6 +364,28 @@ def replay_log(
         "rows_held_bytes_peak": held_peak,
     }
     return summary, tables
+
+
+def _plan_streamed(
+    scope: JobParams, verify: str, where: str, base: replay.BaseState
+) -> replay.ReplayPlan | None:
+    """The streamed plan (plan_stream.py) from a read of the log's records alone (a clean
+    segment's as arrays), none held, for a log one read could not replay (a copy with other
+    bytes than the first one met, a skip record naming a range's first copy); or None,
+    refused when the record-by-record plan would pass REPLAY_PLAN_RECORDS_MAX, before the
+    audit level is read whole (issue 23: ~250 MiB for 1M records). Damage: None, so that
+    the record-by-record path names it, as it always did."""
+    try:
+        stream = stream_records(scope.units(), verify, base.ckp_dsn)
+        prefix = None
+        if stream.needs_prefix():
+            prefix = stream_upto(scope.units(), verify, stream.truncated_lsn, base.ckp_dsn)
+    except (InputCorrupt, ReplayFailed):
+        return None
+    plan = stream.plan(where, base, prefix)
+    if plan is None:
+        refuse_past_records_max(stream.records, where)
+    return plan
 
 
 def _replay_log(
@@ -395,11 +428,14 @@ def _replay_one_pass(
     """`_replay_log` in one read of the log instead of two (the plan's records, then its
     entries): every entry is replayed as if the plan kept it, while the records are shown to
     a streaming plan (plan_stream.py: a few numbers, whatever the log's size); the result
-    stands when that plan keeps every record and DSN that was replayed, which is what a
-    clean log gives (rules 1-3 of spark_jobs/replay.py drop nothing from it but a truncated
-    prefix, whose records are read again alone). Otherwise (skipped or repeated copies,
-    entries out of DSN order, any damage) None: the caller reads the log twice, as the plan
-    says, and that path alone names errors, so they are what they always were."""
+    stands when that plan replays every DSN that was replayed, from records with the bytes
+    replayed, which is what a clean log gives (rules 1-3 of spark_jobs/replay.py drop nothing
+    from it but a truncated prefix, whose records are read again alone), and a log with
+    copies of its original's bytes too: only the first copy of each DSN met is replayed
+    (plan_stream.py: the streamed plan keeps a record with those bytes). Otherwise (copies
+    with other bytes, entries out of DSN order, any damage) None: the caller reads the log
+    twice, as the plan says, and that path alone names errors, so they are what they always
+    were."""
     if not options.bounds.range("lsn").unbounded:
         return None
     gathered = StreamInput(base.ckp_dsn)
@@ -417,7 +453,14 @@ def _replay_one_pass(
                     continue
                 dsns = decoded.dsns[chosen]
                 if not replayed.chunk_in_order(dsns):
-                    return None
+                    # Copies (DSNs met before): only the first met of each DSN is replayed,
+                    # which is the plan's when it has no copy with other bytes (below).
+                    if gathered.stream.cannot_plan():
+                        return None  # out of DSN order for another reason: read twice
+                    first_met = replayed.first_met(dsns)
+                    chosen, dsns = chosen[first_met], dsns[first_met]
+                    if not len(chosen):
+                        continue
                 dsn_lo = int(dsns[0]) if dsn_lo is None else dsn_lo
                 dsn_hi = int(dsns[-1])
                 lowest = int(chunk.lsns[chosen].min())
@@ -437,12 +480,16 @@ def _replay_one_pass(
         # audit level of a log of that size is read whole.
         refuse_past_records_max(stream.records, where)
         return None
+    if stream.differing_copies:
+        return None  # a DSN's first copy met may not be the one the plan replays
     if dsn_lo is not None:
         assert dsn_hi is not None and lsn_replayed_min is not None
         if dsn_lo < plan.first_dsn or dsn_hi > plan.last_dsn:
             return None
-        # The streamed plan keeps the entry records of a span of LSNs (its kept set has no
-        # other form): every LSN replayed is in it when the lowest is.
+        # The streamed plan keeps the entry records of a span of LSNs less copies (its kept
+        # set has no other form): every DSN replayed came from an original in it (or one a
+        # skip record names, whose copy with the same bytes it keeps) when the lowest
+        # LSN replayed is in the span.
         kept = plan.kept_lsns
         if not kept.span_count or lsn_replayed_min <= kept.span_after:
             return None  # an entry replayed from a record the plan does not keep

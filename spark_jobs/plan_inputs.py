@@ -2,8 +2,9 @@
 reader passes the log's backend records: `StreamInput` (a `PlanStream`, plan_stream.py:
 constant memory, the plan of a clean log) and `PlanInput` (every record held, the plan of any
 log, up to REPLAY_PLAN_RECORDS_MAX records); `plan_from_records` from the audit level's
-narrow columns (`PLAN_COLUMNS`) tries the first, then the second. `stream_upto` reads the
-records at or below a truncated LSN again, for a `PlanStream`'s `prefix`.
+narrow columns (`PLAN_COLUMNS`) tries the first, then the second. `stream_records` reads a
+log's records alone into a `PlanStream`; `stream_upto` reads the records at or below a
+truncated LSN again, for a `PlanStream`'s `prefix`.
 """
 
 from __future__ import annotations
@@ -64,7 +65,11 @@ def _stream_table(narrow: pa.Table, base: replay.BaseState) -> PlanStream:
 
     if found.num_rows:
         stream.add_arrays(
-            ints("lsn"), ints("record_start_dsn"), ints("record_count"), ints("safe_dsn")
+            ints("lsn"),
+            ints("record_start_dsn"),
+            ints("record_count"),
+            ints("safe_dsn"),
+            ints("record_checksum"),
         )
     truncates = narrow.filter(pc.equal(kinds, "truncate")).column("lsn").to_pylist()
     for lsn in truncates:
@@ -178,8 +183,10 @@ class StreamInput:
         if fields.kind in ("entry", "marker"):
             assert lsn is not None
             assert fields.start_dsn is not None and fields.record_count is not None
-            assert fields.safe_dsn is not None
-            self.stream.add_one(lsn, fields.start_dsn, fields.record_count, fields.safe_dsn)
+            assert fields.safe_dsn is not None and fields.checksum is not None
+            self.stream.add_one(
+                lsn, fields.start_dsn, fields.record_count, fields.safe_dsn, fields.checksum
+            )
         elif fields.kind == "skip":
             self.stream.add_skips(fields.skip_pairs or ())
         elif fields.kind == "truncate":
@@ -187,9 +194,28 @@ class StreamInput:
             self.stream.add_truncate(lsn)
 
     def add_records(self, found: SegmentRecords) -> None:
-        self.stream.add_arrays(found.lsns, found.start_dsns, found.counts, found.safe_dsns)
+        self.stream.add_arrays(
+            found.lsns, found.start_dsns, found.counts, found.safe_dsns, found.checksums
+        )
         if len(found.truncate_lsns):
             self.stream.add_truncate(int(found.truncate_lsns.max()))
+
+
+def stream_records(units: Iterable[Unit], verify: str, ckp_dsn: int) -> PlanStream:
+    """Every record of `units` shown to a `PlanStream` (records only, no entry decoded): a
+    clean segment's at once as arrays, any other unit's record by record, as `entry_chunks`
+    shows its sink (spark_jobs/entries.py)."""
+    sink = StreamInput(ckp_dsn)
+    for unit in units:
+        if unit.backend == BACKEND_FILE and verify != VERIFY_REPORT:
+            with SEGMENT_BUFFERS.lease(unit.path) as data:
+                found = segment_records(unit, data, verify, Range())
+                if found is not None:
+                    sink.add_records(found)
+                    continue
+        for record in driver_records(unit, verify, Range(), split=False):
+            sink.add_record(record)
+    return sink.stream
 
 
 def stream_upto(units: Iterable[Unit], verify: str, truncated_lsn: int, ckp_dsn: int) -> PlanStream:
@@ -213,7 +239,11 @@ def _records_upto(unit: Unit, verify: str, truncated_lsn: int, sink: StreamInput
             if found is not None:
                 cut = found.lsns <= truncated_lsn
                 sink.stream.add_arrays(
-                    found.lsns[cut], found.start_dsns[cut], found.counts[cut], found.safe_dsns[cut]
+                    found.lsns[cut],
+                    found.start_dsns[cut],
+                    found.counts[cut],
+                    found.safe_dsns[cut],
+                    found.checksums[cut],
                 )
                 return not bool(cut.all())
     for record in driver_records(unit, verify, Range(), split=False):

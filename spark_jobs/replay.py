@@ -123,18 +123,26 @@ class LsnSet:
     on (issue 23: a `set[int]` took ~70-100 bytes a record, a 1 GB worker ~3.7M records):
     the LSNs `listed` (sorted, distinct), and `span_count` more, which are the log's records
     of the set's kind with an LSN in `(span_after, span_upto]` (kept LSNs: the records
-    holding entries; truncated ones: every record). A span's LSNs are the log's to say, so
-    membership is asked of LSNs of that kind only (a chunk's entries' records)."""
+    holding entries; truncated ones: every record), less the LSNs `excluded` (sorted,
+    distinct, in the span: the copies a streamed plan does not replay, plan_stream.py). A
+    span's LSNs are the log's to say, so membership is asked of LSNs of that kind only (a
+    chunk's entries' records); `span_count` is how many the set holds, exclusions taken."""
 
     listed: npt.NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     span_after: int = 0
     span_upto: int = 0
     span_count: int = 0
+    excluded: npt.NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
     def __post_init__(self) -> None:
         assert self.span_count >= 0
         assert self.span_count == 0 or self.span_upto > self.span_after
         assert self.span_count == 0 or not len(self.listed)  # one form or the other
+        assert self.span_count or not len(self.excluded)  # exclusions from a span only
+        excluded = self.excluded
+        assert not len(excluded) or int(excluded[0]) > self.span_after
+        assert not len(excluded) or int(excluded[-1]) <= self.span_upto
+        assert len(excluded) < 2 or bool((excluded[1:] > excluded[:-1]).all())
 
     @staticmethod
     def of(lsns: Iterable[int]) -> LsnSet:
@@ -152,12 +160,10 @@ class LsnSet:
         vectorised step, whatever the set's size."""
         if self.span_count:
             held: npt.NDArray[np.bool_] = (lsns > self.span_after) & (lsns <= self.span_upto)
+            if len(self.excluded):
+                return held & ~_sorted_holds(self.excluded, lsns)
             return held
-        if not len(self.listed):
-            return np.zeros(len(lsns), dtype=np.bool_)
-        at = np.searchsorted(self.listed, lsns)
-        found: npt.NDArray[np.bool_] = self.listed[np.minimum(at, len(self.listed) - 1)] == lsns
-        return found
+        return _sorted_holds(self.listed, lsns)
 
     def __iter__(self) -> Iterator[int]:
         """The listed LSNs (a span's are not known here: a plan's tests list them)."""
@@ -169,18 +175,31 @@ class LsnSet:
             return not self.span_count and set(self.listed.tolist()) == other
         if not isinstance(other, LsnSet):
             return NotImplemented
-        return (self.span_after, self.span_upto, self.span_count) == (
-            other.span_after,
-            other.span_upto,
-            other.span_count,
-        ) and bool(np.array_equal(self.listed, other.listed))
+        return (
+            (self.span_after, self.span_upto, self.span_count)
+            == (other.span_after, other.span_upto, other.span_count)
+            and bool(np.array_equal(self.listed, other.listed))
+            and bool(np.array_equal(self.excluded, other.excluded))
+        )
 
     __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
         if self.span_count:
-            return f"LsnSet({self.span_count} in ({self.span_after}, {self.span_upto}])"
+            less = f" less {self.excluded.tolist()}" if len(self.excluded) else ""
+            return f"LsnSet({self.span_count} in ({self.span_after}, {self.span_upto}]{less})"
         return f"LsnSet({self.listed.tolist()})"
+
+
+def _sorted_holds(
+    sorted_lsns: npt.NDArray[np.int64], lsns: npt.NDArray[np.int64]
+) -> npt.NDArray[np.bool_]:
+    """Per LSN of `lsns`, whether `sorted_lsns` (sorted, distinct) holds it."""
+    if not len(sorted_lsns):
+        return np.zeros(len(lsns), dtype=np.bool_)
+    at = np.searchsorted(sorted_lsns, lsns)
+    found: npt.NDArray[np.bool_] = sorted_lsns[np.minimum(at, len(sorted_lsns) - 1)] == lsns
+    return found
 
 
 @dataclass(slots=True)

@@ -232,12 +232,18 @@ def one_entry_records_wal(
     *,
     dsns: Sequence[int] = (),
     skips: Sequence[tuple[int, int]] = (),
+    crashed: bool = False,
 ) -> None:
     """`count` records of one `kv_entries` entry each (LSN = DSN = 1, 2, ..., safe DSN the
     one before), in segment files of at most `segment_bytes_max` bytes, written directly in
     tae_driver/backends/segment.py's format (the frames and records its encoders make).
     With `dsns`, one record per DSN named (the entry of that DSN; LSNs still 1, 2, ...):
-    copies and gaps; then, with `skips`, one skip record naming these (DSN, LSN) pairs."""
+    copies and gaps; then, with `skips`, one skip record naming these (DSN, LSN) pairs.
+    `crashed` (count >= 25, without `dsns`): with what a crashed driver leaves near the
+    tail, at higher LSNs: identical copies of records count-20..count-18 after record
+    count-10, and a copy of record count-5 after count-2, discarded by a skip record after
+    it."""
+    assert not crashed or (count >= 25 and not dsns)
     os.makedirs(wal_dir, exist_ok=True)
     if not dsns:
         dsns = range(1, count + 1)
@@ -245,6 +251,7 @@ def one_entry_records_wal(
     frames: list[bytes] = []
     size = 0
     base = 1
+    lsn = 0
 
     def write(next_base: int) -> None:
         nonlocal frames, size, base
@@ -253,16 +260,29 @@ def one_entry_records_wal(
             file.write(b"".join(frames))
         frames, size, base = [], 0, next_base
 
-    records = [encode_record(dsn, dsn - 1, [entries[dsn - 1]]) for dsn in dsns]
-    if skips:
-        records.append(encode_skip(list(skips)))
-    for index, record in enumerate(records):
-        lsn = index + 1
-        frame = encode_frame(FrameType.RECORD, lsn, record, durable_lsn=lsn - 1)
+    def append(payload: bytes) -> None:
+        nonlocal lsn, size
+        lsn += 1
+        frame = encode_frame(FrameType.RECORD, lsn, payload, durable_lsn=lsn - 1)
         if frames and size + len(frame) > segment_bytes_max - 64:
             write(lsn)
         frames.append(frame)
         size += len(frame)
+
+    tail: dict[int, bytes] = {}
+    for dsn in dsns:
+        payload = encode_record(dsn, dsn - 1, [entries[dsn - 1]])
+        append(payload)
+        if crashed and dsn > count - 25:
+            tail[dsn] = payload
+        if crashed and dsn == count - 10:
+            for copied in (count - 20, count - 19, count - 18):
+                append(tail[copied])
+        if crashed and dsn == count - 2:
+            append(tail[count - 5])
+            append(encode_skip([(count - 5, lsn)]))
+    if skips:
+        append(encode_skip(list(skips)))
     write(0)
 
 

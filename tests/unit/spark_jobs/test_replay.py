@@ -19,6 +19,7 @@ test_checkpoint_replay.py).
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from engine import SyncEngine
 from spark_jobs import entries as entries_module
 from spark_jobs import local, local_replay, plan_inputs, replay, walread
 from spark_jobs.errors import CopiesDisagree, LogHole, ReplayRefused
@@ -36,7 +38,10 @@ from spark_jobs.plan_stream import PlanStream
 from spark_jobs.records import driver_records
 from spark_jobs.run import run_job
 from spark_jobs.walread import ReadOptions
+from tae_driver.record import EntriesRecord
+from tae_driver.record import decode as decode_record
 from tests.unit.spark_jobs.logs import (
+    ITEMS,
     History,
     anomalies_log,
     append_entry,
@@ -50,6 +55,7 @@ from tests.unit.spark_jobs.logs import (
     in_memory,
     kv_entries,
     records_of,
+    snapshot_scans,
     write_file_wal,
 )
 
@@ -131,10 +137,11 @@ def kv_rows(wal: str, as_of: int = 2**62) -> list[int]:
     return [row["k"] for row in replayed(wal, as_of).get("db.kv", [])]
 
 
-def test_duplicates_are_replayed_once_and_skips_drop_their_copy(tmp_path: Path) -> None:
+def _rewritten_log(wal: str) -> None:
+    """A duplicate copy, and a stale first copy of DSN 3 discarded by a skip record and
+    written again with other bytes (a next writer's repair)."""
     entries = kv_entries(5)
     other = kv_entries(6, ts0=5000)[3]
-    wal = str(tmp_path / "wal")
     write_file_wal(
         wal,
         [
@@ -146,33 +153,148 @@ def test_duplicates_are_replayed_once_and_skips_drop_their_copy(tmp_path: Path) 
             encode_record(4, 3, entries[3:5]),
         ],
     )
+
+
+def test_duplicates_are_replayed_once_and_skips_drop_their_copy(tmp_path: Path) -> None:
+    wal = str(tmp_path / "wal")
+    _rewritten_log(wal)
     assert kv_rows(wal) == [0, 1, 2]
     assert kv_rows(wal, as_of=1025) == [0]  # commit_ts 1020 is DSN 3, 1030 DSN 4
     assert not one_pass_taken(wal)  # copies the plan drops: read as the plan says
     plan = plan_inputs.plan_from_records(
         walread.read_level(JobParams("x", file_input(wal)), ReadOptions("audit")), "wal"
     )
-    assert (set(plan.kept_lsns), set(plan.duplicate_lsns), set(plan.skipped_lsns)) == (
-        {1, 5, 6}, {2}, {3},
-    )  # fmt: skip
+    kept = {lsn for lsn in (1, 2, 3, 5, 6) if lsn in plan.kept_lsns}  # the entry records
+    assert (kept, set(plan.duplicate_lsns), set(plan.skipped_lsns)) == ({1, 5, 6}, {2}, {3})
     assert plan.last_dsn == 5
 
 
 def test_a_log_planned_record_by_record_is_refused_past_its_limit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A log that is not clean (a duplicate copy) is planned record by record, holding every
-    record: past REPLAY_PLAN_RECORDS_MAX the replay is refused, naming the limit (issue 23:
-    a worker's memory), where a clean log of the same size is planned as it streams by."""
-    entries = kv_entries(5)
-    copied, clean = str(tmp_path / "copied"), str(tmp_path / "clean")
-    write_file_wal(copied, [*records_of(entries[:3]), *records_of(entries[2:], first_dsn=3)])
-    write_file_wal(clean, records_of(entries))
-    assert kv_rows(copied) == kv_rows(clean) == [0, 1, 2]
+    """A log the streamed plan does not take (trailing records after a DSN gap) is planned
+    record by record, holding every record: past REPLAY_PLAN_RECORDS_MAX the replay is
+    refused, naming the limit (issue 23: a worker's memory), where a clean log of the same
+    size, or one with a crashed driver's copies, is planned as it streams by."""
+    entries = kv_entries(7)
+    trailing, clean = str(tmp_path / "trailing"), str(tmp_path / "clean")
+    copied = str(tmp_path / "copied")
+    write_file_wal(trailing, [*records_of(entries[:4]), encode_record(6, 4, entries[5:7])])
+    write_file_wal(clean, records_of(entries[:5]))
+    write_file_wal(copied, [*records_of(entries[:3]), *records_of(entries[2:5], first_dsn=3)])
+    assert kv_rows(trailing) == [0, 1]  # DSNs 6-7 left out
+    assert kv_rows(clean) == kv_rows(copied) == [0, 1, 2]
     monkeypatch.setattr(plan_inputs, "REPLAY_PLAN_RECORDS_MAX", 4)
     with pytest.raises(ReplayRefused, match=r"REPLAY_PLAN_RECORDS_MAX \(4\)"):
-        kv_rows(copied)
+        kv_rows(trailing)
     assert kv_rows(clean) == [0, 1, 2]  # five records, streamed
+    assert kv_rows(copied) == [0, 1, 2]  # six records, one a copy: streamed
+
+
+def test_a_log_one_read_cannot_replay_is_planned_from_its_records_streamed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A skipped first copy rewritten with other bytes (`_rewritten_log`): one read cannot
+    replay it (the first copy met is not the one replayed), so the log is read twice, its
+    plan streamed from a read of its records alone, none held: past REPLAY_PLAN_RECORDS_MAX
+    (4 here; the log has 6 records) it is answered, and the audit level is never read whole.
+    On the old code: `ReplayRefused`."""
+    wal = str(tmp_path / "wal")
+    _rewritten_log(wal)
+    assert not one_pass_taken(wal)
+    monkeypatch.setattr(plan_inputs, "REPLAY_PLAN_RECORDS_MAX", 4)
+
+    def not_whole(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the audit level was read whole")
+
+    monkeypatch.setattr(local_replay, "read_level", not_whole)
+    assert kv_rows(wal) == [0, 1, 2]
+    assert kv_rows(wal, as_of=1025) == [0]
+
+
+def _crashed_engine_wal(tmp_path: Path) -> tuple[str, int]:
+    """A real engine's directory whose WAL holds what a crashed driver leaves near its tail:
+    records re-appended with their DSNs and bytes at higher LSNs, one of those copies
+    discarded by a skip record (the engine wrote 30 one-row transactions; its records are
+    appended again through the file backend with the copies among them). Returns the
+    directory and the engine's newest commit_ts."""
+    source = tmp_path / "source"
+    eng = SyncEngine.open(str(source), maintenance=False)
+    try:
+        with eng.transaction() as txn:
+            txn.create_database("shop")
+            txn.create_table("shop", "items", ITEMS)
+        for i in range(30):
+            with eng.transaction() as txn:
+                txn.table("shop", "items").insert([{"sku": f"s{i}", "price": float(i)}])
+    finally:
+        eng.close()
+    [unit] = JobParams("x", file_input(str(source))).units()
+    payloads = [_payload(found.rec.payload) for found in driver_records(unit, "true", Range())]
+    assert len(payloads) >= 31
+    head, tail = payloads[:-4], payloads[-4:]
+    log = [
+        *head,
+        payloads[-6],  # DSNs of the 6th-last record again, the same bytes
+        tail[0],
+        tail[1],
+        payloads[-5],  # and of the 5th-last ...
+        tail[2],
+        tail[3],
+    ]
+    copy_lsn = len(head) + 4  # ... at this LSN (the file backend's LSNs run 1, 2, ...)
+    log.append(encode_skip([(_start_dsn(payloads[-5]), copy_lsn)]))  # ... discarded
+    crashed = tmp_path / "crashed"
+    shutil.copytree(source, crashed, ignore=shutil.ignore_patterns("wal"))
+    write_file_wal(str(crashed / "wal"), log)
+    eng = SyncEngine.open(str(crashed), read_only=True, maintenance=False)
+    try:
+        newest = eng.visible_ts
+    finally:
+        eng.close()
+    return str(crashed), newest
+
+
+def _payload(payload: bytes | None) -> bytes:
+    assert payload is not None
+    return payload
+
+
+def _start_dsn(payload: bytes) -> int:
+    decoded = decode_record(payload)
+    assert isinstance(decoded, EntriesRecord)
+    return decoded.start_dsn
+
+
+def test_a_crashed_log_past_the_record_limit_is_streamed_in_one_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 23's gap: the copies a crashed driver leaves (`_crashed_engine_wal`) made a log
+    be planned record by record, refused past REPLAY_PLAN_RECORDS_MAX. Now it is streamed:
+    past a limit of 8 records, in one read of the log, the replay at several timestamps
+    equals what the engine itself scans after opening that WAL (the driver's own replay).
+    On the old code: `ReplayRefused`, naming the limit."""
+    crashed, newest = _crashed_engine_wal(tmp_path)
+    eng = SyncEngine.open(crashed, read_only=True, maintenance=False)
+    try:
+        scans = {ts: snapshot_scans(eng, ts) for ts in (newest - 3, newest - 1, newest)}
+    finally:
+        eng.close()
+    assert len(scans[newest]["shop.items"]) == 30
+    monkeypatch.setattr(plan_inputs, "REPLAY_PLAN_RECORDS_MAX", 8)
+    for ts, expected in scans.items():
+        assert replayed(crashed, ts) == expected, ts
+
+    def no_second_read(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the log was read twice")
+
+    monkeypatch.setattr(local_replay, "read_level", no_second_read)
+    assert replayed(crashed, newest) == scans[newest]
+    result = local.run(JobParams("replay_as_of", file_input(crashed), as_of=newest))
+    [summary] = result.summary["logs"]
+    assert summary["duplicate_copies_ignored"] == 1
+    assert summary["records_skipped_by_skip_records"] == 1
+    assert summary["entries_replayed"] == 31
 
 
 def test_a_log_out_of_dsn_order_is_refused_past_its_limit(
@@ -299,12 +421,10 @@ def test_the_plan_reads_a_record_as_the_audit_level_does(tmp_path: Path) -> None
     for unit in unit_params.units():
         for found in driver_records(unit, "true", Range()):
             from_records.add_record(found)
-    assert from_rows.truncated_lsn > 0 and from_rows.skip_lsns and from_rows.records > 5
-    assert not from_rows.contiguous  # the copies: this log is planned record by record
-    slots = PlanStream.__slots__
-    assert {s: getattr(from_records.stream, s) for s in slots} == {
-        s: getattr(from_rows, s) for s in slots
-    }
+    assert from_rows.truncated_lsn > 0 and from_rows.skip_pairs and from_rows.records > 5
+    assert from_rows.cannot_plan()  # a part-copy, a gap: this log is planned record by record
+    assert from_records.stream.state() == from_rows.state()
+    assert isinstance(from_rows, PlanStream)
 
 
 def test_a_replay_in_bounded_memory_equals_the_unbounded_one(
