@@ -17,7 +17,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from spark_jobs import jobs
-from spark_jobs.audit_stream import CoverageScan, UnitBatches, stream_audit, widen_span
+from spark_jobs.audit_stream import (
+    CoverageScan,
+    UnitBatches,
+    live_copies,
+    stream_audit,
+    widen_span,
+)
 from spark_jobs.jobs import JobParams, JobResult
 from spark_jobs.limits import AUDIT_HELD_BYTES_MAX
 from spark_jobs.schemas import AUDIT
@@ -336,27 +342,13 @@ def audit_log(
                 )
             )
     live = ~skipped
-    dsn, lsn_live, checksum = dsn_all[live], lsn[live], checksum_all[live]
-    order = np.lexsort((lsn_live, dsn))
-    dsn, lsn_live, checksum = dsn[order], lsn_live[order], checksum[order]
-    dsns, first, counts = np.unique(dsn, return_index=True, return_counts=True)
+    dsns, held = live_copies(dsn_all, lsn, checksum_all, live)
     duplicates = conflicts = 0
-    for i in np.flatnonzero(counts > 1).tolist():
-        lo, n = int(first[i]), int(counts[i])
-        held = checksum[lo : lo + n]
-        kind_found = "duplicate" if len(np.unique(held)) == 1 else "conflict"
+    for kind_found, dsn, lsn_lo, lsn_hi, n in held:
         duplicates += kind_found == "duplicate"
         conflicts += kind_found == "conflict"
-        copies_lsn = lsn_live[lo : lo + n]
         found.append(
-            anomaly(
-                kind_found,
-                dsn_lo=int(dsns[i]),
-                dsn_hi=int(dsns[i]),
-                lsn_lo=int(copies_lsn.min()),
-                lsn_hi=int(copies_lsn.max()),
-                copies=n,
-            )
+            anomaly(kind_found, dsn_lo=dsn, dsn_hi=dsn, lsn_lo=lsn_lo, lsn_hi=lsn_hi, copies=n)
         )
     gaps = 0
     for i in np.flatnonzero(np.diff(dsns) > 1).tolist():

@@ -57,6 +57,29 @@ def _is_kind(kind: pa.Array, kinds: tuple[str, ...]) -> pa.Array:
     return mask
 
 
+def live_copies(
+    dsn: npt.NDArray[np.int64],
+    lsn: npt.NDArray[np.int64],
+    checksum: npt.NDArray[np.int64],
+    live: npt.NDArray[np.bool_],
+) -> tuple[npt.NDArray[np.int64], list[tuple[str, int, int, int, int]]]:
+    """The distinct DSNs of the `live` copies (one per DSN copy: its DSN, LSN and entry
+    checksum), and each DSN held more than once as (kind, DSN, lowest LSN, highest LSN,
+    copies): "duplicate" when its copies' checksums agree, else "conflict". The rule of
+    both audits (audit.py `audit_log`, and `CopyDetail` here)."""
+    dsn, lsn, checksum = dsn[live], lsn[live], checksum[live]
+    order = np.lexsort((lsn, dsn))
+    dsn, lsn, checksum = dsn[order], lsn[order], checksum[order]
+    dsns, first, counts = np.unique(dsn, return_index=True, return_counts=True)
+    held: list[tuple[str, int, int, int, int]] = []
+    for i in np.flatnonzero(counts > 1).tolist():
+        lo, n = int(first[i]), int(counts[i])
+        kind = "duplicate" if len(np.unique(checksum[lo : lo + n])) == 1 else "conflict"
+        copies_lsn = lsn[lo : lo + n]
+        held.append((kind, int(dsns[i]), int(copies_lsn.min()), int(copies_lsn.max()), n))
+    return dsns, held
+
+
 class Intervals:
     """Disjoint integer intervals [lo, hi] (both ends included, as an anomaly's dsn_lo and
     dsn_hi are), sorted, never adjacent (touching ones are merged). Each end may carry a
@@ -448,26 +471,14 @@ class CopyDetail:
         skipped = np.concatenate([np.zeros(0, bool), *self._skipped])
         live = ~skipped
         # Copies of one DSN, live ones: all of them are here (a DSN held more than once lies
-        # in an overlap), in audit_log's order.
-        dsn, lsn, checksum = dsn_all[live], lsn_all[live], checksum_all[live]
-        order = np.lexsort((lsn, dsn))
-        dsn, lsn, checksum = dsn[order], lsn[order], checksum[order]
-        live_dsns, first, copies = np.unique(dsn, return_index=True, return_counts=True)
+        # in an overlap).
+        live_dsns, held = live_copies(dsn_all, lsn_all, checksum_all, live)
         duplicates = conflicts = 0
-        for i in np.flatnonzero(copies > 1).tolist():
-            lo, n = int(first[i]), int(copies[i])
-            kind = "duplicate" if len(np.unique(checksum[lo : lo + n])) == 1 else "conflict"
+        for kind, dsn, lsn_lo, lsn_hi, n in held:
             duplicates += kind == "duplicate"
             conflicts += kind == "conflict"
             found.append(
-                self.anomaly(
-                    kind,
-                    dsn_lo=int(live_dsns[i]),
-                    dsn_hi=int(live_dsns[i]),
-                    lsn_lo=int(lsn[lo : lo + n].min()),
-                    lsn_hi=int(lsn[lo : lo + n].max()),
-                    copies=n,
-                )
+                self.anomaly(kind, dsn_lo=dsn, dsn_hi=dsn, lsn_lo=lsn_lo, lsn_hi=lsn_hi, copies=n)
             )
         # A DSN here with no live copy has only skipped ones (every copy of a DSN held once
         # and skipped is here too): not live, so not covered.
