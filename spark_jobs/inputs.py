@@ -25,11 +25,16 @@ from __future__ import annotations
 
 import os
 import re
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from logsvc.store.recovery import SEGMENT_NAME
 from spark_jobs.errors import BadInput
+from spark_jobs.limits import LIVE_SEGMENT_READS_MAX, LIVE_SEGMENT_REREAD_PAUSE_S
 from tae_driver.backends.segment import parse_segment_file_name
+from tae_driver.errors import StorageCorruption
 
 BACKEND_FILE = "file"
 BACKEND_LOGSVC = "logsvc"
@@ -235,3 +240,27 @@ def _listdir(path: str, entries_max: int = SEGMENTS_PER_LOG_MAX) -> list[str]:
     if len(names) > entries_max:
         raise BadInput(f"{path} holds {len(names)} entries, more than {entries_max}")
     return sorted(names)
+
+
+_Read = TypeVar("_Read")
+
+
+def read_segment_live(
+    read: Callable[[], _Read], damaged: Callable[[_Read], bool], newest: bool
+) -> _Read:
+    """`read()` of a log's segment. The newest may be being written as it is read (a job
+    beside a running engine or node), and a read that copies it while a write is copied in
+    can see a tear with whole frames after it: damage found there (`damaged`, or the
+    `StorageCorruption` of a file segment's header) is read again, up to
+    `LIVE_SEGMENT_READS_MAX` reads `LIVE_SEGMENT_REREAD_PAUSE_S` apart, and the last read
+    decides (spark_jobs/limits.py)."""
+    for _ in range((LIVE_SEGMENT_READS_MAX if newest else 1) - 1):
+        try:
+            found = read()
+        except StorageCorruption:  # a bad segment header: the last read raises it, if still there
+            pass
+        else:
+            if not damaged(found):
+                return found
+        time.sleep(LIVE_SEGMENT_REREAD_PAUSE_S)
+    return read()

@@ -25,7 +25,6 @@ Verification (`verify`):
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import chain
@@ -53,8 +52,7 @@ from logsvc.shard.state_machine import ShardStateMachine
 from logsvc.store import records
 from logsvc.store.meta import META_FILE_NAME, decode_meta
 from spark_jobs.errors import InputCorrupt
-from spark_jobs.inputs import JOURNAL_DIR, SNAPSHOT_FILE, journal_segments
-from spark_jobs.limits import LIVE_SEGMENT_READS_MAX, LIVE_SEGMENT_REREAD_PAUSE_S
+from spark_jobs.inputs import JOURNAL_DIR, SNAPSHOT_FILE, journal_segments, read_segment_live
 from spark_jobs.verify import (
     KIND_CORRUPT,
     KIND_TORN,
@@ -336,29 +334,21 @@ def _damage_row(segment: str, offset: int, reason: str | None, kind: str) -> Raf
 def _read_segment(
     path: str, first_index: int, newest: bool, verify: bool
 ) -> tuple[bytes, records.SegmentRecords]:
-    """A journal segment's bytes and records. The newest may be being written by a running
-    node: damage found there is read again, up to `LIVE_SEGMENT_READS_MAX` reads, and the
-    last read decides (spark_jobs/limits.py)."""
-    for _ in range((LIVE_SEGMENT_READS_MAX if newest else 1) - 1):
+    """A journal segment's bytes and records; the newest read again on damage
+    (`inputs.read_segment_live`)."""
+
+    def read() -> tuple[bytes, records.SegmentRecords]:
         data = _read_file(path)
-        read = records.read_segment_records(
+        read_records = records.read_segment_records(
             data,
             first_index,
             newest=newest,
             payload_bytes_max=records.PAYLOAD_BYTES_LIMIT,
             verify=verify,
         )
-        if read.end != records.END_CORRUPT:
-            return data, read
-        time.sleep(LIVE_SEGMENT_REREAD_PAUSE_S)
-    data = _read_file(path)
-    return data, records.read_segment_records(
-        data,
-        first_index,
-        newest=newest,
-        payload_bytes_max=records.PAYLOAD_BYTES_LIMIT,
-        verify=verify,
-    )
+        return data, read_records
+
+    return read_segment_live(read, lambda found: found[1].end == records.END_CORRUPT, newest)
 
 
 def _read_file(path: str) -> bytes:

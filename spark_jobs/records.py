@@ -15,15 +15,13 @@ the verify rules every level shares (spark_jobs/walread.py describes them):
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
 from spark_jobs.errors import InputCorrupt
 from spark_jobs.filters import Range
-from spark_jobs.inputs import BACKEND_FILE, Unit
-from spark_jobs.limits import LIVE_SEGMENT_READS_MAX, LIVE_SEGMENT_REREAD_PAUSE_S
+from spark_jobs.inputs import BACKEND_FILE, Unit, read_segment_live
 from spark_jobs.verify import KIND_CORRUPT, KIND_TORN, VERIFY_FALSE, VERIFY_REPORT, VERIFY_TRUE
 from tae_driver.backends import segment as file_segment
 from tae_driver.errors import CorruptRecord, StorageCorruption
@@ -107,24 +105,14 @@ def backend_records(unit: Unit, verify: str) -> Iterator[BackendRecord]:
 
 
 def _segment_frames(unit: Unit, verify: bool) -> file_segment.SegmentFrames:
-    """The frames of a file WAL segment. The newest may be being written: damage found there
-    is read again, up to `LIVE_SEGMENT_READS_MAX` reads, and the last read decides (a read
-    beside the writer can see a write being copied in as a tear with whole frames after
-    it; spark_jobs/limits.py)."""
-    reads = LIVE_SEGMENT_READS_MAX if unit.newest else 1
-    for _ in range(reads - 1):
-        try:
-            frames = file_segment.read_segment_frames(
-                read_file(unit.path), unit.path, newest=True, verify=verify
-            )
-        except StorageCorruption:
-            pass
-        else:
-            if frames.end != file_segment.END_CORRUPT:
-                return frames
-        time.sleep(LIVE_SEGMENT_REREAD_PAUSE_S)
-    return file_segment.read_segment_frames(
-        read_file(unit.path), unit.path, newest=unit.newest, verify=verify
+    """The frames of a file WAL segment; the newest read again on damage
+    (`inputs.read_segment_live`)."""
+    return read_segment_live(
+        lambda: file_segment.read_segment_frames(
+            read_file(unit.path), unit.path, newest=unit.newest, verify=verify
+        ),
+        lambda frames: frames.end == file_segment.END_CORRUPT,
+        unit.newest,
     )
 
 
