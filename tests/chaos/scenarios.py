@@ -49,8 +49,8 @@ PARTITION_HOLD_S = max(LEADER_FALLBACK_S, 2 * CONNECTION_TIMEOUT_S) + 0.5
 # heard (pre-vote grants, prevote.py), so a new leader comes only after that connection is
 # dropped (3.5 s into the partition in a rehearsal) and the survivors' standing order (up
 # to an election timeout): that rehearsal's first candidate was due 20 ms after the heal.
-# Held that long too (Raft's own rule, a leader not heard on this shard for an election
-# timeout is not live, is the product's next step: session 10's note).
+# Held that long too. Making that failover as quick as a dead node's is the product's next
+# step (session 10's note: where the followers' wait comes from is not pinned down yet).
 ONE_SHARD_LEADER_HOLD_S = PARTITION_HOLD_S + CONNECTION_TIMEOUT_S + ELECTION_S_MAX
 # Slow links and kernel packet loss: two connection timeouts of traffic through them.
 DEGRADED_HOLD_S = 2 * CONNECTION_TIMEOUT_S
