@@ -154,7 +154,7 @@ def read_journal(
             reason = f"gap or missing segment: expected first index {expected}"
             yield from _damage(path, name, 0, reason, KIND_CORRUPT, verify)
             break
-        data, read = _read_segment(path, first_index, newest, verify != VERIFY_FALSE)
+        data, read = read_segment(path, first_index, newest, verify != VERIFY_FALSE)
         stopped = False
         for view, checksum in zip(read.records, read.checksums, strict=True):
             if view.index < log_start:
@@ -331,11 +331,13 @@ def _damage_row(segment: str, offset: int, reason: str | None, kind: str) -> Raf
     return RaftEntry(segment, offset, None, None, kind, None, 0, None, 0, 0, None, False, reason)
 
 
-def _read_segment(
+def read_segment(
     path: str, first_index: int, newest: bool, verify: bool
 ) -> tuple[bytes, records.SegmentRecords]:
     """A journal segment's bytes and records; the newest read again on damage
-    (`inputs.read_segment_live`)."""
+    (`inputs.read_segment_live`). The record levels and the inventory read through it.
+    Damage: "corrupt" with checksums; without them any end but "clean" (as
+    `records.segment_frames` says for a file WAL)."""
 
     def read() -> tuple[bytes, records.SegmentRecords]:
         data = _read_file(path)
@@ -348,7 +350,12 @@ def _read_segment(
         )
         return data, read_records
 
-    return read_segment_live(read, lambda found: found[1].end == records.END_CORRUPT, newest)
+    def damaged(found: tuple[bytes, records.SegmentRecords]) -> bool:
+        if verify:
+            return found[1].end == records.END_CORRUPT
+        return found[1].end != records.END_CLEAN
+
+    return read_segment_live(read, damaged, newest)
 
 
 def _read_file(path: str) -> bytes:

@@ -49,7 +49,7 @@ class BackendRecord:
 def backend_records(unit: Unit, verify: str) -> Iterator[BackendRecord]:
     if unit.backend == BACKEND_FILE:
         try:
-            frames = _segment_frames(unit, verify != VERIFY_FALSE)
+            frames = segment_frames(unit, verify != VERIFY_FALSE)
         except StorageCorruption as exc:  # a bad segment header
             if verify == VERIFY_TRUE:
                 raise InputCorrupt(unit.path, exc.offset_bytes, exc.reason) from None
@@ -104,14 +104,22 @@ def backend_records(unit: Unit, verify: str) -> Iterator[BackendRecord]:
             )
 
 
-def _segment_frames(unit: Unit, verify: bool) -> file_segment.SegmentFrames:
+def segment_frames(unit: Unit, verify: bool) -> file_segment.SegmentFrames:
     """The frames of a file WAL segment; the newest read again on damage
-    (`inputs.read_segment_live`)."""
+    (`inputs.read_segment_live`). The record levels and the inventory read through it.
+    Damage: "corrupt" with checksums (a tear with whole frames after it); without them a
+    torn header shows only as an early end, so any end but "clean"."""
+
+    def damaged(frames: file_segment.SegmentFrames) -> bool:
+        if verify:
+            return frames.end == file_segment.END_CORRUPT
+        return frames.end != file_segment.END_CLEAN
+
     return read_segment_live(
         lambda: file_segment.read_segment_frames(
             read_file(unit.path), unit.path, newest=unit.newest, verify=verify
         ),
-        lambda frames: frames.end == file_segment.END_CORRUPT,
+        damaged,
         unit.newest,
     )
 

@@ -51,7 +51,14 @@ from spark_jobs.errors import BadInput, InputCorrupt
 from spark_jobs.filters import Bounds
 from spark_jobs.inputs import BACKEND_FILE, JOURNAL_DIR, Unit, journal_segments
 from spark_jobs.jobs import JobParams
-from spark_jobs.records import BackendRecord, DriverRecord, driver_records, read_file, record_fields
+from spark_jobs.records import (
+    BackendRecord,
+    DriverRecord,
+    driver_records,
+    read_file,
+    record_fields,
+    segment_frames,
+)
 from spark_jobs.rows import rows_level
 from spark_jobs.schemas import signed64
 from spark_jobs.verify import KIND_CORRUPT, VERIFY_MODES, VERIFY_REPORT, VERIFY_TRUE
@@ -185,10 +192,11 @@ def _segment_rows(unit: Unit, verify: str) -> Iterator[tuple[object, ...]]:
     """One row per segment file, from a header walk (`verify=false` semantics whatever is
     asked: the inventory decodes no payload and computes no checksum)."""
     del verify
+    # The newest segment of a log a running engine or node is writing is read again where
+    # a read saw damage (`inputs.read_segment_live`): an inventory beside a live writer
+    # reports its end as the record levels would, not a write in progress as corruption.
     if unit.backend == BACKEND_FILE:
-        frames = file_segment.read_segment_frames(
-            read_file(unit.path), unit.path, newest=unit.newest, verify=False
-        )
+        frames = segment_frames(unit, verify=False)
         lsns = [
             f.frame.lsn
             for f in frames.frames
@@ -216,17 +224,14 @@ def _segment_rows(unit: Unit, verify: str) -> Iterator[tuple[object, ...]]:
             frames.end_reason,
         )
         return
-    from logsvc.store import records
+    from spark_jobs.journal import read_segment  # loads logsvc: journal inputs only
 
     journal = os.path.join(unit.path, JOURNAL_DIR)
     segments = journal_segments(journal)
     log_start = _log_start_quiet(journal)
     for position, (first_index, name, size) in enumerate(segments):
-        read = records.read_segment_records(
-            read_file(os.path.join(journal, name)),
-            first_index,
-            newest=position == len(segments) - 1,
-            verify=False,
+        _, read = read_segment(
+            os.path.join(journal, name), first_index, position == len(segments) - 1, False
         )
         yield (
             unit.replica,

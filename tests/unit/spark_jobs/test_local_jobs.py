@@ -29,7 +29,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from logsvc.store import ShardStore
+from logsvc.store import ShardStore, records
 from spark_jobs import __main__ as cli
 from spark_jobs import journal as journal_module
 from spark_jobs import local, output, walread
@@ -201,6 +201,15 @@ def shard2_records(node_dir: str, verify: str = "true") -> list[dict[str, Any]]:
     return rows
 
 
+def shard2_segments(node_dir: str) -> list[dict[str, Any]]:
+    """The inventory rows (level segment) of shard 2's journal, in segment order."""
+    params = JobParams("x", logsvc_input([f"n1={node_dir}"]), shards=frozenset({2}))
+    rows: list[dict[str, Any]] = walread.read_level(
+        params, ReadOptions("segment", "false")
+    ).to_pylist()
+    return rows
+
+
 def test_journal_torn_tail_and_corruption(logsvc_logs: LogsvcLogs, tmp_path: Path) -> None:
     node, segment = copy_node(logsvc_logs, tmp_path / "torn")
     clean = shard2_records(node)
@@ -252,6 +261,42 @@ def test_a_journal_segment_a_live_node_was_writing_is_read_again(
     torn_reads = 99
     with pytest.raises(InputCorrupt):
         shard2_records(node)
+    assert len(reads) == LIVE_SEGMENT_READS_MAX
+
+
+def test_the_inventory_reads_a_live_journal_segment_again(
+    logsvc_logs: LogsvcLogs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The inventory (level segment) walks record headers without checksums: a read that
+    copied a record's header before the writer had, with whole records after it, ends
+    early there. Read again, the segment is whole and its row says so; a tear every read
+    shows is still its end, after LIVE_SEGMENT_READS_MAX reads."""
+    node, segment = copy_node(logsvc_logs, tmp_path)
+    [before] = shard2_segments(node)
+    assert before["end"] == "clean" and before["records"] >= 3
+    whole = Path(segment).read_bytes()
+    middle = records.read_segment_records(whole, before["first_position"], newest=True).records[
+        before["records"] // 2
+    ]
+    lo, hi = middle.offset_bytes, middle.end_bytes
+    torn = whole[:lo] + bytes(hi - lo) + whole[hi:]
+    real = journal_module._read_file
+    reads: list[int] = []
+    torn_reads = 1
+
+    def read_file(path: str) -> bytes:
+        if path != segment:
+            return real(path)
+        reads.append(1)
+        return torn if len(reads) <= torn_reads else whole
+
+    monkeypatch.setattr(journal_module, "_read_file", read_file)
+    assert shard2_segments(node) == [before]
+    assert len(reads) == 2
+    reads.clear()
+    torn_reads = 99
+    [after] = shard2_segments(node)
+    assert after["end"] != "clean" and after["records"] < before["records"]
     assert len(reads) == LIVE_SEGMENT_READS_MAX
 
 

@@ -129,18 +129,21 @@ def test_bad_checksum_is_an_error_or_a_row(tmp_path: Path) -> None:
     assert reported[-1]["error"].startswith("frame checksum mismatch; valid frames follow it")
 
 
-def _torn_at_first_reads(monkeypatch: pytest.MonkeyPatch, path: str, reads_torn: int) -> list[int]:
+def _torn_at_first_reads(
+    monkeypatch: pytest.MonkeyPatch, path: str, reads_torn: int, header_too: bool = False
+) -> list[int]:
     """`records.read_file` of the segment at `path`, its first `reads_torn` reads with the
-    second frame's body zeroed from its 10th byte on and the third frame whole: what a read
-    copying the newest segment while a writer copies a group write in can see. Returns the
-    list the reads are counted in."""
+    second frame's body zeroed from its 10th byte on (`header_too`: the whole frame) and the
+    third frame whole: what a read copying the newest segment while a writer copies a group
+    write in can see. Returns the list the reads are counted in."""
     from spark_jobs import records as records_module
 
     real = records_module.read_file
     data = Path(path).read_bytes()
     frames = wal_segment.read_segment_frames(data, path, newest=True).frames
     assert len(frames) >= 3
-    lo, hi = frames[1].offset + driver_limits.FILE_FRAME_HEADER_BYTES + 10, frames[2].offset
+    lo = frames[1].offset + (0 if header_too else driver_limits.FILE_FRAME_HEADER_BYTES + 10)
+    hi = frames[2].offset
     torn = data[:lo] + bytes(hi - lo) + data[hi:]
     reads: list[int] = []
 
@@ -177,6 +180,25 @@ def test_damage_every_read_of_the_newest_segment_shows_is_reported(
     rows = read(clean, "record", "report")
     assert [r["kind"] for r in rows] == ["entry", "entry", "corrupt"]
     assert rows[-1]["error"].startswith("frame checksum mismatch; valid frames follow it")
+    assert len(reads) == LIVE_SEGMENT_READS_MAX
+
+
+def test_the_inventory_reads_the_newest_segment_again_too(
+    clean: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The segment level (the inventory) beside a running engine: a first read that saw a
+    write being copied in is read again, and the segment's end is what the second read
+    says; damage every read shows is still its end. (The inventory walks frame headers
+    without checksums: a torn header, seen as an early torn end, is what it can see.)"""
+    [unit] = list_units(file_input(clean))
+    reads = _torn_at_first_reads(monkeypatch, unit.path, reads_torn=1, header_too=True)
+    [segment] = read(clean, "segment")
+    assert (segment["end"], segment["records"], segment["last_position"]) == ("clean", 3, 3)
+    assert len(reads) == 2
+    reads.clear()
+    reads = _torn_at_first_reads(monkeypatch, unit.path, reads_torn=99, header_too=True)
+    [segment] = read(clean, "segment")
+    assert segment["end"] == "torn" and segment["records"] == 1
     assert len(reads) == LIVE_SEGMENT_READS_MAX
 
 
