@@ -4,7 +4,8 @@ At the start this process's environment gets a fresh `LOGSVC_TEST_TAG`, which ev
 subprocess a test starts inherits, however detached (nodes and TNs run in sessions of their
 own). At the end every process still carrying it was left behind by some test (a timeout
 that killed only the command it ran, a fixture that failed half-way): each is SIGKILLed and
-named in the summary, instead of running on for hours (tests/support/descendants.py).
+named in the summary, instead of running on for hours (tests/support/descendants.py). A
+SIGTERM to the run interrupts it like Ctrl-C, so that end still comes.
 
 The process's own long-lived heap (the modules, the collected items, fixtures that stay) is
 moved out of the cyclic collector's sight after collection and every `FREEZE_EVERY_TESTS`
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import gc
 import os
+import signal
 
 import pytest
 
@@ -29,8 +31,16 @@ FREEZE_EVERY_TESTS = 50
 _freezing = {"on": True, "tests": 0}
 
 
+def _stopped_by_signal(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(f"stopped by signal {signum}")
+
+
 def pytest_configure(config: pytest.Config) -> None:
     os.environ[descendants.TAG_VAR] = descendants.new_tag()
+    # A run stopped with SIGTERM (a CI timeout, `kill`, a loop script stopped) ends as an
+    # interrupted one: fixtures tear down and the sweep below still ends what tests started.
+    # Python's default for SIGTERM exits at once, and left a test's three nodes running.
+    signal.signal(signal.SIGTERM, _stopped_by_signal)
     _freezing["on"] = not config.pluginmanager.has_plugin("tests.support.gcpause")
 
 
