@@ -77,7 +77,8 @@ class ShardRaft(Quiet, Elections, MessageFixes, SnapshotPoints):
                                     hint to what a durable majority holds (leader)
       `__raftLastApplied`           the index `apply` is at; set by a snapshot install
       `__raftNextIndex`             a late ack never lowers it, a refusal never raises it
-      `__raftMatchIndex`            followers' progress (progress view, learners, quiet)
+      `__raftMatchIndex`            followers' progress (progress view, learners, quiet,
+                                    whether the leader's own sync may commit: syncer)
       `__raftElectionDeadline`      held while quiet or joining; restarted from liveness;
                                     held during a pre-vote round, 0 once it is won;
                                     set in the survivors' order when the leader is lost
