@@ -19,6 +19,13 @@ from logsvc.store import Entry, ShardStore
 
 # Raft entries read from the store per chunk when pysyncobj iterates a journal slice.
 READ_CHUNK_BYTES = 1 << 20
+# The newest entries, kept in memory as appended and as read: pysyncobj reads each new entry
+# back per follower per AppendEntries (twice: to size the batch, then to slice it) and the
+# last one many times per tick, each a store read under its lock. Bounded per replica by
+# count and by payload bytes (a node hosts a thousand replicas: 64 KiB each at most; a
+# bigger entry is read from the store as before).
+MEMO_ENTRIES_MAX = 64
+MEMO_BYTES_MAX = 64 << 10
 
 _MEMBERSHIP_TYPE_BYTE = bytes([COMMAND_TYPE_MEMBERSHIP])
 
@@ -58,9 +65,11 @@ class StoreJournal(Journal):  # type: ignore[misc]
     """pysyncobj's journal interface over the shard store.
 
     pysyncobj addresses entries by *position* (0 = the first retained entry) and reads
-    `journal[-1]` for the last index and term many times per tick, so the first and last
-    entries are memoized. Slices are lazy: pysyncobj slices "from here to the end" and then
-    keeps what fits in a message, which must not read a whole lagging tail from disk.
+    `journal[-1]` for the last index and term many times per tick, and each new entry back
+    per follower: the newest entries are kept in memory (`MEMO_ENTRIES_MAX`,
+    `MEMO_BYTES_MAX`), forgotten whole by any truncation or reset. Slices are lazy:
+    pysyncobj slices "from here to the end" and then keeps what fits in a message, which
+    must not read a whole lagging tail from disk.
     """
 
     def __init__(self, store: ShardStore, events: ReplicaEvents | None = None) -> None:
@@ -70,7 +79,8 @@ class StoreJournal(Journal):  # type: ignore[misc]
         self._commit_hint = store.first_index
         # (term, votedFor) set by pysyncobj and not yet durable: see `setCurrentTerm`.
         self._pending_vote: tuple[int, str | None] | None = None
-        self._memo: dict[int, tuple[bytes, int, int]] = {}
+        self._memo: dict[int, tuple[bytes, int, int]] = {}  # oldest first
+        self._memo_bytes = 0
         # The configurations of this log, kept durable (membership.py); set by RaftNode.
         self.membership: shard_membership.ReplicaMembership | None = None
 
@@ -83,24 +93,25 @@ class StoreJournal(Journal):  # type: ignore[misc]
             change = membership_change_of(command)
             if change is not None:  # durable before the entry is (membership.py)
                 self.membership.on_entry(idx, term, change)
-        self._store.append([Entry(idx, term, bytes(command))])
-        self._memo.pop(self._store.last_index - 1, None)
+        payload = bytes(command)
+        self._store.append([Entry(idx, term, payload)])
+        self._remember(idx, (payload, idx, term))
 
     def clear(self) -> None:
         # Only used by pysyncobj when installing a snapshot (our override calls
         # `reset_to` directly); keep the semantics anyway: empty until the next add.
         self._reset_pending = True
-        self._memo.clear()
+        self._forget()
 
     def deleteEntriesFrom(self, entryFrom: int) -> None:
         self._store.truncate_suffix(self._store.first_index + entryFrom)
-        self._memo.clear()
+        self._forget()
         if self.membership is not None:
             self.membership.on_truncate_suffix(self._store.first_index + entryFrom)
 
     def deleteEntriesTo(self, entryTo: int) -> None:
         self._store.truncate_prefix(self._store.first_index + entryTo)
-        self._memo.clear()
+        self._forget()
         if self.membership is not None:
             self.membership.on_truncate_prefix(self._store.first_index)
 
@@ -189,19 +200,39 @@ class StoreJournal(Journal):  # type: ignore[misc]
         if found is None:
             [stored] = self._store.read(index, index + 1, 0)
             found = (stored.payload, stored.index, stored.term)
-            if len(self._memo) > 8:
-                self._memo.clear()
-            self._memo[index] = found
+            self._remember(index, found)
         return found
 
     def read(self, lo: int, hi: int) -> Iterator[tuple[bytes, int, int]]:
-        while lo < hi:
+        memo = self._memo
+        while lo < hi:  # the newest, from memory while they are there
+            found = memo.get(lo)
+            if found is None:
+                break
+            yield found
+            lo += 1
+        while lo < hi:  # the rest from the store
             chunk = self._store.read(lo, hi, READ_CHUNK_BYTES)
             if not chunk:
                 return
             for stored in chunk:
                 yield (stored.payload, stored.index, stored.term)
             lo = chunk[-1].index + 1
+
+    def _remember(self, index: int, found: tuple[bytes, int, int]) -> None:
+        """Keep `found` (the entry at `index`) among the newest, evicting the oldest past
+        the bounds. Entries at an index change only by a truncation, which forgets all."""
+        memo = self._memo
+        if index in memo:
+            return
+        memo[index] = found
+        self._memo_bytes += len(found[0])
+        while len(memo) > MEMO_ENTRIES_MAX or self._memo_bytes > MEMO_BYTES_MAX:
+            self._memo_bytes -= len(memo.pop(next(iter(memo)))[0])
+
+    def _forget(self) -> None:
+        self._memo.clear()
+        self._memo_bytes = 0
 
     def install_snapshot_entries(
         self, prev: snapshot_file.JournalEntry, last: snapshot_file.JournalEntry
@@ -227,7 +258,7 @@ class StoreJournal(Journal):  # type: ignore[misc]
             if tell_membership and self.membership is not None:
                 self.membership.on_truncate_suffix(index)
         store.truncate_prefix(index)
-        self._memo.clear()
+        self._forget()
 
     def term_at(self, index: int) -> int | None:
         """The term of the entry at `index`; None outside the log."""
