@@ -80,11 +80,6 @@ def _propose(replica: RaftNode, command: bytes) -> int:
     return reasons[0]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="C10: the followers count the leader live by node liveness until their "
-    "connection to it drops (the connection timeout); fixed in the next commit",
-)
 def test_a_leader_cut_off_on_one_shard_while_its_node_is_live_is_replaced_promptly(
     tmp_path: Path,
 ) -> None:
