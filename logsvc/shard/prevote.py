@@ -7,8 +7,9 @@ a replica whose election timer fires first asks its peers `would you vote for me
 + 1?`, changing nothing durable; it stands (pysyncobj's election, unchanged) only once a
 majority, itself included, said yes. A peer says yes only if the candidate's log is at
 least as up to date as its own, T + 1 is above its term, and it has no live leader itself
-(it is not leading, and the leader it follows is disconnected, on a lapsed node, or lost,
-or is the candidate itself: a leader that stepped down).
+(it is not leading, and the leader it follows is disconnected, on a lapsed node, lost,
+silent on this shard for the shortest election timeout while not quiet (Raft's recency
+rule, leader_contact.py), or is the candidate itself: a leader that stepped down).
 
 Answers change nothing durable but one thing: an answer carries the voter's term, and a
 candidate whose term is below it takes it (`term_to_adopt`), as Raft has every replica do

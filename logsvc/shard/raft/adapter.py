@@ -25,6 +25,7 @@ import pysyncobj.syncobj as pysyncobj_syncobj
 from pysyncobj import SyncObj, SyncObjConf, replicated
 
 from logsvc.shard import quiescence, scheduler
+from logsvc.shard.leader_contact import LeaderContact
 from logsvc.shard.liveness import NodeLiveness
 from logsvc.shard.raft.chunks import ChunkAssembler
 from logsvc.shard.raft.config import RaftConfig, RaftHandler
@@ -181,6 +182,9 @@ class ShardRaft(Quiet, Elections, MessageFixes, SnapshotPoints):
         self._logsvc_proposing = False  # inside the leader's own membership change
         # (term, leader) whose loss last set our election timer in the survivors' order.
         self._logsvc_stood_for = None
+        # When the leader last reached us on this shard, and whether it is quiet as far as
+        # we know: whether it is live for the pre-vote grant (leader_contact.py).
+        self._logsvc_leader_contact = LeaderContact()
         # Pre-vote (prevote.py): the round asking, the term it won, silent rounds in a row.
         self._logsvc_prevote = None
         self._logsvc_prevote_won = (0, 0.0)  # (term, when)

@@ -14,6 +14,7 @@ from typing import Any
 from pysyncobj import SyncObj
 
 from logsvc.shard import prevote, quiescence
+from logsvc.shard.leader_contact import LeaderContact
 from logsvc.shard.liveness import NodeLiveness
 from logsvc.shard.raft.chunks import ChunkAssembler
 from logsvc.shard.raft.config import RaftHandler
@@ -66,6 +67,7 @@ class AdapterBase(SyncObj):  # type: ignore[misc]
     _logsvc_dial: dict[str, str]
     _logsvc_proposing: bool
     _logsvc_stood_for: tuple[int, str] | None
+    _logsvc_leader_contact: LeaderContact
     _logsvc_prevote: prevote.PreVoteRound | None
     _logsvc_prevote_won: tuple[int, float]
     _logsvc_prevote_silent: int

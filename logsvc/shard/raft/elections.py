@@ -142,7 +142,13 @@ class Elections(AdapterBase):
                 self._logsvc_node_of(address), now_s
             )
             lost = self._logsvc_stood_for == (int(self.raftCurrentTerm), address)
-            live_leader = None if lapsed or lost else address
+            # Raft's recency (leader_contact.py): a leader that heartbeats is live only if
+            # it reached us on this shard within the shortest election timeout; its node
+            # being heard through other shards says nothing about this one (C10).
+            silent = not self._logsvc_leader_contact.live(
+                now_s, float(self._SyncObj__conf.raftMinTimeout)
+            )
+            live_leader = None if lapsed or lost or silent else address
         granted = prevote.grants(
             proposed_term=term,
             candidate=sender,

@@ -69,9 +69,12 @@ class MessageFixes(AdapterBase):
                 # to the leader's own AppendEntries (catching up shows in its match index).
                 self._logsvc_wake(now_s)
         self._logsvc_messages += 1
-        if kind == "append_entries" and not self._isLeader():
+        if kind == "append_entries":
             term = message.get("term")
-            if isinstance(term, int) and term < int(self.raftCurrentTerm):
+            if isinstance(term, int) and term >= int(self.raftCurrentTerm):
+                # pysyncobj follows its sender (as Raft does): our leader reached us.
+                self._logsvc_leader_contact.on_append_entries(pysyncobj_syncobj.monotonicTime())
+            elif isinstance(term, int) and not self._isLeader():
                 self._logsvc_behind_leader_seen = True
         if kind == "append_entries" and "prevLogIdx" in message:
             self._logsvc_on_append_entries(node, message, deliver)

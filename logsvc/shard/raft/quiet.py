@@ -202,6 +202,7 @@ class Quiet(AdapterBase):
         if view.is_follower and request.term == view.term and view.leader == sender:
             # From our leader in our term: it stands for its heartbeat.
             self._SyncObj__raftElectionDeadline = now_s + self._SyncObj__generateRaftTimeout()
+            self._logsvc_leader_contact.on_quiesce_request(now_s, agreed)
         if agreed and request.commit_index > self._SyncObj__raftCommitIndex:
             # The leader vouches for our whole log: it ends where its does (log matching).
             self._SyncObj__raftCommitIndex = min(request.commit_index, request.last_index)

@@ -206,26 +206,45 @@ class ShardGrid:
     address: dict[tuple[str, int], str]
     node_of: dict[str, str]
     replicas: dict[tuple[str, int], RaftNode]
+    liveness: dict[str, NodeLiveness]  # node -> the table its replicas share
 
     def leaders(self) -> dict[int, RaftNode]:
         return {s: r for (_, s), r in self.replicas.items() if r.is_leader}
 
 
+def grid_addresses(nodes: Sequence[str], shards: int) -> dict[tuple[str, int], str]:
+    """A free loopback Raft address for each (node, shard)."""
+    ports = free_ports(len(nodes) * shards)
+    return {
+        (n, s): f"127.0.0.1:{ports[i * shards + s]}"
+        for i, n in enumerate(nodes)
+        for s in range(shards)
+    }
+
+
 @contextlib.contextmanager
 def shard_grid(
-    base: Path, nodes: Sequence[str], shards: int, *, node_journals: bool = False, **config: Any
+    base: Path,
+    nodes: Sequence[str],
+    shards: int,
+    *,
+    node_journals: bool = False,
+    address: dict[tuple[str, int], str] | None = None,
+    dial_overrides: dict[str, dict[str, str]] | None = None,
+    **config: Any,
 ) -> Iterator[ShardGrid]:
     """Nodes as a node process runs them, on loopback: one `RaftScheduler` each (one worker,
     a 2 s liveness lapse: longer than a node's 1 s, so that a worker starved on a loaded
     machine does not lapse a live node), with `node_journals` one `NodeJournal` each that
     every store of the node writes through; each shard a replica on every node (`config`:
-    RaftConfig fields beyond the addresses). Everything is stopped and closed on exit."""
-    ports = free_ports(len(nodes) * shards)
-    address = {
-        (n, s): f"127.0.0.1:{ports[i * shards + s]}"
-        for i, n in enumerate(nodes)
-        for s in range(shards)
-    }
+    RaftConfig fields beyond the addresses). `address`: the replicas' addresses
+    (`grid_addresses`; default: fresh ones); `dial_overrides`: node -> the addresses its
+    replicas dial instead (a proxy mesh's `dial_map`). Everything is stopped and closed on
+    exit."""
+    if address is None:
+        address = grid_addresses(nodes, shards)
+    assert set(address) == {(n, s) for n in nodes for s in range(shards)}
+    dials = dial_overrides or {}
     node_of = {a: n for (n, _), a in address.items()}
     now = monotonic_s()
     scheds = {
@@ -259,13 +278,14 @@ def shard_grid(
                 peers=tuple(address[(m, s)] for m in nodes if m != n),
                 secret=SECRET,
                 snapshot_path=str(path / "snapshot"),
+                dial_overrides=tuple(sorted(dials.get(n, {}).items())),
                 **config,
             )
             replicas[(n, s)] = RaftNode(
                 raft_config, store, RecordingHandler(), raft_scheduler=scheds[n]
             )
             replicas[(n, s)].start()
-        yield ShardGrid(address, node_of, replicas)
+        yield ShardGrid(address, node_of, replicas, {n: s.liveness for n, s in scheds.items()})
     finally:
         for replica in replicas.values():
             replica.stop()

@@ -1,6 +1,7 @@
 """A quiet shard whose follower woke alone goes quiet again, under the same leader and term,
 after at most a few pre-vote rounds (logsvc/shard/raft/message_fixes.py: a leader asked for
-a pre-vote wakes and heartbeats).
+a pre-vote wakes and heartbeats); so does one whose followers woke together (as a
+connection between them coming back wakes both) while the leader stayed quiet.
 
 Why: issue 22's busy-shards runs counted up to 60 pre-vote rounds a second over a 3-node
 cluster of 1,000 shards, from idle ones: a follower woken by itself while its leader stayed
@@ -13,6 +14,13 @@ one follower's quiescence is woken on its own tick thread (as an event of its ow
 Its pre-vote rounds are counted (`PreVoteRound` made by the gate); the test awaits every
 replica quiet again with the leader and term unchanged, and at most a few rounds. On the
 old code the leader stays quiet and the follower never does: the wait runs out.
+
+Both followers woken: neither has heard the quiet leader for longer than an election
+timeout, yet neither may grant the other a pre-vote. Raft's recency rule in the grant
+(leader_contact.py) counts a leader live by its AppendEntries, and node liveness only while
+it is quiet as far as the follower knows, which a follower's own wake-up does not change;
+counting silence from the wake-up instead let the first to stand depose the quiet leader
+(checked: the term moved, with `LeaderContact.leader_quiet` cleared on the wake-up).
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from pathlib import Path
 import pytest
 
 from logsvc.shard import prevote
+from logsvc.shard.raft.node import RaftNode
 from tests.unit.shard.raft_harness import Cluster, wait_until
 
 QUIET_CONFIG = {
@@ -73,6 +82,51 @@ def test_a_quiet_leader_asked_for_a_pre_vote_wakes_and_its_shard_goes_quiet_agai
         assert not follower.quiet
         # It stands once its election timer runs out (at most election_timeout_ms_max).
         wait_until(lambda: len(rounds) >= 1, "the woken follower to ask for a pre-vote")
+        wait_until(
+            lambda: all(n.quiet for n in nodes),
+            "every replica quiet again",
+            seconds=QUIET_AGAIN_WAIT_S,
+        )
+        assert (leader.node.self_address, leader.node.term) == before
+        assert leader.node.is_leader
+        assert len(rounds) <= ROUNDS_MAX, rounds
+    finally:
+        cluster.close()
+
+
+def test_followers_woken_together_under_a_quiet_leader_do_not_depose_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rounds: list[int] = []
+    original = prevote.PreVoteRound
+
+    def counted(term: int, voters: int) -> prevote.PreVoteRound:
+        rounds.append(term)
+        return original(term, voters)
+
+    monkeypatch.setattr(prevote, "PreVoteRound", counted)
+    cluster = Cluster(str(tmp_path), raft_overrides=dict(QUIET_CONFIG))
+    try:
+        cluster.start_all()
+        assert cluster.propose([b"first"])
+        leader = cluster.leader()
+        assert leader.node is not None
+        nodes = [r.node for r in cluster.replicas if r.node is not None]
+        wait_until(lambda: all(n.quiet for n in nodes), "every replica quiet", seconds=30.0)
+        before = (leader.node.self_address, leader.node.term)
+        rounds.clear()
+
+        followers = [r.node for r in cluster.replicas if r is not leader and r.node]
+        woken = [threading.Event() for _ in followers]
+        for follower, done in zip(followers, woken, strict=True):
+
+            def wake_alone(follower: RaftNode = follower, done: threading.Event = done) -> None:
+                follower._raft._logsvc_follower_q.wake()
+                done.set()
+
+            follower._on_tick(wake_alone)
+        assert all(done.wait(10.0) for done in woken), "a follower's tick did not run"
+        wait_until(lambda: len(rounds) >= 1, "a woken follower to ask for a pre-vote")
         wait_until(
             lambda: all(n.quiet for n in nodes),
             "every replica quiet again",

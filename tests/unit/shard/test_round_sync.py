@@ -61,7 +61,7 @@ def test_many_shards_on_one_scheduler_and_journal_acknowledge_only_what_is_durab
 
     monkeypatch.setattr(TCPTransport, "send", checked_send)
 
-    config = dict(
+    config: dict[str, Any] = dict(
         election_timeout_ms_min=1000,
         election_timeout_ms_max=2500,
         heartbeat_ms=100,
