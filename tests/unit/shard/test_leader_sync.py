@@ -104,6 +104,27 @@ def gate(replica: Replica) -> GatedFileSystem:
     return replica.fs
 
 
+def propose_held(leader: Replica, held: list[Replica], command: bytes) -> tuple[Proposal, int]:
+    """Shut the gates of `held`, propose `command` on `leader`, and return once each of them
+    waits in its fdatasync: the proposal and the index its entry takes."""
+    assert leader.store is not None
+    for replica in held:
+        gate(replica).shut()
+    index = leader.store.last_index + 1
+    proposal = Proposal(leader, command)
+    assert all(gate(replica).held.wait(WAIT_S_MAX) for replica in held)
+    return proposal, index
+
+
+def wait_for_ack(leader: Replica, follower: Replica, index: int) -> None:
+    assert leader.node is not None
+    raft = leader.node._raft
+    wait_until(
+        lambda: raft.logsvc_match_index().get(follower.address, 0) >= index,
+        "the leader to receive the unheld follower's durable ack",
+    )
+
+
 def test_a_leader_commits_on_its_followers_acks_while_its_own_sync_runs(tmp_path: Path) -> None:
     cluster = gated_cluster(tmp_path)
     leader = cluster.leader()
@@ -130,16 +151,8 @@ def test_one_durable_copy_of_three_commits_nothing(tmp_path: Path) -> None:
     held, fast = [r for r in cluster.replicas if r is not leader]
     assert leader.node is not None and leader.store is not None
     try:
-        gate(leader).shut()
-        gate(held).shut()
-        index = leader.store.last_index + 1
-        proposal = Proposal(leader, b"second")
-        assert gate(leader).held.wait(WAIT_S_MAX) and gate(held).held.wait(WAIT_S_MAX)
-        raft = leader.node._raft
-        wait_until(
-            lambda: raft.logsvc_match_index().get(fast.address, 0) >= index,
-            "the leader to receive the unheld follower's durable ack",
-        )
+        proposal, index = propose_held(leader, [leader, held], b"second")
+        wait_for_ack(leader, fast, index)
         ticks = leader.node.ticks
         wait_until(lambda: leader.node is not None and leader.node.ticks >= ticks + 2, "ticks")
         assert not proposal.done.is_set(), "committed on one durable copy of three"
@@ -163,11 +176,7 @@ def test_the_leaders_own_sync_wakes_it_only_when_an_ack_is_ahead(tmp_path: Path)
     try:
         # Both followers' syncs held: the leader's own sync finishes first, as a lone
         # append's usually does. No follower has acknowledged the entry: nothing for a tick.
-        gate(held).shut()
-        gate(fast).shut()
-        index = leader.store.last_index + 1
-        first = Proposal(leader, b"second")
-        assert gate(held).held.wait(WAIT_S_MAX) and gate(fast).held.wait(WAIT_S_MAX)
+        first, index = propose_held(leader, [held, fast], b"second")
         wait_until(
             lambda: leader.store is not None and leader.store.durable_index >= index,
             "the leader's own sync",
@@ -179,15 +188,8 @@ def test_the_leaders_own_sync_wakes_it_only_when_an_ack_is_ahead(tmp_path: Path)
         assert first.done.wait(WAIT_S_MAX) and first.reason == FailReason.SUCCESS
         # Now the leader's sync held and one follower's: the other's ack is ahead of the
         # commit index, so the leader's sync finishing is what can commit the entry.
-        gate(leader).shut()
-        gate(held).shut()
-        index = leader.store.last_index + 1
-        second = Proposal(leader, b"third")
-        assert gate(leader).held.wait(WAIT_S_MAX) and gate(held).held.wait(WAIT_S_MAX)
-        wait_until(
-            lambda: raft.logsvc_match_index().get(fast.address, 0) >= index,
-            "the leader to receive the unheld follower's durable ack",
-        )
+        second, index = propose_held(leader, [leader, held], b"third")
+        wait_for_ack(leader, fast, index)
         assert raft.logsvc_commit_may_wait_on_own_sync()
         assert not second.done.is_set()
         gate(leader).open()  # the held follower's sync still waits

@@ -32,7 +32,7 @@ import pytest
 
 from logsvc.shard import prevote
 from logsvc.shard.raft.node import RaftNode
-from tests.unit.shard.raft_harness import Cluster, wait_until
+from tests.unit.shard.raft_harness import Cluster, Replica, wait_until
 
 QUIET_CONFIG = {
     "quiesce_after_ms": 200,
@@ -48,25 +48,58 @@ ROUNDS_MAX = 20
 QUIET_AGAIN_WAIT_S = 15.0
 
 
-def test_a_quiet_leader_asked_for_a_pre_vote_wakes_and_its_shard_goes_quiet_again(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    rounds: list[int] = []
+@pytest.fixture
+def rounds(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The term of every pre-vote round any replica starts (`PreVoteRound` made by the gate)."""
+    started: list[int] = []
     original = prevote.PreVoteRound
 
     def counted(term: int, voters: int) -> prevote.PreVoteRound:
-        rounds.append(term)
+        started.append(term)
         return original(term, voters)
 
     monkeypatch.setattr(prevote, "PreVoteRound", counted)  # elections.py looks it up per round
+    return started
+
+
+def quiet_cluster(tmp_path: Path) -> tuple[Cluster, Replica, list[RaftNode]]:
+    """A started cluster with quiescence, once every replica is quiet: it, its leader and
+    every replica's node."""
     cluster = Cluster(str(tmp_path), raft_overrides=dict(QUIET_CONFIG))
     try:
         cluster.start_all()
         assert cluster.propose([b"first"])
         leader = cluster.leader()
-        assert leader.node is not None
         nodes = [r.node for r in cluster.replicas if r.node is not None]
         wait_until(lambda: all(n.quiet for n in nodes), "every replica quiet", seconds=30.0)
+    except BaseException:
+        cluster.close()
+        raise
+    return cluster, leader, nodes
+
+
+def assert_quiet_again_under(
+    leader: RaftNode, before: tuple[str, int], nodes: list[RaftNode], rounds: list[int]
+) -> None:
+    """At least one pre-vote round was asked, every replica is quiet again, and the leader
+    and term are `before`, after at most ROUNDS_MAX rounds."""
+    wait_until(lambda: len(rounds) >= 1, "a woken follower to ask for a pre-vote")
+    wait_until(
+        lambda: all(n.quiet for n in nodes),
+        "every replica quiet again",
+        seconds=QUIET_AGAIN_WAIT_S,
+    )
+    assert (leader.self_address, leader.term) == before
+    assert leader.is_leader
+    assert len(rounds) <= ROUNDS_MAX, rounds
+
+
+def test_a_quiet_leader_asked_for_a_pre_vote_wakes_and_its_shard_goes_quiet_again(
+    tmp_path: Path, rounds: list[int]
+) -> None:
+    cluster, leader, nodes = quiet_cluster(tmp_path)
+    try:
+        assert leader.node is not None
         before = (leader.node.self_address, leader.node.term)
         rounds.clear()
 
@@ -81,38 +114,17 @@ def test_a_quiet_leader_asked_for_a_pre_vote_wakes_and_its_shard_goes_quiet_agai
         assert woken.wait(10.0), "the follower's tick did not run"
         assert not follower.quiet
         # It stands once its election timer runs out (at most election_timeout_ms_max).
-        wait_until(lambda: len(rounds) >= 1, "the woken follower to ask for a pre-vote")
-        wait_until(
-            lambda: all(n.quiet for n in nodes),
-            "every replica quiet again",
-            seconds=QUIET_AGAIN_WAIT_S,
-        )
-        assert (leader.node.self_address, leader.node.term) == before
-        assert leader.node.is_leader
-        assert len(rounds) <= ROUNDS_MAX, rounds
+        assert_quiet_again_under(leader.node, before, nodes, rounds)
     finally:
         cluster.close()
 
 
 def test_followers_woken_together_under_a_quiet_leader_do_not_depose_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, rounds: list[int]
 ) -> None:
-    rounds: list[int] = []
-    original = prevote.PreVoteRound
-
-    def counted(term: int, voters: int) -> prevote.PreVoteRound:
-        rounds.append(term)
-        return original(term, voters)
-
-    monkeypatch.setattr(prevote, "PreVoteRound", counted)
-    cluster = Cluster(str(tmp_path), raft_overrides=dict(QUIET_CONFIG))
+    cluster, leader, nodes = quiet_cluster(tmp_path)
     try:
-        cluster.start_all()
-        assert cluster.propose([b"first"])
-        leader = cluster.leader()
         assert leader.node is not None
-        nodes = [r.node for r in cluster.replicas if r.node is not None]
-        wait_until(lambda: all(n.quiet for n in nodes), "every replica quiet", seconds=30.0)
         before = (leader.node.self_address, leader.node.term)
         rounds.clear()
 
@@ -126,14 +138,6 @@ def test_followers_woken_together_under_a_quiet_leader_do_not_depose_it(
 
             follower._on_tick(wake_alone)
         assert all(done.wait(10.0) for done in woken), "a follower's tick did not run"
-        wait_until(lambda: len(rounds) >= 1, "a woken follower to ask for a pre-vote")
-        wait_until(
-            lambda: all(n.quiet for n in nodes),
-            "every replica quiet again",
-            seconds=QUIET_AGAIN_WAIT_S,
-        )
-        assert (leader.node.self_address, leader.node.term) == before
-        assert leader.node.is_leader
-        assert len(rounds) <= ROUNDS_MAX, rounds
+        assert_quiet_again_under(leader.node, before, nodes, rounds)
     finally:
         cluster.close()

@@ -232,6 +232,32 @@ def test_journal_torn_tail_and_corruption(logsvc_logs: LogsvcLogs, tmp_path: Pat
     assert len(reported) < len(clean)  # nothing after the damage: its LSNs are unknowable
 
 
+class SegmentReads:
+    """The journal reader's reads of `segment`, counted: the first `torn_reads` of them see
+    `torn` (what a read copying the newest segment while the node writes can see), the
+    rest the file's own bytes."""
+
+    def __init__(
+        self, monkeypatch: pytest.MonkeyPatch, segment: str, torn: bytes, torn_reads: int
+    ) -> None:
+        self.count = 0
+        self._torn, self._torn_reads = torn, torn_reads
+        whole = Path(segment).read_bytes()
+        real = journal_module._read_file
+
+        def read_file(path: str) -> bytes:
+            if path != segment:
+                return real(path)
+            self.count += 1
+            return self._torn if self.count <= self._torn_reads else whole
+
+        monkeypatch.setattr(journal_module, "_read_file", read_file)
+
+    def again(self, torn_reads: int) -> None:
+        """Count from zero, the first `torn_reads` reads torn."""
+        self.count, self._torn_reads = 0, torn_reads
+
+
 def test_a_journal_segment_a_live_node_was_writing_is_read_again(
     logsvc_logs: LogsvcLogs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -241,27 +267,15 @@ def test_a_journal_segment_a_live_node_was_writing_is_read_again(
     reads."""
     node, segment = copy_node(logsvc_logs, tmp_path)
     clean = shard2_records(node)
-    whole = Path(segment).read_bytes()
-    damaged = bytearray(whole)
+    damaged = bytearray(Path(segment).read_bytes())
     damaged[len(damaged) // 2] ^= 0x01
-    real = journal_module._read_file
-    reads: list[int] = []
-    torn_reads = 1
-
-    def read_file(path: str) -> bytes:
-        if path != segment:
-            return real(path)
-        reads.append(1)
-        return bytes(damaged) if len(reads) <= torn_reads else whole
-
-    monkeypatch.setattr(journal_module, "_read_file", read_file)
+    reads = SegmentReads(monkeypatch, segment, bytes(damaged), torn_reads=1)
     assert shard2_records(node) == clean
-    assert len(reads) == 2
-    reads.clear()
-    torn_reads = 99
+    assert reads.count == 2
+    reads.again(torn_reads=99)
     with pytest.raises(InputCorrupt):
         shard2_records(node)
-    assert len(reads) == LIVE_SEGMENT_READS_MAX
+    assert reads.count == LIVE_SEGMENT_READS_MAX
 
 
 def test_the_inventory_reads_a_live_journal_segment_again(
@@ -279,25 +293,13 @@ def test_the_inventory_reads_a_live_journal_segment_again(
         before["records"] // 2
     ]
     lo, hi = middle.offset_bytes, middle.end_bytes
-    torn = whole[:lo] + bytes(hi - lo) + whole[hi:]
-    real = journal_module._read_file
-    reads: list[int] = []
-    torn_reads = 1
-
-    def read_file(path: str) -> bytes:
-        if path != segment:
-            return real(path)
-        reads.append(1)
-        return torn if len(reads) <= torn_reads else whole
-
-    monkeypatch.setattr(journal_module, "_read_file", read_file)
+    reads = SegmentReads(monkeypatch, segment, whole[:lo] + bytes(hi - lo) + whole[hi:], 1)
     assert shard2_segments(node) == [before]
-    assert len(reads) == 2
-    reads.clear()
-    torn_reads = 99
+    assert reads.count == 2
+    reads.again(torn_reads=99)
     [after] = shard2_segments(node)
     assert after["end"] != "clean" and after["records"] < before["records"]
-    assert len(reads) == LIVE_SEGMENT_READS_MAX
+    assert reads.count == LIVE_SEGMENT_READS_MAX
 
 
 def test_a_compacted_journal_without_its_snapshot_is_refused(
