@@ -22,10 +22,13 @@ READ_CHUNK_BYTES = 1 << 20
 # The newest entries, kept in memory as appended and as read: pysyncobj reads each new entry
 # back per follower per AppendEntries (twice: to size the batch, then to slice it) and the
 # last one many times per tick, each a store read under its lock. Bounded per replica by
-# count and by payload bytes (a node hosts a thousand replicas: 64 KiB each at most; a
-# bigger entry is read from the store as before).
+# count and by payload bytes (a node hosts a thousand replicas: 64 KiB each), except that
+# the two kept last stay whatever their size (the last entry is read many times a tick:
+# a group of large records must not be read from the store each time; the memo before
+# this one kept up to 8 entries of any size).
 MEMO_ENTRIES_MAX = 64
 MEMO_BYTES_MAX = 64 << 10
+MEMO_NEWEST_KEPT = 2
 
 _MEMBERSHIP_TYPE_BYTE = bytes([COMMAND_TYPE_MEMBERSHIP])
 
@@ -221,13 +224,16 @@ class StoreJournal(Journal):  # type: ignore[misc]
 
     def _remember(self, index: int, found: tuple[bytes, int, int]) -> None:
         """Keep `found` (the entry at `index`) among the newest, evicting the oldest past
-        the bounds. Entries at an index change only by a truncation, which forgets all."""
+        the bounds but never the `MEMO_NEWEST_KEPT` kept last. Entries at an index change
+        only by a truncation, which forgets all."""
         memo = self._memo
         if index in memo:
             return
         memo[index] = found
         self._memo_bytes += len(found[0])
-        while len(memo) > MEMO_ENTRIES_MAX or self._memo_bytes > MEMO_BYTES_MAX:
+        while len(memo) > MEMO_NEWEST_KEPT and (
+            len(memo) > MEMO_ENTRIES_MAX or self._memo_bytes > MEMO_BYTES_MAX
+        ):
             self._memo_bytes -= len(memo.pop(next(iter(memo)))[0])
 
     def _forget(self) -> None:

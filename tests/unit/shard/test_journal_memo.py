@@ -9,7 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from logsvc.shard.raft.journal import MEMO_BYTES_MAX, MEMO_ENTRIES_MAX, StoreJournal
+from logsvc.shard.raft.journal import (
+    MEMO_BYTES_MAX,
+    MEMO_ENTRIES_MAX,
+    MEMO_NEWEST_KEPT,
+    StoreJournal,
+)
 from logsvc.store import ShardStore
 
 
@@ -82,3 +87,18 @@ def test_what_is_kept_stays_within_its_bounds(store: ShardStore) -> None:
     # The oldest went first; what is no longer kept is read from the store, unchanged.
     assert entries(journal, 1, 3) == [(b"x", 1, 1), (b"x", 2, 1)]
     assert counting.reads == 1
+
+
+def test_the_last_entry_is_kept_whatever_its_size(store: ShardStore) -> None:
+    """The last entry is read many times a tick: a group of large records bigger than the
+    whole byte bound is still served from memory, and only the newest few are kept so."""
+    counting = CountingStore(store)
+    journal = StoreJournal(counting)  # type: ignore[arg-type]
+    big = MEMO_BYTES_MAX + 1
+    for index in range(1, 5):
+        journal.add(bytes([index]) * big, index, 1)
+    assert len(journal._memo) == MEMO_NEWEST_KEPT
+    for _ in range(10):
+        assert journal[-1] == (bytes([4]) * big, 4, 1)
+    assert entries(journal, 3, 5) == [(bytes([i]) * big, i, 1) for i in (3, 4)]
+    assert counting.reads == 0, "the newest large entries were read back from the store"
