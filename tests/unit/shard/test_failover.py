@@ -114,6 +114,14 @@ QUIET_CONFIG = {
 }
 
 
+# The quiet-connection test's stall (above the 1 s liveness lapse) and connection timeout.
+# After the stall the nodes' threads must catch up (every `alive` due meanwhile) before the
+# timeout: 2.5 s left 0.9 s for that, which fresh-clone runs on the loaded 2-core box
+# exceeded (2 of 3 rehearsals, 2026-11-27: a connection closed during the quiet).
+QUIET_STALL_S = 1.6
+QUIET_STALL_TIMEOUT_S = 4.0
+
+
 def _await_all(condition: Callable[[], bool], what: str) -> None:
     wait_until(condition, what, seconds=30.0)
 
@@ -134,7 +142,7 @@ def test_a_quiet_connection_survives_its_first_message_after_a_long_silence(
         heartbeat_ms=100,
         leader_fallback_ms=5000,
         quiesce_after_ms=QUIET_CONFIG["quiesce_after_ms"],
-        connection_timeout_ms=2500,
+        connection_timeout_ms=int(QUIET_STALL_TIMEOUT_S * 1000),
     )
     with shard_grid(tmp_path, nodes, shards, **config) as grid:
         replicas, leaders = grid.replicas, grid.leaders
@@ -144,11 +152,11 @@ def test_a_quiet_connection_survives_its_first_message_after_a_long_silence(
             _propose(leader, b"first")
         _await_all(lambda: all(r.quiet for r in replicas.values()), "every replica quiet")
         before = {s: (r.self_address, r.term) for s, r in leaders().items()}
-        silent_until = time.monotonic() + 2 * 2.5
+        silent_until = time.monotonic() + 2 * QUIET_STALL_TIMEOUT_S
         # The process stalls (as a gen-2 collection of the suite's heap stalls every thread)
         # for longer than the liveness lapse (1 s) and shorter than connection_timeout: its
         # nodes read nothing meanwhile, yet no connection is older than its timeout.
-        _stall_every_thread(1.6)
+        _stall_every_thread(QUIET_STALL_S)
         _await_all(lambda: time.monotonic() > silent_until, "2 x connection_timeout of quiet")
         assert all(r.quiet for r in replicas.values())
         assert closed == []
