@@ -62,9 +62,11 @@ def rounds(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return started
 
 
-def quiet_cluster(tmp_path: Path) -> tuple[Cluster, Replica, list[RaftNode]]:
-    """A started cluster with quiescence, once every replica is quiet: it, its leader and
-    every replica's node."""
+def quiet_cluster(
+    tmp_path: Path, rounds: list[int]
+) -> tuple[Cluster, Replica, RaftNode, tuple[str, int], list[RaftNode]]:
+    """A started cluster with quiescence, once every replica is quiet: it, its leader, the
+    leader's node with its (address, term), and every replica's node; `rounds` cleared."""
     cluster = Cluster(str(tmp_path), raft_overrides=dict(QUIET_CONFIG))
     try:
         cluster.start_all()
@@ -72,10 +74,12 @@ def quiet_cluster(tmp_path: Path) -> tuple[Cluster, Replica, list[RaftNode]]:
         leader = cluster.leader()
         nodes = [r.node for r in cluster.replicas if r.node is not None]
         wait_until(lambda: all(n.quiet for n in nodes), "every replica quiet", seconds=30.0)
+        assert leader.node is not None
     except BaseException:
         cluster.close()
         raise
-    return cluster, leader, nodes
+    rounds.clear()
+    return cluster, leader, leader.node, (leader.node.self_address, leader.node.term), nodes
 
 
 def assert_quiet_again_under(
@@ -97,12 +101,8 @@ def assert_quiet_again_under(
 def test_a_quiet_leader_asked_for_a_pre_vote_wakes_and_its_shard_goes_quiet_again(
     tmp_path: Path, rounds: list[int]
 ) -> None:
-    cluster, leader, nodes = quiet_cluster(tmp_path)
+    cluster, leader, leader_node, before, nodes = quiet_cluster(tmp_path, rounds)
     try:
-        assert leader.node is not None
-        before = (leader.node.self_address, leader.node.term)
-        rounds.clear()
-
         follower = next(r.node for r in cluster.replicas if r is not leader and r.node)
         woken = threading.Event()
 
@@ -114,7 +114,7 @@ def test_a_quiet_leader_asked_for_a_pre_vote_wakes_and_its_shard_goes_quiet_agai
         assert woken.wait(10.0), "the follower's tick did not run"
         assert not follower.quiet
         # It stands once its election timer runs out (at most election_timeout_ms_max).
-        assert_quiet_again_under(leader.node, before, nodes, rounds)
+        assert_quiet_again_under(leader_node, before, nodes, rounds)
     finally:
         cluster.close()
 
@@ -122,12 +122,8 @@ def test_a_quiet_leader_asked_for_a_pre_vote_wakes_and_its_shard_goes_quiet_agai
 def test_followers_woken_together_under_a_quiet_leader_do_not_depose_it(
     tmp_path: Path, rounds: list[int]
 ) -> None:
-    cluster, leader, nodes = quiet_cluster(tmp_path)
+    cluster, leader, leader_node, before, nodes = quiet_cluster(tmp_path, rounds)
     try:
-        assert leader.node is not None
-        before = (leader.node.self_address, leader.node.term)
-        rounds.clear()
-
         followers = [r.node for r in cluster.replicas if r is not leader and r.node]
         woken = [threading.Event() for _ in followers]
         for follower, done in zip(followers, woken, strict=True):
@@ -138,6 +134,6 @@ def test_followers_woken_together_under_a_quiet_leader_do_not_depose_it(
 
             follower._on_tick(wake_alone)
         assert all(done.wait(10.0) for done in woken), "a follower's tick did not run"
-        assert_quiet_again_under(leader.node, before, nodes, rounds)
+        assert_quiet_again_under(leader_node, before, nodes, rounds)
     finally:
         cluster.close()
