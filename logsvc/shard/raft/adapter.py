@@ -123,12 +123,13 @@ class ShardRaft(Quiet, Elections, MessageFixes, SnapshotPoints):
       `_TcpServer__keepalive`, `_TcpServer__onNewConnectionCallback` read to set up an
       accepted connection as pysyncobj does.
     On its behalf elsewhere in this package: transport.py overrides the transport's
-    `send`, `addNode`, `setOnMessageReceivedCallback` and `_on(Readonly)Node(Dis)connected`
-    hooks, `_connectIfNecessarySingle` (dials to a node that refused are coalesced per
-    node, liveness.py) and `_createServer` (the listener, listener.py); journal.py
-    subclasses pysyncobj's `Journal`; patches.py replaces the module
-    globals `createJournal`, `createPoller`, `PIPE_NOTIFIER_ENABLED`, the pickle protocol,
-    `tcp_connection.zlib` and (simulator only) `monotonicTime`.
+    `send` (and reads `_connections[node].sendRandKey`: nothing is sent on a connection
+    before its key exchange ends), `addNode`, `setOnMessageReceivedCallback` and
+    `_on(Readonly)Node(Dis)connected` hooks, `_connectIfNecessarySingle` (dials to a
+    node that refused are coalesced per node, liveness.py) and `_createServer` (the
+    listener, listener.py); journal.py subclasses pysyncobj's `Journal`; patches.py
+    replaces the module globals `createJournal`, `createPoller`, `PIPE_NOTIFIER_ENABLED`,
+    the pickle protocol, `tcp_connection.zlib` and (simulator only) `monotonicTime`.
     """
 
     def __init__(

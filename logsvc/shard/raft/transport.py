@@ -154,9 +154,34 @@ class _DurableMixin(Transport):  # type: ignore[misc]
             super().send(node, message)
 
 
-class _DurableTransport(_DurableMixin, TCPTransport):  # type: ignore[misc]
+class _KeyedTCPTransport(TCPTransport):  # type: ignore[misc]
+    """pysyncobj's TCP transport, sending on a connection only once its key exchange is done.
+
+    With an encryptor (ours is mandatory: raft_seal.py), every message after the first on
+    a connection carries the receiver's random key, which the dialler learns from the
+    peer's first reply. pysyncobj's `send` checks only that the socket is connected: a
+    message sent in between (a vote request broadcast while the dial is in flight, the
+    usual case at start) left without the key, the peer could not unpack it and dropped
+    the connection, and the dialler, which had meanwhile counted it as up, saw it close
+    (the quiet-connection test's CI failure, 2026-11-27). Such a message is now not sent,
+    as to a peer that is not connected: Raft resends what matters (the next heartbeat,
+    the next election)."""
+
+    def send(self, node: Any, message: Any) -> bool:
+        connection = self._connections.get(node)
+        if (
+            connection is not None
+            and connection.sendRandKey is None
+            and self._syncObj.encryptor is not None
+        ):
+            return False
+        return bool(super().send(node, message))
+
+
+class _DurableTransport(_DurableMixin, _KeyedTCPTransport):
     """The durable transport over pysyncobj's TCP transport (production), with a listener
-    that a failed accept does not close (listener.py)."""
+    that a failed accept does not close (listener.py), sending only on connections whose
+    key exchange is done (`_KeyedTCPTransport`)."""
 
     def _createServer(self) -> None:
         super()._createServer()

@@ -114,12 +114,13 @@ QUIET_CONFIG = {
 }
 
 
-# The quiet-connection test's stall (above the 1 s liveness lapse) and connection timeout.
-# After the stall the nodes' threads must catch up (every `alive` due meanwhile) before the
-# timeout: 2.5 s left 0.9 s for that, which fresh-clone runs on the loaded 2-core box
-# exceeded (2 of 3 rehearsals, 2026-11-27: a connection closed during the quiet).
+# The quiet-connection test's stall (shorter than the grid's 2 s liveness lapse) and
+# connection timeout: the connections stay quiet for 2 x the timeout, and the stall leaves
+# 0.9 s of it for the threads to catch up. (Its CI failures of 2026-11-27 were not this
+# margin but a vote request sent during a key exchange at start: transport.py
+# `_KeyedTCPTransport`; test_transport_keys.py.)
 QUIET_STALL_S = 1.6
-QUIET_STALL_TIMEOUT_S = 4.0
+QUIET_STALL_TIMEOUT_S = 2.5
 
 
 def _await_all(condition: Callable[[], bool], what: str) -> None:
@@ -154,8 +155,8 @@ def test_a_quiet_connection_survives_its_first_message_after_a_long_silence(
         before = {s: (r.self_address, r.term) for s, r in leaders().items()}
         silent_until = time.monotonic() + 2 * QUIET_STALL_TIMEOUT_S
         # The process stalls (as a gen-2 collection of the suite's heap stalls every thread)
-        # for longer than the liveness lapse (1 s) and shorter than connection_timeout: its
-        # nodes read nothing meanwhile, yet no connection is older than its timeout.
+        # for most of the grid's liveness lapse (2 s) and of connection_timeout: its nodes
+        # read nothing meanwhile, yet no connection is older than its timeout.
         _stall_every_thread(QUIET_STALL_S)
         _await_all(lambda: time.monotonic() > silent_until, "2 x connection_timeout of quiet")
         assert all(r.quiet for r in replicas.values())
