@@ -78,7 +78,8 @@ class ShardRaft(Quiet, Elections, MessageFixes, SnapshotPoints):
                                     hint to what a durable majority holds (leader)
       `__raftLastApplied`           the index `apply` is at; set by a snapshot install
       `__raftNextIndex`             a late ack never lowers it, a refusal never raises it
-      `__raftMatchIndex`            followers' progress (progress view, learners, quiet)
+      `__raftMatchIndex`            followers' progress (progress view, learners, quiet,
+                                    whether the leader's own sync may commit: syncer)
       `__raftElectionDeadline`      held while quiet or joining; restarted from liveness;
                                     held during a pre-vote round, 0 once it is won;
                                     set in the survivors' order when the leader is lost
@@ -281,6 +282,22 @@ class ShardRaft(Quiet, Elections, MessageFixes, SnapshotPoints):
         if names is None:
             return {str(node.id): int(index) for node, index in match.items()}
         return {address: int(match.get(node, 0)) for node, address in names.items()}
+
+    def logsvc_commit_may_wait_on_own_sync(self) -> bool:
+        """On the leader, any thread (the syncer's): whether its own durable index can be
+        what holds the commit index back, so that its sync finishing may commit something.
+        False when it has other voters and none acknowledged an entry above the commit
+        index: a majority needs a follower's ack first, and the tick that receives it counts
+        the leader's durable index as it is then. A map changed during the look: True."""
+        others = self._SyncObj__otherNodes
+        if not others:
+            return True
+        commit = self._SyncObj__raftCommitIndex
+        match = self._SyncObj__raftMatchIndex
+        try:
+            return any(match.get(node, 0) > commit for node in tuple(others))
+        except RuntimeError:  # the tick changed the peers meanwhile
+            return True
 
     def logsvc_flush(self) -> None:
         """The tick's one journal sync, then the replies held for it (the transport's)."""

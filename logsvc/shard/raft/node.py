@@ -471,10 +471,10 @@ class RaftNode:
 
     def _sync_in_background(self) -> bool:
         """On the worker's syncer thread; never raises (the error waits for the tick).
-        True (wake the replica) if the sync failed, made durable an entry not yet
-        committed (the next commit count may take it), or entries were appended meanwhile
-        (the next tick asks for their sync); else no tick is needed: the followers' acks
-        committed everything it covered already."""
+        True (wake the replica) if the sync failed, entries were appended meanwhile (the
+        next tick asks for their sync), or it made durable an entry not yet committed that
+        a follower already acknowledged (the next commit count may take it); else no tick
+        is needed (a wake-up per lone append was a third of the leader's ticks)."""
         try:
             durable = self._journal.store.sync()
         except StoreError as exc:
@@ -482,8 +482,14 @@ class RaftNode:
             return True
         finally:
             self._sync_in_flight = False
-        store = self._journal.store
-        return int(self._raft.raftCommitIndex) < durable or store.sync_needed
+        if self._journal.store.sync_needed:
+            return True  # appended meanwhile: the next tick asks for their sync
+        if int(self._raft.raftCommitIndex) >= durable:
+            return False  # the followers' acks committed everything it covered already
+        # Durable here before any follower acked it (a lone append's usual order): a tick
+        # now would commit nothing; the tick that receives the ack counts this durable
+        # index. Only an ack already ahead of the commit index makes the tick worth it.
+        return self._raft.logsvc_commit_may_wait_on_own_sync()
 
     def _run_tick_calls(self) -> None:
         if not self._tick_calls:

@@ -8,8 +8,11 @@ the old code the leader's worker sat in that fdatasync and acknowledged nothing 
 returned); with the leader's and one follower's fdatasync held, the other follower's
 durable acknowledgement, received and counted by the leader, does not commit the entry (one
 durable copy of three); releasing the second follower commits it with the leader's copy
-still held. Every wait is on a condition (the gate's waiter, the leader's match index and
-tick count, the callback's event), bounded.
+still held. The syncer wakes the leader only when a follower's ack is already ahead of the
+commit index: with both followers' syncs held, the leader's own finished sync is no reason
+to tick; with one follower's ack in, it is, and releasing the leader's sync commits the
+entry on the leader's and that follower's copies. Every wait is on a condition (the gate's
+waiter, the leader's match index and tick count, the callback's event), bounded.
 """
 
 from __future__ import annotations
@@ -158,6 +161,41 @@ def test_one_durable_copy_of_three_commits_nothing(tmp_path: Path) -> None:
         assert proposal.done.wait(WAIT_S_MAX), "not acknowledged on two durable followers"
         assert proposal.reason == FailReason.SUCCESS
         assert leader.store.durable_index < index
+    finally:
+        for replica in cluster.replicas:
+            gate(replica).open()
+        cluster.close()
+
+
+def test_the_leaders_own_sync_wakes_it_only_when_an_ack_is_ahead(tmp_path: Path) -> None:
+    cluster = gated_cluster(tmp_path)
+    leader = cluster.leader()
+    held, fast = [r for r in cluster.replicas if r is not leader]
+    assert leader.node is not None and leader.store is not None
+    raft = leader.node._raft
+    try:
+        # Both followers' syncs held: the leader's own sync finishes first, as a lone
+        # append's usually does. No follower has acknowledged the entry: nothing for a tick.
+        first, index = propose_held(leader, [held, fast], b"second")
+        wait_until(
+            lambda: leader.store is not None and leader.store.durable_index >= index,
+            "the leader's own sync",
+        )
+        assert not first.done.is_set() and leader.node.commit_index < index
+        assert not raft.logsvc_commit_may_wait_on_own_sync()
+        gate(held).open()
+        gate(fast).open()
+        assert first.done.wait(WAIT_S_MAX) and first.reason == FailReason.SUCCESS
+        # Now the leader's sync held and one follower's: the other's ack is ahead of the
+        # commit index, so the leader's sync finishing is what can commit the entry.
+        second, index = propose_held(leader, [leader, held], b"third")
+        wait_for_ack(leader, fast, index)
+        assert raft.logsvc_commit_may_wait_on_own_sync()
+        assert not second.done.is_set()
+        gate(leader).open()  # the held follower's sync still waits
+        assert second.done.wait(WAIT_S_MAX), "not acknowledged on the leader's and one copy"
+        assert second.reason == FailReason.SUCCESS
+        assert gate(held).held.is_set()
     finally:
         for replica in cluster.replicas:
             gate(replica).open()
