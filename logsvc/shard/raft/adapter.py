@@ -66,6 +66,8 @@ class ShardRaft(Quiet, Elections, MessageFixes, SnapshotPoints):
                                     snapshot_points.py)
       `__loadDumpFile`              a bad snapshot is fatal; journal reset to it (hole 4;
                                     snapshot_points.py)
+      `__onReadonlyNodeDisconnected`  a lost learner's next index kept until the tick
+                                    ends (its AppendEntries loop may read it once more)
       `__applyLogEntries`           the commit index goes out with the next AppendEntries,
                                     due within commit_notice_ms, not in one of its own;
                                     first, on a leader, its count is redone counting the
@@ -173,6 +175,9 @@ class ShardRaft(Quiet, Elections, MessageFixes, SnapshotPoints):
         # On a member: the learners connected to it (pysyncobj's read-only node -> the
         # address the learner announced).
         self._logsvc_learners = {}
+        # Read-only nodes lost during a tick whose next index is kept until the next one
+        # (`_SyncObj__onReadonlyNodeDisconnected`).
+        self._logsvc_learners_gone = []
         self._logsvc_fs = file_system if file_system is not None else OsFileSystem()
         self._logsvc_journal = journal
         self._logsvc_handler = handler
@@ -328,7 +333,27 @@ class ShardRaft(Quiet, Elections, MessageFixes, SnapshotPoints):
             self._SyncObj__loadDumpFile(clearJournal=False)
         # What is committed before pysyncobj counts again (`_logsvc_count_durable_leader`).
         self._logsvc_commit_floor = int(self._SyncObj__raftCommitIndex)
+        if self._logsvc_learners_gone:
+            next_index, readonly = self._SyncObj__raftNextIndex, self._SyncObj__readonlyNodes
+            for node in self._logsvc_learners_gone:
+                if node not in readonly:
+                    next_index.pop(node, None)
+            self._logsvc_learners_gone.clear()
         super()._onTick(timeToWait)
+
+    def _SyncObj__onReadonlyNodeDisconnected(self, node: Any) -> None:
+        """pysyncobj's, but the lost learner's next index stays until the next tick starts.
+
+        pysyncobj drops it at once, and the connection can drop under `__sendAppendEntries`
+        itself: between two parts of an entry of appendEntriesBatchSizeBytes or more, whose
+        loop then reads the learner's next index once more. The KeyError stopped the
+        leader's replica for good (tests/e2e/test_learner.py, 2026-11-28: a learner's
+        connection lost while it caught up on large entries left the shard leaderless)."""
+        next_index = self._SyncObj__raftNextIndex.get(node)
+        super()._SyncObj__onReadonlyNodeDisconnected(node)
+        if next_index is not None:
+            self._SyncObj__raftNextIndex[node] = next_index
+            self._logsvc_learners_gone.append(node)
 
     def _logsvc_dial_node(self, node: Any) -> Any:
         """The peer `node` (an address or a pysyncobj node) as the transport should dial it:

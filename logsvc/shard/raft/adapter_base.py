@@ -58,6 +58,7 @@ class AdapterBase(SyncObj):  # type: ignore[misc]
     _logsvc_self_address: str
     _logsvc_learner: bool
     _logsvc_learners: dict[Any, str]
+    _logsvc_learners_gone: list[Any]
     _logsvc_fs: FileSystem
     _logsvc_journal: StoreJournal
     _logsvc_handler: RaftHandler

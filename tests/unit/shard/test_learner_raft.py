@@ -15,6 +15,11 @@ from __future__ import annotations
 
 from functools import partial
 from pathlib import Path
+from typing import Any
+
+import pytest
+
+from logsvc.shard.raft import transport as raft_transport
 
 from .raft_harness import Cluster, Replica, wait_until
 from .test_membership_raft import change, has_all, start
@@ -71,5 +76,52 @@ def test_a_learner_catches_up_without_voting_then_is_promoted(tmp_path: Path) ->
         wait_until(partial(has_all, learner, wanted), "the promoted replica to apply on")
         assert not learner.node.joining
         assert learner.node.term == leader.node.term >= term_before
+    finally:
+        cluster.close()
+
+
+def test_a_learner_lost_while_a_large_entry_goes_to_it_in_parts_does_not_stop_the_leader(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pysyncobj sends an entry of 64 KiB or more in parts; a learner's connection lost
+    between two parts dropped its next index (pysyncobj forgets a read-only node at once)
+    while the send loop still read it: a KeyError that stopped the leader's replica for good
+    (seen in tests/e2e/test_learner.py, 2026-11-28: the shard then had no leader). Here the
+    learner's connection is cut right after the first part of such an entry: the leader
+    leads on, the entry commits, and the learner, back, receives it."""
+    cluster = Cluster(str(tmp_path), size=4)
+    r0, r1, r2, learner = cluster.replicas
+    voters = (r0, r1, r2)
+    cut: list[object] = []
+    send = raft_transport._DurableTransport.send
+
+    def cutting_send(transport: Any, node: Any, message: dict[str, Any]) -> bool:
+        sent = bool(send(transport, node, message))
+        if not cut and message.get("transmission") == "start" and node in transport._readonlyNodes:
+            cut.append(node)
+            transport._connections[node].disconnect()  # as a reset connection does
+        return sent
+
+    try:
+        for replica in voters:
+            start(replica, tuple(o.address for o in voters if o is not replica))
+        wanted = [b"small-0"]
+        assert len(cluster.propose(wanted)) == 1
+        start_learner(learner, tuple(r.address for r in voters))
+        wait_until(partial(has_all, learner, wanted), "the learner to receive the first")
+        leader = cluster.leader()
+        assert leader.node is not None
+
+        monkeypatch.setattr(raft_transport._DurableTransport, "send", cutting_send)
+        large = b"L" * (2**16 + 1_000)  # pysyncobj's appendEntriesBatchSizeBytes and more
+        assert len(cluster.propose([large])) == 1
+        wanted.append(large)
+        assert cut, "no part of the large entry went to the learner: nothing was proved"
+        assert leader.node.fatal is None
+        assert leader.node.is_leader
+        more = [b"small-1"]
+        assert len(cluster.propose(more)) == 1
+        wanted += more
+        wait_until(partial(has_all, learner, wanted), "the learner, back, to receive them")
     finally:
         cluster.close()
