@@ -25,7 +25,6 @@ below the connection timeout that the old code needs.
 
 from __future__ import annotations
 
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -35,7 +34,7 @@ import pytest
 from logsvc.shard.raft.config import FailReason
 from logsvc.shard.raft.node import RaftNode
 from tests.chaos.harness.proxy import ProxyMesh
-from tests.unit.shard.raft_harness import grid_addresses, shard_grid, wait_until
+from tests.unit.shard.raft_harness import grid_addresses, propose_one, shard_grid, wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -65,19 +64,6 @@ SETUP_WAIT_S = 30.0
 def _leaders(replicas: dict[tuple[str, int], RaftNode], shard: int) -> list[tuple[str, int]]:
     """(node, term) of every replica of `shard` that believes it leads."""
     return [(n, r.term) for (n, s), r in replicas.items() if s == shard and r.is_leader]
-
-
-def _propose(replica: RaftNode, command: bytes) -> int:
-    done = threading.Event()
-    reasons: list[int] = []
-
-    def callback(_result: object, reason: int) -> None:
-        reasons.append(reason)
-        done.set()
-
-    replica.propose(command, callback)
-    assert done.wait(SETUP_WAIT_S), "no answer to a proposal"
-    return reasons[0]
 
 
 def test_a_leader_cut_off_on_one_shard_while_its_node_is_live_is_replaced_promptly(
@@ -122,7 +108,10 @@ def test_a_leader_cut_off_on_one_shard_while_its_node_is_live_is_replaced_prompt
                 SETUP_WAIT_S,
             )
             for shard in (0, 1):
-                assert _propose(replicas[(old, shard)], b"first") == FailReason.SUCCESS
+                assert (
+                    propose_one(replicas[(old, shard)], b"first", SETUP_WAIT_S)
+                    == FailReason.SUCCESS
+                )
             term = replicas[(old, CUT_SHARD)].term
             live_before = _leaders(replicas, LIVE_SHARD)
             others = [n for n in NODES if n != old]

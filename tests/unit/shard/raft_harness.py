@@ -192,6 +192,21 @@ class Cluster:
         return {c: r for c, r in outcomes.items() if r == FailReason.SUCCESS}
 
 
+def propose_one(replica: RaftNode, command: bytes, seconds: float = WAIT_S_MAX) -> int:
+    """Propose `command` on `replica` and return its fail reason (SUCCESS once applied);
+    fails the test if no answer comes within `seconds`."""
+    done = threading.Event()
+    reasons: list[int] = []
+
+    def callback(_result: object, reason: int) -> None:
+        reasons.append(reason)
+        done.set()
+
+    replica.propose(command, callback)
+    assert done.wait(seconds), "no answer to a proposal"
+    return reasons[0]
+
+
 def _os_fs() -> FileSystem:
     from logsvc.store.fs import OsFileSystem
 

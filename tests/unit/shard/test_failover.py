@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-import threading
 import time
 import types
 from collections.abc import Callable
@@ -31,11 +30,11 @@ from logsvc.shard.liveness import NodeLiveness
 from logsvc.shard.quiescence import LeaderQuiescence, LeaderView, Mode, Peer
 from logsvc.shard.raft.adapter import ShardRaft
 from logsvc.shard.raft.config import FailReason
-from logsvc.shard.raft.node import RaftNode
 from logsvc.shard.standing import stand_at_s, standing_rank
 from logsvc.store import ShardStore
 from tests.unit.shard.raft_harness import (
     Cluster,
+    propose_one,
     shard_grid,
     wait_until,
 )
@@ -150,7 +149,7 @@ def test_a_quiet_connection_survives_its_first_message_after_a_long_silence(
 
         _await_all(lambda: len(leaders()) == shards, "a leader in every shard")
         for leader in leaders().values():
-            _propose(leader, b"first")
+            assert propose_one(leader, b"first") == FailReason.SUCCESS
         _await_all(lambda: all(r.quiet for r in replicas.values()), "every replica quiet")
         before = {s: (r.self_address, r.term) for s, r in leaders().items()}
         silent_until = time.monotonic() + 2 * QUIET_STALL_TIMEOUT_S
@@ -164,7 +163,7 @@ def test_a_quiet_connection_survives_its_first_message_after_a_long_silence(
 
         for leader_address, _ in before.values():
             leader = next(r for r in replicas.values() if r.self_address == leader_address)
-            _propose(leader, b"second")
+            assert propose_one(leader, b"second") == FailReason.SUCCESS
         assert closed == [], "connections closed under their first message"
         after = {s: (r.self_address, r.term) for s, r in leaders().items()}
         assert after == before, "a shard changed leader or term when woken"
@@ -227,19 +226,6 @@ def _record_closed_connections(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
     monkeypatch.setattr(ShardRaft, "_logsvc_on_connection", recording)
     return closed
-
-
-def _propose(leader: RaftNode, command: bytes) -> None:
-    done = threading.Event()
-    outcome: list[int] = []
-
-    def callback(_result: object, reason: int) -> None:
-        outcome.append(reason)
-        done.set()
-
-    leader.propose(command, callback)
-    assert done.wait(20.0), "no outcome for a proposal"
-    assert outcome == [FailReason.SUCCESS]
 
 
 def test_a_quiet_shard_elects_its_first_survivor_in_one_term_and_votes_are_written_once(
@@ -383,7 +369,7 @@ def test_quiet_shards_hand_their_leadership_over_after_a_long_silence(
 
         _await_all(lambda: len(leaders()) == shards, "a leader in every shard")
         for leader in leaders().values():
-            _propose(leader, b"first")
+            assert propose_one(leader, b"first") == FailReason.SUCCESS
         _await_all(lambda: all(r.quiet for r in replicas.values()), "every replica quiet")
         silent_until = time.monotonic() + 2 * 2.5
         _await_all(lambda: time.monotonic() > silent_until, "2 x connection_timeout of quiet")
