@@ -56,8 +56,8 @@ class MessageFixes(AdapterBase):
                         self._logsvc_wake(now_s)
                 self._logsvc_on_prevote_message(node, str(node.id), kind, message)
             return
+        now_s = pysyncobj_syncobj.monotonicTime()
         if self._logsvc_quiesce_after_s:
-            now_s = pysyncobj_syncobj.monotonicTime()
             sender = str(node.id)
             if isinstance(node, TCPNode):  # not a learner's read-only connection (no node)
                 self._logsvc_liveness.heard(self._logsvc_node_of(sender), now_s)
@@ -73,7 +73,7 @@ class MessageFixes(AdapterBase):
             term = message.get("term")
             if isinstance(term, int) and term >= int(self.raftCurrentTerm):
                 # pysyncobj follows its sender (as Raft does): our leader reached us.
-                self._logsvc_leader_contact.on_append_entries(pysyncobj_syncobj.monotonicTime())
+                self._logsvc_leader_contact.on_append_entries(now_s)
             elif isinstance(term, int) and not self._isLeader():
                 self._logsvc_behind_leader_seen = True
         if kind == "append_entries" and "prevLogIdx" in message:
